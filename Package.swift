@@ -1,0 +1,70 @@
+// swift-tools-version:6.2
+//
+// Banyan: a clustered, self-hosted realtime tree database.
+//
+// Layering (see docs/architecture.md and Tests/BanyanTidyTests): a target may import only the
+// targets listed in its `dependencies`. Pure cores (L0-L2) never import Foundation, NIO or any
+// I/O module; BanyanTidyTests rejects forbidden imports mechanically.
+import PackageDescription
+
+let strictSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "Banyan",
+    products: [
+        .executable(name: "banyan", targets: ["BanyanCommand"]),
+        .executable(name: "banyan-bench", targets: ["BanyanBench"]),
+        .library(name: "BanyanTree", targets: ["BanyanTree"]),
+        .library(name: "BanyanQuery", targets: ["BanyanQuery"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+    ],
+    targets: [
+        // MARK: - Layer 0 (pure cores)
+
+        // Small shared helpers: the seeded random source, monotonic instants.
+        .target(name: "BanyanBasics", swiftSettings: strictSettings),
+        // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
+        .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: strictSettings),
+
+        // MARK: - Layer 1 (pure cores)
+
+        // Query parameters, indexed evaluation, views and event generation.
+        .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+
+        // MARK: - Layer 5 (executables)
+
+        // The `banyan` command: offline data tools now, `serve` later.
+        .executableTarget(
+            name: "BanyanCommand",
+            dependencies: [
+                "BanyanTree", "BanyanQuery", "BanyanBasics",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).
+        .executableTarget(
+            name: "BanyanBench",
+            dependencies: ["BanyanTree", "BanyanQuery", "BanyanBasics"],
+            swiftSettings: strictSettings
+        ),
+
+        // MARK: - Tests
+
+        .testTarget(name: "BanyanBasicsTests", dependencies: ["BanyanBasics"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanTreeTests", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "BanyanQueryTests",
+            dependencies: ["BanyanQuery", "BanyanTree", "BanyanBasics"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(name: "BanyanTidyTests", swiftSettings: strictSettings),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,58 @@
+public import BanyanTree
+
+extension QueryParams {
+    /// The positions of `index` the query selects: the range, then the anchored limit.
+    /// O(log n) with the index's order statistics.
+    public func window(in index: NodeIndex) -> Range<Int> {
+        var lo = 0
+        var hi = index.count
+        if let start {
+            lo = index.count(before: start.post, inclusive: !start.inclusive)
+        }
+        if let end {
+            hi = index.count(before: end.post, inclusive: end.inclusive)
+        }
+        if hi < lo { hi = lo }
+        if let limit {
+            switch anchor {
+            case .first: hi = Swift.min(hi, lo + limit)
+            case .last: lo = Swift.max(lo, hi - limit)
+            }
+        }
+        return lo..<hi
+    }
+
+    /// True when the query's filtering applies to a non-leaf only (ranges and limits turn a leaf
+    /// location into null, as Firebase's ranged and limited filters do).
+    func filteredLeaf(_ node: Node) -> Node {
+        loadsAllData ? (isDefault ? node : node.withPriority(.none)) : .empty
+    }
+
+    /// The children the query selects, in index order. O(log n + k) given an index over `node`;
+    /// when `index` is nil one is built (O(n log n)).
+    public func orderedChildren(of node: Node, index: NodeIndex? = nil) -> [(key: ChildKey, node: Node)] {
+        guard node.hasChildren else { return [] }
+        let idx = index ?? NodeIndex(kind: self.index, node: node)
+        precondition(idx.kind == self.index, "QueryParams.orderedChildren: the index must match the query's ordering")
+        let range = window(in: idx)
+        var result: [(key: ChildKey, node: Node)] = []
+        result.reserveCapacity(range.count)
+        for (entry, _) in idx.entries.elements(from: range.lowerBound).prefix(range.count) {
+            result.append((entry.key, node.child(entry.key)))
+        }
+        return result
+    }
+
+    /// The node the query yields: the selected children (without the location's priority, since
+    /// queries carry none), or the location itself for the default query.
+    public func evaluate(_ node: Node, index: NodeIndex? = nil) -> Node {
+        if !node.hasChildren { return filteredLeaf(node) }
+        if isDefault { return node }
+        if loadsAllData { return node.withPriority(.none) }
+        var children = orderedChildren(of: node, index: index).map { ($0.key, $0.node) }
+        if self.index != .key {
+            children.sort { $0.0 < $1.0 }
+        }
+        return Node(sortedChildren: children)
+    }
+}

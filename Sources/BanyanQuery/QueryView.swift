@@ -1,0 +1,246 @@
+public import BanyanTree
+
+/// One event a view raises, in Firebase's vocabulary.
+public struct ViewEvent: Sendable, Equatable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Equatable {
+        case childRemoved = "child_removed"
+        case childAdded = "child_added"
+        case childMoved = "child_moved"
+        case childChanged = "child_changed"
+        case value
+    }
+
+    public let kind: Kind
+    /// The child's key (nil for `value`).
+    public let key: ChildKey?
+    /// The child's node (the old node for `child_removed`), or the view's node for `value`.
+    public let node: Node
+    /// The key of the previous sibling in the view's order (added, moved, changed), or nil when
+    /// the child is first.
+    public let previousKey: ChildKey?
+
+    public init(_ kind: Kind, key: ChildKey?, node: Node, previousKey: ChildKey? = nil) {
+        self.kind = kind
+        self.key = key
+        self.node = node
+        self.previousKey = previousKey
+    }
+
+    public var description: String {
+        var text = kind.rawValue
+        if let key { text += " \(key)" }
+        text += " " + JSONWriter.string(node, format: .export)
+        if kind != .value && kind != .childRemoved { text += " prev=\(previousKey?.string ?? "nil")" }
+        return text
+    }
+}
+
+/// Which children of a location a write touched.
+public enum ChildChanges: Sendable, Equatable {
+    /// Nothing at or below the location changed.
+    case none
+    /// Only these children (or data below them) changed.
+    case keys([ChildKey])
+    /// The location itself was written; any child may have changed.
+    case all
+
+    /// What a set of written paths did to the children of `location`.
+    public static func at(_ location: Path, written paths: [Path]) -> ChildChanges {
+        var keys: [ChildKey] = []
+        for path in paths {
+            if path.contains(location) { return .all }
+            if location.contains(path) { keys.append(path.segments[location.count]) }
+        }
+        return keys.isEmpty ? .none : .keys(keys)
+    }
+}
+
+/// A live query over one location: holds the location's data, an index in the query's order and
+/// the current window, and turns each change into Firebase's events.
+///
+/// Events come in Firebase's order: child_removed, child_added, child_moved, child_changed, then
+/// value; within a kind, in the query's order. `previousKey` is the preceding child in the view.
+/// Cost per change is O(m log n) for m changed children (independent of the window's and the
+/// list's size), except when the whole location is replaced, which diffs all children.
+///
+/// Pure: no clock, no I/O; the caller passes each new location node.
+public struct QueryView: Sendable {
+    public let params: QueryParams
+    /// The location's complete data.
+    public private(set) var node: Node
+    /// The location's children in the query's order.
+    public private(set) var index: NodeIndex
+    /// What the view shows: the selected children (or the leaf), Firebase's "event cache".
+    public private(set) var viewNode: Node
+
+    public init(params: QueryParams, node: Node) {
+        self.params = params
+        self.node = node
+        self.index = NodeIndex(kind: params.index, node: node)
+        self.viewNode = params.evaluate(node, index: index)
+    }
+
+    /// The events a newly attached listener receives: child_added for each child in order, then
+    /// value.
+    public func initialEvents() -> [ViewEvent] {
+        var events: [ViewEvent] = []
+        var previous: ChildKey?
+        if node.hasChildren {
+            let range = params.window(in: index)
+            for (entry, _) in index.entries.elements(from: range.lowerBound).prefix(range.count) {
+                events.append(ViewEvent(.childAdded, key: entry.key, node: node.child(entry.key), previousKey: previous))
+                previous = entry.key
+            }
+        }
+        events.append(ViewEvent(.value, key: nil, node: viewNode))
+        return events
+    }
+
+    /// The selected children in the query's order.
+    public var orderedChildren: [(key: ChildKey, node: Node)] {
+        params.orderedChildren(of: node, index: index)
+    }
+
+    /// Moves the view to `newNode` and returns the events for the change.
+    ///
+    /// - Parameter changes: which children may differ from the current node; `.all` diffs every
+    ///   child (use it when the location itself was replaced).
+    public mutating func apply(_ newNode: Node, changes: ChildChanges = .all) -> [ViewEvent] {
+        let oldNode = node
+        let oldViewNode = viewNode
+        var changedKeys: [ChildKey]
+        switch changes {
+        case .none:
+            return []
+        case .keys(let keys):
+            changedKeys = keys
+        case .all:
+            changedKeys = QueryView.diffKeys(oldNode, newNode)
+        }
+        if oldNode.isLeaf || newNode.isLeaf {
+            // A leaf has no children; every child on either side changed.
+            changedKeys = oldNode.children.keys + newNode.children.keys
+        }
+
+        // Pre-change membership of every child whose membership can change, recorded the first
+        // time it is touched. Only changed children and the entries at the window's edges can
+        // cross them, one step per changed child.
+        var touched: [ChildKey: (wasIn: Bool, old: Node)] = [:]
+        var order: [ChildKey] = []
+        func record(_ key: ChildKey, wasIn: Bool, old: Node) {
+            if touched[key] == nil {
+                touched[key] = (wasIn, old)
+                order.append(key)
+            }
+        }
+        var seen = Set<ChildKey>()
+        for key in changedKeys where seen.insert(key).inserted {
+            let old = oldNode.child(key)
+            let new = newNode.child(key)
+            if old == new { continue }
+            let range = params.window(in: index)
+            if !old.isEmpty, let p = index.position(of: index.entry(key: key, child: old)) {
+                record(key, wasIn: range.contains(p), old: old)
+            } else {
+                record(key, wasIn: false, old: old)
+            }
+            if params.limit != nil {
+                for p in [range.lowerBound - 1, range.lowerBound, range.upperBound - 1, range.upperBound] where p >= 0 && p < index.count {
+                    let edgeKey = index.element(at: p).key
+                    if touched[edgeKey] == nil {
+                        record(edgeKey, wasIn: range.contains(p), old: oldNode.child(edgeKey))
+                    }
+                }
+            }
+            index.update(key: key, old: old, new: new)
+        }
+        node = newNode
+
+        // Final membership and events.
+        let range = params.window(in: index)
+        var removed: [(IndexEntry, ViewEvent)] = []
+        var added: [(IndexEntry, ViewEvent)] = []
+        var moved: [(IndexEntry, ViewEvent)] = []
+        var changed: [(IndexEntry, ViewEvent)] = []
+        var viewChildren = viewNode.children
+        let childrenView = node.hasChildren
+        for key in order {
+            guard let before = touched[key] else { continue }
+            let new = newNode.child(key)
+            var position: Int?
+            if !new.isEmpty, childrenView, let p = index.position(of: index.entry(key: key, child: new)), range.contains(p) {
+                position = p
+            }
+            let previous: ChildKey? = position.flatMap { $0 > range.lowerBound ? index.element(at: $0 - 1).key : nil }
+            switch (before.wasIn, position != nil) {
+            case (true, false):
+                removed.append((index.entry(key: key, child: before.old), ViewEvent(.childRemoved, key: key, node: before.old)))
+                viewChildren.removeValue(forKey: key)
+            case (false, true):
+                added.append((index.entry(key: key, child: new), ViewEvent(.childAdded, key: key, node: new, previousKey: previous)))
+                viewChildren.updateValue(new, forKey: key)
+            case (true, true):
+                guard before.old != new else { continue }
+                let entry = index.entry(key: key, child: new)
+                if params.index.indexedValueChanged(before.old, new) {
+                    moved.append((entry, ViewEvent(.childMoved, key: key, node: new, previousKey: previous)))
+                }
+                changed.append((entry, ViewEvent(.childChanged, key: key, node: new, previousKey: previous)))
+                viewChildren.updateValue(new, forKey: key)
+            case (false, false):
+                continue
+            }
+        }
+
+        if !node.hasChildren {
+            viewNode = params.filteredLeaf(node)
+        } else if params.loadsAllData {
+            viewNode = params.isDefault ? node : node.withPriority(.none)
+        } else {
+            viewNode = Node(children: viewChildren)
+        }
+
+        var events: [ViewEvent] = []
+        for group in [removed, added, moved, changed] {
+            events.append(contentsOf: group.sorted { $0.0 < $1.0 }.map(\.1))
+        }
+        if !events.isEmpty || oldViewNode != viewNode {
+            events.append(ViewEvent(.value, key: nil, node: viewNode))
+        }
+        return events
+    }
+
+    /// Keys whose children differ between two nodes, by a merge walk in key order (O(n + m)).
+    static func diffKeys(_ a: Node, _ b: Node) -> [ChildKey] {
+        var keys: [ChildKey] = []
+        var ia = a.children.elements()
+        var ib = b.children.elements()
+        var x = ia.next()
+        var y = ib.next()
+        while true {
+            switch (x, y) {
+            case (nil, nil):
+                return keys
+            case let (ea?, nil):
+                keys.append(ea.key)
+                x = ia.next()
+            case let (nil, eb?):
+                keys.append(eb.key)
+                y = ib.next()
+            case let (ea?, eb?):
+                let c = ChildKey.compare(ea.key, eb.key)
+                if c < 0 {
+                    keys.append(ea.key)
+                    x = ia.next()
+                } else if c > 0 {
+                    keys.append(eb.key)
+                    y = ib.next()
+                } else {
+                    if ea.value != eb.value { keys.append(ea.key) }
+                    x = ia.next()
+                    y = ib.next()
+                }
+            }
+        }
+    }
+}

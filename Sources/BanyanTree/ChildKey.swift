@@ -1,0 +1,147 @@
+/// One segment of a path: a child name, compared exactly as Firebase compares names.
+///
+/// Equality and hashing use the exact UTF-8 bytes (never Swift's canonical-equivalence `==`:
+/// `"é"` and `"e\u{301}"` are different keys). Ordering is Firebase's `nameCompare`: keys that parse
+/// as 32-bit signed integers first, numerically, shorter string first on ties; then all other keys
+/// by UTF-16 code units.
+public struct ChildKey: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The key text.
+    public let string: String
+    /// The key's value when it parses as a 32-bit integer (Android/iOS rule: optional `-`, 1...10
+    /// digits, in range), otherwise `nil`.
+    public let intValue: Int32?
+
+    /// Maximum UTF-8 length of one key.
+    public static let maxBytes = 768
+
+    /// Creates a key after checking it against Firebase's key rules.
+    public init(validating string: String, path: @autoclosure () -> String = "/") throws(TreeError) {
+        if let problem = ChildKey.problem(with: string) {
+            throw TreeError(.invalidKey, path: path(), "Invalid key \"\(ChildKey.printable(string))\": \(problem)")
+        }
+        self.init(unchecked: string)
+    }
+
+    /// Creates a key without validation (for query bounds and trusted internal use).
+    public init(unchecked string: String) {
+        self.string = string
+        self.intValue = ChildKey.parseInt32(string)
+    }
+
+    /// Why `string` is not a valid key, or `nil` when it is.
+    public static func problem(with string: String) -> String? {
+        var count = 0
+        for byte in string.utf8 {
+            count += 1
+            switch byte {
+            case UInt8(ascii: "."), UInt8(ascii: "$"), UInt8(ascii: "#"), UInt8(ascii: "["),
+                UInt8(ascii: "]"), UInt8(ascii: "/"):
+                return "keys can't contain \".\", \"#\", \"$\", \"/\", \"[\", or \"]\""
+            case 0x00...0x1F, 0x7F:
+                return "keys can't contain ASCII control characters"
+            default:
+                continue
+            }
+        }
+        if count == 0 { return "keys must be non-empty" }
+        if count > maxBytes { return "keys are limited to \(maxBytes) bytes of UTF-8 (this one has \(count))" }
+        return nil
+    }
+
+    /// The key with control characters escaped, for error messages.
+    static func printable(_ string: String) -> String {
+        var out = ""
+        for scalar in string.unicodeScalars.prefix(100) {
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                out += "\\u{\(String(scalar.value, radix: 16))}"
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+
+    /// Android/iOS rule: length 1...11, optional leading `-` then 1...10 digits, within Int32.
+    static func parseInt32(_ string: String) -> Int32? {
+        let utf8 = string.utf8
+        let n = utf8.count
+        guard n >= 1, n <= 11 else { return nil }
+        var negative = false
+        var value: Int64 = 0
+        var digits = 0
+        for (i, byte) in utf8.enumerated() {
+            if i == 0 && byte == UInt8(ascii: "-") {
+                negative = true
+                continue
+            }
+            guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return nil }
+            value = value * 10 + Int64(byte - UInt8(ascii: "0"))
+            digits += 1
+        }
+        guard digits >= 1, digits <= 10 else { return nil }
+        if negative { value = -value }
+        guard value >= Int64(Int32.min), value <= Int64(Int32.max) else { return nil }
+        return Int32(value)
+    }
+
+    public var description: String { string }
+
+    public static func == (a: ChildKey, b: ChildKey) -> Bool {
+        a.intValue == b.intValue && a.string.utf8.elementsEqual(b.string.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        for byte in string.utf8 { hasher.combine(byte) }
+        hasher.combine(0xFF as UInt8)
+    }
+
+    public static func < (a: ChildKey, b: ChildKey) -> Bool {
+        compare(a, b) < 0
+    }
+
+    /// Firebase `nameCompare`: negative, zero or positive.
+    public static func compare(_ a: ChildKey, _ b: ChildKey) -> Int {
+        switch (a.intValue, b.intValue) {
+        case let (x?, y?):
+            if x != y { return x < y ? -1 : 1 }
+            let la = a.string.utf8.count
+            let lb = b.string.utf8.count
+            if la != lb { return la < lb ? -1 : 1 }
+            return compareUTF16(a.string, b.string)
+        case (.some, nil):
+            return -1
+        case (nil, .some):
+            return 1
+        case (nil, nil):
+            return compareUTF16(a.string, b.string)
+        }
+    }
+}
+
+/// Compares two strings by UTF-16 code units (JavaScript `<`), negative / zero / positive.
+///
+/// Walks the UTF-8 bytes: byte order equals code-point order, which equals UTF-16 order except when
+/// one string has a BMP character at or above U+E000 (lead byte 0xEE or 0xEF) where the other has a
+/// supplementary character (lead byte 0xF0...0xF4, a surrogate pair 0xD800...0xDFFF in UTF-16).
+@inline(__always)
+public func compareUTF16(_ a: String, _ b: String) -> Int {
+    var ia = a.utf8.makeIterator()
+    var ib = b.utf8.makeIterator()
+    while true {
+        switch (ia.next(), ib.next()) {
+        case (nil, nil):
+            return 0
+        case (nil, _):
+            return -1
+        case (_, nil):
+            return 1
+        case let (x?, y?):
+            if x == y { continue }
+            let xHighBMP = x == 0xEE || x == 0xEF
+            let yHighBMP = y == 0xEE || y == 0xEF
+            if xHighBMP && y >= 0xF0 { return 1 }
+            if yHighBMP && x >= 0xF0 { return -1 }
+            return x < y ? -1 : 1
+        }
+    }
+}

@@ -1,0 +1,172 @@
+/// A plain JSON value, for inputs that are not tree data (query parameters, `.sv` specs, wire
+/// envelopes). Object members keep their order; duplicate keys are rejected when reading.
+public enum JSONValue: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    case int(Int64)
+    case double(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([(String, JSONValue)])
+
+    public static func == (a: JSONValue, b: JSONValue) -> Bool {
+        switch (a, b) {
+        case (.null, .null): return true
+        case let (.bool(x), .bool(y)): return x == y
+        case let (.int(x), .int(y)): return x == y
+        case let (.double(x), .double(y)): return x == y
+        case let (.int(x), .double(y)), let (.double(y), .int(x)): return Double(x) == y
+        case let (.string(x), .string(y)): return x.utf8.elementsEqual(y.utf8)
+        case let (.array(x), .array(y)): return x == y
+        case let (.object(x), .object(y)):
+            return x.count == y.count && zip(x, y).allSatisfy { $0.0.utf8.elementsEqual($1.0.utf8) && $0.1 == $1.1 }
+        default: return false
+        }
+    }
+
+    /// The member `key` of an object.
+    public subscript(key: String) -> JSONValue? {
+        guard case .object(let members) = self else { return nil }
+        return members.first { $0.0.utf8.elementsEqual(key.utf8) }?.1
+    }
+
+    /// Parses JSON text. `maxDepth` bounds nesting (checked before descending, so deep input can
+    /// never exhaust the stack).
+    public init(parsing bytes: [UInt8], maxDepth: Int = 64) throws(TreeError) {
+        let result: Result<JSONValue, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+            var scanner = JSONScanner(bytes: buffer)
+            do throws(TreeError) {
+                let value = try JSONValue.read(&scanner, depth: 0, maxDepth: maxDepth)
+                try scanner.expectEnd()
+                return .success(value)
+            } catch {
+                return .failure(error)
+            }
+        }
+        self = try result.get()
+    }
+
+    public init(parsing text: String, maxDepth: Int = 64) throws(TreeError) {
+        try self.init(parsing: Array(text.utf8), maxDepth: maxDepth)
+    }
+
+    static func read(_ s: inout JSONScanner, depth: Int, maxDepth: Int) throws(TreeError) -> JSONValue {
+        let b = try s.peek()
+        switch b {
+        case UInt8(ascii: "{"):
+            guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
+            s.position += 1
+            var members: [(String, JSONValue)] = []
+            var seen = Set<ChildKeyBytes>()
+            if try s.peek() == UInt8(ascii: "}") {
+                s.position += 1
+                return .object([])
+            }
+            while true {
+                let q = try s.peek()
+                guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
+                let keyOffset = s.position
+                let key = try s.readString()
+                if !seen.insert(ChildKeyBytes(key)).inserted {
+                    throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
+                }
+                try s.expect(UInt8(ascii: ":"))
+                members.append((key, try read(&s, depth: depth + 1, maxDepth: maxDepth)))
+                let sep = try s.peek()
+                s.position += 1
+                if sep == UInt8(ascii: "}") { return .object(members) }
+                guard sep == UInt8(ascii: ",") else {
+                    s.position -= 1
+                    throw s.unexpected(sep, expecting: "',' or '}'")
+                }
+            }
+        case UInt8(ascii: "["):
+            guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
+            s.position += 1
+            var elements: [JSONValue] = []
+            if try s.peek() == UInt8(ascii: "]") {
+                s.position += 1
+                return .array([])
+            }
+            while true {
+                elements.append(try read(&s, depth: depth + 1, maxDepth: maxDepth))
+                let sep = try s.peek()
+                s.position += 1
+                if sep == UInt8(ascii: "]") { return .array(elements) }
+                guard sep == UInt8(ascii: ",") else {
+                    s.position -= 1
+                    throw s.unexpected(sep, expecting: "',' or ']'")
+                }
+            }
+        case UInt8(ascii: "\""):
+            return .string(try s.readString())
+        case UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
+            guard let flag = try s.readKeyword() else { return .null }
+            return .bool(flag)
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            try s.rejectNonFinite()
+            switch try s.readNumber() {
+            case .int(let i): return .int(i)
+            case .double(let d): return .double(d)
+            }
+        default:
+            try s.rejectNonFinite()
+            throw s.unexpected(b, expecting: "a JSON value")
+        }
+    }
+
+    /// Serialises compactly (members in their stored order).
+    public var jsonString: String {
+        var out: [UInt8] = []
+        write(to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    func write(to out: inout [UInt8]) {
+        switch self {
+        case .null: out.append(contentsOf: "null".utf8)
+        case .bool(let b): out.append(contentsOf: (b ? "true" : "false").utf8)
+        case .int(let i): JSONWriter.appendInt(i, to: &out)
+        case .double(let d): JSONWriter.appendDouble(d, to: &out)
+        case .string(let s): JSONWriter.appendString(s, to: &out)
+        case .array(let items):
+            out.append(UInt8(ascii: "["))
+            for (i, item) in items.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                item.write(to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        case .object(let members):
+            out.append(UInt8(ascii: "{"))
+            for (i, (k, v)) in members.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONWriter.appendString(k, to: &out)
+                out.append(UInt8(ascii: ":"))
+                v.write(to: &out)
+            }
+            out.append(UInt8(ascii: "}"))
+        }
+    }
+}
+
+/// A string hashed and compared by its exact UTF-8 bytes (for duplicate-key detection).
+struct ChildKeyBytes: Hashable {
+    let string: String
+    init(_ string: String) { self.string = string }
+    static func == (a: ChildKeyBytes, b: ChildKeyBytes) -> Bool { a.string.utf8.elementsEqual(b.string.utf8) }
+    func hash(into hasher: inout Hasher) {
+        for byte in string.utf8 { hasher.combine(byte) }
+    }
+}
+
+extension JSONScanner {
+    /// Gives NaN / Infinity a clear error instead of a generic syntax error.
+    mutating func rejectNonFinite() throws(TreeError) {
+        var p = position
+        if p < bytes.count, bytes[p] == UInt8(ascii: "-") { p += 1 }
+        guard p < bytes.count else { return }
+        if bytes[p] == UInt8(ascii: "N") || bytes[p] == UInt8(ascii: "I") {
+            throw TreeError(.invalidNumber, path: pathDescription(), "NaN and Infinity are not valid numbers", offset: position)
+        }
+    }
+}

@@ -1,0 +1,316 @@
+/// A leaf value: boolean, number or string.
+///
+/// Numbers keep the integer/double distinction of their JSON literal (an integral literal that fits
+/// in Int64 is `.int`, anything else `.double`), but compare, hash and test equal by their value as
+/// an IEEE double, as every Firebase SDK does (`5 == 5.0`).
+public enum Leaf: Sendable, CustomStringConvertible {
+    case bool(Bool)
+    case int(Int64)
+    case double(Double)
+    case string(String)
+
+    /// The numeric value as a double, for numbers.
+    public var doubleValue: Double? {
+        switch self {
+        case .int(let i): return Double(i)
+        case .double(let d): return d
+        case .bool, .string: return nil
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .bool(let b): return String(b)
+        case .int(let i): return String(i)
+        case .double(let d): return String(d)
+        case .string(let s): return "\"\(s)\""
+        }
+    }
+}
+
+extension Leaf: Equatable {
+    public static func == (a: Leaf, b: Leaf) -> Bool {
+        switch (a, b) {
+        case let (.bool(x), .bool(y)): return x == y
+        case let (.int(x), .int(y)): return x == y
+        case let (.string(x), .string(y)): return x.utf8.elementsEqual(y.utf8)
+        case (.int, .double), (.double, .int), (.double, .double):
+            return a.doubleValue == b.doubleValue
+        default: return false
+        }
+    }
+}
+
+/// A node's priority: none, a finite number, or a string.
+public enum Priority: Sendable, Equatable, CustomStringConvertible {
+    case none
+    case number(Double)
+    case string(String)
+
+    public static func == (a: Priority, b: Priority) -> Bool {
+        switch (a, b) {
+        case (.none, .none): return true
+        case let (.number(x), .number(y)): return x == y
+        case let (.string(x), .string(y)): return x.utf8.elementsEqual(y.utf8)
+        default: return false
+        }
+    }
+
+    /// The priority as a node, for ordering (`.none` is the empty node).
+    public var node: Node {
+        switch self {
+        case .none: return .empty
+        case .number(let d): return Node(.double(d))
+        case .string(let s): return Node(.string(s))
+        }
+    }
+
+    /// The priority a leaf node denotes, when it is a valid priority (null, number or string).
+    public init?(node: Node) {
+        if node.isEmpty {
+            self = .none
+            return
+        }
+        switch node.leaf {
+        case .int(let i)?: self = .number(Double(i))
+        case .double(let d)?: self = .number(d)
+        case .string(let s)?: self = .string(s)
+        case .bool?, nil: return nil
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .none: return "none"
+        case .number(let d): return String(d)
+        case .string(let s): return "\"\(s)\""
+        }
+    }
+}
+
+/// The children of a node: an ordered persistent map in Firebase key order.
+public typealias ChildMap = SortedTree<ChildKey, Node>
+
+/// A node of the tree: empty (null), a leaf with a priority, or children with a priority.
+///
+/// Invariants: a children node has at least one child and no child is empty; an empty node has no
+/// priority. Nodes are immutable values with structural sharing: a write copies only the path it
+/// touches (and mutates in place when nothing else shares that path).
+public struct Node: Sendable {
+    @usableFromInline
+    enum Storage: Sendable {
+        case empty
+        case leaf(Leaf, Priority)
+        case children(ChildMap, Priority)
+    }
+
+    @usableFromInline var storage: Storage
+
+    public static let empty = Node(storage: .empty)
+
+    @usableFromInline init(storage: Storage) { self.storage = storage }
+
+    /// A leaf with an optional priority.
+    public init(_ leaf: Leaf, priority: Priority = .none) {
+        storage = .leaf(leaf, priority)
+    }
+
+    /// A node from children already in key order with no duplicates; empty children are dropped.
+    public init(sortedChildren: some Sequence<(ChildKey, Node)>, priority: Priority = .none) {
+        let kept = sortedChildren.filter { !$0.1.isEmpty }
+        if kept.isEmpty {
+            storage = .empty
+        } else {
+            storage = .children(ChildMap(sortedUniqueElements: kept), priority)
+        }
+    }
+
+    /// A node from a children map (empty map gives the empty node).
+    public init(children: ChildMap, priority: Priority = .none) {
+        storage = children.isEmpty ? .empty : .children(children, priority)
+    }
+
+    // MARK: Inspection
+
+    public var isEmpty: Bool {
+        if case .empty = storage { return true }
+        return false
+    }
+
+    public var isLeaf: Bool {
+        if case .leaf = storage { return true }
+        return false
+    }
+
+    public var hasChildren: Bool {
+        if case .children = storage { return true }
+        return false
+    }
+
+    public var leaf: Leaf? {
+        if case .leaf(let l, _) = storage { return l }
+        return nil
+    }
+
+    public var priority: Priority {
+        switch storage {
+        case .empty: return .none
+        case .leaf(_, let p), .children(_, let p): return p
+        }
+    }
+
+    /// The children map (empty for leaves and the empty node).
+    public var children: ChildMap {
+        if case .children(let map, _) = storage { return map }
+        return ChildMap()
+    }
+
+    public var childCount: Int {
+        if case .children(let map, _) = storage { return map.count }
+        return 0
+    }
+
+    /// The child under `key` (the empty node when absent or when this is a leaf).
+    public func child(_ key: ChildKey) -> Node {
+        if case .children(let map, _) = storage { return map[key] ?? .empty }
+        return .empty
+    }
+
+    /// The node at `path` below this one.
+    public func child(at path: Path) -> Node {
+        var node = self
+        for key in path.segments {
+            guard case .children(let map, _) = node.storage, let next = map[key] else { return .empty }
+            node = next
+        }
+        return node
+    }
+
+    /// The same node with another priority (priorities on the empty node are dropped).
+    public func withPriority(_ priority: Priority) -> Node {
+        switch storage {
+        case .empty: return self
+        case .leaf(let l, _): return Node(storage: .leaf(l, priority))
+        case .children(let m, _): return Node(storage: .children(m, priority))
+        }
+    }
+
+    /// Total number of nodes (leaves and inner nodes), for limits and statistics.
+    public var nodeCount: Int {
+        switch storage {
+        case .empty: return 0
+        case .leaf: return 1
+        case .children(let map, _):
+            var total = 1
+            for (_, child) in map.elements() { total += child.nodeCount }
+            return total
+        }
+    }
+
+    /// Number of leaves.
+    public var leafCount: Int {
+        switch storage {
+        case .empty: return 0
+        case .leaf: return 1
+        case .children(let map, _):
+            var total = 0
+            for (_, child) in map.elements() { total += child.leafCount }
+            return total
+        }
+    }
+
+    // MARK: Writes
+
+    /// Replaces the node at `path` (the empty node removes it). Parents that become empty vanish,
+    /// with their priorities; a leaf on the way is replaced by a children node keeping its priority.
+    public mutating func set(_ node: Node, at path: Path) {
+        set(node, at: path.segments[...])
+    }
+
+    /// The tree with `node` at `path`.
+    public func setting(_ node: Node, at path: Path) -> Node {
+        var copy = self
+        copy.set(node, at: path)
+        return copy
+    }
+
+    @usableFromInline
+    mutating func set(_ node: Node, at path: ArraySlice<ChildKey>) {
+        guard let key = path.first else {
+            self = node
+            return
+        }
+        let rest = path.dropFirst()
+        switch storage {
+        case .empty:
+            guard !node.isEmpty else { return }
+            storage = .children(Node.singleton(key, Node.empty.setting(node, at: rest)), .none)
+        case .leaf(_, let priority):
+            guard !node.isEmpty else { return }
+            storage = .children(Node.singleton(key, Node.empty.setting(node, at: rest)), priority)
+        case .children(var map, let priority):
+            // Drop this node's reference first so `map` is uniquely referenced and can be
+            // mutated in place.
+            storage = .empty
+            var becameEmpty = false
+            let found: Void? = map.modifyValue(forKey: key) { child in
+                child.set(node, at: rest)
+                becameEmpty = child.isEmpty
+            }
+            if found == nil {
+                if !node.isEmpty { map.updateValue(Node.empty.setting(node, at: rest), forKey: key) }
+            } else if becameEmpty {
+                map.removeValue(forKey: key)
+            }
+            storage = map.isEmpty ? .empty : .children(map, priority)
+        }
+    }
+
+    private func setting(_ node: Node, at path: ArraySlice<ChildKey>) -> Node {
+        var copy = self
+        copy.set(node, at: path)
+        return copy
+    }
+
+    private static func singleton(_ key: ChildKey, _ node: Node) -> ChildMap {
+        var map = ChildMap()
+        map.updateValue(node, forKey: key)
+        return map
+    }
+
+    /// Sets the priority of the node at `path`; a no-op returning false when that node is empty.
+    @discardableResult
+    public mutating func setPriority(_ priority: Priority, at path: Path) -> Bool {
+        let target = child(at: path)
+        guard !target.isEmpty else { return false }
+        set(target.withPriority(priority), at: path)
+        return true
+    }
+}
+
+extension Node: Equatable {
+    /// Firebase equality: same shape, leaves equal by value (numbers as doubles), same priorities.
+    public static func == (a: Node, b: Node) -> Bool {
+        switch (a.storage, b.storage) {
+        case (.empty, .empty):
+            return true
+        case let (.leaf(x, p), .leaf(y, q)):
+            return x == y && p == q
+        case let (.children(x, p), .children(y, q)):
+            guard p == q, x.count == y.count else { return false }
+            if x.isIdentical(to: y) { return true }
+            var ix = x.elements()
+            var iy = y.elements()
+            while let ex = ix.next(), let ey = iy.next() {
+                if ex.key != ey.key || ex.value != ey.value { return false }
+            }
+            return true
+        default:
+            return false
+        }
+    }
+}
+
+extension Node: CustomStringConvertible {
+    public var description: String { JSONWriter.string(self, format: .export) }
+}

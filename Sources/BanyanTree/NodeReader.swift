@@ -1,0 +1,343 @@
+/// How server-value placeholders (`{".sv": ...}`) in written data are resolved.
+///
+/// `timestamp` is fixed once per write (the leader stamps it into the log entry, so every replica
+/// resolves the same value). `existing` is the tree before the write; increments read the value at
+/// their exact path in it.
+public struct ServerValueContext: Sendable {
+    public let timestamp: Int64
+    public let existing: Node
+
+    public init(timestamp: Int64, existing: Node = .empty) {
+        self.timestamp = timestamp
+        self.existing = existing
+    }
+}
+
+/// Limits applied while reading tree data from JSON.
+public struct TreeReadLimits: Sendable {
+    /// Maximum UTF-8 length of one string value (Firebase: 10 MiB).
+    public var maxStringBytes: Int = 10 * 1024 * 1024
+    /// Maximum number of nodes in one input (defends memory against huge writes).
+    public var maxNodes: Int = 50_000_000
+
+    public init() {}
+    public static let standard = TreeReadLimits()
+}
+
+/// Reads Firebase tree data (plain JSON or the export format with `.priority` / `.value` / `.sv`)
+/// straight into a `Node`, validating as it goes: keys, depth (location depth plus data nesting at
+/// most 32), key-path length (768 bytes), duplicate keys, numbers, priorities and metadata.
+public enum NodeReader {
+    /// Reads `bytes` as the value to be stored at `location`.
+    ///
+    /// - Parameter serverValues: how to resolve `.sv` placeholders; `nil` rejects them (plain data
+    ///   such as imports and query files).
+    public static func read(
+        _ bytes: [UInt8], at location: Path = .root,
+        serverValues: ServerValueContext? = nil, limits: TreeReadLimits = .standard
+    ) throws(TreeError) -> Node {
+        let result: Result<Node, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+            var state = ReaderState(
+                scanner: JSONScanner(bytes: buffer), location: location,
+                serverValues: serverValues, limits: limits)
+            do throws(TreeError) {
+                let node = try state.readValue()
+                try state.scanner.expectEnd()
+                return .success(node)
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
+    }
+
+    public static func read(
+        _ text: String, at location: Path = .root, serverValues: ServerValueContext? = nil,
+        limits: TreeReadLimits = .standard
+    ) throws(TreeError) -> Node {
+        try read(Array(text.utf8), at: location, serverValues: serverValues, limits: limits)
+    }
+}
+
+extension Node {
+    /// Parses JSON tree data (export format accepted) with no server values allowed.
+    public init(json: String) throws(TreeError) {
+        self = try NodeReader.read(json)
+    }
+}
+
+private struct ReaderState {
+    var scanner: JSONScanner
+    /// Keys from the root to the value being read.
+    var keys: [ChildKey]
+    /// UTF-8 length of `keys` joined by `/`.
+    var pathBytes: Int
+    let serverValues: ServerValueContext?
+    /// Existing nodes along `keys` (only maintained when server values are allowed).
+    var existing: [Node]
+    let limits: TreeReadLimits
+    var nodes = 0
+
+    init(scanner: JSONScanner, location: Path, serverValues: ServerValueContext?, limits: TreeReadLimits) {
+        self.scanner = scanner
+        self.keys = location.segments
+        self.pathBytes = location.byteCount
+        self.serverValues = serverValues
+        self.existing = serverValues.map { [$0.existing.child(at: location)] } ?? []
+        self.limits = limits
+    }
+
+    var pathText: String { "/" + keys.map(\.string).joined(separator: "/") }
+
+    func fail(_ code: TreeError.Code, _ message: String, at offset: Int? = nil) -> TreeError {
+        TreeError(code, path: pathText, message, offset: offset ?? scanner.position)
+    }
+
+    mutating func push(_ key: ChildKey) throws(TreeError) {
+        let bytes = key.string.utf8.count
+        let newBytes = keys.isEmpty ? bytes : pathBytes + 1 + bytes
+        keys.append(key)
+        pathBytes = newBytes
+        if keys.count > Path.maxDepth {
+            throw fail(.depthExceeded, "Data is nested too deeply: location depth plus data depth exceeds \(Path.maxDepth)")
+        }
+        if newBytes > Path.maxBytes {
+            throw fail(.pathTooLong, "Key path is \(newBytes) bytes of UTF-8; the limit is \(Path.maxBytes)")
+        }
+        if !existing.isEmpty, let top = existing.last { existing.append(top.child(key)) }
+    }
+
+    mutating func pop() {
+        guard let key = keys.popLast() else { return }
+        let bytes = key.string.utf8.count
+        pathBytes = keys.isEmpty ? 0 : pathBytes - 1 - bytes
+        if !existing.isEmpty { existing.removeLast() }
+    }
+
+    mutating func count() throws(TreeError) {
+        nodes += 1
+        if nodes > limits.maxNodes { throw fail(.inputTooLarge, "Input has more than \(limits.maxNodes) nodes") }
+    }
+
+    mutating func readValue() throws(TreeError) -> Node {
+        let b = try scanner.peek()
+        switch b {
+        case UInt8(ascii: "{"): return try readObject()
+        case UInt8(ascii: "["): return try readArray()
+        default:
+            guard let leaf = try readPrimitive() else { return .empty }
+            try count()
+            return Node(leaf)
+        }
+    }
+
+    /// A primitive at the cursor: `nil` for null. Objects and arrays are an error here.
+    mutating func readPrimitive() throws(TreeError) -> Leaf? {
+        let b = try scanner.peek()
+        switch b {
+        case UInt8(ascii: "\""):
+            do {
+                return .string(try scanner.readString(maxBytes: limits.maxStringBytes))
+            } catch {
+                throw TreeError(error.code, path: pathText, error.message, offset: error.offset)
+            }
+        case UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
+            guard let flag = try wrap({ (s: inout JSONScanner) throws(TreeError) in try s.readKeyword() }) else { return nil }
+            return .bool(flag)
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            try wrap { (s: inout JSONScanner) throws(TreeError) in try s.rejectNonFinite() }
+            switch try wrap({ (s: inout JSONScanner) throws(TreeError) in try s.readNumber() }) {
+            case .int(let i): return .int(i)
+            case .double(let d): return .double(d)
+            }
+        default:
+            try wrap { (s: inout JSONScanner) throws(TreeError) in try s.rejectNonFinite() }
+            throw fail(.invalidJSON, "Unexpected \(describe(b)), expecting a JSON value")
+        }
+    }
+
+    /// Runs a scanner step, re-labelling its errors with the current path.
+    mutating func wrap<R>(_ body: (inout JSONScanner) throws(TreeError) -> R) throws(TreeError) -> R {
+        do {
+            return try body(&scanner)
+        } catch {
+            throw TreeError(error.code, path: pathText, error.message, offset: error.offset)
+        }
+    }
+
+    func describe(_ b: UInt8) -> String {
+        if b == 0xEF && scanner.position == 0 { return "byte-order mark" }
+        return b >= 0x20 && b < 0x7F ? "'\(Character(Unicode.Scalar(b)))'" : "byte 0x\(String(b, radix: 16))"
+    }
+
+    mutating func readArray() throws(TreeError) -> Node {
+        scanner.position += 1
+        var children: [(ChildKey, Node)] = []
+        if try scanner.peek() == UInt8(ascii: "]") {
+            scanner.position += 1
+            return .empty
+        }
+        var index = 0
+        while true {
+            try push(ChildKey(unchecked: String(index)))
+            let child = try readValue()
+            pop()
+            if !child.isEmpty { children.append((ChildKey(unchecked: String(index)), child)) }
+            index += 1
+            let sep = try scanner.peek()
+            scanner.position += 1
+            if sep == UInt8(ascii: "]") { break }
+            guard sep == UInt8(ascii: ",") else {
+                scanner.position -= 1
+                throw fail(.invalidJSON, "Unexpected \(describe(sep)), expecting ',' or ']'")
+            }
+        }
+        // Index keys are produced in numeric order, which is Firebase key order.
+        guard !children.isEmpty else { return .empty }
+        try count()
+        return Node(sortedChildren: children)
+    }
+
+    mutating func readObject() throws(TreeError) -> Node {
+        let objectStart = scanner.position
+        scanner.position += 1
+        var children: [(ChildKey, Node)] = []
+        var allKeysInOrder = true
+        var priority: Priority?
+        var dotValue: Leaf??
+        var serverValue: JSONValue?
+        var realKeys = 0
+        if try scanner.peek() == UInt8(ascii: "}") {
+            scanner.position += 1
+            return .empty
+        }
+        while true {
+            let q = try scanner.peek()
+            guard q == UInt8(ascii: "\"") else { throw fail(.invalidJSON, "Unexpected \(describe(q)), expecting a string key") }
+            let keyOffset = scanner.position
+            let keyText = try wrap { (s: inout JSONScanner) throws(TreeError) in try s.readString() }
+            try wrap { (s: inout JSONScanner) throws(TreeError) in try s.expect(UInt8(ascii: ":")) }
+            if keyText.utf8.first == UInt8(ascii: ".") {
+                switch keyText {
+                case ".priority":
+                    guard priority == nil else { throw fail(.duplicateKey, "Duplicate key \".priority\" in object", at: keyOffset) }
+                    priority = try readPriority()
+                case ".value":
+                    guard dotValue == nil else { throw fail(.duplicateKey, "Duplicate key \".value\" in object", at: keyOffset) }
+                    if try scanner.peek() == UInt8(ascii: "{") {
+                        let node = try readObject()
+                        guard node.isEmpty || node.isLeaf, let leaf = node.leaf else {
+                            throw fail(.invalidMetadata, "\".value\" must hold a primitive value", at: keyOffset)
+                        }
+                        dotValue = .some(leaf)
+                    } else {
+                        dotValue = .some(try readPrimitive())
+                    }
+                case ".sv":
+                    guard serverValue == nil else { throw fail(.duplicateKey, "Duplicate key \".sv\" in object", at: keyOffset) }
+                    serverValue = try wrap { (s: inout JSONScanner) throws(TreeError) in try JSONValue.read(&s, depth: 0, maxDepth: 4) }
+                default:
+                    throw fail(.invalidKey, "Invalid key \"\(ChildKey.printable(keyText))\": keys can't contain \".\", \"#\", \"$\", \"/\", \"[\", or \"]\"", at: keyOffset)
+                }
+            } else {
+                if let problem = ChildKey.problem(with: keyText) {
+                    throw fail(.invalidKey, "Invalid key \"\(ChildKey.printable(keyText))\": \(problem)", at: keyOffset)
+                }
+                let key = ChildKey(unchecked: keyText)
+                try push(key)
+                let child = try readValue()
+                pop()
+                if let previous = children.last?.0, allKeysInOrder, !(previous < key) { allKeysInOrder = false }
+                children.append((key, child))
+                realKeys += 1
+            }
+            let sep = try scanner.peek()
+            scanner.position += 1
+            if sep == UInt8(ascii: "}") { break }
+            guard sep == UInt8(ascii: ",") else {
+                scanner.position -= 1
+                throw fail(.invalidJSON, "Unexpected \(describe(sep)), expecting ',' or '}'")
+            }
+        }
+
+        if let spec = serverValue {
+            guard realKeys == 0, dotValue == nil else {
+                throw fail(.invalidMetadata, "An object with \".sv\" can't have other children", at: objectStart)
+            }
+            let leaf = try resolve(spec, at: objectStart)
+            try count()
+            return Node(leaf, priority: priority ?? .none)
+        }
+        if let value = dotValue {
+            guard realKeys == 0 else {
+                throw fail(.invalidMetadata, "Data contains a \".value\" child as well as other children", at: objectStart)
+            }
+            guard let leaf = value else { return .empty }
+            try count()
+            return Node(leaf, priority: priority ?? .none)
+        }
+        if !allKeysInOrder {
+            children.sort { $0.0 < $1.0 }
+        }
+        for i in children.indices.dropFirst() where children[i - 1].0 == children[i].0 {
+            keys.append(children[i].0)
+            defer { keys.removeLast() }
+            throw fail(.duplicateKey, "Duplicate key \"\(ChildKey.printable(children[i].0.string))\" in object", at: objectStart)
+        }
+        let node = Node(sortedChildren: children, priority: priority ?? .none)
+        if !node.isEmpty { try count() }
+        return node
+    }
+
+    mutating func readPriority() throws(TreeError) -> Priority {
+        let offset = scanner.position
+        if try scanner.peek() == UInt8(ascii: "{") {
+            let spec = try wrap { (s: inout JSONScanner) throws(TreeError) in try JSONValue.read(&s, depth: 0, maxDepth: 4) }
+            guard let sv = spec[".sv"], case .object(let members) = spec, members.count == 1 else {
+                throw fail(.invalidPriority, "A priority must be null, a number, a string or a server value", at: offset)
+            }
+            guard case .string("timestamp") = sv else {
+                throw fail(.invalidPriority, "Only {\".sv\":\"timestamp\"} is allowed as a server-value priority", at: offset)
+            }
+            guard let context = serverValues else {
+                throw fail(.invalidServerValue, "Server values are only allowed in writes", at: offset)
+            }
+            return .number(Double(context.timestamp))
+        }
+        switch try readPrimitive() {
+        case nil: return .none
+        case .int(let i)?: return .number(Double(i))
+        case .double(let d)?: return .number(d)
+        case .string(let s)?: return .string(s)
+        case .bool?: throw fail(.invalidPriority, "A priority must be null, a number or a string, not a boolean", at: offset)
+        }
+    }
+
+    func resolve(_ spec: JSONValue, at offset: Int) throws(TreeError) -> Leaf {
+        guard let context = serverValues else {
+            throw fail(.invalidServerValue, "Server values are only allowed in writes", at: offset)
+        }
+        switch spec {
+        case .string("timestamp"):
+            return .int(context.timestamp)
+        case .object(let members) where members.count == 1 && members[0].0 == "increment":
+            let current = existing.last?.leaf
+            switch (members[0].1, current) {
+            case let (.int(delta), .int(base)?):
+                let (sum, overflow) = base.addingReportingOverflow(delta)
+                return overflow ? .double(Double(base) + Double(delta)) : .int(sum)
+            case let (.int(delta), .double(base)?):
+                return .double(base + Double(delta))
+            case let (.double(delta), current):
+                if let base = current?.doubleValue { return .double(base + delta) }
+                return .double(delta)
+            case let (.int(delta), _):
+                return .int(delta)
+            default:
+                throw fail(.invalidServerValue, "The increment server value needs a number: {\".sv\":{\"increment\":n}}", at: offset)
+            }
+        default:
+            throw fail(.invalidServerValue, "Unknown server value \(spec.jsonString.prefix(80))", at: offset)
+        }
+    }
+}

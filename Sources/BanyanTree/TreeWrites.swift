@@ -1,0 +1,100 @@
+/// The write operations of the data model: set, multi-path update, remove, setPriority and
+/// compare-by-hash. Each validates completely before changing anything, so a rejected write leaves
+/// the tree untouched.
+
+/// One entry of a multi-path update: a relative path (possibly ending in `.priority`) and its data.
+public struct UpdateEntry: Sendable, Equatable {
+    public let path: WritePath
+    public let node: Node
+
+    public init(path: WritePath, node: Node) {
+        self.path = path
+        self.node = node
+    }
+}
+
+extension Node {
+    /// Firebase `set`: replaces the node at `location` (data without `.priority` clears the
+    /// priority). Writing to `x/.priority` sets the priority of `x` instead.
+    public mutating func apply(set node: Node, at location: WritePath) throws(TreeError) {
+        if location.isPriority {
+            guard let priority = Priority(node: node) else {
+                throw TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string")
+            }
+            setPriority(priority, at: location.path)
+            return
+        }
+        set(node, at: location.path)
+    }
+
+    /// Firebase `update` (`updateChildValues`): applies every entry relative to `location`,
+    /// atomically. Rejects the whole update when one entry's path is an ancestor of (or equal to)
+    /// another's, or when a resulting path exceeds the limits. A merge keeps `location`'s priority.
+    public mutating func apply(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
+        try Node.validate(update: entries, at: location)
+        for entry in entries {
+            let target = location.appending(entry.path.path)
+            if entry.path.isPriority {
+                if let priority = Priority(node: entry.node) { setPriority(priority, at: target) }
+            } else {
+                set(entry.node, at: target)
+            }
+        }
+    }
+
+    /// Checks a multi-path update without applying it.
+    public static func validate(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
+        // Full paths as segment lists; `.priority` counts as a final segment for overlap checks.
+        var full: [(segments: [String], text: String)] = []
+        full.reserveCapacity(entries.count)
+        for entry in entries {
+            let target = location.appending(entry.path.path)
+            if target.count > Path.maxDepth || target.byteCount > Path.maxBytes {
+                try target.checkLimits()
+            }
+            if entry.path.isPriority, Priority(node: entry.node) == nil {
+                throw TreeError(.invalidPriority, path: entry.path.description, "A priority must be null, a number or a string")
+            }
+            var segments = entry.path.path.segments.map(\.string)
+            if entry.path.isPriority { segments.append(".priority") }
+            full.append((segments, entry.path.description))
+        }
+        // Sorted by segments, an ancestor immediately precedes some descendant.
+        let order = full.indices.sorted { a, b in
+            for (x, y) in zip(full[a].segments, full[b].segments) where !x.utf8.elementsEqual(y.utf8) {
+                return compareUTF16(x, y) < 0
+            }
+            return full[a].segments.count < full[b].segments.count
+        }
+        for (i, j) in zip(order, order.dropFirst()) {
+            let a = full[i].segments
+            let b = full[j].segments
+            if a.count <= b.count, zip(a, b).allSatisfy({ $0.utf8.elementsEqual($1.utf8) }) {
+                throw TreeError(
+                    .overlappingPaths, path: location.description,
+                    "Path \(full[i].text) is an ancestor of \(full[j].text) in the same update")
+            }
+        }
+    }
+
+    /// Firebase `setPriority`: fails with `emptyLocation` when there is no data at `path`.
+    public mutating func apply(setPriority priority: Priority, at path: Path) throws(TreeError) {
+        guard setPriority(priority, at: path) else {
+            throw TreeError(.emptyLocation, path: path.description, "Can't set a priority on a location with no data")
+        }
+    }
+
+    /// Compare-by-hash (transactions): sets `node` at `path` only when the current node there has
+    /// hash `expectedHash`. Returns the current node when the comparison fails (for the retry).
+    public mutating func compareAndSet(_ node: Node, at path: Path, expectedHash: String) -> CompareAndSetResult {
+        let current = child(at: path)
+        guard current.hashString == expectedHash else { return .mismatch(current: current) }
+        set(node, at: path)
+        return .applied
+    }
+}
+
+public enum CompareAndSetResult: Sendable, Equatable {
+    case applied
+    case mismatch(current: Node)
+}

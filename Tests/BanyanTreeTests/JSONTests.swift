@@ -1,0 +1,198 @@
+import BanyanTree
+import Testing
+
+/// The repository root, found from this file's location (tests read `../shared/testdata`).
+let repositoryRoot: String = {
+    var parts = #filePath.split(separator: "/", omittingEmptySubsequences: false)
+    parts.removeLast(3)
+    return parts.joined(separator: "/")
+}()
+
+@Suite struct JSONCorpusTests {
+    static let corpus = repositoryRoot + "/../shared/testdata/json-parsing"
+
+    /// y_ files the tree reader rejects on purpose, with the documented Firebase rule.
+    static let treeRejections: [String: TreeError.Code] = [
+        "y_object_duplicated_key.json": .duplicateKey,
+        "y_object_duplicated_key_and_value.json": .duplicateKey,
+        "y_object_empty_key.json": .invalidKey,
+        "y_object_escaped_null_in_key.json": .invalidKey,
+    ]
+
+    @Test("every n_ file is rejected with a clear error and every y_ file accepted")
+    func corpus() throws {
+        let files = try listDirectory(JSONCorpusTests.corpus)
+        try #require(files.count > 300, "JSONTestSuite corpus not found at \(JSONCorpusTests.corpus)")
+        var checkedN = 0
+        var checkedY = 0
+        for name in files where name.hasSuffix(".json") {
+            let bytes = try readFile(JSONCorpusTests.corpus + "/" + name)
+            let plain = Result { () throws(TreeError) in try JSONValue(parsing: bytes) }
+            let tree = Result { () throws(TreeError) in try NodeReader.read(bytes) }
+            if name.hasPrefix("n_") {
+                checkedN += 1
+                if case .success = plain { Issue.record("\(name) accepted by JSONValue") }
+                if case .success = tree { Issue.record("\(name) accepted by NodeReader") }
+                if case .failure(let e) = tree { #expect(!e.message.isEmpty) }
+            } else if name.hasPrefix("y_") {
+                checkedY += 1
+                let duplicate = name.hasPrefix("y_object_duplicated_key")
+                switch plain {
+                case .success: #expect(!duplicate, "\(name) should be rejected for its duplicate key")
+                case .failure(let e): #expect(duplicate && e.code == .duplicateKey, "\(name): \(e)")
+                }
+                switch (tree, JSONCorpusTests.treeRejections[name]) {
+                case (.success, nil): break
+                case (.success, let code?): Issue.record("\(name) accepted; expected \(code)")
+                case (.failure(let e), nil): Issue.record("\(name) rejected: \(e)")
+                case (.failure(let e), let code?): #expect(e.code == code, "\(name): \(e)")
+                }
+            }
+            // i_ files: either answer is fine; they must not crash.
+        }
+        #expect(checkedN >= 180)
+        #expect(checkedY >= 90)
+    }
+}
+
+@Suite struct JSONTests {
+    @Test("integers stay exact, other numbers are doubles, -0 is 0")
+    func numbers() throws {
+        #expect(try Node(json: "5").leaf == .int(5))
+        #expect(try Node(json: "9007199254740993").leaf.map { if case .int(9_007_199_254_740_993) = $0 { true } else { false } } == true)
+        #expect(try Node(json: "9223372036854775807").leaf.map { if case .int(Int64.max) = $0 { true } else { false } } == true)
+        if case .double(let d)? = try Node(json: "9223372036854775808").leaf {
+            #expect(d == 9_223_372_036_854_775_808.0)
+        } else {
+            Issue.record("int64 overflow should become a double")
+        }
+        if case .double(let d)? = try Node(json: "-0.0").leaf { #expect(d.sign == .plus) } else { Issue.record("-0.0") }
+        #expect(try Node(json: "-0").leaf == .int(0))
+        #expect(try Node(json: "1E2").leaf == .double(100))
+        for bad in ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"] {
+            do {
+                _ = try Node(json: bad)
+                Issue.record("\(bad) accepted")
+            } catch {
+                #expect(error.code == .invalidNumber, "\(bad): \(error)")
+            }
+        }
+        #expect(try Node(json: "1e-400").leaf == .double(0))
+        #expect(JSONWriter.string(try Node(json: "[5.0, 5, 0.1, 1e21, -3]")) == "[5.0,5,0.1,1e+21,-3]")
+    }
+
+    @Test("deep input is rejected before it can exhaust the stack")
+    func depth() {
+        let deep = String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)
+        do {
+            _ = try NodeReader.read(deep)
+            Issue.record("accepted")
+        } catch {
+            #expect(error.code == .depthExceeded)
+        }
+        do {
+            _ = try JSONValue(parsing: deep)
+            Issue.record("accepted")
+        } catch {
+            #expect(error.code == .depthExceeded)
+        }
+        let objects = String(repeating: "{\"a\":", count: 50_000) + "1" + String(repeating: "}", count: 50_000)
+        #expect(throws: TreeError.self) { try NodeReader.read(objects) }
+    }
+
+    @Test("32 levels including the location are allowed, 33 are not")
+    func depthLimit() throws {
+        func nested(_ n: Int) -> String { String(repeating: "{\"a\":", count: n) + "1" + String(repeating: "}", count: n) }
+        _ = try NodeReader.read(nested(32))
+        #expect(throws: TreeError.self) { try NodeReader.read(nested(33)) }
+        let location = try Path(parsing: "x/y")
+        _ = try NodeReader.read(nested(30), at: location)
+        do {
+            _ = try NodeReader.read(nested(31), at: location)
+            Issue.record("accepted")
+        } catch {
+            #expect(error.code == .depthExceeded)
+            #expect(error.path.hasPrefix("/x/y/a"))
+        }
+    }
+
+    @Test("bad keys and metadata get typed errors naming the path")
+    func badData() {
+        let cases: [(String, TreeError.Code, String)] = [
+            ("{\"a\":{\"b.c\":1}}", .invalidKey, "/a"),
+            ("{\"a\":{\"\":1}}", .invalidKey, "/a"),
+            ("{\"a\":1,\"a\":2}", .duplicateKey, "/a"),
+            ("{\".value\":1,\"x\":2}", .invalidMetadata, "/"),
+            ("{\".priority\":true,\"x\":2}", .invalidPriority, "/"),
+            ("{\".foo\":1}", .invalidKey, "/"),
+            ("{\"t\":{\".sv\":\"timestamp\"}}", .invalidServerValue, "/t"),
+            ("{\"a\":[1,2,{\"$\":1}]}", .invalidKey, "/a/2"),
+            ("\u{FEFF}1", .invalidJSON, "/"),
+            ("{\"a\":1} x", .invalidJSON, "/"),
+        ]
+        for (json, code, path) in cases {
+            do {
+                _ = try NodeReader.read(json)
+                Issue.record("accepted: \(json)")
+            } catch {
+                #expect(error.code == code, "\(json): \(error)")
+                #expect(error.path == path, "\(json): \(error)")
+            }
+        }
+    }
+
+    @Test("key paths longer than 768 bytes are rejected")
+    func pathBytes() {
+        let key = String(repeating: "k", count: 400)
+        #expect(throws: TreeError.self) { try NodeReader.read("{\"\(key)\":{\"\(key)\":1}}") }
+    }
+
+    @Test("strings over the size limit are rejected")
+    func stringLimit() {
+        var limits = TreeReadLimits()
+        limits.maxStringBytes = 10
+        #expect(throws: TreeError.self) { try NodeReader.read("\"01234567890\"", limits: limits) }
+        #expect(throws: TreeError.self) { try NodeReader.read("\"0123456789\\n\"", limits: limits) }
+        #expect((try? NodeReader.read("\"0123456789\"", limits: limits)) != nil)
+    }
+
+    @Test("escapes decode, including surrogate pairs; lone surrogates are rejected")
+    func escapes() throws {
+        #expect(try Node(json: "\"a\\u00e9\\ud83d\\ude00\\n\\\"\"").leaf == .string("aé😀\n\""))
+        #expect(throws: TreeError.self) { try Node(json: "\"\\ud800\"") }
+        #expect(throws: TreeError.self) { try Node(json: "\"\\udc00x\"") }
+        #expect(throws: TreeError.self) { try NodeReader.read([0x22, 0xC3, 0x28, 0x22]) }
+    }
+
+    @Test("empty objects and nulls vanish; arrays become index-keyed objects")
+    func emptiness() throws {
+        #expect(try Node(json: "{\"a\":{},\"b\":null,\"c\":{\"d\":{}}}").isEmpty)
+        #expect(try Node(json: "{\".priority\":5}").isEmpty)
+        let array = try Node(json: "[\"x\",null,\"z\"]")
+        #expect(array.childCount == 2)
+        #expect(array.child(ChildKey(unchecked: "2")).leaf == .string("z"))
+        #expect(JSONWriter.string(array) == "[\"x\",null,\"z\"]")
+        #expect(JSONWriter.string(array, format: .export) == "{\"0\":\"x\",\"2\":\"z\"}")
+    }
+
+    @Test("array rendering follows Firebase's rule (all index keys, max < 2 * count)")
+    func arrays() throws {
+        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"1\":2}")) == "[1,2]")
+        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"3\":2}")) == "[1,null,null,2]")
+        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"4\":2}")) == "{\"0\":1,\"4\":2}")
+        #expect(JSONWriter.string(try Node(json: "{\"00\":1,\"1\":2}")) == "{\"00\":1,\"1\":2}")
+        #expect(JSONWriter.string(try Node(json: "{\"1\":1,\"a\":2}")) == "{\"1\":1,\"a\":2}")
+    }
+
+    @Test("the export format round-trips priorities and writes keys in Firebase order")
+    func exportRoundTrip() throws {
+        let text = "{\".priority\":\"top\",\"10\":{\".value\":true,\".priority\":2.5},\"9\":\"x\",\"b\":{\"c\":null,\"d\":-7},\"a\":\"q\\u0001\"}"
+        let node = try Node(json: text)
+        let export = JSONWriter.string(node, format: .export)
+        #expect(export == "{\".priority\":\"top\",\"9\":\"x\",\"10\":{\".value\":true,\".priority\":2.5},\"a\":\"q\\u0001\",\"b\":{\"d\":-7}}")
+        #expect(try Node(json: export) == node)
+        #expect(JSONWriter.string(node) == "{\"9\":\"x\",\"10\":true,\"a\":\"q\\u0001\",\"b\":{\"d\":-7}}")
+        let pretty = JSONWriter.string(node, format: .export, pretty: true)
+        #expect(try Node(json: pretty) == node)
+    }
+}
