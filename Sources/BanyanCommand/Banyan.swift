@@ -1,0 +1,139 @@
+import ArgumentParser
+import BanyanBasics
+import BanyanQuery
+import BanyanTree
+import Foundation
+
+/// `banyan`: the Banyan command. Offline data tools today (validate, hash, query, convert, push
+/// ids); `serve` joins them when the server lands.
+@main
+struct Banyan: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "banyan",
+        abstract: "Banyan: a clustered realtime tree database with the Firebase data model.",
+        discussion: """
+            Data tools work on JSON files (or standard input with '-') in Firebase's formats: plain \
+            JSON as returned by REST GET, or the export format with ".priority" and ".value".
+            """,
+        subcommands: [Validate.self, Hash.self, QueryCommand.self, Convert.self, PushIDs.self]
+    )
+}
+
+/// Options shared by the data tools: the input and an optional location inside it.
+struct InputOptions: ParsableArguments {
+    @Argument(help: "A JSON file, or '-' for standard input.")
+    var file: String = "-"
+
+    @Option(name: .long, help: "A location inside the input to work on, e.g. /users/ada.")
+    var path: String = "/"
+
+    func read() throws -> (root: Node, node: Node, location: Path) {
+        let bytes: [UInt8]
+        if file == "-" {
+            bytes = Array(FileHandle.standardInput.readDataToEndOfFile())
+        } else {
+            guard let data = FileManager.default.contents(atPath: file) else {
+                throw CommandError("cannot read \(file): no such file or not readable")
+            }
+            bytes = Array(data)
+        }
+        let location = try Path(parsing: path)
+        let root = try NodeReader.read(bytes)
+        return (root, root.child(at: location), location)
+    }
+}
+
+struct CommandError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Runs a tool, turning data errors into a clear message on standard error and exit status 1.
+func runTool(_ body: () throws -> Void) throws {
+    do {
+        try body()
+    } catch let error as TreeError {
+        FileHandle.standardError.write(Data("error: \(error)\n".utf8))
+        throw ExitCode(1)
+    } catch let error as QueryError {
+        FileHandle.standardError.write(Data("error: invalid query: \(error.message)\n".utf8))
+        throw ExitCode(1)
+    } catch let error as CommandError {
+        FileHandle.standardError.write(Data("error: \(error)\n".utf8))
+        throw ExitCode(1)
+    }
+}
+
+func writeLine(_ text: String) {
+    FileHandle.standardOutput.write(Data((text + "\n").utf8))
+}
+
+struct Validate: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Check that a file is valid Firebase data; print statistics and its hash.")
+
+    @OptionGroup var input: InputOptions
+
+    func run() throws {
+        try runTool {
+            let (_, node, location) = try input.read()
+            writeLine("valid: \(node.nodeCount) nodes, \(node.leafCount) leaves at \(location)")
+            writeLine("hash: \(node.hashString.isEmpty ? "\"\" (empty)" : node.hashString)")
+        }
+    }
+}
+
+struct Hash: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the Firebase hash of the data (as used by transactions and listens).")
+
+    @OptionGroup var input: InputOptions
+
+    func run() throws {
+        try runTool {
+            writeLine(try input.read().node.hashString)
+        }
+    }
+}
+
+struct Convert: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Convert between plain JSON and the export format (with priorities).")
+
+    enum Format: String, ExpressibleByArgument, CaseIterable {
+        case plain, export
+    }
+
+    @OptionGroup var input: InputOptions
+
+    @Option(name: .long, help: "Output format: plain (REST GET, arrays, no priorities) or export.")
+    var to: Format = .export
+
+    @Flag(name: .long, help: "Indent the output.")
+    var pretty = false
+
+    func run() throws {
+        try runTool {
+            let node = try input.read().node
+            writeLine(JSONWriter.string(node, format: to == .plain ? .plain : .export, pretty: pretty))
+        }
+    }
+}
+
+struct PushIDs: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "push-id", abstract: "Generate Firebase push ids (chronologically sortable keys).")
+
+    @Option(name: .long, help: "How many ids to print.")
+    var count: Int = 1
+
+    func validate() throws {
+        guard (1...1_000_000).contains(count) else { throw ValidationError("--count must be between 1 and 1000000") }
+    }
+
+    func run() throws {
+        var generator = PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: .min ... .max)))
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        for _ in 0..<count { writeLine(generator.next(now: now)) }
+    }
+}
