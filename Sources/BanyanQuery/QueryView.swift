@@ -145,10 +145,16 @@ public struct QueryView: Sendable {
                 record(key, wasIn: false, old: old)
             }
             if params.limit != nil {
-                for p in [range.lowerBound - 1, range.lowerBound, range.upperBound - 1, range.upperBound] where p >= 0 && p < index.count {
-                    let edgeKey = index.element(at: p).key
-                    if touched[edgeKey] == nil {
-                        record(edgeKey, wasIn: range.contains(p), old: oldNode.child(edgeKey))
+                // Only the entries just inside and just outside each edge can cross it.
+                for edge in [range.lowerBound - 1, range.upperBound - 1] {
+                    let first = Swift.max(edge, 0)
+                    guard first < index.count else { continue }
+                    var it = index.entries.elements(from: first)
+                    for p in first...(edge + 1) {
+                        guard let (entry, _) = it.next() else { break }
+                        if touched[entry.key] == nil {
+                            record(entry.key, wasIn: range.contains(p), old: oldNode.child(entry.key))
+                        }
                     }
                 }
             }

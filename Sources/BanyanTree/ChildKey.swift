@@ -4,12 +4,18 @@
 /// `"é"` and `"e\u{301}"` are different keys). Ordering is Firebase's `nameCompare`: keys that parse
 /// as 32-bit signed integers first, numerically, shorter string first on ties; then all other keys
 /// by UTF-16 code units.
-public struct ChildKey: Hashable, Comparable, Sendable, CustomStringConvertible {
+public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     /// The key text.
     public let string: String
     /// The key's value when it parses as a 32-bit integer (Android/iOS rule: optional `-`, 1...10
     /// digits, in range), otherwise `nil`.
-    public let intValue: Int32?
+    public var intValue: Int32? { isInt ? int : nil }
+    /// The first 8 UTF-8 bytes, big-endian, zero-padded: decides most comparisons in one step.
+    @usableFromInline let prefix: UInt64
+    @usableFromInline let int: Int32
+    @usableFromInline let isInt: Bool
+    /// UTF-8 length.
+    @usableFromInline let length: UInt32
 
     /// Maximum UTF-8 length of one key.
     public static let maxBytes = 768
@@ -25,7 +31,17 @@ public struct ChildKey: Hashable, Comparable, Sendable, CustomStringConvertible 
     /// Creates a key without validation (for query bounds and trusted internal use).
     public init(unchecked string: String) {
         self.string = string
-        self.intValue = ChildKey.parseInt32(string)
+        let parsed = ChildKey.parseInt32(string)
+        self.int = parsed ?? 0
+        self.isInt = parsed != nil
+        var prefix: UInt64 = 0
+        var length: UInt32 = 0
+        for byte in string.utf8 {
+            if length < 8 { prefix |= UInt64(byte) << (56 - 8 * UInt64(length)) }
+            length += 1
+        }
+        self.prefix = prefix
+        self.length = length
     }
 
     /// Why `string` is not a valid key, or `nil` when it is.
@@ -86,35 +102,53 @@ public struct ChildKey: Hashable, Comparable, Sendable, CustomStringConvertible 
 
     public var description: String { string }
 
+    @inline(__always)
     public static func == (a: ChildKey, b: ChildKey) -> Bool {
-        a.intValue == b.intValue && a.string.utf8.elementsEqual(b.string.utf8)
+        a.prefix == b.prefix && a.length == b.length && (a.length <= 8 || a.string.utf8.elementsEqual(b.string.utf8))
     }
 
     public func hash(into hasher: inout Hasher) {
-        for byte in string.utf8 { hasher.combine(byte) }
-        hasher.combine(0xFF as UInt8)
+        hasher.combine(prefix)
+        hasher.combine(length)
+        if length > 8 {
+            var s = string
+            s.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        }
     }
 
+    @inline(__always)
     public static func < (a: ChildKey, b: ChildKey) -> Bool {
         compare(a, b) < 0
     }
 
     /// Firebase `nameCompare`: negative, zero or positive.
+    @inline(__always)
     public static func compare(_ a: ChildKey, _ b: ChildKey) -> Int {
-        switch (a.intValue, b.intValue) {
-        case let (x?, y?):
-            if x != y { return x < y ? -1 : 1 }
-            let la = a.string.utf8.count
-            let lb = b.string.utf8.count
-            if la != lb { return la < lb ? -1 : 1 }
-            return compareUTF16(a.string, b.string)
-        case (.some, nil):
-            return -1
-        case (nil, .some):
-            return 1
-        case (nil, nil):
-            return compareUTF16(a.string, b.string)
+        if a.isInt != b.isInt { return a.isInt ? -1 : 1 }
+        if a.isInt {
+            if a.int != b.int { return a.int < b.int ? -1 : 1 }
+            if a.length != b.length { return a.length < b.length ? -1 : 1 }
         }
+        if a.prefix != b.prefix {
+            // The first differing byte decides, with the UTF-16 correction for high-BMP vs
+            // supplementary characters (see compareUTF16).
+            let shift = UInt64((a.prefix ^ b.prefix).leadingZeroBitCount & ~7)
+            let x = UInt8(truncatingIfNeeded: a.prefix >> (56 - shift))
+            let y = UInt8(truncatingIfNeeded: b.prefix >> (56 - shift))
+            if x >= 0xEE || y >= 0xEE {
+                let position = Int(shift / 8)
+                // Padding zero bytes only occur past the end of a key shorter than 8 bytes.
+                if position < a.length && position < b.length {
+                    if (x == 0xEE || x == 0xEF) && y >= 0xF0 { return 1 }
+                    if (y == 0xEE || y == 0xEF) && x >= 0xF0 { return -1 }
+                }
+            }
+            return a.prefix < b.prefix ? -1 : 1
+        }
+        if a.length <= 8 && b.length <= 8 {
+            return a.length == b.length ? 0 : (a.length < b.length ? -1 : 1)
+        }
+        return compareUTF16(a.string, b.string)
     }
 }
 

@@ -84,7 +84,7 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// One child as an index sees it: its index value and its key. Ordered by value, then key.
-public struct IndexEntry: Comparable, Sendable, CustomStringConvertible {
+public struct IndexEntry: SortKey, Sendable, CustomStringConvertible {
     public let value: Node
     public let key: ChildKey
 
@@ -98,9 +98,14 @@ public struct IndexEntry: Comparable, Sendable, CustomStringConvertible {
     }
 
     public static func < (a: IndexEntry, b: IndexEntry) -> Bool {
+        compare(a, b) < 0
+    }
+
+    @inline(__always)
+    public static func compare(_ a: IndexEntry, _ b: IndexEntry) -> Int {
         let c = Node.compareValues(a.value, b.value)
-        if c != 0 { return c < 0 }
-        return ChildKey.compare(a.key, b.key) < 0
+        if c != 0 { return c }
+        return ChildKey.compare(a.key, b.key)
     }
 
     public var description: String { "(\(value), \(key))" }
@@ -173,7 +178,7 @@ public struct NodeIndex: Sendable {
     /// Moves one child's entry after a change (`old` or `new` may be empty).
     public mutating func update(key: ChildKey, old: Node, new: Node) {
         if !old.isEmpty { entries.removeValue(forKey: IndexEntry(value: kind.indexValue(of: old), key: key)) }
-        if !new.isEmpty { entries.updateValue((), forKey: IndexEntry(value: kind.indexValue(of: new), key: key)) }
+        if !new.isEmpty { entries.insertNew((), forKey: IndexEntry(value: kind.indexValue(of: new), key: key)) }
     }
 
     /// The entry for a child currently stored as `child` under `key`.

@@ -9,7 +9,18 @@
 /// Invariant (checked by `checkInvariants` in tests): for every node,
 /// `size == size(left) + size(right) + 1`, keys strictly increase in order, and each side weighs at
 /// most `delta` times the other (for subtrees of more than one element).
-public struct SortedTree<Key: Comparable, Value> {
+/// A key with a three-way comparison (one comparison per tree level instead of two).
+public protocol SortKey: Comparable {
+    /// Negative, zero or positive as `a` sorts before, equal to or after `b`.
+    static func compare(_ a: Self, _ b: Self) -> Int
+}
+
+extension Int: SortKey {
+    @inline(__always)
+    public static func compare(_ a: Int, _ b: Int) -> Int { a < b ? -1 : (a == b ? 0 : 1) }
+}
+
+public struct SortedTree<Key: SortKey, Value> {
     @usableFromInline
     final class TreeNode {
         let key: Key
@@ -58,9 +69,10 @@ public struct SortedTree<Key: Comparable, Value> {
     public subscript(key: Key) -> Value? {
         var node = root
         while let n = node {
-            if key < n.key {
+            let c = Key.compare(key, n.key)
+            if c < 0 {
                 node = n.left
-            } else if n.key < key {
+            } else if c > 0 {
                 node = n.right
             } else {
                 return n.value
@@ -76,9 +88,10 @@ public struct SortedTree<Key: Comparable, Value> {
         var node = root
         var count = 0
         while let n = node {
-            if key < n.key {
+            let c = Key.compare(key, n.key)
+            if c < 0 {
                 node = n.left
-            } else if n.key < key {
+            } else if c > 0 {
                 count += (n.left?.size ?? 0) + 1
                 node = n.right
             } else {
@@ -93,9 +106,10 @@ public struct SortedTree<Key: Comparable, Value> {
         var node = root
         var count = 0
         while let n = node {
-            if key < n.key {
+            let c = Key.compare(key, n.key)
+            if c < 0 {
                 node = n.left
-            } else if n.key < key {
+            } else if c > 0 {
                 count += (n.left?.size ?? 0) + 1
                 node = n.right
             } else {
@@ -175,15 +189,17 @@ public struct SortedTree<Key: Comparable, Value> {
     /// freshly copied path otherwise. Returns `nil` (without calling `body`) when `key` is absent.
     @discardableResult
     public mutating func modifyValue<R>(forKey key: Key, _ body: (inout Value) -> R) -> R? {
-        guard contains(key) else { return nil }
+        // One descent; along a shared path nodes are copied on the way down (if the key turns out
+        // to be absent, the copies are harmless: equal content, this tree's own).
         if !isKnownUniquelyReferenced(&root) { root = root?.copy() }
         guard var node = root else { return nil }
         while true {
-            if key < node.key {
+            let c = Key.compare(key, node.key)
+            if c < 0 {
                 if !isKnownUniquelyReferenced(&node.left) { node.left = node.left?.copy() }
                 guard let next = node.left else { return nil }
                 node = next
-            } else if node.key < key {
+            } else if c > 0 {
                 if !isKnownUniquelyReferenced(&node.right) { node.right = node.right?.copy() }
                 guard let next = node.right else { return nil }
                 node = next
@@ -196,9 +212,15 @@ public struct SortedTree<Key: Comparable, Value> {
     /// Removes `key`; returns the removed value.
     @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {
-        guard let old = self[key] else { return nil }
-        root = SortedTree.remove(root, key)
-        return old
+        var removed: Value?
+        let newRoot = SortedTree.remove(root, key, &removed)
+        if removed != nil { root = newRoot }
+        return removed
+    }
+
+    /// Inserts a key known to be absent (one descent; no replacement attempt first).
+    public mutating func insertNew(_ value: Value, forKey key: Key) {
+        root = SortedTree.insert(root, key, value)
     }
 
     // MARK: Iteration
@@ -258,22 +280,27 @@ public struct SortedTree<Key: Comparable, Value> {
 
     private static func insert(_ node: TreeNode?, _ key: Key, _ value: Value) -> TreeNode {
         guard let n = node else { return TreeNode(key: key, value: value, left: nil, right: nil) }
-        if key < n.key {
+        let c = Key.compare(key, n.key)
+        if c < 0 {
             return balance(n.key, n.value, insert(n.left, key, value), n.right)
-        } else if n.key < key {
+        } else if c > 0 {
             return balance(n.key, n.value, n.left, insert(n.right, key, value))
         } else {
             return TreeNode(key: key, value: value, left: n.left, right: n.right)
         }
     }
 
-    private static func remove(_ node: TreeNode?, _ key: Key) -> TreeNode? {
+    private static func remove(_ node: TreeNode?, _ key: Key, _ removed: inout Value?) -> TreeNode? {
         guard let n = node else { return nil }
-        if key < n.key {
-            return balance(n.key, n.value, remove(n.left, key), n.right)
-        } else if n.key < key {
-            return balance(n.key, n.value, n.left, remove(n.right, key))
+        let c = Key.compare(key, n.key)
+        if c < 0 {
+            let l = remove(n.left, key, &removed)
+            return removed == nil ? n : balance(n.key, n.value, l, n.right)
+        } else if c > 0 {
+            let r = remove(n.right, key, &removed)
+            return removed == nil ? n : balance(n.key, n.value, n.left, r)
         } else {
+            removed = n.value
             return glue(n.left, n.right)
         }
     }

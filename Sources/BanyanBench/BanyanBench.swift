@@ -1,0 +1,209 @@
+import BanyanBasics
+import BanyanQuery
+import BanyanTree
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `swift run -c release banyan-bench [tree|window|json|all]`: prints the figures recorded in
+/// docs/benchmarks.md. Deterministic inputs (seeded); wall-clock timing on one core.
+@main
+enum BanyanBench {
+    static func main() {
+        let args = CommandLine.arguments.dropFirst()
+        let which = Set(args.isEmpty ? ["all"] : Array(args))
+        let all = which.contains("all")
+        print("banyan-bench: \(machine())")
+        if all || which.contains("tree") { treeSets() }
+        if all || which.contains("window") { windows() }
+        if all || which.contains("json") { json() }
+    }
+
+    static func machine() -> String {
+        var info = utsname()
+        uname(&info)
+        let release = withUnsafeBytes(of: info.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return "\(ProcessInfo.processInfo.activeProcessorCount) cores, Linux \(release)"
+    }
+
+    static func seconds(_ body: () -> Void) -> Double {
+        let start = ContinuousClock.now
+        body()
+        let d = ContinuousClock.now - start
+        return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+    }
+
+    static func rss() -> String {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return "?" }
+        return status.split(separator: "\n").first { $0.hasPrefix("VmRSS") }.map { String($0.dropFirst(6)).trimmingCharacters(in: .whitespaces) } ?? "?"
+    }
+
+    static func format(_ x: Double) -> String { String(format: "%.2f", x) }
+
+    // MARK: Sets at depth 4 on a 1M-leaf tree
+
+    static let fanout = Int(ProcessInfo.processInfo.environment["BANYAN_BENCH_FANOUT"] ?? "32") ?? 32
+
+    static func keys(_ level: Int) -> [ChildKey] {
+        (0..<fanout).map { ChildKey(unchecked: "l\(level)k\($0)") }
+    }
+
+    static func buildTree() -> Node {
+        let k = (0..<4).map(keys)
+        var level3: [Node] = []
+        for i in 0..<fanout {
+            _ = i
+            level3.append(Node(sortedChildren: k[3].sorted().enumerated().map { ($0.element, Node(.int(Int64($0.offset)))) }))
+        }
+        func level(_ depth: Int, _ below: Node) -> Node {
+            Node(sortedChildren: k[depth].sorted().map { ($0, below) })
+        }
+        // Children share structure at first; the benchmark's writes make paths unique as they go.
+        return level(0, level(1, level(2, level3[0])))
+    }
+
+    static func treeSets() {
+        print("\n== sets at depth 4 on a tree of 1,048,576 leaves (32^4) ==")
+        var tree = Node.empty
+        let k = (0..<4).map(keys)
+        let build = seconds {
+            // Build with real, unshared storage: one set per leaf.
+            var t = Node.empty
+            for a in k[0] {
+                for b in k[1] {
+                    for c in k[2] {
+                        for d in k[3] { t.set(Node(.int(1)), at: Path(segments: [a, b, c, d])) }
+                    }
+                }
+            }
+            tree = t
+        }
+        print("build by 1,048,576 sets: \(format(build)) s (\(Int(1_048_576 / build)) sets/s), leaves \(tree.leafCount), RSS \(rss())")
+
+        var rng = SeededRandom(seed: 1)
+        let count = 2_000_000
+        var paths: [Path] = []
+        paths.reserveCapacity(count)
+        for _ in 0..<count {
+            paths.append(Path(segments: [k[0][rng.below(fanout)], k[1][rng.below(fanout)], k[2][rng.below(fanout)], k[3][rng.below(fanout)]]))
+        }
+        let values = (0..<1024).map { Node(.int(Int64($0))) }
+
+        let inPlace = seconds {
+            for i in 0..<count { tree.set(values[i & 1023], at: paths[i]) }
+        }
+        print("sets, tree not shared (in place): \(Int(Double(count) / inPlace)) sets/s (\(format(inPlace * 1e9 / Double(count))) ns/set)")
+
+        var versions: [Node] = []
+        versions.reserveCapacity(16)
+        let persistentCount = 500_000
+        let persistent = seconds {
+            for i in 0..<persistentCount {
+                // Keep the previous version alive, as a snapshot or an event cache would.
+                if versions.count == 16 { versions.removeAll(keepingCapacity: true) }
+                versions.append(tree)
+                tree.set(values[i & 1023], at: paths[i])
+            }
+        }
+        versions.removeAll()
+        print("sets, previous version retained (path copy): \(Int(Double(persistentCount) / persistent)) sets/s (\(format(persistent * 1e9 / Double(persistentCount))) ns/set)")
+
+        let reads = seconds {
+            var sum = 0
+            for i in 0..<count where tree.child(at: paths[i]).leaf != nil { sum += 1 }
+            precondition(sum == count)
+        }
+        print("reads at depth 4: \(Int(Double(count) / reads)) reads/s")
+    }
+
+    // MARK: Limited window under random updates
+
+    static func windows() {
+        print("\n== limit-100 window (orderByChild score, limitToFirst 100) under random updates ==")
+        for size in [10_000, 100_000, 1_000_000] {
+            window(size: size, last: false)
+        }
+        window(size: 100_000, last: true)
+    }
+
+    static func window(size: Int, last: Bool) {
+        var rng = SeededRandom(seed: UInt64(size))
+        let scoreKey = ChildKey(unchecked: "score")
+        let keys = (0..<size).map { ChildKey(unchecked: "item\($0)") }
+        var children: [(ChildKey, Node)] = keys.map { key in
+            (key, Node(sortedChildren: [(scoreKey, Node(.int(Int64(rng.below(1_000_000)))))]))
+        }
+        children.sort { $0.0 < $1.0 }
+        var node = Node(sortedChildren: children)
+        var query = Query()
+        do {
+            query = try query.orderByChild("score")
+            query = try last ? query.limitToLast(100) : query.limitToFirst(100)
+        } catch {
+            print("query error: \(error)")
+            return
+        }
+        var view = QueryView(params: query.params, node: node)
+        let changes = 200_000
+        var total = Duration.zero
+        var events = 0
+        var worst = Duration.zero
+        for _ in 0..<changes {
+            let key = keys[rng.below(size)]
+            // Half the updates land near the window's edge so that children enter and leave it.
+            let score = rng.below(2) == 0 ? rng.below(1_000_000) : (last ? 1_000_000 - rng.below(2_000) : rng.below(2_000))
+            node.set(Node(.int(Int64(score))), at: Path(segments: [key, scoreKey]))
+            let start = ContinuousClock.now
+            let produced = view.apply(node, changes: .keys([key]))
+            let d = ContinuousClock.now - start
+            total += d
+            if d > worst { worst = d }
+            events += produced.count
+        }
+        let perChange = (Double(total.components.seconds) * 1e9 + Double(total.components.attoseconds) / 1e9) / Double(changes)
+        print("\(size) children, \(last ? "limitToLast" : "limitToFirst"): \(format(perChange / 1000)) µs per change (\(events) events for \(changes) changes, worst \(worst))")
+    }
+
+    // MARK: JSON
+
+    static func json() {
+        print("\n== JSON encode/decode ==")
+        var rng = SeededRandom(seed: 3)
+        var root = Node.empty
+        let words = ["alpha", "beta", "gamma", "delta", "Ünïcödé", "line\nbreak", "quote\"d", "a longer string value used as a description field"]
+        for i in 0..<200_000 {
+            let id = ChildKey(unchecked: "user\(i)")
+            var user = Node.empty
+            user.set(Node(.string(words[rng.below(words.count)])), at: Path(segments: [ChildKey(unchecked: "name")]))
+            user.set(Node(.int(Int64(rng.below(100_000)))), at: Path(segments: [ChildKey(unchecked: "score")]))
+            user.set(Node(.double(Double(rng.below(100_000)) / 7)), at: Path(segments: [ChildKey(unchecked: "ratio")]))
+            user.set(Node(.bool(rng.below(2) == 0)), at: Path(segments: [ChildKey(unchecked: "active")]))
+            user.set(Node(.string("2026-11-\(10 + rng.below(20))T12:00:00Z")), at: Path(segments: [ChildKey(unchecked: "joined"), ChildKey(unchecked: "at")]))
+            root.set(user, at: Path(segments: [ChildKey(unchecked: "users"), id]))
+        }
+        var bytes: [UInt8] = []
+        var best = Double.infinity
+        for _ in 0..<3 {
+            best = min(best, seconds { bytes = JSONWriter.bytes(root) })
+        }
+        let mb = Double(bytes.count) / 1_000_000
+        print("document: \(format(mb)) MB, \(root.leafCount) leaves")
+        print("encode: \(format(mb / best)) MB/s")
+        var decoded = Node.empty
+        best = Double.infinity
+        for _ in 0..<3 {
+            best = min(best, seconds {
+                do { decoded = try NodeReader.read(bytes) } catch { print("decode error: \(error)") }
+            })
+        }
+        print("decode: \(format(mb / best)) MB/s (round trip equal: \(decoded == root))")
+        var plain = Double.infinity
+        for _ in 0..<3 {
+            plain = min(plain, seconds { _ = try? JSONValue(parsing: bytes, maxDepth: 64) })
+        }
+        print("decode to JSONValue (no tree): \(format(mb / plain)) MB/s")
+        let hashTime = seconds { _ = root.hashString }
+        print("hash of the whole document: \(format(hashTime * 1000)) ms (\(format(mb / hashTime)) MB/s of JSON)")
+    }
+}
