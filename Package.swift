@@ -13,6 +13,12 @@ let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("InternalImportsByDefault"),
 ]
 
+/// The pure cores' hot paths touch class-stored properties on every tree step; release builds skip
+/// the dynamic exclusivity check there (static checking still applies; debug builds keep both).
+let coreSettings: [SwiftSetting] = strictSettings + [
+    .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))
+]
+
 let package = Package(
     name: "Banyan",
     products: [
@@ -30,12 +36,12 @@ let package = Package(
         // Small shared helpers: the seeded random source, monotonic instants.
         .target(name: "BanyanBasics", swiftSettings: strictSettings),
         // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
-        .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: strictSettings),
+        .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),
 
         // MARK: - Layer 1 (pure cores)
 
         // Query parameters, indexed evaluation, views and event generation.
-        .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+        .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
 
         // MARK: - Layer 5 (executables)
 

@@ -124,25 +124,27 @@ public struct QueryView: Sendable {
 
         // Pre-change membership of every child whose membership can change, recorded the first
         // time it is touched. Only changed children and the entries at the window's edges can
-        // cross them, one step per changed child.
-        var touched: [ChildKey: (wasIn: Bool, old: Node)] = [:]
+        // cross an edge, one step per changed child.
+        var touched: [ChildKey: Touched] = [:]
         var order: [ChildKey] = []
-        func record(_ key: ChildKey, wasIn: Bool, old: Node) {
-            if touched[key] == nil {
-                touched[key] = (wasIn, old)
-                order.append(key)
-            }
-        }
         var seen = Set<ChildKey>()
         for key in changedKeys where seen.insert(key).inserted {
             let old = oldNode.child(key)
             let new = newNode.child(key)
             if old == new { continue }
             let range = params.window(in: index)
-            if !old.isEmpty, let p = index.position(of: index.entry(key: key, child: old)) {
-                record(key, wasIn: range.contains(p), old: old)
+            let oldEntry = old.isEmpty ? nil : index.entry(key: key, child: old)
+            let newEntry = new.isEmpty ? nil : index.entry(key: key, child: new)
+            if touched[key] == nil {
+                let wasIn = oldEntry.flatMap { index.position(of: $0) }.map { range.contains($0) } ?? false
+                touched[key] = Touched(wasIn: wasIn, changed: true, old: old, new: new, entry: newEntry)
+                order.append(key)
             } else {
-                record(key, wasIn: false, old: old)
+                // Recorded as an edge earlier: keep its first membership, note the change.
+                touched[key]?.changed = true
+                touched[key]?.old = old
+                touched[key]?.new = new
+                touched[key]?.entry = newEntry
             }
             if params.limit != nil {
                 // Only the entries just inside and just outside each edge can cross it.
@@ -153,7 +155,8 @@ public struct QueryView: Sendable {
                     for p in first...(edge + 1) {
                         guard let (entry, _) = it.next() else { break }
                         if touched[entry.key] == nil {
-                            record(entry.key, wasIn: range.contains(p), old: oldNode.child(entry.key))
+                            touched[entry.key] = Touched(wasIn: range.contains(p), changed: false, old: nil, new: nil, entry: entry)
+                            order.append(entry.key)
                         }
                     }
                 }
@@ -161,9 +164,21 @@ public struct QueryView: Sendable {
             index.update(key: key, old: old, new: new)
         }
         node = newNode
+        guard !order.isEmpty || oldNode.isLeaf || newNode.isLeaf || oldNode.priority != newNode.priority else { return [] }
 
-        // Final membership and events.
+        // Final membership: an entry is in the window iff it lies between the window's first and
+        // last entries (two descents instead of one position lookup per touched child).
         let range = params.window(in: index)
+        let firstIn = range.isEmpty ? nil : index.element(at: range.lowerBound)
+        let lastIn = range.isEmpty ? nil : index.element(at: range.upperBound - 1)
+        func isIn(_ entry: IndexEntry?) -> Bool {
+            guard let entry, let firstIn, let lastIn else { return false }
+            return IndexEntry.compare(entry, firstIn) >= 0 && IndexEntry.compare(entry, lastIn) <= 0
+        }
+        func previous(_ entry: IndexEntry) -> ChildKey? {
+            guard let firstIn, IndexEntry.compare(entry, firstIn) > 0 else { return nil }
+            return index.entry(before: entry)?.key
+        }
         var removed: [(IndexEntry, ViewEvent)] = []
         var added: [(IndexEntry, ViewEvent)] = []
         var moved: [(IndexEntry, ViewEvent)] = []
@@ -171,27 +186,25 @@ public struct QueryView: Sendable {
         var viewChildren = viewNode.children
         let childrenView = node.hasChildren
         for key in order {
-            guard let before = touched[key] else { continue }
-            let new = newNode.child(key)
-            var position: Int?
-            if !new.isEmpty, childrenView, let p = index.position(of: index.entry(key: key, child: new)), range.contains(p) {
-                position = p
-            }
-            let previous: ChildKey? = position.flatMap { $0 > range.lowerBound ? index.element(at: $0 - 1).key : nil }
-            switch (before.wasIn, position != nil) {
+            guard let t = touched[key] else { continue }
+            let nowIn = childrenView && isIn(t.entry)
+            switch (t.wasIn, nowIn) {
             case (true, false):
-                removed.append((index.entry(key: key, child: before.old), ViewEvent(.childRemoved, key: key, node: before.old)))
+                let old = t.changed ? (t.old ?? .empty) : oldNode.child(key)
+                removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, node: old)))
                 viewChildren.removeValue(forKey: key)
             case (false, true):
-                added.append((index.entry(key: key, child: new), ViewEvent(.childAdded, key: key, node: new, previousKey: previous)))
+                guard let entry = t.entry else { continue }
+                let new = t.changed ? (t.new ?? .empty) : newNode.child(key)
+                added.append((entry, ViewEvent(.childAdded, key: key, node: new, previousKey: previous(entry))))
                 viewChildren.updateValue(new, forKey: key)
             case (true, true):
-                guard before.old != new else { continue }
-                let entry = index.entry(key: key, child: new)
-                if params.index.indexedValueChanged(before.old, new) {
-                    moved.append((entry, ViewEvent(.childMoved, key: key, node: new, previousKey: previous)))
+                guard t.changed, let old = t.old, let new = t.new, let entry = t.entry, old != new else { continue }
+                let prev = previous(entry)
+                if params.index.indexedValueChanged(old, new) {
+                    moved.append((entry, ViewEvent(.childMoved, key: key, node: new, previousKey: prev)))
                 }
-                changed.append((entry, ViewEvent(.childChanged, key: key, node: new, previousKey: previous)))
+                changed.append((entry, ViewEvent(.childChanged, key: key, node: new, previousKey: prev)))
                 viewChildren.updateValue(new, forKey: key)
             case (false, false):
                 continue
@@ -214,6 +227,18 @@ public struct QueryView: Sendable {
             events.append(ViewEvent(.value, key: nil, node: viewNode))
         }
         return events
+    }
+
+    /// What the view remembers about a child touched by a change.
+    private struct Touched {
+        /// Membership in the window before the change.
+        var wasIn: Bool
+        /// True for children the change modified (false for window-edge entries).
+        var changed: Bool
+        var old: Node?
+        var new: Node?
+        /// The child's entry in the updated index (nil when it no longer exists).
+        var entry: IndexEntry?
     }
 
     /// Keys whose children differ between two nodes, by a merge walk in key order (O(n + m)).

@@ -197,4 +197,7 @@ public struct NodeIndex: Sendable {
     public func element(at position: Int) -> IndexEntry { entries.element(at: position).key }
 
     public func position(of entry: IndexEntry) -> Int? { entries.index(of: entry) }
+
+    /// The entry just before `entry` in index order, if any.
+    public func entry(before entry: IndexEntry) -> IndexEntry? { entries.key(before: entry) }
 }

@@ -154,6 +154,21 @@ public struct SortedTree<Key: SortKey, Value> {
         preconditionFailure("SortedTree.element(at:): sizes are inconsistent")
     }
 
+    /// The greatest key strictly less than `key` (one descent).
+    public func key(before key: Key) -> Key? {
+        var node = root
+        var best: Key?
+        while let n = node {
+            if Key.compare(n.key, key) < 0 {
+                best = n.key
+                node = n.right
+            } else {
+                node = n.left
+            }
+        }
+        return best
+    }
+
     public var first: (key: Key, value: Value)? {
         var node = root
         while let n = node {
@@ -181,7 +196,7 @@ public struct SortedTree<Key: SortKey, Value> {
             // Replaced in place (or along a copied path); the shape is unchanged.
             return false
         }
-        root = SortedTree.insert(root, key, value)
+        SortedTree.insert(&root, key, value)
         return true
     }
 
@@ -212,15 +227,13 @@ public struct SortedTree<Key: SortKey, Value> {
     /// Removes `key`; returns the removed value.
     @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {
-        var removed: Value?
-        let newRoot = SortedTree.remove(root, key, &removed)
-        if removed != nil { root = newRoot }
-        return removed
+        // An absent key costs at most copies of a shared path; sizes change only on removal.
+        SortedTree.remove(&root, key)
     }
 
     /// Inserts a key known to be absent (one descent; no replacement attempt first).
     public mutating func insertNew(_ value: Value, forKey key: Key) {
-        root = SortedTree.insert(root, key, value)
+        SortedTree.insert(&root, key, value)
     }
 
     // MARK: Iteration
@@ -270,7 +283,7 @@ public struct SortedTree<Key: SortKey, Value> {
     /// Keys in order.
     public var keys: [Key] { elements().map(\.key) }
 
-    // MARK: Balancing (persistent: never mutates an existing node)
+    // MARK: Balancing (copy-on-write: a node is mutated only while uniquely referenced)
 
     private static var delta: Int { 3 }
     private static var ratio: Int { 2 }
@@ -278,83 +291,138 @@ public struct SortedTree<Key: SortKey, Value> {
     @inline(__always)
     private static func size(_ n: TreeNode?) -> Int { n?.size ?? 0 }
 
-    private static func insert(_ node: TreeNode?, _ key: Key, _ value: Value) -> TreeNode {
-        guard let n = node else { return TreeNode(key: key, value: value, left: nil, right: nil) }
+    /// Makes the node in `slot` safe to mutate (copying it when shared) and returns it.
+    @inline(__always)
+    private static func unique(_ slot: inout TreeNode?) -> TreeNode? {
+        if !isKnownUniquelyReferenced(&slot) { slot = slot?.copy() }
+        return slot
+    }
+
+    @inline(__always)
+    private static func resize(_ n: TreeNode) {
+        n.size = size(n.left) + size(n.right) + 1
+    }
+
+    /// Inserts a key that is not present.
+    private static func insert(_ slot: inout TreeNode?, _ key: Key, _ value: Value) {
+        guard let n = unique(&slot) else {
+            slot = TreeNode(key: key, value: value, left: nil, right: nil)
+            return
+        }
+        if Key.compare(key, n.key) < 0 {
+            insert(&n.left, key, value)
+        } else {
+            insert(&n.right, key, value)
+        }
+        n.size += 1
+        slot = balance(n)
+    }
+
+    /// Removes a key that is present; returns its value.
+    private static func remove(_ slot: inout TreeNode?, _ key: Key) -> Value? {
+        guard let n = unique(&slot) else { return nil }
         let c = Key.compare(key, n.key)
-        if c < 0 {
-            return balance(n.key, n.value, insert(n.left, key, value), n.right)
-        } else if c > 0 {
-            return balance(n.key, n.value, n.left, insert(n.right, key, value))
-        } else {
-            return TreeNode(key: key, value: value, left: n.left, right: n.right)
+        if c == 0 {
+            slot = glue(n)
+            return n.value
         }
-    }
-
-    private static func remove(_ node: TreeNode?, _ key: Key, _ removed: inout Value?) -> TreeNode? {
-        guard let n = node else { return nil }
-        let c = Key.compare(key, n.key)
-        if c < 0 {
-            let l = remove(n.left, key, &removed)
-            return removed == nil ? n : balance(n.key, n.value, l, n.right)
-        } else if c > 0 {
-            let r = remove(n.right, key, &removed)
-            return removed == nil ? n : balance(n.key, n.value, n.left, r)
-        } else {
-            removed = n.value
-            return glue(n.left, n.right)
+        let removed = c < 0 ? remove(&n.left, key) : remove(&n.right, key)
+        if removed != nil {
+            n.size -= 1
+            slot = balance(n)
         }
+        return removed
     }
 
-    private static func glue(_ l: TreeNode?, _ r: TreeNode?) -> TreeNode? {
-        guard let l else { return r }
-        guard let r else { return l }
-        if l.size > r.size {
-            let (k, v, rest) = removeMax(l)
-            return balance(k, v, rest, r)
+    /// The subtree that replaces `n` when `n` itself is removed.
+    private static func glue(_ n: TreeNode) -> TreeNode? {
+        guard n.left != nil else { return n.right }
+        guard n.right != nil else { return n.left }
+        let replacement: TreeNode
+        if size(n.left) > size(n.right) {
+            replacement = detachMax(&n.left)
         } else {
-            let (k, v, rest) = removeMin(r)
-            return balance(k, v, l, rest)
+            replacement = detachMin(&n.right)
         }
+        replacement.left = n.left
+        replacement.right = n.right
+        resize(replacement)
+        return balance(replacement)
     }
 
-    private static func removeMin(_ n: TreeNode) -> (Key, Value, TreeNode?) {
-        guard let l = n.left else { return (n.key, n.value, n.right) }
-        let (k, v, rest) = removeMin(l)
-        return (k, v, balance(n.key, n.value, rest, n.right))
+    /// Unlinks the smallest node of the (non-empty) subtree in `slot` and returns it, uniquely owned.
+    private static func detachMin(_ slot: inout TreeNode?) -> TreeNode {
+        guard let n = unique(&slot) else { preconditionFailure("SortedTree.detachMin: empty subtree") }
+        guard n.left != nil else {
+            slot = n.right
+            n.right = nil
+            return n
+        }
+        let m = detachMin(&n.left)
+        n.size -= 1
+        slot = balance(n)
+        return m
     }
 
-    private static func removeMax(_ n: TreeNode) -> (Key, Value, TreeNode?) {
-        guard let r = n.right else { return (n.key, n.value, n.left) }
-        let (k, v, rest) = removeMax(r)
-        return (k, v, balance(n.key, n.value, n.left, rest))
+    private static func detachMax(_ slot: inout TreeNode?) -> TreeNode {
+        guard let n = unique(&slot) else { preconditionFailure("SortedTree.detachMax: empty subtree") }
+        guard n.right != nil else {
+            slot = n.left
+            n.left = nil
+            return n
+        }
+        let m = detachMax(&n.right)
+        n.size -= 1
+        slot = balance(n)
+        return m
     }
 
-    private static func balance(_ k: Key, _ v: Value, _ l: TreeNode?, _ r: TreeNode?) -> TreeNode {
-        let sl = size(l)
-        let sr = size(r)
-        if sl + sr <= 1 { return TreeNode(key: k, value: v, left: l, right: r) }
-        if let r, sr > delta * sl {
-            // Right-heavy: single or double rotation to the left.
+    /// Restores the weight balance at `n` (whose children are balanced and whose size is
+    /// current) after one insertion or removal below it; returns the subtree's new root.
+    private static func balance(_ n: TreeNode) -> TreeNode {
+        let sl = size(n.left)
+        let sr = size(n.right)
+        if sl + sr <= 1 { return n }
+        if sr > delta * sl {
+            guard let r = unique(&n.right) else { return n }
             if size(r.left) < ratio * size(r.right) {
-                return TreeNode(key: r.key, value: r.value, left: TreeNode(key: k, value: v, left: l, right: r.left), right: r.right)
+                // Single rotation left.
+                n.right = r.left
+                resize(n)
+                r.left = n
+                resize(r)
+                return r
             }
-            guard let rl = r.left else { preconditionFailure("SortedTree: double rotation without an inner child") }
-            return TreeNode(
-                key: rl.key, value: rl.value,
-                left: TreeNode(key: k, value: v, left: l, right: rl.left),
-                right: TreeNode(key: r.key, value: r.value, left: rl.right, right: r.right))
+            guard let rl = unique(&r.left) else { preconditionFailure("SortedTree: double rotation without an inner child") }
+            n.right = rl.left
+            r.left = rl.right
+            resize(n)
+            resize(r)
+            rl.left = n
+            rl.right = r
+            resize(rl)
+            return rl
         }
-        if let l, sl > delta * sr {
+        if sl > delta * sr {
+            guard let l = unique(&n.left) else { return n }
             if size(l.right) < ratio * size(l.left) {
-                return TreeNode(key: l.key, value: l.value, left: l.left, right: TreeNode(key: k, value: v, left: l.right, right: r))
+                n.left = l.right
+                resize(n)
+                l.right = n
+                resize(l)
+                return l
             }
-            guard let lr = l.right else { preconditionFailure("SortedTree: double rotation without an inner child") }
-            return TreeNode(
-                key: lr.key, value: lr.value,
-                left: TreeNode(key: l.key, value: l.value, left: l.left, right: lr.left),
-                right: TreeNode(key: k, value: v, left: lr.right, right: r))
+            guard let lr = unique(&l.right) else { preconditionFailure("SortedTree: double rotation without an inner child") }
+            n.left = lr.right
+            l.right = lr.left
+            resize(n)
+            resize(l)
+            lr.right = n
+            lr.left = l
+            resize(lr)
+            return lr
         }
-        return TreeNode(key: k, value: v, left: l, right: r)
+        return n
     }
 
     // MARK: Invariants (for tests)
