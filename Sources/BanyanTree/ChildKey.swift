@@ -30,18 +30,68 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
 
     /// Creates a key without validation (for query bounds and trusted internal use).
     public init(unchecked string: String) {
+        self.init(string, ChildKey.scan(string))
+    }
+
+    /// A key if `string` is valid (one pass over the bytes), otherwise nil.
+    public init?(validKey string: String) {
+        let scanned = ChildKey.scan(string)
+        guard scanned.valid else { return nil }
+        self.init(string, scanned)
+    }
+
+    private init(_ string: String, _ scanned: Scan) {
         self.string = string
-        let parsed = ChildKey.parseInt32(string)
-        self.int = parsed ?? 0
-        self.isInt = parsed != nil
+        self.prefix = scanned.prefix
+        self.length = scanned.length
+        self.isInt = scanned.isInt
+        self.int = scanned.int
+    }
+
+    private struct Scan {
         var prefix: UInt64 = 0
         var length: UInt32 = 0
+        var isInt = false
+        var int: Int32 = 0
+        var valid = false
+    }
+
+    /// One pass over the bytes: the packed prefix, the length, validity, and the Int32 parse
+    /// (Android/iOS rule: length 1...11, optional leading '-', then 1...10 digits, within Int32).
+    @inline(__always)
+    private static func scan(_ string: String) -> Scan {
+        var result = Scan()
+        var value: Int64 = 0
+        var digits = 0
+        var negative = false
+        var numeric = true
+        var clean = true
         for byte in string.utf8 {
-            if length < 8 { prefix |= UInt64(byte) << (56 - 8 * UInt64(length)) }
-            length += 1
+            if result.length < 8 { result.prefix |= UInt64(byte) << (56 - 8 * UInt64(result.length)) }
+            switch byte {
+            case UInt8(ascii: "."), UInt8(ascii: "$"), UInt8(ascii: "#"), UInt8(ascii: "["),
+                UInt8(ascii: "]"), UInt8(ascii: "/"), 0x00...0x1F, 0x7F:
+                clean = false
+            default:
+                break
+            }
+            if numeric {
+                if result.length == 0 && byte == UInt8(ascii: "-") {
+                    negative = true
+                } else if byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") && digits < 10 {
+                    value = value * 10 + Int64(byte - UInt8(ascii: "0"))
+                    digits += 1
+                } else {
+                    numeric = false
+                }
+            }
+            result.length += 1
         }
-        self.prefix = prefix
-        self.length = length
+        if negative { value = -value }
+        result.isInt = numeric && digits >= 1 && value >= Int64(Int32.min) && value <= Int64(Int32.max)
+        result.int = result.isInt ? Int32(value) : 0
+        result.valid = clean && result.length >= 1 && result.length <= UInt32(maxBytes)
+        return result
     }
 
     /// Why `string` is not a valid key, or `nil` when it is.
@@ -75,29 +125,6 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
             }
         }
         return out
-    }
-
-    /// Android/iOS rule: length 1...11, optional leading `-` then 1...10 digits, within Int32.
-    static func parseInt32(_ string: String) -> Int32? {
-        let utf8 = string.utf8
-        let n = utf8.count
-        guard n >= 1, n <= 11 else { return nil }
-        var negative = false
-        var value: Int64 = 0
-        var digits = 0
-        for (i, byte) in utf8.enumerated() {
-            if i == 0 && byte == UInt8(ascii: "-") {
-                negative = true
-                continue
-            }
-            guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return nil }
-            value = value * 10 + Int64(byte - UInt8(ascii: "0"))
-            digits += 1
-        }
-        guard digits >= 1, digits <= 10 else { return nil }
-        if negative { value = -value }
-        guard value >= Int64(Int32.min), value <= Int64(Int32.max) else { return nil }
-        return Int32(value)
     }
 
     public var description: String { string }

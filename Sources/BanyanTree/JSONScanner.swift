@@ -98,6 +98,11 @@ struct JSONScanner {
         // Fast path: no escapes.
         while position < bytes.count {
             let b = bytes[position]
+            // Common case first: printable ASCII other than quote and backslash.
+            if b != UInt8(ascii: "\"") && b != UInt8(ascii: "\\") && (b &- 0x20) < 0x60 {
+                position += 1
+                continue
+            }
             if b == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: bytes[runStart..<position])
                 position += 1

@@ -51,7 +51,7 @@ public enum JSONWriter {
             if format == .plain, let length = arrayLength(map) {
                 out.append(UInt8(ascii: "["))
                 var next = 0
-                for (key, child) in map.elements() {
+                map.forEach { key, child in
                     let index = Int(key.intValue ?? 0)
                     while next < index {
                         if next > 0 { out.append(UInt8(ascii: ",")) }
@@ -78,7 +78,7 @@ public enum JSONWriter {
                 appendPriority(priority, to: &out)
                 first = false
             }
-            for (key, child) in map.elements() {
+            map.forEach { key, child in
                 if !first { out.append(UInt8(ascii: ",")) }
                 first = false
                 newline(inner, &out)

@@ -116,8 +116,8 @@ public struct Node: Sendable {
     }
 
     /// A node from children already in key order with no duplicates; empty children are dropped.
-    public init(sortedChildren: some Sequence<(ChildKey, Node)>, priority: Priority = .none) {
-        let kept = sortedChildren.filter { !$0.1.isEmpty }
+    public init(sortedChildren: [(ChildKey, Node)], priority: Priority = .none) {
+        let kept = sortedChildren.contains { $0.1.isEmpty } ? sortedChildren.filter { !$0.1.isEmpty } : sortedChildren
         if kept.isEmpty {
             storage = .empty
         } else {
@@ -202,7 +202,7 @@ public struct Node: Sendable {
         case .leaf: return 1
         case .children(let map, _):
             var total = 1
-            for (_, child) in map.elements() { total += child.nodeCount }
+            map.forEach { _, child in total += child.nodeCount }
             return total
         }
     }
@@ -214,7 +214,7 @@ public struct Node: Sendable {
         case .leaf: return 1
         case .children(let map, _):
             var total = 0
-            for (_, child) in map.elements() { total += child.leafCount }
+            map.forEach { _, child in total += child.leafCount }
             return total
         }
     }

@@ -31,7 +31,7 @@ extension Node {
                 ordered.sort { IndexEntry(value: $0.value.priority.node, key: $0.key) < IndexEntry(value: $1.value.priority.node, key: $1.key) }
                 for (key, child) in ordered { Node.hashChild(key, child, into: &sha) }
             } else {
-                for (key, child) in map.elements() { Node.hashChild(key, child, into: &sha) }
+                map.forEach { key, child in Node.hashChild(key, child, into: &sha) }
             }
             return Base64.encode(sha.finalize())
         }

@@ -94,7 +94,7 @@ private struct ReaderState {
     }
 
     mutating func push(_ key: ChildKey) throws(TreeError) {
-        let bytes = key.string.utf8.count
+        let bytes = Int(key.length)
         let newBytes = keys.isEmpty ? bytes : pathBytes + 1 + bytes
         keys.append(key)
         pathBytes = newBytes
@@ -109,7 +109,7 @@ private struct ReaderState {
 
     mutating func pop() {
         guard let key = keys.popLast() else { return }
-        let bytes = key.string.utf8.count
+        let bytes = Int(key.length)
         pathBytes = keys.isEmpty ? 0 : pathBytes - 1 - bytes
         if !existing.isEmpty { existing.removeLast() }
     }
@@ -202,6 +202,8 @@ private struct ReaderState {
         let objectStart = scanner.position
         scanner.position += 1
         var children: [(ChildKey, Node)] = []
+        // Keys whose value was null: kept only for the duplicate-key check.
+        var nullKeys: [ChildKey] = []
         var allKeysInOrder = true
         var priority: Priority?
         var dotValue: Leaf??
@@ -240,15 +242,19 @@ private struct ReaderState {
                     throw fail(.invalidKey, "Invalid key \"\(ChildKey.printable(keyText))\": keys can't contain \".\", \"#\", \"$\", \"/\", \"[\", or \"]\"", at: keyOffset)
                 }
             } else {
-                if let problem = ChildKey.problem(with: keyText) {
+                guard let key = ChildKey(validKey: keyText) else {
+                    let problem = ChildKey.problem(with: keyText) ?? "invalid key"
                     throw fail(.invalidKey, "Invalid key \"\(ChildKey.printable(keyText))\": \(problem)", at: keyOffset)
                 }
-                let key = ChildKey(unchecked: keyText)
                 try push(key)
                 let child = try readValue()
                 pop()
-                if let previous = children.last?.0, allKeysInOrder, !(previous < key) { allKeysInOrder = false }
-                children.append((key, child))
+                if child.isEmpty {
+                    nullKeys.append(key)
+                } else {
+                    if let previous = children.last?.0, allKeysInOrder, !(previous < key) { allKeysInOrder = false }
+                    children.append((key, child))
+                }
                 realKeys += 1
             }
             let sep = try scanner.peek()
@@ -279,10 +285,14 @@ private struct ReaderState {
         if !allKeysInOrder {
             children.sort { $0.0 < $1.0 }
         }
-        for i in children.indices.dropFirst() where children[i - 1].0 == children[i].0 {
-            keys.append(children[i].0)
-            defer { keys.removeLast() }
-            throw fail(.duplicateKey, "Duplicate key \"\(ChildKey.printable(children[i].0.string))\" in object", at: objectStart)
+        // Sorted input with strictly increasing keys has no duplicates; otherwise look for them.
+        if !allKeysInOrder || !nullKeys.isEmpty {
+            var all = children.map(\.0) + nullKeys
+            if !nullKeys.isEmpty { all.sort() }
+            for i in all.indices.dropFirst() where all[i - 1] == all[i] {
+                keys.append(all[i])  // the error names the duplicated child's path
+                throw fail(.duplicateKey, "Duplicate key \"\(ChildKey.printable(all[i].string))\" in object", at: objectStart)
+            }
         }
         let node = Node(sortedChildren: children, priority: priority ?? .none)
         if !node.isEmpty { try count() }

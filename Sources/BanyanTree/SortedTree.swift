@@ -47,9 +47,8 @@ public struct SortedTree<Key: SortKey, Value> {
     public init() { root = nil }
 
     /// Builds a perfectly balanced tree from elements already sorted by key with no duplicates.
-    public init(sortedUniqueElements elements: some Collection<(Key, Value)>) {
-        let array = Array(elements)
-        root = SortedTree.build(array, 0, array.count)
+    public init(sortedUniqueElements elements: [(Key, Value)]) {
+        root = SortedTree.build(elements, 0, elements.count)
     }
 
     private static func build(_ a: [(Key, Value)], _ lo: Int, _ hi: Int) -> TreeNode? {
@@ -280,8 +279,26 @@ public struct SortedTree<Key: SortKey, Value> {
         }
     }
 
+    /// Calls `body` for each element in key order (recursive; no iterator allocation).
+    @inline(__always)
+    public func forEach(_ body: (Key, Value) throws -> Void) rethrows {
+        try SortedTree.visit(root, body)
+    }
+
+    private static func visit(_ node: TreeNode?, _ body: (Key, Value) throws -> Void) rethrows {
+        guard let n = node else { return }
+        try visit(n.left, body)
+        try body(n.key, n.value)
+        try visit(n.right, body)
+    }
+
     /// Keys in order.
-    public var keys: [Key] { elements().map(\.key) }
+    public var keys: [Key] {
+        var result: [Key] = []
+        result.reserveCapacity(count)
+        forEach { key, _ in result.append(key) }
+        return result
+    }
 
     // MARK: Balancing (copy-on-write: a node is mutated only while uniquely referenced)
 
