@@ -42,13 +42,33 @@ public struct SortedTree<Key: SortKey, Value> {
         }
     }
 
+    /// Two representations behind one API:
+    /// - small maps (at most `smallLimit` elements) are one sorted contiguous array: one
+    ///   allocation for the whole map and cache-friendly binary search;
+    /// - larger maps are the weight-balanced tree in `root`.
+    /// Invariant: `root == nil` means array mode (`small` holds everything); otherwise `small` is
+    /// empty and the tree holds more than `smallLimit / 2` elements (hysteresis: a tree shrinks
+    /// back to an array at `smallLimit / 2`).
     @usableFromInline var root: TreeNode?
+    @usableFromInline var small: [(Key, Value)]
 
-    public init() { root = nil }
+    /// Largest array-mode map.
+    public static var smallLimit: Int { 32 }
 
-    /// Builds a perfectly balanced tree from elements already sorted by key with no duplicates.
+    public init() {
+        root = nil
+        small = []
+    }
+
+    /// Builds from elements already sorted by key with no duplicates.
     public init(sortedUniqueElements elements: [(Key, Value)]) {
-        root = SortedTree.build(elements, 0, elements.count)
+        if elements.count <= SortedTree.smallLimit {
+            root = nil
+            small = elements
+        } else {
+            root = SortedTree.build(elements, 0, elements.count)
+            small = []
+        }
     }
 
     private static func build(_ a: [(Key, Value)], _ lo: Int, _ hi: Int) -> TreeNode? {
@@ -57,15 +77,45 @@ public struct SortedTree<Key: SortKey, Value> {
         return TreeNode(key: a[mid].0, value: a[mid].1, left: build(a, lo, mid), right: build(a, mid + 1, hi))
     }
 
-    public var count: Int { root?.size ?? 0 }
-    public var isEmpty: Bool { root == nil }
+    public var count: Int { root?.size ?? small.count }
+    public var isEmpty: Bool { root == nil && small.isEmpty }
 
-    /// True when both trees share the same root storage (a cheap sufficient test for equality).
-    public func isIdentical(to other: SortedTree) -> Bool { root === other.root }
+    /// True when both maps share the same storage (a cheap sufficient test for equality).
+    public func isIdentical(to other: SortedTree) -> Bool {
+        if let a = root, let b = other.root { return a === b }
+        guard root == nil, other.root == nil else { return false }
+        if small.isEmpty && other.small.isEmpty { return true }
+        let a = small.withUnsafeBufferPointer { $0.baseAddress.map(UnsafeRawPointer.init) }
+        let b = other.small.withUnsafeBufferPointer { $0.baseAddress.map(UnsafeRawPointer.init) }
+        return a == b && small.count == other.small.count
+    }
+
+    /// Array mode: the first index whose key is not below `key`, and whether it equals `key`.
+    @inline(__always)
+    private func search(_ key: Key) -> (index: Int, found: Bool) {
+        var lo = 0
+        var hi = small.count
+        while lo < hi {
+            let mid = (lo + hi) >> 1
+            let c = Key.compare(small[mid].0, key)
+            if c < 0 {
+                lo = mid + 1
+            } else if c > 0 {
+                hi = mid
+            } else {
+                return (mid, true)
+            }
+        }
+        return (lo, false)
+    }
 
     // MARK: Lookup
 
     public subscript(key: Key) -> Value? {
+        guard root != nil else {
+            let (i, found) = search(key)
+            return found ? small[i].1 : nil
+        }
         var node = root
         while let n = node {
             let c = Key.compare(key, n.key)
@@ -84,6 +134,7 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// The number of keys strictly less than `key`.
     public func rank(of key: Key) -> Int {
+        guard root != nil else { return search(key).index }
         var node = root
         var count = 0
         while let n = node {
@@ -102,6 +153,10 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// The position of `key`, or `nil` when absent.
     public func index(of key: Key) -> Int? {
+        guard root != nil else {
+            let (i, found) = search(key)
+            return found ? i : nil
+        }
         var node = root
         var count = 0
         while let n = node {
@@ -121,6 +176,15 @@ public struct SortedTree<Key: SortKey, Value> {
     /// The number of leading keys for which `isBelow` holds. `isBelow` must be monotone: true for
     /// a prefix of the keys in order and false after it.
     public func count(while isBelow: (Key) -> Bool) -> Int {
+        guard root != nil else {
+            var lo = 0
+            var hi = small.count
+            while lo < hi {
+                let mid = (lo + hi) >> 1
+                if isBelow(small[mid].0) { lo = mid + 1 } else { hi = mid }
+            }
+            return lo
+        }
         var node = root
         var count = 0
         while let n = node {
@@ -137,6 +201,7 @@ public struct SortedTree<Key: SortKey, Value> {
     /// The element at position `index` (0-based, `0..<count`).
     public func element(at index: Int) -> (key: Key, value: Value) {
         precondition(index >= 0 && index < count, "SortedTree.element(at:): index \(index) out of 0..<\(count)")
+        guard root != nil else { return (small[index].0, small[index].1) }
         var node = root
         var i = index
         while let n = node {
@@ -155,6 +220,10 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// The greatest key strictly less than `key` (one descent).
     public func key(before key: Key) -> Key? {
+        guard root != nil else {
+            let i = search(key).index
+            return i > 0 ? small[i - 1].0 : nil
+        }
         var node = root
         var best: Key?
         while let n = node {
@@ -169,6 +238,7 @@ public struct SortedTree<Key: SortKey, Value> {
     }
 
     public var first: (key: Key, value: Value)? {
+        guard root != nil else { return small.first.map { ($0.0, $0.1) } }
         var node = root
         while let n = node {
             guard let l = n.left else { return (n.key, n.value) }
@@ -178,6 +248,7 @@ public struct SortedTree<Key: SortKey, Value> {
     }
 
     public var last: (key: Key, value: Value)? {
+        guard root != nil else { return small.last.map { ($0.0, $0.1) } }
         var node = root
         while let n = node {
             guard let r = n.right else { return (n.key, n.value) }
@@ -195,14 +266,18 @@ public struct SortedTree<Key: SortKey, Value> {
             // Replaced in place (or along a copied path); the shape is unchanged.
             return false
         }
-        SortedTree.insert(&root, key, value)
+        insertNew(value, forKey: key)
         return true
     }
 
-    /// Runs `body` on the value stored under `key`, in place when the path is not shared and along a
-    /// freshly copied path otherwise. Returns `nil` (without calling `body`) when `key` is absent.
+    /// Runs `body` on the value stored under `key`, in place when the storage is not shared and
+    /// on a fresh copy otherwise. Returns `nil` (without calling `body`) when `key` is absent.
     @discardableResult
     public mutating func modifyValue<R>(forKey key: Key, _ body: (inout Value) -> R) -> R? {
+        guard root != nil else {
+            let (i, found) = search(key)
+            return found ? body(&small[i].1) : nil
+        }
         // One descent; along a shared path nodes are copied on the way down (if the key turns out
         // to be absent, the copies are harmless: equal content, this tree's own).
         if !isKnownUniquelyReferenced(&root) { root = root?.copy() }
@@ -226,12 +301,35 @@ public struct SortedTree<Key: SortKey, Value> {
     /// Removes `key`; returns the removed value.
     @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {
+        guard root != nil else {
+            let (i, found) = search(key)
+            return found ? small.remove(at: i).1 : nil
+        }
         // An absent key costs at most copies of a shared path; sizes change only on removal.
-        SortedTree.remove(&root, key)
+        let removed = SortedTree.remove(&root, key)
+        if let r = root, r.size <= SortedTree.smallLimit / 2 {
+            var elements: [(Key, Value)] = []
+            elements.reserveCapacity(SortedTree.smallLimit)
+            SortedTree.visit(r) { elements.append(($0, $1)) }
+            small = elements
+            root = nil
+        }
+        return removed
     }
 
     /// Inserts a key known to be absent (one descent; no replacement attempt first).
     public mutating func insertNew(_ value: Value, forKey key: Key) {
+        guard root != nil else {
+            if small.count < SortedTree.smallLimit {
+                small.insert((key, value), at: search(key).index)
+                return
+            }
+            // Outgrew the array: switch to the tree.
+            root = SortedTree.build(small, 0, small.count)
+            small = []
+            SortedTree.insert(&root, key, value)
+            return
+        }
         SortedTree.insert(&root, key, value)
     }
 
@@ -239,19 +337,26 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// Iterates in key order starting at position `start`.
     public func elements(from start: Int = 0) -> Iterator {
-        Iterator(root: root, start: start)
+        Iterator(tree: self, start: start)
     }
 
     /// Iterates in key order starting at the first key not below `key`.
     public func elements(fromKey key: Key) -> Iterator {
-        Iterator(root: root, start: rank(of: key))
+        Iterator(tree: self, start: rank(of: key))
     }
 
     public struct Iterator: IteratorProtocol, Sequence {
         private var stack: [TreeNode] = []
+        private var array: [(Key, Value)] = []
+        private var index = 0
 
-        init(root: TreeNode?, start: Int) {
-            var node = root
+        init(tree: SortedTree, start: Int) {
+            guard let root = tree.root else {
+                array = tree.small
+                index = Swift.max(0, start)
+                return
+            }
+            var node: TreeNode? = root
             var i = Swift.max(0, start)
             while let n = node {
                 let leftSize = n.left?.size ?? 0
@@ -269,6 +374,10 @@ public struct SortedTree<Key: SortKey, Value> {
         }
 
         public mutating func next() -> (key: Key, value: Value)? {
+            if index < array.count {
+                defer { index += 1 }
+                return (array[index].0, array[index].1)
+            }
             guard let n = stack.popLast() else { return nil }
             var node = n.right
             while let m = node {
@@ -279,9 +388,13 @@ public struct SortedTree<Key: SortKey, Value> {
         }
     }
 
-    /// Calls `body` for each element in key order (recursive; no iterator allocation).
+    /// Calls `body` for each element in key order (no iterator allocation).
     @inline(__always)
     public func forEach(_ body: (Key, Value) throws -> Void) rethrows {
+        guard let root else {
+            for (k, v) in small { try body(k, v) }
+            return
+        }
         try SortedTree.visit(root, body)
     }
 
@@ -446,6 +559,13 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// Returns a description of the first broken invariant, or `nil` when the tree is valid.
     public func checkInvariants() -> String? {
+        guard let root else {
+            if small.count > SortedTree.smallLimit { return "array mode over the limit" }
+            for i in small.indices.dropFirst() where !(small[i - 1].0 < small[i].0) { return "keys out of order" }
+            return nil
+        }
+        if !small.isEmpty { return "tree mode with array elements" }
+        if root.size <= SortedTree.smallLimit / 2 { return "tree mode below the hysteresis bound" }
         func check(_ n: TreeNode?, lower: Key?, upper: Key?) -> String? {
             guard let n else { return nil }
             if let lower, !(lower < n.key) { return "keys out of order" }

@@ -53,6 +53,42 @@ import Testing
         }
     }
 
+    @Test("growing past the array limit and draining back keeps order, counts and snapshots", arguments: seeds(10))
+    func transitions(seed: UInt64) {
+        var rng = SeededRandom(seed: seed)
+        var tree = SortedTree<Int, Int>()
+        var model: [Int] = []
+        var keys = Array(0..<200)
+        keys.shuffle(using: &rng)
+        var snapshots: [(SortedTree<Int, Int>, [Int])] = []
+        for (step, key) in keys.enumerated() {
+            tree.insertNew(key * 10, forKey: key)
+            model.append(key)
+            model.sort()
+            if step % 25 == 0 { snapshots.append((tree, model)) }
+            #expect(tree.checkInvariants() == nil, "seed \(seed) insert \(step)")
+        }
+        keys.shuffle(using: &rng)
+        for (step, key) in keys.enumerated() {
+            #expect(tree.removeValue(forKey: key) == key * 10)
+            model.removeAll { $0 == key }
+            if step % 25 == 0 { snapshots.append((tree, model)) }
+            #expect(tree.checkInvariants() == nil, "seed \(seed) remove \(step)")
+            #expect(tree.keys == model, "seed \(seed) remove \(step)")
+            if !model.isEmpty {
+                let i = rng.below(model.count)
+                #expect(tree.element(at: i).key == model[i])
+                #expect(tree.rank(of: model[i]) == i)
+                #expect(tree.key(before: model[i]) == (i > 0 ? model[i - 1] : nil))
+            }
+        }
+        #expect(tree.isEmpty)
+        for (snapshot, expected) in snapshots {
+            #expect(snapshot.keys == expected, "seed \(seed): a shared snapshot changed")
+            #expect(snapshot.checkInvariants() == nil)
+        }
+    }
+
     @Test("bulk building is balanced")
     func build() {
         let tree = SortedTree<Int, Int>(sortedUniqueElements: (0..<10_000).map { ($0, $0) })
