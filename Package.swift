@@ -24,8 +24,9 @@ let package = Package(
     products: [
         .executable(name: "banyan", targets: ["BanyanCommand"]),
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
-        .library(name: "BanyanTree", targets: ["BanyanTree"]),
-        .library(name: "BanyanQuery", targets: ["BanyanQuery"]),
+        // Internal modules are not products (house style B10); the client SDK will be one. Note:
+        // SwiftPM refuses `unsafeFlags` in packages used as dependencies, so `coreSettings` must
+        // drop its release-only exclusivity flag before the SDK product ships.
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -33,7 +34,7 @@ let package = Package(
     targets: [
         // MARK: - Layer 0 (pure cores)
 
-        // Small shared helpers: the seeded random source, monotonic instants.
+        // Small shared helpers: the seeded random source.
         .target(name: "BanyanBasics", swiftSettings: strictSettings),
         // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
         .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),

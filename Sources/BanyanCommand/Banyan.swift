@@ -27,6 +27,13 @@ struct InputOptions: ParsableArguments {
     @Option(name: .long, help: "A location inside the input to work on, e.g. /users/ada.")
     var path: String = "/"
 
+    @Option(name: .long, help: "Refuse inputs larger than this many MiB (Firebase REST writes: 256).")
+    var maxInputMib: Int = 256
+
+    func validate() throws {
+        guard maxInputMib > 0 && maxInputMib <= 1 << 20 else { throw ValidationError("--max-input-mib must be between 1 and 1048576") }
+    }
+
     func read() throws -> (root: Node, node: Node, location: Path) {
         let bytes: [UInt8]
         if file == "-" {
@@ -38,7 +45,11 @@ struct InputOptions: ParsableArguments {
             bytes = Array(data)
         }
         let location = try Path(parsing: path)
-        let root = try NodeReader.read(bytes)
+        var limits = TreeReadLimits()
+        limits.maxBytes = maxInputMib * 1024 * 1024
+        // Scale the node budget with the byte budget (about one node per 8 input bytes at most).
+        limits.maxNodes = Swift.max(limits.maxNodes, limits.maxBytes / 8)
+        let root = try NodeReader.read(bytes, limits: limits)
         return (root, root.child(at: location), location)
     }
 }

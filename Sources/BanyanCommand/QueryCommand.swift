@@ -57,6 +57,18 @@ struct QueryCommand: ParsableCommand {
         }
     }
 
+    func validate() throws {
+        if startKey != nil && startAt == nil && startAfter == nil && equalTo == nil {
+            throw ValidationError("--start-key needs --start-at, --start-after or --equal-to")
+        }
+        if endKey != nil && endAt == nil && endBefore == nil {
+            throw ValidationError("--end-key needs --end-at or --end-before")
+        }
+        if equalTo != nil && endKey != nil {
+            throw ValidationError("--equal-to takes its key tie-breaker from --start-key")
+        }
+    }
+
     func buildQuery() throws -> Query {
         var query = Query()
         let orderings = [orderByChild != nil, orderByKey, orderByValue, orderByPriority].filter { $0 }.count

@@ -15,8 +15,9 @@ extension QueryParams {
         if hi < lo { hi = lo }
         if let limit {
             switch anchor {
-            case .first: hi = Swift.min(hi, lo + limit)
-            case .last: lo = Swift.max(lo, hi - limit)
+            // Written so that a huge limit cannot overflow.
+            case .first: hi = limit >= hi - lo ? hi : lo + limit
+            case .last: lo = limit >= hi - lo ? lo : hi - limit
             }
         }
         return lo..<hi

@@ -7,8 +7,8 @@
 public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     /// The key text.
     public let string: String
-    /// The key's value when it parses as a 32-bit integer (Android/iOS rule: optional `-`, 1...10
-    /// digits, in range), otherwise `nil`.
+    /// The key's value when it parses as a 32-bit integer (Android/iOS rule: at most 11
+    /// characters, optional `-` then digits only, leading zeros allowed, in range), else `nil`.
     public var intValue: Int32? { isInt ? int : nil }
     /// The first 8 UTF-8 bytes, big-endian, zero-padded: decides most comparisons in one step.
     @usableFromInline let prefix: UInt64
@@ -57,7 +57,7 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     }
 
     /// One pass over the bytes: the packed prefix, the length, validity, and the Int32 parse
-    /// (Android/iOS rule: length 1...11, optional leading '-', then 1...10 digits, within Int32).
+    /// (Android/iOS rule: at most 11 characters, optional leading '-', then digits, within Int32).
     @inline(__always)
     private static func scan(_ string: String) -> Scan {
         var result = Scan()
@@ -78,7 +78,7 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
             if numeric {
                 if result.length == 0 && byte == UInt8(ascii: "-") {
                     negative = true
-                } else if byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") && digits < 10 {
+                } else if byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") && result.length < 11 {
                     value = value * 10 + Int64(byte - UInt8(ascii: "0"))
                     digits += 1
                 } else {

@@ -32,9 +32,9 @@ extension Leaf: Equatable {
     public static func == (a: Leaf, b: Leaf) -> Bool {
         switch (a, b) {
         case let (.bool(x), .bool(y)): return x == y
-        case let (.int(x), .int(y)): return x == y
         case let (.string(x), .string(y)): return x.utf8.elementsEqual(y.utf8)
-        case (.int, .double), (.double, .int), (.double, .double):
+        case (.int, .int), (.int, .double), (.double, .int), (.double, .double):
+            // Numbers are equal when their doubles are (consistent with ordering and hashing).
             return a.doubleValue == b.doubleValue
         default: return false
         }

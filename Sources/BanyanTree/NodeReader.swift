@@ -17,8 +17,11 @@ public struct ServerValueContext: Sendable {
 public struct TreeReadLimits: Sendable {
     /// Maximum UTF-8 length of one string value (Firebase: 10 MiB).
     public var maxStringBytes: Int = 10 * 1024 * 1024
-    /// Maximum number of nodes in one input (defends memory against huge writes).
-    public var maxNodes: Int = 50_000_000
+    /// Maximum input size in bytes (Firebase REST writes: 256 MB).
+    public var maxBytes: Int = 256 * 1024 * 1024
+    /// Maximum number of nodes in one input. A node costs roughly 100 to 250 bytes in memory, so
+    /// the default bounds one input's tree to a few GB even when every byte is a tiny leaf.
+    public var maxNodes: Int = 10_000_000
 
     public init() {}
     public static let standard = TreeReadLimits()
@@ -36,6 +39,9 @@ public enum NodeReader {
         _ bytes: [UInt8], at location: Path = .root,
         serverValues: ServerValueContext? = nil, limits: TreeReadLimits = .standard
     ) throws(TreeError) -> Node {
+        if bytes.count > limits.maxBytes {
+            throw TreeError(.inputTooLarge, path: location.description, "Input is \(bytes.count) bytes; the limit is \(limits.maxBytes)")
+        }
         let result: Result<Node, TreeError> = bytes.withUnsafeBufferPointer { buffer in
             var state = ReaderState(
                 scanner: JSONScanner(bytes: buffer), location: location,
@@ -77,6 +83,8 @@ private struct ReaderState {
     var existing: [Node]
     let limits: TreeReadLimits
     var nodes = 0
+    /// Open objects and arrays, including metadata wrappers (a second guard on recursion depth).
+    var nesting = 0
 
     init(scanner: JSONScanner, location: Path, serverValues: ServerValueContext?, limits: TreeReadLimits) {
         self.scanner = scanner
@@ -170,7 +178,16 @@ private struct ReaderState {
         return b >= 0x20 && b < 0x7F ? "'\(Character(Unicode.Scalar(b)))'" : "byte 0x\(String(b, radix: 16))"
     }
 
+    mutating func enter() throws(TreeError) {
+        nesting += 1
+        if nesting > Path.maxDepth + 1 {
+            throw fail(.depthExceeded, "Data is nested too deeply: location depth plus data depth exceeds \(Path.maxDepth)")
+        }
+    }
+
     mutating func readArray() throws(TreeError) -> Node {
+        try enter()
+        defer { nesting -= 1 }
         scanner.position += 1
         var children: [(ChildKey, Node)] = []
         if try scanner.peek() == UInt8(ascii: "]") {
@@ -199,6 +216,8 @@ private struct ReaderState {
     }
 
     mutating func readObject() throws(TreeError) -> Node {
+        try enter()
+        defer { nesting -= 1 }
         let objectStart = scanner.position
         scanner.position += 1
         var children: [(ChildKey, Node)] = []
@@ -227,11 +246,18 @@ private struct ReaderState {
                 case ".value":
                     guard dotValue == nil else { throw fail(.duplicateKey, "Duplicate key \".value\" in object", at: keyOffset) }
                     if try scanner.peek() == UInt8(ascii: "{") {
-                        let node = try readObject()
-                        guard node.isEmpty || node.isLeaf, let leaf = node.leaf else {
-                            throw fail(.invalidMetadata, "\".value\" must hold a primitive value", at: keyOffset)
+                        // Only a server value may stand in for a primitive here; read it bounded
+                        // (no recursion into tree data, so `.value` nesting cannot grow the stack).
+                        let spec: JSONValue
+                        do {
+                            spec = try wrap { (s: inout JSONScanner) throws(TreeError) in try JSONValue.read(&s, depth: 0, maxDepth: 4) }
+                        } catch where error.code == .depthExceeded {
+                            throw fail(.invalidMetadata, "\".value\" must hold a primitive value or a server value", at: keyOffset)
                         }
-                        dotValue = .some(leaf)
+                        guard case .object(let members) = spec, members.count == 1, let sv = spec[".sv"] else {
+                            throw fail(.invalidMetadata, "\".value\" must hold a primitive value or a server value", at: keyOffset)
+                        }
+                        dotValue = .some(try resolve(sv, at: keyOffset))
                     } else {
                         dotValue = .some(try readPrimitive())
                     }

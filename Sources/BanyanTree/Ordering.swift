@@ -23,9 +23,9 @@ extension Node {
         switch (a.storage, b.storage) {
         case let (.leaf(.bool(x), _), .leaf(.bool(y), _)):
             return x == y ? 0 : (x ? 1 : -1)
-        case let (.leaf(.int(x), _), .leaf(.int(y), _)):
-            return x == y ? 0 : (x < y ? -1 : 1)
         case let (.leaf(x, _), .leaf(y, _)) where ra == 2:
+            // All numbers compare as IEEE doubles (as every Firebase SDK does), so integers
+            // beyond 2^53 that round to the same double are equal: a consistent total order.
             let dx = x.doubleValue ?? 0
             let dy = y.doubleValue ?? 0
             return dx == dy ? 0 : (dx < dy ? -1 : 1)

@@ -19,7 +19,8 @@ public struct PushIDGenerator: Sendable {
 
     /// The next id for time `now` (milliseconds since the Unix epoch).
     public mutating func next(now: Int64) -> String {
-        var time = now
+        // Eight base-64 digits hold 48 bits of milliseconds (until the year 10889).
+        var time = Swift.min(Swift.max(now, 0), PushIDGenerator.maxTime)
         if time <= lastTime {
             time = lastTime
             // Increment the 12-digit base-64 random part; on overflow move to the next millisecond.
@@ -31,7 +32,7 @@ public struct PushIDGenerator: Sendable {
             if i >= 0 {
                 lastRandom[i] += 1
             } else {
-                time += 1
+                time = Swift.min(time + 1, PushIDGenerator.maxTime)
                 for j in 0..<12 { lastRandom[j] = random.below(64) }
             }
         } else {
@@ -40,6 +41,8 @@ public struct PushIDGenerator: Sendable {
         lastTime = time
         return PushIDGenerator.format(time: time, random: lastRandom)
     }
+
+    static let maxTime: Int64 = (1 << 48) - 1
 
     static func format(time: Int64, random: [Int]) -> String {
         var chars = [UInt8](repeating: 0, count: 20)

@@ -17,6 +17,7 @@ extension Node {
     /// Firebase `set`: replaces the node at `location` (data without `.priority` clears the
     /// priority). Writing to `x/.priority` sets the priority of `x` instead.
     public mutating func apply(set node: Node, at location: WritePath) throws(TreeError) {
+        try node.checkFits(at: location.path)
         if location.isPriority {
             guard let priority = Priority(node: node) else {
                 throw TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string")
@@ -32,13 +33,14 @@ extension Node {
     /// another's, or when a resulting path exceeds the limits. A merge keeps `location`'s priority.
     public mutating func apply(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
         try Node.validate(update: entries, at: location)
-        for entry in entries {
-            let target = location.appending(entry.path.path)
-            if entry.path.isPriority {
-                if let priority = Priority(node: entry.node) { setPriority(priority, at: target) }
-            } else {
-                set(entry.node, at: target)
-            }
+        // Data first, then priorities (as Firebase's compound writes do), so that the result does
+        // not depend on the order of the entries: {"a/.priority": 5, "a/b": 1} on an empty `a`
+        // leaves `a` with priority 5 whichever entry comes first.
+        for entry in entries where !entry.path.isPriority {
+            set(entry.node, at: location.appending(entry.path.path))
+        }
+        for entry in entries where entry.path.isPriority {
+            if let priority = Priority(node: entry.node) { setPriority(priority, at: location.appending(entry.path.path)) }
         }
     }
 
@@ -52,6 +54,7 @@ extension Node {
             if target.count > Path.maxDepth || target.byteCount > Path.maxBytes {
                 try target.checkLimits()
             }
+            try entry.node.checkFits(at: target)
             if entry.path.isPriority, Priority(node: entry.node) == nil {
                 throw TreeError(.invalidPriority, path: entry.path.description, "A priority must be null, a number or a string")
             }
@@ -75,6 +78,36 @@ extension Node {
                     "Path \(full[i].text) is an ancestor of \(full[j].text) in the same update")
             }
         }
+    }
+
+    /// Throws unless this node, written at `location`, stays within the depth (32 levels) and
+    /// key-path (768 bytes) limits at every leaf. O(size of the node); `NodeReader` already
+    /// guarantees it for data it read at the same location.
+    public func checkFits(at location: Path) throws(TreeError) {
+        try location.checkLimits()
+        try checkFits(depth: location.count, bytes: location.byteCount, path: location)
+    }
+
+    private func checkFits(depth: Int, bytes: Int, path: Path) throws(TreeError) {
+        guard case .children(let map, _) = storage else { return }
+        if depth + 1 > Path.maxDepth {
+            throw TreeError(.depthExceeded, path: path.description, "Data is nested too deeply: location depth plus data depth exceeds \(Path.maxDepth)")
+        }
+        var failure: TreeError?
+        map.forEach { key, child in
+            guard failure == nil else { return }
+            let childBytes = (depth == 0 ? 0 : bytes + 1) + Int(key.length)
+            if childBytes > Path.maxBytes {
+                failure = TreeError(.pathTooLong, path: path.appending(key).description, "Key path is \(childBytes) bytes of UTF-8; the limit is \(Path.maxBytes)")
+                return
+            }
+            do throws(TreeError) {
+                try child.checkFits(depth: depth + 1, bytes: childBytes, path: path.appending(key))
+            } catch {
+                failure = error
+            }
+        }
+        if let failure { throw failure }
     }
 
     /// Firebase `setPriority`: fails with `emptyLocation` when there is no data at `path`.

@@ -103,6 +103,19 @@ private func trace(_ events: [ViewEvent]) -> [String] {
         #expect(keys(try Query().orderByChild("missing").equalTo(.empty)) == ["a", "b", "c", "d", "e"])
     }
 
+    @Test("huge limits cannot overflow the window arithmetic")
+    func hugeLimits() throws {
+        let data = node("{\"a\":1,\"b\":2,\"c\":3}")
+        let first = try Query().orderByKey().startAfter(node("\"a\"")).limitToFirst(Int.max).params
+        #expect(first.orderedChildren(of: data).map(\.key.string) == ["b", "c"])
+        let last = try Query().orderByKey().endBefore(node("\"c\"")).limitToLast(Int.max).params
+        #expect(last.orderedChildren(of: data).map(\.key.string) == ["a", "b"])
+        let wire = try QueryParams(wire: JSONValue(parsing: "{\"i\":\".key\",\"sp\":\"a\",\"sin\":false,\"l\":9223372036854775807,\"vf\":\"l\"}"))
+        #expect(wire.orderedChildren(of: data).map(\.key.string) == ["b", "c"])
+        var view = QueryView(params: first, node: data)
+        #expect(view.apply(node("{\"a\":1,\"b\":2,\"c\":3,\"d\":4}"), changes: .keys([key("d")])).count == 2)
+    }
+
     @Test("invalid query combinations are rejected with Firebase's messages")
     func validation() throws {
         func message(_ build: () throws -> Query) -> String? {

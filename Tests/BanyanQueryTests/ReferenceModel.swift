@@ -42,7 +42,7 @@ enum Reference {
             let chars = Array(s)
             guard (1...11).contains(chars.count) else { return nil }
             let digits = chars.first == "-" ? chars.dropFirst() : chars[...]
-            guard (1...10).contains(digits.count), digits.allSatisfy({ $0.isASCII && $0.isNumber }), let v = Int64(s) else { return nil }
+            guard (1...11).contains(digits.count), digits.allSatisfy({ $0.isASCII && $0.isNumber }), let v = Int64(s) else { return nil }
             return (Int64(Int32.min)...Int64(Int32.max)).contains(v) ? v : nil
         }
         switch (int32(a), int32(b)) {
@@ -169,7 +169,12 @@ struct Generator {
 
     init(seed: UInt64) {
         rng = SeededRandom(seed: seed)
-        keyPool = ["0", "1", "2", "7", "10", "-3", "007", "a", "b", "c", "ab", "z", "_", "é", "e\u{301}", "😀", "\u{FFFF}", "k1", "k2", "k3"]
+        keyPool = [
+            "0", "1", "2", "7", "10", "-3", "007", "00000000007", "a", "b", "c", "ab", "z", "_", "é", "e\u{301}", "😀", "\u{FFFF}",
+            "k1", "k2", "k3",
+            // Longer than the 8-byte prefix, differing only after it, with high-BMP vs astral.
+            "longkey-alpha", "longkey-alphb", "longkey-\u{FF21}", "longkey-😀", "longkey-\u{E000}x", "longkey-\u{10000}",
+        ]
     }
 
     mutating func pick<T>(_ items: [T]) -> T { items[rng.below(items.count)] }
@@ -185,11 +190,15 @@ struct Generator {
     }
 
     mutating func leaf() -> Leaf {
-        switch rng.below(7) {
+        switch rng.below(9) {
         case 0: return .bool(rng.below(2) == 0)
         case 1: return .double(Double(rng.below(7)) / 2 - 1)
         case 2, 3: return .int(Int64(rng.below(7)) - 3)
-        default: return .string(pick(["", "a", "b", "ab", "é", "Z", "10"]))
+        case 4:
+            // Around 2^53, where distinct Int64s share a double.
+            return pick([.int(9_007_199_254_740_992), .int(9_007_199_254_740_993), .double(9_007_199_254_740_992), .int(-9_007_199_254_740_993)])
+        default:
+            return .string(pick(["", "a", "b", "ab", "é", "Z", "10", "\u{FF21}", "😀", "\u{E000}", "\u{10000}", "string-longer-than-8-\u{FFFD}", "string-longer-than-8-😀"]))
         }
     }
 

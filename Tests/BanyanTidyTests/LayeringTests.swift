@@ -85,6 +85,7 @@ import Testing
                         }
                     }
                     if code.contains("try!") { Issue.record("\(place): try! in Sources") }
+                    if hasForceUnwrap(code) { Issue.record("\(place): force unwrap in Sources") }
                     if code.contains(" as! ") { Issue.record("\(place): as! in Sources") }
                     if code.contains("fatalError(") && !code.contains("fatalError(\"unreachable:") {
                         Issue.record("\(place): fatalError in Sources (use typed errors or preconditionFailure)")
@@ -113,6 +114,12 @@ import Testing
         #expect(importedModule("@testable import BanyanQuery") == "BanyanQuery")
         #expect(importedModule("internal import struct Foundation.Date") == "Foundation")
         #expect(importedModule("let important = 1") == nil)
+        #expect(hasForceUnwrap("let x = y!.count"))
+        #expect(hasForceUnwrap("f(a[0]!)"))
+        #expect(hasForceUnwrap("return value!"))
+        #expect(!hasForceUnwrap("if a != b && !c { }"))
+        #expect(!hasForceUnwrap("let s = \"wow!\" + t"))
+        #expect(!hasForceUnwrap("guard !x.isEmpty else { return }"))
         #expect(isStoredStaticVar("static var counter = 0"))
         #expect(isStoredStaticVar("public static var shared: Int = 1"))
         #expect(!isStoredStaticVar("static var delta: Int { 3 }"))
@@ -144,6 +151,23 @@ func importedModule(_ code: String) -> String? {
         module = words[2]
     }
     return String(module.split(separator: ".").first ?? "")
+}
+
+/// A postfix `!` after an identifier, `)` or `]` (not `!=`), outside string literals.
+func hasForceUnwrap(_ code: String) -> Bool {
+    var inString = false
+    var previous: Character = " "
+    var chars = Array(code)
+    chars.append(" ")
+    for i in 0..<(chars.count - 1) {
+        let c = chars[i]
+        if c == "\"" && previous != "\\" { inString.toggle() }
+        if !inString && c == "!" && chars[i + 1] != "=" && (previous.isLetter || previous.isNumber || previous == "_" || previous == ")" || previous == "]") {
+            return true
+        }
+        previous = c
+    }
+    return false
 }
 
 func isStoredStaticVar(_ code: String) -> Bool {

@@ -56,6 +56,16 @@ import Testing
         for id in ids { #expect(ChildKey.problem(with: id) == nil) }
     }
 
+    @Test("times outside the 48-bit range are clamped, never trap")
+    func clamped() {
+        var gen = PushIDGenerator(random: SeededRandom(seed: 3))
+        let low = gen.next(now: -5)
+        #expect(low.hasPrefix("--------"))
+        let high = gen.next(now: Int64.max)
+        #expect(high.hasPrefix("zzzzzzzz"))
+        #expect(compareUTF16(low, high) < 0)
+    }
+
     @Test("the same seed and clock give the same ids")
     func deterministic() {
         var a = PushIDGenerator(random: SeededRandom(seed: 5))

@@ -195,4 +195,47 @@ let repositoryRoot: String = {
         let pretty = JSONWriter.string(node, format: .export, pretty: true)
         #expect(try Node(json: pretty) == node)
     }
+
+    @Test("nested .value wrappers cannot exhaust the stack")
+    func nestedDotValue() {
+        let deep = String(repeating: "{\".value\":", count: 100_000) + "1" + String(repeating: "}", count: 100_000)
+        #expect(throws: TreeError.self) { try NodeReader.read(deep) }
+        let mixed = String(repeating: "{\"a\":{\".value\":", count: 20_000) + "1" + String(repeating: "}}", count: 20_000)
+        #expect(throws: TreeError.self) { try NodeReader.read(mixed) }
+    }
+
+    @Test(".value may hold a server value, resolved like any other")
+    func dotValueServerValue() throws {
+        let node = try NodeReader.read(
+            "{\".value\":{\".sv\":\"timestamp\"},\".priority\":1}", serverValues: ServerValueContext(timestamp: 77))
+        #expect(node == Node(.int(77), priority: .number(1)))
+        #expect(throws: TreeError.self) { try NodeReader.read("{\".value\":{\"a\":1}}") }
+    }
+
+    @Test("inputs over the byte limit are rejected before parsing")
+    func byteLimit() {
+        var limits = TreeReadLimits()
+        limits.maxBytes = 8
+        do {
+            _ = try NodeReader.read("[1,2,3,4,5]", limits: limits)
+            Issue.record("accepted")
+        } catch {
+            #expect(error.code == .inputTooLarge)
+        }
+        limits.maxBytes = 100
+        limits.maxNodes = 4
+        #expect(throws: TreeError.self) { try NodeReader.read("[1,2,3,4,5]", limits: limits) }
+    }
+
+    @Test("numbers beyond 2^53 order and compare as doubles, consistently")
+    func bigNumbers() throws {
+        // 2^53 + 1 (int) and 2^53 (double and int) are the same double: equal, ordered by key.
+        let node = try Node(json: "{\"a\":9007199254740993,\"b\":9007199254740992.0,\"c\":9007199254740992}")
+        let values = node.children.elements().map(\.value)
+        for x in values {
+            for y in values { #expect(Node.compareValues(x, y) == 0) }
+        }
+        #expect(values[0] == values[2])
+        #expect(values[0].hashString == values[2].hashString)
+    }
 }

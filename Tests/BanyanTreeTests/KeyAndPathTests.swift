@@ -29,7 +29,10 @@ import Testing
         #expect(ChildKey(unchecked: "-2147483648").intValue == Int32.min)
         #expect(ChildKey(unchecked: "2147483648").intValue == nil)
         #expect(ChildKey(unchecked: "-").intValue == nil)
-        #expect(ChildKey(unchecked: "00000000007").intValue == nil)  // 11 digits
+        #expect(ChildKey(unchecked: "00000000007").intValue == 7)  // 11 characters: still an int
+        #expect(ChildKey(unchecked: "000000000007").intValue == nil)  // 12 characters
+        #expect(ChildKey(unchecked: "-0000000007").intValue == -7)
+        #expect(ChildKey(unchecked: "99999999999").intValue == nil)  // out of range
         #expect(ChildKey(unchecked: "0000000007").intValue == 7)
         #expect(ChildKey(unchecked: "1a").intValue == nil)
         #expect(ChildKey(unchecked: "0") < ChildKey(unchecked: "-0"))

@@ -152,4 +152,40 @@ func path(_ text: String) -> Path {
         #expect(tree == node("{\"counter\":2}"))
         #expect(tree.compareAndSet(node("1"), at: path("fresh"), expectedHash: "") == .applied)
     }
+
+    @Test("priority entries apply after data entries, whatever their order in the update")
+    func updatePriorityOrder() throws {
+        for order in [["a/.priority", "a/b"], ["a/b", "a/.priority"]] {
+            var tree = Node.empty
+            try tree.apply(update: try order.map { text in
+                UpdateEntry(path: try WritePath(parsing: text), node: text.hasSuffix(".priority") ? node("5") : node("1"))
+            }, at: .root)
+            #expect(tree == node("{\"a\":{\".priority\":5,\"b\":1}}"), "order \(order)")
+        }
+    }
+
+    @Test("writes check depth and key-path length against their location")
+    func writeLimits() throws {
+        let deepData = try Node(json: String(repeating: "{\"k\":", count: 15) + "1" + String(repeating: "}", count: 15))
+        let location = try Path(parsing: (0..<20).map { "p\($0)" }.joined(separator: "/"))
+        var tree = Node.empty
+        do {
+            try tree.apply(set: deepData, at: WritePath(path: location))
+            Issue.record("accepted 35 levels")
+        } catch {
+            #expect(error.code == .depthExceeded)
+        }
+        do {
+            try tree.apply(update: [UpdateEntry(path: try WritePath(parsing: "x"), node: deepData)], at: location)
+            Issue.record("accepted 36 levels")
+        } catch {
+            #expect(error.code == .depthExceeded)
+        }
+        #expect(tree.isEmpty)
+        let longKey = String(repeating: "q", count: 500)
+        let wide = try Node(json: "{\"\(longKey)\":1}")
+        #expect(throws: TreeError.self) { try tree.apply(set: wide, at: WritePath(path: try Path(parsing: longKey))) }
+        try tree.apply(set: deepData, at: WritePath(path: try Path(parsing: "ok")))
+        #expect(!tree.isEmpty)
+    }
 }
