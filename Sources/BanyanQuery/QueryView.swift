@@ -120,6 +120,8 @@ public struct QueryView: Sendable {
         if oldNode.isLeaf || newNode.isLeaf {
             // A leaf has no children; every child on either side changed.
             changedKeys = oldNode.children.keys + newNode.children.keys
+        } else if let events = applySingleChange(newNode, changedKeys) {
+            return events
         }
 
         // Pre-change membership of every child whose membership can change, recorded the first
@@ -222,6 +224,106 @@ public struct QueryView: Sendable {
         var events: [ViewEvent] = []
         for group in [removed, added, moved, changed] {
             events.append(contentsOf: group.sorted { $0.0 < $1.0 }.map(\.1))
+        }
+        if !events.isEmpty || oldViewNode != viewNode {
+            events.append(ViewEvent(.value, key: nil, node: viewNode))
+        }
+        return events
+    }
+
+    /// The fast path for the common case: exactly one child really changed and the location's
+    /// own priority did not. Returns nil (changing nothing) when the case does not apply.
+    ///
+    /// With one child `k` changing, no other child can cross a window edge unless `k` itself
+    /// enters or leaves the window (the window is the first or last `limit` in-range children;
+    /// if `k` is outside both before and after, or inside both times, the other members are the
+    /// same). So the old and new positions of `k`, which the index reports while moving its entry,
+    /// decide everything; the entries at the new window's edges are consulted only when `k`
+    /// crossed. About four descents per change instead of about nine.
+    private mutating func applySingleChange(_ newNode: Node, _ changedKeys: [ChildKey]) -> [ViewEvent]? {
+        let oldNode = node
+        guard oldNode.hasChildren, newNode.hasChildren, oldNode.priority == newNode.priority else { return nil }
+        var single: (key: ChildKey, old: Node, new: Node)?
+        var seen: Set<ChildKey> = []
+        for key in changedKeys where changedKeys.count == 1 || seen.insert(key).inserted {
+            let old = oldNode.child(key)
+            let new = newNode.child(key)
+            if old == new { continue }
+            if single != nil { return nil }
+            single = (key, old, new)
+        }
+        guard let (key, old, new) = single else {
+            node = newNode
+            return []
+        }
+
+        let oldRange = params.window(in: index)
+        let (oldPosition, newPosition) = index.update(key: key, old: old, new: new)
+        node = newNode
+        let newRange = params.window(in: index)
+        let wasIn = oldPosition.map { oldRange.contains($0) } ?? false
+        let isIn = newPosition.map { newRange.contains($0) } ?? false
+        func previous(_ position: Int) -> ChildKey? {
+            position > newRange.lowerBound ? index.element(at: position - 1).key : nil
+        }
+
+        var removed: [(IndexEntry, ViewEvent)] = []
+        var added: [(IndexEntry, ViewEvent)] = []
+        var events: [ViewEvent] = []
+        var viewChildren = viewNode.children
+        switch (wasIn, isIn) {
+        case (true, false):
+            removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, node: old)))
+            viewChildren.removeValue(forKey: key)
+        case (false, true):
+            if let p = newPosition {
+                added.append((index.entry(key: key, child: new), ViewEvent(.childAdded, key: key, node: new, previousKey: previous(p))))
+            }
+            viewChildren.updateValue(new, forKey: key)
+        case (true, true):
+            viewChildren.updateValue(new, forKey: key)
+        case (false, false):
+            break
+        }
+        if wasIn != isIn && params.limit != nil {
+            // One other child may have crossed an edge of the window: it sits next to an edge now.
+            var candidates = [newRange.lowerBound - 1, newRange.lowerBound, newRange.upperBound - 1, newRange.upperBound]
+                .filter { $0 >= 0 && $0 < index.count && $0 != newPosition }
+            candidates = Array(Set(candidates)).sorted()
+            for p in candidates {
+                let entry = index.element(at: p)
+                // Its position before the change: drop k's new entry, then put k's old one back.
+                var q = p
+                if let n = newPosition, p > n { q -= 1 }
+                if let o = oldPosition, q >= o { q += 1 }
+                let was = oldRange.contains(q)
+                let now = newRange.contains(p)
+                if was && !now {
+                    let child = newNode.child(entry.key)
+                    removed.append((entry, ViewEvent(.childRemoved, key: entry.key, node: child)))
+                    viewChildren.removeValue(forKey: entry.key)
+                } else if !was && now {
+                    let child = newNode.child(entry.key)
+                    added.append((entry, ViewEvent(.childAdded, key: entry.key, node: child, previousKey: previous(p))))
+                    viewChildren.updateValue(child, forKey: entry.key)
+                }
+            }
+        }
+        events.append(contentsOf: removed.sorted { $0.0 < $1.0 }.map(\.1))
+        events.append(contentsOf: added.sorted { $0.0 < $1.0 }.map(\.1))
+        if wasIn && isIn, let p = newPosition {
+            let prev = previous(p)
+            if params.index.indexedValueChanged(old, new) {
+                events.append(ViewEvent(.childMoved, key: key, node: new, previousKey: prev))
+            }
+            events.append(ViewEvent(.childChanged, key: key, node: new, previousKey: prev))
+        }
+
+        let oldViewNode = viewNode
+        if params.loadsAllData {
+            viewNode = params.isDefault ? node : node.withPriority(.none)
+        } else {
+            viewNode = Node(children: viewChildren)
         }
         if !events.isEmpty || oldViewNode != viewNode {
             events.append(ViewEvent(.value, key: nil, node: viewNode))

@@ -175,10 +175,15 @@ public struct NodeIndex: Sendable {
 
     public var count: Int { entries.count }
 
-    /// Moves one child's entry after a change (`old` or `new` may be empty).
-    public mutating func update(key: ChildKey, old: Node, new: Node) {
-        if !old.isEmpty { entries.removeValue(forKey: IndexEntry(value: kind.indexValue(of: old), key: key)) }
-        if !new.isEmpty { entries.insertNew((), forKey: IndexEntry(value: kind.indexValue(of: new), key: key)) }
+    /// Moves one child's entry after a change (`old` or `new` may be empty). Returns the old
+    /// entry's position before the change and the new entry's position after it.
+    @discardableResult
+    public mutating func update(key: ChildKey, old: Node, new: Node) -> (old: Int?, new: Int?) {
+        var oldPosition: Int?
+        var newPosition: Int?
+        if !old.isEmpty { oldPosition = entries.removeReturningPosition(forKey: IndexEntry(value: kind.indexValue(of: old), key: key)) }
+        if !new.isEmpty { newPosition = entries.insertNew((), forKey: IndexEntry(value: kind.indexValue(of: new), key: key)) }
+        return (oldPosition, newPosition)
     }
 
     /// The entry for a child currently stored as `child` under `key`.

@@ -23,11 +23,13 @@ extension Int: SortKey {
 public struct SortedTree<Key: SortKey, Value> {
     @usableFromInline
     final class TreeNode {
-        let key: Key
-        var value: Value
-        var size: Int
+        // Links first: stored properties are laid out in declaration order, so a descent step
+        // (reference count, links, then the key's leading bytes) mostly stays on one cache line.
         var left: TreeNode?
         var right: TreeNode?
+        var size: Int
+        let key: Key
+        var value: Value
 
         init(key: Key, value: Value, left: TreeNode?, right: TreeNode?) {
             self.key = key
@@ -306,7 +308,46 @@ public struct SortedTree<Key: SortKey, Value> {
             return found ? small.remove(at: i).1 : nil
         }
         // An absent key costs at most copies of a shared path; sizes change only on removal.
-        let removed = SortedTree.remove(&root, key)
+        var position = 0
+        let removed = SortedTree.remove(&root, key, position: &position)
+        shrinkIfSmall()
+        return removed
+    }
+
+    /// Inserts a key known to be absent (one descent; no replacement attempt first). Returns the
+    /// position it now occupies.
+    @discardableResult
+    public mutating func insertNew(_ value: Value, forKey key: Key) -> Int {
+        guard root != nil else {
+            if small.count < SortedTree.smallLimit {
+                let index = search(key).index
+                small.insert((key, value), at: index)
+                return index
+            }
+            // Outgrew the array: switch to the tree.
+            root = SortedTree.build(small, 0, small.count)
+            small = []
+            return SortedTree.insert(&root, key, value)
+        }
+        return SortedTree.insert(&root, key, value)
+    }
+
+    /// Removes `key` and returns the position it occupied (one descent), or nil when absent.
+    @discardableResult
+    public mutating func removeReturningPosition(forKey key: Key) -> Int? {
+        guard root != nil else {
+            let (i, found) = search(key)
+            guard found else { return nil }
+            small.remove(at: i)
+            return i
+        }
+        var position = 0
+        guard SortedTree.remove(&root, key, position: &position) != nil else { return nil }
+        shrinkIfSmall()
+        return position
+    }
+
+    private mutating func shrinkIfSmall() {
         if let r = root, r.size <= SortedTree.smallLimit / 2 {
             var elements: [(Key, Value)] = []
             elements.reserveCapacity(SortedTree.smallLimit)
@@ -314,23 +355,6 @@ public struct SortedTree<Key: SortKey, Value> {
             small = elements
             root = nil
         }
-        return removed
-    }
-
-    /// Inserts a key known to be absent (one descent; no replacement attempt first).
-    public mutating func insertNew(_ value: Value, forKey key: Key) {
-        guard root != nil else {
-            if small.count < SortedTree.smallLimit {
-                small.insert((key, value), at: search(key).index)
-                return
-            }
-            // Outgrew the array: switch to the tree.
-            root = SortedTree.build(small, 0, small.count)
-            small = []
-            SortedTree.insert(&root, key, value)
-            return
-        }
-        SortedTree.insert(&root, key, value)
     }
 
     // MARK: Iteration
@@ -433,30 +457,34 @@ public struct SortedTree<Key: SortKey, Value> {
         n.size = size(n.left) + size(n.right) + 1
     }
 
-    /// Inserts a key that is not present.
-    private static func insert(_ slot: inout TreeNode?, _ key: Key, _ value: Value) {
+    /// Inserts a key that is not present; returns its position (rotations do not change ranks).
+    private static func insert(_ slot: inout TreeNode?, _ key: Key, _ value: Value) -> Int {
         guard let n = unique(&slot) else {
             slot = TreeNode(key: key, value: value, left: nil, right: nil)
-            return
+            return 0
         }
+        let position: Int
         if Key.compare(key, n.key) < 0 {
-            insert(&n.left, key, value)
+            position = insert(&n.left, key, value)
         } else {
-            insert(&n.right, key, value)
+            position = size(n.left) + 1 + insert(&n.right, key, value)
         }
         n.size += 1
         slot = balance(n)
+        return position
     }
 
-    /// Removes a key that is present; returns its value.
-    private static func remove(_ slot: inout TreeNode?, _ key: Key) -> Value? {
+    /// Removes `key` if present; returns its value and adds its position to `position`.
+    private static func remove(_ slot: inout TreeNode?, _ key: Key, position: inout Int) -> Value? {
         guard let n = unique(&slot) else { return nil }
         let c = Key.compare(key, n.key)
         if c == 0 {
+            position += size(n.left)
             slot = glue(n)
             return n.value
         }
-        let removed = c < 0 ? remove(&n.left, key) : remove(&n.right, key)
+        if c > 0 { position += size(n.left) + 1 }
+        let removed = c < 0 ? remove(&n.left, key, position: &position) : remove(&n.right, key, position: &position)
         if removed != nil {
             n.size -= 1
             slot = balance(n)

@@ -62,15 +62,20 @@ import Testing
         keys.shuffle(using: &rng)
         var snapshots: [(SortedTree<Int, Int>, [Int])] = []
         for (step, key) in keys.enumerated() {
-            tree.insertNew(key * 10, forKey: key)
+            let position = tree.insertNew(key * 10, forKey: key)
             model.append(key)
             model.sort()
+            #expect(position == model.firstIndex(of: key), "seed \(seed) insert position \(step)")
             if step % 25 == 0 { snapshots.append((tree, model)) }
             #expect(tree.checkInvariants() == nil, "seed \(seed) insert \(step)")
         }
         keys.shuffle(using: &rng)
         for (step, key) in keys.enumerated() {
-            #expect(tree.removeValue(forKey: key) == key * 10)
+            if step % 2 == 0 {
+                #expect(tree.removeValue(forKey: key) == key * 10)
+            } else {
+                #expect(tree.removeReturningPosition(forKey: key) == model.firstIndex(of: key), "seed \(seed) remove position \(step)")
+            }
             model.removeAll { $0 == key }
             if step % 25 == 0 { snapshots.append((tree, model)) }
             #expect(tree.checkInvariants() == nil, "seed \(seed) remove \(step)")
