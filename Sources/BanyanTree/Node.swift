@@ -248,15 +248,10 @@ public struct Node: Sendable {
         case .leaf(_, let priority):
             guard !node.isEmpty else { return }
             storage = .children(Node.singleton(key, Node.empty.setting(node, at: rest)), priority)
-        case .children:
-            // Move the storage out before binding its payload, so `map` holds the only reference
-            // and is mutated in place (binding inside `switch storage` keeps a second reference
-            // alive for the switch, and the array would be copied on every write).
-            var taken = Storage.empty
-            swap(&taken, &storage)
-            guard case .children(var map, let priority) = consume taken else {
-                preconditionFailure("Node.set: storage changed while being moved")
-            }
+        case .children(var map, let priority):
+            // Drop this node's reference first so `map` is uniquely referenced and can be
+            // mutated in place.
+            storage = .empty
             var becameEmpty = false
             let found: Void? = map.modifyValue(forKey: key) { child in
                 child.set(node, at: rest)
