@@ -135,29 +135,19 @@ public struct SortedTree<Key: SortKey, Value> {
     public func contains(_ key: Key) -> Bool { self[key] != nil }
 
     /// The number of keys strictly less than `key`.
-    public func rank(of key: Key) -> Int {
-        guard root != nil else { return search(key).index }
-        var node = root
-        var count = 0
-        while let n = node {
-            let c = Key.compare(key, n.key)
-            if c < 0 {
-                node = n.left
-            } else if c > 0 {
-                count += (n.left?.size ?? 0) + 1
-                node = n.right
-            } else {
-                return count + (n.left?.size ?? 0)
-            }
-        }
-        return count
-    }
+    public func rank(of key: Key) -> Int { locate(key).position }
 
     /// The position of `key`, or `nil` when absent.
     public func index(of key: Key) -> Int? {
+        let (position, found) = locate(key)
+        return found ? position : nil
+    }
+
+    /// One descent: how many keys are below `key`, and whether `key` itself is present.
+    private func locate(_ key: Key) -> (position: Int, found: Bool) {
         guard root != nil else {
             let (i, found) = search(key)
-            return found ? i : nil
+            return (i, found)
         }
         var node = root
         var count = 0
@@ -169,10 +159,10 @@ public struct SortedTree<Key: SortKey, Value> {
                 count += (n.left?.size ?? 0) + 1
                 node = n.right
             } else {
-                return count + (n.left?.size ?? 0)
+                return (count + (n.left?.size ?? 0), true)
             }
         }
-        return nil
+        return (count, false)
     }
 
     /// The number of leading keys for which `isBelow` holds. `isBelow` must be monotone: true for
