@@ -39,10 +39,18 @@ let package = Package(
         // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
         .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),
 
+        // Operation log format: records, CRC32C, segment scanning and recovery rules, hard state.
+        .target(name: "BanyanOpLog", swiftSettings: coreSettings),
+
         // MARK: - Layer 1 (pure cores)
 
         // Query parameters, indexed evaluation, views and event generation.
         .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
+
+        // MARK: - Layer 3 (drivers)
+
+        // File-backed segmented log and hard state behind a FileSystem seam (POSIX and simulated).
+        .target(name: "BanyanOpLogFiles", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
 
         // MARK: - Layer 5 (executables)
 
@@ -69,6 +77,12 @@ let package = Package(
         .testTarget(
             name: "BanyanQueryTests",
             dependencies: ["BanyanQuery", "BanyanTree", "BanyanBasics"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "BanyanOpLogFilesTests",
+            dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics"],
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanTidyTests", swiftSettings: strictSettings),

@@ -13,6 +13,8 @@ import Testing
         "BanyanBasics": (true, []),
         "BanyanTree": (true, ["BanyanBasics"]),
         "BanyanQuery": (true, ["BanyanTree", "BanyanBasics"]),
+        "BanyanOpLog": (true, []),
+        "BanyanOpLogFiles": (false, ["BanyanOpLog", "Glibc", "Darwin"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "Foundation", "Glibc"]),
     ]

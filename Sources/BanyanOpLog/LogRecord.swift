@@ -1,0 +1,73 @@
+/// One entry of the replicated log: its position, the Raft term that created it, a kind tag and
+/// an opaque payload (the command, encoded by the state machine).
+public struct LogEntry: Sendable, Equatable {
+    public var index: UInt64
+    public var term: UInt64
+    public var kind: UInt8
+    public var payload: [UInt8]
+
+    public init(index: UInt64, term: UInt64, kind: UInt8, payload: [UInt8]) {
+        self.index = index
+        self.term = term
+        self.kind = kind
+        self.payload = payload
+    }
+}
+
+/// The on-disk framing of records and segments (see docs/internals/oplog-format.md).
+public enum LogFormat {
+    /// Segment header: "BNYLOG" then the format version (u16 LE).
+    public static let segmentHeader: [UInt8] = Array("BNYLOG".utf8) + [1, 0]
+    /// Bytes before a record's body: length (u32) and checksum (u32).
+    public static let frameBytes = 8
+    /// Fixed part of the body: index (u64), term (u64), kind (u8).
+    public static let bodyFixedBytes = 17
+    /// Largest body accepted; anything larger is a corrupt length.
+    public static let maxRecordBytes = 64 * 1024 * 1024
+
+    /// Appends the framed record for `entry` to `out`.
+    public static func encode(_ entry: LogEntry, into out: inout [UInt8]) {
+        let bodyLength = bodyFixedBytes + entry.payload.count
+        let start = out.count
+        appendLE(UInt32(bodyLength), &out)
+        appendLE(UInt32(0), &out)  // checksum placeholder
+        appendLE(entry.index, &out)
+        appendLE(entry.term, &out)
+        out.append(entry.kind)
+        out.append(contentsOf: entry.payload)
+        let crc = out.withUnsafeBufferPointer { buffer in
+            CRC32C.checksum(UnsafeBufferPointer(rebasing: buffer[(start + frameBytes)...]))
+        }
+        for i in 0..<4 { out[start + 4 + i] = UInt8(truncatingIfNeeded: crc >> (8 * UInt32(i))) }
+    }
+
+    public static func encode(_ entries: [LogEntry]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(entries.reduce(0) { $0 + frameBytes + bodyFixedBytes + $1.payload.count })
+        for entry in entries { encode(entry, into: &out) }
+        return out
+    }
+
+    /// The file name of the segment whose first record has index `firstIndex`.
+    public static func segmentName(firstIndex: UInt64) -> String {
+        let digits = String(firstIndex)
+        return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + ".seg"
+    }
+
+    /// The first index encoded in a segment file name, or nil when `name` is not a segment.
+    public static func firstIndex(ofSegment name: String) -> UInt64? {
+        guard name.hasSuffix(".seg"), name.utf8.count == 24 else { return nil }
+        return UInt64(name.prefix(20))
+    }
+
+    static func appendLE<T: FixedWidthInteger>(_ value: T, _ out: inout [UInt8]) {
+        var v = value.littleEndian
+        withUnsafeBytes(of: &v) { out.append(contentsOf: $0) }
+    }
+
+    static func readLE<T: FixedWidthInteger>(_ bytes: UnsafeBufferPointer<UInt8>, _ offset: Int, as: T.Type) -> T {
+        var value: T = 0
+        for i in 0..<MemoryLayout<T>.size { value |= T(bytes[offset + i]) << (8 * i) }
+        return value
+    }
+}

@@ -1,0 +1,51 @@
+/// Why a file-system operation failed.
+public struct FileSystemError: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Code: Sendable, Equatable {
+        case notFound
+        case noSpace
+        case io
+        /// The simulated machine crashed at this operation (tests only).
+        case crashed
+    }
+
+    public let code: Code
+    public let path: String
+    public let message: String
+
+    public init(_ code: Code, path: String, _ message: String) {
+        self.code = code
+        self.path = path
+        self.message = message
+    }
+
+    public var description: String { "\(message) (\(path))" }
+}
+
+/// An open file.
+public struct FileID: Hashable, Sendable {
+    public let raw: Int
+    public init(raw: Int) { self.raw = raw }
+}
+
+/// Every way the log touches storage. Implementations: `PosixFileSystem` (real files) and
+/// `SimulatedFileSystem` (memory, with crash, torn-write and disk-full faults).
+public protocol FileSystem: AnyObject {
+    func makeDirectory(_ path: String) throws(FileSystemError)
+    func list(_ directory: String) throws(FileSystemError) -> [String]
+    func exists(_ path: String) -> Bool
+    /// Creates (or empties) a file and opens it for appending.
+    func create(_ path: String) throws(FileSystemError) -> FileID
+    /// Opens an existing file for appending.
+    func open(_ path: String) throws(FileSystemError) -> FileID
+    func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError)
+    /// Makes the file's data durable (fdatasync).
+    func sync(_ file: FileID) throws(FileSystemError)
+    func truncate(_ file: FileID, to size: Int) throws(FileSystemError)
+    func size(_ file: FileID) throws(FileSystemError) -> Int
+    func close(_ file: FileID)
+    func readAll(_ path: String) throws(FileSystemError) -> [UInt8]
+    func rename(_ from: String, to: String) throws(FileSystemError)
+    func remove(_ path: String) throws(FileSystemError)
+    /// Makes creations, renames and removals in `directory` durable.
+    func syncDirectory(_ directory: String) throws(FileSystemError)
+}

@@ -1,0 +1,374 @@
+public import BanyanOpLog
+
+/// A typed error from the log, naming the file and offset where it applies.
+public struct OpLogError: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Code: Sendable, Equatable {
+        /// Invalid data before the end of the log: the node must not start (repair from peers).
+        case corrupt
+        /// The disk is full; nothing was reported durable that is not.
+        case noSpace
+        /// Another storage failure (fatal to the node's participation).
+        case io
+        /// A caller broke the log's contract (non-consecutive indexes, truncating past the end).
+        case invalidArgument
+    }
+
+    public let code: Code
+    public let message: String
+    public let file: String?
+    public let offset: Int?
+
+    public init(_ code: Code, _ message: String, file: String? = nil, offset: Int? = nil) {
+        self.code = code
+        self.message = message
+        self.file = file
+        self.offset = offset
+    }
+
+    init(_ error: FileSystemError) {
+        self.init(error.code == .noSpace ? .noSpace : .io, error.message, file: error.path)
+    }
+
+    public var description: String {
+        var text = message
+        if let file { text += " in \(file)" }
+        if let offset { text += " at byte \(offset)" }
+        return text
+    }
+}
+
+/// The append-only, segmented operation log on disk (format and rules:
+/// docs/internals/oplog-format.md). Single owner, not thread-safe.
+///
+/// Appends are buffered in the file until `sync`, which makes all of them durable with one
+/// `fdatasync` (group commit) and reports the durable index.
+public final class SegmentedLog {
+    public struct Options: Sendable {
+        /// A new segment starts once the active one holds at least this many bytes.
+        public var segmentBytes = 64 * 1024 * 1024
+        public init() {}
+    }
+
+    /// What recovery found and did.
+    public struct RecoveryReport: Sendable, Equatable {
+        public var segments = 0
+        public var records = 0
+        /// A torn tail that was cut off: the file, the offset where valid data ended, and how
+        /// many bytes were dropped.
+        public var truncatedTail: (file: String, offset: Int, droppedBytes: Int)?
+        /// A last segment without a complete header, removed.
+        public var removedEmptySegment: String?
+
+        public static func == (a: RecoveryReport, b: RecoveryReport) -> Bool {
+            a.segments == b.segments && a.records == b.records && a.removedEmptySegment == b.removedEmptySegment
+                && a.truncatedTail?.file == b.truncatedTail?.file && a.truncatedTail?.offset == b.truncatedTail?.offset
+        }
+    }
+
+    private struct Segment {
+        let name: String
+        let firstIndex: UInt64
+        var offsets: [Int] = []
+        var terms: [UInt64] = []
+        var size: Int
+        var lastIndex: UInt64 { firstIndex + UInt64(offsets.count) - 1 }
+    }
+
+    private let fileSystem: any FileSystem
+    public let directory: String
+    private let options: Options
+    private var segments: [Segment] = []
+    private var active: FileID?
+    private var directoryDirty = false
+
+    /// Index of the last record (0 when the log is empty).
+    public private(set) var lastIndex: UInt64 = 0
+    /// Index of the last record known to be durable.
+    public private(set) var durableIndex: UInt64 = 0
+    public private(set) var recovery = RecoveryReport()
+
+    /// Index of the first record present (lastIndex + 1 when empty).
+    public var firstIndex: UInt64 { segments.first?.firstIndex ?? lastIndex + 1 }
+
+    /// Opens (creating if needed) the log in `directory`, recovering it. `progress` is called with
+    /// (segments scanned, segments total) as recovery proceeds.
+    public init(
+        directory: String, fileSystem: any FileSystem, options: Options = Options(),
+        progress: ((Int, Int) -> Void)? = nil
+    ) throws(OpLogError) {
+        self.directory = directory
+        self.fileSystem = fileSystem
+        self.options = options
+        do {
+            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+            try recover(progress: progress)
+        } catch let error as FileSystemError {
+            throw OpLogError(error)
+        } catch let error as OpLogError {
+            throw error
+        } catch {
+            throw OpLogError(.io, "\(error)")
+        }
+    }
+
+    private func path(_ name: String) -> String { directory + "/" + name }
+
+    private func recover(progress: ((Int, Int) -> Void)?) throws {
+        let names = try fileSystem.list(directory)
+            .compactMap { name in LogFormat.firstIndex(ofSegment: name).map { (name, $0) } }
+            .sorted { $0.1 < $1.1 }
+        var expected: UInt64?
+        for (i, (name, first)) in names.enumerated() {
+            let isLast = i == names.count - 1
+            let bytes = try fileSystem.readAll(path(name))
+            if let e = expected, first != e {
+                throw OpLogError(.corrupt, "segment starts at index \(first) where \(e) was expected", file: path(name), offset: 0)
+            }
+            let scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false)
+            var size = bytes.count
+            switch scan.outcome {
+            case .clean:
+                break
+            case .corrupt(let offset, let reason):
+                throw OpLogError(.corrupt, "corrupt log: \(reason)", file: path(name), offset: offset)
+            case .tornTail(let offset):
+                if scan.headerMissing {
+                    try fileSystem.remove(path(name))
+                    try fileSystem.syncDirectory(directory)
+                    recovery.removedEmptySegment = name
+                    progress?(i + 1, names.count)
+                    continue
+                }
+                let file = try fileSystem.open(path(name))
+                try fileSystem.truncate(file, to: offset)
+                try fileSystem.sync(file)
+                fileSystem.close(file)
+                recovery.truncatedTail = (path(name), offset, bytes.count - offset)
+                size = offset
+            }
+            var segment = Segment(name: name, firstIndex: first, size: size)
+            segment.offsets = scan.offsets
+            segment.terms = scan.entries.map(\.term)
+            segments.append(segment)
+            recovery.segments += 1
+            recovery.records += scan.entries.count
+            expected = first + UInt64(scan.entries.count)
+            progress?(i + 1, names.count)
+        }
+        // A segment emptied by a torn tail keeps its name (its first index) and stays active.
+        if let last = segments.last {
+            lastIndex = last.offsets.isEmpty ? last.firstIndex - 1 : last.lastIndex
+            let file = try fileSystem.open(path(last.name))
+            try fileSystem.sync(file)
+            active = file
+        }
+        durableIndex = lastIndex
+    }
+
+    // MARK: Writing
+
+    /// Appends entries, which must continue the log (`entries[0].index == lastIndex + 1`, then
+    /// consecutive). Not durable until `sync`.
+    public func append(_ entries: [LogEntry]) throws(OpLogError) {
+        guard !entries.isEmpty else { return }
+        for (i, entry) in entries.enumerated() where entry.index != lastIndex + 1 + UInt64(i) {
+            throw OpLogError(.invalidArgument, "append of index \(entry.index) where \(lastIndex + 1 + UInt64(i)) was expected")
+        }
+        do {
+            var buffer: [UInt8] = []
+            for entry in entries {
+                if active == nil || (segments.last?.size ?? 0) >= options.segmentBytes {
+                    try flush(&buffer)
+                    try roll(firstIndex: entry.index)
+                }
+                guard var segment = segments.popLast() else { throw OpLogError(.io, "no active segment") }
+                segment.offsets.append(segment.size + buffer.count)
+                segment.terms.append(entry.term)
+                LogFormat.encode(entry, into: &buffer)
+                segments.append(segment)
+                lastIndex = entry.index
+                if segment.size + buffer.count >= options.segmentBytes { try flush(&buffer) }
+            }
+            try flush(&buffer)
+        } catch let error as FileSystemError {
+            throw OpLogError(error)
+        } catch let error as OpLogError {
+            throw error
+        } catch {
+            throw OpLogError(.io, "\(error)")
+        }
+    }
+
+    private func flush(_ buffer: inout [UInt8]) throws {
+        guard !buffer.isEmpty, let file = active, var segment = segments.popLast() else { return }
+        defer { segments.append(segment) }
+        try fileSystem.append(file, buffer)
+        segment.size += buffer.count
+        buffer.removeAll(keepingCapacity: true)
+    }
+
+    /// Starts a new segment: the previous one is synced first (recovery treats any problem in a
+    /// non-last segment as corruption), the new one gets its header.
+    private func roll(firstIndex: UInt64) throws {
+        if let file = active {
+            try fileSystem.sync(file)
+            fileSystem.close(file)
+            active = nil
+        }
+        let name = LogFormat.segmentName(firstIndex: firstIndex)
+        let file = try fileSystem.create(path(name))
+        try fileSystem.append(file, LogFormat.segmentHeader)
+        active = file
+        directoryDirty = true
+        segments.append(Segment(name: name, firstIndex: firstIndex, size: LogFormat.segmentHeader.count))
+    }
+
+    /// Makes everything appended durable (one fdatasync, plus a directory fsync after a new
+    /// segment) and returns the durable index.
+    @discardableResult
+    public func sync() throws(OpLogError) -> UInt64 {
+        do {
+            if let file = active { try fileSystem.sync(file) }
+            if directoryDirty {
+                try fileSystem.syncDirectory(directory)
+                directoryDirty = false
+            }
+        } catch {
+            throw OpLogError(error)
+        }
+        durableIndex = lastIndex
+        return durableIndex
+    }
+
+    /// Removes every record after `index` (Raft conflict resolution), durably: later segments
+    /// are removed and the directory synced before the segment holding the cut is truncated, so
+    /// no crash leaves a gap.
+    public func truncate(after index: UInt64) throws(OpLogError) {
+        guard index <= lastIndex else { throw OpLogError(.invalidArgument, "truncate after \(index) beyond the last index \(lastIndex)") }
+        guard index + 1 >= firstIndex else { throw OpLogError(.invalidArgument, "truncate after \(index) before the first index \(firstIndex)") }
+        guard index < lastIndex else { return }
+        do {
+            if let file = active {
+                fileSystem.close(file)
+                active = nil
+            }
+            // Whole segments past the cut (including one that would become empty).
+            while let last = segments.last, last.firstIndex > index {
+                try fileSystem.remove(path(last.name))
+                segments.removeLast()
+            }
+            try fileSystem.syncDirectory(directory)
+            if var last = segments.last {
+                let keep = Int(index - last.firstIndex + 1)
+                if keep < last.offsets.count {
+                    let cut = last.offsets[keep]
+                    let file = try fileSystem.open(path(last.name))
+                    try fileSystem.truncate(file, to: cut)
+                    try fileSystem.sync(file)
+                    last.offsets.removeLast(last.offsets.count - keep)
+                    last.terms.removeLast(last.terms.count - keep)
+                    last.size = cut
+                    segments[segments.count - 1] = last
+                    active = file
+                } else {
+                    active = try fileSystem.open(path(last.name))
+                }
+            }
+        } catch {
+            throw OpLogError(error)
+        }
+        lastIndex = index
+        durableIndex = Swift.min(durableIndex, index)
+    }
+
+    // MARK: Reading
+
+    /// The term of the record at `index`, or nil when it is not in the log.
+    public func term(at index: UInt64) -> UInt64? {
+        guard let s = segment(holding: index) else { return nil }
+        return segments[s].terms[Int(index - segments[s].firstIndex)]
+    }
+
+    private func segment(holding index: UInt64) -> Int? {
+        guard index >= firstIndex, index <= lastIndex else { return nil }
+        var lo = 0
+        var hi = segments.count - 1
+        while lo < hi {
+            let mid = (lo + hi + 1) / 2
+            if segments[mid].firstIndex <= index { lo = mid } else { hi = mid - 1 }
+        }
+        return segments[lo].offsets.isEmpty ? nil : lo
+    }
+
+    /// The records with indexes in `from...through` (clamped to the log).
+    public func entries(from: UInt64, through: UInt64) throws(OpLogError) -> [LogEntry] {
+        let lo = Swift.max(from, firstIndex)
+        let hi = Swift.min(through, lastIndex)
+        guard lo <= hi else { return [] }
+        var result: [LogEntry] = []
+        for segment in segments where segment.firstIndex <= hi && !segment.offsets.isEmpty && segment.lastIndex >= lo {
+            let bytes: [UInt8]
+            do {
+                bytes = try fileSystem.readAll(path(segment.name))
+            } catch {
+                throw OpLogError(error)
+            }
+            let valid = Array(bytes.prefix(segment.size))
+            let scan = SegmentScan.scan(valid, expectedFirstIndex: segment.firstIndex, isLast: false)
+            if case .corrupt(let offset, let reason) = scan.outcome {
+                throw OpLogError(.corrupt, "corrupt log on read: \(reason)", file: path(segment.name), offset: offset)
+            }
+            result.append(contentsOf: scan.entries.filter { $0.index >= lo && $0.index <= hi })
+        }
+        return result
+    }
+}
+
+/// Raft's hard state in one small file, replaced atomically: written to a temporary file,
+/// fsynced, renamed over the old one, and the directory fsynced. A crash leaves the old or the
+/// new value, never a torn one.
+public final class HardStateStore {
+    private let fileSystem: any FileSystem
+    public let directory: String
+
+    public init(directory: String, fileSystem: any FileSystem) throws(OpLogError) {
+        self.directory = directory
+        self.fileSystem = fileSystem
+        do {
+            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    private var path: String { directory + "/hardstate" }
+    private var temporary: String { directory + "/hardstate.tmp" }
+
+    /// The stored hard state (zero when none was ever saved).
+    public func load() throws(OpLogError) -> HardState {
+        guard fileSystem.exists(path) else { return HardState() }
+        let bytes: [UInt8]
+        do {
+            bytes = try fileSystem.readAll(path)
+        } catch {
+            throw OpLogError(error)
+        }
+        guard let state = HardState(encoded: bytes) else {
+            throw OpLogError(.corrupt, "hard state fails its checksum", file: path, offset: 0)
+        }
+        return state
+    }
+
+    public func save(_ state: HardState) throws(OpLogError) {
+        do {
+            let file = try fileSystem.create(temporary)
+            defer { fileSystem.close(file) }
+            try fileSystem.append(file, state.encoded)
+            try fileSystem.sync(file)
+            try fileSystem.rename(temporary, to: path)
+            try fileSystem.syncDirectory(directory)
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+}

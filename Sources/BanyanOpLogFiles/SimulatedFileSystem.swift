@@ -1,0 +1,183 @@
+/// A file system in memory that remembers what is durable, for crash tests and the simulator.
+///
+/// Every file keeps what was written and what an fsync made durable; every directory keeps which
+/// names a directory fsync made durable. `reboot` models power loss: only durable names survive,
+/// each file reverts to its durable bytes plus (optionally) a prefix of the bytes written after
+/// them, the way a disk may persist part of an unsynced write. Faults: fail the N-th mutating
+/// operation (a crash at that point), tear an append after k bytes, a capacity (ENOSPC), failing
+/// renames. Deterministic; not thread-safe.
+public final class SimulatedFileSystem: FileSystem {
+    private struct Inode {
+        var data: [UInt8] = []
+        var durable: [UInt8] = []
+    }
+
+    private var inodes: [Int: Inode] = [:]
+    private var names: [String: Int] = [:]
+    private var durableNames: [String: Int] = [:]
+    private var directories: Set<String> = ["/"]
+    private var handles: [Int: (inode: Int, path: String)] = [:]
+    private var nextInode = 1
+    private var nextHandle = 1
+
+    /// Mutating operations performed so far (creates, appends, syncs, truncates, renames,
+    /// removes, directory syncs).
+    public private(set) var operations = 0
+    /// Fail the operation with this number (1-based) and every later one: a crash at that point.
+    public var crashAtOperation: Int?
+    /// Tear this append (by operation number) after `keep` bytes, then crash.
+    public var tear: (operation: Int, keep: Int)?
+    /// Total bytes the disk holds; appends beyond it fail with `noSpace` and write nothing.
+    public var capacity: Int?
+    /// Make every rename fail with an I/O error.
+    public var failRenames = false
+    public private(set) var isCrashed = false
+
+    public init() {}
+
+    private func parent(_ path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "/" }
+        let p = String(path[..<slash])
+        return p.isEmpty ? "/" : p
+    }
+
+    private func tick(_ path: String) throws(FileSystemError) {
+        if isCrashed { throw FileSystemError(.crashed, path: path, "simulated machine is down") }
+        operations += 1
+        if let n = crashAtOperation, operations >= n {
+            isCrashed = true
+            throw FileSystemError(.crashed, path: path, "simulated crash at operation \(operations)")
+        }
+    }
+
+    private func inode(_ file: FileID) throws(FileSystemError) -> (inode: Int, path: String) {
+        guard let h = handles[file.raw] else { throw FileSystemError(.io, path: "?", "file handle \(file.raw) is not open") }
+        return h
+    }
+
+    public func makeDirectory(_ path: String) throws(FileSystemError) {
+        try tick(path)
+        directories.insert(path)
+    }
+
+    public func list(_ directory: String) throws(FileSystemError) -> [String] {
+        guard directories.contains(directory) else { throw FileSystemError(.notFound, path: directory, "no such directory") }
+        let prefix = directory == "/" ? "/" : directory + "/"
+        return names.keys.filter { $0.hasPrefix(prefix) && parent($0) == directory }.map { String($0.dropFirst(prefix.count)) }.sorted()
+    }
+
+    public func exists(_ path: String) -> Bool { names[path] != nil || directories.contains(path) }
+
+    public func create(_ path: String) throws(FileSystemError) -> FileID {
+        try tick(path)
+        guard directories.contains(parent(path)) else { throw FileSystemError(.notFound, path: path, "no such directory") }
+        if let existing = names[path] {
+            inodes[existing]?.data = []
+        } else {
+            names[path] = nextInode
+            inodes[nextInode] = Inode()
+            nextInode += 1
+        }
+        return try openHandle(path)
+    }
+
+    public func open(_ path: String) throws(FileSystemError) -> FileID {
+        guard names[path] != nil else { throw FileSystemError(.notFound, path: path, "no such file") }
+        return try openHandle(path)
+    }
+
+    private func openHandle(_ path: String) throws(FileSystemError) -> FileID {
+        guard let id = names[path] else { throw FileSystemError(.notFound, path: path, "no such file") }
+        handles[nextHandle] = (id, path)
+        nextHandle += 1
+        return FileID(raw: nextHandle - 1)
+    }
+
+    public func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError) {
+        let (id, path) = try inode(file)
+        try tick(path)
+        if let capacity {
+            let used = inodes.values.reduce(0) { $0 + $1.data.count }
+            if used + bytes.count > capacity { throw FileSystemError(.noSpace, path: path, "no space left on device") }
+        }
+        if let t = tear, t.operation == operations {
+            inodes[id]?.data.append(contentsOf: bytes.prefix(t.keep))
+            isCrashed = true
+            throw FileSystemError(.crashed, path: path, "simulated crash tearing a write after \(t.keep) bytes")
+        }
+        inodes[id]?.data.append(contentsOf: bytes)
+    }
+
+    public func sync(_ file: FileID) throws(FileSystemError) {
+        let (id, path) = try inode(file)
+        try tick(path)
+        if let data = inodes[id]?.data { inodes[id]?.durable = data }
+    }
+
+    public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
+        let (id, path) = try inode(file)
+        try tick(path)
+        if let count = inodes[id]?.data.count, size < count { inodes[id]?.data.removeLast(count - size) }
+    }
+
+    public func size(_ file: FileID) throws(FileSystemError) -> Int {
+        let (id, _) = try inode(file)
+        return inodes[id]?.data.count ?? 0
+    }
+
+    public func close(_ file: FileID) { handles[file.raw] = nil }
+
+    public func readAll(_ path: String) throws(FileSystemError) -> [UInt8] {
+        guard let id = names[path], let node = inodes[id] else { throw FileSystemError(.notFound, path: path, "no such file") }
+        return node.data
+    }
+
+    public func rename(_ from: String, to: String) throws(FileSystemError) {
+        try tick(from)
+        if failRenames { throw FileSystemError(.io, path: from, "rename failed (injected)") }
+        guard let id = names.removeValue(forKey: from) else { throw FileSystemError(.notFound, path: from, "no such file") }
+        names[to] = id
+    }
+
+    public func remove(_ path: String) throws(FileSystemError) {
+        try tick(path)
+        names[path] = nil
+    }
+
+    public func syncDirectory(_ directory: String) throws(FileSystemError) {
+        try tick(directory)
+        for (name, _) in durableNames where parent(name) == directory && names[name] == nil { durableNames[name] = nil }
+        for (name, id) in names where parent(name) == directory { durableNames[name] = id }
+    }
+
+    /// Power loss and restart: only durable names survive; each file keeps its durable bytes plus
+    /// `keepUnsynced(path, unsyncedCount)` bytes of what was written after them (0 loses them all).
+    public func reboot(keepUnsynced: (String, Int) -> Int = { _, _ in 0 }) {
+        names = durableNames
+        handles = [:]
+        isCrashed = false
+        crashAtOperation = nil
+        tear = nil
+        for (path, id) in names {
+            guard var node = inodes[id] else { continue }
+            if node.data.count > node.durable.count, node.data.starts(with: node.durable) {
+                let extra = node.data.count - node.durable.count
+                let keep = Swift.max(0, Swift.min(extra, keepUnsynced(path, extra)))
+                node.data = node.durable + node.data[node.durable.count..<(node.durable.count + keep)]
+            } else {
+                node.data = node.durable
+            }
+            inodes[id] = node
+        }
+        let live = Set(names.values)
+        inodes = inodes.filter { live.contains($0.key) }
+    }
+
+    /// Flips one byte of a file (durable and written images), for corruption tests.
+    public func corrupt(_ path: String, at offset: Int) {
+        guard let id = names[path], var node = inodes[id], offset < node.data.count else { return }
+        node.data[offset] ^= 0xFF
+        if offset < node.durable.count { node.durable[offset] ^= 0xFF }
+        inodes[id] = node
+    }
+}

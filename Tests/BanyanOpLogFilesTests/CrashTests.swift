@@ -1,0 +1,260 @@
+import BanyanBasics
+import BanyanOpLog
+import BanyanOpLogFiles
+import Testing
+
+private let dir = "/data/log"
+
+private func entry(_ index: UInt64, _ tag: String, term: UInt64 = 1) -> LogEntry {
+    LogEntry(index: index, term: term, kind: 2, payload: Array("\(tag)#\(index)".utf8))
+}
+
+private func smallSegments() -> SegmentedLog.Options {
+    var options = SegmentedLog.Options()
+    options.segmentBytes = 200  // a roll every few records
+    return options
+}
+
+private func freshFS() -> SimulatedFileSystem {
+    let fs = SimulatedFileSystem()
+    do {
+        try fs.makeDirectory("/data")
+    } catch {
+        Issue.record("mkdir: \(error)")
+    }
+    return fs
+}
+
+/// Appends 30 batches of 1-4 records (sync after each); returns the index last reported durable.
+/// Stops at the first error (a simulated crash).
+@discardableResult
+private func workload(_ fs: SimulatedFileSystem, seed: UInt64) -> UInt64 {
+    var durable: UInt64 = 0
+    var rng = SeededRandom(seed: seed)
+    do {
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        var next: UInt64 = 1
+        for _ in 0..<30 {
+            let count = 1 + rng.below(4)
+            try log.append((0..<count).map { entry(next + UInt64($0), "w") })
+            next += UInt64(count)
+            durable = try log.sync()
+        }
+    } catch {}
+    return durable
+}
+
+/// How much of the unsynced bytes a reboot keeps.
+private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
+    ("none", { _, _ in 0 }),
+    ("all", { _, n in n }),
+    ("half", { _, n in n / 2 }),
+    ("one byte", { _, n in Swift.min(n, 1) }),
+]
+
+@Suite struct CrashTests {
+    @Test("a crash at every operation of append/sync/roll loses nothing durable and recovers a clean prefix")
+    func crashAtEveryOperation() throws {
+        let total = freshFS()
+        workload(total, seed: 1)
+        let operations = total.operations
+        #expect(operations > 100)
+        var checked = 0
+        for crashAt in 1...operations {
+            for (policy, keep) in keepPolicies {
+                let fs = freshFS()
+                fs.crashAtOperation = crashAt + 1  // +1: the test's own mkdir
+                let durable = workload(fs, seed: 1)
+                fs.reboot(keepUnsynced: keep)
+                let log: SegmentedLog
+                do {
+                    log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                } catch {
+                    Issue.record("crash at \(crashAt), keep \(policy): recovery refused: \(error)")
+                    continue
+                }
+                #expect(log.lastIndex >= durable, "crash at \(crashAt), keep \(policy): lost durable records")
+                let recovered = try log.entries(from: 1, through: log.lastIndex)
+                #expect(recovered == (1...Swift.max(1, log.lastIndex)).prefix(Int(log.lastIndex)).map { entry($0, "w") },
+                        "crash at \(crashAt), keep \(policy): recovered records differ")
+                // The recovered log takes new appends.
+                try log.append([entry(log.lastIndex + 1, "after")])
+                #expect(try log.sync() == log.lastIndex)
+                checked += 1
+            }
+        }
+        #expect(checked == operations * keepPolicies.count)
+    }
+
+    @Test("a write torn at every byte leaves a recoverable prefix, never garbage")
+    func tornWrites() throws {
+        // Find the operation numbers of appends by replaying with a probe.
+        for target in [4, 10, 25, 40] {
+            for keep in stride(from: 0, through: 60, by: 3) {
+                let fs = freshFS()
+                fs.tear = (operation: target + 1, keep: keep)
+                let durable = workload(fs, seed: 2)
+                fs.reboot(keepUnsynced: { _, n in n })
+                let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                #expect(log.lastIndex >= durable)
+                let recovered = try log.entries(from: 1, through: log.lastIndex)
+                #expect(recovered == (0..<Int(log.lastIndex)).map { entry(UInt64($0) + 1, "w") }, "tear at op \(target) after \(keep) bytes")
+            }
+        }
+    }
+
+    @Test("a crash anywhere in truncate-and-rewrite leaves the old suffix or the new one, never a mix")
+    func truncateCrashes() throws {
+        func setUp(_ fs: SimulatedFileSystem) throws -> SegmentedLog {
+            let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            try log.append((1...20).map { entry($0, "old") })
+            try log.sync()
+            return log
+        }
+        let probe = freshFS()
+        let probeLog = try setUp(probe)
+        let before = probe.operations
+        // Segments hold 7 records (1-7, 8-14, 15-20): cutting after 10 truncates the middle one.
+        try probeLog.truncate(after: 10)
+        try probeLog.append((11...16).map { entry($0, "new") })
+        try probeLog.sync()
+        let span = probe.operations - before
+        for crashAt in 1...span {
+            for (policy, keep) in keepPolicies {
+                let fs = freshFS()
+                let log = try setUp(fs)
+                fs.crashAtOperation = fs.operations + crashAt
+                var finished = false
+                do {
+                    try log.truncate(after: 10)
+                    try log.append((11...16).map { entry($0, "new") })
+                    try log.sync()
+                    finished = true
+                } catch {}
+                fs.reboot(keepUnsynced: keep)
+                let reopened: SegmentedLog
+                do {
+                    reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                } catch {
+                    Issue.record("crash at \(crashAt), keep \(policy): recovery refused: \(error)")
+                    continue
+                }
+                let got = try reopened.entries(from: 1, through: reopened.lastIndex)
+                let context = "crash at \(crashAt) of \(span), keep \(policy)"
+                #expect(Array(got.prefix(10)) == (1...10).map { entry($0, "old") }, "\(context)")
+                let suffix = got.dropFirst(10)
+                let allOld = suffix.allSatisfy { String(decoding: $0.payload, as: UTF8.self).hasPrefix("old") }
+                let allNew = suffix.allSatisfy { String(decoding: $0.payload, as: UTF8.self).hasPrefix("new") }
+                #expect(allOld || allNew, "\(context): mixed suffix \(suffix.map { String(decoding: $0.payload, as: UTF8.self) })")
+                if finished { #expect(got == (1...10).map { entry($0, "old") } + (11...16).map { entry($0, "new") }, "\(context)") }
+                #expect(got.map(\.index) == (0..<got.count).map { UInt64($0) + 1 }, "\(context): gap")
+            }
+        }
+    }
+
+    @Test("hard state is never torn: after a crash at any point of a save it is the old or the new value")
+    func hardStateCrashes() throws {
+        let old = HardState(term: 3, vote: 2, commit: 10)
+        let new = HardState(term: 4, vote: 1, commit: 12)
+        for crashAt in 1...6 {
+            for (policy, keep) in keepPolicies {
+                let fs = freshFS()
+                let store = try HardStateStore(directory: "/data", fileSystem: fs)
+                try store.save(old)
+                fs.crashAtOperation = fs.operations + crashAt
+                var saved = false
+                do {
+                    try store.save(new)
+                    saved = true
+                } catch {}
+                fs.reboot(keepUnsynced: keep)
+                let loaded = try HardStateStore(directory: "/data", fileSystem: fs).load()
+                #expect(loaded == old || loaded == new, "crash at \(crashAt), keep \(policy)")
+                if saved { #expect(loaded == new) }
+            }
+        }
+        let fs = freshFS()
+        #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardState())
+    }
+
+    @Test("a full disk gives a clear error and corrupts nothing")
+    func diskFull() throws {
+        let fs = freshFS()
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        try log.append((1...10).map { entry($0, "w") })
+        let durable = try log.sync()
+        fs.capacity = 700
+        var failure: OpLogError?
+        do {
+            for i in 11...200 {
+                try log.append([entry(UInt64(i), "w")])
+                try log.sync()
+            }
+        } catch {
+            failure = error
+        }
+        #expect(failure?.code == .noSpace)
+        #expect(failure?.description.contains("no space") == true)
+        fs.capacity = nil
+        fs.reboot()
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        #expect(reopened.lastIndex >= durable)
+        #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (0..<Int(reopened.lastIndex)).map { entry(UInt64($0) + 1, "w") })
+
+        let store = try HardStateStore(directory: "/data", fileSystem: fs)
+        try store.save(HardState(term: 1, vote: 1, commit: 1))
+        fs.capacity = 1
+        do {
+            try store.save(HardState(term: 2, vote: 2, commit: 2))
+            Issue.record("save on a full disk succeeded")
+        } catch {
+            #expect(error.code == .noSpace)
+        }
+        #expect(try store.load() == HardState(term: 1, vote: 1, commit: 1))
+        fs.capacity = nil
+        fs.failRenames = true
+        #expect(throws: OpLogError.self) { try store.save(HardState(term: 3, vote: 3, commit: 3)) }
+        #expect(try store.load() == HardState(term: 1, vote: 1, commit: 1))
+    }
+
+    @Test("corruption before the tail refuses to start, naming the file and offset")
+    func corruptionRefused() throws {
+        let fs = freshFS()
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        try log.append((1...40).map { entry($0, "w") })
+        try log.sync()
+        let first = dir + "/" + LogFormat.segmentName(firstIndex: 1)
+        fs.corrupt(first, at: 20)
+        do {
+            _ = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            Issue.record("corrupt log opened")
+        } catch {
+            #expect(error.code == .corrupt)
+            #expect(error.file == first)
+            #expect(error.offset == 8)
+        }
+    }
+
+    @Test("segments roll, ranges read across them, terms are known, truncation sticks")
+    func basics() throws {
+        let fs = freshFS()
+        var progress: [(Int, Int)] = []
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        try log.append((1...30).map { entry($0, "w", term: $0 < 15 ? 1 : 2) })
+        #expect(log.durableIndex == 0)
+        #expect(try log.sync() == 30)
+        #expect(try fs.list(dir).count > 3)
+        #expect(try log.entries(from: 5, through: 17) == (5...17).map { entry($0, "w", term: $0 < 15 ? 1 : 2) })
+        #expect(log.term(at: 14) == 1 && log.term(at: 15) == 2 && log.term(at: 31) == nil)
+        try log.truncate(after: 12)
+        #expect(log.lastIndex == 12)
+        try log.append([entry(13, "x", term: 3)])
+        try log.sync()
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments()) { progress.append(($0, $1)) }
+        #expect(reopened.lastIndex == 13)
+        #expect(try reopened.entries(from: 12, through: 13) == [entry(12, "w"), entry(13, "x", term: 3)])
+        #expect(progress.last.map { $0.0 == $0.1 } == true)
+        #expect(throws: OpLogError.self) { try reopened.append([entry(20, "gap")]) }
+        #expect(throws: OpLogError.self) { try reopened.truncate(after: 99) }
+    }
+}

@@ -1,0 +1,120 @@
+import BanyanOpLog
+import Testing
+
+private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String = "v1") -> [LogEntry] {
+    range.map { LogEntry(index: $0, term: term, kind: 1, payload: Array("\(tag)-entry-\($0)".utf8)) }
+}
+
+@Suite struct FormatTests {
+    @Test("CRC32C matches the RFC 3720 test vectors, in one shot and incrementally")
+    func crc() {
+        #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
+        #expect(CRC32C.checksum([UInt8](repeating: 0, count: 32)) == 0x8A91_36AA)
+        #expect(CRC32C.checksum([UInt8](repeating: 0xFF, count: 32)) == 0x62A8_AB43)
+        #expect(CRC32C.checksum(Array(0...31)) == 0x46DD_794E)
+        let data = (0..<1000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        #expect(CRC32C.checksum(Array(data[500...]), continuing: CRC32C.checksum(Array(data[..<500]))) == CRC32C.checksum(data))
+    }
+
+    @Test("records round-trip through a segment")
+    func roundTrip() {
+        let list = entries(1...50)
+        let bytes = LogFormat.segmentHeader + LogFormat.encode(list)
+        let scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true)
+        #expect(scan.outcome == .clean)
+        #expect(scan.entries == list)
+    }
+
+    @Test("a last record cut at any byte is a torn tail at its start; the others survive")
+    func tornAtEveryByte() {
+        let list = entries(1...5)
+        let head = LogFormat.segmentHeader + LogFormat.encode(Array(list.prefix(4)))
+        let full = head + LogFormat.encode([list[4]])
+        for cut in head.count..<full.count {
+            let scan = SegmentScan.scan(Array(full.prefix(cut)), expectedFirstIndex: 1, isLast: true)
+            if cut == head.count {
+                #expect(scan.outcome == .clean)
+            } else {
+                #expect(scan.outcome == .tornTail(offset: head.count), "cut at \(cut)")
+            }
+            #expect(scan.entries == Array(list.prefix(4)))
+            // The same bytes in a segment that is not the last are corruption.
+            if cut > head.count {
+                let strict = SegmentScan.scan(Array(full.prefix(cut)), expectedFirstIndex: 1, isLast: false)
+                if case .corrupt = strict.outcome {} else { Issue.record("cut at \(cut) not corrupt in a non-last segment") }
+            }
+        }
+        for cut in 0..<LogFormat.segmentHeader.count {
+            let scan = SegmentScan.scan(Array(full.prefix(cut)), expectedFirstIndex: 1, isLast: true)
+            #expect(scan.headerMissing && scan.outcome == .tornTail(offset: 0))
+        }
+    }
+
+    @Test("a flipped byte before the tail is corruption naming the record's offset")
+    func corruption() {
+        let list = entries(1...10)
+        var bytes = LogFormat.segmentHeader
+        var offsets: [Int] = []
+        for entry in list {
+            offsets.append(bytes.count)
+            LogFormat.encode(entry, into: &bytes)
+        }
+        for victim in 0..<9 {
+            var damaged = bytes
+            damaged[offsets[victim] + 12] ^= 0x40
+            let scan = SegmentScan.scan(damaged, expectedFirstIndex: 1, isLast: true)
+            #expect(scan.outcome == .corrupt(offset: offsets[victim], reason: "checksum mismatch"), "victim \(victim)")
+            #expect(scan.entries.count == victim)
+        }
+        // The last record complete but damaged, ending at the end of the file: treated as torn.
+        var lastDamaged = bytes
+        lastDamaged[offsets[9] + 20] ^= 1
+        #expect(SegmentScan.scan(lastDamaged, expectedFirstIndex: 1, isLast: true).outcome == .tornTail(offset: offsets[9]))
+        // A damaged length field in the middle is corruption too.
+        var badLength = bytes
+        badLength[offsets[3] + 3] = 0x7F
+        if case .corrupt(let offset, _) = SegmentScan.scan(badLength, expectedFirstIndex: 1, isLast: true).outcome {
+            #expect(offset == offsets[3])
+        } else {
+            Issue.record("bad length not detected")
+        }
+    }
+
+    @Test("index gaps, wrong first indexes and foreign headers are corruption")
+    func continuity() {
+        // An all-zero tail (extended but never written) is a torn tail, not corruption.
+        let zeroTail = LogFormat.segmentHeader + LogFormat.encode(entries(1...2)) + [UInt8](repeating: 0, count: 64)
+        #expect(SegmentScan.scan(zeroTail, expectedFirstIndex: 1, isLast: true).outcome == .tornTail(offset: zeroTail.count - 64))
+        let gap = LogFormat.segmentHeader + LogFormat.encode(entries(1...3) + entries(5...6))
+        if case .corrupt(_, let reason) = SegmentScan.scan(gap, expectedFirstIndex: 1, isLast: true).outcome {
+            #expect(reason.contains("index 5"))
+        } else {
+            Issue.record("gap not detected")
+        }
+        let wrongStart = LogFormat.segmentHeader + LogFormat.encode(entries(2...3))
+        if case .corrupt = SegmentScan.scan(wrongStart, expectedFirstIndex: 1, isLast: true).outcome {} else { Issue.record("wrong start") }
+        let foreign = Array("NOTALOG!".utf8) + LogFormat.encode(entries(1...2))
+        if case .corrupt = SegmentScan.scan(foreign, expectedFirstIndex: 1, isLast: true).outcome {} else { Issue.record("foreign header") }
+    }
+
+    @Test("segment names sort by first index and parse back")
+    func names() {
+        #expect(LogFormat.segmentName(firstIndex: 1) == "00000000000000000001.seg")
+        #expect(LogFormat.firstIndex(ofSegment: LogFormat.segmentName(firstIndex: 123_456)) == 123_456)
+        #expect(LogFormat.firstIndex(ofSegment: "hardstate") == nil)
+        #expect(LogFormat.segmentName(firstIndex: 9) < LogFormat.segmentName(firstIndex: 10))
+    }
+
+    @Test("hard state round-trips and any damaged byte is detected")
+    func hardState() {
+        let state = HardState(term: 7, vote: 3, commit: 12_345)
+        let bytes = state.encoded
+        #expect(HardState(encoded: bytes) == state)
+        for i in bytes.indices {
+            var damaged = bytes
+            damaged[i] ^= 0x10
+            #expect(HardState(encoded: damaged) == nil, "byte \(i)")
+        }
+        #expect(HardState(encoded: Array(bytes.prefix(20))) == nil)
+    }
+}
