@@ -66,7 +66,7 @@ let package = Package(
         // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).
         .executableTarget(
             name: "BanyanBench",
-            dependencies: ["BanyanTree", "BanyanQuery", "BanyanBasics"],
+            dependencies: ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles"],
             swiftSettings: strictSettings
         ),
 

@@ -1,4 +1,6 @@
 import BanyanBasics
+import BanyanOpLog
+import BanyanOpLogFiles
 import BanyanQuery
 import BanyanTree
 import Foundation
@@ -18,6 +20,7 @@ enum BanyanBench {
         if all || which.contains("tree") { treeSets() }
         if all || which.contains("window") { windows() }
         if all || which.contains("json") { json() }
+        if all || which.contains("oplog") { oplog() }
     }
 
     static func machine() -> String {
@@ -207,5 +210,72 @@ enum BanyanBench {
         print("decode to JSONValue (no tree): \(format(mb / plain)) MB/s")
         let hashTime = seconds { _ = root.hashString }
         print("hash of the whole document: \(format(hashTime * 1000)) ms (\(format(mb / hashTime)) MB/s of JSON)")
+    }
+
+    // MARK: Operation log on this machine's disk
+
+    static func oplog() {
+        print("\n== operation log: 100-byte records on this disk ==")
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("banyan-bench-\(getpid())").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let fs = PosixFileSystem()
+        do {
+            try fs.makeDirectory(root)
+            // Raw fsync latency: 100 bytes then fdatasync, on a plain file.
+            let raw = try fs.create(root + "/raw")
+            var latencies: [Double] = []
+            for _ in 0..<300 {
+                let t = seconds {
+                    try? fs.append(raw, [UInt8](repeating: 7, count: 100))
+                    try? fs.sync(raw)
+                }
+                latencies.append(t * 1e6)
+            }
+            fs.close(raw)
+            latencies.sort()
+            print("raw write+fdatasync: p50 \(format(latencies[latencies.count / 2])) µs, p99 \(format(latencies[latencies.count * 99 / 100])) µs")
+
+            func records(_ range: ClosedRange<UInt64>) -> [LogEntry] {
+                range.map { LogEntry(index: $0, term: 1, kind: 1, payload: [UInt8](repeating: UInt8($0 & 0xFF), count: 100)) }
+            }
+            let single = try SegmentedLog(directory: root + "/single", fileSystem: fs)
+            let n = 2_000
+            let singleTime = try timed {
+                for i in 1...UInt64(n) {
+                    try single.append(records(i...i))
+                    try single.sync()
+                }
+            }
+            print("fsync per record: \(Int(Double(n) / singleTime)) records/s durable")
+
+            let group = try SegmentedLog(directory: root + "/group", fileSystem: fs)
+            let total: UInt64 = 1_000_000
+            let batch: UInt64 = 1_000
+            var next: UInt64 = 1
+            let groupTime = try timed {
+                while next <= total {
+                    try group.append(records(next...(next + batch - 1)))
+                    try group.sync()
+                    next += batch
+                }
+            }
+            print("group commit (1,000 records per fdatasync): \(Int(Double(total) / groupTime)) records/s durable (\(total) records)")
+
+            var report = ""
+            let recoveryTime = try timed {
+                let reopened = try SegmentedLog(directory: root + "/group", fileSystem: fs)
+                report = "\(reopened.recovery.records) records in \(reopened.recovery.segments) segments"
+            }
+            print("recovery scan: \(Int(Double(total) / recoveryTime)) records/s (\(report), \(format(recoveryTime)) s)")
+        } catch {
+            print("oplog benchmark failed: \(error)")
+        }
+    }
+
+    static func timed(_ body: () throws -> Void) throws -> Double {
+        let start = ContinuousClock.now
+        try body()
+        let d = ContinuousClock.now - start
+        return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
     }
 }

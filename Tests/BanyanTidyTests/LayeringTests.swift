@@ -16,7 +16,7 @@ import Testing
         "BanyanOpLog": (true, []),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "Glibc", "Darwin"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
-        "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "Foundation", "Glibc"]),
+        "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "Foundation", "Glibc"]),
     ]
 
     /// Modules a pure core may never import.
