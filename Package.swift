@@ -49,8 +49,10 @@ let package = Package(
 
         // MARK: - Layer 3 (drivers)
 
-        // File-backed segmented log and hard state behind a FileSystem seam (POSIX and simulated).
-        .target(name: "BanyanOpLogFiles", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
+        // The system zlib (Debian: zlib1g-dev), for snapshot compression.
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // File-backed segmented log, hard state and snapshots behind a FileSystem seam.
+        .target(name: "BanyanOpLogFiles", dependencies: ["BanyanOpLog", "CZlib"], swiftSettings: strictSettings),
 
         // MARK: - Layer 5 (executables)
 

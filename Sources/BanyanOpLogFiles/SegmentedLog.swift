@@ -281,6 +281,21 @@ public final class SegmentedLog {
         durableIndex = Swift.min(durableIndex, index)
     }
 
+    /// Removes leading segments (never the last) while `covered(segment's last index)` holds.
+    func removeLeadingSegments(while covered: (UInt64) -> Bool) throws(OpLogError) {
+        var removed = false
+        do {
+            while segments.count > 1, let first = segments.first, !first.offsets.isEmpty, covered(first.lastIndex) {
+                try fileSystem.remove(path(first.name))
+                segments.removeFirst()
+                removed = true
+            }
+            if removed { try fileSystem.syncDirectory(directory) }
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
     // MARK: Reading
 
     /// The term of the record at `index`, or nil when it is not in the log.

@@ -1,0 +1,93 @@
+/// What a snapshot stands for: the log prefix it replaces and the cluster membership then.
+public struct SnapshotMetadata: Sendable, Equatable {
+    /// Index of the last log record the snapshot includes.
+    public var lastIndex: UInt64
+    /// Term of that record.
+    public var lastTerm: UInt64
+    /// Cluster membership at that point, encoded by the consensus layer.
+    public var membership: [UInt8]
+
+    public init(lastIndex: UInt64, lastTerm: UInt64, membership: [UInt8] = []) {
+        self.lastIndex = lastIndex
+        self.lastTerm = lastTerm
+        self.membership = membership
+    }
+}
+
+/// Snapshot file layout (docs/internals/oplog-format.md):
+///
+///     "BNYSNAP1" | zlib stream of the image | trailer fields | fields length (u32) | CRC32C of
+///     the fields (u32) | "BNYSEND1"
+///
+/// Trailer fields: last index (u64), last term (u64), membership length (u32) and bytes,
+/// uncompressed image length (u64), CRC32C of the uncompressed image (u32). All little-endian.
+public enum SnapshotFormat {
+    public static let header: [UInt8] = Array("BNYSNAP1".utf8)
+    public static let footer: [UInt8] = Array("BNYSEND1".utf8)
+
+    public struct Trailer: Sendable, Equatable {
+        public var metadata: SnapshotMetadata
+        public var imageLength: UInt64
+        public var imageChecksum: UInt32
+
+        public init(metadata: SnapshotMetadata, imageLength: UInt64, imageChecksum: UInt32) {
+            self.metadata = metadata
+            self.imageLength = imageLength
+            self.imageChecksum = imageChecksum
+        }
+    }
+
+    public static func encode(_ trailer: Trailer) -> [UInt8] {
+        var fields: [UInt8] = []
+        LogFormat.appendLE(trailer.metadata.lastIndex, &fields)
+        LogFormat.appendLE(trailer.metadata.lastTerm, &fields)
+        LogFormat.appendLE(UInt32(trailer.metadata.membership.count), &fields)
+        fields.append(contentsOf: trailer.metadata.membership)
+        LogFormat.appendLE(trailer.imageLength, &fields)
+        LogFormat.appendLE(trailer.imageChecksum, &fields)
+        var out = fields
+        LogFormat.appendLE(UInt32(fields.count), &out)
+        LogFormat.appendLE(CRC32C.checksum(fields), &out)
+        out.append(contentsOf: footer)
+        return out
+    }
+
+    /// Splits a snapshot file into its compressed body and trailer; nil when the file is not a
+    /// complete snapshot (a crash while writing it, or damage).
+    public static func parse(_ file: [UInt8]) -> (body: Range<Int>, trailer: Trailer)? {
+        let n = file.count
+        guard n >= header.count + footer.count + 8, Array(file[0..<header.count]) == header,
+            Array(file[(n - footer.count)...]) == footer
+        else { return nil }
+        return file.withUnsafeBufferPointer { b -> (Range<Int>, Trailer)? in
+            let crcAt = n - footer.count - 4
+            let lengthAt = crcAt - 4
+            let length = Int(LogFormat.readLE(b, lengthAt, as: UInt32.self))
+            let stored = LogFormat.readLE(b, crcAt, as: UInt32.self)
+            guard length >= 32, length <= lengthAt - header.count else { return nil }
+            let start = lengthAt - length
+            guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[start..<lengthAt])) == stored else { return nil }
+            let membershipLength = Int(LogFormat.readLE(b, start + 16, as: UInt32.self))
+            guard 20 + membershipLength + 12 == length else { return nil }
+            let metadata = SnapshotMetadata(
+                lastIndex: LogFormat.readLE(b, start, as: UInt64.self), lastTerm: LogFormat.readLE(b, start + 8, as: UInt64.self),
+                membership: Array(b[(start + 20)..<(start + 20 + membershipLength)]))
+            let after = start + 20 + membershipLength
+            let trailer = Trailer(
+                metadata: metadata, imageLength: LogFormat.readLE(b, after, as: UInt64.self),
+                imageChecksum: LogFormat.readLE(b, after + 8, as: UInt32.self))
+            return (header.count..<start, trailer)
+        }
+    }
+
+    /// File name of the snapshot whose last included index is `index`.
+    public static func fileName(lastIndex: UInt64) -> String {
+        let digits = String(lastIndex)
+        return "snapshot-" + String(repeating: "0", count: max(0, 20 - digits.count)) + digits + ".snap"
+    }
+
+    public static func lastIndex(ofFile name: String) -> UInt64? {
+        guard name.hasPrefix("snapshot-"), name.hasSuffix(".snap"), name.utf8.count == 34 else { return nil }
+        return UInt64(name.dropFirst(9).prefix(20))
+    }
+}

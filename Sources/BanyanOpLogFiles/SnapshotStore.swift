@@ -1,0 +1,141 @@
+public import BanyanOpLog
+
+/// Snapshots of the state machine on disk: a streamed image, zlib-compressed, checksummed, with
+/// metadata, installed atomically (temporary file, fsync, rename, directory fsync). Older
+/// snapshots are deleted only after the new one is durable.
+public final class SnapshotStore {
+    private let fileSystem: any FileSystem
+    public let directory: String
+    /// zlib level: 1 (fastest) by default, since snapshots are rewritten often.
+    public var compressionLevel: Int32 = 1
+
+    public init(directory: String, fileSystem: any FileSystem) throws(OpLogError) {
+        self.directory = directory
+        self.fileSystem = fileSystem
+        do {
+            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+            // A crash while writing leaves a temporary file: never a snapshot.
+            if fileSystem.exists(temporary) { try fileSystem.remove(temporary) }
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    private var temporary: String { directory + "/snapshot.tmp" }
+    private func path(_ name: String) -> String { directory + "/" + name }
+
+    /// Snapshot files present, newest first (by last included index).
+    private func files() throws(OpLogError) -> [(name: String, lastIndex: UInt64)] {
+        do {
+            return try fileSystem.list(directory)
+                .compactMap { name in SnapshotFormat.lastIndex(ofFile: name).map { (name, $0) } }
+                .sorted { $0.1 > $1.1 }
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    /// The newest complete snapshot's metadata (an incomplete or damaged newer file is skipped).
+    public func latest() throws(OpLogError) -> SnapshotMetadata? {
+        for file in try files() {
+            guard let bytes = try? fileSystem.readAll(path(file.name)), let parsed = SnapshotFormat.parse(bytes) else { continue }
+            return parsed.trailer.metadata
+        }
+        return nil
+    }
+
+    /// Writes and installs a snapshot. `image` produces the uncompressed image in chunks through
+    /// the function it is given, so the image never has to exist in memory as a whole.
+    /// `progress` receives the uncompressed bytes written so far.
+    public func write(
+        _ metadata: SnapshotMetadata, progress: ((UInt64) -> Void)? = nil,
+        image: (_ emit: ([UInt8]) throws -> Void) throws -> Void
+    ) throws(OpLogError) {
+        do {
+            let file = try fileSystem.create(temporary)
+            defer { fileSystem.close(file) }
+            try fileSystem.append(file, SnapshotFormat.header)
+            let deflater = try ZlibStream(.compress(level: compressionLevel))
+            var pending: [UInt8] = []
+            var length: UInt64 = 0
+            var crc: UInt32 = 0
+            let sink: ([UInt8]) throws -> Void = { compressed in
+                pending.append(contentsOf: compressed)
+                if pending.count >= 1 << 20 {
+                    try self.fileSystem.append(file, pending)
+                    pending.removeAll(keepingCapacity: true)
+                }
+            }
+            try image { chunk in
+                length += UInt64(chunk.count)
+                crc = CRC32C.checksum(chunk, continuing: crc)
+                try chunk.withUnsafeBufferPointer { try deflater.process($0, emit: sink) }
+                progress?(length)
+            }
+            try [UInt8]().withUnsafeBufferPointer { try deflater.process($0, finish: true, emit: sink) }
+            pending.append(contentsOf: SnapshotFormat.encode(.init(metadata: metadata, imageLength: length, imageChecksum: crc)))
+            try fileSystem.append(file, pending)
+            try fileSystem.sync(file)
+            let name = SnapshotFormat.fileName(lastIndex: metadata.lastIndex)
+            try fileSystem.rename(temporary, to: path(name))
+            try fileSystem.syncDirectory(directory)
+            // Only now that the new snapshot is durable: remove the older ones.
+            var removed = false
+            for old in try files() where old.lastIndex < metadata.lastIndex {
+                try fileSystem.remove(path(old.name))
+                removed = true
+            }
+            if removed { try fileSystem.syncDirectory(directory) }
+        } catch let error as OpLogError {
+            throw error
+        } catch let error as FileSystemError {
+            throw OpLogError(error)
+        } catch {
+            throw OpLogError(.io, "snapshot image producer failed: \(error)")
+        }
+    }
+
+    /// Reads a snapshot (the newest when `lastIndex` is nil), streaming the uncompressed image to
+    /// `consume` in chunks, and verifies its length and checksum at the end.
+    @discardableResult
+    public func read(lastIndex: UInt64? = nil, consume: ([UInt8]) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+        let newest = try latest()
+        guard let target = lastIndex ?? newest?.lastIndex else { throw OpLogError(.invalidArgument, "no snapshot") }
+        let name = path(SnapshotFormat.fileName(lastIndex: target))
+        do {
+            let bytes = try fileSystem.readAll(name)
+            guard let parsed = SnapshotFormat.parse(bytes) else {
+                throw OpLogError(.corrupt, "snapshot is incomplete or its trailer is damaged", file: name)
+            }
+            let inflater = try ZlibStream(.decompress)
+            var length: UInt64 = 0
+            var crc: UInt32 = 0
+            let ended = try bytes.withUnsafeBufferPointer { b in
+                try inflater.process(UnsafeBufferPointer(rebasing: b[parsed.body])) { chunk in
+                    length += UInt64(chunk.count)
+                    crc = CRC32C.checksum(chunk, continuing: crc)
+                    try consume(chunk)
+                }
+            }
+            guard ended, length == parsed.trailer.imageLength, crc == parsed.trailer.imageChecksum else {
+                throw OpLogError(.corrupt, "snapshot image fails its length or checksum", file: name)
+            }
+            return parsed.trailer.metadata
+        } catch let error as OpLogError {
+            throw error
+        } catch let error as FileSystemError {
+            throw OpLogError(error)
+        } catch {
+            throw OpLogError(.io, "snapshot consumer failed: \(error)")
+        }
+    }
+}
+
+extension SegmentedLog {
+    /// Removes whole segments whose records are all at or below `index` (covered by a durable
+    /// snapshot), oldest first, so a crash part-way leaves a suffix of the log. The active
+    /// segment is never removed.
+    public func compact(through index: UInt64) throws(OpLogError) {
+        try removeLeadingSegments { lastIndexOfSegment in lastIndexOfSegment <= index }
+    }
+}

@@ -1,0 +1,74 @@
+import CZlib
+
+/// A zlib deflate or inflate stream. The `z_stream` lives at a fixed address (zlib keeps a
+/// pointer back to it), allocated here and released in `deinit`.
+final class ZlibStream {
+    enum Mode {
+        case compress(level: Int32)
+        case decompress
+    }
+
+    private let stream: UnsafeMutablePointer<z_stream>
+    private let mode: Mode
+    private var finished = false
+
+    init(_ mode: Mode) throws(OpLogError) {
+        self.mode = mode
+        stream = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
+        stream.initialize(to: z_stream())
+        let rc: Int32
+        switch mode {
+        case .compress(let level): rc = deflateInit_(stream, level, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
+        case .decompress: rc = inflateInit_(stream, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
+        }
+        guard rc == Z_OK else {
+            stream.deinitialize(count: 1)
+            stream.deallocate()
+            throw OpLogError(.io, "zlib initialisation failed (code \(rc))")
+        }
+    }
+
+    deinit {
+        switch mode {
+        case .compress: deflateEnd(stream)
+        case .decompress: inflateEnd(stream)
+        }
+        stream.deinitialize(count: 1)
+        stream.deallocate()
+    }
+
+    /// Feeds `input` (with `finish` on the last call when compressing) and hands every produced
+    /// chunk to `emit`. When decompressing, returns true once the stream's end was reached.
+    @discardableResult
+    func process(_ input: UnsafeBufferPointer<UInt8>, finish: Bool = false, emit: ([UInt8]) throws -> Void) throws -> Bool {
+        var output = [UInt8](repeating: 0, count: 256 * 1024)
+        stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
+        stream.pointee.avail_in = UInt32(input.count)
+        while true {
+            let (rc, produced) = output.withUnsafeMutableBufferPointer { out -> (Int32, Int) in
+                stream.pointee.next_out = out.baseAddress
+                stream.pointee.avail_out = UInt32(out.count)
+                let rc: Int32
+                switch mode {
+                case .compress: rc = deflate(stream, finish ? Z_FINISH : Z_NO_FLUSH)
+                case .decompress: rc = inflate(stream, Z_NO_FLUSH)
+                }
+                return (rc, out.count - Int(stream.pointee.avail_out))
+            }
+            if produced > 0 { try emit(Array(output[0..<produced])) }
+            switch rc {
+            case Z_STREAM_END:
+                finished = true
+                return true
+            case Z_OK:
+                if stream.pointee.avail_in == 0 && stream.pointee.avail_out != 0 && !finish { return false }
+            case Z_BUF_ERROR:
+                // No progress possible: all input consumed and nothing more to flush.
+                if stream.pointee.avail_in == 0 { return finished }
+                throw OpLogError(.corrupt, "zlib could not make progress")
+            default:
+                throw OpLogError(.corrupt, "zlib stream is damaged (code \(rc))")
+            }
+        }
+    }
+}

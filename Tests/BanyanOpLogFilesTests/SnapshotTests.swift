@@ -1,0 +1,138 @@
+import BanyanBasics
+import BanyanOpLog
+import BanyanOpLogFiles
+import Testing
+
+private func image(_ seed: UInt64, bytes: Int) -> [[UInt8]] {
+    var rng = SeededRandom(seed: seed)
+    var chunks: [[UInt8]] = []
+    var produced = 0
+    while produced < bytes {
+        let n = Swift.min(bytes - produced, 1 + rng.below(70_000))
+        // Half compressible text, half noise.
+        chunks.append((0..<n).map { i in i % 2 == 0 ? UInt8(ascii: "a") + UInt8(i % 7) : UInt8(truncatingIfNeeded: rng.next()) })
+        produced += n
+    }
+    return chunks
+}
+
+private func write(_ store: SnapshotStore, _ meta: SnapshotMetadata, _ chunks: [[UInt8]]) throws {
+    try store.write(meta) { emit in
+        for chunk in chunks { try emit(chunk) }
+    }
+}
+
+private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws -> ([UInt8], SnapshotMetadata) {
+    var out: [UInt8] = []
+    let meta = try store.read(lastIndex: lastIndex) { out.append(contentsOf: $0) }
+    return (out, meta)
+}
+
+@Suite struct SnapshotTests {
+    @Test("a streamed snapshot round-trips with its metadata and replaces the older one")
+    func roundTrip() throws {
+        let fs = SimulatedFileSystem()
+        try fs.makeDirectory("/data")
+        let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+        #expect(try store.latest() == nil)
+        let first = image(1, bytes: 300_000)
+        var progress: [UInt64] = []
+        try store.write(SnapshotMetadata(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]), progress: { progress.append($0) }) { emit in
+            for chunk in first { try emit(chunk) }
+        }
+        #expect(progress.last == 300_000)
+        let (bytes, meta) = try readBack(store)
+        #expect(bytes == first.flatMap { $0 })
+        #expect(meta == SnapshotMetadata(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]))
+        let stored = try fs.readAll("/data/snap/" + SnapshotFormat.fileName(lastIndex: 10)).count
+        #expect(stored < 300_000)
+        let second = image(2, bytes: 50_000)
+        try write(store, SnapshotMetadata(lastIndex: 25, lastTerm: 3), second)
+        #expect(try store.latest()?.lastIndex == 25)
+        #expect(try readBack(store).0 == second.flatMap { $0 })
+        #expect(try fs.list("/data/snap") == [SnapshotFormat.fileName(lastIndex: 25)])
+        // An empty image is a valid snapshot too.
+        try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 3), [])
+        #expect(try readBack(store).0.isEmpty)
+    }
+
+    @Test("damage anywhere in a snapshot is detected; a damaged newest snapshot is skipped")
+    func damage() throws {
+        let fs = SimulatedFileSystem()
+        try fs.makeDirectory("/data")
+        let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+        try write(store, SnapshotMetadata(lastIndex: 5, lastTerm: 1), image(3, bytes: 100_000))
+        let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 5)
+        let size = try fs.readAll(name).count
+        for offset in stride(from: 0, to: size, by: Swift.max(1, size / 40)) {
+            fs.corrupt(name, at: offset)
+            do {
+                _ = try readBack(store, 5)
+                Issue.record("damage at \(offset) of \(size) not detected")
+            } catch let error as OpLogError {
+                #expect(error.code == .corrupt, "offset \(offset): \(error)")
+            } catch {
+                Issue.record("unexpected \(error)")
+            }
+            fs.corrupt(name, at: offset)  // flip back
+        }
+        #expect(try readBack(store, 5).0.count == 100_000)
+        // A newer file with a damaged trailer is not a snapshot: latest() falls back.
+        let newer = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 9)
+        let file = try fs.create(newer)
+        try fs.append(file, SnapshotFormat.header + [1, 2, 3])
+        #expect(try store.latest()?.lastIndex == 5)
+    }
+
+    @Test("a crash at any point of snapshot install and log compaction keeps every record covered")
+    func crashDuringInstallAndCompaction() throws {
+        func setUp(_ fs: SimulatedFileSystem) throws -> (SegmentedLog, SnapshotStore) {
+            try fs.makeDirectory("/data")
+            var options = SegmentedLog.Options()
+            options.segmentBytes = 150
+            let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+            try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
+            try log.sync()
+            let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+            try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(4, bytes: 20_000))
+            return (log, store)
+        }
+        func install(_ log: SegmentedLog, _ store: SnapshotStore) throws {
+            try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(5, bytes: 30_000))
+            try log.compact(through: 30)
+        }
+        let probe = SimulatedFileSystem()
+        let (probeLog, probeStore) = try setUp(probe)
+        let start = probe.operations
+        try install(probeLog, probeStore)
+        let span = probe.operations - start
+        #expect(probeLog.firstIndex > 10)
+        for crashAt in 1...span {
+            for keepAll in [false, true] {
+                let fs = SimulatedFileSystem()
+                let (log, store) = try setUp(fs)
+                fs.crashAtOperation = fs.operations + crashAt
+                var done = false
+                do {
+                    try install(log, store)
+                    done = true
+                } catch {}
+                fs.reboot(keepUnsynced: { _, n in keepAll ? n : 0 })
+                var options = SegmentedLog.Options()
+                options.segmentBytes = 150
+                let context = "crash at \(crashAt) of \(span), keep unsynced \(keepAll)"
+                let reopened = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+                let snapshots = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+                guard let snapshot = try snapshots.latest() else {
+                    Issue.record("\(context): no snapshot")
+                    continue
+                }
+                #expect(snapshot.lastIndex == 10 || snapshot.lastIndex == 30, "\(context)")
+                #expect(reopened.lastIndex == 40, "\(context)")
+                #expect(reopened.firstIndex <= snapshot.lastIndex + 1, "\(context): records \(snapshot.lastIndex + 1)..<\(reopened.firstIndex) lost")
+                #expect(try readBack(snapshots).0 == image(snapshot.lastIndex == 10 ? 4 : 5, bytes: snapshot.lastIndex == 10 ? 20_000 : 30_000).flatMap { $0 }, "\(context)")
+                if done { #expect(snapshot.lastIndex == 30) }
+            }
+        }
+    }
+}
