@@ -21,6 +21,7 @@ enum BanyanBench {
         if all || which.contains("window") { windows() }
         if all || which.contains("json") { json() }
         if all || which.contains("oplog") { oplog() }
+        if all || which.contains("snapshot") { snapshot() }
     }
 
     static func machine() -> String {
@@ -172,19 +173,7 @@ enum BanyanBench {
 
     static func json() {
         print("\n== JSON encode/decode ==")
-        var rng = SeededRandom(seed: 3)
-        var root = Node.empty
-        let words = ["alpha", "beta", "gamma", "delta", "Ünïcödé", "line\nbreak", "quote\"d", "a longer string value used as a description field"]
-        for i in 0..<200_000 {
-            let id = ChildKey(unchecked: "user\(i)")
-            var user = Node.empty
-            user.set(Node(.string(words[rng.below(words.count)])), at: Path(segments: [ChildKey(unchecked: "name")]))
-            user.set(Node(.int(Int64(rng.below(100_000)))), at: Path(segments: [ChildKey(unchecked: "score")]))
-            user.set(Node(.double(Double(rng.below(100_000)) / 7)), at: Path(segments: [ChildKey(unchecked: "ratio")]))
-            user.set(Node(.bool(rng.below(2) == 0)), at: Path(segments: [ChildKey(unchecked: "active")]))
-            user.set(Node(.string("2026-11-\(10 + rng.below(20))T12:00:00Z")), at: Path(segments: [ChildKey(unchecked: "joined"), ChildKey(unchecked: "at")]))
-            root.set(user, at: Path(segments: [ChildKey(unchecked: "users"), id]))
-        }
+        let root = document()
         var bytes: [UInt8] = []
         var best = Double.infinity
         for _ in 0..<3 {
@@ -210,6 +199,24 @@ enum BanyanBench {
         print("decode to JSONValue (no tree): \(format(mb / plain)) MB/s")
         let hashTime = seconds { _ = root.hashString }
         print("hash of the whole document: \(format(hashTime * 1000)) ms (\(format(mb / hashTime)) MB/s of JSON)")
+    }
+
+    /// The JSON benchmark's document: 200,000 users with 5 leaves each (1M leaves).
+    static func document() -> Node {
+        var rng = SeededRandom(seed: 3)
+        var root = Node.empty
+        let words = ["alpha", "beta", "gamma", "delta", "Ünïcödé", "line\nbreak", "quote\"d", "a longer string value used as a description field"]
+        for i in 0..<200_000 {
+            let id = ChildKey(unchecked: "user\(i)")
+            var user = Node.empty
+            user.set(Node(.string(words[rng.below(words.count)])), at: Path(segments: [ChildKey(unchecked: "name")]))
+            user.set(Node(.int(Int64(rng.below(100_000)))), at: Path(segments: [ChildKey(unchecked: "score")]))
+            user.set(Node(.double(Double(rng.below(100_000)) / 7)), at: Path(segments: [ChildKey(unchecked: "ratio")]))
+            user.set(Node(.bool(rng.below(2) == 0)), at: Path(segments: [ChildKey(unchecked: "active")]))
+            user.set(Node(.string("2026-11-\(10 + rng.below(20))T12:00:00Z")), at: Path(segments: [ChildKey(unchecked: "joined"), ChildKey(unchecked: "at")]))
+            root.set(user, at: Path(segments: [ChildKey(unchecked: "users"), id]))
+        }
+        return root
     }
 
     // MARK: Operation log on this machine's disk
@@ -277,5 +284,38 @@ enum BanyanBench {
         try body()
         let d = ContinuousClock.now - start
         return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+    }
+
+    // MARK: Snapshots of a 1M-leaf tree
+
+    static func snapshot() {
+        print("\n== snapshot of the 1M-leaf document (export-format image, zlib level 1) ==")
+        let root = document()
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("banyan-snap-\(getpid())").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        do {
+            let fs = PosixFileSystem()
+            let store = try SnapshotStore(directory: dir, fileSystem: fs)
+            var imageBytes: UInt64 = 0
+            for run in 1...3 {
+                let writeTime = try timed {
+                    try store.write(SnapshotMetadata(lastIndex: UInt64(run), lastTerm: 1), progress: { imageBytes = $0 }) { emit in
+                        try JSONWriter.stream(root, format: .export, chunkBytes: 1 << 20, emit: emit)
+                    }
+                }
+                let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
+                var image: [UInt8] = []
+                image.reserveCapacity(Int(imageBytes))
+                var loaded = Node.empty
+                let loadTime = try timed {
+                    try store.read { image.append(contentsOf: $0) }
+                    loaded = try NodeReader.read(image)
+                }
+                let mb = Double(imageBytes) / 1_000_000
+                print("run \(run): image \(format(mb)) MB -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; equal: \(loaded == root)")
+            }
+        } catch {
+            print("snapshot benchmark failed: \(error)")
+        }
     }
 }

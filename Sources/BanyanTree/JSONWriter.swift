@@ -24,8 +24,31 @@ public enum JSONWriter {
         String(decoding: bytes(node, format: format, pretty: pretty), as: UTF8.self)
     }
 
+    /// Writes `node` in chunks of about `chunkBytes`, handing each to `emit` as it fills, so a
+    /// large tree never needs its whole JSON in memory (snapshot images).
+    public static func stream(
+        _ node: Node, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
+    ) throws {
+        var out: [UInt8] = []
+        out.reserveCapacity(chunkBytes + 64 * 1024)
+        var failure: (any Error)?
+        withoutActuallyEscaping(emit) { emit in
+            write(node, format: format, pretty: nil, to: &out) { buffer in
+                guard buffer.count >= chunkBytes, failure == nil else { return }
+                do { try emit(buffer) } catch { failure = error }
+                buffer.removeAll(keepingCapacity: true)
+            }
+        }
+        if let failure { throw failure }
+        if !out.isEmpty { try emit(out) }
+    }
+
     /// Appends `node`; `pretty` is the current indent level, or `nil` for compact output.
-    public static func write(_ node: Node, format: Format, pretty: Int? = nil, to out: inout [UInt8]) {
+    /// `flush`, when given, is offered the buffer after each child (streaming output).
+    public static func write(
+        _ node: Node, format: Format, pretty: Int? = nil, to out: inout [UInt8],
+        flush: ((inout [UInt8]) -> Void)? = nil
+    ) {
         switch node.storage {
         case .empty:
             out.append(contentsOf: "null".utf8)
@@ -61,7 +84,8 @@ public enum JSONWriter {
                     }
                     if next > 0 { out.append(UInt8(ascii: ",")) }
                     newline(inner, &out)
-                    write(child, format: format, pretty: inner, to: &out)
+                    write(child, format: format, pretty: inner, to: &out, flush: flush)
+                    flush?(&out)
                     next += 1
                 }
                 _ = length
@@ -84,7 +108,8 @@ public enum JSONWriter {
                 newline(inner, &out)
                 appendString(key.string, to: &out)
                 colon(pretty, &out)
-                write(child, format: format, pretty: inner, to: &out)
+                write(child, format: format, pretty: inner, to: &out, flush: flush)
+                flush?(&out)
             }
             newline(pretty, &out)
             out.append(UInt8(ascii: "}"))

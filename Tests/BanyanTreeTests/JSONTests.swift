@@ -239,3 +239,20 @@ let repositoryRoot: String = {
         #expect(values[0].hashString == values[2].hashString)
     }
 }
+
+@Suite struct JSONStreamTests {
+    @Test("streamed output equals the one-shot output, in chunks near the requested size")
+    func stream() throws {
+        var node = Node.empty
+        for i in 0..<3_000 {
+            node.set(Node(.string("value \(i) with some text")), at: Path(segments: [ChildKey(unchecked: "k\(i % 37)"), ChildKey(unchecked: "item\(i)")]))
+        }
+        var chunks: [[UInt8]] = []
+        try JSONWriter.stream(node, format: .export, chunkBytes: 4_096) { chunks.append($0) }
+        #expect(chunks.flatMap { $0 } == JSONWriter.bytes(node, format: .export))
+        #expect(chunks.count > 10)
+        #expect(chunks.dropLast().allSatisfy { $0.count >= 4_096 && $0.count < 4_096 + 2_048 })
+        struct Stop: Error {}
+        #expect(throws: Stop.self) { try JSONWriter.stream(node, chunkBytes: 1_000) { _ in throw Stop() } }
+    }
+}
