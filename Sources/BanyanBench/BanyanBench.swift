@@ -268,6 +268,33 @@ enum BanyanBench {
             }
             print("group commit (1,000 records per fdatasync): \(Int(Double(total) / groupTime)) records/s durable (\(total) records)")
 
+            // Durable latency at fixed offered rates, through the group-commit writer.
+            for rate in [1_000, 10_000, 100_000] {
+                let committer = GroupCommitLog(log: try SegmentedLog(directory: root + "/rate\(rate)", fileSystem: PosixFileSystem()))
+                let count = Swift.min(rate * 2, 200_000)
+                let latencies = LatencyRecorder(count: count)
+                let payload = [UInt8](repeating: 9, count: 100)
+                let start = ContinuousClock.now
+                let perMillisecond = Swift.max(1, rate / 1_000)
+                var sent = 0
+                while sent < count {
+                    // Pace: submit this millisecond's share, then wait for the next millisecond.
+                    let due = start.advanced(by: .milliseconds(sent / perMillisecond))
+                    while ContinuousClock.now < due {}
+                    for _ in 0..<Swift.min(perMillisecond, count - sent) {
+                        let slot = sent
+                        let submitted = ContinuousClock.now
+                        committer.submit(term: 1, kind: 1, payload: payload) { _ in
+                            latencies.record(slot, ContinuousClock.now - submitted)
+                        }
+                        sent += 1
+                    }
+                }
+                let (p50, p99, done) = latencies.wait()
+                let stats = committer.batches
+                print("offered \(rate) appends/s: p50 \(format(p50)) µs, p99 \(format(p99)) µs durable (\(done) records, \(stats.batches) syncs, \(format(Double(stats.records) / Double(Swift.max(1, stats.batches)))) per sync)")
+            }
+
             var report = ""
             let recoveryTime = try timed {
                 let reopened = try SegmentedLog(directory: root + "/group", fileSystem: fs)
@@ -317,5 +344,31 @@ enum BanyanBench {
         } catch {
             print("snapshot benchmark failed: \(error)")
         }
+    }
+}
+
+/// Collects per-record latencies from the writer thread (benchmark only).
+final class LatencyRecorder: @unchecked Sendable {
+    // @unchecked Sendable: every field is guarded by `lock`.
+    private let lock = NSCondition()
+    private var values: [Double]
+    private var done = 0
+
+    init(count: Int) { values = [Double](repeating: 0, count: count) }
+
+    func record(_ slot: Int, _ duration: Duration) {
+        lock.lock()
+        values[slot] = Double(duration.components.seconds) * 1e6 + Double(duration.components.attoseconds) / 1e12
+        done += 1
+        if done == values.count { lock.signal() }
+        lock.unlock()
+    }
+
+    func wait() -> (Double, Double, Int) {
+        lock.lock()
+        while done < values.count { lock.wait() }
+        let sorted = values.sorted()
+        lock.unlock()
+        return (sorted[sorted.count / 2], sorted[sorted.count * 99 / 100], sorted.count)
     }
 }

@@ -14,7 +14,7 @@ import Testing
         "BanyanTree": (true, ["BanyanBasics"]),
         "BanyanQuery": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanOpLog": (true, []),
-        "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Glibc", "Darwin"]),
+        "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "Foundation", "Glibc"]),
     ]
@@ -88,6 +88,7 @@ import Testing
                     }
                     if code.contains("try!") { Issue.record("\(place): try! in Sources") }
                     if hasForceUnwrap(code) { Issue.record("\(place): force unwrap in Sources") }
+                    if code.contains("nonisolated(unsafe)") { Issue.record("\(place): nonisolated(unsafe) in Sources") }
                     if code.contains(" as! ") { Issue.record("\(place): as! in Sources") }
                     if code.contains("fatalError(") && !code.contains("fatalError(\"unreachable:") {
                         Issue.record("\(place): fatalError in Sources (use typed errors or preconditionFailure)")

@@ -1,0 +1,49 @@
+import BanyanOpLog
+import BanyanOpLogFiles
+import Foundation
+import Testing
+
+@Suite struct GroupCommitTests {
+    @Test("concurrent proposers get distinct consecutive durable indexes, in batches")
+    func concurrent() async throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("banyan-gc-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let fs = PosixFileSystem()
+        try fs.makeDirectory(root)
+        let group = GroupCommitLog(log: try SegmentedLog(directory: root + "/log", fileSystem: fs))
+        let indexes = try await withThrowingTaskGroup(of: UInt64.self) { tasks in
+            for i in 0..<400 {
+                tasks.addTask { try await group.append(term: 1, kind: 0, payload: Array("p\(i)".utf8)) }
+            }
+            var all: [UInt64] = []
+            for try await index in tasks { all.append(index) }
+            return all
+        }
+        #expect(indexes.sorted() == Array(1...400))
+        let stats = group.batches
+        #expect(stats.records == 400)
+        #expect(stats.batches < 400, "no batching happened")
+        let reopened = try SegmentedLog(directory: root + "/log", fileSystem: PosixFileSystem())
+        #expect(reopened.lastIndex == 400)
+        let payloads = Set(try reopened.entries(from: 1, through: 400).map { String(decoding: $0.payload, as: UTF8.self) })
+        #expect(payloads == Set((0..<400).map { "p\($0)" }))
+    }
+
+    @Test("a storage failure fails the batch and every later proposal")
+    func failure() async throws {
+        let fs = SimulatedFileSystem()
+        try fs.makeDirectory("/data")
+        // Room for the segment header and one small record (34 bytes), not for a 125-byte one.
+        fs.capacity = 150
+        let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs))
+        #expect(try await group.append(term: 1, kind: 0, payload: [1]) == 1)
+        await #expect(throws: OpLogError.self) { try await group.append(term: 1, kind: 0, payload: [UInt8](repeating: 2, count: 100)) }
+        // A small record would fit, but the log has stopped.
+        do {
+            _ = try await group.append(term: 1, kind: 0, payload: [3])
+            Issue.record("accepted after a storage failure")
+        } catch {
+            #expect(error.code == .noSpace)
+        }
+    }
+}
