@@ -57,7 +57,22 @@ public enum LogFormat {
     /// The first index encoded in a segment file name, or nil when `name` is not a segment.
     public static func firstIndex(ofSegment name: String) -> UInt64? {
         guard name.hasSuffix(".seg"), name.utf8.count == 24 else { return nil }
-        return UInt64(name.prefix(20))
+        return parseIndex(name.utf8.prefix(20))
+    }
+
+    /// Decimal digits only (no sign), in 1..<UInt64.max (so `index - 1` and `index + count`
+    /// cannot overflow for any log that fits on a disk).
+    static func parseIndex(_ digits: some Sequence<UInt8>) -> UInt64? {
+        var value: UInt64 = 0
+        for d in digits {
+            guard d >= UInt8(ascii: "0"), d <= UInt8(ascii: "9") else { return nil }
+            let (m, o1) = value.multipliedReportingOverflow(by: 10)
+            let (s, o2) = m.addingReportingOverflow(UInt64(d - UInt8(ascii: "0")))
+            guard !o1, !o2 else { return nil }
+            value = s
+        }
+        guard value >= 1, value < UInt64.max / 2 else { return nil }
+        return value
     }
 
     static func appendLE<T: FixedWidthInteger>(_ value: T, _ out: inout [UInt8]) {

@@ -43,8 +43,14 @@ public struct SegmentScan: Sendable, Equatable {
         var expected = expectedFirstIndex
         while offset < bytes.count {
             func problem(_ reason: String, endsAt end: Int?) -> Outcome {
-                // Torn only when this is the last segment and nothing follows the bad record.
-                if isLast, end.map({ $0 >= bytes.count }) ?? true { return .tornTail(offset: offset) }
+                // Torn only when this is the last segment, nothing follows the bad record, and
+                // no valid later record exists (a damaged length field can make a record in the
+                // middle look as if it ran to the end; the records after it prove otherwise).
+                if isLast, end.map({ $0 >= bytes.count }) ?? true,
+                    !SegmentScan.validRecordExists(in: bytes, after: offset, atLeast: expected ?? 0)
+                {
+                    return .tornTail(offset: offset)
+                }
                 return .corrupt(offset: offset, reason: reason)
             }
             if bytes.count - offset < LogFormat.frameBytes {
@@ -86,6 +92,27 @@ public struct SegmentScan: Sendable, Equatable {
             offset = end
         }
         return result
+    }
+}
+
+extension SegmentScan {
+    /// True when some offset after `start` holds a complete record with a valid checksum and an
+    /// index of at least `minimumIndex`. Cheap checks (length range, index) come before the
+    /// checksum, so scanning garbage costs little.
+    static func validRecordExists(in bytes: UnsafeBufferPointer<UInt8>, after start: Int, atLeast minimumIndex: UInt64) -> Bool {
+        var offset = start + 1
+        while offset + LogFormat.frameBytes + LogFormat.bodyFixedBytes <= bytes.count {
+            defer { offset += 1 }
+            let length = Int(LogFormat.readLE(bytes, offset, as: UInt32.self))
+            guard length >= LogFormat.bodyFixedBytes, length <= LogFormat.maxRecordBytes else { continue }
+            let bodyStart = offset + LogFormat.frameBytes
+            guard bodyStart + length <= bytes.count else { continue }
+            let index = LogFormat.readLE(bytes, bodyStart, as: UInt64.self)
+            guard index >= minimumIndex, index - minimumIndex < UInt64(bytes.count) else { continue }
+            let stored = LogFormat.readLE(bytes, offset + 4, as: UInt32.self)
+            if CRC32C.checksum(UnsafeBufferPointer(rebasing: bytes[bodyStart..<(bodyStart + length)])) == stored { return true }
+        }
+        return false
     }
 }
 

@@ -88,6 +88,6 @@ public enum SnapshotFormat {
 
     public static func lastIndex(ofFile name: String) -> UInt64? {
         guard name.hasPrefix("snapshot-"), name.hasSuffix(".snap"), name.utf8.count == 34 else { return nil }
-        return UInt64(name.dropFirst(9).prefix(20))
+        return LogFormat.parseIndex(name.utf8.dropFirst(9).prefix(20))
     }
 }

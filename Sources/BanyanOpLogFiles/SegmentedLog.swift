@@ -81,6 +81,12 @@ public final class SegmentedLog {
     private var active: FileID?
     private var directoryDirty = false
 
+    /// Set by the first storage error in append, sync or truncate: from then on every write
+    /// fails with it. Memory may no longer match the disk (and after a failed fsync the kernel may
+    /// have dropped the dirty pages), so the only safe continuation is a restart, which recovers
+    /// from what is really on disk (etcd's storage contract).
+    public private(set) var failure: OpLogError?
+
     /// Index of the last record (0 when the log is empty).
     public private(set) var lastIndex: UInt64 = 0
     /// Index of the last record known to be durable.
@@ -100,7 +106,7 @@ public final class SegmentedLog {
         self.fileSystem = fileSystem
         self.options = options
         do {
-            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+            try makeDurableDirectory(directory, fileSystem)
             try recover(progress: progress)
         } catch let error as FileSystemError {
             throw OpLogError(error)
@@ -162,6 +168,10 @@ public final class SegmentedLog {
             try fileSystem.sync(file)
             active = file
         }
+        // What we read may be only in the page cache (the process died, the machine did not):
+        // the last segment was synced above, earlier ones at their roll; the directory entries
+        // must be made durable too before anything is reported durable.
+        try fileSystem.syncDirectory(directory)
         durableIndex = lastIndex
     }
 
@@ -170,9 +180,15 @@ public final class SegmentedLog {
     /// Appends entries, which must continue the log (`entries[0].index == lastIndex + 1`, then
     /// consecutive). Not durable until `sync`.
     public func append(_ entries: [LogEntry]) throws(OpLogError) {
+        if let failure { throw failure }
         guard !entries.isEmpty else { return }
-        for (i, entry) in entries.enumerated() where entry.index != lastIndex + 1 + UInt64(i) {
-            throw OpLogError(.invalidArgument, "append of index \(entry.index) where \(lastIndex + 1 + UInt64(i)) was expected")
+        for (i, entry) in entries.enumerated() {
+            if entry.index != lastIndex + 1 + UInt64(i) {
+                throw OpLogError(.invalidArgument, "append of index \(entry.index) where \(lastIndex + 1 + UInt64(i)) was expected")
+            }
+            if entry.payload.count > LogFormat.maxRecordBytes - LogFormat.bodyFixedBytes {
+                throw OpLogError(.invalidArgument, "record \(entry.index) has a \(entry.payload.count)-byte payload; the limit is \(LogFormat.maxRecordBytes - LogFormat.bodyFixedBytes)")
+            }
         }
         do {
             var buffer: [UInt8] = []
@@ -191,12 +207,18 @@ public final class SegmentedLog {
             }
             try flush(&buffer)
         } catch let error as FileSystemError {
-            throw OpLogError(error)
+            throw stop(OpLogError(error))
         } catch let error as OpLogError {
-            throw error
+            throw stop(error)
         } catch {
-            throw OpLogError(.io, "\(error)")
+            throw stop(OpLogError(.io, "\(error)"))
         }
+    }
+
+    /// Records the first storage error and returns it (see `failure`).
+    private func stop(_ error: OpLogError) -> OpLogError {
+        if failure == nil { failure = error }
+        return error
     }
 
     private func flush(_ buffer: inout [UInt8]) throws {
@@ -227,6 +249,7 @@ public final class SegmentedLog {
     /// segment) and returns the durable index.
     @discardableResult
     public func sync() throws(OpLogError) -> UInt64 {
+        if let failure { throw failure }
         do {
             if let file = active { try fileSystem.sync(file) }
             if directoryDirty {
@@ -234,7 +257,7 @@ public final class SegmentedLog {
                 directoryDirty = false
             }
         } catch {
-            throw OpLogError(error)
+            throw stop(OpLogError(error))
         }
         durableIndex = lastIndex
         return durableIndex
@@ -244,6 +267,7 @@ public final class SegmentedLog {
     /// are removed and the directory synced before the segment holding the cut is truncated, so
     /// no crash leaves a gap.
     public func truncate(after index: UInt64) throws(OpLogError) {
+        if let failure { throw failure }
         guard index <= lastIndex else { throw OpLogError(.invalidArgument, "truncate after \(index) beyond the last index \(lastIndex)") }
         guard index + 1 >= firstIndex else { throw OpLogError(.invalidArgument, "truncate after \(index) before the first index \(firstIndex)") }
         guard index < lastIndex else { return }
@@ -275,7 +299,7 @@ public final class SegmentedLog {
                 }
             }
         } catch {
-            throw OpLogError(error)
+            throw stop(OpLogError(error))
         }
         lastIndex = index
         durableIndex = Swift.min(durableIndex, index)
@@ -283,6 +307,7 @@ public final class SegmentedLog {
 
     /// Removes leading segments (never the last) while `covered(segment's last index)` holds.
     func removeLeadingSegments(while covered: (UInt64) -> Bool) throws(OpLogError) {
+        if let failure { throw failure }
         var removed = false
         do {
             while segments.count > 1, let first = segments.first, !first.offsets.isEmpty, covered(first.lastIndex) {
@@ -292,7 +317,7 @@ public final class SegmentedLog {
             }
             if removed { try fileSystem.syncDirectory(directory) }
         } catch {
-            throw OpLogError(error)
+            throw stop(OpLogError(error))
         }
     }
 
@@ -301,7 +326,8 @@ public final class SegmentedLog {
     /// The term of the record at `index`, or nil when it is not in the log.
     public func term(at index: UInt64) -> UInt64? {
         guard let s = segment(holding: index) else { return nil }
-        return segments[s].terms[Int(index - segments[s].firstIndex)]
+        let position = Int(index - segments[s].firstIndex)
+        return position < segments[s].terms.count ? segments[s].terms[position] : nil
     }
 
     private func segment(holding index: UInt64) -> Int? {
@@ -339,6 +365,14 @@ public final class SegmentedLog {
     }
 }
 
+/// Creates `path` if missing and makes its entry durable (fsync of the parent directory).
+func makeDurableDirectory(_ path: String, _ fileSystem: any FileSystem) throws(FileSystemError) {
+    guard !fileSystem.exists(path) else { return }
+    try fileSystem.makeDirectory(path)
+    let parent = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+    try fileSystem.syncDirectory(parent.isEmpty ? "/" : parent)
+}
+
 /// Raft's hard state in one small file, replaced atomically: written to a temporary file,
 /// fsynced, renamed over the old one, and the directory fsynced. A crash leaves the old or the
 /// new value, never a torn one.
@@ -350,7 +384,7 @@ public final class HardStateStore {
         self.directory = directory
         self.fileSystem = fileSystem
         do {
-            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+            try makeDurableDirectory(directory, fileSystem)
         } catch {
             throw OpLogError(error)
         }
@@ -359,12 +393,18 @@ public final class HardStateStore {
     private var path: String { directory + "/hardstate" }
     private var temporary: String { directory + "/hardstate.tmp" }
 
-    /// The stored hard state (zero when none was ever saved).
+    /// The stored hard state (zero when none was ever saved). The value is made durable before
+    /// it is returned: after a process crash between the rename and the directory fsync, the
+    /// new value is visible but not yet durable, and acting on it (a vote) would be unsafe.
     public func load() throws(OpLogError) -> HardState {
         guard fileSystem.exists(path) else { return HardState() }
         let bytes: [UInt8]
         do {
             bytes = try fileSystem.readAll(path)
+            let file = try fileSystem.open(path)
+            defer { fileSystem.close(file) }
+            try fileSystem.sync(file)
+            try fileSystem.syncDirectory(directory)
         } catch {
             throw OpLogError(error)
         }

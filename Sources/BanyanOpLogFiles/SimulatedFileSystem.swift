@@ -16,6 +16,8 @@ public final class SimulatedFileSystem: FileSystem {
     private var names: [String: Int] = [:]
     private var durableNames: [String: Int] = [:]
     private var directories: Set<String> = ["/"]
+    /// Directories whose entry in their parent is durable.
+    private var durableDirectories: Set<String> = ["/"]
     private var handles: [Int: (inode: Int, path: String)] = [:]
     private var nextInode = 1
     private var nextHandle = 1
@@ -32,8 +34,16 @@ public final class SimulatedFileSystem: FileSystem {
     /// Make every rename fail with an I/O error.
     public var failRenames = false
     public private(set) var isCrashed = false
+    /// Operation numbers of every append so far (to aim torn writes at real appends).
+    public private(set) var appendOperations: [Int] = []
 
-    public init() {}
+    /// A file system whose `directories` already exist durably (the machine's data directory).
+    public init(durableDirectories existing: [String] = []) {
+        for d in existing {
+            directories.insert(d)
+            durableDirectories.insert(d)
+        }
+    }
 
     private func parent(_ path: String) -> String {
         guard let slash = path.lastIndex(of: "/") else { return "/" }
@@ -55,8 +65,10 @@ public final class SimulatedFileSystem: FileSystem {
         return h
     }
 
+    /// The new directory's entry is durable only after its parent is fsynced.
     public func makeDirectory(_ path: String) throws(FileSystemError) {
         try tick(path)
+        guard directories.contains(parent(path)) else { throw FileSystemError(.notFound, path: path, "no such parent directory") }
         directories.insert(path)
     }
 
@@ -96,9 +108,14 @@ public final class SimulatedFileSystem: FileSystem {
     public func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
+        appendOperations.append(operations)
         if let capacity {
             let used = inodes.values.reduce(0) { $0 + $1.data.count }
-            if used + bytes.count > capacity { throw FileSystemError(.noSpace, path: path, "no space left on device") }
+            if used + bytes.count > capacity {
+                // Like write(2): what fits is written, then the call fails.
+                inodes[id]?.data.append(contentsOf: bytes.prefix(Swift.max(0, capacity - used)))
+                throw FileSystemError(.noSpace, path: path, "no space left on device")
+            }
         }
         if let t = tear, t.operation == operations {
             inodes[id]?.data.append(contentsOf: bytes.prefix(t.keep))
@@ -146,6 +163,7 @@ public final class SimulatedFileSystem: FileSystem {
 
     public func syncDirectory(_ directory: String) throws(FileSystemError) {
         try tick(directory)
+        for d in directories where d != "/" && parent(d) == directory { durableDirectories.insert(d) }
         for (name, _) in durableNames where parent(name) == directory && names[name] == nil { durableNames[name] = nil }
         for (name, id) in names where parent(name) == directory { durableNames[name] = id }
     }
@@ -153,7 +171,8 @@ public final class SimulatedFileSystem: FileSystem {
     /// Power loss and restart: only durable names survive; each file keeps its durable bytes plus
     /// `keepUnsynced(path, unsyncedCount)` bytes of what was written after them (0 loses them all).
     public func reboot(keepUnsynced: (String, Int) -> Int = { _, _ in 0 }) {
-        names = durableNames
+        directories = durableDirectories
+        names = durableNames.filter { directories.contains(parent($0.key)) }
         handles = [:]
         isCrashed = false
         crashAtOperation = nil
@@ -171,6 +190,15 @@ public final class SimulatedFileSystem: FileSystem {
         }
         let live = Set(names.values)
         inodes = inodes.filter { live.contains($0.key) }
+    }
+
+    /// A process crash without power loss: open files are closed, everything written stays
+    /// visible (the page cache survives), and nothing becomes durable that was not.
+    public func restartProcess() {
+        handles = [:]
+        isCrashed = false
+        crashAtOperation = nil
+        tear = nil
     }
 
     /// Flips one byte of a file (durable and written images), for corruption tests.

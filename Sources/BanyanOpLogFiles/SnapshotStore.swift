@@ -13,7 +13,7 @@ public final class SnapshotStore {
         self.directory = directory
         self.fileSystem = fileSystem
         do {
-            if !fileSystem.exists(directory) { try fileSystem.makeDirectory(directory) }
+            try makeDurableDirectory(directory, fileSystem)
             // A crash while writing leaves a temporary file: never a snapshot.
             if fileSystem.exists(temporary) { try fileSystem.remove(temporary) }
         } catch {

@@ -16,13 +16,7 @@ private func smallSegments() -> SegmentedLog.Options {
 }
 
 private func freshFS() -> SimulatedFileSystem {
-    let fs = SimulatedFileSystem()
-    do {
-        try fs.makeDirectory("/data")
-    } catch {
-        Issue.record("mkdir: \(error)")
-    }
-    return fs
+    SimulatedFileSystem(durableDirectories: ["/data"])
 }
 
 /// Appends 30 batches of 1-4 records (sync after each); returns the index last reported durable.
@@ -63,7 +57,7 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         for crashAt in 1...operations {
             for (policy, keep) in keepPolicies {
                 let fs = freshFS()
-                fs.crashAtOperation = crashAt + 1  // +1: the test's own mkdir
+                fs.crashAtOperation = crashAt
                 let durable = workload(fs, seed: 1)
                 fs.reboot(keepUnsynced: keep)
                 let log: SegmentedLog
@@ -88,11 +82,15 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
 
     @Test("a write torn at every byte leaves a recoverable prefix, never garbage")
     func tornWrites() throws {
-        // Find the operation numbers of appends by replaying with a probe.
-        for target in [4, 10, 25, 40] {
+        // Aim at real appends: a probe run records which operations were appends.
+        let probe = freshFS()
+        workload(probe, seed: 2)
+        let appends = probe.appendOperations
+        #expect(appends.count > 20)
+        for target in [appends[1], appends[5], appends[12], appends[appends.count - 1]] {
             for keep in stride(from: 0, through: 60, by: 3) {
                 let fs = freshFS()
-                fs.tear = (operation: target + 1, keep: keep)
+                fs.tear = (operation: target, keep: keep)
                 let durable = workload(fs, seed: 2)
                 fs.reboot(keepUnsynced: { _, n in n })
                 let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
@@ -256,5 +254,94 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         #expect(progress.last.map { $0.0 == $0.1 } == true)
         #expect(throws: OpLogError.self) { try reopened.append([entry(20, "gap")]) }
         #expect(throws: OpLogError.self) { try reopened.truncate(after: 99) }
+    }
+
+    @Test("after any storage error the log stops: no false durability, no gap on the next start")
+    func stopsAfterError() throws {
+        let fs = freshFS()
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        try log.append((1...3).map { entry($0, "w") })
+        #expect(try log.sync() == 3)
+        fs.capacity = 180  // a partial write of the next batch, then ENOSPC
+        #expect(throws: OpLogError.self) { try log.append((4...8).map { entry($0, "w") }) }
+        #expect(log.failure?.code == .noSpace)
+        fs.capacity = nil
+        #expect(throws: OpLogError.self) { try log.sync() }
+        #expect(throws: OpLogError.self) { try log.append([entry(4, "w")]) }
+        #expect(throws: OpLogError.self) { try log.truncate(after: 2) }
+        for restart in ["process", "power"] {
+            if restart == "process" { fs.restartProcess() } else { fs.reboot(keepUnsynced: { _, n in n }) }
+            let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            #expect(reopened.lastIndex >= 3, "\(restart)")
+            #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (0..<Int(reopened.lastIndex)).map { entry(UInt64($0) + 1, "w") })
+        }
+    }
+
+    @Test("what a restart after a process crash reports durable survives a later power loss")
+    func processCrashThenPowerLoss() throws {
+        for crashAt in 1...60 {
+            let fs = freshFS()
+            fs.crashAtOperation = crashAt
+            workload(fs, seed: 3)
+            fs.restartProcess()
+            let first = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            let reported = first.durableIndex
+            fs.reboot()
+            let second = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            #expect(second.lastIndex >= reported, "crash at \(crashAt): \(reported) reported durable, \(second.lastIndex) survived")
+        }
+        // The same for hard state: a value loaded after a process crash is durable.
+        for crashAt in 1...6 {
+            let fs = freshFS()
+            let store = try HardStateStore(directory: "/data", fileSystem: fs)
+            try store.save(HardState(term: 1, vote: 1, commit: 0))
+            fs.crashAtOperation = fs.operations + crashAt
+            try? store.save(HardState(term: 5, vote: 2, commit: 0))
+            fs.restartProcess()
+            let seen = try HardStateStore(directory: "/data", fileSystem: fs).load()
+            fs.reboot()
+            #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == seen, "crash at \(crashAt)")
+        }
+    }
+
+    @Test("a damaged length field in the middle of the last segment is corruption, not a torn tail")
+    func damagedLengthMidSegment() throws {
+        let fs = freshFS()
+        var options = SegmentedLog.Options()
+        options.segmentBytes = 1 << 20
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        try log.append((1...5).map { entry($0, "w") })
+        try log.sync()
+        let file = dir + "/" + LogFormat.segmentName(firstIndex: 1)
+        let recordBytes = (try fs.readAll(file).count - LogFormat.segmentHeader.count) / 5
+        fs.corrupt(file, at: LogFormat.segmentHeader.count + recordBytes + 2)  // record 2's length
+        do {
+            _ = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+            Issue.record("acknowledged records 2-5 silently cut off")
+        } catch {
+            #expect(error.code == .corrupt)
+        }
+    }
+
+    @Test("oversize payloads, bad segment names and new directories are handled safely")
+    func edges() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        #expect(throws: OpLogError.self) { try SegmentedLog(directory: "/data/missing/log", fileSystem: fs) }
+        let created = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallSegments())
+        #expect(throws: OpLogError.self) {
+            try created.append([LogEntry(index: 1, term: 1, kind: 0, payload: [UInt8](repeating: 0, count: LogFormat.maxRecordBytes))])
+        }
+        try created.append([entry(1, "w")])
+        try created.sync()
+        // The new directories were made durable with their parents: a power loss keeps them.
+        fs.reboot()
+        #expect(try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallSegments()).lastIndex == 1)
+        #expect(LogFormat.firstIndex(ofSegment: "00000000000000000000.seg") == nil)
+        #expect(LogFormat.firstIndex(ofSegment: "+0000000000000000001.seg") == nil)
+        #expect(LogFormat.firstIndex(ofSegment: "18446744073709551615.seg") == nil)
+        // A stray zero-index file is ignored, not a crash.
+        let stray = try fs.create("/data/log/00000000000000000000.seg")
+        try fs.append(stray, LogFormat.segmentHeader)
+        #expect(try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallSegments()).lastIndex == 1)
     }
 }

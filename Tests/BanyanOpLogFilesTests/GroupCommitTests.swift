@@ -31,8 +31,7 @@ import Testing
 
     @Test("a storage failure fails the batch and every later proposal")
     func failure() async throws {
-        let fs = SimulatedFileSystem()
-        try fs.makeDirectory("/data")
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         // Room for the segment header and one small record (34 bytes), not for a 125-byte one.
         fs.capacity = 150
         let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs))

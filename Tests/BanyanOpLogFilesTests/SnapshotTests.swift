@@ -31,8 +31,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
 @Suite struct SnapshotTests {
     @Test("a streamed snapshot round-trips with its metadata and replaces the older one")
     func roundTrip() throws {
-        let fs = SimulatedFileSystem()
-        try fs.makeDirectory("/data")
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
         #expect(try store.latest() == nil)
         let first = image(1, bytes: 300_000)
@@ -58,8 +57,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
 
     @Test("damage anywhere in a snapshot is detected; a damaged newest snapshot is skipped")
     func damage() throws {
-        let fs = SimulatedFileSystem()
-        try fs.makeDirectory("/data")
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
         try write(store, SnapshotMetadata(lastIndex: 5, lastTerm: 1), image(3, bytes: 100_000))
         let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 5)
@@ -87,7 +85,6 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
     @Test("a crash at any point of snapshot install and log compaction keeps every record covered")
     func crashDuringInstallAndCompaction() throws {
         func setUp(_ fs: SimulatedFileSystem) throws -> (SegmentedLog, SnapshotStore) {
-            try fs.makeDirectory("/data")
             var options = SegmentedLog.Options()
             options.segmentBytes = 150
             let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
@@ -101,7 +98,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(5, bytes: 30_000))
             try log.compact(through: 30)
         }
-        let probe = SimulatedFileSystem()
+        let probe = SimulatedFileSystem(durableDirectories: ["/data"])
         let (probeLog, probeStore) = try setUp(probe)
         let start = probe.operations
         try install(probeLog, probeStore)
@@ -109,7 +106,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
         #expect(probeLog.firstIndex > 10)
         for crashAt in 1...span {
             for keepAll in [false, true] {
-                let fs = SimulatedFileSystem()
+                let fs = SimulatedFileSystem(durableDirectories: ["/data"])
                 let (log, store) = try setUp(fs)
                 fs.crashAtOperation = fs.operations + crashAt
                 var done = false
