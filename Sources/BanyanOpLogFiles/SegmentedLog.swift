@@ -46,6 +46,9 @@ public final class SegmentedLog {
     public struct Options: Sendable {
         /// A new segment starts once the active one holds at least this many bytes.
         public var segmentBytes = 64 * 1024 * 1024
+        /// Comparison mode: write and fdatasync every record on its own inside `append` (the
+        /// baseline group commit is measured against). Off by default.
+        public var syncEveryRecord = false
         public init() {}
     }
 
@@ -203,7 +206,17 @@ public final class SegmentedLog {
                 LogFormat.encode(entry, into: &buffer)
                 segments.append(segment)
                 lastIndex = entry.index
-                if segment.size + buffer.count >= options.segmentBytes { try flush(&buffer) }
+                if options.syncEveryRecord, let file = active {
+                    try flush(&buffer)
+                    try fileSystem.sync(file)
+                    if directoryDirty {
+                        try fileSystem.syncDirectory(directory)
+                        directoryDirty = false
+                    }
+                    durableIndex = lastIndex
+                } else if segment.size + buffer.count >= options.segmentBytes {
+                    try flush(&buffer)
+                }
             }
             try flush(&buffer)
         } catch let error as FileSystemError {

@@ -59,7 +59,7 @@ public final class SnapshotStore {
             var pending: [UInt8] = []
             var length: UInt64 = 0
             var crc: UInt32 = 0
-            let sink: ([UInt8]) throws -> Void = { compressed in
+            let sink: (UnsafeBufferPointer<UInt8>) throws -> Void = { compressed in
                 pending.append(contentsOf: compressed)
                 if pending.count >= 1 << 20 {
                     try self.fileSystem.append(file, pending)
@@ -99,6 +99,12 @@ public final class SnapshotStore {
     /// `consume` in chunks, and verifies its length and checksum at the end.
     @discardableResult
     public func read(lastIndex: UInt64? = nil, consume: ([UInt8]) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+        try readChunks(lastIndex: lastIndex) { try consume(Array($0)) }
+    }
+
+    /// As `read`, handing out each chunk as a buffer valid only during the call (no copy).
+    @discardableResult
+    public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
         let newest = try latest()
         guard let target = lastIndex ?? newest?.lastIndex else { throw OpLogError(.invalidArgument, "no snapshot") }
         let name = path(SnapshotFormat.fileName(lastIndex: target))

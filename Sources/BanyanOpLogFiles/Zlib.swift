@@ -40,7 +40,7 @@ final class ZlibStream {
     /// Feeds `input` (with `finish` on the last call when compressing) and hands every produced
     /// chunk to `emit`. When decompressing, returns true once the stream's end was reached.
     @discardableResult
-    func process(_ input: UnsafeBufferPointer<UInt8>, finish: Bool = false, emit: ([UInt8]) throws -> Void) throws -> Bool {
+    func process(_ input: UnsafeBufferPointer<UInt8>, finish: Bool = false, emit: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> Bool {
         var output = [UInt8](repeating: 0, count: 256 * 1024)
         stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
         stream.pointee.avail_in = UInt32(input.count)
@@ -55,7 +55,7 @@ final class ZlibStream {
                 }
                 return (rc, out.count - Int(stream.pointee.avail_out))
             }
-            if produced > 0 { try emit(Array(output[0..<produced])) }
+            if produced > 0 { try output.withUnsafeBufferPointer { try emit(UnsafeBufferPointer(rebasing: $0[0..<produced])) } }
             switch rc {
             case Z_STREAM_END:
                 finished = true

@@ -46,3 +46,22 @@ import Testing
         }
     }
 }
+
+@Suite struct SyncModeTests {
+    @Test("syncEveryRecord makes each record durable inside append")
+    func everyRecord() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        var options = SegmentedLog.Options()
+        options.syncEveryRecord = true
+        options.segmentBytes = 120
+        let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+        let before = fs.operations
+        fs.crashAtOperation = before + 9
+        try? log.append((1...10).map { LogEntry(index: $0, term: 1, kind: 0, payload: [UInt8($0)]) })
+        let reported = log.durableIndex
+        #expect(reported >= 1)
+        fs.reboot()
+        let reopened = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+        #expect(reopened.lastIndex >= reported)
+    }
+}
