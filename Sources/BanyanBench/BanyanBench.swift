@@ -315,8 +315,9 @@ enum BanyanBench {
     // MARK: Snapshots of a 1M-leaf tree
 
     static func snapshot() {
-        print("\n== snapshot of the 1M-leaf document (export-format image, zlib level 1) ==")
+        print("\n== snapshot of the 1M-leaf document (binary tree image, zlib level 1) ==")
         let root = document()
+        let json = Double(JSONWriter.bytes(root, format: .export).count) / 1_000_000
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("banyan-snap-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: dir) }
         do {
@@ -326,7 +327,7 @@ enum BanyanBench {
             for run in 1...3 {
                 let writeTime = try timed {
                     try store.write(SnapshotMetadata(lastIndex: UInt64(run), lastTerm: 1), progress: { imageBytes = $0 }) { emit in
-                        try JSONWriter.stream(root, format: .export, chunkBytes: 1 << 20, emit: emit)
+                        try TreeImage.stream(root, chunkBytes: 1 << 20, emit: emit)
                     }
                 }
                 let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
@@ -335,10 +336,10 @@ enum BanyanBench {
                 var loaded = Node.empty
                 let loadTime = try timed {
                     try store.readChunks { image.append(contentsOf: $0) }
-                    loaded = try NodeReader.read(image)
+                    loaded = try TreeImage.read(image)
                 }
                 let mb = Double(imageBytes) / 1_000_000
-                print("run \(run): image \(format(mb)) MB -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; equal: \(loaded == root)")
+                print("run \(run): image \(format(mb)) MB (JSON export \(format(json)) MB) -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; in JSON-equivalent MB/s: write \(format(json / writeTime)), load \(format(json / loadTime)); equal: \(loaded == root)")
             }
         } catch {
             print("snapshot benchmark failed: \(error)")

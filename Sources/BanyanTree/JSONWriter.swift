@@ -30,7 +30,7 @@ public enum JSONWriter {
         _ node: Node, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
     ) throws {
         var out: [UInt8] = []
-        out.reserveCapacity(chunkBytes + 64 * 1024)
+        out.reserveCapacity(Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
         var failure: (any Error)?
         withoutActuallyEscaping(emit) { emit in
             write(node, format: format, pretty: nil, to: &out) { buffer in
