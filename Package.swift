@@ -30,6 +30,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
     ],
     targets: [
         // MARK: - Layer 0 (pure cores)
@@ -52,7 +53,11 @@ let package = Package(
         // The system zlib (Debian: zlib1g-dev), for snapshot compression.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         // File-backed segmented log, hard state and snapshots behind a FileSystem seam.
-        .target(name: "BanyanOpLogFiles", dependencies: ["BanyanOpLog", "CZlib"], swiftSettings: strictSettings),
+        .target(
+            name: "BanyanOpLogFiles",
+            dependencies: ["BanyanOpLog", "CZlib", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
 
         // MARK: - Layer 5 (executables)
 
@@ -84,7 +89,7 @@ let package = Package(
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",
-            dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics"],
+            dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanTidyTests", swiftSettings: strictSettings),

@@ -1,4 +1,5 @@
 public import BanyanOpLog
+public import Logging
 
 /// A typed error from the log, naming the file and offset where it applies.
 public struct OpLogError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -80,6 +81,7 @@ public final class SegmentedLog {
     private let fileSystem: any FileSystem
     public let directory: String
     private let options: Options
+    private let logger: Logger
     private var segments: [Segment] = []
     private var active: FileID?
     private var directoryDirty = false
@@ -100,14 +102,20 @@ public final class SegmentedLog {
     public var firstIndex: UInt64 { segments.first?.firstIndex ?? lastIndex + 1 }
 
     /// Opens (creating if needed) the log in `directory`, recovering it. `progress` is called with
-    /// (segments scanned, segments total) as recovery proceeds.
+    /// (segments scanned, segments total) as recovery proceeds. Recovery findings (torn tails,
+    /// removed segments, corruption) and storage errors are logged to `logger` (silent unless the
+    /// node passes its own).
     public init(
         directory: String, fileSystem: any FileSystem, options: Options = Options(),
+        logger: Logger = Logger(label: "banyan.oplog", factory: { _ in SwiftLogNoOpLogHandler() }),
         progress: ((Int, Int) -> Void)? = nil
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
         self.options = options
+        var logger = logger
+        logger[metadataKey: "log.directory"] = "\(directory)"
+        self.logger = logger
         do {
             try makeDurableDirectory(directory, fileSystem)
             try recover(progress: progress)
@@ -139,12 +147,14 @@ public final class SegmentedLog {
             case .clean:
                 break
             case .corrupt(let offset, let reason):
+                logger.error("refusing to start: corrupt log", metadata: ["file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)"])
                 throw OpLogError(.corrupt, "corrupt log: \(reason)", file: path(name), offset: offset)
             case .tornTail(let offset):
                 if scan.headerMissing {
                     try fileSystem.remove(path(name))
                     try fileSystem.syncDirectory(directory)
                     recovery.removedEmptySegment = name
+                    logger.notice("removed a segment without a complete header (crash right after creating it)", metadata: ["file": "\(path(name))"])
                     progress?(i + 1, names.count)
                     continue
                 }
@@ -153,6 +163,9 @@ public final class SegmentedLog {
                 try fileSystem.sync(file)
                 fileSystem.close(file)
                 recovery.truncatedTail = (path(name), offset, bytes.count - offset)
+                logger.warning(
+                    "truncated a torn tail (a write interrupted by a crash)",
+                    metadata: ["file": "\(path(name))", "offset": "\(offset)", "dropped_bytes": "\(bytes.count - offset)"])
                 size = offset
             }
             var segment = Segment(name: name, firstIndex: first, size: size)
@@ -176,6 +189,7 @@ public final class SegmentedLog {
         // must be made durable too before anything is reported durable.
         try fileSystem.syncDirectory(directory)
         durableIndex = lastIndex
+        logger.info("log recovered", metadata: ["segments": "\(recovery.segments)", "records": "\(recovery.records)", "last_index": "\(lastIndex)"])
     }
 
     // MARK: Writing
@@ -230,7 +244,10 @@ public final class SegmentedLog {
 
     /// Records the first storage error and returns it (see `failure`).
     private func stop(_ error: OpLogError) -> OpLogError {
-        if failure == nil { failure = error }
+        if failure == nil {
+            failure = error
+            logger.error("storage error: the log stops taking writes until the node restarts", metadata: ["error": "\(error)"])
+        }
         return error
     }
 
