@@ -41,16 +41,20 @@ public final class GroupCommitLog: Sendable {
     /// Appends a record at the next index; `completion` runs on the writer once it is durable
     /// (with its index) or failed.
     public func submit(term: UInt64, kind: UInt8, payload: [UInt8], completion: @escaping Completion) {
-        let schedule: Bool = state.withLock { pending in
-            if let failure = pending.failure {
-                completion(.failure(failure))
-                return false
-            }
-            pending.records.append((term, kind, payload, completion))
-            if pending.flushScheduled { return false }
-            pending.flushScheduled = true
-            return true
+        // A bad proposal fails alone; it never reaches the writer (where an error stops the log).
+        if payload.count > LogFormat.maxRecordBytes - LogFormat.bodyFixedBytes {
+            completion(.failure(OpLogError(.invalidArgument, "a \(payload.count)-byte payload exceeds the record limit")))
+            return
         }
+        let (schedule, failure): (Bool, OpLogError?) = state.withLock { pending in
+            if let failure = pending.failure { return (false, failure) }
+            pending.records.append((term, kind, payload, completion))
+            if pending.flushScheduled { return (false, nil) }
+            pending.flushScheduled = true
+            return (true, nil)
+        }
+        // Completions never run under the lock (they may submit again).
+        if let failure { completion(.failure(failure)) }
         if schedule { queue.async { self.flush() } }
     }
 

@@ -342,10 +342,13 @@ public final class SegmentedLog {
         do {
             while segments.count > 1, let first = segments.first, !first.offsets.isEmpty, covered(first.lastIndex) {
                 try fileSystem.remove(path(first.name))
+                // One directory fsync per removal: file systems need not persist several
+                // unsynced removals in order, and a later one surviving alone would be a gap.
+                try fileSystem.syncDirectory(directory)
                 segments.removeFirst()
                 removed = true
             }
-            if removed { try fileSystem.syncDirectory(directory) }
+            _ = removed
         } catch {
             throw stop(OpLogError(error))
         }

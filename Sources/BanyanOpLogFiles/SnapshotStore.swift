@@ -8,6 +8,9 @@ public final class SnapshotStore {
     public let directory: String
     /// zlib level: 1 (fastest) by default, since snapshots are rewritten often.
     public var compressionLevel: Int32 = 1
+    /// Largest image `read` will inflate (a bound against decompression bombs from a damaged or
+    /// hostile file; the trailer's length is also enforced while inflating).
+    public var maxImageBytes: UInt64 = 1 << 40
 
     public init(directory: String, fileSystem: any FileSystem) throws(OpLogError) {
         self.directory = directory
@@ -16,6 +19,10 @@ public final class SnapshotStore {
             try makeDurableDirectory(directory, fileSystem)
             // A crash while writing leaves a temporary file: never a snapshot.
             if fileSystem.exists(temporary) { try fileSystem.remove(temporary) }
+            // After a process crash between the rename and the directory fsync, a new snapshot's
+            // name is visible but not durable; make it durable before anyone relies on it (log
+            // compaction against a snapshot a power loss could take back would lose records).
+            try fileSystem.syncDirectory(directory)
         } catch {
             throw OpLogError(error)
         }
@@ -35,13 +42,21 @@ public final class SnapshotStore {
         }
     }
 
-    /// The newest complete snapshot's metadata (an incomplete or damaged newer file is skipped).
+    /// The newest snapshot's metadata. Snapshots are installed by rename, so a file under a
+    /// snapshot name that does not verify is damage, not a crash leftover: that is `.corrupt`
+    /// (skipping it could hide records the log no longer has).
     public func latest() throws(OpLogError) -> SnapshotMetadata? {
-        for file in try files() {
-            guard let bytes = try? fileSystem.readAll(path(file.name)), let parsed = SnapshotFormat.parse(bytes) else { continue }
-            return parsed.trailer.metadata
+        guard let newest = try files().first else { return nil }
+        let bytes: [UInt8]
+        do {
+            bytes = try fileSystem.readAll(path(newest.name))
+        } catch {
+            throw OpLogError(error)
         }
-        return nil
+        guard let parsed = SnapshotFormat.parse(bytes), parsed.trailer.metadata.lastIndex == newest.lastIndex else {
+            throw OpLogError(.corrupt, "snapshot is incomplete or its trailer is damaged", file: path(newest.name))
+        }
+        return parsed.trailer.metadata
     }
 
     /// Writes and installs a snapshot. `image` produces the uncompressed image in chunks through
@@ -72,7 +87,8 @@ public final class SnapshotStore {
                 try chunk.withUnsafeBufferPointer { try deflater.process($0, emit: sink) }
                 progress?(length)
             }
-            try [UInt8]().withUnsafeBufferPointer { try deflater.process($0, finish: true, emit: sink) }
+            let ended = try [UInt8]().withUnsafeBufferPointer { try deflater.process($0, finish: true, emit: sink) }
+            guard ended else { throw OpLogError(.io, "zlib did not finish the snapshot stream") }
             pending.append(contentsOf: SnapshotFormat.encode(.init(metadata: metadata, imageLength: length, imageChecksum: crc)))
             try fileSystem.append(file, pending)
             try fileSystem.sync(file)
@@ -113,12 +129,20 @@ public final class SnapshotStore {
             guard let parsed = SnapshotFormat.parse(bytes) else {
                 throw OpLogError(.corrupt, "snapshot is incomplete or its trailer is damaged", file: name)
             }
+            let expected = parsed.trailer.imageLength
+            guard expected <= maxImageBytes else {
+                throw OpLogError(.corrupt, "snapshot claims a \(expected)-byte image; the limit is \(maxImageBytes)", file: name)
+            }
             let inflater = try ZlibStream(.decompress)
             var length: UInt64 = 0
             var crc: UInt32 = 0
             let ended = try bytes.withUnsafeBufferPointer { b in
                 try inflater.process(UnsafeBufferPointer(rebasing: b[parsed.body])) { chunk in
                     length += UInt64(chunk.count)
+                    // Stop a decompression bomb as soon as it passes the declared length.
+                    guard length <= expected else {
+                        throw OpLogError(.corrupt, "snapshot image is longer than its trailer says", file: name)
+                    }
                     crc = CRC32C.checksum(chunk, continuing: crc)
                     try consume(chunk)
                 }

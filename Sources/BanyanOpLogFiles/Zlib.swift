@@ -41,6 +41,24 @@ final class ZlibStream {
     /// chunk to `emit`. When decompressing, returns true once the stream's end was reached.
     @discardableResult
     func process(_ input: UnsafeBufferPointer<UInt8>, finish: Bool = false, emit: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> Bool {
+        // zlib counts input in 32 bits: feed at most 1 MiB at a time.
+        let slice = 1 << 20
+        var start = 0
+        repeat {
+            let end = Swift.min(input.count, start + slice)
+            let last = end == input.count
+            let ended = try processSlice(UnsafeBufferPointer(rebasing: input[start..<end]), finish: finish && last, emit: emit)
+            if ended {
+                // Anything after the end of the stream is not part of it.
+                if !last || stream.pointee.avail_in != 0 { throw OpLogError(.corrupt, "data after the end of the zlib stream") }
+                return true
+            }
+            start = end
+        } while start < input.count
+        return false
+    }
+
+    private func processSlice(_ input: UnsafeBufferPointer<UInt8>, finish: Bool, emit: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> Bool {
         var output = [UInt8](repeating: 0, count: 256 * 1024)
         stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
         stream.pointee.avail_in = UInt32(input.count)

@@ -25,6 +25,14 @@ public struct TreeReadLimits: Sendable {
 
     public init() {}
     public static let standard = TreeReadLimits()
+    /// For loading the node's own snapshots: a tree the node could build from many small writes
+    /// must load again, so only the structural limits (depth, key paths) apply.
+    public static let snapshot: TreeReadLimits = {
+        var limits = TreeReadLimits()
+        limits.maxBytes = Int.max
+        limits.maxNodes = Int.max
+        return limits
+    }()
 }
 
 /// Reads Firebase tree data (plain JSON or the export format with `.priority` / `.value` / `.sv`)

@@ -194,7 +194,7 @@ private struct ImageReader {
     mutating func double() throws(TreeError) -> Double {
         let d = Double(bitPattern: try u64())
         guard d.isFinite else { throw TreeError(.invalidNumber, path: "/", "Invalid tree image: non-finite number", offset: position) }
-        return d
+        return d == 0 ? 0 : d  // -0.0 becomes 0.0, as in the JSON reader
     }
 
     mutating func readNode(depth: Int) throws(TreeError) -> Node {
@@ -223,7 +223,8 @@ private struct ImageReader {
             guard count > 0 else { throw fail("children node without children") }
             guard depth < Path.maxDepth else { throw TreeError(.depthExceeded, path: pathText, "Image nests deeper than \(Path.maxDepth) levels") }
             var children: [(ChildKey, Node)] = []
-            children.reserveCapacity(Swift.min(count, 1 << 16))
+            // Each child takes at least 3 bytes: never reserve more than the input could hold.
+            children.reserveCapacity(Swift.min(count, (bytes.count - position) / 3 + 1, 1 << 16))
             var previous: ChildKey?
             for _ in 0..<count {
                 let text = try string(maxBytes: ChildKey.maxBytes)

@@ -47,6 +47,27 @@ import Testing
     }
 }
 
+@Suite struct GroupCommitEdgeTests {
+    @Test("an oversize proposal fails alone; a completion may submit again")
+    func edges() async throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs))
+        await #expect(throws: OpLogError.self) {
+            try await group.append(term: 1, kind: 0, payload: [UInt8](repeating: 0, count: LogFormat.maxRecordBytes))
+        }
+        #expect(try await group.append(term: 1, kind: 0, payload: [1]) == 1)
+        let second: UInt64 = try await withCheckedThrowingContinuation { continuation in
+            group.submit(term: 1, kind: 0, payload: [2]) { first in
+                // Re-entrant submit from inside a completion.
+                group.submit(term: 1, kind: 0, payload: [3]) { nested in
+                    continuation.resume(with: nested.flatMap { n in first.map { _ in n } })
+                }
+            }
+        }
+        #expect(second == 3)
+    }
+}
+
 @Suite struct SyncModeTests {
     @Test("syncEveryRecord makes each record durable inside append")
     func everyRecord() throws {

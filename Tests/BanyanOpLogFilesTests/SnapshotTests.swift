@@ -75,11 +75,17 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             fs.corrupt(name, at: offset)  // flip back
         }
         #expect(try readBack(store, 5).0.count == 100_000)
-        // A newer file with a damaged trailer is not a snapshot: latest() falls back.
+        // A newer file under a snapshot name that does not verify is damage (installs go through a
+        // rename), and refusing it is the only safe answer: the log may already be compacted.
         let newer = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 9)
         let file = try fs.create(newer)
         try fs.append(file, SnapshotFormat.header + [1, 2, 3])
-        #expect(try store.latest()?.lastIndex == 5)
+        do {
+            _ = try store.latest()
+            Issue.record("a damaged newest snapshot was skipped")
+        } catch {
+            #expect(error.code == .corrupt)
+        }
     }
 
     @Test("a crash at any point of snapshot install and log compaction keeps every record covered")
@@ -131,5 +137,60 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
                 if done { #expect(snapshot.lastIndex == 30) }
             }
         }
+    }
+
+    @Test("a process crash after the rename, then compaction on restart, then a power loss loses nothing")
+    func processCrashThenCompactionThenPowerLoss() throws {
+        for crashAt in 1...40 {
+            let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+            var options = SegmentedLog.Options()
+            options.segmentBytes = 150
+            let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+            try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
+            try log.sync()
+            let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+            try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(6, bytes: 5_000))
+            fs.crashAtOperation = fs.operations + crashAt
+            try? write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(7, bytes: 5_000))
+            // The process restarts (the machine did not) and compacts against what it finds.
+            fs.restartProcess()
+            let store2 = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+            let log2 = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+            if let found = try store2.latest() { try log2.compact(through: found.lastIndex) }
+            // Then the power fails.
+            fs.reboot()
+            let log3 = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
+            let snapshot = try SnapshotStore(directory: "/data/snap", fileSystem: fs).latest()
+            let covered = snapshot?.lastIndex ?? 0
+            #expect(log3.firstIndex <= covered + 1, "crash at \(crashAt): records \(covered + 1)..<\(log3.firstIndex) lost")
+            #expect(log3.lastIndex == 40)
+        }
+    }
+
+    @Test("an image longer than its trailer says is stopped early; data after the stream is rejected")
+    func bombsAndTrailingData() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+        try write(store, SnapshotMetadata(lastIndex: 3, lastTerm: 1), [[UInt8](repeating: 0, count: 8_000_000)])
+        let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 3)
+        let original = try fs.readAll(name)
+        guard let parsed = SnapshotFormat.parse(original) else {
+            Issue.record("snapshot did not parse")
+            return
+        }
+        func rewrite(_ bytes: [UInt8]) throws {
+            let file = try fs.create(name)
+            try fs.append(file, bytes)
+        }
+        // A trailer that claims 10 bytes for an 8 MB stream.
+        var lying = parsed.trailer
+        lying.imageLength = 10
+        try rewrite(Array(original[0..<parsed.body.upperBound]) + SnapshotFormat.encode(lying))
+        var delivered = 0
+        #expect(throws: OpLogError.self) { try store.readChunks { delivered += $0.count } }
+        #expect(delivered < 1_000_000, "inflated \(delivered) bytes before stopping")
+        // Junk between the stream and the trailer.
+        try rewrite(Array(original[0..<parsed.body.upperBound]) + [UInt8](repeating: 7, count: 5_000) + SnapshotFormat.encode(parsed.trailer))
+        #expect(throws: OpLogError.self) { try store.read { _ in } }
     }
 }

@@ -78,4 +78,11 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
         #expect(chunks.count > 3)
         #expect(chunks.flatMap { $0 } == TreeImage.bytes(node))
     }
+
+    @Test("-0.0 in an image reads back as 0.0, as JSON input does")
+    func negativeZero() throws {
+        let node = Node(.double(-0.0), priority: .number(-0.0))
+        let back = try TreeImage.read(TreeImage.bytes(node))
+        #expect(back.hashString == Node(.double(0), priority: .number(0)).hashString)
+    }
 }
