@@ -43,6 +43,14 @@ let package = Package(
         // Operation log format: records, CRC32C, segment scanning and recovery rules, hard state.
         .target(name: "BanyanOpLog", swiftSettings: coreSettings),
 
+        // Linearizability checking of client histories (test support for the simulator and the
+        // multi-process tests; pure).
+        // Optimised even in debug builds: the checker's search runs in every `swift test`.
+        .target(
+            name: "BanyanCheckers",
+            swiftSettings: coreSettings + [.unsafeFlags(["-O"], .when(configuration: .debug))]
+        ),
+
         // MARK: - Layer 1 (pure cores)
 
         // Query parameters, indexed evaluation, views and event generation.
@@ -87,6 +95,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",
             dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics", .product(name: "Logging", package: "swift-log")],

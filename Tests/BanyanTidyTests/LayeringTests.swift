@@ -14,6 +14,7 @@ import Testing
         "BanyanTree": (true, ["BanyanBasics"]),
         "BanyanQuery": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanOpLog": (true, []),
+        "BanyanCheckers": (true, []),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "Foundation", "Glibc"]),
