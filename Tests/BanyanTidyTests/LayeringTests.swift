@@ -238,28 +238,10 @@ extension String {
 
 // MARK: - File helpers (tests only)
 
-struct TidyError: Error, CustomStringConvertible { let description: String }
-
 func text(_ path: String) throws -> String {
-    guard let file = fopen(path, "rb") else { throw TidyError(description: "cannot open \(path)") }
-    defer { fclose(file) }
-    var bytes: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 65_536)
-    while true {
-        let n = fread(&buffer, 1, buffer.count, file)
-        if n <= 0 { break }
-        bytes.append(contentsOf: buffer[0..<n])
-    }
-    return String(decoding: bytes, as: UTF8.self)
+    try String(contentsOfFile: path, encoding: .utf8)
 }
 
 func swiftFiles(_ dir: String) throws -> [String] {
-    guard let handle = opendir(dir) else { throw TidyError(description: "cannot open \(dir)") }
-    defer { closedir(handle) }
-    var names: [String] = []
-    while let entry = readdir(handle) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        if name.hasSuffix(".swift") { names.append(name) }
-    }
-    return names.sorted()
+    try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".swift") }.sorted()
 }

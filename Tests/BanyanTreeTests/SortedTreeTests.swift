@@ -1,6 +1,4 @@
-#if canImport(Glibc)
-import Glibc
-#endif
+import Foundation
 import BanyanBasics
 import BanyanTree
 import Testing
@@ -109,6 +107,5 @@ func seeds(_ count: Int) -> [UInt64] {
 }
 
 func environmentValue(_ name: String) -> String? {
-    guard let value = getenv(name) else { return nil }
-    return String(cString: value)
+    ProcessInfo.processInfo.environment[name]
 }
