@@ -94,9 +94,27 @@ private struct Search<M: SequentialModel> {
     let none = -1
     var head = 0
 
+    /// A visited (linearized set, state) pair. The state's hash is computed once: the set grows
+    /// to millions of entries, and rehashing long states on every resize dominated the search.
     struct CacheKey: Hashable {
         var linearized: Bits
         var state: M.State
+        var stateHash: Int
+
+        init(linearized: Bits, state: M.State) {
+            self.linearized = linearized
+            self.state = state
+            self.stateHash = state.hashValue
+        }
+
+        func hash(into hasher: inout Hasher) {
+            hasher.combine(linearized)
+            hasher.combine(stateHash)
+        }
+
+        static func == (a: CacheKey, b: CacheKey) -> Bool {
+            a.stateHash == b.stateHash && a.linearized == b.linearized && a.state == b.state
+        }
     }
 
     /// The set of linearized operations: four inline words for up to 256 operations (no
@@ -161,20 +179,28 @@ private struct Search<M: SequentialModel> {
         }
     }
 
+    @inline(__always)
+    mutating func remove(_ e: Int) {
+        next[prev[e]] = next[e]
+        if next[e] != none { prev[next[e]] = prev[e] }
+    }
+
+    @inline(__always)
+    mutating func restore(_ e: Int) {
+        next[prev[e]] = e
+        if next[e] != none { prev[next[e]] = e }
+    }
+
     /// Removes a call entry and its return from the list.
     mutating func lift(_ call: Int) {
-        for e in [call, match[call]] {
-            next[prev[e]] = next[e]
-            if next[e] != none { prev[next[e]] = prev[e] }
-        }
+        remove(call)
+        remove(match[call])
     }
 
     /// Puts them back (in reverse order of lifting).
     mutating func unlift(_ call: Int) {
-        for e in [match[call], call] {
-            next[prev[e]] = e
-            if next[e] != none { prev[next[e]] = e }
-        }
+        restore(match[call])
+        restore(call)
     }
 
     mutating func run(maxSteps: Int) -> LinearizabilityVerdict {
@@ -189,8 +215,8 @@ private struct Search<M: SequentialModel> {
             if steps > maxSteps { return .unknown }
             if entry == none { return .notLinearizable }
             if isCall[entry] {
-                let o = history[op[entry]]
-                if let newState = model.step(state, o.input, o.output) {
+                let i = op[entry]
+                if let newState = model.step(state, history[i].input, history[i].output) {
                     let bits = linearized.setting(op[entry], true)
                     if cache.insert(CacheKey(linearized: bits, state: newState)).inserted {
                         stack.append((entry, state))
