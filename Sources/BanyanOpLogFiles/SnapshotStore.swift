@@ -102,12 +102,8 @@ public final class SnapshotStore {
                 removed = true
             }
             if removed { try fileSystem.syncDirectory(directory) }
-        } catch let error as OpLogError {
-            throw error
-        } catch let error as FileSystemError {
-            throw OpLogError(error)
         } catch {
-            throw OpLogError(.io, "snapshot image producer failed: \(error)")
+            throw SnapshotStore.opLogError(error, otherwise: "snapshot image producer failed")
         }
     }
 
@@ -151,12 +147,20 @@ public final class SnapshotStore {
                 throw OpLogError(.corrupt, "snapshot image fails its length or checksum", file: name)
             }
             return parsed.trailer.metadata
-        } catch let error as OpLogError {
-            throw error
-        } catch let error as FileSystemError {
-            throw OpLogError(error)
         } catch {
-            throw OpLogError(.io, "snapshot consumer failed: \(error)")
+            throw SnapshotStore.opLogError(error, otherwise: "snapshot consumer failed")
+        }
+    }
+}
+
+extension SnapshotStore {
+    /// Our own errors pass through; file-system errors are wrapped; anything else came from the
+    /// caller's producer or consumer.
+    static func opLogError(_ error: any Error, otherwise context: String) -> OpLogError {
+        switch error {
+        case let error as OpLogError: return error
+        case let error as FileSystemError: return OpLogError(error)
+        default: return OpLogError(.io, "\(context): \(error)")
         }
     }
 }

@@ -16,6 +16,22 @@ private func image(_ seed: UInt64, bytes: Int) -> [[UInt8]] {
     return chunks
 }
 
+private func smallLogOptions() -> SegmentedLog.Options {
+    var options = SegmentedLog.Options()
+    options.segmentBytes = 150
+    return options
+}
+
+/// A log with records 1...40 (durable) and a snapshot at index 10 holding `image(seed, bytes)`.
+private func logWithSnapshot(_ fs: SimulatedFileSystem, seed: UInt64, bytes: Int) throws -> (SegmentedLog, SnapshotStore) {
+    let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallLogOptions())
+    try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
+    try log.sync()
+    let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+    try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(seed, bytes: bytes))
+    return (log, store)
+}
+
 private func write(_ store: SnapshotStore, _ meta: SnapshotMetadata, _ chunks: [[UInt8]]) throws {
     try store.write(meta) { emit in
         for chunk in chunks { try emit(chunk) }
@@ -91,14 +107,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
     @Test("a crash at any point of snapshot install and log compaction keeps every record covered")
     func crashDuringInstallAndCompaction() throws {
         func setUp(_ fs: SimulatedFileSystem) throws -> (SegmentedLog, SnapshotStore) {
-            var options = SegmentedLog.Options()
-            options.segmentBytes = 150
-            let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
-            try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
-            try log.sync()
-            let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
-            try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(4, bytes: 20_000))
-            return (log, store)
+            try logWithSnapshot(fs, seed: 4, bytes: 20_000)
         }
         func install(_ log: SegmentedLog, _ store: SnapshotStore) throws {
             try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(5, bytes: 30_000))
@@ -143,13 +152,8 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
     func processCrashThenCompactionThenPowerLoss() throws {
         for crashAt in 1...40 {
             let fs = SimulatedFileSystem(durableDirectories: ["/data"])
-            var options = SegmentedLog.Options()
-            options.segmentBytes = 150
-            let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
-            try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
-            try log.sync()
-            let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
-            try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(6, bytes: 5_000))
+            let options = smallLogOptions()
+            let (_, store) = try logWithSnapshot(fs, seed: 6, bytes: 5_000)
             fs.crashAtOperation = fs.operations + crashAt
             try? write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(7, bytes: 5_000))
             // The process restarts (the machine did not) and compacts against what it finds.
