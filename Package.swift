@@ -53,8 +53,21 @@ let package = Package(
 
         // MARK: - Layer 1 (pure cores)
 
+        // The Raft consensus core: elections, replication, snapshots, membership, reads (docs/raft.md).
+        .target(name: "BanyanRaft", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),
+
         // Query parameters, indexed evaluation, views and event generation.
         .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
+
+        // MARK: - Test support (pure)
+
+        // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
+        // a synchronous scenario harness, workload, and the safety and linearizability checkers.
+        .target(
+            name: "BanyanSimulation",
+            dependencies: ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
+            swiftSettings: coreSettings
+        ),
 
         // MARK: - Layer 3 (drivers)
 
@@ -95,6 +108,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "BanyanRaftTests",
+            dependencies: ["BanyanRaft", "BanyanSimulation", "BanyanCheckers", "BanyanBasics"],
+            swiftSettings: strictSettings
+        ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",

@@ -1,0 +1,1016 @@
+import BanyanBasics
+
+/// The Raft consensus core: a pure, single-threaded state machine (docs/raft.md).
+///
+/// Drive it with `tick()`, `step(_:)`, `propose(_:)`, `readIndex(context:)` and the membership and
+/// transfer calls; then take `ready()`, do what it says in the documented order, and `advance(_:)`.
+/// It never reads a clock, touches a file or a socket, or uses global randomness: the election
+/// timeout comes from a `SeededRandom` seeded by the configuration.
+public struct RaftNode: Sendable {
+    public let configuration: RaftConfiguration
+    public var id: NodeID { configuration.id }
+
+    public private(set) var role: RaftRole = .follower
+    public private(set) var term: UInt64 = 0
+    public private(set) var vote: NodeID = 0
+    public private(set) var leader: NodeID = 0
+    /// The configuration in force: the latest committed configuration entry (etcd's rule: a
+    /// configuration takes effect when it commits; see docs/raft.md).
+    public private(set) var membership: Membership
+
+    var log: RaftLog
+    private var random: SeededRandom
+    private var electionElapsed = 0
+    private var heartbeatElapsed = 0
+    private var randomizedElectionTimeout = 0
+
+    // Candidate state.
+    private var votesGranted: Set<NodeID> = []
+    private var votesRejected: Set<NodeID> = []
+
+    // Leader state.
+    private var progress: [NodeID: Progress] = [:]
+    /// Index of the latest configuration entry in the log (committed or not).
+    private var pendingConfigIndex: UInt64 = 0
+    /// Index of this leader's no-op; reads and membership changes wait until it commits.
+    private var termStartIndex: UInt64 = 0
+    private var uncommittedBytes = 0
+    private var transferTarget: NodeID = 0
+    private var transferElapsed = 0
+    private var readSeq: UInt64 = 0
+    private var pendingReads: [PendingRead] = []
+    private var readsBeforeCommit: [(context: UInt64, from: NodeID)] = []
+    private var heartbeatForReads = false
+
+    /// Committed configuration entries after the snapshot, to know the membership at any index.
+    private var configHistory: [(index: UInt64, membership: Membership)] = []
+    /// Configuration entries are applied through this index.
+    private var configScannedThrough: UInt64 = 0
+
+    /// Invariant breaches the core detected and refused to act on (for example a leader asking
+    /// to truncate a committed entry). Always empty unless Raft's guarantees were broken; the
+    /// simulator asserts it.
+    public private(set) var invariantViolations: [String] = []
+
+    // Follower snapshot reception.
+    private var incomingSnapshot: (meta: SnapshotMeta, nextOffset: UInt64)?
+
+    // Output accumulated until `ready()`.
+    private var messages: [Message] = []
+    private var readStates: [ReadState] = []
+    private var snapshotReads: [SnapshotChunkRequest] = []
+    private var snapshotChunks: [IncomingSnapshotChunk] = []
+    private var installedSnapshot: SnapshotMeta?
+    private var lastReportedHardState: HardState
+    private var lastReportedRole: RaftRole = .follower
+    private var lastReportedLeader: NodeID = 0
+    private var readyOutstanding: (entriesThrough: UInt64, entriesTerm: UInt64, appliedThrough: UInt64, snapshot: UInt64?)?
+
+    private struct PendingRead: Sendable {
+        var seq: UInt64
+        var context: UInt64
+        var index: UInt64
+        var from: NodeID
+    }
+
+    // MARK: - Creating
+
+    /// Restores a node from what it persisted (or `.blank` for a node that has never been in a
+    /// cluster: it waits to be added and never campaigns or votes until it has a membership).
+    public init(configuration: RaftConfiguration, restoring persisted: PersistedState) throws(RaftError) {
+        try configuration.validate()
+        self.configuration = configuration
+        random = SeededRandom(seed: configuration.seed)
+        log = RaftLog(persisted)
+        term = persisted.hardState.term
+        vote = persisted.hardState.vote
+        lastReportedHardState = HardState(term: term, vote: vote, commit: log.committed)
+        membership = persisted.snapshot.membership
+        configHistory = [(persisted.snapshot.index, persisted.snapshot.membership)]
+        configScannedThrough = persisted.snapshot.index
+        pendingConfigIndex = lastConfigIndex()
+        applyCommittedConfigurations()
+        resetRandomizedElectionTimeout()
+    }
+
+    /// The persisted state of the first members of a new cluster: one committed configuration
+    /// entry at index 1, term 1. Every founding member starts from the same value.
+    public static func bootstrapState(members: [NodeID]) -> PersistedState {
+        let config = LogEntry(index: 1, term: 1, kind: .config(Membership(voters: members)))
+        return PersistedState(hardState: HardState(term: 1, vote: 0, commit: 1), snapshot: .none, entries: [config])
+    }
+
+    // MARK: - Observing (drivers, simulator checkers)
+
+    public var commitIndex: UInt64 { log.committed }
+    public var appliedIndex: UInt64 { log.applied }
+    public var lastIndex: UInt64 { log.lastIndex }
+    public var lastTerm: UInt64 { log.lastTerm }
+    public var snapshotMeta: SnapshotMeta { log.snapshot }
+    public var firstIndex: UInt64 { log.firstIndex }
+    public func entry(at index: UInt64) -> LogEntry? { log.entry(at: index) }
+    public func term(at index: UInt64) -> UInt64? { log.term(at: index) }
+    public var hardState: HardState { HardState(term: term, vote: vote, commit: log.committed) }
+    public var leadershipTransferTarget: NodeID { transferTarget }
+    /// Whether the leader has committed an entry of its own term (reads and changes wait for it).
+    public var hasCommittedInTerm: Bool { role == .leader && log.committed >= termStartIndex }
+
+    /// The leader's view of a member's replication, for status pages.
+    public struct ReplicationStatus: Sendable, Equatable {
+        public var node: NodeID
+        public var match: UInt64
+        public var next: UInt64
+        public var state: String
+        public var recentlyActive: Bool
+    }
+
+    public var replicationStatus: [ReplicationStatus] {
+        guard role == .leader else { return [] }
+        return progress.keys.sorted().compactMap { id in
+            guard let pr = progress[id] else { return nil }
+            let state: String
+            switch pr.state {
+            case .probe: state = "probe"
+            case .replicate: state = "replicate"
+            case .snapshot(let index): state = "snapshot(\(index))"
+            }
+            return ReplicationStatus(node: id, match: pr.match, next: pr.next, state: state, recentlyActive: pr.recentActive)
+        }
+    }
+
+    // MARK: - Ready / advance
+
+    public var hasReady: Bool {
+        guard readyOutstanding == nil else { return false }
+        return !messages.isEmpty || !readStates.isEmpty || !snapshotReads.isEmpty || !snapshotChunks.isEmpty
+            || installedSnapshot != nil || log.stable < log.lastIndex || log.applied < log.committed
+            || hardState != lastReportedHardState || role != lastReportedRole || leader != lastReportedLeader
+            || heartbeatForReads
+    }
+
+    /// Collects what the driver must persist, send and apply. Call `advance(_:)` afterwards.
+    public mutating func ready() -> Ready {
+        if heartbeatForReads {
+            heartbeatForReads = false
+            broadcastHeartbeat()
+        }
+        var rd = Ready()
+        let hs = hardState
+        if hs != lastReportedHardState {
+            rd.hardState = hs
+            lastReportedHardState = hs
+        }
+        if role != lastReportedRole || leader != lastReportedLeader {
+            rd.role = role
+            rd.leader = leader
+            lastReportedRole = role
+            lastReportedLeader = leader
+        }
+        rd.snapshot = installedSnapshot
+        installedSnapshot = nil
+        rd.snapshotChunks = snapshotChunks
+        snapshotChunks = []
+        if log.stable < log.lastIndex {
+            rd.entries = log.slice(from: log.stable + 1, through: log.lastIndex, maxBytes: Int.max) ?? []
+        }
+        // Committed entries the driver will have durable once it persists this batch.
+        if log.applied < log.committed, log.applied >= log.snapshot.index {
+            rd.committedEntries = log.slice(from: log.applied + 1, through: log.committed, maxBytes: Int.max) ?? []
+        }
+        // Responses built under an older term are dropped: a node that moved to a newer term may
+        // have overwritten the entries such a response acknowledges (the ABA race, R13).
+        rd.messages = messages.filter { $0.term >= term || isTermless($0) }
+        messages = []
+        rd.readStates = readStates
+        readStates = []
+        rd.snapshotReads = snapshotReads
+        snapshotReads = []
+        readyOutstanding = (
+            rd.entries.last?.index ?? log.stable, rd.entries.last?.term ?? 0,
+            rd.committedEntries.last?.index ?? max(log.applied, rd.snapshot?.index ?? 0), rd.snapshot?.index
+        )
+        return rd
+    }
+
+    private func isTermless(_ m: Message) -> Bool {
+        // Pre-vote responses granting a future term carry that term; everything else is
+        // stamped with the sender's term at creation.
+        if case .preVoteResponse = m.body { return true }
+        return false
+    }
+
+    /// Tells the core the driver finished the `Ready` returned by the last `ready()`.
+    public mutating func advance(_ rd: Ready) {
+        guard let outstanding = readyOutstanding else { return }
+        readyOutstanding = nil
+        if let snap = outstanding.snapshot {
+            log.stable = max(log.stable, min(snap, log.lastIndex))
+        }
+        if let last = rd.entries.last, log.term(at: last.index) == last.term {
+            log.stable = max(log.stable, last.index)
+        }
+        log.applied = max(log.applied, outstanding.appliedThrough)
+        if role == .leader {
+            // The leader's own acknowledgement counts only entries it has made durable (R26).
+            if var own = progress[id], log.stable > own.match {
+                own.match = log.stable
+                own.next = max(own.next, log.stable + 1)
+                progress[id] = own
+                if maybeCommit() { broadcastAppend() }
+            }
+        }
+    }
+
+    // MARK: - Ticks
+
+    public mutating func tick() {
+        if role == .leader {
+            tickLeader()
+        } else {
+            electionElapsed += 1
+            if canCampaign && electionElapsed >= randomizedElectionTimeout {
+                electionElapsed = 0
+                campaign(transfer: false)
+            }
+        }
+    }
+
+    private mutating func tickLeader() {
+        heartbeatElapsed += 1
+        electionElapsed += 1
+        if transferTarget != 0 {
+            transferElapsed += 1
+            if transferElapsed >= configuration.electionTicks { transferTarget = 0 }
+        }
+        if electionElapsed >= configuration.electionTicks {
+            electionElapsed = 0
+            if configuration.checkQuorum {
+                if !quorumActive() {
+                    becomeFollower(term: term, leader: 0)
+                    return
+                }
+                for key in progress.keys where key != id { progress[key]?.recentActive = false }
+            }
+        }
+        // Snapshot transfers that stalled (lost chunk or answer) restart from the last offset.
+        for key in progress.keys {
+            guard var pr = progress[key], case .snapshot = pr.state else { continue }
+            pr.snapshotIdleTicks += 1
+            if pr.snapshotIdleTicks >= configuration.electionTicks {
+                pr.snapshotIdleTicks = 0
+                pr.snapshotRequestOutstanding = false
+                progress[key] = pr
+                requestSnapshotChunk(to: key)
+            } else {
+                progress[key] = pr
+            }
+        }
+        if heartbeatElapsed >= configuration.heartbeatTicks {
+            heartbeatElapsed = 0
+            broadcastHeartbeat()
+        }
+    }
+
+    /// Starts an election now (as if the election timeout fired), with pre-vote if configured.
+    /// Ignored on a leader and on a node that is not a voter.
+    public mutating func campaign() {
+        electionElapsed = 0
+        campaign(transfer: false)
+    }
+
+    private var canCampaign: Bool { membership.isVoter(id) && role != .leader }
+
+    // MARK: - Proposals
+
+    public enum ProposalOutcome: Sendable, Equatable {
+        /// Appended to the leader's log at these indexes (all in `term`).
+        case appended(firstIndex: UInt64, lastIndex: UInt64, term: UInt64)
+        /// Forwarded to the leader; the driver learns the outcome when the command applies.
+        case forwarded(to: NodeID)
+    }
+
+    /// Proposes commands. On the leader they are appended; on a follower that knows the leader
+    /// they are forwarded (and may be lost, which the caller sees as a timeout).
+    @discardableResult
+    public mutating func propose(_ commands: [[UInt8]]) throws(RaftError) -> ProposalOutcome {
+        if role != .leader {
+            guard leader != 0 else { throw .noLeader }
+            send(to: leader, .proposal(commands: commands))
+            return .forwarded(to: leader)
+        }
+        return try appendProposals(commands)
+    }
+
+    @discardableResult
+    public mutating func propose(_ command: [UInt8]) throws(RaftError) -> ProposalOutcome {
+        try propose([command])
+    }
+
+    private mutating func appendProposals(_ commands: [[UInt8]]) throws(RaftError) -> ProposalOutcome {
+        if transferTarget != 0 { throw .transferInProgress(to: transferTarget) }
+        let bytes = commands.reduce(0) { $0 + $1.count }
+        if uncommittedBytes > 0 && uncommittedBytes + bytes > configuration.maxUncommittedBytes {
+            throw .uncommittedLimit(bytes: uncommittedBytes)
+        }
+        let first = log.lastIndex + 1
+        var index = first
+        var entries: [LogEntry] = []
+        entries.reserveCapacity(commands.count)
+        for c in commands {
+            entries.append(LogEntry(index: index, term: term, kind: .command, data: c))
+            index += 1
+        }
+        uncommittedBytes += bytes
+        appendAsLeader(entries)
+        return .appended(firstIndex: first, lastIndex: log.lastIndex, term: term)
+    }
+
+    private mutating func appendAsLeader(_ entries: [LogEntry]) {
+        guard !entries.isEmpty else { return }
+        log.append(entries)
+        broadcastAppend()
+    }
+
+    /// Proposes one membership change (leader only; R20).
+    @discardableResult
+    public mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> ProposalOutcome {
+        guard role == .leader else { throw .notLeader(leader: leader) }
+        if transferTarget != 0 { throw .transferInProgress(to: transferTarget) }
+        guard log.committed >= termStartIndex, pendingConfigIndex <= log.committed else {
+            throw .membershipChangePending
+        }
+        let next: Membership
+        switch membership.applying(change) {
+        case .success(let m): next = m
+        case .failure(let e): throw e
+        }
+        let index = log.lastIndex + 1
+        pendingConfigIndex = index
+        appendAsLeader([LogEntry(index: index, term: term, kind: .config(next))])
+        return .appended(firstIndex: index, lastIndex: index, term: term)
+    }
+
+    /// Asks `target` to take over leadership (R24). Proposals are refused until it completes or
+    /// times out after an election timeout.
+    public mutating func transferLeadership(to target: NodeID) throws(RaftError) {
+        guard role == .leader else { throw .notLeader(leader: leader) }
+        if target == id { transferTarget = 0; return }
+        guard membership.isVoter(target), progress[target] != nil else {
+            throw .invalidMembershipChange("node \(target) is not a voter")
+        }
+        if transferTarget == target { return }
+        transferTarget = target
+        transferElapsed = 0
+        if progress[target]?.match == log.lastIndex {
+            send(to: target, .timeoutNow)
+        } else {
+            sendAppend(to: target, sendIfEmpty: true)
+        }
+    }
+
+    // MARK: - Reads
+
+    /// Starts a ReadIndex read (R17). The answer arrives as a `ReadState` with this context.
+    /// Returns false when no leader is known (the read cannot start; retry later).
+    @discardableResult
+    public mutating func readIndex(context: UInt64) -> Bool {
+        if role == .leader {
+            handleReadRequest(context: context, from: id)
+            return true
+        }
+        guard leader != 0 else { return false }
+        send(to: leader, .readIndex(context: context))
+        return true
+    }
+
+    private mutating func handleReadRequest(context: UInt64, from: NodeID) {
+        guard log.committed >= termStartIndex else {
+            // A new leader does not know the commit index until its no-op commits.
+            readsBeforeCommit.append((context, from))
+            return
+        }
+        if membership.voters == [id] || configuration.readMode == .leaseBased {
+            answerRead(context: context, index: log.committed, to: from)
+            return
+        }
+        readSeq += 1
+        pendingReads.append(PendingRead(seq: readSeq, context: context, index: log.committed, from: from))
+        heartbeatForReads = true
+    }
+
+    private mutating func answerRead(context: UInt64, index: UInt64, to: NodeID) {
+        if to == id {
+            readStates.append(ReadState(context: context, index: index))
+        } else {
+            send(to: to, .readIndexResponse(context: context, index: index))
+        }
+    }
+
+    private mutating func confirmReads() {
+        guard !pendingReads.isEmpty else { return }
+        var acks: [UInt64] = []
+        for v in membership.voters {
+            acks.append(v == id ? UInt64.max : progress[v]?.readAck ?? 0)
+        }
+        acks.sort(by: >)
+        guard acks.count >= membership.quorum else { return }
+        let confirmed = acks[membership.quorum - 1]
+        var done = 0
+        for read in pendingReads {
+            guard read.seq <= confirmed else { break }
+            answerRead(context: read.context, index: read.index, to: read.from)
+            done += 1
+        }
+        if done > 0 { pendingReads.removeFirst(done) }
+    }
+
+    // MARK: - Snapshots and compaction
+
+    /// The metadata for a state-machine snapshot taken at `index` (≤ applied).
+    public func snapshotMeta(at index: UInt64) throws(RaftError) -> SnapshotMeta {
+        guard index <= log.applied, let t = log.term(at: index) else {
+            throw .compactionOutOfRange(index: index, applied: log.applied, snapshot: log.snapshot.index)
+        }
+        return SnapshotMeta(index: index, term: t, membership: membership(at: index))
+    }
+
+    /// Compaction hook: the driver durably saved a snapshot at `index`; entries through it are
+    /// dropped from memory (the driver compacts its files the same way).
+    @discardableResult
+    public mutating func compact(through index: UInt64) throws(RaftError) -> SnapshotMeta {
+        if index == log.snapshot.index { return log.snapshot }
+        let meta = try snapshotMeta(at: index)
+        log.compact(to: meta)
+        configHistory.removeAll { $0.index < index }
+        configHistory.insert((index, meta.membership), at: 0)
+        return meta
+    }
+
+    /// The driver's answer to a `SnapshotChunkRequest`.
+    public mutating func snapshotChunk(to target: NodeID, meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool) {
+        guard role == .leader, var pr = progress[target], case .snapshot(let index) = pr.state else { return }
+        pr.snapshotRequestOutstanding = false
+        guard meta == log.snapshot, index == meta.index else {
+            // The leader compacted again meanwhile: start over with the newest snapshot.
+            progress[target] = pr
+            sendSnapshot(to: target)
+            return
+        }
+        progress[target] = pr
+        guard offset == pr.snapshotOffset else { return }
+        send(to: target, .snapshotChunk(meta: meta, offset: offset, data: data, last: last))
+    }
+
+    private func membership(at index: UInt64) -> Membership {
+        var m = configHistory.first?.membership ?? .empty
+        for (i, c) in configHistory where i <= index { m = c }
+        return m
+    }
+
+    // MARK: - Stepping messages
+
+    /// Handles one message from a peer.
+    public mutating func step(_ m: Message) {
+        guard m.to == id, m.from != id else { return }
+        if m.term > term {
+            switch m.body {
+            case .preVote, .vote:
+                var transfer = false
+                if case .vote(_, _, let t) = m.body { transfer = t }
+                // A follower that heard from a leader within the election timeout ignores
+                // campaigns (check-quorum lease), unless the leader asked for the transfer.
+                let inLease = configuration.checkQuorum && leader != 0 && electionElapsed < configuration.electionTicks
+                if inLease && !transfer { return }
+            default:
+                break
+            }
+            switch m.body {
+            case .preVote:
+                break  // a pre-vote never changes our term
+            case .preVoteResponse(let granted) where granted:
+                break  // granted pre-votes carry the future term
+            case .append, .heartbeat, .snapshotChunk:
+                becomeFollower(term: m.term, leader: m.from)
+            default:
+                becomeFollower(term: m.term, leader: 0)
+            }
+        } else if m.term < term {
+            switch m.body {
+            case .append, .heartbeat:
+                // Tell a stale leader about the newer term, so that it steps down (etcd #8243).
+                if configuration.checkQuorum || configuration.preVote {
+                    send(to: m.from, .appendAccepted(index: 0))
+                }
+            case .preVote:
+                send(to: m.from, .preVoteResponse(granted: false))
+            default:
+                break
+            }
+            return
+        }
+
+        switch m.body {
+        case .preVote(let lastIndex, let lastTerm):
+            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: true)
+            return
+        case .vote(let lastIndex, let lastTerm, _):
+            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: false)
+            return
+        default:
+            break
+        }
+
+        switch role {
+        case .leader: stepLeader(m)
+        case .candidate, .preCandidate: stepCandidate(m)
+        case .follower: stepFollower(m)
+        }
+    }
+
+    private mutating func handleVoteRequest(_ m: Message, lastIndex: UInt64, lastTerm: UInt64, preVote: Bool) {
+        // A node that has never been given a membership (blank, or wiped) has no vote (R22).
+        let knowsCluster = !membership.isEmpty || log.lastIndex > 0
+        let canVote =
+            vote == m.from || (vote == 0 && leader == 0) || (preVote && m.term > term)
+        if knowsCluster && canVote && log.isUpToDate(lastIndex: lastIndex, lastTerm: lastTerm) {
+            if preVote {
+                send(to: m.from, term: m.term, .preVoteResponse(granted: true))
+            } else {
+                electionElapsed = 0
+                vote = m.from
+                send(to: m.from, .voteResponse(granted: true))
+            }
+        } else {
+            if preVote {
+                send(to: m.from, .preVoteResponse(granted: false))
+            } else {
+                send(to: m.from, .voteResponse(granted: false))
+            }
+        }
+    }
+
+    private mutating func stepFollower(_ m: Message) {
+        switch m.body {
+        case let .append(prevIndex, prevTerm, entries, commit):
+            electionElapsed = 0
+            leader = m.from
+            handleAppend(from: m.from, prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: commit)
+        case let .heartbeat(commit, seq):
+            electionElapsed = 0
+            leader = m.from
+            log.commitTo(commit)
+            applyCommittedConfigurations()
+            send(to: m.from, .heartbeatResponse(readSeq: seq))
+        case let .snapshotChunk(meta, offset, data, last):
+            electionElapsed = 0
+            leader = m.from
+            handleSnapshotChunk(from: m.from, meta: meta, offset: offset, data: data, last: last)
+        case .proposal(let commands):
+            // Only the leader appends; a follower passes it on once (no forwarding loops).
+            _ = commands
+        case let .readIndexResponse(context, index):
+            readStates.append(ReadState(context: context, index: index))
+        case .timeoutNow:
+            if canCampaign { campaign(transfer: true) }
+        default:
+            break
+        }
+    }
+
+    private mutating func stepCandidate(_ m: Message) {
+        switch m.body {
+        case .append, .heartbeat, .snapshotChunk:
+            // A leader of our term exists (§5.2): step down and handle it as a follower.
+            becomeFollower(term: m.term, leader: m.from)
+            stepFollower(m)
+        case .preVoteResponse(let granted) where role == .preCandidate:
+            countVote(from: m.from, granted: granted)
+        case .voteResponse(let granted) where role == .candidate:
+            countVote(from: m.from, granted: granted)
+        default:
+            break
+        }
+    }
+
+    private mutating func countVote(from: NodeID, granted: Bool) {
+        guard membership.isVoter(from) else { return }
+        if granted {
+            votesGranted.insert(from)
+            votesRejected.remove(from)
+        } else if !votesGranted.contains(from) {
+            votesRejected.insert(from)
+        }
+        if votesGranted.count >= membership.quorum {
+            if role == .preCandidate {
+                becomeCandidate(transfer: false)
+            } else {
+                becomeLeader()
+            }
+        } else if votesRejected.count > membership.voters.count - membership.quorum {
+            becomeFollower(term: term, leader: 0)
+        }
+    }
+
+    private mutating func stepLeader(_ m: Message) {
+        switch m.body {
+        case .proposal(let commands):
+            _ = try? appendProposals(commands)
+            return
+        case .readIndex(let context):
+            handleReadRequest(context: context, from: m.from)
+            return
+        default:
+            break
+        }
+        guard var pr = progress[m.from] else { return }
+        pr.recentActive = true
+        switch m.body {
+        case .appendAccepted(let index):
+            if pr.maybeUpdate(index) {
+                switch pr.state {
+                case .probe: pr.becomeReplicate()
+                case .snapshot(let pending) where pr.match >= pending: pr.becomeProbe()
+                case .replicate: pr.inflights.free(through: index)
+                default: break
+                }
+                progress[m.from] = pr
+                if maybeCommit() { broadcastAppend() }
+                while sendAppend(to: m.from, sendIfEmpty: false) {}
+                if m.from == transferTarget, progress[m.from]?.match == log.lastIndex {
+                    send(to: m.from, .timeoutNow)
+                }
+                maybePromoteLearner(m.from)
+            } else {
+                progress[m.from] = pr
+            }
+        case let .appendRejected(rejected, hintIndex, hintTerm):
+            var next = hintIndex
+            if hintTerm > 0 {
+                next = log.findConflictByTerm(index: hintIndex, term: hintTerm).index
+            }
+            if pr.maybeDecrease(rejected: rejected, hint: next) {
+                if pr.state == .replicate { pr.becomeProbe() }
+                progress[m.from] = pr
+                sendAppend(to: m.from, sendIfEmpty: true)
+            } else {
+                progress[m.from] = pr
+            }
+        case .heartbeatResponse(let seq):
+            pr.probeSent = false
+            if pr.state == .replicate && pr.inflights.isFull { pr.inflights.freeFirst() }
+            if seq > pr.readAck { pr.readAck = seq }
+            progress[m.from] = pr
+            if pr.match < log.lastIndex { sendAppend(to: m.from, sendIfEmpty: true) }
+            confirmReads()
+        case let .snapshotResponse(snapshotIndex, nextOffset):
+            guard case .snapshot(let pending) = pr.state, pending == snapshotIndex else {
+                progress[m.from] = pr
+                return
+            }
+            pr.snapshotIdleTicks = 0
+            // Equal offsets are duplicates (the idle timer covers a lost chunk).
+            if nextOffset != pr.snapshotOffset {
+                pr.snapshotOffset = nextOffset
+                progress[m.from] = pr
+                requestSnapshotChunk(to: m.from)
+            } else {
+                progress[m.from] = pr
+            }
+        default:
+            progress[m.from] = pr
+        }
+    }
+
+    // MARK: - Follower handlers
+
+    private mutating func handleAppend(from: NodeID, prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64) {
+        if prevIndex < log.committed {
+            send(to: from, .appendAccepted(index: log.committed))
+            return
+        }
+        if let result = log.maybeAppend(prevIndex: prevIndex, prevTerm: prevTerm, commit: commit, entries: entries) {
+            // `truncatedCommitted` would mean a leader contradicts a committed entry: refuse the
+            // append rather than lose committed data (it cannot happen if Raft's invariants hold).
+            guard !result.truncatedCommitted else {
+                invariantViolations.append(
+                    "node \(id) term \(term): leader \(from) asked to overwrite a committed entry after \(prevIndex)"
+                )
+                return
+            }
+            if let c = firstConfigIndex(in: entries) { pendingConfigIndex = max(pendingConfigIndex, c) }
+            applyCommittedConfigurations()
+            send(to: from, .appendAccepted(index: result.lastNew))
+        } else {
+            let hint = log.findConflictByTerm(index: min(prevIndex, log.lastIndex), term: prevTerm)
+            send(to: from, .appendRejected(rejectedIndex: prevIndex, hintIndex: hint.index, hintTerm: hint.term))
+        }
+    }
+
+    private mutating func handleSnapshotChunk(from: NodeID, meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool) {
+        if meta.index <= log.committed {
+            incomingSnapshot = nil
+            send(to: from, .appendAccepted(index: log.committed))
+            return
+        }
+        if offset == 0 && log.matchTerm(meta.index, meta.term) {
+            // Our log already holds the snapshot's last entry: just learn the commit.
+            incomingSnapshot = nil
+            log.commitTo(meta.index)
+            applyCommittedConfigurations()
+            send(to: from, .appendAccepted(index: log.lastIndex))
+            return
+        }
+        if incomingSnapshot?.meta != meta {
+            guard offset == 0 else {
+                send(to: from, .snapshotResponse(snapshotIndex: meta.index, nextOffset: 0))
+                return
+            }
+            incomingSnapshot = (meta, 0)
+        }
+        guard let incoming = incomingSnapshot, offset == incoming.nextOffset else {
+            send(to: from, .snapshotResponse(snapshotIndex: meta.index, nextOffset: incomingSnapshot?.nextOffset ?? 0))
+            return
+        }
+        snapshotChunks.append(IncomingSnapshotChunk(meta: meta, offset: offset, data: data))
+        let next = offset + UInt64(data.count)
+        if last {
+            incomingSnapshot = nil
+            log.restore(meta)
+            membership = meta.membership
+            configHistory = [(meta.index, meta.membership)]
+            pendingConfigIndex = meta.index
+            configScannedThrough = meta.index
+            installedSnapshot = meta
+            send(to: from, .appendAccepted(index: meta.index))
+        } else {
+            incomingSnapshot = (meta, next)
+            send(to: from, .snapshotResponse(snapshotIndex: meta.index, nextOffset: next))
+        }
+    }
+
+    // MARK: - Role changes
+
+    private mutating func resetTerm(_ newTerm: UInt64) {
+        if term != newTerm {
+            term = newTerm
+            vote = 0
+        }
+        leader = 0
+        electionElapsed = 0
+        heartbeatElapsed = 0
+        resetRandomizedElectionTimeout()
+        votesGranted = []
+        votesRejected = []
+        transferTarget = 0
+        pendingReads = []
+        readsBeforeCommit = []
+        heartbeatForReads = false
+        progress = [:]
+    }
+
+    private mutating func becomeFollower(term newTerm: UInt64, leader newLeader: NodeID) {
+        resetTerm(newTerm)
+        role = .follower
+        leader = newLeader
+    }
+
+    private mutating func becomePreCandidate() {
+        // Pre-candidates keep their term and vote; they only ask whether they could win.
+        role = .preCandidate
+        leader = 0
+        resetRandomizedElectionTimeout()
+        votesGranted = [id]
+        votesRejected = []
+    }
+
+    private mutating func becomeCandidate(transfer: Bool) {
+        resetTerm(term + 1)
+        role = .candidate
+        vote = id
+        votesGranted = [id]
+        if votesGranted.count >= membership.quorum {
+            becomeLeader()
+            return
+        }
+        for peer in membership.voters where peer != id {
+            send(to: peer, .vote(lastIndex: log.lastIndex, lastTerm: log.lastTerm, leaderTransfer: transfer))
+        }
+    }
+
+    private mutating func campaign(transfer: Bool) {
+        guard canCampaign else { return }
+        if configuration.preVote && !transfer {
+            becomePreCandidate()
+            if votesGranted.count >= membership.quorum {
+                becomeCandidate(transfer: false)
+                return
+            }
+            for peer in membership.voters where peer != id {
+                send(to: peer, term: term + 1, .preVote(lastIndex: log.lastIndex, lastTerm: log.lastTerm))
+            }
+        } else {
+            becomeCandidate(transfer: transfer)
+        }
+    }
+
+    private mutating func becomeLeader() {
+        resetTerm(term)
+        role = .leader
+        leader = id
+        for member in membership.all {
+            var pr = Progress(
+                next: log.lastIndex + 1, maxInflightMessages: configuration.maxInflightMessages,
+                maxInflightBytes: configuration.maxInflightBytes
+            )
+            if member == id {
+                pr.match = log.stable
+                pr.state = .replicate
+                pr.recentActive = true
+            }
+            progress[member] = pr
+        }
+        pendingConfigIndex = lastConfigIndex()
+        uncommittedBytes = 0
+        termStartIndex = log.lastIndex + 1
+        appendAsLeader([LogEntry(index: termStartIndex, term: term, kind: .noop)])
+    }
+
+    private mutating func resetRandomizedElectionTimeout() {
+        randomizedElectionTimeout = configuration.electionTicks + random.below(configuration.electionTicks)
+    }
+
+    // MARK: - Leader replication
+
+    private func quorumActive() -> Bool {
+        var active = 0
+        for v in membership.voters where v == id || progress[v]?.recentActive == true { active += 1 }
+        return active >= membership.quorum
+    }
+
+    private mutating func broadcastAppend() {
+        for peer in membership.all where peer != id {
+            sendAppend(to: peer, sendIfEmpty: true)
+        }
+    }
+
+    private mutating func broadcastHeartbeat() {
+        for peer in membership.all where peer != id {
+            let match = progress[peer]?.match ?? 0
+            send(to: peer, .heartbeat(commit: min(match, log.committed), readSeq: readSeq))
+        }
+    }
+
+    /// Sends the next append (or starts a snapshot) to `to`. Returns whether a message went out.
+    @discardableResult
+    private mutating func sendAppend(to: NodeID, sendIfEmpty: Bool) -> Bool {
+        guard var pr = progress[to], !pr.isPaused else { return false }
+        let prevIndex = pr.next - 1
+        guard let prevTerm = log.term(at: prevIndex),
+            let entries = log.slice(from: pr.next, through: log.lastIndex, maxBytes: configuration.maxMessageBytes)
+        else {
+            sendSnapshot(to: to)
+            return false
+        }
+        if entries.isEmpty && !sendIfEmpty { return false }
+        switch pr.state {
+        case .replicate:
+            if let last = entries.last {
+                pr.next = last.index + 1
+                pr.inflights.add(lastIndex: last.index, bytes: entries.reduce(0) { $0 + $1.size })
+            }
+        case .probe:
+            pr.probeSent = true
+        case .snapshot:
+            return false
+        }
+        progress[to] = pr
+        send(to: to, .append(prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: log.committed))
+        return true
+    }
+
+    private mutating func sendSnapshot(to: NodeID) {
+        guard var pr = progress[to] else { return }
+        pr.becomeSnapshot(index: log.snapshot.index)
+        progress[to] = pr
+        requestSnapshotChunk(to: to)
+    }
+
+    private mutating func requestSnapshotChunk(to: NodeID) {
+        guard var pr = progress[to], case .snapshot = pr.state else { return }
+        pr.snapshotRequestOutstanding = true
+        progress[to] = pr
+        snapshotReads.append(
+            SnapshotChunkRequest(to: to, meta: log.snapshot, offset: pr.snapshotOffset, maxBytes: configuration.snapshotChunkBytes)
+        )
+    }
+
+    /// Advances the commit index to the highest index a quorum holds, if that entry is of the
+    /// current term (§5.4.2, R8). Returns whether it moved.
+    private mutating func maybeCommit() -> Bool {
+        var matches: [UInt64] = []
+        matches.reserveCapacity(membership.voters.count)
+        for v in membership.voters { matches.append(progress[v]?.match ?? 0) }
+        guard matches.count >= membership.quorum, !matches.isEmpty else { return false }
+        matches.sort(by: >)
+        let candidate = matches[membership.quorum - 1]
+        guard candidate > log.committed, log.term(at: candidate) == term else { return false }
+        let old = log.committed
+        log.commitTo(candidate)
+        releaseUncommitted(from: old + 1, through: log.committed)
+        let wasVoter = membership.isVoter(id)
+        applyCommittedConfigurations()
+        if log.committed >= termStartIndex && !readsBeforeCommit.isEmpty {
+            let waiting = readsBeforeCommit
+            readsBeforeCommit = []
+            for r in waiting { handleReadRequest(context: r.context, from: r.from) }
+        }
+        if role == .leader && wasVoter && !membership.isVoter(id) {
+            // This leader was removed: tell everyone the commit, then step down (R21).
+            broadcastAppend()
+            becomeFollower(term: term, leader: 0)
+            return false
+        }
+        return true
+    }
+
+    private mutating func releaseUncommitted(from: UInt64, through: UInt64) {
+        guard uncommittedBytes > 0, from <= through else { return }
+        var i = max(from, log.firstIndex)
+        while i <= through, let e = log.entry(at: i) {
+            if e.term == term { uncommittedBytes -= e.data.count }
+            i += 1
+        }
+        if uncommittedBytes < 0 { uncommittedBytes = 0 }
+    }
+
+    private mutating func maybePromoteLearner(_ node: NodeID) {
+        guard configuration.autoPromoteLearners, membership.isLearner(node), let pr = progress[node],
+            pr.match + configuration.promotionLag >= log.lastIndex, pendingConfigIndex <= log.committed,
+            log.committed >= termStartIndex
+        else { return }
+        _ = try? proposeMembershipChange(.promote(node))
+    }
+
+    // MARK: - Configuration bookkeeping
+
+    private func lastConfigIndex() -> UInt64 {
+        var i = log.lastIndex
+        while i > log.snapshot.index {
+            if let e = log.entry(at: i), case .config = e.kind { return i }
+            i -= 1
+        }
+        return log.snapshot.index
+    }
+
+    /// Applies configuration entries that became committed since the last call, in order, and
+    /// keeps leader progress in step with the membership. Cheap when none is pending.
+    private mutating func applyCommittedConfigurations() {
+        guard log.committed > configScannedThrough else { return }
+        if pendingConfigIndex > configScannedThrough {
+            var i = max(configScannedThrough + 1, log.firstIndex)
+            while i <= log.committed, let e = log.entry(at: i) {
+                if case .config(let m) = e.kind {
+                    membership = m
+                    configHistory.append((i, m))
+                    if role == .leader { syncProgressWithMembership() }
+                }
+                i += 1
+            }
+        }
+        configScannedThrough = log.committed
+    }
+
+    private func firstConfigIndex(in entries: [LogEntry]) -> UInt64? {
+        for e in entries.reversed() {
+            if case .config = e.kind { return e.index }
+        }
+        return nil
+    }
+
+    private mutating func syncProgressWithMembership() {
+        for member in membership.all where progress[member] == nil {
+            var pr = Progress(
+                next: log.lastIndex + 1, maxInflightMessages: configuration.maxInflightMessages,
+                maxInflightBytes: configuration.maxInflightBytes
+            )
+            pr.recentActive = true
+            progress[member] = pr
+            sendAppend(to: member, sendIfEmpty: true)
+        }
+        for key in Array(progress.keys) where !membership.contains(key) && key != id {
+            progress[key] = nil
+        }
+        if transferTarget != 0 && !membership.isVoter(transferTarget) { transferTarget = 0 }
+        confirmReads()
+    }
+
+    // MARK: - Sending
+
+    private mutating func send(to: NodeID, _ body: Message.Body) {
+        messages.append(Message(from: id, to: to, term: term, body: body))
+    }
+
+    private mutating func send(to: NodeID, term t: UInt64, _ body: Message.Body) {
+        messages.append(Message(from: id, to: to, term: t, body: body))
+    }
+}

@@ -1,0 +1,353 @@
+/// Value types shared by the Raft core, its drivers and the simulator. See docs/raft.md.
+
+/// A node's identity in the cluster. `0` means "nobody" (no vote, no known leader).
+public typealias NodeID = UInt64
+
+/// The configuration of the cluster: who votes and who only receives the log.
+///
+/// Configuration entries carry the whole resulting membership, so a node that joins late, or
+/// restores a snapshot, learns the configuration from one value and never has to replay history.
+public struct Membership: Sendable, Hashable, CustomStringConvertible {
+    /// Voting members, sorted.
+    public private(set) var voters: [NodeID]
+    /// Non-voting members (catching up, or read replicas), sorted.
+    public private(set) var learners: [NodeID]
+
+    public init(voters: [NodeID], learners: [NodeID] = []) {
+        self.voters = Array(Set(voters)).sorted()
+        let voterSet = Set(voters)
+        self.learners = Array(Set(learners).subtracting(voterSet)).sorted()
+    }
+
+    public static let empty = Membership(voters: [])
+
+    public var isEmpty: Bool { voters.isEmpty && learners.isEmpty }
+    public func isVoter(_ id: NodeID) -> Bool { voters.contains(id) }
+    public func isLearner(_ id: NodeID) -> Bool { learners.contains(id) }
+    public func contains(_ id: NodeID) -> Bool { isVoter(id) || isLearner(id) }
+    /// Every member, voters first.
+    public var all: [NodeID] { voters + learners }
+    /// Votes or acknowledgements needed for a decision.
+    public var quorum: Int { voters.count / 2 + 1 }
+
+    /// The membership after one change, or the reason the change is not allowed.
+    public func applying(_ change: MembershipChange) -> Result<Membership, RaftError> {
+        switch change {
+        case .addLearner(let id):
+            guard id != 0 else { return .failure(.invalidMembershipChange("node id 0 is reserved")) }
+            guard !contains(id) else {
+                return .failure(.invalidMembershipChange("node \(id) is already a member"))
+            }
+            return .success(Membership(voters: voters, learners: learners + [id]))
+        case .promote(let id):
+            guard isLearner(id) else {
+                return .failure(.invalidMembershipChange("node \(id) is not a learner, so it cannot be promoted"))
+            }
+            return .success(Membership(voters: voters + [id], learners: learners.filter { $0 != id }))
+        case .remove(let id):
+            guard contains(id) else { return .failure(.invalidMembershipChange("node \(id) is not a member")) }
+            let remaining = Membership(voters: voters.filter { $0 != id }, learners: learners.filter { $0 != id })
+            guard !remaining.voters.isEmpty else {
+                return .failure(.invalidMembershipChange("removing node \(id) would leave no voters"))
+            }
+            return .success(remaining)
+        }
+    }
+
+    public var description: String { "voters \(voters) learners \(learners)" }
+}
+
+/// One single-server membership change (no joint consensus; see docs/raft.md).
+public enum MembershipChange: Sendable, Hashable {
+    /// A new node joins without a vote and receives the log.
+    case addLearner(NodeID)
+    /// A caught-up learner becomes a voter.
+    case promote(NodeID)
+    /// A voter or learner leaves (the leader included).
+    case remove(NodeID)
+}
+
+/// One log entry. Index and term identify it; `kind` says how the core treats it.
+public struct LogEntry: Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// A state-machine command (opaque to Raft).
+        case command
+        /// The empty entry a new leader appends in its term (R9).
+        case noop
+        /// A configuration entry carrying the whole resulting membership.
+        case config(Membership)
+    }
+
+    public var index: UInt64
+    public var term: UInt64
+    public var kind: Kind
+    public var data: [UInt8]
+
+    public init(index: UInt64, term: UInt64, kind: Kind = .command, data: [UInt8] = []) {
+        self.index = index
+        self.term = term
+        self.kind = kind
+        self.data = data
+    }
+
+    /// Bytes counted against message and flow-control limits.
+    @inlinable public var size: Int { data.count + 24 }
+}
+
+/// What must be durable before any message that depends on it is sent (R3, R4, R26).
+public struct HardState: Sendable, Equatable {
+    public var term: UInt64
+    public var vote: NodeID
+    public var commit: UInt64
+
+    public init(term: UInt64 = 0, vote: NodeID = 0, commit: UInt64 = 0) {
+        self.term = term
+        self.vote = vote
+        self.commit = commit
+    }
+}
+
+/// Describes a state-machine snapshot: the last log entry it includes and the membership then.
+public struct SnapshotMeta: Sendable, Equatable {
+    public var index: UInt64
+    public var term: UInt64
+    public var membership: Membership
+
+    public init(index: UInt64, term: UInt64, membership: Membership) {
+        self.index = index
+        self.term = term
+        self.membership = membership
+    }
+
+    public static let none = SnapshotMeta(index: 0, term: 0, membership: .empty)
+}
+
+/// Everything a node persisted, handed back to the core on restart.
+public struct PersistedState: Sendable, Equatable {
+    public var hardState: HardState
+    public var snapshot: SnapshotMeta
+    /// The entries after `snapshot.index`, contiguous.
+    public var entries: [LogEntry]
+
+    public init(hardState: HardState = HardState(), snapshot: SnapshotMeta = .none, entries: [LogEntry] = []) {
+        self.hardState = hardState
+        self.snapshot = snapshot
+        self.entries = entries
+    }
+
+    /// The state of a node that has never been part of a cluster (a joining learner).
+    public static let blank = PersistedState()
+}
+
+/// The role a node plays in its current term.
+public enum RaftRole: Sendable, Equatable, CustomStringConvertible {
+    case follower
+    case preCandidate
+    case candidate
+    case leader
+
+    public var description: String {
+        switch self {
+        case .follower: "follower"
+        case .preCandidate: "pre-candidate"
+        case .candidate: "candidate"
+        case .leader: "leader"
+        }
+    }
+}
+
+/// A peer message. `term` is the sender's term, except for pre-votes, which carry the term the
+/// sender would campaign in.
+public struct Message: Sendable, Equatable {
+    public enum Body: Sendable, Equatable {
+        case preVote(lastIndex: UInt64, lastTerm: UInt64)
+        case preVoteResponse(granted: Bool)
+        case vote(lastIndex: UInt64, lastTerm: UInt64, leaderTransfer: Bool)
+        case voteResponse(granted: Bool)
+        /// Log replication with the consistency check on (prevIndex, prevTerm).
+        case append(prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64)
+        /// Accepted: the follower's log matches the leader's through `index`.
+        case appendAccepted(index: UInt64)
+        /// Rejected: no entry (`rejectedIndex`, prevTerm); the hint is where to probe next.
+        case appendRejected(rejectedIndex: UInt64, hintIndex: UInt64, hintTerm: UInt64)
+        /// Leadership assertion; `commit` is capped at what the follower is known to have.
+        /// `readSeq` confirms ReadIndex requests queued up to that sequence number.
+        case heartbeat(commit: UInt64, readSeq: UInt64)
+        case heartbeatResponse(readSeq: UInt64)
+        /// One chunk of the leader's snapshot, streamed in order.
+        case snapshotChunk(meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool)
+        /// The follower holds the snapshot's first `nextOffset` bytes.
+        case snapshotResponse(snapshotIndex: UInt64, nextOffset: UInt64)
+        /// Commands forwarded by a follower to the leader.
+        case proposal(commands: [[UInt8]])
+        /// A follower asks the leader for a read index.
+        case readIndex(context: UInt64)
+        case readIndexResponse(context: UInt64, index: UInt64)
+        /// Leader transfer: the target should campaign now.
+        case timeoutNow
+    }
+
+    public var from: NodeID
+    public var to: NodeID
+    public var term: UInt64
+    public var body: Body
+
+    public init(from: NodeID, to: NodeID, term: UInt64, body: Body) {
+        self.from = from
+        self.to = to
+        self.term = term
+        self.body = body
+    }
+
+    /// Approximate wire size, for flow control and the simulator's accounting.
+    public var size: Int {
+        switch body {
+        case .append(_, _, let entries, _): return 40 + entries.reduce(0) { $0 + $1.size }
+        case .snapshotChunk(_, _, let data, _): return 64 + data.count
+        case .proposal(let commands): return 32 + commands.reduce(0) { $0 + $1.count + 8 }
+        default: return 40
+        }
+    }
+}
+
+/// The answer to a ReadIndex request: once the state machine has applied `index`, a read that
+/// started before the request returns a linearizable result.
+public struct ReadState: Sendable, Equatable {
+    public var context: UInt64
+    public var index: UInt64
+}
+
+/// The leader asks its driver for a chunk of the current snapshot (the core holds no snapshot
+/// bytes). The driver answers with `RaftNode.snapshotChunk(to:meta:offset:data:last:)`.
+public struct SnapshotChunkRequest: Sendable, Equatable {
+    public var to: NodeID
+    public var meta: SnapshotMeta
+    public var offset: UInt64
+    public var maxBytes: Int
+}
+
+/// A received snapshot chunk the driver must write to its incoming snapshot before sending.
+public struct IncomingSnapshotChunk: Sendable, Equatable {
+    public var meta: SnapshotMeta
+    public var offset: UInt64
+    public var data: [UInt8]
+}
+
+/// Everything the driver must do, in this order:
+/// 1. write `snapshotChunks` to the incoming snapshot; if `snapshot` is set, install the incoming
+///    snapshot durably (its metadata is `snapshot`) and discard log entries it covers;
+/// 2. persist `entries` (an entry at index i replaces any persisted entries at i and after), then
+///    `hardState` if set, and fsync;
+/// 3. only then send `messages` (R26);
+/// 4. load the installed snapshot into the state machine (if any), apply `committedEntries` in
+///    order, answer `readStates` once applied, serve `snapshotReads`;
+/// 5. call `advance(_:)` with this value before stepping the node again.
+public struct Ready: Sendable {
+    public var hardState: HardState?
+    public var entries: [LogEntry] = []
+    public var snapshot: SnapshotMeta?
+    public var snapshotChunks: [IncomingSnapshotChunk] = []
+    public var messages: [Message] = []
+    public var committedEntries: [LogEntry] = []
+    public var readStates: [ReadState] = []
+    public var snapshotReads: [SnapshotChunkRequest] = []
+    /// Set when role or known leader changed.
+    public var role: RaftRole?
+    public var leader: NodeID?
+
+    public var isEmpty: Bool {
+        hardState == nil && entries.isEmpty && snapshot == nil && snapshotChunks.isEmpty && messages.isEmpty
+            && committedEntries.isEmpty && readStates.isEmpty && snapshotReads.isEmpty && role == nil
+    }
+}
+
+/// Typed errors of the core, each carrying what the caller needs to act.
+public enum RaftError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Only the leader accepts this; `leader` is the known leader (0 if none).
+    case notLeader(leader: NodeID)
+    /// No leader is known, so a proposal cannot be forwarded.
+    case noLeader
+    /// A leadership transfer is in progress; retry once it completes or times out.
+    case transferInProgress(to: NodeID)
+    /// The leader holds too many uncommitted bytes; retry later (R25).
+    case uncommittedLimit(bytes: Int)
+    /// A membership change is still uncommitted, or the leader has not yet committed an entry of
+    /// its term (R20).
+    case membershipChangePending
+    case invalidMembershipChange(String)
+    /// Invalid configuration of the core.
+    case invalidConfiguration(String)
+    /// The requested compaction index is not in the applied log.
+    case compactionOutOfRange(index: UInt64, applied: UInt64, snapshot: UInt64)
+
+    public var description: String {
+        switch self {
+        case .notLeader(let leader): return leader == 0 ? "not the leader (no leader known)" : "not the leader (leader is node \(leader))"
+        case .noLeader: return "no leader is known"
+        case .transferInProgress(let to): return "leadership is being transferred to node \(to)"
+        case .uncommittedLimit(let bytes): return "too many uncommitted bytes (\(bytes)); try again later"
+        case .membershipChangePending: return "a membership change is pending, or the leader has not committed an entry of its term yet"
+        case .invalidMembershipChange(let why): return "invalid membership change: \(why)"
+        case .invalidConfiguration(let why): return "invalid Raft configuration: \(why)"
+        case let .compactionOutOfRange(index, applied, snapshot):
+            return "cannot compact through \(index): applied \(applied), snapshot \(snapshot)"
+        }
+    }
+}
+
+/// How ReadIndex confirms leadership.
+public enum ReadMode: Sendable, Equatable {
+    /// A heartbeat round to a quorum confirms leadership for every read (linearizable, no clock
+    /// assumption).
+    case safe
+    /// The leader answers from its lease without a round trip. Assumes every node's tick rate
+    /// differs by less than the margin between the election timeout and check-quorum's step-down
+    /// (a frozen or slow-clocked old leader could otherwise serve a stale read). Requires
+    /// `checkQuorum` (R18).
+    case leaseBased
+}
+
+/// Tunables of the core.
+public struct RaftConfiguration: Sendable {
+    public var id: NodeID
+    /// Ticks without hearing from a leader before a follower campaigns (randomised in
+    /// `[electionTicks, 2 * electionTicks)`).
+    public var electionTicks: Int = 10
+    public var heartbeatTicks: Int = 1
+    public var preVote: Bool = true
+    public var checkQuorum: Bool = true
+    public var readMode: ReadMode = .safe
+    /// Upper bound on entry bytes in one append message (at least one entry is always sent).
+    public var maxMessageBytes: Int = 1 << 20
+    /// Append messages in flight per follower in the replicate state.
+    public var maxInflightMessages: Int = 256
+    /// Entry bytes in flight per follower.
+    public var maxInflightBytes: Int = 32 << 20
+    /// Payload bytes the leader accepts beyond its commit index before refusing proposals.
+    public var maxUncommittedBytes: Int = 64 << 20
+    public var snapshotChunkBytes: Int = 1 << 20
+    /// The leader promotes a learner once it is this close to the leader's last index.
+    public var autoPromoteLearners: Bool = true
+    public var promotionLag: UInt64 = 64
+    /// Seed for the randomised election timeout.
+    public var seed: UInt64
+
+    public init(id: NodeID, seed: UInt64) {
+        self.id = id
+        self.seed = seed
+    }
+
+    public func validate() throws(RaftError) {
+        guard id != 0 else { throw .invalidConfiguration("node id 0 is reserved") }
+        guard heartbeatTicks >= 1 else { throw .invalidConfiguration("heartbeatTicks must be at least 1") }
+        guard electionTicks > heartbeatTicks else {
+            throw .invalidConfiguration("electionTicks must be greater than heartbeatTicks")
+        }
+        guard maxInflightMessages >= 1, maxInflightBytes >= 1, maxMessageBytes >= 1, snapshotChunkBytes >= 1 else {
+            throw .invalidConfiguration("flow-control limits must be positive")
+        }
+        if readMode == .leaseBased && !checkQuorum {
+            throw .invalidConfiguration("lease-based reads require checkQuorum")
+        }
+    }
+}

@@ -1,0 +1,243 @@
+public import BanyanRaft
+
+/// What a simulated node has made durable: hard state, the installed snapshot and the log
+/// after it. Everything else is lost when the node crashes.
+public struct SimDisk: Sendable, Equatable {
+    public var hardState = HardState()
+    public var snapshot: SnapshotMeta = .none
+    public var snapshotBytes: [UInt8] = []
+    /// Entries after `snapshot.index`, contiguous.
+    public var entries: [LogEntry] = []
+
+    public init() {}
+
+    public var lastIndex: UInt64 { snapshot.index + UInt64(entries.count) }
+
+    public func term(at index: UInt64) -> UInt64? {
+        if index == snapshot.index { return snapshot.term }
+        guard index > snapshot.index, index <= lastIndex else { return nil }
+        return entries[Int(index - snapshot.index - 1)].term
+    }
+
+    /// Writing an entry at index i replaces everything at i and after.
+    mutating func write(_ entry: LogEntry) {
+        guard entry.index > snapshot.index else { return }
+        let position = Int(entry.index - snapshot.index - 1)
+        if position < entries.count { entries.removeSubrange(position...) }
+        if position == entries.count { entries.append(entry) }
+    }
+
+    mutating func install(_ meta: SnapshotMeta, bytes: [UInt8]) {
+        if let t = term(at: meta.index), t == meta.term, meta.index <= lastIndex {
+            entries.removeFirst(Int(meta.index - snapshot.index))
+        } else {
+            entries = []
+        }
+        snapshot = meta
+        snapshotBytes = bytes
+    }
+
+    public var persisted: PersistedState {
+        PersistedState(hardState: hardState, snapshot: snapshot, entries: entries)
+    }
+}
+
+/// The simulator's driver for one node: it runs the core's `Ready` loop in the documented order
+/// (persist, then send, then apply), keeps the state machine, takes snapshots, and checks that
+/// nothing is sent before the state it depends on is durable.
+public struct SimNode: Sendable {
+    public let id: NodeID
+    public private(set) var raft: RaftNode
+    public private(set) var disk: SimDisk
+    public private(set) var machine: KVMachine
+    public private(set) var incarnation: Int = 0
+    public var configuration: RaftConfiguration
+    /// Take a snapshot and compact once this many entries were applied since the last one
+    /// (0: never).
+    public var snapshotEvery: UInt64
+
+    private var incoming: [UInt8] = []
+    private var pendingReads: [ReadState] = []
+
+    /// Everything one `process` call produced.
+    public struct Output: Sendable {
+        public var messages: [Message] = []
+        /// Entries applied to the state machine (commands, no-ops and configurations).
+        public var applied: [LogEntry] = []
+        /// Commands applied with their outcome (nil outcome: a duplicate that was skipped).
+        public var outcomes: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)] = []
+        /// ReadIndex reads whose index the state machine has reached: serve them now.
+        public var readsReady: [ReadState] = []
+        /// Breaches of the persist-before-send rule or of the core's invariants.
+        public var violations: [String] = []
+        public var roleChanged: Bool = false
+        /// The node crashed part-way through persisting (see `process(persistBudget:)`).
+        public var crashed = false
+    }
+
+    public init(configuration: RaftConfiguration, disk: SimDisk, snapshotEvery: UInt64 = 0) throws(RaftError) {
+        id = configuration.id
+        self.configuration = configuration
+        self.disk = disk
+        self.snapshotEvery = snapshotEvery
+        raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
+        machine = (try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine()
+    }
+
+    /// A founding member of a new cluster (the bootstrap state is written to disk first).
+    public static func founding(configuration: RaftConfiguration, members: [NodeID], snapshotEvery: UInt64 = 0) throws(RaftError) -> SimNode {
+        var disk = SimDisk()
+        let state = RaftNode.bootstrapState(members: members)
+        disk.hardState = state.hardState
+        disk.entries = state.entries
+        return try SimNode(configuration: configuration, disk: disk, snapshotEvery: snapshotEvery)
+    }
+
+    /// Restarts from the disk after a crash: memory, the incoming snapshot and pending reads are
+    /// gone. `seed` re-seeds the election timer.
+    public mutating func restart(seed: UInt64) throws(RaftError) {
+        incarnation += 1
+        configuration.seed = seed
+        raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
+        machine = disk.snapshotBytes.isEmpty ? KVMachine() : ((try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine())
+        incoming = []
+        pendingReads = []
+    }
+
+    // MARK: - Inputs
+
+    public mutating func tick() { raft.tick() }
+    public mutating func step(_ m: Message) { raft.step(m) }
+    public mutating func campaign() { raft.campaign() }
+
+    @discardableResult
+    public mutating func propose(_ commands: [[UInt8]]) throws(RaftError) -> RaftNode.ProposalOutcome {
+        try raft.propose(commands)
+    }
+
+    @discardableResult
+    public mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome {
+        try raft.proposeMembershipChange(change)
+    }
+
+    public mutating func transferLeadership(to target: NodeID) throws(RaftError) {
+        try raft.transferLeadership(to: target)
+    }
+
+    @discardableResult
+    public mutating func readIndex(context: UInt64) -> Bool { raft.readIndex(context: context) }
+
+    // MARK: - The Ready loop
+
+    /// Runs ready/advance until the core is quiet. With `persistBudget`, the node crashes after
+    /// that many durable writes of a batch (a snapshot, an entry and the hard state each count):
+    /// nothing of that batch is sent or applied, and the caller must `restart` it.
+    public mutating func process(persistBudget: Int? = nil) -> Output {
+        var out = Output()
+        var budget = persistBudget
+        var rounds = 0
+        while raft.hasReady && rounds < 10_000 {
+            rounds += 1
+            let rd = raft.ready()
+            if rd.role != nil { out.roleChanged = true }
+            // 1. Incoming snapshot chunks, then install.
+            for chunk in rd.snapshotChunks {
+                if chunk.offset == 0 { incoming = [] }
+                if UInt64(incoming.count) == chunk.offset { incoming.append(contentsOf: chunk.data) }
+            }
+            if let meta = rd.snapshot {
+                if !spend(&budget) { out.crashed = true; return out }
+                disk.install(meta, bytes: incoming)
+            }
+            // 2. Entries, then hard state.
+            for e in rd.entries {
+                if !spend(&budget) { out.crashed = true; return out }
+                disk.write(e)
+            }
+            if let hs = rd.hardState {
+                if !spend(&budget) { out.crashed = true; return out }
+                disk.hardState = hs
+            }
+            // 3. Send, checking that every message is backed by durable state (R3, R26).
+            for m in rd.messages {
+                if let problem = persistenceProblem(m) { out.violations.append(problem) }
+                out.messages.append(m)
+            }
+            // 4. Apply.
+            if let meta = rd.snapshot {
+                do {
+                    machine = try KVMachine(snapshot: disk.snapshotBytes)
+                } catch {
+                    out.violations.append("node \(id): installed snapshot \(meta.index) does not load: \(error)")
+                }
+            }
+            for e in rd.committedEntries {
+                out.applied.append(e)
+                if e.kind == .command, let env = KVMachine.Envelope(decoding: e.data) {
+                    out.outcomes.append((env, machine.apply(env, index: e.index), e.index))
+                } else {
+                    machine.skip(index: e.index)
+                }
+            }
+            pendingReads.append(contentsOf: rd.readStates)
+            for request in rd.snapshotReads {
+                let bytes = disk.snapshotBytes
+                let start = Int(min(request.offset, UInt64(bytes.count)))
+                let end = min(bytes.count, start + request.maxBytes)
+                raft.snapshotChunk(
+                    to: request.to, meta: disk.snapshot, offset: request.offset, data: Array(bytes[start..<end]),
+                    last: end == bytes.count
+                )
+            }
+            raft.advance(rd)
+            maybeSnapshot()
+        }
+        if !pendingReads.isEmpty {
+            var kept: [ReadState] = []
+            for r in pendingReads {
+                if machine.appliedIndex >= r.index { out.readsReady.append(r) } else { kept.append(r) }
+            }
+            pendingReads = kept
+        }
+        for v in raft.invariantViolations { out.violations.append(v) }
+        return out
+    }
+
+    private func spend(_ budget: inout Int?) -> Bool {
+        guard let b = budget else { return true }
+        if b <= 0 { return false }
+        budget = b - 1
+        return true
+    }
+
+    private mutating func maybeSnapshot() {
+        guard snapshotEvery > 0, raft.appliedIndex >= disk.snapshot.index + snapshotEvery,
+            machine.appliedIndex == raft.appliedIndex
+        else { return }
+        guard let meta = try? raft.snapshotMeta(at: raft.appliedIndex) else { return }
+        // Durable snapshot first, then drop the covered entries (R14).
+        disk.install(meta, bytes: machine.snapshotBytes())
+        _ = try? raft.compact(through: meta.index)
+    }
+
+    /// Why `m` must not be sent yet, if it depends on state that is not durable.
+    private func persistenceProblem(_ m: Message) -> String? {
+        switch m.body {
+        case .voteResponse(granted: true):
+            if disk.hardState.term != m.term || disk.hardState.vote != m.to {
+                return "node \(id) granted a vote to \(m.to) in term \(m.term) before persisting it (disk: term \(disk.hardState.term) vote \(disk.hardState.vote))"
+            }
+        case .appendAccepted(let index) where index > 0:
+            if disk.lastIndex < index || disk.hardState.term < m.term {
+                return "node \(id) acknowledged index \(index) in term \(m.term) with only \(disk.lastIndex) durable (term \(disk.hardState.term))"
+            }
+        case .vote, .append, .heartbeat:
+            if disk.hardState.term < m.term {
+                return "node \(id) sent a term-\(m.term) message before persisting the term (disk: \(disk.hardState.term))"
+            }
+        default:
+            break
+        }
+        return nil
+    }
+}

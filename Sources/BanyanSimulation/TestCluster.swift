@@ -1,0 +1,217 @@
+public import BanyanRaft
+
+/// A synchronous, step-by-step cluster for scenario tests (etcd's `network` harness, in Swift):
+/// messages are delivered immediately and in order unless a test drops, holds or redirects them.
+/// Nothing here is random except each node's seeded election timer.
+public struct TestCluster: Sendable {
+    public private(set) var nodes: [NodeID: SimNode] = [:]
+    /// Nodes that are down (crashed and not restarted).
+    public private(set) var down: Set<NodeID> = []
+    /// Directed links that drop everything.
+    public var cutLinks: Set<Link> = []
+    /// Messages held back by `hold` filters, in send order.
+    public private(set) var held: [Message] = []
+    /// Every message delivered, in order (for assertions).
+    public private(set) var delivered: [Message] = []
+    /// Everything applied per node, in order.
+    public private(set) var applied: [NodeID: [LogEntry]] = [:]
+    public private(set) var outcomes: [NodeID: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)]] = [:]
+    public private(set) var reads: [NodeID: [ReadState]] = [:]
+    /// Persist-before-send and core invariant breaches seen so far (tests assert it stays empty).
+    public private(set) var violations: [String] = []
+    private var dropFilter: (@Sendable (Message) -> Bool)?
+    private var holdFilter: (@Sendable (Message) -> Bool)?
+    private var restarts: UInt64 = 0
+
+    public struct Link: Hashable, Sendable {
+        public var from: NodeID
+        public var to: NodeID
+        public init(from: NodeID, to: NodeID) {
+            self.from = from
+            self.to = to
+        }
+    }
+
+    /// A cluster of `count` founding voters with ids 1…count.
+    public init(voters count: Int, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+        let ids = (1...UInt64(count)).map { $0 }
+        for id in ids {
+            var config = RaftConfiguration(id: id, seed: id &* 0x9E37_79B9)
+            configure(&config)
+            nodes[id] = try SimNode.founding(configuration: config, members: ids)
+        }
+    }
+
+    /// Adds a blank node (it joins when the leader adds it as a learner).
+    public mutating func addBlankNode(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+        var config = RaftConfiguration(id: id, seed: id &* 0x9E37_79B9)
+        configure(&config)
+        nodes[id] = try SimNode(configuration: config, disk: SimDisk())
+    }
+
+    public func node(_ id: NodeID) -> SimNode? { nodes[id] }
+    public func raft(_ id: NodeID) -> RaftNode? { nodes[id]?.raft }
+
+    public mutating func withNode<R>(_ id: NodeID, _ body: (inout SimNode) throws(RaftError) -> R) throws(RaftError) -> R? {
+        guard var n = nodes[id] else { return nil }
+        let r = try body(&n)
+        nodes[id] = n
+        return r
+    }
+
+    // MARK: - Faults
+
+    public mutating func isolate(_ id: NodeID) {
+        for other in nodes.keys where other != id {
+            cutLinks.insert(Link(from: id, to: other))
+            cutLinks.insert(Link(from: other, to: id))
+        }
+    }
+
+    /// Splits the cluster into groups that cannot talk to each other.
+    public mutating func partition(_ groups: [[NodeID]]) {
+        for (i, a) in groups.enumerated() {
+            for (j, b) in groups.enumerated() where i != j {
+                for x in a { for y in b { cutLinks.insert(Link(from: x, to: y)) } }
+            }
+        }
+    }
+
+    public mutating func heal() { cutLinks = [] }
+
+    /// Drops every message for which `filter` is true (nil: drop nothing).
+    public mutating func drop(where filter: (@Sendable (Message) -> Bool)?) { dropFilter = filter }
+
+    /// Holds back every message for which `filter` is true, to deliver later with `release`.
+    public mutating func hold(where filter: (@Sendable (Message) -> Bool)?) { holdFilter = filter }
+
+    /// Delivers held messages (optionally a subset, in the given order) and stabilises.
+    public mutating func release(_ select: (([Message]) -> [Message])? = nil) {
+        let chosen = select?(held) ?? held
+        held = []
+        for m in chosen { deliver(m) }
+        stabilize()
+    }
+
+    public mutating func crash(_ id: NodeID) { down.insert(id) }
+
+    public mutating func restart(_ id: NodeID) throws(RaftError) {
+        restarts += 1
+        down.remove(id)
+        let seed = id &* 7919 &+ restarts
+        _ = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.restart(seed: seed) }
+    }
+
+    /// Replaces a node's disk with a blank one and restarts it (a wiped disk, R22).
+    public mutating func wipe(_ id: NodeID) throws(RaftError) {
+        guard let n = nodes[id] else { return }
+        nodes[id] = try SimNode(configuration: n.configuration, disk: SimDisk())
+        down.remove(id)
+    }
+
+    // MARK: - Driving
+
+    public mutating func tick(_ id: NodeID, times: Int = 1) {
+        for _ in 0..<times {
+            guard !down.contains(id) else { return }
+            nodes[id]?.tick()
+            stabilize()
+        }
+    }
+
+    public mutating func tickAll(times: Int = 1) {
+        for _ in 0..<times {
+            for id in nodes.keys.sorted() where !down.contains(id) { nodes[id]?.tick() }
+            stabilize()
+        }
+    }
+
+    public mutating func campaign(_ id: NodeID) {
+        nodes[id]?.campaign()
+        stabilize()
+    }
+
+    @discardableResult
+    public mutating func propose(_ id: NodeID, _ data: [UInt8]) throws(RaftError) -> RaftNode.ProposalOutcome? {
+        let r = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.propose([data]) }
+        stabilize()
+        return r
+    }
+
+    /// Proposes a put through `id` (client 1, increasing sequence numbers).
+    @discardableResult
+    public mutating func put(_ id: NodeID, key: Int, value: Int64, client: UInt32 = 1, seq: UInt32) throws(RaftError) -> RaftNode.ProposalOutcome? {
+        try propose(id, KVMachine.Envelope(client: client, seq: seq, command: .put(key: key, value: value)).encoded())
+    }
+
+    @discardableResult
+    public mutating func changeMembership(_ id: NodeID, _ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome? {
+        let r = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.proposeMembershipChange(change) }
+        stabilize()
+        return r
+    }
+
+    public mutating func transfer(_ id: NodeID, to target: NodeID) throws(RaftError) {
+        _ = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.transferLeadership(to: target) }
+        stabilize()
+    }
+
+    @discardableResult
+    public mutating func readIndex(_ id: NodeID, context: UInt64) -> Bool {
+        let ok = nodes[id]?.readIndex(context: context) ?? false
+        stabilize()
+        return ok
+    }
+
+    /// Processes every node and delivers messages until nothing moves (bounded).
+    public mutating func stabilize(maxRounds: Int = 10_000) {
+        var rounds = 0
+        while rounds < maxRounds {
+            rounds += 1
+            var outgoing: [Message] = []
+            for id in nodes.keys.sorted() where !down.contains(id) {
+                guard var n = nodes[id] else { continue }
+                let out = n.process()
+                nodes[id] = n
+                outgoing.append(contentsOf: out.messages)
+                applied[id, default: []].append(contentsOf: out.applied)
+                outcomes[id, default: []].append(contentsOf: out.outcomes)
+                reads[id, default: []].append(contentsOf: out.readsReady)
+                violations.append(contentsOf: out.violations)
+            }
+            if outgoing.isEmpty { return }
+            for m in outgoing { deliver(m) }
+        }
+    }
+
+    private mutating func deliver(_ m: Message) {
+        if down.contains(m.to) || down.contains(m.from) || cutLinks.contains(Link(from: m.from, to: m.to)) { return }
+        if let f = dropFilter, f(m) { return }
+        if let h = holdFilter, h(m) {
+            held.append(m)
+            return
+        }
+        delivered.append(m)
+        nodes[m.to]?.step(m)
+    }
+
+    /// Steps a message directly (for hand-made, stale or duplicated messages).
+    public mutating func inject(_ m: Message) {
+        nodes[m.to]?.step(m)
+        stabilize()
+    }
+
+    // MARK: - Queries
+
+    /// The leader with the highest term among live nodes, if any.
+    public var leader: NodeID? {
+        nodes.values.filter { $0.raft.role == .leader && !down.contains($0.id) }.max { $0.raft.term < $1.raft.term }?.id
+    }
+
+    /// Entries of `id`'s log (after its snapshot) as (index, term) pairs.
+    public func logTerms(_ id: NodeID) -> [UInt64] {
+        guard let r = nodes[id]?.raft else { return [] }
+        guard r.lastIndex >= r.firstIndex else { return [] }
+        return (r.firstIndex...r.lastIndex).compactMap { r.term(at: $0) }
+    }
+}
