@@ -24,6 +24,7 @@ let package = Package(
     products: [
         .executable(name: "banyan", targets: ["BanyanCommand"]),
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
+        .executable(name: "banyan-sim", targets: ["BanyanSim"]),
         // Internal modules are not products (house style B10); the client SDK will be one. Note:
         // SwiftPM refuses `unsafeFlags` in packages used as dependencies, so `coreSettings` must
         // drop its release-only exclusivity flag before the SDK product ships.
@@ -89,6 +90,12 @@ let package = Package(
                 "BanyanTree", "BanyanQuery", "BanyanBasics",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
+            swiftSettings: strictSettings
+        ),
+        // `swift run -c release banyan-sim`: the seeded cluster simulator (docs/simulator.md).
+        .executableTarget(
+            name: "BanyanSim",
+            dependencies: ["BanyanSimulation", .product(name: "ArgumentParser", package: "swift-argument-parser")],
             swiftSettings: strictSettings
         ),
         // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).

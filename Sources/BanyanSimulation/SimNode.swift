@@ -55,6 +55,8 @@ public struct SimNode: Sendable {
     /// Take a snapshot and compact once this many entries were applied since the last one
     /// (0: never).
     public var snapshotEvery: UInt64
+    /// Record the state machine's digest after applying every index divisible by this (0: never).
+    public var digestEvery: UInt64 = 0
 
     private var incoming: [UInt8] = []
     private var pendingReads: [ReadState] = []
@@ -68,6 +70,10 @@ public struct SimNode: Sendable {
         public var outcomes: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)] = []
         /// ReadIndex reads whose index the state machine has reached: serve them now.
         public var readsReady: [ReadState] = []
+        /// State-machine digests at indexes divisible by `digestEvery`.
+        public var digests: [(index: UInt64, digest: String)] = []
+        /// Snapshots this node installed from its leader.
+        public var installedSnapshots = 0
         /// Breaches of the persist-before-send rule or of the core's invariants.
         public var violations: [String] = []
         public var roleChanged: Bool = false
@@ -148,6 +154,7 @@ public struct SimNode: Sendable {
             if let meta = rd.snapshot {
                 if !spend(&budget) { out.crashed = true; return out }
                 disk.install(meta, bytes: incoming)
+                out.installedSnapshots += 1
             }
             // 2. Entries, then hard state.
             for e in rd.entries {
@@ -178,6 +185,7 @@ public struct SimNode: Sendable {
                 } else {
                     machine.skip(index: e.index)
                 }
+                if digestEvery > 0 && e.index % digestEvery == 0 { out.digests.append((e.index, machine.digest)) }
             }
             pendingReads.append(contentsOf: rd.readStates)
             for request in rd.snapshotReads {

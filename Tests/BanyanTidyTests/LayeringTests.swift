@@ -19,6 +19,7 @@ import Testing
         "BanyanSimulation": (true, ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"]),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
+        "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "Foundation", "Glibc"]),
     ]
 

@@ -1,0 +1,84 @@
+import ArgumentParser
+import BanyanSimulation
+
+/// `banyan-sim`: runs the deterministic cluster simulator over seeds (docs/simulator.md).
+@main
+struct BanyanSim: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "banyan-sim",
+        abstract: "Run seeded simulations of a Banyan Raft cluster under faults and check safety, liveness and linearizability.",
+        discussion: """
+            Every run is a pure function of its seed: a failure prints its seed, and `--seed N` replays it
+            exactly (add `--trace` for one line per event). Without `--seed`, runs `--count` seeds starting at
+            `--first`, or keeps going until `--time-budget` seconds pass.
+            """
+    )
+
+    @Option(help: "Replay exactly this seed.") var seed: UInt64?
+    @Option(help: "First seed of a range.") var first: UInt64 = 1
+    @Option(help: "Number of seeds to run.") var count: Int = 100
+    @Option(help: "Keep running seeds from --first until this many seconds have passed (long-run mode).")
+    var timeBudget: Double?
+    @Option(help: "Client operations per run.") var operations: Int = 1000
+    @Option(help: "Founding voters (default: the seed picks 3 or 5).") var nodes: Int?
+    @Flag(help: "Healthy network, no nemesis.") var noFaults = false
+    @Flag(help: "Print one line per event of a replayed seed.") var trace = false
+    @Flag(help: "Print every run's summary, not only failures.") var verbose = false
+
+    func options(_ s: UInt64) -> SimulationOptions {
+        var o = SimulationOptions(seed: s)
+        o.operations = operations
+        o.nodes = nodes
+        o.faults = !noFaults
+        o.trace = trace
+        return o
+    }
+
+    func run() throws {
+        if let seed {
+            let report = Simulator.run(options(seed))
+            if trace { for line in report.trace { print(line) } }
+            print(report.summary)
+            print("trace hash \(String(report.traceHash, radix: 16))")
+            if !report.passed { throw ExitCode.failure }
+            return
+        }
+        let clock = ContinuousClock()
+        let start = clock.now
+        var failures: [UInt64] = []
+        var ran = 0
+        var s = first
+        var events = 0
+        while true {
+            if let budget = timeBudget {
+                if clock.now - start > .milliseconds(Int(budget * 1000)) { break }
+            } else if ran >= count {
+                break
+            }
+            let report = Simulator.run(options(s))
+            ran += 1
+            events += report.stats.events
+            if !report.passed {
+                failures.append(s)
+                print(report.summary)
+                print("replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "") --operations \(operations)")
+            } else if verbose {
+                print(report.summary)
+            }
+            if ran % 100 == 0 && !verbose {
+                print("… \(ran) seeds, \(failures.count) failed")
+            }
+            s &+= 1
+        }
+        let elapsed = clock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let rate = seconds > 0 ? Double(ran) / seconds : 0
+        print("ran \(ran) seeds (\(first)…\(first &+ UInt64(max(ran, 1)) &- 1)) in \(String(format1(seconds))) s, \(String(format1(rate))) seeds/s, \(events) events; \(failures.count) failed\(failures.isEmpty ? "" : ": \(failures)")")
+        if !failures.isEmpty { throw ExitCode.failure }
+    }
+
+    func format1(_ x: Double) -> String {
+        let scaled = (x * 10).rounded() / 10
+        return "\(scaled)"
+    }
+}
