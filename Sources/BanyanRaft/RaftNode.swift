@@ -626,6 +626,7 @@ public struct RaftNode: Sendable {
         pr.recentActive = true
         switch m.body {
         case .appendAccepted(let index):
+            let wasPaused = pr.isPaused
             if pr.maybeUpdate(index) {
                 switch pr.state {
                 case .probe: pr.becomeReplicate()
@@ -634,7 +635,15 @@ public struct RaftNode: Sendable {
                 default: break
                 }
                 progress[m.from] = pr
-                if maybeCommit() { broadcastAppend() }
+                if maybeCommit() {
+                    broadcastAppend()
+                } else if wasPaused {
+                    // A paused follower was skipped by earlier commit broadcasts: send it an
+                    // append (empty if nothing is new) so it learns the commit index now rather
+                    // than at the next heartbeat (etcd's `oldPaused`; scenario "committing the
+                    // new leader's no-op commits every preceding entry").
+                    sendAppend(to: m.from, sendIfEmpty: true)
+                }
                 while sendAppend(to: m.from, sendIfEmpty: false) {}
                 if m.from == transferTarget, progress[m.from]?.match == log.lastIndex {
                     send(to: m.from, .timeoutNow)

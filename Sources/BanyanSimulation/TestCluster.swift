@@ -85,11 +85,13 @@ public struct TestCluster: Sendable {
     /// Holds back every message for which `filter` is true, to deliver later with `release`.
     public mutating func hold(where filter: (@Sendable (Message) -> Bool)?) { holdFilter = filter }
 
-    /// Delivers held messages (optionally a subset, in the given order) and stabilises.
+    /// Delivers held messages (optionally a subset, in the given order) and stabilises. Held
+    /// messages that are not chosen are discarded (lost). The chosen ones are not held again by
+    /// an active `hold` filter, but what they cause is.
     public mutating func release(_ select: (([Message]) -> [Message])? = nil) {
         let chosen = select?(held) ?? held
         held = []
-        for m in chosen { deliver(m) }
+        for m in chosen { deliver(m, holding: false) }
         stabilize()
     }
 
@@ -106,6 +108,14 @@ public struct TestCluster: Sendable {
     public mutating func wipe(_ id: NodeID) throws(RaftError) {
         guard let n = nodes[id] else { return }
         nodes[id] = try SimNode(configuration: n.configuration, disk: SimDisk())
+        down.remove(id)
+    }
+
+    /// Replaces a node with one restored from `disk` (a hand-built log for scenario tests); the
+    /// node keeps its configuration and snapshot interval and is up afterwards.
+    public mutating func replace(_ id: NodeID, disk: SimDisk) throws(RaftError) {
+        guard let n = nodes[id] else { return }
+        nodes[id] = try SimNode(configuration: n.configuration, disk: disk, snapshotEvery: n.snapshotEvery)
         down.remove(id)
     }
 
@@ -184,10 +194,10 @@ public struct TestCluster: Sendable {
         }
     }
 
-    private mutating func deliver(_ m: Message) {
+    private mutating func deliver(_ m: Message, holding: Bool = true) {
         if down.contains(m.to) || down.contains(m.from) || cutLinks.contains(Link(from: m.from, to: m.to)) { return }
         if let f = dropFilter, f(m) { return }
-        if let h = holdFilter, h(m) {
+        if holding, let h = holdFilter, h(m) {
             held.append(m)
             return
         }

@@ -1,0 +1,206 @@
+import BanyanRaft
+import BanyanSimulation
+import Testing
+
+/// Flow control (R25), after etcd's raft_flow_control_test.go and TestUncommittedEntryLimit.
+@Suite struct FlowControlTests {
+    static func appendsTo3(_ messages: [Message]) -> [[UInt64]] {
+        messages.filter { $0.to == 3 && $0.isAppend && !$0.appendEntries.isEmpty }.map { $0.appendEntries.map(\.index) }
+    }
+
+    @Test("with two appends in flight a slow follower gets no more until it acknowledges; acks and heartbeat replies slide the window")
+    func inflightWindow() throws {
+        var c = try TestCluster(voters: 3) {
+            $0.maxInflightMessages = 2
+            $0.maxMessageBytes = 1  // one entry per append
+        }
+        c.campaign(1)
+        c.hold { $0.from == 1 && $0.to == 3 && $0.isAppend }
+        for i in 0..<5 { try c.put(1, key: i, value: Int64(i), seq: UInt32(i + 1)) }  // indexes 3…7
+        #expect(c.raft(1)?.commitIndex == 7)  // node 2 keeps up
+        #expect(Self.appendsTo3(c.held) == [[3], [4]])
+        // Deliver the two: each acknowledgement frees one slot and the next entry goes out.
+        c.release()
+        #expect(Self.appendsTo3(c.held) == [[5], [6]])
+        #expect(c.raft(3)?.lastIndex == 4)
+        // A stale acknowledgement does not free a slot.
+        c.inject(Message(from: 3, to: 1, term: 2, body: .appendAccepted(index: 4)))
+        #expect(Self.appendsTo3(c.held) == [[5], [6]])
+        // A heartbeat reply from a follower whose window is full frees one slot.
+        c.tick(1)
+        #expect(Self.appendsTo3(c.held) == [[5], [6], [7]])
+        c.hold(where: nil)
+        c.release()
+        c.tick(1)
+        #expect(c.logTerms(3) == c.logTerms(1))
+        #expect(Scenario.values(c, 3, keys: 5) == [0, 1, 2, 3, 4])
+        #expect(c.violations.isEmpty)
+    }
+
+    @Test("past maxUncommittedBytes the leader refuses proposals with uncommittedLimit instead of growing its log")
+    func uncommittedLimit() throws {
+        var c = try TestCluster(voters: 3) { $0.maxUncommittedBytes = 40 }  // a put is 18 bytes
+        c.campaign(1)
+        c.cutLinks = [.init(from: 1, to: 2), .init(from: 1, to: 3)]
+        try c.put(1, key: 0, value: 1, seq: 1)
+        try c.put(1, key: 1, value: 2, seq: 2)
+        #expect(throws: RaftError.uncommittedLimit(bytes: 36)) { try c.put(1, key: 2, value: 3, seq: 3) }
+        #expect(c.raft(1)?.lastIndex == 4)
+        #expect(c.raft(1)?.commitIndex == 2)
+        // Once the entries commit the budget is free again.
+        c.heal()
+        c.tick(1)
+        #expect(c.raft(1)?.commitIndex == 4)
+        try c.put(1, key: 2, value: 3, seq: 3)
+        #expect(Scenario.values(c, 2, keys: 3) == [1, 2, 3])
+        #expect(c.violations.isEmpty)
+    }
+}
+
+/// Snapshots and compaction (R14), after etcd's raft_snap_test.go,
+/// slow_follower_after_compaction.txt and TestRestoreIgnoreSnapshot.
+@Suite struct SnapshotTests {
+    static func compactingCluster() throws -> TestCluster {
+        var c = try TestCluster(voters: 3) { $0.snapshotChunkBytes = 16 }
+        for id: NodeID in 1...3 { try c.withNode(id) { (n: inout SimNode) throws(RaftError) in n.snapshotEvery = 5 } }
+        c.campaign(1)
+        c.crash(3)
+        for i in 0..<20 { try c.put(1, key: i % 7, value: Int64(100 + i), seq: UInt32(i + 1)) }
+        #expect(try #require(c.raft(1)?.firstIndex) > 3)  // the leader compacted past node 3's log
+        #expect(c.raft(3)?.lastIndex == 2)
+        return c
+    }
+
+    @Test("a follower that was down while the leader compacted receives the snapshot in several chunks and converges")
+    func slowFollowerGetsSnapshot() throws {
+        var c = try Self.compactingCluster()
+        try c.restart(3)
+        let mark = c.delivered.count
+        c.tickAll(times: 3)
+        let chunks = c.delivered(since: mark).filter { $0.to == 3 && $0.isSnapshotChunk }
+        #expect(chunks.count >= 3)
+        for m in chunks {
+            guard case let .snapshotChunk(_, _, data, _) = m.body else { continue }
+            #expect(data.count <= 16)
+        }
+        #expect(try #require(c.raft(3)?.snapshotMeta.index) > 2)
+        #expect(c.node(3)?.disk.snapshot == c.raft(3)?.snapshotMeta)
+        #expect(c.node(3)?.machine.digest == c.node(1)?.machine.digest)
+        #expect(Scenario.values(c, 3, keys: 7) == Scenario.values(c, 1, keys: 7))
+        try c.put(1, key: 0, value: 1, client: 2, seq: 1)
+        #expect(c.node(3)?.machine.value(0) == 1)
+        #expect(c.violations.isEmpty)
+    }
+
+    @Test("a follower that crashes part-way through a snapshot transfer restarts it and still converges")
+    func crashMidSnapshot() throws {
+        var c = try Self.compactingCluster()
+        try c.restart(3)
+        c.hold { m in
+            if case let .snapshotChunk(_, offset, _, _) = m.body { return offset >= 48 }
+            return false
+        }
+        c.tickAll()
+        #expect(c.held.count == 1)
+        #expect(c.raft(3)?.snapshotMeta.index == 0)  // three chunks in, nothing installed
+        c.crash(3)
+        c.hold(where: nil)
+        c.release()  // lost: node 3 is down
+        try c.restart(3)
+        let mark = c.delivered.count
+        c.tickAll(times: 25)  // the leader's stalled transfer restarts after an election timeout
+        let restarts = c.delivered(since: mark).filter {
+            if case let .snapshotChunk(_, offset, _, _) = $0.body { return $0.to == 3 && offset == 0 }
+            return false
+        }
+        #expect(!restarts.isEmpty)
+        #expect(c.node(3)?.machine.digest == c.node(1)?.machine.digest)
+        #expect(c.logTerms(3).suffix(3) == c.logTerms(1).suffix(3))
+        #expect(c.violations.isEmpty)
+    }
+
+    @Test("a snapshot older than the follower's commit index is ignored and acknowledged at the commit index")
+    func staleSnapshotIgnored() throws {
+        var c = try TestCluster(voters: 3)
+        // Node 2 compacts its own log past index 4, so it cannot match the stale snapshot's entry.
+        try c.withNode(2) { (n: inout SimNode) throws(RaftError) in n.snapshotEvery = 5 }
+        c.campaign(1)
+        for i in 0..<5 { try c.put(1, key: i, value: Int64(i), seq: UInt32(i + 1)) }
+        #expect(c.raft(2)?.commitIndex == 7)
+        #expect(try #require(c.raft(2)?.snapshotMeta.index) >= 5)
+        let before = try #require(c.node(2))
+        let terms = c.logTerms(2)
+        let meta = SnapshotMeta(index: 4, term: 2, membership: Membership(voters: [1, 2, 3]))
+        c.hold { $0.from == 2 }
+        c.inject(Message(from: 1, to: 2, term: 2, body: .snapshotChunk(meta: meta, offset: 0, data: [1, 2, 3], last: true)))
+        #expect(c.held.map(\.body) == [.appendAccepted(index: 7)])
+        #expect(c.raft(2)?.snapshotMeta == before.raft.snapshotMeta)
+        #expect(c.node(2)?.disk == before.disk)
+        #expect(c.node(2)?.machine == before.machine)
+        #expect(c.logTerms(2) == terms)
+        #expect(c.raft(2)?.lastIndex == 7)
+        c.hold(where: nil)
+        c.release()
+        #expect(c.violations.isEmpty)
+    }
+}
+
+/// Persist before send (R26), after etcd #14370 / #14394.
+@Suite struct PersistenceTests {
+    @Test("a single-node leader commits and applies a proposal only after the driver persisted it")
+    func singleNodeCommitsAfterPersist() throws {
+        var raft = try RaftNode(
+            configuration: RaftConfiguration(id: 1, seed: 1), restoring: RaftNode.bootstrapState(members: [1])
+        )
+        raft.campaign()
+        #expect(raft.role == .leader)
+        var rd = raft.ready()
+        raft.advance(rd)
+        while raft.hasReady {
+            rd = raft.ready()
+            raft.advance(rd)
+        }
+        #expect(raft.commitIndex == 2)
+        try raft.propose([9, 9, 9])
+        #expect(raft.lastIndex == 3)
+        #expect(raft.commitIndex == 2)  // not durable yet
+        rd = raft.ready()
+        #expect(rd.entries.map(\.index) == [3])
+        #expect(!rd.committedEntries.contains { $0.index == 3 })
+        #expect(raft.commitIndex == 2)
+        raft.advance(rd)  // the driver reports the entry durable
+        #expect(raft.commitIndex == 3)
+        rd = raft.ready()
+        #expect(rd.committedEntries.map(\.index) == [3])
+        #expect(rd.hardState?.commit == 3)
+        raft.advance(rd)
+    }
+
+    @Test("in a one-node cluster the put is on disk before it applies, and a crash before the write loses it unapplied (R26)")
+    func singleNodeClusterPersistsFirst() throws {
+        var c = try TestCluster(voters: 1)
+        c.campaign(1)
+        try c.put(1, key: 0, value: 7, seq: 1)
+        #expect(c.node(1)?.machine.value(0) == 7)
+        let disk = try #require(c.node(1)?.disk)
+        #expect(disk.entries.map(\.index) == [1, 2, 3])
+        #expect(disk.entries.last?.kind == .command)
+        #expect(disk.hardState.commit == 3)
+        // The next put's batch crashes before its entry reaches the disk: nothing applies.
+        let envelope = KVMachine.Envelope(client: 1, seq: 2, command: .put(key: 0, value: 8))
+        let out = try c.withNode(1) { (n: inout SimNode) throws(RaftError) -> SimNode.Output in
+            try n.propose([envelope.encoded()])
+            return n.process(persistBudget: 0)
+        }
+        #expect(out?.crashed == true)
+        #expect(out?.applied.isEmpty == true)
+        #expect(c.node(1)?.machine.value(0) == 7)
+        c.crash(1)
+        try c.restart(1)
+        c.tickAll(times: 25)
+        #expect(c.leader == 1)
+        #expect(c.node(1)?.machine.value(0) == 7)
+        #expect(c.node(1)?.disk.entries.contains { $0.data == envelope.encoded() } == false)
+        #expect(c.violations.isEmpty)
+    }
+}
