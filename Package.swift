@@ -19,6 +19,9 @@ let coreSettings: [SwiftSetting] = strictSettings + [
     .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))
 ]
 
+/// Cores whose tests run long searches or simulations are optimised in debug builds too.
+let optimisedCoreSettings: [SwiftSetting] = coreSettings + [.unsafeFlags(["-O"], .when(configuration: .debug))]
+
 let package = Package(
     name: "Banyan",
     products: [
@@ -47,15 +50,13 @@ let package = Package(
         // Linearizability checking of client histories (test support for the simulator and the
         // multi-process tests; pure).
         // Optimised even in debug builds: the checker's search runs in every `swift test`.
-        .target(
-            name: "BanyanCheckers",
-            swiftSettings: coreSettings + [.unsafeFlags(["-O"], .when(configuration: .debug))]
-        ),
+        .target(name: "BanyanCheckers", swiftSettings: optimisedCoreSettings),
 
         // MARK: - Layer 1 (pure cores)
 
         // The Raft consensus core: elections, replication, snapshots, membership, reads (docs/raft.md).
-        .target(name: "BanyanRaft", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),
+        // Optimised even in debug builds, like the checker: `swift test` runs 1,000 simulated seeds.
+        .target(name: "BanyanRaft", dependencies: ["BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // Query parameters, indexed evaluation, views and event generation.
         .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
@@ -67,7 +68,7 @@ let package = Package(
         .target(
             name: "BanyanSimulation",
             dependencies: ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
-            swiftSettings: coreSettings
+            swiftSettings: optimisedCoreSettings
         ),
 
         // MARK: - Layer 3 (drivers)
@@ -101,7 +102,9 @@ let package = Package(
         // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).
         .executableTarget(
             name: "BanyanBench",
-            dependencies: ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles"],
+            dependencies: [
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation",
+            ],
             swiftSettings: strictSettings
         ),
 

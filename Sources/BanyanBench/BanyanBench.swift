@@ -22,6 +22,8 @@ enum BanyanBench {
         if all || which.contains("json") { json() }
         if all || which.contains("oplog") { oplog() }
         if all || which.contains("snapshot") { snapshot() }
+        if all || which.contains("raft") { raft() }
+        if all || which.contains("sim") { simulation() }
     }
 
     static func machine() -> String {

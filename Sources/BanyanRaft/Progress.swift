@@ -85,7 +85,9 @@ struct Progress: Sendable {
             next = match + 1
             return true
         }
-        if next == 0 || next - 1 != rejected { return false }
+        // At or below the match point a rejection is stale (a durable follower never loses
+        // what it acknowledged); acting on it would resend the same append forever.
+        if rejected <= match || next == 0 || next - 1 != rejected { return false }
         next = max(min(rejected, hint + 1), match + 1)
         probeSent = false
         return true

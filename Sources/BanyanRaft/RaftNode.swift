@@ -722,11 +722,14 @@ public struct RaftNode: Sendable {
             return
         }
         if offset == 0 && log.matchTerm(meta.index, meta.term) {
-            // Our log already holds the snapshot's last entry: just learn the commit.
+            // Our log already holds the snapshot's last entry: just learn the commit. Answer
+            // with the commit index, not the last index: entries after it may differ from the
+            // leader's (found by the simulator, seed 761: a wrong match made the leader probe
+            // forever).
             incomingSnapshot = nil
             log.commitTo(meta.index)
             applyCommittedConfigurations()
-            send(to: from, .appendAccepted(index: log.lastIndex))
+            send(to: from, .appendAccepted(index: log.committed))
             return
         }
         if incomingSnapshot?.meta != meta {

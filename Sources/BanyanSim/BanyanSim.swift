@@ -24,6 +24,8 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
+    @Option(help: "A deliberate driver bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads.")
+    var sabotage: String?
 
     func options(_ s: UInt64) -> SimulationOptions {
         var o = SimulationOptions(seed: s)
@@ -31,6 +33,12 @@ struct BanyanSim: ParsableCommand {
         o.nodes = nodes
         o.faults = !noFaults
         o.trace = trace
+        switch sabotage {
+        case "forget-vote": o.sabotage = .forgetVoteOnRestart
+        case "lazy-fsync": o.sabotage = .lazyFsync
+        case "local-reads": o.sabotage = .localReads
+        default: o.sabotage = .none
+        }
         return o
     }
 

@@ -42,6 +42,19 @@ public struct SimDisk: Sendable, Equatable {
     }
 }
 
+/// Deliberate driver bugs, used only to prove that the simulator's checkers catch what they
+/// claim to catch (each must make some seed fail).
+public enum Sabotage: Sendable, Equatable, CaseIterable {
+    case none
+    /// The vote is not persisted: a restarted node can vote twice in one term (R3).
+    case forgetVoteOnRestart
+    /// Writes are fsynced only once per tick, but messages go out at once: a crash loses state
+    /// that was already acknowledged (R26; etcd #14370).
+    case lazyFsync
+    /// Reads are served from the local state machine without ReadIndex (R17).
+    case localReads
+}
+
 /// The simulator's driver for one node: it runs the core's `Ready` loop in the documented order
 /// (persist, then send, then apply), keeps the state machine, takes snapshots, and checks that
 /// nothing is sent before the state it depends on is durable.
@@ -58,6 +71,9 @@ public struct SimNode: Sendable {
     /// Record the state machine's digest after applying every index divisible by this (0: never).
     public var digestEvery: UInt64 = 0
 
+    public var sabotage: Sabotage = .none
+    /// With `.lazyFsync`: what a crash leaves (the disk as of the previous batch).
+    private var synced = SimDisk()
     private var incoming: [UInt8] = []
     private var pendingReads: [ReadState] = []
 
@@ -86,6 +102,7 @@ public struct SimNode: Sendable {
         self.configuration = configuration
         self.disk = disk
         self.snapshotEvery = snapshotEvery
+        synced = disk
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
         machine = (try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine()
     }
@@ -104,6 +121,8 @@ public struct SimNode: Sendable {
     public mutating func restart(seed: UInt64) throws(RaftError) {
         incarnation += 1
         configuration.seed = seed
+        if sabotage == .lazyFsync { disk = synced }
+        if sabotage == .forgetVoteOnRestart { disk.hardState.vote = 0 }
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
         machine = disk.snapshotBytes.isEmpty ? KVMachine() : ((try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine())
         incoming = []
@@ -112,7 +131,10 @@ public struct SimNode: Sendable {
 
     // MARK: - Inputs
 
-    public mutating func tick() { raft.tick() }
+    public mutating func tick() {
+        if sabotage == .lazyFsync { synced = disk }  // the buggy driver fsyncs once per tick
+        raft.tick()
+    }
     public mutating func step(_ m: Message) { raft.step(m) }
     public mutating func campaign() { raft.campaign() }
 
@@ -146,6 +168,13 @@ public struct SimNode: Sendable {
             rounds += 1
             let rd = raft.ready()
             if rd.role != nil { out.roleChanged = true }
+            if rd.isEmpty {
+                out.violations.append(
+                    "node \(id): the core reported work but its Ready is empty (applied \(raft.appliedIndex) commit \(raft.commitIndex) last \(raft.lastIndex) snapshot \(raft.snapshotMeta.index))"
+                )
+                raft.advance(rd)
+                break
+            }
             // 1. Incoming snapshot chunks, then install.
             for chunk in rd.snapshotChunks {
                 if chunk.offset == 0 { incoming = [] }

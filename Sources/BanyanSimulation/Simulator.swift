@@ -15,11 +15,15 @@ public struct SimulationOptions: Sendable {
     public var faults = true
     /// Keep a line per event (for replay and triage; slower).
     public var trace = false
+    /// A deliberate driver bug (checker self-tests only).
+    public var sabotage: Sabotage = .none
     /// After faults heal, the cluster must elect a leader, finish every operation and converge
     /// within this many simulated milliseconds (the liveness bound).
     public var livenessBudgetMillis = 30_000
     /// Hard stop for the whole run.
     public var maxSimulatedMillis = 900_000
+    /// Event budget: exceeding it means a message storm or a livelock (reported as a failure).
+    public var maxEvents = 5_000_000
 
     public init(seed: UInt64) { self.seed = seed }
 }
@@ -127,6 +131,10 @@ public struct SimulationReport: Sendable {
         public var membershipChanges = 0
         public var snapshotsInstalled = 0
         public var transfers = 0
+        /// Unknown writes resolved from what the replicas applied (or dropped as never applied).
+        public var writesPatched = 0
+
+        public init() {}
     }
 
     public var passed: Bool { violations.isEmpty && livenessFailure == nil && linearizability == .linearizable }
@@ -141,7 +149,7 @@ public struct SimulationReport: Sendable {
         s += " reads ok \(stats.readsOK) failed \(stats.readsFailed); crashes \(stats.crashes), pauses \(stats.pauses),"
         s += " partitions \(stats.partitions), membership \(stats.membershipChanges), snapshots \(stats.snapshotsInstalled),"
         s += " transfers \(stats.transfers)\n"
-        s += "  linearizability: \(linearizability)"
+        s += "  linearizability: \(linearizability) (\(stats.writesPatched) unknown writes resolved from the replicas)"
         if !nonLinearizableKeys.isEmpty { s += " (keys \(nonLinearizableKeys))" }
         if let l = livenessFailure { s += "\n  liveness: \(l)" }
         for v in violations.prefix(10) { s += "\n  violation: \(v)" }
@@ -174,7 +182,9 @@ public struct Simulator {
         case check
     }
 
-    private struct Slot {
+    /// A node's place in the simulation. A class, so that stepping a node mutates its core in
+    /// place (a struct copied out of the dictionary would copy the whole log on every write).
+    private final class Slot {
         var node: SimNode
         var up = true
         var paused = false
@@ -183,6 +193,8 @@ public struct Simulator {
         /// Shut down for good after being removed from the cluster.
         var retired = false
         var incarnation = 0
+
+        init(node: SimNode) { self.node = node }
     }
 
     private struct Client {
@@ -205,6 +217,7 @@ public struct Simulator {
 
     private struct Record {
         var key: Int
+        var seq: UInt32
         var op: HistoryOperation<RegisterModel.Input, RegisterModel.Output>
     }
 
@@ -216,6 +229,7 @@ public struct Simulator {
     private var slots: [NodeID: Slot] = [:]
     private var ids: [NodeID] = []
     private var nextNodeID: NodeID
+    private var removalRequested: Set<NodeID> = []
     private var cut: Set<UInt64> = []
     private var clients: [Client] = []
     private var history: [Record] = []
@@ -226,6 +240,11 @@ public struct Simulator {
     // Checkers' ledgers.
     private var leaders: [UInt64: NodeID] = [:]
     private var ledger: [LogEntry] = []
+    /// The term in which each index was first committed (by the leader of that term).
+    private var commitTerms: [UInt64] = []
+    /// First application of each command anywhere: when, and with what outcome (ground truth
+    /// for "patching" writes whose client never heard back, as etcd's robustness tests do).
+    private var firstApplied: [UInt64: (time: Int, outcome: KVMachine.Outcome)] = [:]
     private var digests: [UInt64: String] = [:]
     private var refused: Set<UInt64> = []
     private var applied: Set<UInt64> = []
@@ -259,6 +278,7 @@ public struct Simulator {
             do {
                 var node = try SimNode.founding(configuration: config, members: founders, snapshotEvery: swarm.snapshotEvery)
                 node.digestEvery = 8
+                node.sabotage = options.sabotage
                 slots[id] = Slot(node: node)
                 ids.append(id)
             } catch {
@@ -298,6 +318,17 @@ public struct Simulator {
                 break
             }
             handle(event)
+            if report.stats.events > options.maxEvents {
+                report.violations.append(
+                    "t=\(now) resource bound: more than \(options.maxEvents) events (\(report.stats.messagesSent) messages, \(queue.count) pending); recent messages: \(recentKinds())"
+                )
+                break
+            }
+            if queue.count > 120_000 {
+                // Resource bound: a message storm (some exchange amplifies itself).
+                report.violations.append("t=\(now) resource bound: \(queue.count) pending events; recent messages: \(recentKinds())")
+                break
+            }
         }
         report.stats.simulatedMillis = now
         for slot in slots.values { report.stats.maxTerm = max(report.stats.maxTerm, slot.node.raft.term) }
@@ -319,7 +350,7 @@ public struct Simulator {
     private mutating func handle(_ event: Event) {
         switch event {
         case let .tick(id, incarnation):
-            guard var slot = slots[id], slot.up, slot.incarnation == incarnation else { return }
+            guard let slot = slots[id], slot.up, slot.incarnation == incarnation else { return }
             schedule(after: tickMillis, .tick(id, incarnation: incarnation))
             guard !slot.paused else { return }
             slot.node.tick()
@@ -360,7 +391,7 @@ public struct Simulator {
     // MARK: - Nodes
 
     private mutating func process(_ id: NodeID) {
-        guard var slot = slots[id], slot.up, !slot.paused else { return }
+        guard let slot = slots[id], slot.up, !slot.paused else { return }
         let budget = slot.crashBudget
         let out = slot.node.process(persistBudget: budget)
         slot.crashBudget = nil
@@ -374,6 +405,10 @@ public struct Simulator {
 
     private mutating func handleOutput(_ out: SimNode.Output, from id: NodeID) {
         for v in out.violations { report.violations.append("t=\(now) \(v)") }
+        if let raft = slots[id]?.node.raft, raft.role == .leader, raft.commitIndex > UInt64(commitTerms.count) {
+            let from = UInt64(commitTerms.count) + 1
+            for _ in from...raft.commitIndex { commitTerms.append(raft.term) }
+        }
         if out.roleChanged, let raft = slots[id]?.node.raft, raft.role == .leader {
             checkNewLeader(id, raft)
         }
@@ -390,7 +425,8 @@ public struct Simulator {
         report.stats.snapshotsInstalled += out.installedSnapshots
         for (envelope, outcome, _) in out.outcomes {
             let key = UInt64(envelope.client) << 32 | UInt64(envelope.seq)
-            if outcome != nil {
+            if let outcome {
+                if firstApplied[key] == nil { firstApplied[key] = (now, outcome) }
                 if refused.contains(key) {
                     report.violations.append("t=\(now) client \(envelope.client) op \(envelope.seq) was refused definitely but applied (R30)")
                 }
@@ -412,14 +448,17 @@ public struct Simulator {
             lastLeader = id
         }
         traceLine("leader \(id) term \(raft.term)", 3, raft.term)
-        // Leader completeness: every entry any node applied is in the new leader's log.
+        // Leader completeness: every entry committed in an earlier term is in the new leader's
+        // log. (A leader of an older term, elected late by delayed votes, may lack entries
+        // committed in newer terms; that is allowed.)
         let start = raft.snapshotMeta.index + 1
-        if ledger.count >= Int(start) {
-            for i in start...UInt64(ledger.count) {
+        if commitTerms.count >= Int(start) {
+            for i in start...UInt64(commitTerms.count) where commitTerms[Int(i) - 1] < raft.term {
+                guard Int(i) <= ledger.count else { break }
                 let expected = ledger[Int(i) - 1]
                 if raft.term(at: i) != expected.term {
                     report.violations.append(
-                        "t=\(now) leader completeness: leader \(id) of term \(raft.term) lacks committed entry \(i) (term \(expected.term))"
+                        "t=\(now) leader completeness: leader \(id) of term \(raft.term) lacks entry \(i) (term \(expected.term)) committed in term \(commitTerms[Int(i) - 1])"
                     )
                     break
                 }
@@ -439,8 +478,38 @@ public struct Simulator {
         }
     }
 
+    private var recent: [String] = []
+
+    private func recentKinds() -> String {
+        var counts: [String: Int] = [:]
+        for k in recent { counts[k, default: 0] += 1 }
+        return counts.sorted { $0.value > $1.value }.prefix(8).map { "\($0.key)×\($0.value)" }.joined(separator: " ")
+    }
+
     private mutating func send(_ m: Message) {
         report.stats.messagesSent += 1
+        if queue.count > 100_000 || report.stats.events > options.maxEvents - 5_000 {
+            let kind: String
+            switch m.body {
+            case .preVote: kind = "preVote"
+            case .preVoteResponse: kind = "preVoteResp"
+            case .vote: kind = "vote"
+            case .voteResponse: kind = "voteResp"
+            case .append(let p, _, let e, _): kind = "append(p\(p),n\(e.count))"
+            case .appendAccepted(let i): kind = "accepted(\(i))"
+            case .appendRejected(let r, let h, _): kind = "rejected(\(r),\(h))"
+            case .heartbeat: kind = "heartbeat"
+            case .heartbeatResponse: kind = "heartbeatResp"
+            case .snapshotChunk(_, let o, _, _): kind = "chunk(\(o))"
+            case .snapshotResponse(_, let o): kind = "snapResp(\(o))"
+            case .proposal: kind = "proposal"
+            case .readIndex: kind = "readIndex"
+            case .readIndexResponse: kind = "readIndexResp"
+            case .timeoutNow: kind = "timeoutNow"
+            }
+            recent.append("\(m.from)->\(m.to)@t\(m.term):\(kind)")
+            if recent.count > 2000 { recent.removeFirst(1000) }
+        }
         if cut.contains(link(m.from, m.to)) || (swarm.lossPercent > 0 && networkRandom.below(100) < swarm.lossPercent) {
             report.stats.messagesDropped += 1
             return
@@ -461,7 +530,7 @@ public struct Simulator {
     private func link(_ from: NodeID, _ to: NodeID) -> UInt64 { from << 32 | to }
 
     private mutating func deliver(_ m: Message) {
-        guard var slot = slots[m.to], slot.up else { return }
+        guard let slot = slots[m.to], slot.up else { return }
         if cut.contains(link(m.from, m.to)) {
             report.stats.messagesDropped += 1
             return
@@ -478,7 +547,7 @@ public struct Simulator {
     }
 
     private mutating func crash(_ id: NodeID) {
-        guard var slot = slots[id], slot.up else { return }
+        guard let slot = slots[id], slot.up else { return }
         slot.up = false
         slot.paused = false
         slot.inbox = []
@@ -495,7 +564,7 @@ public struct Simulator {
     }
 
     private mutating func restart(_ id: NodeID) {
-        guard var slot = slots[id], !slot.up, !slot.retired else { return }
+        guard let slot = slots[id], !slot.up, !slot.retired else { return }
         do {
             try slot.node.restart(seed: seedRandom.next())
         } catch {
@@ -511,14 +580,14 @@ public struct Simulator {
     }
 
     private mutating func resume(_ id: NodeID) {
-        guard var slot = slots[id], slot.up, slot.paused else { return }
+        guard let slot = slots[id], slot.up, slot.paused else { return }
         slot.paused = false
         let inbox = slot.inbox
         slot.inbox = []
         slots[id] = slot
         traceLine("resume \(id)", 5, id)
         for m in inbox {
-            guard var s = slots[id], s.up, !s.paused else { break }
+            guard let s = slots[id], s.up, !s.paused else { break }
             s.node.step(m)
             slots[id] = s
         }
@@ -540,7 +609,7 @@ public struct Simulator {
 
     private mutating func nemesis() {
         var actions: [Int] = []
-        if swarm.crashes { actions += [0, 0, 1] }
+        if swarm.crashes { actions += [0, 0, 1, 9] }
         if swarm.crashDuringPersist { actions.append(2) }
         if swarm.pauses { actions.append(3) }
         if swarm.partitions { actions += [4, 4, 5, 6] }
@@ -565,7 +634,7 @@ public struct Simulator {
             slots[target]?.crashBudget = nemesisRandom.below(4)
         case 3:  // pause a node (the leader half the time) for a while
             let target = nemesisRandom.chance(1, in: 2) ? (currentLeader ?? live[nemesisRandom.below(live.count)]) : live[nemesisRandom.below(live.count)]
-            if var slot = slots[target], slot.up, !slot.paused {
+            if let slot = slots[target], slot.up, !slot.paused {
                 slot.paused = true
                 slots[target] = slot
                 report.stats.pauses += 1
@@ -606,8 +675,11 @@ public struct Simulator {
             traceLine("nemesis cut-inbound \(target)", 10, target)
         case 7:
             changeMembership()
+        case 9:  // power loss of the whole cluster at once (everything not fsynced is gone)
+            traceLine("nemesis power-loss", 16, 0)
+            for id in live where slots[id]?.up == true { crash(id) }
         case 8:
-            if let leader = currentLeader, var slot = slots[leader] {
+            if let leader = currentLeader, let slot = slots[leader] {
                 let voters = slot.node.raft.membership.voters.filter { $0 != leader }
                 if !voters.isEmpty {
                     let target = voters[nemesisRandom.below(voters.count)]
@@ -641,7 +713,7 @@ public struct Simulator {
     }
 
     private mutating func changeMembership() {
-        guard let leader = currentLeader, var slot = slots[leader] else { return }
+        guard let leader = currentLeader, let slot = slots[leader] else { return }
         let m = slot.node.raft.membership
         guard m.learners.isEmpty else { return }
         let add = m.voters.count <= 3 || (m.voters.count < swarm.nodes + 1 && nemesisRandom.chance(1, in: 2))
@@ -653,6 +725,7 @@ public struct Simulator {
             do {
                 var node = try SimNode(configuration: config, disk: SimDisk(), snapshotEvery: swarm.snapshotEvery)
                 node.digestEvery = 8
+                node.sabotage = options.sabotage
                 slots[newID] = Slot(node: node)
                 ids.append(newID)
                 schedule(after: 1 + networkRandom.below(tickMillis), .tick(newID, incarnation: 0))
@@ -663,6 +736,7 @@ public struct Simulator {
         } else {
             let target = m.voters[nemesisRandom.below(m.voters.count)]
             guard (try? slot.node.proposeMembershipChange(.remove(target))) != nil else { return }
+            removalRequested.insert(target)
             traceLine("nemesis remove \(target)", 13, target)
         }
         report.stats.membershipChanges += 1
@@ -682,16 +756,15 @@ public struct Simulator {
         return best?.1
     }
 
-    /// Operators shut down nodes once their removal committed; blank nodes whose addition was
-    /// lost are shut down too.
+    /// Operators shut down nodes once their removal committed. (A blank node whose addition was
+    /// lost just idles: nobody sends it anything.)
     private mutating func retireRemovedNodes() {
         guard let m = committedMembership, let leader = currentLeader,
             let raft = slots[leader]?.node.raft, raft.hasCommittedInTerm, raft.membership == m
         else { return }
-        for id in ids where !m.contains(id) {
-            guard var slot = slots[id], !slot.retired else { continue }
-            // A learner being added shows up in the leader's log before it commits: keep it.
-            if slot.node.raft.membership.isEmpty && raft.lastIndex > raft.commitIndex { continue }
+        _ = raft
+        for id in ids where !m.contains(id) && removalRequested.contains(id) {
+            guard let slot = slots[id], !slot.retired else { continue }
             slot.retired = true
             slot.up = false
             slots[id] = slot
@@ -710,7 +783,7 @@ public struct Simulator {
         swarm.longDelayPercent = 0
         traceLine("heal", 15, 0)
         for id in ids {
-            guard var slot = slots[id], !slot.retired else { continue }
+            guard let slot = slots[id], !slot.retired else { continue }
             slot.crashBudget = nil
             slots[id] = slot
             if !slot.up { restart(id) } else if slot.paused { resume(id) }
@@ -743,11 +816,15 @@ public struct Simulator {
         schedule(after: requestTimeoutMillis, .clientTimeout(c, seq: seq))
         if isRead {
             let record = history.count
-            history.append(Record(key: key, op: HistoryOperation(client: c, input: .read, output: .unknown, callTime: now, returnTime: nil)))
+            history.append(Record(key: key, seq: seq, op: HistoryOperation(client: c, input: .read, output: .unknown, callTime: now, returnTime: nil)))
             clients[c].pending?.record = record
             guard !slot.paused else { return }
+            if options.sabotage == .localReads {
+                finishRead(c, value: slot.node.machine.value(key), failed: false)
+                return
+            }
             let context = UInt64(clients[c].id) << 32 | UInt64(seq)
-            var s = slot
+            let s = slot
             if s.node.readIndex(context: context) {
                 slots[target] = s
                 process(target)
@@ -770,11 +847,11 @@ public struct Simulator {
             input = .write(Int(value))
         }
         let record = history.count
-        history.append(Record(key: key, op: HistoryOperation(client: c, input: input, output: .unknown, callTime: now, returnTime: nil)))
+        history.append(Record(key: key, seq: seq, op: HistoryOperation(client: c, input: input, output: .unknown, callTime: now, returnTime: nil)))
         clients[c].pending?.record = record
         guard !slot.paused else { return }  // the request waits in the frozen process; it times out
         let envelope = KVMachine.Envelope(client: clients[c].id, seq: seq, command: command)
-        var s = slot
+        let s = slot
         do {
             try s.node.propose([envelope.encoded()])
             slots[target] = s
@@ -887,7 +964,7 @@ public struct Simulator {
             let leader = currentLeader.map { "leader \($0)" } ?? "no leader"
             let pendingOps = clients.filter { $0.pending != nil || $0.issued < $0.quota }.count
             report.livenessFailure =
-                "no convergence \(options.livenessBudgetMillis) ms after healing (\(leader), \(pendingOps) clients unfinished, final write \(finalWriteDone ? "done" : "pending"))"
+                "no convergence \(options.livenessBudgetMillis) ms after healing (\(leader), \(pendingOps) clients unfinished, final write \(finalWriteDone ? "done" : "pending")); \(clusterState())"
             finished = true
         }
     }
@@ -903,7 +980,7 @@ public struct Simulator {
         {
             return  // still in flight under the same leader
         }
-        guard let leader = currentLeader, var slot = slots[leader] else { return }
+        guard let leader = currentLeader, let slot = slots[leader] else { return }
         finalWriteSeq += 1
         let envelope = KVMachine.Envelope(client: 0, seq: finalWriteSeq, command: .put(key: options.keys, value: -1))
         if case .appended(let first, _, let term)? = try? slot.node.propose([envelope.encoded()]) {
@@ -911,6 +988,21 @@ public struct Simulator {
         }
         slots[leader] = slot
         process(leader)
+    }
+
+    /// One line per node, for triage of liveness failures.
+    private func clusterState() -> String {
+        var parts: [String] = []
+        let progress = currentLeader.flatMap { slots[$0]?.node.raft.replicationStatus } ?? []
+        for id in ids {
+            guard let slot = slots[id] else { continue }
+            let r = slot.node.raft
+            var p = "n\(id)[\(slot.retired ? "retired" : slot.up ? (slot.paused ? "paused" : "up") : "down") \(r.role) t\(r.term)"
+            p += " commit \(r.commitIndex) applied \(r.appliedIndex) last \(r.lastIndex) snap \(r.snapshotMeta.index) \(r.membership)"
+            if let pr = progress.first(where: { $0.node == id }) { p += " match \(pr.match) next \(pr.next) \(pr.state)" }
+            parts.append(p + "]")
+        }
+        return parts.joined(separator: " ")
     }
 
     private func converged() -> Bool {
@@ -931,10 +1023,31 @@ public struct Simulator {
 
     private mutating func checkLinearizability() {
         var byKey: [Int: [HistoryOperation<RegisterModel.Input, RegisterModel.Output>]] = [:]
+        let converged = finished && report.livenessFailure == nil
         for r in history where r.key >= 0 {
-            // Reads that never returned are dropped; writes that never returned stay unknown.
-            if case .read = r.op.input, r.op.returnTime == nil { continue }
-            byKey[r.key, default: []].append(r.op)
+            var op = r.op
+            if case .read = op.input {
+                // Reads that never returned are dropped.
+                if op.returnTime == nil { continue }
+            } else if op.returnTime == nil {
+                // A write whose client never heard back. If some replica applied it, its effect is
+                // known (every replica computes the same outcome) and it took effect no later
+                // than that first application. If none did and the cluster converged, it never
+                // took effect. Otherwise it stays unknown: it may apply at any later time.
+                let key = UInt64(clients[op.client].id) << 32 | UInt64(r.seq)
+                if let first = firstApplied[key] {
+                    switch first.outcome {
+                    case .written: op.output = .written
+                    case .swapped(let ok): op.output = .swapped(ok)
+                    }
+                    op.returnTime = max(first.time, op.callTime)
+                    report.stats.writesPatched += 1
+                } else if converged {
+                    report.stats.writesPatched += 1
+                    continue
+                }
+            }
+            byKey[r.key, default: []].append(op)
         }
         var verdict = LinearizabilityVerdict.linearizable
         for key in byKey.keys.sorted() {

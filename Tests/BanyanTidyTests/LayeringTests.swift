@@ -20,7 +20,7 @@ import Testing
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
         "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
-        "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "Foundation", "Glibc"]),
+        "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "Foundation", "Glibc"]),
     ]
 
     /// Modules a pure core may never import.
