@@ -61,6 +61,10 @@ let package = Package(
         // Query parameters, indexed evaluation, views and event generation.
         .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
 
+        // The replicated state machine: client write commands in the log, applied to the tree
+        // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
+        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -122,6 +126,9 @@ let package = Package(
             name: "BanyanRaftTests",
             dependencies: ["BanyanRaft", "BanyanSimulation", "BanyanCheckers", "BanyanBasics"],
             swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanTree"], swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(

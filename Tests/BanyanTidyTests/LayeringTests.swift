@@ -16,6 +16,7 @@ import Testing
         "BanyanOpLog": (true, []),
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
+        "BanyanStateMachine": (true, ["BanyanTree"]),
         "BanyanSimulation": (true, ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"]),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),

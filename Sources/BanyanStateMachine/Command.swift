@@ -1,0 +1,145 @@
+import BanyanTree
+
+/// A client write as it travels through the replicated log (docs/internals/state-machine.md).
+///
+/// The data stays as the JSON the client sent: every replica parses it at apply time with the same
+/// inputs (the bytes, the leader's timestamp, the tree the entry applies to), so server values
+/// (`{".sv": "timestamp"}`, `{".sv": {"increment": n}}`) resolve identically everywhere.
+public enum Command: Sendable, Equatable {
+    /// Firebase `set` at a location (a path ending in `.priority` sets the priority).
+    case set(path: String, json: [UInt8])
+    /// Firebase `update` (multi-path): relative paths and their JSON values, applied atomically.
+    case update(path: String, entries: [UpdateItem])
+    /// A transaction's compare-and-set: applies `json` only if the current node hashes to
+    /// `expectedHash` (Firebase's hash; the empty string for no data).
+    case compareAndSet(path: String, expectedHash: String, json: [UInt8])
+
+    public struct UpdateItem: Sendable, Equatable {
+        public var path: String
+        public var json: [UInt8]
+        public init(path: String, json: [UInt8]) {
+            self.path = path
+            self.json = json
+        }
+    }
+}
+
+/// A command with its identity (for exactly-once application, R29) and the leader's timestamp.
+public struct CommandEnvelope: Sendable, Equatable {
+    /// The client session that issued the command.
+    public var session: UInt64
+    /// Increasing per session; a command at or below the session's last applied sequence number
+    /// is a duplicate (a retry, or a forwarded proposal delivered twice) and is skipped.
+    public var seq: UInt64
+    /// Milliseconds since the epoch, stamped by the leader when it appends the entry.
+    public var timestamp: Int64
+    public var command: Command
+
+    public init(session: UInt64, seq: UInt64, timestamp: Int64, command: Command) {
+        self.session = session
+        self.seq = seq
+        self.timestamp = timestamp
+        self.command = command
+    }
+
+    static let version: UInt8 = 1
+
+    /// The log entry payload: version, kind, session, seq, timestamp, then length-prefixed fields.
+    public func encoded() -> [UInt8] {
+        var w = ByteWriter()
+        w.byte(Self.version)
+        switch command {
+        case .set: w.byte(1)
+        case .update: w.byte(2)
+        case .compareAndSet: w.byte(3)
+        }
+        w.u64(session)
+        w.u64(seq)
+        w.u64(UInt64(bitPattern: timestamp))
+        switch command {
+        case let .set(path, json):
+            w.string(path)
+            w.bytes(json)
+        case let .update(path, entries):
+            w.string(path)
+            w.u64(UInt64(entries.count))
+            for e in entries {
+                w.string(e.path)
+                w.bytes(e.json)
+            }
+        case let .compareAndSet(path, expectedHash, json):
+            w.string(path)
+            w.string(expectedHash)
+            w.bytes(json)
+        }
+        return w.out
+    }
+
+    /// Decodes a payload; nil when it is not a well-formed command of a known version.
+    public init?(decoding bytes: [UInt8]) {
+        var r = ByteReader(bytes)
+        guard r.byte() == Self.version, let kind = r.byte(), let session = r.u64(), let seq = r.u64(),
+            let stamp = r.u64(), let path = r.string()
+        else { return nil }
+        let command: Command
+        switch kind {
+        case 1:
+            guard let json = r.bytes() else { return nil }
+            command = .set(path: path, json: json)
+        case 2:
+            guard let count = r.u64(), count <= UInt64(bytes.count) else { return nil }
+            var entries: [Command.UpdateItem] = []
+            for _ in 0..<count {
+                guard let p = r.string(), let json = r.bytes() else { return nil }
+                entries.append(Command.UpdateItem(path: p, json: json))
+            }
+            command = .update(path: path, entries: entries)
+        case 3:
+            guard let hash = r.string(), let json = r.bytes() else { return nil }
+            command = .compareAndSet(path: path, expectedHash: hash, json: json)
+        default:
+            return nil
+        }
+        guard r.atEnd else { return nil }
+        self.init(session: session, seq: seq, timestamp: Int64(bitPattern: stamp), command: command)
+    }
+}
+
+struct ByteWriter {
+    var out: [UInt8] = []
+    mutating func byte(_ b: UInt8) { out.append(b) }
+    mutating func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
+    mutating func bytes(_ b: [UInt8]) {
+        u64(UInt64(b.count))
+        out.append(contentsOf: b)
+    }
+    mutating func string(_ s: String) { bytes(Array(s.utf8)) }
+}
+
+struct ByteReader {
+    let b: [UInt8]
+    var at = 0
+    init(_ b: [UInt8]) { self.b = b }
+    var atEnd: Bool { at == b.count }
+    mutating func byte() -> UInt8? {
+        guard at < b.count else { return nil }
+        defer { at += 1 }
+        return b[at]
+    }
+    mutating func u64() -> UInt64? {
+        guard at + 8 <= b.count else { return nil }
+        var v: UInt64 = 0
+        for i in 0..<8 { v |= UInt64(b[at + i]) << UInt64(8 * i) }
+        at += 8
+        return v
+    }
+    mutating func bytes() -> [UInt8]? {
+        guard let n = u64(), n <= UInt64(b.count - at) else { return nil }
+        defer { at += Int(n) }
+        return Array(b[at..<at + Int(n)])
+    }
+    mutating func string() -> String? {
+        guard let raw = bytes() else { return nil }
+        return String(validating: raw, as: UTF8.self)
+    }
+}

@@ -1,0 +1,133 @@
+import BanyanStateMachine
+import BanyanTree
+import Testing
+
+@Suite struct StateMachineTests {
+    func envelope(_ seq: UInt64, session: UInt64 = 1, at time: Int64 = 1_700_000_000_000, _ command: Command) -> [UInt8] {
+        CommandEnvelope(session: session, seq: seq, timestamp: time, command: command).encoded()
+    }
+
+    func json(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+    func value(_ m: StateMachine, _ path: String) throws -> String {
+        JSONWriter.string(m.tree.child(at: try Path(parsing: path)))
+    }
+
+    @Test("every command kind round-trips through its log encoding, and every truncation is refused")
+    func encoding() {
+        let commands: [Command] = [
+            .set(path: "/a/b", json: json(#"{"x":1}"#)),
+            .set(path: "/a/.priority", json: json("5")),
+            .update(path: "/a", entries: [.init(path: "b/c", json: json("1")), .init(path: "d", json: json("null"))]),
+            .compareAndSet(path: "/c", expectedHash: "abc=", json: json(#""v""#)),
+        ]
+        for (i, c) in commands.enumerated() {
+            let e = CommandEnvelope(session: 7, seq: UInt64(i + 1), timestamp: -5, command: c)
+            let bytes = e.encoded()
+            #expect(CommandEnvelope(decoding: bytes) == e)
+            for cut in 0..<bytes.count {
+                #expect(CommandEnvelope(decoding: Array(bytes[0..<cut])) == nil, "prefix \(cut) of command \(i)")
+            }
+            #expect(CommandEnvelope(decoding: bytes + [0]) == nil)
+        }
+    }
+
+    @Test("set, update and compare-and-set change the tree as Firebase does, and report the written paths")
+    func writes() throws {
+        var m = StateMachine()
+        let a = m.apply(envelope(1, .set(path: "/users/ada", json: json(#"{"name":"Ada","age":36}"#))), index: 1)
+        #expect(a?.outcome == .ok)
+        #expect(a?.written == [try Path(parsing: "/users/ada")])
+        let b = m.apply(envelope(2, .update(path: "/users", entries: [.init(path: "ada/age", json: json("37")), .init(path: "bob", json: json(#""B""#))])), index: 2)
+        #expect(b?.outcome == .ok)
+        #expect(b?.written == [try Path(parsing: "/users/ada/age"), try Path(parsing: "/users/bob")])
+        #expect(try value(m, "/users") == #"{"ada":{"age":37,"name":"Ada"},"bob":"B"}"#)
+        // Compare-and-set: matches the current hash, then fails with the current value.
+        let hash = m.tree.child(at: try Path(parsing: "/users/bob")).hashString
+        #expect(m.apply(envelope(3, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""C""#))), index: 3)?.outcome == .ok)
+        let stale = m.apply(envelope(4, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""D""#))), index: 4)
+        #expect(stale?.outcome == .datastale(current: try Node(json: #""C""#)))
+        #expect(try value(m, "/users/bob") == #""C""#)
+        // Setting null removes.
+        #expect(m.apply(envelope(5, .set(path: "/users/bob", json: json("null"))), index: 5)?.outcome == .ok)
+        #expect(try value(m, "/users") == #"{"ada":{"age":37,"name":"Ada"}}"#)
+        #expect(m.appliedIndex == 5)
+    }
+
+    @Test("server values resolve from the leader's timestamp and the tree the entry applies to, identically on every replica")
+    func serverValues() throws {
+        var r1 = StateMachine()
+        var r2 = StateMachine()
+        let entries = [
+            envelope(1, at: 1_234, .set(path: "/t", json: json(#"{".sv":"timestamp"}"#))),
+            envelope(2, at: 9_999, .set(path: "/n", json: json("10"))),
+            envelope(3, at: 9_999, .update(path: "/", entries: [.init(path: "n", json: json(#"{".sv":{"increment":5}}"#))])),
+            envelope(4, at: 9_999, .set(path: "/m", json: json(#"{".sv":{"increment":2}}"#))),
+        ]
+        for (i, e) in entries.enumerated() {
+            _ = r1.apply(e, index: UInt64(i + 1))
+            _ = r2.apply(e, index: UInt64(i + 1))
+        }
+        #expect(try value(r1, "/t") == "1234")
+        #expect(try value(r1, "/n") == "15")
+        #expect(try value(r1, "/m") == "2")
+        #expect(r1.tree == r2.tree)
+        #expect(r1.image() == r2.image())
+    }
+
+    @Test("an invalid update is rejected whole and leaves the tree unchanged")
+    func atomicUpdate() throws {
+        var m = StateMachine()
+        _ = m.apply(envelope(1, .set(path: "/a", json: json(#"{"x":1}"#))), index: 1)
+        let before = m.tree
+        let overlapping = m.apply(envelope(2, .update(path: "/a", entries: [.init(path: "x", json: json("2")), .init(path: "x/y", json: json("3"))])), index: 2)
+        guard case .rejected(let error)? = overlapping?.outcome else {
+            Issue.record("expected a rejection, got \(String(describing: overlapping?.outcome))")
+            return
+        }
+        #expect(error.code == .overlappingPaths)
+        let badJSON = m.apply(envelope(3, .update(path: "/a", entries: [.init(path: "x", json: json("2")), .init(path: "z", json: json("{"))])), index: 3)
+        if case .rejected? = badJSON?.outcome {} else { Issue.record("expected a rejection for bad JSON") }
+        let priorityOnEmpty = m.apply(envelope(4, .set(path: "/nothing/.priority", json: json("1"))), index: 4)
+        if case .rejected? = priorityOnEmpty?.outcome {} else { Issue.record("expected a rejection for a priority on an empty location") }
+        #expect(m.tree == before)
+        #expect(m.appliedIndex == 4)
+        #expect(m.apply([1, 2, 3], index: 5)?.outcome == .malformed)
+        #expect(m.tree == before)
+    }
+
+    @Test("commands apply exactly once: duplicates by session and sequence, and entries at or below the applied index, change nothing")
+    func exactlyOnce() throws {
+        var m = StateMachine()
+        _ = m.apply(envelope(1, .set(path: "/c", json: json(#"{".sv":{"increment":1}}"#))), index: 1)
+        // The same command again (a retry, or a proposal forwarded twice) at a later index.
+        #expect(m.apply(envelope(1, .set(path: "/c", json: json(#"{".sv":{"increment":1}}"#))), index: 2)?.outcome == .duplicate)
+        #expect(try value(m, "/c") == "1")
+        // Another session's command with the same sequence number is not a duplicate.
+        #expect(m.apply(envelope(1, session: 2, .set(path: "/c", json: json(#"{".sv":{"increment":1}}"#))), index: 3)?.outcome == .ok)
+        #expect(try value(m, "/c") == "2")
+        // Replaying the log over a snapshot: indexes already applied are ignored.
+        #expect(m.apply(envelope(9, .set(path: "/c", json: json("100"))), index: 3) == nil)
+        #expect(try value(m, "/c") == "2")
+    }
+
+    @Test("the image round-trips tree, applied index and sessions; replay after restore applies nothing twice; damage is a typed error")
+    func image() throws {
+        var m = StateMachine()
+        for i in 1...20 {
+            _ = m.apply(envelope(UInt64(i), session: UInt64(i % 3), .set(path: "/k\(i % 7)", json: json(#"{"v":\#(i),"p":{".sv":"timestamp"}}"#))), index: UInt64(i))
+        }
+        let bytes = m.image()
+        var restored = try StateMachine(image: bytes)
+        #expect(restored.tree == m.tree)
+        #expect(restored.appliedIndex == 20)
+        #expect(restored.sessions == m.sessions)
+        #expect(restored.apply(envelope(20, session: 2, .set(path: "/x", json: json("1"))), index: 21)?.outcome == .duplicate)
+        for cut in stride(from: 0, to: bytes.count, by: 7) {
+            #expect(throws: StateMachine.ImageError.self) { try StateMachine(image: Array(bytes[0..<cut])) }
+        }
+        var flipped = bytes
+        flipped[0] ^= 0xFF
+        #expect(throws: StateMachine.ImageError.badHeader) { try StateMachine(image: flipped) }
+    }
+}
