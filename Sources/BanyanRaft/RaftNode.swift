@@ -13,6 +13,8 @@ public struct RaftNode: Sendable {
     public private(set) var role: RaftRole = .follower
     public private(set) var term: UInt64 = 0
     public private(set) var vote: NodeID = 0
+    /// See `HardState.mayVote` (R22).
+    public private(set) var mayVote: Bool = true
     public private(set) var leader: NodeID = 0
     /// The configuration in force: the latest committed configuration entry (etcd's rule: a
     /// configuration takes effect when it commits; see docs/raft.md).
@@ -41,6 +43,16 @@ public struct RaftNode: Sendable {
     private var pendingReads: [PendingRead] = []
     private var readsBeforeCommit: [(context: UInt64, from: NodeID)] = []
     private var heartbeatForReads = false
+    // Lease reads (ReadMode.leaseBased): the leader's own tick count, when each heartbeat
+    // sequence number went out, the tick until which the lease holds, and the first sequence
+    // number that may extend it (heartbeats sent before a transfer began may not).
+    private var leaderTicks = 0
+    private var heartbeatSentAt: [(seq: UInt64, tick: Int)] = []
+    private var leaseUntil = 0
+    private var leaseFloorSeq: UInt64 = 0
+    /// Lease mode only: after a restart a node refuses votes for one election timeout, because it
+    /// may have acknowledged a leader's heartbeat just before crashing (that leader's lease).
+    private var startupLease = false
 
     /// Committed configuration entries after the snapshot, to know the membership at any index.
     private var configHistory: [(index: UInt64, membership: Membership)] = []
@@ -84,7 +96,10 @@ public struct RaftNode: Sendable {
         log = RaftLog(persisted)
         term = persisted.hardState.term
         vote = persisted.hardState.vote
-        lastReportedHardState = HardState(term: term, vote: vote, commit: log.committed)
+        mayVote = persisted.hardState.mayVote
+        // Only a node that may have acknowledged some leader (term past the bootstrap term).
+        startupLease = configuration.readMode == .leaseBased && persisted.hardState.term > 1
+        lastReportedHardState = HardState(term: term, vote: vote, commit: log.committed, mayVote: mayVote)
         membership = persisted.snapshot.membership
         configHistory = [(persisted.snapshot.index, persisted.snapshot.membership)]
         configScannedThrough = persisted.snapshot.index
@@ -110,7 +125,10 @@ public struct RaftNode: Sendable {
     public var firstIndex: UInt64 { log.firstIndex }
     public func entry(at index: UInt64) -> LogEntry? { log.entry(at: index) }
     public func term(at index: UInt64) -> UInt64? { log.term(at: index) }
-    public var hardState: HardState { HardState(term: term, vote: vote, commit: log.committed) }
+    public var hardState: HardState { HardState(term: term, vote: vote, commit: log.committed, mayVote: mayVote) }
+    /// This node started from a blank disk but its id is a voter: it will not vote or campaign
+    /// (R22). The operator must remove the id and add the node back as a learner.
+    public var isVoterWithAmnesia: Bool { !mayVote && membership.isVoter(id) }
     public var leadershipTransferTarget: NodeID { transferTarget }
     /// Whether the leader has committed an entry of its own term (reads and changes wait for it).
     public var hasCommittedInTerm: Bool { role == .leader && log.committed >= termStartIndex }
@@ -228,6 +246,7 @@ public struct RaftNode: Sendable {
             tickLeader()
         } else {
             electionElapsed += 1
+            if electionElapsed >= configuration.electionTicks { startupLease = false }
             if canCampaign && electionElapsed >= randomizedElectionTimeout {
                 electionElapsed = 0
                 campaign(transfer: false)
@@ -236,6 +255,7 @@ public struct RaftNode: Sendable {
     }
 
     private mutating func tickLeader() {
+        leaderTicks += 1
         heartbeatElapsed += 1
         electionElapsed += 1
         if transferTarget != 0 {
@@ -253,7 +273,9 @@ public struct RaftNode: Sendable {
             }
         }
         // Snapshot transfers that stalled (lost chunk or answer) restart from the last offset.
-        for key in progress.keys {
+        // Sorted: the requests this emits must come out in the same order in every process
+        // (Swift seeds Dictionary order per process; found by review, seeds 208, 846, 976, 1420).
+        for key in progress.keys.sorted() {
             guard var pr = progress[key], case .snapshot = pr.state else { continue }
             pr.snapshotIdleTicks += 1
             if pr.snapshotIdleTicks >= configuration.electionTicks {
@@ -278,7 +300,7 @@ public struct RaftNode: Sendable {
         campaign(transfer: false)
     }
 
-    private var canCampaign: Bool { membership.isVoter(id) && role != .leader }
+    private var canCampaign: Bool { mayVote && membership.isVoter(id) && role != .leader }
 
     // MARK: - Proposals
 
@@ -361,6 +383,10 @@ public struct RaftNode: Sendable {
         if transferTarget == target { return }
         transferTarget = target
         transferElapsed = 0
+        // The target will be elected without waiting for anyone's lease, possibly late (a delayed
+        // timeout-now): no lease reads for the rest of this term.
+        leaseUntil = 0
+        leaseFloorSeq = UInt64.max
         if progress[target]?.match == log.lastIndex {
             send(to: target, .timeoutNow)
         } else {
@@ -389,7 +415,7 @@ public struct RaftNode: Sendable {
             readsBeforeCommit.append((context, from))
             return
         }
-        if membership.voters == [id] || configuration.readMode == .leaseBased {
+        if membership.voters == [id] || (configuration.readMode == .leaseBased && transferTarget == 0 && leaderTicks < leaseUntil) {
             answerRead(context: context, index: log.committed, to: from)
             return
         }
@@ -406,15 +432,38 @@ public struct RaftNode: Sendable {
         }
     }
 
-    private mutating func confirmReads() {
-        guard !pendingReads.isEmpty else { return }
+    /// The highest heartbeat sequence number a quorum (this leader included) acknowledged.
+    private func quorumAckedSeq() -> UInt64 {
         var acks: [UInt64] = []
         for v in membership.voters {
             acks.append(v == id ? UInt64.max : progress[v]?.readAck ?? 0)
         }
         acks.sort(by: >)
-        guard acks.count >= membership.quorum else { return }
-        let confirmed = acks[membership.quorum - 1]
+        guard acks.count >= membership.quorum, membership.quorum > 0 else { return 0 }
+        return acks[membership.quorum - 1]
+    }
+
+    /// Lease mode: a quorum acknowledged heartbeats up to `quorumAckedSeq()`; the lease holds until
+    /// the tick that heartbeat was sent plus the election timeout minus the margin.
+    private mutating func extendLease() {
+        guard configuration.readMode == .leaseBased, transferTarget == 0 else { return }
+        let acked = quorumAckedSeq()
+        guard acked > leaseFloorSeq else { return }
+        var sentTick: Int?
+        var drop = 0
+        for (i, h) in heartbeatSentAt.enumerated() where h.seq <= acked {
+            sentTick = h.tick
+            drop = i + 1
+        }
+        if drop > 0 { heartbeatSentAt.removeFirst(drop) }
+        if let t = sentTick {
+            leaseUntil = max(leaseUntil, t + configuration.electionTicks - configuration.leaseMarginTicks)
+        }
+    }
+
+    private mutating func confirmReads() {
+        guard !pendingReads.isEmpty else { return }
+        let confirmed = quorumAckedSeq()
         var done = 0
         for read in pendingReads {
             guard read.seq <= confirmed else { break }
@@ -479,7 +528,8 @@ public struct RaftNode: Sendable {
                 if case .vote(_, _, let t) = m.body { transfer = t }
                 // A follower that heard from a leader within the election timeout ignores
                 // campaigns (check-quorum lease), unless the leader asked for the transfer.
-                let inLease = configuration.checkQuorum && leader != 0 && electionElapsed < configuration.electionTicks
+                let inLease =
+                    configuration.checkQuorum && (leader != 0 || startupLease) && electionElapsed < configuration.electionTicks
                 if inLease && !transfer { return }
             default:
                 break
@@ -528,11 +578,11 @@ public struct RaftNode: Sendable {
     }
 
     private mutating func handleVoteRequest(_ m: Message, lastIndex: UInt64, lastTerm: UInt64, preVote: Bool) {
-        // A node that has never been given a membership (blank, or wiped) has no vote (R22).
-        let knowsCluster = !membership.isEmpty || log.lastIndex > 0
+        // A node that started blank (new, or wiped) has no vote until it was added as a
+        // learner (R22).
         let canVote =
             vote == m.from || (vote == 0 && leader == 0) || (preVote && m.term > term)
-        if knowsCluster && canVote && log.isUpToDate(lastIndex: lastIndex, lastTerm: lastTerm) {
+        if mayVote && canVote && log.isUpToDate(lastIndex: lastIndex, lastTerm: lastTerm) {
             if preVote {
                 send(to: m.from, term: m.term, .preVoteResponse(granted: true))
             } else {
@@ -670,6 +720,7 @@ public struct RaftNode: Sendable {
             if seq > pr.readAck { pr.readAck = seq }
             progress[m.from] = pr
             if pr.match < log.lastIndex { sendAppend(to: m.from, sendIfEmpty: true) }
+            extendLease()
             confirmReads()
         case let .snapshotResponse(snapshotIndex, nextOffset):
             guard case .snapshot(let pending) = pr.state, pending == snapshotIndex else {
@@ -749,6 +800,7 @@ public struct RaftNode: Sendable {
             incomingSnapshot = nil
             log.restore(meta)
             membership = meta.membership
+            if meta.membership.isLearner(id) { mayVote = true }
             configHistory = [(meta.index, meta.membership)]
             pendingConfigIndex = meta.index
             configScannedThrough = meta.index
@@ -778,6 +830,10 @@ public struct RaftNode: Sendable {
         readsBeforeCommit = []
         heartbeatForReads = false
         progress = [:]
+        leaderTicks = 0
+        heartbeatSentAt = []
+        leaseUntil = 0
+        leaseFloorSeq = readSeq
     }
 
     private mutating func becomeFollower(term newTerm: UInt64, leader newLeader: NodeID) {
@@ -866,6 +922,13 @@ public struct RaftNode: Sendable {
     }
 
     private mutating func broadcastHeartbeat() {
+        if configuration.readMode == .leaseBased {
+            // Every heartbeat round gets its own sequence number, so acknowledgements say which
+            // round (and so which send tick) they confirm.
+            readSeq += 1
+            heartbeatSentAt.append((readSeq, leaderTicks))
+            if heartbeatSentAt.count > 4 * configuration.electionTicks { heartbeatSentAt.removeFirst() }
+        }
         for peer in membership.all where peer != id {
             let match = progress[peer]?.match ?? 0
             send(to: peer, .heartbeat(commit: min(match, log.committed), readSeq: readSeq))
@@ -984,6 +1047,7 @@ public struct RaftNode: Sendable {
                 if case .config(let m) = e.kind {
                     membership = m
                     configHistory.append((i, m))
+                    if m.isLearner(id) { mayVote = true }
                     if role == .leader { syncProgressWithMembership() }
                 }
                 i += 1

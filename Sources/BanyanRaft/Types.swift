@@ -99,11 +99,16 @@ public struct HardState: Sendable, Equatable {
     public var term: UInt64
     public var vote: NodeID
     public var commit: UInt64
+    /// False for a node that started from a blank disk until it sees itself added as a learner:
+    /// a wiped node that comes back under an id that is still a voter must never vote or campaign
+    /// with amnesia (R22). Operators remove that id and add the node back as a learner.
+    public var mayVote: Bool
 
-    public init(term: UInt64 = 0, vote: NodeID = 0, commit: UInt64 = 0) {
+    public init(term: UInt64 = 0, vote: NodeID = 0, commit: UInt64 = 0, mayVote: Bool = true) {
         self.term = term
         self.vote = vote
         self.commit = commit
+        self.mayVote = mayVote
     }
 }
 
@@ -135,8 +140,9 @@ public struct PersistedState: Sendable, Equatable {
         self.entries = entries
     }
 
-    /// The state of a node that has never been part of a cluster (a joining learner).
-    public static let blank = PersistedState()
+    /// The state of a node that has never been part of a cluster (a joining learner, or a
+    /// wiped disk): it may not vote until it sees itself added as a learner.
+    public static let blank = PersistedState(hardState: HardState(mayVote: false))
 }
 
 /// The role a node plays in its current term.
@@ -300,10 +306,15 @@ public enum ReadMode: Sendable, Equatable {
     /// A heartbeat round to a quorum confirms leadership for every read (linearizable, no clock
     /// assumption).
     case safe
-    /// The leader answers from its lease without a round trip. Assumes every node's tick rate
-    /// differs by less than the margin between the election timeout and check-quorum's step-down
-    /// (a frozen or slow-clocked old leader could otherwise serve a stale read). Requires
-    /// `checkQuorum` (R18).
+    /// The leader answers without a round trip while it holds a lease: a quorum acknowledged a
+    /// heartbeat it sent at tick t, and those followers refuse every vote for `electionTicks` of
+    /// their own ticks after receiving it, so no other leader can exist before t +
+    /// `electionTicks`. The leader uses the lease until t + `electionTicks` − `leaseMarginTicks`
+    /// of its own ticks. Clock assumption: over an election timeout, no node's tick rate differs
+    /// from the leader's by more than the margin, and the leader process is never paused for
+    /// longer than the margin (a paused or slow-clocked leader would serve stale reads). Without
+    /// a lease (just elected, transfer pending, lease expired) reads fall back to the safe round.
+    /// Requires `checkQuorum` (R18).
     case leaseBased
 }
 
@@ -317,6 +328,8 @@ public struct RaftConfiguration: Sendable {
     public var preVote: Bool = true
     public var checkQuorum: Bool = true
     public var readMode: ReadMode = .safe
+    /// Safety margin of lease reads, in ticks (see `ReadMode.leaseBased`).
+    public var leaseMarginTicks: Int = 2
     /// Upper bound on entry bytes in one append message (at least one entry is always sent).
     public var maxMessageBytes: Int = 1 << 20
     /// Append messages in flight per follower in the replicate state.
@@ -348,6 +361,9 @@ public struct RaftConfiguration: Sendable {
         }
         if readMode == .leaseBased && !checkQuorum {
             throw .invalidConfiguration("lease-based reads require checkQuorum")
+        }
+        if readMode == .leaseBased && (leaseMarginTicks < 1 || leaseMarginTicks >= electionTicks) {
+            throw .invalidConfiguration("leaseMarginTicks must be at least 1 and below electionTicks")
         }
     }
 }

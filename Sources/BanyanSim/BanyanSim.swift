@@ -24,7 +24,7 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
-    @Option(help: "A deliberate driver bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads.")
+    @Option(help: "A deliberate driver bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads, lease-with-pauses.")
     var sabotage: String?
 
     func options(_ s: UInt64) -> SimulationOptions {
@@ -37,6 +37,7 @@ struct BanyanSim: ParsableCommand {
         case "forget-vote": o.sabotage = .forgetVoteOnRestart
         case "lazy-fsync": o.sabotage = .lazyFsync
         case "local-reads": o.sabotage = .localReads
+        case "lease-with-pauses": o.sabotage = .leaseWithPauses
         default: o.sabotage = .none
         }
         return o

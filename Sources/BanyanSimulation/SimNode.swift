@@ -3,7 +3,8 @@ public import BanyanRaft
 /// What a simulated node has made durable: hard state, the installed snapshot and the log
 /// after it. Everything else is lost when the node crashes.
 public struct SimDisk: Sendable, Equatable {
-    public var hardState = HardState()
+    /// A blank disk: the node may not vote until it is added as a learner (R22).
+    public var hardState = PersistedState.blank.hardState
     public var snapshot: SnapshotMeta = .none
     public var snapshotBytes: [UInt8] = []
     /// Entries after `snapshot.index`, contiguous.
@@ -53,6 +54,8 @@ public enum Sabotage: Sendable, Equatable, CaseIterable {
     case lazyFsync
     /// Reads are served from the local state machine without ReadIndex (R17).
     case localReads
+    /// Lease reads while leaders get paused: breaks the lease's documented clock assumption (R18).
+    case leaseWithPauses
 }
 
 /// The simulator's driver for one node: it runs the core's `Ready` loop in the documented order

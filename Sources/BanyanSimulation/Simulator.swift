@@ -49,6 +49,9 @@ public struct Swarm: Sendable, CustomStringConvertible {
     public var snapshotChunkBytes: Int
     public var maxInflightMessages: Int
     public var nemesisMeanMillis: Int
+    /// Lease-based reads (only in seeds without pauses: a paused leader breaks the lease's clock
+    /// assumption by design, see `ReadMode.leaseBased`).
+    public var leaseReads: Bool
 
     static func draw(_ r: inout SeededRandom, nodes: Int?, faults: Bool) -> Swarm {
         let n = nodes ?? (r.chance(1, in: 2) ? 3 : 5)
@@ -57,11 +60,11 @@ public struct Swarm: Sendable, CustomStringConvertible {
                 nodes: n, lossPercent: 0, duplicatePercent: 0, minDelayMillis: 1, maxDelayMillis: 3, longDelayPercent: 0,
                 crashes: false, crashDuringPersist: false, pauses: false, partitions: false, oneWayPartitions: false,
                 membershipChanges: false, leaderTransfers: false, snapshotEvery: 0, snapshotChunkBytes: 4096,
-                maxInflightMessages: 64, nemesisMeanMillis: 1000
+                maxInflightMessages: 64, nemesisMeanMillis: 1000, leaseReads: false
             )
         }
         let minDelay = r.below(3)
-        return Swarm(
+        var swarm = Swarm(
             nodes: n,
             lossPercent: r.chance(1, in: 3) ? 0 : r.below(16),
             duplicatePercent: r.chance(1, in: 3) ? 0 : r.below(21),
@@ -78,8 +81,11 @@ public struct Swarm: Sendable, CustomStringConvertible {
             snapshotEvery: r.chance(1, in: 3) ? 0 : UInt64(10 + r.below(150)),
             snapshotChunkBytes: [16, 64, 256, 4096][r.below(4)],
             maxInflightMessages: [1, 2, 8, 64][r.below(4)],
-            nemesisMeanMillis: 100 + r.below(400)
+            nemesisMeanMillis: 100 + r.below(400),
+            leaseReads: false
         )
+        swarm.leaseReads = !swarm.pauses && r.chance(1, in: 2)
+        return swarm
     }
 
     public var description: String {
@@ -90,6 +96,7 @@ public struct Swarm: Sendable, CustomStringConvertible {
         if partitions { faults.append(oneWayPartitions ? "partition(+one-way)" : "partition") }
         if membershipChanges { faults.append("membership") }
         if leaderTransfers { faults.append("transfer") }
+        if leaseReads { faults.append("lease-reads") }
         return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay=\(minDelayMillis)-\(maxDelayMillis)ms"
             + " long=\(longDelayPercent)% snapshotEvery=\(snapshotEvery) chunk=\(snapshotChunkBytes)"
             + " inflight=\(maxInflightMessages) nemesis~\(nemesisMeanMillis)ms faults=[\(faults.joined(separator: ","))]"
@@ -189,6 +196,8 @@ public struct Simulator {
         var up = true
         var paused = false
         var inbox: [Message] = []
+        /// Client requests that reached the node while it was paused (client index, sequence).
+        var clientQueue: [(client: Int, seq: UInt32)] = []
         var crashBudget: Int?
         /// Shut down for good after being removed from the cluster.
         var retired = false
@@ -213,6 +222,7 @@ public struct Simulator {
         var record: Int?
         var key: Int
         var isRead: Bool
+        var command: KVMachine.Command?
     }
 
     private struct Record {
@@ -269,6 +279,10 @@ public struct Simulator {
         clientRandom = SeededRandom(seed: root.next())
         seedRandom = SeededRandom(seed: root.next())
         swarm = Swarm.draw(&swarmRandom, nodes: options.nodes, faults: options.faults)
+        if options.sabotage == .leaseWithPauses {
+            swarm.leaseReads = true
+            swarm.pauses = true
+        }
         report = SimulationReport(seed: options.seed, swarm: swarm)
         faultsActive = options.faults
         nextNodeID = NodeID(swarm.nodes + 1)
@@ -298,6 +312,7 @@ public struct Simulator {
         config.snapshotChunkBytes = swarm.snapshotChunkBytes
         config.maxInflightMessages = swarm.maxInflightMessages
         config.promotionLag = 16
+        if swarm.leaseReads { config.readMode = .leaseBased }
         return config
     }
 
@@ -551,6 +566,7 @@ public struct Simulator {
         slot.up = false
         slot.paused = false
         slot.inbox = []
+        slot.clientQueue = []
         slot.crashBudget = nil
         slots[id] = slot
         report.stats.crashes += 1
@@ -584,6 +600,13 @@ public struct Simulator {
         slot.paused = false
         let inbox = slot.inbox
         slot.inbox = []
+        let queued = slot.clientQueue
+        slot.clientQueue = []
+        // A resumed process first serves the requests its clients sent meanwhile, before it reads
+        // its peers' messages (the worst order for a leader that was deposed while frozen).
+        for (c, seq) in queued where clients[c].pending?.seq == seq && clients[c].pending?.node == id {
+            submit(c)
+        }
         slots[id] = slot
         traceLine("resume \(id)", 5, id)
         for m in inbox {
@@ -818,21 +841,12 @@ public struct Simulator {
             let record = history.count
             history.append(Record(key: key, seq: seq, op: HistoryOperation(client: c, input: .read, output: .unknown, callTime: now, returnTime: nil)))
             clients[c].pending?.record = record
-            guard !slot.paused else { return }
-            if options.sabotage == .localReads {
-                finishRead(c, value: slot.node.machine.value(key), failed: false)
+            if slot.paused {
+                // The request waits in the frozen process and is handled first when it resumes.
+                slot.clientQueue.append((c, seq))
                 return
             }
-            let context = UInt64(clients[c].id) << 32 | UInt64(seq)
-            let s = slot
-            if s.node.readIndex(context: context) {
-                slots[target] = s
-                process(target)
-            } else {
-                slots[target] = s
-                clients[c].issued -= 1  // no leader known: refused at once, retried, not counted
-                finishRead(c, value: nil, failed: true)
-            }
+            submit(c)
             return
         }
         clients[c].counter += 1
@@ -849,16 +863,40 @@ public struct Simulator {
         let record = history.count
         history.append(Record(key: key, seq: seq, op: HistoryOperation(client: c, input: input, output: .unknown, callTime: now, returnTime: nil)))
         clients[c].pending?.record = record
-        guard !slot.paused else { return }  // the request waits in the frozen process; it times out
+        clients[c].pending?.command = command
+        if slot.paused {
+            slot.clientQueue.append((c, seq))
+            return
+        }
+        submit(c)
+    }
+
+    /// Hands client `c`'s pending request to its node.
+    private mutating func submit(_ c: Int) {
+        guard let p = clients[c].pending, let record = p.record, let s = slots[p.node], s.up, !s.paused else { return }
+        let target = p.node
+        let seq = p.seq
+        if p.isRead {
+            if options.sabotage == .localReads {
+                finishRead(c, value: s.node.machine.value(p.key), failed: false)
+                return
+            }
+            let context = UInt64(clients[c].id) << 32 | UInt64(seq)
+            if s.node.readIndex(context: context) {
+                process(target)
+            } else {
+                clients[c].issued -= 1  // no leader known: refused at once, retried, not counted
+                finishRead(c, value: nil, failed: true)
+            }
+            return
+        }
+        guard let command = p.command else { return }
         let envelope = KVMachine.Envelope(client: clients[c].id, seq: seq, command: command)
-        let s = slot
         do {
             try s.node.propose([envelope.encoded()])
-            slots[target] = s
             process(target)
         } catch {
             // A definite refusal: the command was never appended, so it must never apply (R30).
-            slots[target] = s
             refused.insert(UInt64(clients[c].id) << 32 | UInt64(seq))
             if applied.contains(UInt64(clients[c].id) << 32 | UInt64(seq)) {
                 report.violations.append("t=\(now) op \(seq) of client \(clients[c].id) refused after it applied")

@@ -88,6 +88,7 @@ import Testing
         var c = try TestCluster(voters: 3) { $0.readMode = .leaseBased }
         c.campaign(1)
         try c.put(1, key: 0, value: 3, seq: 1)
+        c.tick(1)  // an acknowledged heartbeat round gives the leader its lease
         let mark = c.delivered.count
         c.readIndex(1, context: 4)
         #expect(c.reads[1]?.map { [$0.context, $0.index] } == [[4, 3]])
