@@ -50,9 +50,13 @@ public struct RaftNode: Sendable {
     private var heartbeatSentAt: [(seq: UInt64, tick: Int)] = []
     private var leaseUntil = 0
     private var leaseFloorSeq: UInt64 = 0
-    /// Lease mode only: after a restart a node refuses votes for one election timeout, because it
-    /// may have acknowledged a leader's heartbeat just before crashing (that leader's lease).
-    private var startupLease = false
+    /// Lease mode: ticks since this node last heard from a leader (append, heartbeat or snapshot
+    /// chunk). Not reset by term changes, so nothing but time ends the follower's side of a lease:
+    /// while it is below `electionTicks` the node grants no vote or pre-vote (except for a leader
+    /// transfer) and does not campaign. Zero after a restart: the node may have acknowledged a
+    /// heartbeat just before crashing. (A review found the term-based check insufficient: a
+    /// delayed pre-vote rejection moved a lease-holding follower to a new term with no leader.)
+    private var ticksSinceLeaderContact = 0
 
     /// Committed configuration entries after the snapshot, to know the membership at any index.
     private var configHistory: [(index: UInt64, membership: Membership)] = []
@@ -98,7 +102,8 @@ public struct RaftNode: Sendable {
         vote = persisted.hardState.vote
         mayVote = persisted.hardState.mayVote
         // Only a node that may have acknowledged some leader (term past the bootstrap term).
-        startupLease = configuration.readMode == .leaseBased && persisted.hardState.term > 1
+        // A node that never left the bootstrap term cannot have acknowledged any leader.
+        ticksSinceLeaderContact = persisted.hardState.term > 1 ? 0 : configuration.electionTicks
         lastReportedHardState = HardState(term: term, vote: vote, commit: log.committed, mayVote: mayVote)
         membership = persisted.snapshot.membership
         configHistory = [(persisted.snapshot.index, persisted.snapshot.membership)]
@@ -242,11 +247,11 @@ public struct RaftNode: Sendable {
     // MARK: - Ticks
 
     public mutating func tick() {
+        if ticksSinceLeaderContact < Int.max { ticksSinceLeaderContact += 1 }
         if role == .leader {
             tickLeader()
         } else {
             electionElapsed += 1
-            if electionElapsed >= configuration.electionTicks { startupLease = false }
             if canCampaign && electionElapsed >= randomizedElectionTimeout {
                 electionElapsed = 0
                 campaign(transfer: false)
@@ -296,11 +301,19 @@ public struct RaftNode: Sendable {
     /// Starts an election now (as if the election timeout fired), with pre-vote if configured.
     /// Ignored on a leader and on a node that is not a voter.
     public mutating func campaign() {
+        // In lease mode a node that heard from a leader within the election timeout may be part
+        // of that leader's lease, so it does not campaign (transfers use timeout-now instead).
+        if inFollowerLease { return }
         electionElapsed = 0
         campaign(transfer: false)
     }
 
     private var canCampaign: Bool { mayVote && membership.isVoter(id) && role != .leader }
+
+    /// Lease mode: this node may be counted in a leader's lease, so it must not help elect anyone.
+    private var inFollowerLease: Bool {
+        configuration.readMode == .leaseBased && ticksSinceLeaderContact < configuration.electionTicks
+    }
 
     // MARK: - Proposals
 
@@ -360,6 +373,11 @@ public struct RaftNode: Sendable {
         if transferTarget != 0 { throw .transferInProgress(to: transferTarget) }
         guard log.committed >= termStartIndex, pendingConfigIndex <= log.committed else {
             throw .membershipChangePending
+        }
+        if case .promote(let node) = change, let pr = progress[node], pr.match < pendingConfigIndex {
+            // The learner must hold the configuration that made it a learner, or it would become
+            // a voter that has never seen itself added and may not vote (R22).
+            throw .invalidMembershipChange("learner \(node) has not caught up yet (match \(pr.match), needs \(pendingConfigIndex))")
         }
         let next: Membership
         switch membership.applying(change) {
@@ -528,8 +546,7 @@ public struct RaftNode: Sendable {
                 if case .vote(_, _, let t) = m.body { transfer = t }
                 // A follower that heard from a leader within the election timeout ignores
                 // campaigns (check-quorum lease), unless the leader asked for the transfer.
-                let inLease =
-                    configuration.checkQuorum && (leader != 0 || startupLease) && electionElapsed < configuration.electionTicks
+                let inLease = configuration.checkQuorum && leader != 0 && electionElapsed < configuration.electionTicks
                 if inLease && !transfer { return }
             default:
                 break
@@ -582,6 +599,16 @@ public struct RaftNode: Sendable {
         // learner (R22).
         let canVote =
             vote == m.from || (vote == 0 && leader == 0) || (preVote && m.term > term)
+        var transfer = false
+        if case .vote(_, _, let t) = m.body { transfer = t }
+        if inFollowerLease && !transfer {
+            if preVote {
+                send(to: m.from, .preVoteResponse(granted: false))
+            } else {
+                send(to: m.from, .voteResponse(granted: false))
+            }
+            return
+        }
         if mayVote && canVote && log.isUpToDate(lastIndex: lastIndex, lastTerm: lastTerm) {
             if preVote {
                 send(to: m.from, term: m.term, .preVoteResponse(granted: true))
@@ -603,16 +630,19 @@ public struct RaftNode: Sendable {
         switch m.body {
         case let .append(prevIndex, prevTerm, entries, commit):
             electionElapsed = 0
+            ticksSinceLeaderContact = 0
             leader = m.from
             handleAppend(from: m.from, prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: commit)
         case let .heartbeat(commit, seq):
             electionElapsed = 0
+            ticksSinceLeaderContact = 0
             leader = m.from
             log.commitTo(commit)
             applyCommittedConfigurations()
             send(to: m.from, .heartbeatResponse(readSeq: seq))
         case let .snapshotChunk(meta, offset, data, last):
             electionElapsed = 0
+            ticksSinceLeaderContact = 0
             leader = m.from
             handleSnapshotChunk(from: m.from, meta: meta, offset: offset, data: data, last: last)
         case .proposal(let commands):
@@ -767,13 +797,20 @@ public struct RaftNode: Sendable {
     }
 
     private mutating func handleSnapshotChunk(from: NodeID, meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool) {
+        // A snapshot completed in this batch has not been handed to the driver yet: accept no new
+        // chunks until it has, so that `Ready.snapshotChunks` never mixes two snapshots around an
+        // install (found by the simulator, seed 34521: a resumed node stepped its whole inbox).
+        // The leader resends after its idle timeout.
+        if installedSnapshot != nil { return }
         if meta.index <= log.committed {
             incomingSnapshot = nil
             send(to: from, .appendAccepted(index: log.committed))
             return
         }
-        if offset == 0 && log.matchTerm(meta.index, meta.term) {
-            // Our log already holds the snapshot's last entry: just learn the commit. Answer
+        if log.matchTerm(meta.index, meta.term) {
+            // Our log already holds the snapshot's last entry (perhaps only since the stream
+            // started: appends can overtake it): just learn the commit, and never restore, which
+            // would drop entries we acknowledged (simulator seed 31161). Answer
             // with the commit index, not the last index: entries after it may differ from the
             // leader's (found by the simulator, seed 761: a wrong match made the leader probe
             // forever).
@@ -1021,7 +1058,10 @@ public struct RaftNode: Sendable {
     private mutating func maybePromoteLearner(_ node: NodeID) {
         guard configuration.autoPromoteLearners, membership.isLearner(node), let pr = progress[node],
             pr.match + configuration.promotionLag >= log.lastIndex, pendingConfigIndex <= log.committed,
-            log.committed >= termStartIndex
+            log.committed >= termStartIndex,
+            // The learner must hold the configuration that made it a learner (entry or snapshot),
+            // so that it has seen itself as a learner and may vote once promoted (R22).
+            pr.match >= pendingConfigIndex
         else { return }
         _ = try? proposeMembershipChange(.promote(node))
     }

@@ -78,6 +78,7 @@ public struct SimNode: Sendable {
     /// With `.lazyFsync`: what a crash leaves (the disk as of the previous batch).
     private var synced = SimDisk()
     private var incoming: [UInt8] = []
+    private var incomingMeta: SnapshotMeta?
     private var pendingReads: [ReadState] = []
 
     /// Everything one `process` call produced.
@@ -129,6 +130,7 @@ public struct SimNode: Sendable {
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
         machine = disk.snapshotBytes.isEmpty ? KVMachine() : ((try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine())
         incoming = []
+        incomingMeta = nil
         pendingReads = []
     }
 
@@ -180,10 +182,20 @@ public struct SimNode: Sendable {
             }
             // 1. Incoming snapshot chunks, then install.
             for chunk in rd.snapshotChunks {
-                if chunk.offset == 0 { incoming = [] }
-                if UInt64(incoming.count) == chunk.offset { incoming.append(contentsOf: chunk.data) }
+                if chunk.offset == 0 {
+                    incoming = []
+                    incomingMeta = chunk.meta
+                }
+                if UInt64(incoming.count) == chunk.offset && incomingMeta == chunk.meta {
+                    incoming.append(contentsOf: chunk.data)
+                } else {
+                    out.violations.append("node \(id): snapshot chunk at \(chunk.offset) does not continue the incoming snapshot")
+                }
             }
             if let meta = rd.snapshot {
+                if incomingMeta != meta {
+                    out.violations.append("node \(id): asked to install snapshot \(meta.index) but the chunks received are for another one")
+                }
                 if !spend(&budget) { out.crashed = true; return out }
                 disk.install(meta, bytes: incoming)
                 out.installedSnapshots += 1
