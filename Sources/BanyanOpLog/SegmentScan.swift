@@ -116,39 +116,52 @@ extension SegmentScan {
     }
 }
 
-/// Raft's persistent state: current term, vote in that term (0 = none), and commit index.
+/// Raft's persistent state: current term, vote in that term (0 = none), commit index, and
+/// whether this node may vote (false for a node that started from a blank disk until it was added
+/// as a learner; see `BanyanRaft.HardState.mayVote`, R22).
 public struct HardState: Sendable, Equatable {
     public var term: UInt64
     public var vote: UInt64
     public var commit: UInt64
+    public var mayVote: Bool
 
-    public init(term: UInt64 = 0, vote: UInt64 = 0, commit: UInt64 = 0) {
+    /// The zero value is a blank node's: no term, no vote, and no right to vote.
+    public init(term: UInt64 = 0, vote: UInt64 = 0, commit: UInt64 = 0, mayVote: Bool = false) {
         self.term = term
         self.vote = vote
         self.commit = commit
+        self.mayVote = mayVote
     }
 
-    static let magic: [UInt8] = Array("BNYHS1".utf8)
+    static let magicV1: [UInt8] = Array("BNYHS1".utf8)
+    static let magic: [UInt8] = Array("BNYHS2".utf8)
 
-    /// 6-byte magic, three u64 LE, CRC32C of the preceding bytes (u32 LE): 34 bytes.
+    /// Version 2: 6-byte magic `BNYHS2`, three u64 LE (term, vote, commit), one flags byte (bit 0:
+    /// may vote), CRC32C of the preceding bytes (u32 LE): 35 bytes. Version 1 (`BNYHS1`, 34 bytes,
+    /// no flags) is still read, as a node that may vote (only founding members wrote it).
     public var encoded: [UInt8] {
         var out = HardState.magic
         LogFormat.appendLE(term, &out)
         LogFormat.appendLE(vote, &out)
         LogFormat.appendLE(commit, &out)
+        out.append(mayVote ? 1 : 0)
         LogFormat.appendLE(CRC32C.checksum(out), &out)
         return out
     }
 
     /// Decodes, or nil when the bytes are not a complete, checksummed hard state.
     public init?(encoded bytes: [UInt8]) {
-        guard bytes.count == 34, Array(bytes[0..<6]) == HardState.magic else { return nil }
+        let isV2 = bytes.count == 35 && Array(bytes[0..<6]) == HardState.magic
+        let isV1 = bytes.count == 34 && Array(bytes[0..<6]) == HardState.magicV1
+        guard isV1 || isV2 else { return nil }
+        let body = isV2 ? 31 : 30
         let ok: HardState? = bytes.withUnsafeBufferPointer { b in
-            let stored = LogFormat.readLE(b, 30, as: UInt32.self)
-            guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[0..<30])) == stored else { return nil }
+            let stored = LogFormat.readLE(b, body, as: UInt32.self)
+            guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[0..<body])) == stored else { return nil }
+            if isV2 && b[30] > 1 { return nil }
             return HardState(
                 term: LogFormat.readLE(b, 6, as: UInt64.self), vote: LogFormat.readLE(b, 14, as: UInt64.self),
-                commit: LogFormat.readLE(b, 22, as: UInt64.self))
+                commit: LogFormat.readLE(b, 22, as: UInt64.self), mayVote: isV2 ? b[30] == 1 : true)
         }
         guard let ok else { return nil }
         self = ok

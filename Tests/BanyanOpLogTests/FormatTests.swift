@@ -117,4 +117,26 @@ private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String
         }
         #expect(HardState(encoded: Array(bytes.prefix(20))) == nil)
     }
+
+    @Test("hard state keeps whether the node may vote; version-1 files read as voters; a blank node may not vote")
+    func hardStateMayVote() {
+        for mayVote in [false, true] {
+            let state = HardState(term: 2, vote: 1, commit: 9, mayVote: mayVote)
+            #expect(state.encoded.count == 35)
+            #expect(HardState(encoded: state.encoded) == state)
+        }
+        // A version-1 record (written before the flag existed): magic, three u64, CRC32C.
+        var v1 = Array("BNYHS1".utf8)
+        for v: UInt64 in [5, 3, 40] { for s in stride(from: 0, to: 64, by: 8) { v1.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
+        let crc = CRC32C.checksum(v1)
+        for s in stride(from: 0, to: 32, by: 8) { v1.append(UInt8(truncatingIfNeeded: crc >> UInt32(s))) }
+        #expect(HardState(encoded: v1) == HardState(term: 5, vote: 3, commit: 40, mayVote: true))
+        #expect(HardState().mayVote == false)
+        // A flags byte other than 0 or 1 is damage even with a matching checksum.
+        var odd = Array(HardState(term: 1, mayVote: true).encoded.prefix(31))
+        odd[30] = 2
+        let oddCRC = CRC32C.checksum(odd)
+        for s in stride(from: 0, to: 32, by: 8) { odd.append(UInt8(truncatingIfNeeded: oddCRC >> UInt32(s))) }
+        #expect(HardState(encoded: odd) == nil)
+    }
 }
