@@ -67,6 +67,8 @@ public struct RaftNode: Sendable {
     /// to truncate a committed entry). Always empty unless Raft's guarantees were broken; the
     /// simulator asserts it.
     public private(set) var invariantViolations: [String] = []
+    /// Malformed peer messages dropped (for metrics; a correct peer never sends one).
+    public private(set) var invalidMessages = 0
 
     // Follower snapshot reception.
     private var incomingSnapshot: (meta: SnapshotMeta, nextOffset: UInt64)?
@@ -629,6 +631,13 @@ public struct RaftNode: Sendable {
     private mutating func stepFollower(_ m: Message) {
         switch m.body {
         case let .append(prevIndex, prevTerm, entries, commit):
+            // A malformed append (entries not numbered prevIndex+1, prevIndex+2, …, or of a term
+            // newer than the message's) is dropped: peer input must never crash the core.
+            let malformed = entries.enumerated().contains { k, e in e.index != prevIndex &+ 1 &+ UInt64(k) || e.term > m.term }
+            if malformed {
+                invalidMessages += 1
+                return
+            }
             electionElapsed = 0
             ticksSinceLeaderContact = 0
             leader = m.from
@@ -787,7 +796,7 @@ public struct RaftNode: Sendable {
                 )
                 return
             }
-            if let c = firstConfigIndex(in: entries) { pendingConfigIndex = max(pendingConfigIndex, c) }
+            if let c = lastConfigIndex(in: entries) { pendingConfigIndex = max(pendingConfigIndex, c) }
             applyCommittedConfigurations()
             send(to: from, .appendAccepted(index: result.lastNew))
         } else {
@@ -1096,7 +1105,7 @@ public struct RaftNode: Sendable {
         configScannedThrough = log.committed
     }
 
-    private func firstConfigIndex(in entries: [LogEntry]) -> UInt64? {
+    private func lastConfigIndex(in entries: [LogEntry]) -> UInt64? {
         for e in entries.reversed() {
             if case .config = e.kind { return e.index }
         }

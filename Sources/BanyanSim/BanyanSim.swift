@@ -27,6 +27,16 @@ struct BanyanSim: ParsableCommand {
     @Option(help: "A deliberate driver bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads, lease-with-pauses.")
     var sabotage: String?
 
+    func validate() throws {
+        if let nodes, !(1...9).contains(nodes) { throw ValidationError("--nodes must be between 1 and 9") }
+        guard operations >= 0 else { throw ValidationError("--operations must not be negative") }
+        guard count >= 0 else { throw ValidationError("--count must not be negative") }
+        if let timeBudget, !(timeBudget > 0) { throw ValidationError("--time-budget must be a positive number of seconds") }
+        if let sabotage, !["forget-vote", "lazy-fsync", "local-reads", "lease-with-pauses"].contains(sabotage) {
+            throw ValidationError("unknown --sabotage \"\(sabotage)\" (forget-vote, lazy-fsync, local-reads, lease-with-pauses)")
+        }
+    }
+
     func options(_ s: UInt64) -> SimulationOptions {
         var o = SimulationOptions(seed: s)
         o.operations = operations

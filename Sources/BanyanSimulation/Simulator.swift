@@ -278,7 +278,8 @@ public struct Simulator {
         nemesisRandom = SeededRandom(seed: root.next())
         clientRandom = SeededRandom(seed: root.next())
         seedRandom = SeededRandom(seed: root.next())
-        swarm = Swarm.draw(&swarmRandom, nodes: options.nodes, faults: options.faults)
+        // Out-of-range sizes are clamped (banyan-sim validates its flags; this keeps the library total).
+        swarm = Swarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
         if options.sabotage == .leaseWithPauses {
             swarm.leaseReads = true
             swarm.pauses = true
@@ -785,7 +786,6 @@ public struct Simulator {
         guard let m = committedMembership, let leader = currentLeader,
             let raft = slots[leader]?.node.raft, raft.hasCommittedInTerm, raft.membership == m
         else { return }
-        _ = raft
         for id in ids where !m.contains(id) && removalRequested.contains(id) {
             guard let slot = slots[id], !slot.retired else { continue }
             slot.retired = true

@@ -169,3 +169,27 @@ import Testing
         #expect(c.violations.isEmpty)
     }
 }
+
+/// Peer input the core must survive: malformed appends are dropped, never trusted.
+@Suite struct MalformedMessageTests {
+    @Test("appends with gaps in their indexes or entries newer than the message's term are dropped without changing the log")
+    func malformedAppendsDropped() throws {
+        var c = try TestCluster(voters: 3)
+        c.campaign(1)
+        try c.put(1, key: 0, value: 1, seq: 1)
+        let before = c.logTerms(2)
+        let term = try #require(c.raft(2)?.term)
+        let last = try #require(c.raft(2)?.lastIndex)
+        let gap = [LogEntry(index: last + 1, term: term), LogEntry(index: last + 5, term: term)]
+        c.inject(Message(from: 1, to: 2, term: term, body: .append(prevIndex: last, prevTerm: term, entries: gap, commit: last)))
+        let future = [LogEntry(index: last + 1, term: term + 7)]
+        c.inject(Message(from: 1, to: 2, term: term, body: .append(prevIndex: last, prevTerm: term, entries: future, commit: last)))
+        let wrongStart = [LogEntry(index: 1, term: term)]
+        c.inject(Message(from: 1, to: 2, term: term, body: .append(prevIndex: last, prevTerm: term, entries: wrongStart, commit: last)))
+        #expect(c.logTerms(2) == before)
+        #expect(c.raft(2)?.invalidMessages == 3)
+        try c.put(1, key: 0, value: 2, seq: 2)
+        #expect(c.node(2)?.machine.value(0) == 2)
+        #expect(c.violations.isEmpty)
+    }
+}
