@@ -35,6 +35,14 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        // Server drivers only (never imported by a pure core; BanyanTidyTests checks).
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
     ],
     targets: [
         // MARK: - Layer 0 (pure cores)
@@ -65,6 +73,14 @@ let package = Package(
         // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
         .target(name: "BanyanStateMachine", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
 
+        // MARK: - Layer 2 (pure cores)
+
+        // The replica loop's core: Raft + state machine + waiting client requests, leader
+        // timestamps, forwarding, retries, ReadIndex reads, snapshot scheduling (docs/replica.md).
+        .target(
+            name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: coreSettings
+        ),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -83,6 +99,27 @@ let package = Package(
         .target(
             name: "BanyanOpLogFiles",
             dependencies: ["BanyanOpLog", "CZlib", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
+
+        // The node process: storage, the replica thread, mutual-TLS peer transport, the REST/SSE
+        // HTTP server, certificates, configuration, metrics (docs/server.md).
+        .target(
+            name: "BanyanServer",
+            dependencies: [
+                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
+                "BanyanBasics",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Yams", package: "Yams"),
+            ],
             swiftSettings: strictSettings
         ),
 
@@ -129,6 +166,11 @@ let package = Package(
         ),
         .testTarget(
             name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanTree"], swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BanyanReplicaTests",
+            dependencies: ["BanyanReplica", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanCheckers"],
+            swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(

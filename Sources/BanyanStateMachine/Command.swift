@@ -24,8 +24,11 @@ public enum Command: Sendable, Equatable {
     }
 }
 
-/// A command with its identity (for exactly-once application, R29) and the leader's timestamp.
+/// A command with its identity (for exactly-once application, R29), its namespace and the
+/// leader's timestamp.
 public struct CommandEnvelope: Sendable, Equatable {
+    /// The namespace (an independent tree, like a database in a Firebase project).
+    public var namespace: String
     /// The client session that issued the command.
     public var session: UInt64
     /// Increasing per session; a command at or below the session's last applied sequence number
@@ -35,16 +38,18 @@ public struct CommandEnvelope: Sendable, Equatable {
     public var timestamp: Int64
     public var command: Command
 
-    public init(session: UInt64, seq: UInt64, timestamp: Int64, command: Command) {
+    public init(namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, command: Command) {
+        self.namespace = namespace
         self.session = session
         self.seq = seq
         self.timestamp = timestamp
         self.command = command
     }
 
-    static let version: UInt8 = 1
+    static let version: UInt8 = 2
 
-    /// The log entry payload: version, kind, session, seq, timestamp, then length-prefixed fields.
+    /// The log entry payload: version, kind, session, seq, timestamp, namespace, then
+    /// length-prefixed fields.
     public func encoded() -> [UInt8] {
         var w = ByteWriter()
         w.byte(Self.version)
@@ -56,6 +61,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         w.u64(session)
         w.u64(seq)
         w.u64(UInt64(bitPattern: timestamp))
+        w.string(namespace)
         switch command {
         case let .set(path, json):
             w.string(path)
@@ -79,7 +85,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     public init?(decoding bytes: [UInt8]) {
         var r = ByteReader(bytes)
         guard r.byte() == Self.version, let kind = r.byte(), let session = r.u64(), let seq = r.u64(),
-            let stamp = r.u64(), let path = r.string()
+            let stamp = r.u64(), let namespace = r.string(), let path = r.string()
         else { return nil }
         let command: Command
         switch kind {
@@ -101,7 +107,18 @@ public struct CommandEnvelope: Sendable, Equatable {
             return nil
         }
         guard r.atEnd else { return nil }
-        self.init(session: session, seq: seq, timestamp: Int64(bitPattern: stamp), command: command)
+        self.init(namespace: namespace, session: session, seq: seq, timestamp: Int64(bitPattern: stamp), command: command)
+    }
+
+    /// The same payload with another timestamp (the leader stamps forwarded proposals); nil when
+    /// `payload` is not a well-formed envelope.
+    public static func restamped(_ payload: [UInt8], timestamp: Int64) -> [UInt8]? {
+        // The timestamp sits at a fixed offset (version, kind, session, seq precede it).
+        guard payload.count >= 26, CommandEnvelope(decoding: payload) != nil else { return nil }
+        var out = payload
+        let v = UInt64(bitPattern: timestamp)
+        for i in 0..<8 { out[18 + i] = UInt8(truncatingIfNeeded: v >> UInt64(8 * i)) }
+        return out
     }
 }
 

@@ -1,13 +1,66 @@
 public import BanyanTree
 
-/// The replicated state machine of one namespace: the tree, the last applied log index, and per
-/// session the last applied sequence number with its outcome (docs/internals/state-machine.md).
+/// What the state machine remembers of one client session, to apply each of its commands once.
 ///
-/// Pure and deterministic: the same entries applied in the same order give the same tree, the same
-/// outcomes and the same image on every replica.
+/// Sequence numbers at or below `contiguous` were all applied; `above` holds those applied beyond
+/// it (a session may have several writes in flight, and a retried proposal can be ordered after a
+/// later one). A command is a duplicate exactly when its number is at or below `contiguous` or in
+/// `above`.
+public struct SessionRecord: Sendable, Equatable {
+    public private(set) var contiguous: UInt64
+    /// Sorted, all greater than `contiguous + 1`.
+    public private(set) var above: [UInt64]
+
+    public init(contiguous: UInt64 = 0, above: [UInt64] = []) {
+        self.contiguous = contiguous
+        self.above = above.filter { $0 > contiguous }.sorted()
+    }
+
+    public func contains(_ seq: UInt64) -> Bool {
+        seq <= contiguous || binarySearch(seq) != nil
+    }
+
+    private func binarySearch(_ seq: UInt64) -> Int? {
+        var lo = 0
+        var hi = above.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if above[mid] < seq { lo = mid + 1 } else { hi = mid }
+        }
+        return lo < above.count && above[lo] == seq ? lo : nil
+    }
+
+    /// Records `seq` as applied (the caller checked `contains` first).
+    mutating func insert(_ seq: UInt64) {
+        if seq == contiguous + 1 {
+            contiguous = seq
+            var drop = 0
+            while drop < above.count, above[drop] == contiguous + 1 {
+                contiguous += 1
+                drop += 1
+            }
+            if drop > 0 { above.removeFirst(drop) }
+        } else {
+            var lo = 0
+            var hi = above.count
+            while lo < hi {
+                let mid = (lo + hi) / 2
+                if above[mid] < seq { lo = mid + 1 } else { hi = mid }
+            }
+            above.insert(seq, at: lo)
+        }
+    }
+}
+
+/// The replicated state machine: one tree per namespace, the last applied log index, and what
+/// each client session has had applied (docs/internals/state-machine.md).
+///
+/// Pure and deterministic: the same entries applied in the same order give the same trees, the
+/// same outcomes and the same image on every replica.
 public struct StateMachine: Sendable {
     /// The outcome of one command, as the issuing session is told.
     public enum Outcome: Sendable, Equatable {
+        /// Applied (`Applied.value` holds the resolved node of a set or compare-and-set).
         case ok
         /// A compare-and-set found another value (Firebase's `datastale`); `current` lets the
         /// client retry its transaction.
@@ -23,23 +76,38 @@ public struct StateMachine: Sendable {
 
     /// What applying an entry did.
     public struct Applied: Sendable, Equatable {
+        public var namespace: String
         public var session: UInt64
         public var seq: UInt64
         public var outcome: Outcome
         /// Absolute paths written (for live views: `ChildChanges.at(_:written:)`).
         public var written: [Path]
+        /// For an applied set or compare-and-set: the node written, server values resolved (the
+        /// REST echo). Nil otherwise.
+        public var value: Node? = nil
     }
 
-    public private(set) var tree: Node
+    /// The trees by namespace (an absent namespace is an empty tree).
+    public private(set) var namespaces: [String: Node]
     public private(set) var appliedIndex: UInt64
-    /// Last applied sequence number per session.
-    public private(set) var sessions: [UInt64: UInt64]
+    public private(set) var sessions: [UInt64: SessionRecord]
+    /// The largest timestamp applied so far. Server timestamps never go backwards in log order,
+    /// even when a new leader's clock is behind its predecessor's: an entry stamped earlier than
+    /// this applies with this timestamp.
+    public private(set) var lastTimestamp: Int64
 
-    public init(tree: Node = .empty, appliedIndex: UInt64 = 0, sessions: [UInt64: UInt64] = [:]) {
-        self.tree = tree
+    public init(
+        namespaces: [String: Node] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
+        lastTimestamp: Int64 = 0
+    ) {
+        self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
         self.sessions = sessions
+        self.lastTimestamp = lastTimestamp
     }
+
+    /// The tree of `namespace`.
+    public func tree(_ namespace: String) -> Node { namespaces[namespace] ?? .empty }
 
     /// Marks an index applied that carries no command (Raft no-ops and configuration entries).
     public mutating func skip(index: UInt64) {
@@ -52,28 +120,36 @@ public struct StateMachine: Sendable {
         guard index > appliedIndex else { return nil }
         appliedIndex = index
         guard let envelope = CommandEnvelope(decoding: payload) else {
-            return Applied(session: 0, seq: 0, outcome: .malformed, written: [])
+            return Applied(namespace: "", session: 0, seq: 0, outcome: .malformed, written: [])
         }
-        if let last = sessions[envelope.session], envelope.seq <= last {
-            return Applied(session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
+        var record = sessions[envelope.session] ?? SessionRecord()
+        if record.contains(envelope.seq) {
+            return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
         }
-        sessions[envelope.session] = envelope.seq
+        record.insert(envelope.seq)
+        sessions[envelope.session] = record
+        lastTimestamp = max(lastTimestamp, envelope.timestamp)
         var written: [Path] = []
+        var value: Node?
+        var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
         let outcome: Outcome
         do throws(TreeError) {
-            outcome = try execute(envelope, written: &written)
+            outcome = try execute(envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value)
         } catch {
             outcome = .rejected(error)
             written = []
+            value = nil
         }
-        return Applied(session: envelope.session, seq: envelope.seq, outcome: outcome, written: written)
+        if !tree.isEmpty { namespaces[envelope.namespace] = tree }
+        return Applied(
+            namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value)
     }
 
-    private mutating func execute(_ e: CommandEnvelope, written: inout [Path]) throws(TreeError) -> Outcome {
-        switch e.command {
+    private func execute(_ command: Command, on tree: inout Node, timestamp: Int64, written: inout [Path], value: inout Node?) throws(TreeError) -> Outcome {
+        switch command {
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
-            let context = ServerValueContext(timestamp: e.timestamp, existing: tree)
+            let context = ServerValueContext(timestamp: timestamp, existing: tree)
             let node = try NodeReader.read(json, at: location.path, serverValues: context)
             if location.isPriority, let priority = Priority(node: node) {
                 // Firebase's setPriority: an error on a location with no data.
@@ -82,6 +158,7 @@ public struct StateMachine: Sendable {
                 try tree.apply(set: node, at: location)
             }
             written = [location.path]
+            value = node
             return .ok
         case let .update(pathText, items):
             let location = try Path(parsing: pathText)
@@ -90,7 +167,7 @@ public struct StateMachine: Sendable {
             for item in items {
                 let relative = try WritePath(parsing: item.path)
                 let target = location.appending(relative.path)
-                let context = ServerValueContext(timestamp: e.timestamp, existing: tree)
+                let context = ServerValueContext(timestamp: timestamp, existing: tree)
                 let node = try NodeReader.read(item.json, at: target, serverValues: context)
                 entries.append(UpdateEntry(path: relative, node: node))
             }
@@ -102,12 +179,13 @@ public struct StateMachine: Sendable {
             return .ok
         case let .compareAndSet(pathText, expectedHash, json):
             let location = try Path(parsing: pathText)
-            let context = ServerValueContext(timestamp: e.timestamp, existing: tree)
+            let context = ServerValueContext(timestamp: timestamp, existing: tree)
             let node = try NodeReader.read(json, at: location, serverValues: context)
             try node.checkFits(at: location)
             switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {
             case .applied:
                 written = [location]
+                value = node
                 return .ok
             case .mismatch(let current):
                 return .datastale(current: current)
@@ -117,7 +195,7 @@ public struct StateMachine: Sendable {
 
     // MARK: - Snapshot image
 
-    static let magic: [UInt8] = Array("BNYSM001".utf8)
+    static let magic: [UInt8] = Array("BNYSM002".utf8)
 
     public enum ImageError: Error, Sendable, Equatable {
         case badHeader
@@ -125,19 +203,36 @@ public struct StateMachine: Sendable {
         case tree(TreeError)
     }
 
-    /// Streams the image: header (magic, applied index, sessions sorted by id), then the tree
-    /// image in chunks. The tree is never copied whole.
+    /// Streams the image: header (magic, applied index, last timestamp, sessions sorted by id),
+    /// then each namespace (sorted by name): its name and its tree image in framed chunks ending
+    /// with an empty frame. No tree is ever copied whole.
     public func writeImage(chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
         var w = ByteWriter()
         w.out.append(contentsOf: Self.magic)
         w.u64(appliedIndex)
+        w.u64(UInt64(bitPattern: lastTimestamp))
         w.u64(UInt64(sessions.count))
-        for (session, seq) in sessions.sorted(by: { $0.key < $1.key }) {
+        for (session, record) in sessions.sorted(by: { $0.key < $1.key }) {
             w.u64(session)
-            w.u64(seq)
+            w.u64(record.contiguous)
+            w.u64(UInt64(record.above.count))
+            for s in record.above { w.u64(s) }
         }
+        w.u64(UInt64(namespaces.count))
         try emit(w.out)
-        try TreeImage.stream(tree, chunkBytes: chunkBytes, emit: emit)
+        for (name, tree) in namespaces.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+            var header = ByteWriter()
+            header.string(name)
+            try emit(header.out)
+            try TreeImage.stream(tree, chunkBytes: chunkBytes) { chunk in
+                var frame = ByteWriter()
+                frame.bytes(chunk)
+                try emit(frame.out)
+            }
+            var end = ByteWriter()
+            end.u64(0)
+            try emit(end.out)
+        }
     }
 
     public func image() -> [UInt8] {
@@ -152,18 +247,36 @@ public struct StateMachine: Sendable {
         guard bytes.count >= Self.magic.count, Array(bytes[0..<Self.magic.count]) == Self.magic else { throw .badHeader }
         var r = ByteReader(bytes)
         r.at = Self.magic.count
-        guard let applied = r.u64(), let count = r.u64(), count <= UInt64(bytes.count / 16) else { throw .truncated }
-        var sessions: [UInt64: UInt64] = [:]
+        guard let applied = r.u64(), let stamp = r.u64(), let count = r.u64(), count <= UInt64(bytes.count / 24) else {
+            throw .truncated
+        }
+        var sessions: [UInt64: SessionRecord] = [:]
         for _ in 0..<count {
-            guard let s = r.u64(), let q = r.u64() else { throw .truncated }
-            sessions[s] = q
+            guard let s = r.u64(), let contiguous = r.u64(), let n = r.u64(), n <= UInt64(bytes.count / 8) else { throw .truncated }
+            var above: [UInt64] = []
+            for _ in 0..<n {
+                guard let q = r.u64() else { throw .truncated }
+                above.append(q)
+            }
+            sessions[s] = SessionRecord(contiguous: contiguous, above: above)
         }
-        let tree: Node
-        do {
-            tree = try TreeImage.read(Array(bytes[r.at...]), limits: limits)
-        } catch {
-            throw .tree(error)
+        guard let namespaceCount = r.u64(), namespaceCount <= UInt64(bytes.count) else { throw .truncated }
+        var namespaces: [String: Node] = [:]
+        for _ in 0..<namespaceCount {
+            guard let name = r.string() else { throw .truncated }
+            var image: [UInt8] = []
+            while true {
+                guard let chunk = r.bytes() else { throw .truncated }
+                if chunk.isEmpty { break }
+                image.append(contentsOf: chunk)
+            }
+            do {
+                namespaces[name] = try TreeImage.read(image, limits: limits)
+            } catch {
+                throw .tree(error)
+            }
         }
-        self.init(tree: tree, appliedIndex: applied, sessions: sessions)
+        guard r.atEnd else { throw .truncated }
+        self.init(namespaces: namespaces, appliedIndex: applied, sessions: sessions, lastTimestamp: Int64(bitPattern: stamp))
     }
 }

@@ -10,7 +10,7 @@ import Testing
     func json(_ text: String) -> [UInt8] { Array(text.utf8) }
 
     func value(_ m: StateMachine, _ path: String) throws -> String {
-        JSONWriter.string(m.tree.child(at: try Path(parsing: path)))
+        JSONWriter.string(m.tree("").child(at: try Path(parsing: path)))
     }
 
     @Test("every command kind round-trips through its log encoding, and every truncation is refused")
@@ -43,7 +43,7 @@ import Testing
         #expect(b?.written == [try Path(parsing: "/users/ada/age"), try Path(parsing: "/users/bob")])
         #expect(try value(m, "/users") == #"{"ada":{"age":37,"name":"Ada"},"bob":"B"}"#)
         // Compare-and-set: matches the current hash, then fails with the current value.
-        let hash = m.tree.child(at: try Path(parsing: "/users/bob")).hashString
+        let hash = m.tree("").child(at: try Path(parsing: "/users/bob")).hashString
         #expect(m.apply(envelope(3, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""C""#))), index: 3)?.outcome == .ok)
         let stale = m.apply(envelope(4, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""D""#))), index: 4)
         #expect(stale?.outcome == .datastale(current: try Node(json: #""C""#)))
@@ -71,7 +71,7 @@ import Testing
         #expect(try value(r1, "/t") == "1234")
         #expect(try value(r1, "/n") == "15")
         #expect(try value(r1, "/m") == "2")
-        #expect(r1.tree == r2.tree)
+        #expect(r1.tree("") == r2.tree(""))
         #expect(r1.image() == r2.image())
     }
 
@@ -79,7 +79,7 @@ import Testing
     func atomicUpdate() throws {
         var m = StateMachine()
         _ = m.apply(envelope(1, .set(path: "/a", json: json(#"{"x":1}"#))), index: 1)
-        let before = m.tree
+        let before = m.tree("")
         let overlapping = m.apply(envelope(2, .update(path: "/a", entries: [.init(path: "x", json: json("2")), .init(path: "x/y", json: json("3"))])), index: 2)
         guard case .rejected(let error)? = overlapping?.outcome else {
             Issue.record("expected a rejection, got \(String(describing: overlapping?.outcome))")
@@ -90,10 +90,10 @@ import Testing
         if case .rejected? = badJSON?.outcome {} else { Issue.record("expected a rejection for bad JSON") }
         let priorityOnEmpty = m.apply(envelope(4, .set(path: "/nothing/.priority", json: json("1"))), index: 4)
         if case .rejected? = priorityOnEmpty?.outcome {} else { Issue.record("expected a rejection for a priority on an empty location") }
-        #expect(m.tree == before)
+        #expect(m.tree("") == before)
         #expect(m.appliedIndex == 4)
         #expect(m.apply([1, 2, 3], index: 5)?.outcome == .malformed)
-        #expect(m.tree == before)
+        #expect(m.tree("") == before)
     }
 
     @Test("commands apply exactly once: duplicates by session and sequence, and entries at or below the applied index, change nothing")
@@ -119,7 +119,7 @@ import Testing
         }
         let bytes = m.image()
         var restored = try StateMachine(image: bytes)
-        #expect(restored.tree == m.tree)
+        #expect(restored.tree("") == m.tree(""))
         #expect(restored.appliedIndex == 20)
         #expect(restored.sessions == m.sessions)
         #expect(restored.apply(envelope(20, session: 2, .set(path: "/x", json: json("1"))), index: 21)?.outcome == .duplicate)

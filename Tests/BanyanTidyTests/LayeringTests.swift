@@ -17,6 +17,15 @@ import Testing
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree"]),
+        "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree"]),
+        "BanyanServer": (
+            false,
+            [
+                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
+                "BanyanBasics", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
+                "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
+            ]
+        ),
         "BanyanSimulation": (true, ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"]),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),

@@ -1,0 +1,377 @@
+public import BanyanRaft
+public import BanyanStateMachine
+public import BanyanTree
+
+/// Identifies one client request inside a node (the driver's choice; never crosses the wire).
+public typealias RequestID = UInt64
+
+/// Why a client request failed, with what the client needs to act.
+public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Too many requests are waiting; retry later (HTTP 503).
+    case overloaded(String)
+    /// The request did not finish in time. For a write the outcome is unknown: it may still
+    /// apply (it keeps its identity, so it applies at most once).
+    case timedOut(write: Bool)
+    /// Only the leader accepts this (membership changes, transfers); `leader` is 0 when unknown.
+    case notLeader(leader: NodeID)
+    /// The consensus core refused the operation.
+    case refused(RaftError)
+
+    public var description: String {
+        switch self {
+        case .overloaded(let why): return "overloaded: \(why)"
+        case .timedOut(let write):
+            return write
+                ? "the write did not commit in time; it may still be applied" : "the read could not be confirmed in time"
+        case .notLeader(let leader): return leader == 0 ? "no leader is known" : "not the leader (leader is node \(leader))"
+        case .refused(let e): return e.description
+        }
+    }
+}
+
+/// Tunables of the replica loop (ticks are the Raft core's ticks).
+public struct ReplicaConfiguration: Sendable {
+    public var raft: RaftConfiguration
+    /// Take a snapshot once this many entries were applied since the last one.
+    public var snapshotEntries: UInt64 = 20_000
+    /// Re-propose a write, or re-ask for a read index, not finished after this many ticks.
+    public var retryTicks: Int = 30
+    /// Fail a request not finished after this many ticks.
+    public var requestTimeoutTicks: Int = 300
+    /// Requests waiting at once (writes and reads each); beyond it new ones are refused.
+    public var maxPendingRequests: Int = 200_000
+
+    public init(raft: RaftConfiguration) {
+        self.raft = raft
+    }
+}
+
+/// What the replica tells its driver, in order.
+public enum ReplicaEvent: Sendable {
+    /// A command applied (on every node, whoever issued it). `request` is set when this node's
+    /// client issued it. `tree` is the namespace's tree right after this command (for live views;
+    /// sharing structure, so it costs nothing to keep).
+    case applied(StateMachine.Applied, tree: Node, request: RequestID?)
+    /// These reads may now be served from `Replica.machine` (linearizable at this moment).
+    case readsReady([RequestID])
+    case failed(RequestID, ReplicaError)
+    /// A membership change this node's operator asked for committed and applied.
+    case membershipChanged(RequestID, Membership)
+    /// The state machine was replaced by a snapshot from the leader (live views must resend).
+    case restoredFromSnapshot(SnapshotMeta)
+    /// Time for a snapshot of `Replica.machine` as it is now, at `meta.index`. The driver writes
+    /// it (in the background; the machine is a value) and then calls `snapshotWritten(_:)`.
+    case snapshotDue(SnapshotMeta)
+    case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
+}
+
+/// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
+/// requests waiting on both (docs/replica.md).
+///
+/// The driver delivers ticks (with the wall clock, for server timestamps), peer messages and
+/// client requests; then runs `ready()`: persist, send, and hand the result back to
+/// `advance(_:installed:)`, which applies committed entries. Everything it must tell clients
+/// comes out of `takeEvents()`.
+public struct Replica: Sendable {
+    public let configuration: ReplicaConfiguration
+    public private(set) var raft: RaftNode
+    public private(set) var machine: StateMachine
+    /// This incarnation's client session (random per start, so sequence numbers never repeat).
+    public let session: UInt64
+    public private(set) var nextSeq: UInt64 = 1
+    /// The wall clock (ms since the epoch) as of the last tick.
+    public private(set) var wallClock: Int64
+    /// The largest timestamp this node stamped as leader (never goes backwards).
+    private var lastStamp: Int64 = 0
+    private var ticks = 0
+
+    private struct PendingWrite: Sendable {
+        var request: RequestID
+        var payload: [UInt8]
+        var lastProposedTick: Int
+        var deadline: Int
+    }
+    private var writes: [UInt64: PendingWrite] = [:]
+    /// Writes to propose at the next `ready()` (batched into one proposal).
+    private var toPropose: [UInt64] = []
+
+    private struct PendingRead: Sendable {
+        var requests: [RequestID]
+        var askedTick: Int
+        var deadline: Int
+        var index: UInt64?
+    }
+    private var nextReadContext: UInt64 = 1
+    private var reads: [UInt64: PendingRead] = [:]
+    /// Reads to start at the next `ready()` (one ReadIndex round for all of them).
+    private var newReads: [RequestID] = []
+    private var newReadsDeadline = 0
+
+    private var membershipRequests: [(request: RequestID, index: UInt64, deadline: Int)] = []
+    private var snapshotInProgress: UInt64?
+    private var events: [ReplicaEvent] = []
+    private var lastRole: RaftRole = .follower
+    private var lastLeader: NodeID = 0
+
+    /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
+    /// from the newest snapshot (its `appliedIndex` is the snapshot's index).
+    public init(
+        configuration: ReplicaConfiguration, persisted: PersistedState, machine: StateMachine, session: UInt64, now: Int64
+    ) throws(RaftError) {
+        self.configuration = configuration
+        self.raft = try RaftNode(configuration: configuration.raft, restoring: persisted)
+        self.machine = machine
+        self.session = session
+        self.wallClock = now
+    }
+
+    public var pendingWrites: Int { writes.count }
+    public var pendingReads: Int { reads.values.reduce(newReads.count) { $0 + $1.requests.count } }
+
+    // MARK: - Inputs
+
+    /// One Raft tick; `now` is the wall clock. Retries and timeouts run here.
+    public mutating func tick(now: Int64) {
+        self.wallClock = now
+        ticks += 1
+        raft.tick()
+        for (seq, w) in writes.sorted(by: { $0.key < $1.key }) {
+            if ticks >= w.deadline {
+                writes[seq] = nil
+                events.append(.failed(w.request, .timedOut(write: true)))
+            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !toPropose.contains(seq) {
+                // Lost with a leader change, or never forwarded: propose again under the same
+                // identity (the state machine applies it at most once).
+                toPropose.append(seq)
+            }
+        }
+        for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
+            if ticks >= r.deadline {
+                reads[context] = nil
+                for q in r.requests { events.append(.failed(q, .timedOut(write: false))) }
+            } else if r.index == nil, ticks - r.askedTick >= configuration.retryTicks {
+                reads[context] = nil
+                newReads.append(contentsOf: r.requests)
+                newReadsDeadline = max(newReadsDeadline, r.deadline)
+            }
+        }
+        membershipRequests.removeAll { m in
+            guard ticks >= m.deadline else { return false }
+            events.append(.failed(m.request, .timedOut(write: true)))
+            return true
+        }
+    }
+
+    public mutating func receive(_ m: Message) {
+        // The leader stamps forwarded proposals with its own clock (docs/replica.md); a message
+        // from a higher term goes to the core first (it steps down and drops or forwards it).
+        if case .proposal(let commands) = m.body, raft.role == .leader, m.term <= raft.term {
+            let stamp = nextStamp()
+            let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
+            if !stamped.isEmpty { _ = try? raft.propose(stamped) }
+            return
+        }
+        raft.step(m)
+    }
+
+    private mutating func nextStamp() -> Int64 {
+        lastStamp = max(lastStamp, wallClock, machine.lastTimestamp)
+        return lastStamp
+    }
+
+    /// Submits a client write. The outcome arrives as `.applied` with this request id (or
+    /// `.failed`).
+    public mutating func write(_ request: RequestID, namespace: String, command: Command) {
+        guard writes.count < configuration.maxPendingRequests else {
+            events.append(.failed(request, .overloaded("\(writes.count) writes are waiting")))
+            return
+        }
+        let seq = nextSeq
+        nextSeq += 1
+        let payload = CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: 0, command: command).encoded()
+        writes[seq] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
+        toPropose.append(seq)
+    }
+
+    /// Submits a linearizable read (ReadIndex). `.readsReady` says when to serve it.
+    public mutating func read(_ request: RequestID) {
+        guard pendingReads < configuration.maxPendingRequests else {
+            events.append(.failed(request, .overloaded("\(pendingReads) reads are waiting")))
+            return
+        }
+        newReads.append(request)
+        newReadsDeadline = ticks + configuration.requestTimeoutTicks
+    }
+
+    /// Asks for a membership change (leader only).
+    public mutating func changeMembership(_ request: RequestID, _ change: MembershipChange) {
+        do {
+            let outcome = try raft.proposeMembershipChange(change)
+            if case .appended(let first, _, _) = outcome {
+                membershipRequests.append((request, first, ticks + configuration.requestTimeoutTicks))
+            }
+        } catch {
+            if case .notLeader(let leader) = error {
+                events.append(.failed(request, .notLeader(leader: leader)))
+            } else {
+                events.append(.failed(request, .refused(error)))
+            }
+        }
+    }
+
+    public mutating func transferLeadership(to target: NodeID) throws(ReplicaError) {
+        do {
+            try raft.transferLeadership(to: target)
+        } catch {
+            if case .notLeader(let leader) = error { throw .notLeader(leader: leader) }
+            throw .refused(error)
+        }
+    }
+
+    public mutating func campaign() { raft.campaign() }
+
+    /// The driver durably wrote the snapshot announced by `.snapshotDue`; the log before it may go.
+    public mutating func snapshotWritten(_ meta: SnapshotMeta) {
+        snapshotInProgress = nil
+        _ = try? raft.compact(through: meta.index)
+    }
+
+    /// The driver could not write the snapshot (it logs why); a later one will be tried.
+    public mutating func snapshotFailed() { snapshotInProgress = nil }
+
+    /// The leader's driver answers a snapshot chunk request.
+    public mutating func snapshotChunk(to target: NodeID, meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool) {
+        raft.snapshotChunk(to: target, meta: meta, offset: offset, data: data, last: last)
+    }
+
+    // MARK: - Ready / advance
+
+    /// Work for the driver, or nil when there is none. Batched writes are proposed and new reads
+    /// started here, so one `Ready` carries everything that arrived since the last one.
+    public mutating func ready() -> Ready? {
+        flushProposals()
+        startReads()
+        guard raft.hasReady else { return nil }
+        return raft.ready()
+    }
+
+    private mutating func flushProposals() {
+        guard !toPropose.isEmpty else { return }
+        let seqs = toPropose
+        var payloads: [[UInt8]] = []
+        payloads.reserveCapacity(seqs.count)
+        let leader = raft.role == .leader
+        let stamp = leader ? nextStamp() : 0
+        for seq in seqs {
+            guard let w = writes[seq] else { continue }
+            payloads.append(leader ? (CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload) : w.payload)
+        }
+        guard !payloads.isEmpty else {
+            toPropose = []
+            return
+        }
+        do {
+            try raft.propose(payloads)
+        } catch {
+            switch error {
+            case .noLeader, .transferInProgress:
+                // Wait for a leader: the retry timer proposes again.
+                break
+            default:
+                for seq in seqs {
+                    if let w = writes.removeValue(forKey: seq) { events.append(.failed(w.request, .overloaded(error.description))) }
+                }
+            }
+        }
+        for seq in seqs { writes[seq]?.lastProposedTick = ticks }
+        toPropose = []
+    }
+
+    private mutating func startReads() {
+        guard !newReads.isEmpty else { return }
+        let context = nextReadContext
+        if raft.readIndex(context: context) {
+            nextReadContext += 1
+            reads[context] = PendingRead(requests: newReads, askedTick: ticks, deadline: newReadsDeadline, index: nil)
+            newReads = []
+        }
+        // Otherwise no leader is known: the reads wait here until one is (or they time out).
+        if !newReads.isEmpty {
+            let expired = ticks >= newReadsDeadline
+            if expired {
+                for q in newReads { events.append(.failed(q, .timedOut(write: false))) }
+                newReads = []
+            }
+        }
+    }
+
+    /// Finishes a `Ready` after the driver persisted and sent it: loads an installed snapshot
+    /// (`installed`, the state machine the driver read from it), applies committed entries and
+    /// answers reads. Then call `takeEvents()`.
+    public mutating func advance(_ rd: Ready, installed: StateMachine?) {
+        if let role = rd.role {
+            let leader = rd.leader ?? raft.leader
+            if role != lastRole || leader != lastLeader {
+                lastRole = role
+                lastLeader = leader
+                events.append(.roleChanged(role: role, leader: leader, term: raft.term))
+            }
+        }
+        if let meta = rd.snapshot, let installed, installed.appliedIndex >= machine.appliedIndex {
+            machine = installed
+            events.append(.restoredFromSnapshot(meta))
+        }
+        for entry in rd.committedEntries {
+            switch entry.kind {
+            case .command:
+                guard let applied = machine.apply(entry.data, index: entry.index) else { continue }
+                var request: RequestID?
+                if applied.session == session, let w = writes.removeValue(forKey: applied.seq) {
+                    request = w.request
+                }
+                events.append(.applied(applied, tree: machine.tree(applied.namespace), request: request))
+            case .noop:
+                machine.skip(index: entry.index)
+            case .config(let membership):
+                machine.skip(index: entry.index)
+                membershipRequests.removeAll { m in
+                    guard m.index == entry.index else { return false }
+                    events.append(.membershipChanged(m.request, membership))
+                    return true
+                }
+            }
+        }
+        for state in rd.readStates {
+            reads[state.context]?.index = state.index
+        }
+        raft.advance(rd)
+        answerReads()
+        considerSnapshot()
+    }
+
+    private mutating func answerReads() {
+        var ready: [RequestID] = []
+        for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
+            guard let index = r.index, index <= machine.appliedIndex else { continue }
+            ready.append(contentsOf: r.requests)
+            reads[context] = nil
+        }
+        if !ready.isEmpty { events.append(.readsReady(ready)) }
+    }
+
+    private mutating func considerSnapshot() {
+        guard snapshotInProgress == nil, configuration.snapshotEntries > 0 else { return }
+        let applied = machine.appliedIndex
+        guard applied >= raft.snapshotMeta.index + configuration.snapshotEntries, applied <= raft.appliedIndex,
+            let meta = try? raft.snapshotMeta(at: applied)
+        else { return }
+        snapshotInProgress = applied
+        events.append(.snapshotDue(meta))
+    }
+
+    /// Everything the replica has to tell the driver since the last call, in order.
+    public mutating func takeEvents() -> [ReplicaEvent] {
+        defer { events = [] }
+        return events
+    }
+}

@@ -1,0 +1,9 @@
+import NIOCore
+import NIOPosix
+import NIOHTTP1
+import NIOSSL
+import X509
+import Crypto
+import Metrics
+import Prometheus
+import Yams
