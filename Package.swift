@@ -28,6 +28,7 @@ let package = Package(
         .executable(name: "banyan", targets: ["BanyanCommand"]),
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
         .executable(name: "banyan-sim", targets: ["BanyanSim"]),
+        .executable(name: "banyan-cluster-test", targets: ["BanyanClusterTest"]),
         // Internal modules are not products (house style B10); the client SDK will be one. Note:
         // SwiftPM refuses `unsafeFlags` in packages used as dependencies, so `coreSettings` must
         // drop its release-only exclusivity flag before the SDK product ships.
@@ -40,6 +41,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-asn1", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
@@ -81,6 +83,8 @@ let package = Package(
             name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: coreSettings
         ),
 
+        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine"], swiftSettings: coreSettings),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -108,13 +112,14 @@ let package = Package(
             name: "BanyanServer",
             dependencies: [
                 "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics",
+                "BanyanBasics", "BanyanREST",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -123,14 +128,40 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // Operator and test tooling: an HTTP client, real-process local clusters, the cluster
+        // benchmark and the multi-process scenario tests (docs/testing.md, docs/benchmarks.md).
+        .target(
+            name: "BanyanOps",
+            dependencies: [
+                "BanyanCheckers",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Layer 5 (executables)
 
-        // The `banyan` command: offline data tools now, `serve` later.
+        // The `banyan` command: `serve`, `cluster`, `status`, `certs`, and the offline data tools.
         .executableTarget(
             name: "BanyanCommand",
             dependencies: [
-                "BanyanTree", "BanyanQuery", "BanyanBasics",
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanServer", "BanyanOps",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // `banyan-cluster-test`: multi-process failover, freeze, restart and membership tests
+        // with real `banyan serve` processes (run by .ci/run; docs/testing.md).
+        .executableTarget(
+            name: "BanyanClusterTest",
+            dependencies: [
+                "BanyanOps", "BanyanCheckers", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

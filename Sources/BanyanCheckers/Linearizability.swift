@@ -23,6 +23,8 @@ public protocol SequentialModel {
 
 /// One operation of a history.
 public struct HistoryOperation<Input, Output> {
+    // Sendable when its input and output are (see the extension below).
+
     public var client: Int
     public var input: Input
     public var output: Output
@@ -241,3 +243,5 @@ private struct Search<M: SequentialModel> {
         return .linearizable
     }
 }
+
+extension HistoryOperation: Sendable where Input: Sendable, Output: Sendable {}

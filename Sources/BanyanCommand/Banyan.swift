@@ -4,8 +4,9 @@ import BanyanQuery
 import BanyanTree
 import Foundation
 
-/// `banyan`: the Banyan command. Offline data tools today (validate, hash, query, convert, push
-/// ids); `serve` joins them when the server lands.
+/// `banyan`: the Banyan command. `serve` runs a node, `cluster` runs a local cluster or changes a
+/// running one's membership, `status` shows a node's state; the data tools (validate, hash,
+/// query, convert, push ids) work offline on JSON files.
 @main
 struct Banyan: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -15,7 +16,7 @@ struct Banyan: ParsableCommand {
             Data tools work on JSON files (or standard input with '-') in Firebase's formats: plain \
             JSON as returned by REST GET, or the export format with ".priority" and ".value".
             """,
-        subcommands: [Validate.self, Hash.self, QueryCommand.self, Convert.self, PushIDs.self]
+        subcommands: [Serve.self, Cluster.self, Status.self, Certs.self, Validate.self, Hash.self, QueryCommand.self, Convert.self, PushIDs.self]
     )
 }
 

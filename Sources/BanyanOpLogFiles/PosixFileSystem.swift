@@ -116,6 +116,27 @@ public final class PosixFileSystem: FileSystem {
         return bytes
     }
 
+    public func read(_ path: String, offset: Int, count: Int) throws(FileSystemError) -> [UInt8] {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure(path, "open") }
+        defer { _ = Glibc.close(fd) }
+        var bytes = [UInt8](repeating: 0, count: max(0, count))
+        var filled = 0
+        while filled < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { b in
+                pread(fd, b.baseAddress.map { $0 + filled }, b.count - filled, off_t(offset + filled))
+            }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw failure(path, "pread")
+            }
+            if n == 0 { break }
+            filled += n
+        }
+        bytes.removeLast(bytes.count - filled)
+        return bytes
+    }
+
     public func rename(_ from: String, to: String) throws(FileSystemError) {
         if Glibc.rename(from, to) != 0 { throw failure(from, "rename to \(to)") }
     }

@@ -335,6 +335,29 @@ public final class SegmentedLog {
         durableIndex = Swift.min(durableIndex, index)
     }
 
+    /// Discards the whole log so that the next append starts at `index + 1` (a snapshot at
+    /// `index` was installed that the log does not continue). Segments go newest first, each
+    /// removal made durable, so a crash part-way leaves a contiguous prefix, which the snapshot
+    /// covers.
+    public func reset(after index: UInt64) throws(OpLogError) {
+        if let failure { throw failure }
+        do {
+            if let file = active {
+                fileSystem.close(file)
+                active = nil
+            }
+            while let last = segments.last {
+                try fileSystem.remove(path(last.name))
+                try fileSystem.syncDirectory(directory)
+                segments.removeLast()
+            }
+        } catch {
+            throw stop(OpLogError(error))
+        }
+        lastIndex = index
+        durableIndex = index
+    }
+
     /// Removes leading segments (never the last) while `covered(segment's last index)` holds.
     func removeLeadingSegments(while covered: (UInt64) -> Bool) throws(OpLogError) {
         if let failure { throw failure }

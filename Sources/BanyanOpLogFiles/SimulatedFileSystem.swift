@@ -149,6 +149,12 @@ public final class SimulatedFileSystem: FileSystem {
         return node.data
     }
 
+    public func read(_ path: String, offset: Int, count: Int) throws(FileSystemError) -> [UInt8] {
+        let data = try readAll(path)
+        let start = min(max(0, offset), data.count)
+        return Array(data[start..<min(data.count, start + max(0, count))])
+    }
+
     public func rename(_ from: String, to: String) throws(FileSystemError) {
         try tick(from)
         if failRenames { throw FileSystemError(.io, path: from, "rename failed (injected)") }

@@ -4,7 +4,7 @@ public import BanyanOpLog
 /// metadata, installed atomically (temporary file, fsync, rename, directory fsync). Older
 /// snapshots are deleted only after the new one is durable.
 public final class SnapshotStore {
-    private let fileSystem: any FileSystem
+    let fileSystem: any FileSystem
     public let directory: String
     /// zlib level: 1 (fastest) by default, since snapshots are rewritten often.
     public var compressionLevel: Int32 = 1
@@ -29,10 +29,10 @@ public final class SnapshotStore {
     }
 
     private var temporary: String { directory + "/snapshot.tmp" }
-    private func path(_ name: String) -> String { directory + "/" + name }
+    func path(_ name: String) -> String { directory + "/" + name }
 
     /// Snapshot files present, newest first (by last included index).
-    private func files() throws(OpLogError) -> [(name: String, lastIndex: UInt64)] {
+    func files() throws(OpLogError) -> [(name: String, lastIndex: UInt64)] {
         do {
             return try fileSystem.list(directory)
                 .compactMap { name in SnapshotFormat.lastIndex(ofFile: name).map { (name, $0) } }
@@ -165,6 +165,76 @@ extension SnapshotStore {
     }
 }
 
+extension SnapshotStore {
+    /// The size of the snapshot file at `lastIndex` (its raw bytes are what peers transfer).
+    public func fileSize(lastIndex: UInt64) throws(OpLogError) -> Int {
+        do {
+            let file = try fileSystem.open(path(SnapshotFormat.fileName(lastIndex: lastIndex)))
+            defer { fileSystem.close(file) }
+            return try fileSystem.size(file)
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    /// Raw bytes of the snapshot file at `lastIndex`, for streaming it to a peer.
+    public func rawChunk(lastIndex: UInt64, offset: Int, maxBytes: Int) throws(OpLogError) -> [UInt8] {
+        do {
+            return try fileSystem.read(path(SnapshotFormat.fileName(lastIndex: lastIndex)), offset: offset, count: maxBytes)
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    /// Where a snapshot received from a peer is assembled before it is installed.
+    public var incomingPath: String { directory + "/incoming.tmp" }
+
+    /// Starts (offset 0) or continues an incoming snapshot file with `bytes` at `offset`.
+    /// Returns false when `offset` is not where the file ends (a gap or a repeat is dropped).
+    public func writeIncoming(offset: UInt64, bytes: [UInt8]) throws(OpLogError) -> Bool {
+        do {
+            let file: FileID
+            if offset == 0 {
+                file = try fileSystem.create(incomingPath)
+            } else {
+                guard fileSystem.exists(incomingPath) else { return false }
+                file = try fileSystem.open(incomingPath)
+            }
+            defer { fileSystem.close(file) }
+            guard try fileSystem.size(file) == Int(offset) else { return false }
+            try fileSystem.append(file, bytes)
+            return true
+        } catch {
+            throw OpLogError(error)
+        }
+    }
+
+    /// Installs the assembled incoming snapshot, which must be a complete snapshot file whose
+    /// metadata says `lastIndex`: fsync, rename, directory fsync, then older snapshots go.
+    public func installIncoming(lastIndex: UInt64) throws(OpLogError) -> SnapshotMetadata {
+        do {
+            let bytes = try fileSystem.readAll(incomingPath)
+            guard let parsed = SnapshotFormat.parse(bytes), parsed.trailer.metadata.lastIndex == lastIndex else {
+                throw OpLogError(.corrupt, "the received snapshot is incomplete or damaged", file: incomingPath)
+            }
+            let file = try fileSystem.open(incomingPath)
+            try fileSystem.sync(file)
+            fileSystem.close(file)
+            try fileSystem.rename(incomingPath, to: path(SnapshotFormat.fileName(lastIndex: lastIndex)))
+            try fileSystem.syncDirectory(directory)
+            var removed = false
+            for old in try files() where old.lastIndex != lastIndex {
+                try fileSystem.remove(path(old.name))
+                removed = true
+            }
+            if removed { try fileSystem.syncDirectory(directory) }
+            return parsed.trailer.metadata
+        } catch {
+            throw SnapshotStore.opLogError(error, otherwise: "installing the received snapshot failed")
+        }
+    }
+}
+
 extension SegmentedLog {
     /// Removes whole segments whose records are all at or below `index` (covered by a durable
     /// snapshot), oldest first, so a crash part-way leaves a suffix of the log. The active
@@ -172,4 +242,5 @@ extension SegmentedLog {
     public func compact(through index: UInt64) throws(OpLogError) {
         try removeLeadingSegments { lastIndexOfSegment in lastIndexOfSegment <= index }
     }
+
 }

@@ -22,13 +22,21 @@ import Testing
             false,
             [
                 "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
+                "BanyanBasics", "BanyanREST", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]
         ),
         "BanyanSimulation": (true, ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"]),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
-        "BanyanCommand": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "ArgumentParser", "Foundation"]),
+        "BanyanCommand": (
+            false,
+            [
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanServer", "BanyanOps", "Logging", "NIOCore", "NIOHTTP1", "ArgumentParser",
+                "Foundation", "FoundationNetworking", "Dispatch",
+            ]
+        ),
+        "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch"]),
+        "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation"]),
         "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "Foundation", "Glibc"]),
     ]

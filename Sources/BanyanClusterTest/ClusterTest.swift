@@ -1,0 +1,212 @@
+import ArgumentParser
+import BanyanCheckers
+import BanyanOps
+import Foundation
+import NIOHTTP1
+
+/// `banyan-cluster-test`: multi-process tests with real `banyan serve` processes on loopback
+/// (docs/testing.md). Each scenario runs a register workload through random nodes while it
+/// injects its fault, then checks that the nodes converge to the same tree and that the recorded
+/// history (final reads through every node included) is linearizable, so no acknowledged write
+/// was lost. Exit status 1 on any failure.
+@main
+struct ClusterTest: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "banyan-cluster-test",
+        abstract: "Multi-process cluster tests: failover, freezes, restarts and membership changes under load.")
+
+    @Option(name: .long, help: "The banyan binary to run.")
+    var banyan: String = ".build/debug/banyan"
+
+    @Option(name: .long, help: "Working directory (wiped first).")
+    var dir: String = "/tmp/banyan-cluster-test"
+
+    @Option(name: .long, help: "Scenarios to run (comma-separated): \(Scenario.allCases.map(\.rawValue).joined(separator: ",")).")
+    var scenarios: String = Scenario.allCases.map(\.rawValue).joined(separator: ",")
+
+    @Option(name: .long, help: "Seconds of load per phase.")
+    var seconds: Double = 4
+
+    @Option(name: .long, help: "Concurrent clients.")
+    var clients: Int = 6
+
+    @Option(name: .long, help: "First port; clients use base+id, peers base+100+id.")
+    var portBase: Int = 19300
+
+    enum Scenario: String, CaseIterable {
+        case anyNode = "any-node"
+        case killLeader = "kill-leader"
+        case freezeLeader = "freeze-leader"
+        case restartAll = "restart-all"
+        case membership
+    }
+
+    func run() async throws {
+        var failures: [String] = []
+        for name in scenarios.split(separator: ",") {
+            guard let scenario = Scenario(rawValue: String(name)) else { throw ValidationError("unknown scenario \(name)") }
+            let started = Date()
+            print("== \(scenario.rawValue)")
+            do {
+                try await runScenario(scenario)
+                print("== \(scenario.rawValue): passed in \(String(format: "%.1f", Date().timeIntervalSince(started))) s")
+            } catch {
+                print("== \(scenario.rawValue): FAILED: \(error)")
+                failures.append("\(scenario.rawValue): \(error)")
+            }
+        }
+        if !failures.isEmpty {
+            print("failed scenarios:\n" + failures.joined(separator: "\n"))
+            throw ExitCode(1)
+        }
+        print("all cluster scenarios passed")
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+        init(_ d: String) { description = d }
+    }
+
+    func runScenario(_ scenario: Scenario) async throws {
+        let base = "\(dir)/\(scenario.rawValue)"
+        try? FileManager.default.removeItem(atPath: base)
+        let cluster = LocalCluster(
+            executable: banyan, directory: base, nodes: 3, clientPortBase: portBase, peerPortBase: portBase + 100, logLevel: "notice")
+        defer { cluster.shutdown() }
+        for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
+        let first = try await cluster.waitForLeader(timeout: 30)
+        print("leader: node \(first)")
+        let workload = RegisterWorkload(cluster: cluster)
+        let live = LiveSet([1, 2, 3])
+
+        switch scenario {
+        case .anyNode:
+            // Write through any node, read through any other.
+            for w: UInt64 in [1, 2, 3] {
+                let r = w % 3 + 1
+                let put = try await cluster.request(w, .PUT, "/greetings/from\(w).json?ns=jepsen", body: #""hello from \#(w)""#)
+                guard put.status == 200 else { throw Failure("PUT via node \(w): \(put.status) \(put.text)") }
+                let get = try await cluster.request(r, .GET, "/greetings/from\(w).json?ns=jepsen")
+                guard get.text == #""hello from \#(w)""# else { throw Failure("GET via node \(r) after PUT via \(w): \(get.status) \(get.text)") }
+            }
+            await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
+        case .killLeader:
+            async let load: Void = workload.run(clients: clients, seconds: seconds * 3, nodes: { live.nodes })
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            let leader = try await cluster.waitForLeader()
+            print("kill -9 leader node \(leader)")
+            live.remove(leader)
+            cluster.kill9(leader)
+            let next = try await cluster.waitForLeader(among: live.nodes)
+            print("new leader: node \(next)")
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            print("restart node \(leader)")
+            try cluster.start(leader)
+            live.add(leader)
+            await load
+        case .freezeLeader:
+            async let load: Void = workload.run(clients: clients, seconds: seconds * 3, nodes: { live.nodes })
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            let leader = try await cluster.waitForLeader()
+            print("SIGSTOP leader node \(leader)")
+            cluster.signal(leader, SIGSTOP)
+            live.remove(leader)
+            let next = try await cluster.waitForLeader(among: live.nodes)
+            print("new leader: node \(next)")
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            print("SIGCONT node \(leader)")
+            cluster.signal(leader, SIGCONT)
+            live.add(leader)
+            await load
+        case .restartAll:
+            await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
+            print("stop every node (SIGTERM), then start them again")
+            cluster.stopAll()
+            for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
+            _ = try await cluster.waitForLeader(timeout: 30)
+            await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
+            print("kill -9 every node, then start them again")
+            for id: UInt64 in [1, 2, 3] { cluster.kill9(id) }
+            for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
+            _ = try await cluster.waitForLeader(timeout: 30)
+            await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
+        case .membership:
+            async let load: Void = workload.run(clients: clients, seconds: seconds * 4, nodes: { live.nodes })
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            print("start node 4 blank (--join) and add it as a learner")
+            try cluster.start(4, join: true)
+            try await leaderCall(cluster, live.nodes, .POST, "/.banyan/members", body: #"{"id":4,"peer_address":"127.0.0.1:\#(cluster.peerPort(4))"}"#)
+            try await waitUntil("node 4 is promoted to voter", timeout: 30) {
+                guard let leader = try? await cluster.waitForLeader(among: live.nodes, timeout: 5), let s = await cluster.status(leader) else { return false }
+                return (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(4) == true
+            }
+            live.add(4)
+            try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            let leader = try await cluster.waitForLeader(among: live.nodes)
+            print("remove the leader, node \(leader)")
+            try await leaderCall(cluster, live.nodes, .DELETE, "/.banyan/members/\(leader)")
+            live.remove(leader)
+            try await waitUntil("a new leader without node \(leader)", timeout: 30) {
+                guard let l = try? await cluster.waitForLeader(among: live.nodes, timeout: 5), l != leader else { return false }
+                guard let s = await cluster.status(l) else { return false }
+                return (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(leader) == false
+            }
+            await load
+            cluster.kill9(leader)
+        }
+        print("load: \(workload.counts)")
+        try await converge(cluster, nodes: live.nodes)
+        guard await workload.finalReads(nodes: live.nodes) else { throw Failure("final reads failed on some node") }
+        let verdict = workload.check()
+        print("history: \(workload.history.count) operations; linearizability: \(verdict)")
+        guard verdict == .linearizable else { throw Failure("history is \(verdict)") }
+        guard workload.counts.ok > 20 else { throw Failure("too few operations succeeded (\(workload.counts))") }
+    }
+
+    /// Every live node ends with the same tree (read locally, without ReadIndex).
+    func converge(_ cluster: LocalCluster, nodes: [UInt64]) async throws {
+        var last: [UInt64: String] = [:]
+        try await waitUntil("nodes \(nodes) converge to one tree", timeout: 30) {
+            last = [:]
+            for id in nodes {
+                guard let r = try? await cluster.request(id, .GET, "/.json?ns=jepsen&consistency=stale"), r.status == 200 else { return false }
+                last[id] = r.text
+            }
+            return Set(last.values).count == 1
+        }
+        print("converged: \(nodes.count) nodes, \(last.values.first?.utf8.count ?? 0) bytes of JSON each")
+    }
+
+    func leaderCall(_ cluster: LocalCluster, _ nodes: [UInt64], _ method: HTTPMethod, _ uri: String, body: String? = nil) async throws {
+        let deadline = Date().addingTimeInterval(30)
+        var last = ""
+        while Date() < deadline {
+            for id in nodes {
+                guard let r = try? await cluster.request(id, method, uri, body: body, timeout: 15) else { continue }
+                if r.status == 200 { return }
+                last = "node \(id): \(r.status) \(r.text)"
+            }
+            try await Task.sleep(nanoseconds: 200_000_000)
+        }
+        throw Failure("\(method) \(uri) failed: \(last)")
+    }
+
+    func waitUntil(_ what: String, timeout: Double, _ condition: () async -> Bool) async throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if await condition() { return }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        throw Failure("timed out waiting until \(what)")
+    }
+}
+
+/// The nodes clients may use right now.
+final class LiveSet: @unchecked Sendable {
+    private let lock = NSLock()
+    private var set: Set<UInt64>
+    init(_ nodes: [UInt64]) { set = Set(nodes) }
+    var nodes: [UInt64] { lock.withLock { set.sorted() } }
+    func add(_ id: UInt64) { lock.withLock { _ = set.insert(id) } }
+    func remove(_ id: UInt64) { lock.withLock { _ = set.remove(id) } }
+}

@@ -1,0 +1,174 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// `banyan cluster …`: a local development cluster, and membership changes on a running one.
+struct Cluster: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run a local cluster, or change a running cluster's membership.",
+        subcommands: [ClusterLocal.self, ClusterAdd.self, ClusterRemove.self, ClusterTransfer.self])
+}
+
+/// `banyan cluster local --nodes 3`: starts N `banyan serve` processes on loopback that form one
+/// cluster, sharing one development CA, and stops them on Ctrl-C.
+struct ClusterLocal: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "local",
+        abstract: "Start an N-node cluster on loopback for development and failover testing.",
+        discussion: """
+            Node i (from 1) keeps its data in <dir>/node<i>, serves clients on 127.0.0.1:<client-port + i - 1> \
+            and peers on 127.0.0.1:<peer-port + i - 1>. Each node is its own process: kill -9 one to \
+            watch the cluster fail over, then start it again with the command this prints.
+            """)
+
+    @Option(name: .long, help: "Number of nodes (1 to 9).")
+    var nodes: Int = 3
+
+    @Option(name: .long, help: "Base directory for the nodes' data and the shared development CA.")
+    var dir: String = "./banyan-local"
+
+    @Option(name: .long, help: "Client port of node 1.")
+    var clientPort: Int = 9000
+
+    @Option(name: .long, help: "Peer port of node 1.")
+    var peerPort: Int = 7000
+
+    @Option(name: .long, help: "Log level for the nodes.")
+    var logLevel: String = "notice"
+
+    func validate() throws {
+        guard (1...9).contains(nodes) else { throw ValidationError("--nodes must be between 1 and 9") }
+        guard (1...65000).contains(clientPort), (1...65000).contains(peerPort) else { throw ValidationError("ports must be between 1 and 65000") }
+    }
+
+    func run() throws {
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        let members = (1...nodes).map { "--initial-member=\($0)=127.0.0.1:\(peerPort + $0 - 1)" }
+        var processes: [Process] = []
+        for i in 1...nodes {
+            let args = [
+                "serve", "--node-id", "\(i)", "--cluster-id", "banyan-local", "--data-dir", "\(dir)/node\(i)",
+                "--listen", "127.0.0.1:\(clientPort + i - 1)", "--peer-listen", "127.0.0.1:\(peerPort + i - 1)",
+                "--tls-dir", "\(dir)/certs", "--log-level", logLevel,
+            ] + members
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: executable)
+            p.arguments = args
+            try p.run()
+            processes.append(p)
+            print("node \(i): pid \(p.processIdentifier), http://127.0.0.1:\(clientPort + i - 1)  (restart: banyan \(args.joined(separator: " ")))")
+            // The first node creates the shared CA; give it a moment so the others reuse it.
+            if i == 1 { Thread.sleep(forTimeInterval: 1.0) }
+        }
+        print("cluster running; Ctrl-C stops every node")
+        let stop = DispatchSemaphore(value: 0)
+        var sources: [any DispatchSourceSignal] = []
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { stop.signal() }
+            source.resume()
+            sources.append(source)
+        }
+        stop.wait()
+        for p in processes where p.isRunning { p.terminate() }
+        for p in processes { p.waitUntilExit() }
+        _ = sources
+    }
+}
+
+/// Sends one operator request to a node's client API and prints the JSON answer.
+struct AdminClient {
+    let endpoint: String
+
+    func call(_ method: String, _ path: String, body: String? = nil) throws -> (status: Int, body: String) {
+        guard let url = URL(string: endpoint.hasPrefix("http") ? endpoint + path : "http://" + endpoint + path) else {
+            throw ValidationError("bad endpoint '\(endpoint)'")
+        }
+        var request = URLRequest(url: url, timeoutInterval: 30)
+        request.httpMethod = method
+        if let body {
+            request.httpBody = Data(body.utf8)
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        let done = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var outcome: (Int, String)?
+        nonisolated(unsafe) var failure: (any Error)?
+        URLSession.shared.dataTask(with: request) { data, response, error in
+            if let error { failure = error }
+            if let http = response as? HTTPURLResponse { outcome = (http.statusCode, String(decoding: data ?? Data(), as: UTF8.self)) }
+            done.signal()
+        }.resume()
+        done.wait()
+        if let failure { throw CommandError("cannot reach \(endpoint): \(failure.localizedDescription)") }
+        guard let outcome else { throw CommandError("no answer from \(endpoint)") }
+        return outcome
+    }
+}
+
+struct EndpointOption: ParsableArguments {
+    @Option(name: .long, help: "A node's client address (host:port); leader-only requests are retried at the leader.")
+    var endpoint: String = "127.0.0.1:9000"
+}
+
+/// Runs a leader-only request: on a 409 from a follower, asks around for the leader using the
+/// peers' client addresses learnt from `--endpoints`.
+func leaderRequest(_ endpoints: [String], _ method: String, _ path: String, body: String? = nil) throws {
+    var last = ""
+    for endpoint in endpoints {
+        let (status, text) = try AdminClient(endpoint: endpoint).call(method, path, body: body)
+        if status == 200 {
+            print(text)
+            return
+        }
+        last = "\(endpoint): \(status) \(text)"
+        if status != 409 { break }
+    }
+    throw CommandError("request failed: \(last)")
+}
+
+struct ClusterAdd: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "add", abstract: "Add a node (started with --join) as a learner; it is promoted once caught up.")
+    @Option(name: .long, help: "Client addresses of members to try, in order (the leader answers).")
+    var endpoints: [String] = ["127.0.0.1:9000"]
+    @Option(name: .long, help: "The new node's id.") var id: UInt64
+    @Option(name: .long, help: "The new node's peer address, host:port.") var peerAddress: String
+
+    func run() throws {
+        try leaderRequest(endpoints, "POST", "/.banyan/members", body: #"{"id":\#(id),"peer_address":"\#(peerAddress)"}"#)
+    }
+}
+
+struct ClusterRemove: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "remove", abstract: "Remove a member (the leader included).")
+    @Option(name: .long, help: "Client addresses of members to try, in order (the leader answers).")
+    var endpoints: [String] = ["127.0.0.1:9000"]
+    @Option(name: .long, help: "The id of the node to remove.") var id: UInt64
+
+    func run() throws { try leaderRequest(endpoints, "DELETE", "/.banyan/members/\(id)") }
+}
+
+struct ClusterTransfer: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "transfer", abstract: "Hand leadership to another voter.")
+    @Option(name: .long, help: "Client addresses of members to try, in order (the leader answers).")
+    var endpoints: [String] = ["127.0.0.1:9000"]
+    @Option(name: .long, help: "The node that should lead.") var to: UInt64
+
+    func run() throws { try leaderRequest(endpoints, "POST", "/.banyan/transfer?to=\(to)") }
+}
+
+/// `banyan status`: a node's role, term, leader, indexes, members and replication progress.
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show a running node's Raft status (GET /.banyan/status).")
+    @OptionGroup var endpoint: EndpointOption
+
+    func run() throws {
+        let (status, text) = try AdminClient(endpoint: endpoint.endpoint).call("GET", "/.banyan/status")
+        guard status == 200 else { throw CommandError("status request failed: \(status) \(text)") }
+        print(text)
+    }
+}

@@ -1,0 +1,120 @@
+import ArgumentParser
+import BanyanServer
+import Dispatch
+import Foundation
+import Logging
+
+/// Options that shape a node's configuration (over the built-in defaults and the file).
+struct NodeOptions: ParsableArguments {
+    @Option(name: .long, help: "A YAML configuration file (see docs/operations.md).")
+    var config: String?
+
+    @Option(name: .long, help: "This node's id (default 1).")
+    var nodeId: UInt64?
+
+    @Option(name: .long, help: "The cluster's name; peers with another cluster id are refused.")
+    var clusterId: String?
+
+    @Option(name: .long, help: "Data directory (default ./banyan-data).")
+    var dataDir: String?
+
+    @Option(name: .long, help: "Client API address, host:port (default 127.0.0.1:9000).")
+    var listen: String?
+
+    @Option(name: .long, help: "Peer transport address, host:port (default 127.0.0.1:7000).")
+    var peerListen: String?
+
+    @Option(name: .long, help: "The peer address other nodes dial, when it differs from --peer-listen.")
+    var advertisePeer: String?
+
+    @Option(name: .long, help: "A founding member as id=host:port (repeat for each; used once, on an empty data directory).")
+    var initialMember: [String] = []
+
+    @Flag(name: .long, help: "Start blank and wait to be added to an existing cluster (banyan cluster add).")
+    var join = false
+
+    @Option(name: .long, help: "Directory of the TLS files (development certificates are generated here on first run).")
+    var tlsDir: String?
+
+    @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel: String?
+
+    func nodeConfig() throws -> NodeConfig {
+        var c = NodeConfig()
+        if let config { c = try NodeConfig.load(file: config) }
+        if let nodeId { c.nodeID = nodeId }
+        if let clusterId { c.clusterID = clusterId }
+        if let dataDir { c.dataDirectory = dataDir }
+        if let listen { c.clientAddress = try HostPort(parsing: listen) }
+        if let peerListen { c.peerAddress = try HostPort(parsing: peerListen) }
+        if let advertisePeer { c.advertisedPeerAddress = try HostPort(parsing: advertisePeer) }
+        if !initialMember.isEmpty {
+            c.initialMembers = [:]
+            for m in initialMember {
+                let parts = m.split(separator: "=", maxSplits: 1)
+                guard parts.count == 2, let id = UInt64(parts[0]), id != 0 else {
+                    throw ValidationError("--initial-member must look like 2=127.0.0.1:7001, not '\(m)'")
+                }
+                c.initialMembers[id] = try HostPort(parsing: String(parts[1]))
+            }
+        }
+        if join { c.join = true }
+        if let tlsDir { c.tls.directory = tlsDir }
+        if let logLevel { c.logLevel = logLevel }
+        try c.validate()
+        return c
+    }
+}
+
+/// `banyan serve`: runs a node until SIGINT or SIGTERM.
+struct Serve: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run a Banyan node (a single-node cluster with the defaults).",
+        discussion: """
+            With no options: data in ./banyan-data, the Firebase REST API on http://127.0.0.1:9000, \
+            peers on 127.0.0.1:7000 (mutual TLS with development certificates generated on first \
+            run). Point Firebase clients at it as at the emulator, e.g. \
+            FIREBASE_DATABASE_EMULATOR_HOST=127.0.0.1:9000.
+            """)
+
+    @OptionGroup var options: NodeOptions
+
+    func run() throws {
+        let config: NodeConfig
+        do {
+            config = try options.nodeConfig()
+        } catch let e as ConfigError {
+            throw ValidationError(e.message)
+        }
+        guard let level = Logger.Level(rawValue: config.logLevel) else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        var logger = Logger(label: "banyan")
+        logger[metadataKey: "node"] = "\(config.nodeID)"
+        let node: BanyanNode
+        do {
+            node = try BanyanNode.start(config: config, logger: logger)
+        } catch {
+            logger.critical("cannot start", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
+        let stop = DispatchSemaphore(value: 0)
+        var sources: [any DispatchSourceSignal] = []
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { stop.signal() }
+            source.resume()
+            sources.append(source)
+        }
+        stop.wait()
+        logger.notice("shutting down")
+        node.shutdown()
+        _ = sources
+    }
+}

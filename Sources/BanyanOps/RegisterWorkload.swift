@@ -1,0 +1,159 @@
+public import BanyanCheckers
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Synchronization
+
+/// A client workload over the REST API for the multi-process tests: concurrent clients read,
+/// write and compare-and-set (GET with an ETag, then a conditional PUT) integer registers
+/// through random nodes, and every operation is recorded for the linearizability checker.
+public final class RegisterWorkload: @unchecked Sendable {
+    public typealias Op = HistoryOperation<RegisterModel.Input, RegisterModel.Output>
+
+    public struct Counts: Sendable, CustomStringConvertible {
+        public var ok = 0
+        public var failed = 0
+        public var unknown = 0
+        public var description: String { "\(ok) acknowledged, \(failed) failed cleanly, \(unknown) with unknown outcome" }
+    }
+
+    let cluster: LocalCluster
+    let keys: [String]
+    let namespace: String
+    private let start = DispatchTime.now().uptimeNanoseconds
+    private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts)>(([], 1, Counts()))
+
+    public init(cluster: LocalCluster, keys: Int = 4, namespace: String = "jepsen") {
+        self.cluster = cluster
+        self.keys = (0..<keys).map { "k\($0)" }
+        self.namespace = namespace
+    }
+
+    private func now() -> Int { Int(DispatchTime.now().uptimeNanoseconds - start) }
+
+    private func record(_ key: String, _ op: Op) {
+        state.withLock { $0.ops.append((key, op)) }
+    }
+
+    private func count(_ kind: WritableKeyPath<Counts, Int>) {
+        state.withLock { $0.counts[keyPath: kind] += 1 }
+    }
+
+    private func nextValue() -> Int {
+        state.withLock { s in
+            defer { s.nextValue += 1 }
+            return s.nextValue
+        }
+    }
+
+    public var counts: Counts { state.withLock { $0.counts } }
+    public var history: [(key: String, op: Op)] { state.withLock { $0.ops } }
+
+    func uri(_ key: String) -> String { "/registers/\(key).json?ns=\(namespace)" }
+
+    /// Runs `clients` concurrent clients until `seconds` pass; `nodes()` gives the nodes to use.
+    public func run(clients: Int, seconds: Double, nodes: @escaping @Sendable () -> [UInt64]) async {
+        let deadline = Date().addingTimeInterval(seconds)
+        await withTaskGroup(of: Void.self) { group in
+            for c in 0..<clients {
+                group.addTask {
+                    var rng = SystemRandomNumberGenerator()
+                    while Date() < deadline {
+                        let targets = nodes()
+                        guard let node = targets.randomElement(using: &rng), let key = self.keys.randomElement(using: &rng) else {
+                            try? await Task.sleep(nanoseconds: 20_000_000)
+                            continue
+                        }
+                        switch Int.random(in: 0..<10, using: &rng) {
+                        case 0..<4: await self.read(client: c, node: node, key: key)
+                        case 4..<8: await self.write(client: c, node: node, key: key)
+                        default: await self.compareAndSet(client: c, node: node, key: key)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A linearizable read; recorded only when it succeeds (a failed read changes nothing).
+    @discardableResult
+    public func read(client: Int, node: UInt64, key: String) async -> (value: Int?, etag: String?)? {
+        let call = now()
+        guard let r = try? await cluster.request(node, .GET, uri(key), headers: [("X-Firebase-ETag", "true")], timeout: 5), r.status == 200 else {
+            count(\.failed)
+            return nil
+        }
+        let text = r.text.trimmingCharacters(in: .whitespacesAndNewlines)
+        let value: Int? = text == "null" ? nil : Int(text)
+        guard text == "null" || value != nil else {
+            count(\.failed)
+            return nil
+        }
+        record(key, Op(client: client, input: .read, output: .value(value), callTime: call, returnTime: now()))
+        count(\.ok)
+        return (value, r.header("ETag"))
+    }
+
+    public func write(client: Int, node: UInt64, key: String) async {
+        let v = nextValue()
+        let call = now()
+        let r = try? await cluster.request(node, .PUT, uri(key), body: "\(v)", timeout: 5)
+        if let r, r.status == 200 {
+            record(key, Op(client: client, input: .write(v), output: .written, callTime: call, returnTime: now()))
+            count(\.ok)
+        } else if let r, r.status >= 400 && r.status < 500 {
+            count(\.failed)
+        } else {
+            // Timed out, connection lost, or 503: it may still apply (at most once).
+            record(key, Op(client: client, input: .write(v), output: .unknown, callTime: call, returnTime: nil))
+            count(\.unknown)
+        }
+    }
+
+    public func compareAndSet(client: Int, node: UInt64, key: String) async {
+        guard let (expected, etag) = await read(client: client, node: node, key: key), let etag, let expected else { return }
+        let v = nextValue()
+        let call = now()
+        let r = try? await cluster.request(node, .PUT, uri(key), headers: [("if-match", etag)], body: "\(v)", timeout: 5)
+        if let r, r.status == 200 {
+            record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .swapped(true), callTime: call, returnTime: now()))
+            count(\.ok)
+        } else if let r, r.status == 412 {
+            record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .swapped(false), callTime: call, returnTime: now()))
+            count(\.ok)
+        } else if let r, r.status >= 400 && r.status < 500 {
+            count(\.failed)
+        } else {
+            record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .unknown, callTime: call, returnTime: nil))
+            count(\.unknown)
+        }
+    }
+
+    /// Final reads of every key through every node (after the load stopped): acknowledged writes
+    /// must be visible, which the checker verifies with the rest of the history.
+    public func finalReads(nodes: [UInt64]) async -> Bool {
+        var all = true
+        for node in nodes {
+            for key in keys where await read(client: 10_000 + Int(node), node: node, key: key) == nil { all = false }
+        }
+        return all
+    }
+
+    /// Checks the recorded history, key by key.
+    public func check() -> LinearizabilityVerdict { perKey(history) }
+
+    private func perKey(_ ops: [(key: String, op: Op)]) -> LinearizabilityVerdict {
+        var byKey: [String: [Op]] = [:]
+        for (k, op) in ops { byKey[k, default: []].append(op) }
+        var sawUnknown = false
+        for k in byKey.keys.sorted() {
+            switch LinearizabilityChecker.checkRegister(byKey[k] ?? []) {
+            case .notLinearizable: return .notLinearizable
+            case .unknown: sawUnknown = true
+            case .linearizable: break
+            }
+        }
+        return sawUnknown ? .unknown : .linearizable
+    }
+}
+

@@ -1,0 +1,540 @@
+public import BanyanQuery
+public import BanyanStateMachine
+public import BanyanTree
+
+/// The parts of an HTTP request the REST layer reads.
+public struct HTTPHead: Sendable {
+    public var method: String
+    /// Path and query as received (percent-encoded).
+    public var uri: String
+    public var headers: [(name: String, value: String)]
+
+    public init(method: String, uri: String, headers: [(name: String, value: String)]) {
+        self.method = method
+        self.uri = uri
+        self.headers = headers
+    }
+
+    public func header(_ name: String) -> String? {
+        headers.first { $0.name.lowercased() == name.lowercased() }?.value
+    }
+}
+
+/// A failed request, rendered as Firebase renders errors: `{\n  "error" : "…"\n}`.
+public struct RESTError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var status: Int
+    public var message: String
+
+    public init(_ status: Int, _ message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    public var description: String { "\(status): \(message)" }
+
+    static func badRequest(_ message: String) -> RESTError { RESTError(400, message) }
+    static let invalidJSON = RESTError(400, "Invalid data; couldn't parse JSON object, array, or value.")
+}
+
+/// A parsed Firebase REST request (docs/rest.md).
+public struct RESTRequest: Sendable {
+    public enum Operation: Sendable, Equatable {
+        case get
+        /// GET with `Accept: text/event-stream`.
+        case stream
+        case put
+        case post
+        case patch
+        case delete
+        /// A CORS preflight.
+        case options
+    }
+
+    public enum Print: Sendable, Equatable {
+        case normal
+        case pretty
+        case silent
+    }
+
+    public enum Consistency: Sendable, Equatable {
+        /// ReadIndex: reflects every write acknowledged before the request (the default).
+        case linearizable
+        /// This node's state, possibly behind the leader (`consistency=stale`, a Banyan extension).
+        case stale
+    }
+
+    public enum Authorization: Sendable, Equatable {
+        case none
+        /// `Authorization: Bearer owner` or `auth=owner`: the administrator, as in the emulator.
+        case owner
+        case other(String)
+    }
+
+    public var namespace: String
+    /// The location (for a `.priority` write, the node whose priority is set).
+    public var path: Path
+    /// The request path ends in `/.priority`.
+    public var isPriority: Bool
+    public var operation: Operation
+    public var print: Print = .normal
+    public var export = false
+    public var shallow = false
+    /// The query, when ordering, ranges or limits were given.
+    public var query: QueryParams?
+    public var wantsETag = false
+    public var ifMatch: String?
+    public var ifNoneMatch: String?
+    public var consistency: Consistency = .linearizable
+    /// The `timeout` parameter, in milliseconds (at most 15 minutes).
+    public var timeoutMilliseconds: Int?
+    /// The largest write body accepted (`writeSizeLimit`).
+    public var writeSizeLimit: Int?
+    public var authorization: Authorization = .none
+    /// JSONP callback name (GET).
+    public var callback: String?
+    /// `download`: serve the value as an attachment with this file name.
+    public var download: String?
+    /// The request body (writes).
+    public var body: [UInt8] = []
+
+    public var isPost: Bool { operation == .post }
+
+    /// The largest `timeout` Firebase accepts.
+    public static let maxTimeoutMilliseconds = 15 * 60 * 1000
+    /// Byte limits for `writeSizeLimit` (Firebase names time budgets; Banyan maps them to body
+    /// sizes, see docs/rest.md).
+    public static let writeSizeLimits: [String: Int] = [
+        "tiny": 64 << 10, "small": 1 << 20, "medium": 10 << 20, "large": 64 << 20, "unlimited": Int.max,
+    ]
+
+    public static func parse(_ head: HTTPHead, body: [UInt8], defaultNamespace: String) -> Result<RESTRequest, RESTError> {
+        do throws(RESTError) {
+            return .success(try parseThrowing(head, body: body, defaultNamespace: defaultNamespace))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    static func parseThrowing(_ head: HTTPHead, body: [UInt8], defaultNamespace: String) throws(RESTError) -> RESTRequest {
+        let (rawPath, rawQuery) = splitURI(head.uri)
+        let params = try parseQuery(rawQuery)
+        func param(_ name: String) -> String? { params.last { $0.0 == name }?.1 }
+
+        // Method (POST may carry an override, for clients that cannot send PATCH or DELETE).
+        var method = head.method.uppercased()
+        if method == "POST", let override = head.header("X-HTTP-Method-Override")?.uppercased() {
+            guard ["PUT", "PATCH", "DELETE", "POST"].contains(override) else {
+                throw .badRequest("X-HTTP-Method-Override must be PUT, PATCH or DELETE")
+            }
+            method = override
+        }
+        let operation: Operation
+        switch method {
+        case "GET", "HEAD":
+            let accept = head.header("Accept") ?? ""
+            operation = accept.lowercased().contains("text/event-stream") ? .stream : .get
+        case "PUT": operation = .put
+        case "POST": operation = .post
+        case "PATCH": operation = .patch
+        case "DELETE": operation = .delete
+        case "OPTIONS": operation = .options
+        default: throw RESTError(405, "Method \(head.method) is not supported; use GET, PUT, POST, PATCH or DELETE.")
+        }
+
+        // Namespace: `ns`, else the Host's first label, else the default.
+        let namespace: String
+        if let ns = param("ns") {
+            namespace = ns
+        } else if let host = head.header("Host"), let label = hostLabel(host) {
+            namespace = label
+        } else {
+            namespace = defaultNamespace
+        }
+        guard isValidNamespace(namespace) else {
+            throw .badRequest("Invalid namespace \"\(namespace)\": use 1 to 63 letters, digits, '-' or '_'.")
+        }
+
+        // Path.
+        let (path, isPriority) = try parsePath(rawPath)
+        var request = RESTRequest(namespace: namespace, path: path, isPriority: isPriority, operation: operation)
+        if operation == .options { return request }
+
+        // Output options.
+        switch param("print") {
+        case nil: break
+        case "pretty": request.print = .pretty
+        case "silent": request.print = .silent
+        case let other?: throw .badRequest("print must be 'pretty' or 'silent', not '\(other)'.")
+        }
+        switch param("format") {
+        case nil: break
+        case "export": request.export = true
+        case let other?: throw .badRequest("format must be 'export', not '\(other)'.")
+        }
+        switch param("shallow") {
+        case nil, "false": break
+        case "true": request.shallow = true
+        case let other?: throw .badRequest("shallow must be 'true' or 'false', not '\(other)'.")
+        }
+        switch param("consistency") {
+        case nil, "linearizable": break
+        case "stale": request.consistency = .stale
+        case let other?: throw .badRequest("consistency must be 'linearizable' or 'stale', not '\(other)'.")
+        }
+        if let t = param("timeout") { request.timeoutMilliseconds = try parseTimeout(t) }
+        if let w = param("writeSizeLimit") {
+            guard let limit = writeSizeLimits[w] else {
+                throw .badRequest("writeSizeLimit must be one of tiny, small, medium, large, unlimited; not '\(w)'.")
+            }
+            request.writeSizeLimit = limit
+        }
+        if let cb = param("callback") {
+            guard !cb.isEmpty, cb.utf8.count <= 128, cb.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || "_$.".unicodeScalars.contains($0)) }) else {
+                throw .badRequest("callback must be a JavaScript function name.")
+            }
+            request.callback = cb
+        }
+        if let d = param("download") {
+            request.download = String(d.unicodeScalars.filter { $0.isASCII && $0 != "\"" && $0 != "\\" && $0.value >= 0x20 }.map(Character.init))
+        }
+
+        // Credentials.
+        if let auth = head.header("Authorization") {
+            let token = auth.hasPrefix("Bearer ") ? String(auth.dropFirst(7)) : auth
+            request.authorization = token == "owner" ? .owner : .other(token)
+        } else if let token = param("auth") ?? param("access_token") {
+            request.authorization = token == "owner" ? .owner : .other(token)
+        }
+
+        // Conditional requests.
+        if let e = head.header("X-Firebase-ETag") { request.wantsETag = e.lowercased() == "true" }
+        request.ifMatch = head.header("if-match").map(unquote)
+        request.ifNoneMatch = head.header("if-none-match").map(unquote)
+        if request.ifMatch != nil {
+            guard operation == .put || operation == .delete else {
+                throw .badRequest("if-match is only supported with PUT and DELETE.")
+            }
+        }
+        if request.shallow && (request.wantsETag || request.ifNoneMatch != nil) {
+            throw .badRequest("ETags are not supported with shallow.")
+        }
+
+        // The query.
+        request.query = try parseQueryParams(params, shallow: request.shallow)
+        if request.query != nil && operation != .get && operation != .stream {
+            throw .badRequest("Query parameters are only supported with GET.")
+        }
+        if request.shallow && operation != .get {
+            throw .badRequest("shallow is only supported with GET.")
+        }
+
+        // The body.
+        switch operation {
+        case .put, .post, .patch:
+            if let limit = request.writeSizeLimit, body.count > limit {
+                throw .badRequest("Write too large: \(body.count) bytes exceed writeSizeLimit (\(limit) bytes).")
+            }
+            try validateBody(body, request: request)
+            request.body = body
+        default:
+            break
+        }
+        if isPriority && operation != .put && operation != .get && operation != .stream {
+            throw .badRequest("Only PUT and GET are supported at a .priority location.")
+        }
+        return request
+    }
+
+    // MARK: - Writes
+
+    /// The state-machine command for a write. POST stores the body under `pushID`.
+    public func command(pushID: String) -> Result<Command, RESTError> {
+        let location = path.description + (isPriority ? (path.isRoot ? ".priority" : "/.priority") : "")
+        switch operation {
+        case .put:
+            if let ifMatch { return .success(.compareAndSet(path: location, expectedHash: Self.expectedHash(ifMatch), json: body)) }
+            return .success(.set(path: location, json: body))
+        case .post:
+            guard let key = try? ChildKey(validating: pushID) else { return .failure(RESTError(500, "bad push id")) }
+            return .success(.set(path: path.appending(key).description, json: body))
+        case .delete:
+            if let ifMatch { return .success(.compareAndSet(path: location, expectedHash: Self.expectedHash(ifMatch), json: Array("null".utf8))) }
+            return .success(.set(path: location, json: Array("null".utf8)))
+        case .patch:
+            guard case .object(let members)? = try? JSONValue(parsing: body, maxDepth: Path.maxDepth + 2) else {
+                return .failure(.badRequest("PATCH needs a JSON object whose keys are paths."))
+            }
+            return .success(.update(path: path.description, entries: members.map { Command.UpdateItem(path: $0.0, json: Array($0.1.jsonString.utf8)) }))
+        case .get, .stream, .options:
+            return .failure(RESTError(500, "not a write"))
+        }
+    }
+
+    /// The ETag of a value: its Firebase hash, or `null_etag` for no data.
+    public static func etag(_ node: Node) -> String { node.isEmpty ? "null_etag" : node.hashString }
+
+    static func expectedHash(_ etag: String) -> String { etag == "null_etag" ? "" : etag }
+
+    static func validateBody(_ body: [UInt8], request: RESTRequest) throws(RESTError) {
+        guard !body.isEmpty else { throw .invalidJSON }
+        // Server values are placeholders here; they resolve when the write applies.
+        let context = ServerValueContext(timestamp: 0)
+        do {
+            switch request.operation {
+            case .patch:
+                let parsed: JSONValue
+                do { parsed = try JSONValue(parsing: body, maxDepth: Path.maxDepth + 2) } catch { throw RESTError.invalidJSON }
+                guard case .object(let members) = parsed else { throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.") }
+                var seen: [Path] = []
+                for (key, value) in members {
+                    let relative: WritePath
+                    do { relative = try WritePath(parsing: key) } catch {
+                        throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(error.message)")
+                    }
+                    let target = request.path.appending(relative.path)
+                    _ = try NodeReader.read(Array(value.jsonString.utf8), at: target, serverValues: context)
+                    if let clash = seen.first(where: { $0.contains(relative.path) || relative.path.contains($0) }) {
+                        throw RESTError.badRequest("Invalid data; PATCH paths \"\(clash)\" and \"\(relative.path)\" overlap.")
+                    }
+                    seen.append(relative.path)
+                }
+            case .post:
+                _ = try NodeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)
+            default:
+                _ = try NodeReader.read(body, at: request.path, serverValues: context)
+            }
+        } catch let e as RESTError {
+            throw e
+        } catch let e as TreeError {
+            if e.code == .invalidJSON || e.code == .duplicateKey { throw RESTError.badRequest("Invalid data; couldn't parse JSON object, array, or value. \(e.message)") }
+            throw RESTError.badRequest(e.message)
+        } catch {
+            throw RESTError.invalidJSON
+        }
+    }
+
+    // MARK: - URI parsing
+
+    static func splitURI(_ uri: String) -> (path: Substring, query: Substring) {
+        let noFragment = uri.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        let parts = noFragment.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        return (parts.first ?? "", parts.count > 1 ? parts[1] : "")
+    }
+
+    static func parsePath(_ raw: Substring) throws(RESTError) -> (Path, Bool) {
+        guard raw.hasSuffix(".json") else {
+            throw RESTError(404, "Not found: REST requests name a location ending in .json, such as /users/ada.json.")
+        }
+        let trimmed = raw.dropLast(5)
+        var segments: [ChildKey] = []
+        var isPriority = false
+        let pieces = trimmed.split(separator: "/", omittingEmptySubsequences: true)
+        for (i, piece) in pieces.enumerated() {
+            guard let decoded = percentDecode(piece, plusIsSpace: false) else {
+                throw .badRequest("Invalid path: bad percent-encoding in \"\(piece)\".")
+            }
+            if decoded == ".priority" && i == pieces.count - 1 {
+                isPriority = true
+                continue
+            }
+            do {
+                segments.append(try ChildKey(validating: decoded, path: "/" + pieces.joined(separator: "/")))
+            } catch {
+                throw .badRequest("Invalid path: \(error.message)")
+            }
+        }
+        let path = Path(segments: segments)
+        do { try path.checkLimits() } catch { throw .badRequest("Invalid path: \(error.message)") }
+        return (path, isPriority)
+    }
+
+    static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {
+        var out: [(String, String)] = []
+        for pair in raw.split(separator: "&", omittingEmptySubsequences: true) {
+            let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let key = percentDecode(kv[0], plusIsSpace: true),
+                let value = percentDecode(kv.count > 1 ? kv[1] : "", plusIsSpace: true)
+            else {
+                throw .badRequest("Invalid query string: bad percent-encoding in \"\(pair)\".")
+            }
+            out.append((key, value))
+        }
+        return out
+    }
+
+    /// Percent-decodes; nil on a bad escape or invalid UTF-8.
+    static func percentDecode(_ s: Substring, plusIsSpace: Bool) -> String? {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(s.utf8.count)
+        var it = s.utf8.makeIterator()
+        func hex(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
+            default: return nil
+            }
+        }
+        while let c = it.next() {
+            if c == UInt8(ascii: "%") {
+                guard let h = it.next(), let l = it.next(), let hv = hex(h), let lv = hex(l) else { return nil }
+                bytes.append(hv << 4 | lv)
+            } else if c == UInt8(ascii: "+") && plusIsSpace {
+                bytes.append(UInt8(ascii: " "))
+            } else {
+                bytes.append(c)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    /// The first DNS label of a Host header; nil for IP literals (they name no database).
+    static func hostLabel(_ host: String) -> String? {
+        var h = Substring(host)
+        if h.hasPrefix("[") { return nil }  // IPv6 literal
+        if let colon = h.lastIndex(of: ":") { h = h[..<colon] }
+        if !h.isEmpty && h.allSatisfy({ $0.isNumber || $0 == "." }) { return nil }  // IPv4 literal
+        guard let label = h.split(separator: ".").first, !label.isEmpty else { return nil }
+        return String(label)
+    }
+
+    static func isValidNamespace(_ ns: String) -> Bool {
+        !ns.isEmpty && ns.utf8.count <= 63
+            && ns.utf8.allSatisfy { b in
+                (b >= UInt8(ascii: "a") && b <= UInt8(ascii: "z")) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))
+                    || (b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9")) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
+            }
+    }
+
+    static func unquote(_ s: String) -> String {
+        var t = Substring(s.trimmingSpaces())
+        if t.hasPrefix("W/") { t = t.dropFirst(2) }
+        if t.count >= 2, t.hasPrefix("\""), t.hasSuffix("\"") { t = t.dropFirst().dropLast() }
+        return String(t)
+    }
+
+    static func parseTimeout(_ t: String) throws(RESTError) -> Int {
+        let units: [(String, Int)] = [("ms", 1), ("min", 60_000), ("s", 1000)]
+        for (suffix, scale) in units where t.hasSuffix(suffix) {
+            guard let n = Int(t.dropLast(suffix.count)), n >= 0, n <= maxTimeoutMilliseconds / scale else { break }
+            return n * scale
+        }
+        throw .badRequest("timeout must be a number with ms, s or min, at most 15min; not '\(t)'.")
+    }
+
+    // MARK: - Query parameters
+
+    static let queryNames: Set<String> = ["orderBy", "startAt", "startAfter", "endAt", "endBefore", "equalTo", "limitToFirst", "limitToLast"]
+
+    static func parseQueryParams(_ params: [(String, String)], shallow: Bool) throws(RESTError) -> QueryParams? {
+        var given: [String: String] = [:]
+        for (k, v) in params where queryNames.contains(k) { given[k] = v }
+        guard !given.isEmpty else { return nil }
+        var query = Query()
+        do {
+            if let orderBy = given["orderBy"] {
+                guard case .string(let index)? = try? JSONValue(parsing: orderBy) else {
+                    throw RESTError.badRequest("orderBy must be a valid JSON encoded path")
+                }
+                switch index {
+                case "$key": query = try query.orderByKey()
+                case "$value": query = try query.orderByValue()
+                case "$priority": query = try query.orderByPriority()
+                default: query = try query.orderByChild(index)
+                }
+            } else if shallow && given["startAt"] == nil && given["endAt"] == nil && given["equalTo"] == nil && given["endBefore"] == nil {
+                // firebase-tools pages with shallow + limitToFirst + startAfter, ordered by key.
+                query = try query.orderByKey()
+            } else {
+                throw RESTError.badRequest("orderBy must be defined when other query parameters are defined")
+            }
+            if let v = given["startAt"] {
+                let (value, key) = try bound(v, "startAt")
+                query = try query.startAt(value, key: key)
+            }
+            if let v = given["startAfter"] {
+                let (value, key) = try bound(v, "startAfter")
+                query = try query.startAfter(value, key: key)
+            }
+            if let v = given["endAt"] {
+                let (value, key) = try bound(v, "endAt")
+                query = try query.endAt(value, key: key)
+            }
+            if let v = given["endBefore"] {
+                let (value, key) = try bound(v, "endBefore")
+                query = try query.endBefore(value, key: key)
+            }
+            if let v = given["equalTo"] {
+                let (value, key) = try bound(v, "equalTo")
+                query = try query.equalTo(value, key: key)
+            }
+            if given["limitToFirst"] != nil && given["limitToLast"] != nil {
+                throw RESTError.badRequest("limitToFirst and limitToLast cannot both be given")
+            }
+            if let v = given["limitToFirst"] { query = try query.limitToFirst(try limit(v, "limitToFirst")) }
+            if let v = given["limitToLast"] { query = try query.limitToLast(try limit(v, "limitToLast")) }
+        } catch let e as RESTError {
+            throw e
+        } catch let e as QueryError {
+            throw .badRequest(e.message)
+        } catch {
+            throw .badRequest("\(error)")
+        }
+        return query.params
+    }
+
+    static func limit(_ text: String, _ name: String) throws(RESTError) -> Int {
+        guard let n = Int(text), n >= 0, n <= Int(Int32.max) else {
+            throw .badRequest("\(name) must be a non-negative integer")
+        }
+        return n
+    }
+
+    /// A range bound: a JSON primitive, optionally followed by `,"<key>"` (the JS REST client's
+    /// key tie-breaker).
+    static func bound(_ text: String, _ name: String) throws(RESTError) -> (Node, String?) {
+        if let node = primitive(text) { return (node, nil) }
+        // Split at the first comma outside a string.
+        var inString = false
+        var escaped = false
+        for (i, c) in text.utf8.enumerated() {
+            if escaped {
+                escaped = false
+                continue
+            }
+            if inString {
+                if c == UInt8(ascii: "\\") { escaped = true } else if c == UInt8(ascii: "\"") { inString = false }
+                continue
+            }
+            if c == UInt8(ascii: "\"") { inString = true }
+            if c == UInt8(ascii: ",") {
+                let head = String(decoding: text.utf8.prefix(i), as: UTF8.self)
+                let tail = String(decoding: text.utf8.dropFirst(i + 1), as: UTF8.self)
+                if let value = primitive(head), case .string(let key)? = try? JSONValue(parsing: tail) { return (value, key) }
+                break
+            }
+        }
+        throw .badRequest("\(name) must be a JSON primitive (quote strings), optionally followed by ,\"key\"")
+    }
+
+    static func primitive(_ text: String) -> Node? {
+        guard let value = try? JSONValue(parsing: text, maxDepth: 1) else { return nil }
+        switch value {
+        case .null: return .empty
+        case .bool(let b): return Node(.bool(b))
+        case .int(let i): return Node(.int(i))
+        case .double(let d): return Node(.double(d))
+        case .string(let s): return Node(.string(s))
+        case .array, .object: return nil
+        }
+    }
+}
+
+extension String {
+    fileprivate func trimmingSpaces() -> Substring {
+        var s = Substring(self)
+        while s.first == " " || s.first == "\t" { s = s.dropFirst() }
+        while s.last == " " || s.last == "\t" { s = s.dropLast() }
+        return s
+    }
+}

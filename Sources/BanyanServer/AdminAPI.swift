@@ -1,0 +1,92 @@
+import BanyanRaft
+import BanyanReplica
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// Operator endpoints under `/.banyan/` (docs/operations.md):
+///
+/// | request | what it does |
+/// | --- | --- |
+/// | `GET /.banyan/status` | role, term, leader, commit/applied index, members, replication progress (JSON) |
+/// | `GET /.banyan/health` | 200 while the process serves requests |
+/// | `GET /.banyan/ready` | 200 when a leader is known and this node has applied what it knows to be committed; else 503 |
+/// | `POST /.banyan/members` `{"id": 4, "peer_address": "host:port"}` | adds a learner (leader only), promoted once caught up |
+/// | `POST /.banyan/members/<id>/promote` | promotes a learner now (leader only) |
+/// | `DELETE /.banyan/members/<id>` | removes a member, the leader included (leader only) |
+/// | `POST /.banyan/transfer?to=<id>` | hands leadership to another voter (leader only) |
+///
+/// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
+struct AdminAPI {
+    let server: HTTPServer
+
+    func handle(method: HTTPMethod, path: String, uri: String, body: [UInt8]) -> EventLoopFuture<HTTPReply> {
+        let runtime = server.runtime
+        let route = Array(path.split(separator: "/").map(String.init).dropFirst())  // after ".banyan"
+        let memberID: UInt64? = route.count >= 2 && route[0] == "members" ? UInt64(route[1]) : nil
+        let memberRoute: String? = route.count >= 2 && route[0] == "members" ? (route.count == 3 ? "members/id/" + route[2] : "members/id") : nil
+        if memberRoute != nil && memberID == nil {
+            return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(route[1])'"))
+        }
+        switch (method, memberRoute ?? route.joined(separator: "/")) {
+        case (.GET, "status"):
+            return runtime.status().map { status in
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                encoder.keyEncodingStrategy = .convertToSnakeCase
+                let data = (try? encoder.encode(status)) ?? Data("{}".utf8)
+                return HTTPReply(status: .ok, headers: [("Content-Type", "application/json")], body: Array(data))
+            }
+        case (.GET, "health"):
+            return runtime.loop.makeSucceededFuture(.json(.ok, #"{"status":"ok"}"#))
+        case (.GET, "ready"):
+            return runtime.status().map { s in
+                let ready = s.leader != 0 && s.appliedIndex >= s.commitIndex
+                return .json(ready ? .ok : .serviceUnavailable, #"{"ready":\#(ready),"leader":\#(s.leader),"role":"\#(s.role)"}"#)
+            }
+        case (.POST, "members"):
+            guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+                let id = (object["id"] as? NSNumber)?.uint64Value, id != 0,
+                let addressText = object["peer_address"] as? String, let address = try? HostPort(parsing: addressText)
+            else {
+                return runtime.loop.makeSucceededFuture(.error(.badRequest, #"expected {"id": <node id>, "peer_address": "host:port"}"#))
+            }
+            return membership(runtime.addMember(id: id, peerAddress: address))
+        case (.POST, "members/id/promote"):
+            return membership(runtime.changeMembership(.promote(memberID ?? 0)))
+        case (.DELETE, "members/id"):
+            return membership(runtime.changeMembership(.remove(memberID ?? 0)))
+        case (.POST, "transfer"):
+            let query = uri.split(separator: "?", maxSplits: 1).dropFirst().first.map(String.init) ?? ""
+            let to = query.split(separator: "&").compactMap { pair -> UInt64? in
+                let kv = pair.split(separator: "=", maxSplits: 1)
+                return kv.count == 2 && kv[0] == "to" ? UInt64(kv[1]) : nil
+            }.first
+            guard let to else { return runtime.loop.makeSucceededFuture(.error(.badRequest, "expected ?to=<node id>")) }
+            return runtime.transferLeadership(to: to).map { result in
+                switch result {
+                case .success: return .json(.ok, #"{"status":"transferring","to":\#(to)}"#)
+                case .failure(let e): return Self.failure(e)
+                }
+            }
+        default:
+            return runtime.loop.makeSucceededFuture(.error(.notFound, "no such operator endpoint: \(method) \(path)"))
+        }
+    }
+
+    private func membership(_ future: EventLoopFuture<Result<Membership, ReplicaError>>) -> EventLoopFuture<HTTPReply> {
+        future.map { result in
+            switch result {
+            case .success(let m): return .json(.ok, #"{"voters":\#(m.voters),"learners":\#(m.learners)}"#)
+            case .failure(let e): return Self.failure(e)
+            }
+        }
+    }
+
+    static func failure(_ e: ReplicaError) -> HTTPReply {
+        if case .notLeader(let leader) = e {
+            return .json(.conflict, "{\n  \"error\" : \"\(e.description)\",\n  \"leader\" : \(leader)\n}")
+        }
+        return .error(.serviceUnavailable, e.description)
+    }
+}

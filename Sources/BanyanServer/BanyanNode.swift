@@ -1,0 +1,98 @@
+import BanyanRaft
+import Foundation
+public import Logging
+import Metrics
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Prometheus
+import Synchronization
+
+/// A running node: storage and the replica loop, the mutual-TLS peer transport, and the HTTP
+/// server (docs/server.md). `banyan serve` is a thin wrapper around `start` and `shutdown`.
+public final class BanyanNode: Sendable {
+    public let config: NodeConfig
+    let runtime: NodeRuntime
+    let transport: PeerTransport
+    let http: HTTPServer
+    let network: MultiThreadedEventLoopGroup
+    /// Where the client API and the peer transport actually listen (ports may be 0 in tests).
+    public let clientAddress: String
+    public let peerAddress: String
+
+    private static let metricsBootstrap = Mutex<PrometheusCollectorRegistry?>(nil)
+
+    /// The process-wide Prometheus registry (swift-metrics can be bootstrapped once).
+    static func registry() -> PrometheusCollectorRegistry {
+        metricsBootstrap.withLock { existing in
+            if let existing { return existing }
+            let registry = PrometheusCollectorRegistry()
+            MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+            existing = registry
+            return registry
+        }
+    }
+
+    public static func start(config: NodeConfig, logger: Logger) throws -> BanyanNode {
+        try BanyanNode(config: config, logger: logger)
+    }
+
+    private init(config: NodeConfig, logger: Logger) throws {
+        try config.validate()
+        self.config = config
+        let registry = Self.registry()
+        let tls = try Self.tlsConfigurations(config, logger: logger)
+        let runtime = try NodeRuntime(config: config, logger: logger) { message in
+            logger.info("\(message)")
+        }
+        self.runtime = runtime
+        network = MultiThreadedEventLoopGroup(numberOfThreads: max(1, min(4, System.coreCount)))
+        transport = try PeerTransport(
+            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: network, serverTLS: tls.server,
+            clientTLS: tls.client, logger: logger
+        ) { peer, address, messages in
+            if let address { runtime.learnPeerAddress(peer, address) }
+            runtime.receive(messages)
+        }
+        let peerBound = try transport.listen(on: config.peerAddress)
+        peerAddress = peerBound.map { "\($0.ipAddress ?? config.peerAddress.host):\($0.port ?? config.peerAddress.port)" } ?? config.peerAddress.description
+        logger.notice("peer transport listening (mutual TLS)", metadata: ["address": "\(peerAddress)", "node": "\(config.nodeID)"])
+        runtime.start(transport: transport)
+        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry)
+        let clientBound = try http.start(group: network)
+        clientAddress = clientBound.map { "\($0.ipAddress ?? config.clientAddress.host):\($0.port ?? config.clientAddress.port)" } ?? config.clientAddress.description
+        logger.notice(
+            "client API listening: Firebase REST and event streams, status at /.banyan/status, metrics at /metrics",
+            metadata: ["address": "http://\(clientAddress)", "node": "\(config.nodeID)"])
+    }
+
+    public func shutdown() {
+        http.shutdown()
+        transport.shutdown()
+        runtime.shutdown()
+        try? network.syncShutdownGracefully()
+    }
+
+    /// The node's TLS settings: configured files, or development certificates generated on
+    /// first run (a CA and a node certificate under the TLS directory).
+    static func tlsConfigurations(_ config: NodeConfig, logger: Logger) throws -> (server: TLSConfiguration, client: TLSConfiguration) {
+        let ca: CAFiles
+        let node: NodeCertificateFiles
+        if let caPath = config.tls.caCertificate, let cert = config.tls.certificate, let key = config.tls.privateKey {
+            ca = CAFiles(certificatePath: caPath, privateKeyPath: nil)
+            node = NodeCertificateFiles(certificatePath: cert, privateKeyPath: key)
+        } else if config.tls.generateDevelopmentCertificates {
+            var hosts = ["localhost", "127.0.0.1", "::1"]
+            for h in [config.peerAddress.host, config.advertised.host] where !hosts.contains(h) && h != "0.0.0.0" && h != "::" { hosts.append(h) }
+            let dev = try DevCertificates.ensureDevelopmentCertificates(directory: config.tlsDirectory, nodeName: "node\(config.nodeID)", hosts: hosts)
+            ca = dev.ca
+            node = dev.node
+            logger.notice(
+                "using development certificates (generated on first run; not for production)",
+                metadata: ["ca": "\(ca.certificatePath)", "certificate": "\(node.certificatePath)"])
+        } else {
+            throw ConfigError("tls.ca, tls.cert and tls.key are required when development certificates are off")
+        }
+        return (try PeerTLS.serverConfiguration(node: node, ca: ca), try PeerTLS.clientConfiguration(node: node, ca: ca))
+    }
+}

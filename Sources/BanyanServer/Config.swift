@@ -1,0 +1,242 @@
+import Foundation
+import Yams
+
+/// A node's configuration: built-in defaults, then a YAML file, then command-line flags
+/// (docs/operations.md, "Configuration").
+public struct NodeConfig: Sendable, Equatable {
+    public var nodeID: UInt64 = 1
+    public var clusterID: String = "banyan-dev"
+    public var dataDirectory: String = "./banyan-data"
+    /// Where clients connect (REST, SSE, status, metrics).
+    public var clientAddress: HostPort = HostPort(host: "127.0.0.1", port: 9000)
+    /// Where peers connect (mutual TLS).
+    public var peerAddress: HostPort = HostPort(host: "127.0.0.1", port: 7000)
+    /// The peer address other nodes dial (defaults to `peerAddress`).
+    public var advertisedPeerAddress: HostPort?
+    /// The founding members and their peer addresses. Used once, to bootstrap an empty data
+    /// directory; afterwards membership lives in the replicated log.
+    public var initialMembers: [UInt64: HostPort] = [:]
+    /// A node started with `join` set waits, blank, to be added by an existing member.
+    public var join: Bool = false
+
+    public var tls = TLSPaths()
+    public var raft = RaftTuning()
+    public var http = HTTPLimits()
+    public var development = DevelopmentSettings()
+    /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
+    public var defaultNamespace: String = "default"
+    public var logLevel: String = "info"
+
+    public struct TLSPaths: Sendable, Equatable {
+        /// Directory of the development CA and certificates generated on first run.
+        public var directory: String?
+        public var caCertificate: String?
+        public var certificate: String?
+        public var privateKey: String?
+        /// Generate a development CA and node certificate when the files are absent.
+        public var generateDevelopmentCertificates: Bool = true
+        public init() {}
+    }
+
+    public struct RaftTuning: Sendable, Equatable {
+        public var tickMilliseconds: Int = 20
+        public var electionTicks: Int = 10
+        public var heartbeatTicks: Int = 2
+        public var snapshotEntries: UInt64 = 20_000
+        public var requestTimeoutMilliseconds: Int = 8_000
+        public init() {}
+    }
+
+    public struct HTTPLimits: Sendable, Equatable {
+        public var maxBodyBytes: Int = 64 << 20
+        public var maxConnections: Int = 20_000
+        /// Idle HTTP connections (not streams) are closed after this long.
+        public var idleTimeoutSeconds: Int = 120
+        /// A request whose head and body do not arrive within this long gets 408.
+        public var requestReadTimeoutSeconds: Int = 30
+        public var keepAliveSeconds: Int = 30
+        public init() {}
+    }
+
+    public struct DevelopmentSettings: Sendable, Equatable {
+        /// Until security rules land: accept requests without credentials.
+        public var allowUnauthenticated: Bool = true
+        /// Accept `Authorization: Bearer owner` (and `auth=owner`) as the administrator, as the
+        /// Firebase emulator does.
+        public var acceptOwnerToken: Bool = true
+        public init() {}
+    }
+
+    public init() {}
+
+    public var advertised: HostPort { advertisedPeerAddress ?? peerAddress }
+    public var tlsDirectory: String { tls.directory ?? dataDirectory + "/certs" }
+}
+
+public struct HostPort: Sendable, Equatable, Hashable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// Parses `host:port` or `[v6]:port`.
+    public init(parsing text: String) throws(ConfigError) {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        guard let colon = trimmed.lastIndex(of: ":") else { throw ConfigError("'\(text)' is not host:port") }
+        var host = String(trimmed[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty, let port = Int(trimmed[trimmed.index(after: colon)...]), (0...65535).contains(port) else {
+            throw ConfigError("'\(text)' is not host:port with a port from 0 to 65535")
+        }
+        self.init(host: host, port: port)
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+extension NodeConfig {
+    /// Reads a YAML configuration file over the defaults. Unknown keys are errors (a typo must
+    /// not silently fall back to a default).
+    public static func load(file: String, over base: NodeConfig = NodeConfig()) throws(ConfigError) -> NodeConfig {
+        let text: String
+        do {
+            text = try String(contentsOfFile: file, encoding: .utf8)
+        } catch {
+            throw ConfigError("cannot read configuration file \(file): \(error.localizedDescription)")
+        }
+        return try parse(yaml: text, source: file, over: base)
+    }
+
+    public static func parse(yaml text: String, source: String = "configuration", over base: NodeConfig = NodeConfig()) throws(ConfigError)
+        -> NodeConfig
+    {
+        let root: Any?
+        do {
+            root = try Yams.load(yaml: text)
+        } catch {
+            throw ConfigError("\(source): not valid YAML: \(error)")
+        }
+        var c = base
+        guard let top = root else { return c }
+        guard let map = top as? [String: Any] else { throw ConfigError("\(source): the top level must be a mapping") }
+        var r = Reader(source: source)
+        for (key, value) in map {
+            switch key {
+            case "node_id": c.nodeID = try r.uint(value, key)
+            case "cluster_id": c.clusterID = try r.string(value, key)
+            case "data_dir": c.dataDirectory = try r.string(value, key)
+            case "client_address": c.clientAddress = try r.hostPort(value, key)
+            case "peer_address": c.peerAddress = try r.hostPort(value, key)
+            case "advertise_peer_address": c.advertisedPeerAddress = try r.hostPort(value, key)
+            case "join": c.join = try r.bool(value, key)
+            case "default_namespace": c.defaultNamespace = try r.string(value, key)
+            case "log_level": c.logLevel = try r.string(value, key)
+            case "initial_members":
+                guard let members = value as? [AnyHashable: Any] else { throw ConfigError("\(source): initial_members must map node ids to host:port") }
+                c.initialMembers = [:]
+                for (k, v) in members {
+                    let id = try r.uint(k, "initial_members key")
+                    c.initialMembers[id] = try r.hostPort(v, "initial_members.\(id)")
+                }
+            case "tls":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "dir": c.tls.directory = try r.string(v, "tls.dir")
+                    case "ca": c.tls.caCertificate = try r.string(v, "tls.ca")
+                    case "cert": c.tls.certificate = try r.string(v, "tls.cert")
+                    case "key": c.tls.privateKey = try r.string(v, "tls.key")
+                    case "generate_development_certificates": c.tls.generateDevelopmentCertificates = try r.bool(v, "tls.\(k)")
+                    default: throw ConfigError("\(source): unknown key tls.\(k)")
+                    }
+                }
+            case "raft":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "tick_ms": c.raft.tickMilliseconds = try r.int(v, "raft.tick_ms", 1...10_000)
+                    case "election_ticks": c.raft.electionTicks = try r.int(v, "raft.election_ticks", 2...10_000)
+                    case "heartbeat_ticks": c.raft.heartbeatTicks = try r.int(v, "raft.heartbeat_ticks", 1...10_000)
+                    case "snapshot_entries": c.raft.snapshotEntries = try r.uint(v, "raft.snapshot_entries")
+                    case "request_timeout_ms": c.raft.requestTimeoutMilliseconds = try r.int(v, "raft.request_timeout_ms", 100...3_600_000)
+                    default: throw ConfigError("\(source): unknown key raft.\(k)")
+                    }
+                }
+            case "http":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(1 << 30))
+                    case "max_connections": c.http.maxConnections = try r.int(v, "http.max_connections", 1...1_000_000)
+                    case "idle_timeout_s": c.http.idleTimeoutSeconds = try r.int(v, "http.idle_timeout_s", 1...86_400)
+                    case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
+                    case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
+                    default: throw ConfigError("\(source): unknown key http.\(k)")
+                    }
+                }
+            case "development":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "allow_unauthenticated": c.development.allowUnauthenticated = try r.bool(v, "development.\(k)")
+                    case "accept_owner_token": c.development.acceptOwnerToken = try r.bool(v, "development.\(k)")
+                    default: throw ConfigError("\(source): unknown key development.\(k)")
+                    }
+                }
+            default:
+                throw ConfigError("\(source): unknown key \(key)")
+            }
+        }
+        try c.validate()
+        return c
+    }
+
+    public func validate() throws(ConfigError) {
+        guard nodeID != 0 else { throw ConfigError("node_id must be at least 1") }
+        guard raft.electionTicks > raft.heartbeatTicks else { throw ConfigError("raft.election_ticks must exceed raft.heartbeat_ticks") }
+        if !join && !initialMembers.isEmpty && initialMembers[nodeID] == nil {
+            throw ConfigError("initial_members must include this node (\(nodeID)) unless join is set")
+        }
+        guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
+    }
+
+    private struct Reader {
+        let source: String
+        func string(_ v: Any, _ key: String) throws(ConfigError) -> String {
+            if let s = v as? String { return s }
+            if let i = v as? Int { return String(i) }
+            throw ConfigError("\(source): \(key) must be a string")
+        }
+        func int(_ v: Any, _ key: String, _ range: ClosedRange<Int>) throws(ConfigError) -> Int {
+            guard let i = v as? Int, range.contains(i) else {
+                throw ConfigError("\(source): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+            }
+            return i
+        }
+        func uint(_ v: Any, _ key: String) throws(ConfigError) -> UInt64 {
+            if let i = v as? Int, i >= 0 { return UInt64(i) }
+            if let s = v as? String, let i = UInt64(s) { return i }
+            throw ConfigError("\(source): \(key) must be a non-negative integer")
+        }
+        func bool(_ v: Any, _ key: String) throws(ConfigError) -> Bool {
+            guard let b = v as? Bool else { throw ConfigError("\(source): \(key) must be true or false") }
+            return b
+        }
+        func hostPort(_ v: Any, _ key: String) throws(ConfigError) -> HostPort {
+            do {
+                return try HostPort(parsing: try string(v, key))
+            } catch {
+                throw ConfigError("\(source): \(key): \(error.message)")
+            }
+        }
+        func map(_ v: Any, _ key: String) throws(ConfigError) -> [String: Any] {
+            guard let m = v as? [String: Any] else { throw ConfigError("\(source): \(key) must be a mapping") }
+            return m
+        }
+    }
+}

@@ -1,0 +1,366 @@
+import BanyanBasics
+import BanyanRaft
+import BanyanREST
+import BanyanReplica
+import BanyanStateMachine
+import BanyanTree
+import Foundation
+import Logging
+import Metrics
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Prometheus
+import Synchronization
+
+/// The client-facing HTTP server (docs/server.md, "Client API"): the Firebase REST API and its
+/// Server-Sent-Events streams on every node, plus operator endpoints under `/.banyan/` and
+/// Prometheus metrics at `/metrics`.
+final class HTTPServer: Sendable {
+    let runtime: NodeRuntime
+    let config: NodeConfig
+    let logger: Logger
+    let registry: PrometheusCollectorRegistry
+    private let pushIDs: Mutex<PushIDGenerator>
+    private let connections = Atomic<Int>(0)
+    private let channel = Mutex<(any Channel)?>(nil)
+
+    let requests = Counter(label: "banyan_http_requests_total")
+    let refused = Counter(label: "banyan_http_refused_connections_total")
+    let streamsOpen = Gauge(label: "banyan_sse_streams")
+    let latency: Metrics.Timer = Metrics.Timer(label: "banyan_http_request_duration_seconds")
+    private let openStreams = Atomic<Int>(0)
+
+    init(runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry) {
+        self.runtime = runtime
+        self.config = config
+        self.logger = logger
+        self.registry = registry
+        self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
+    }
+
+    func start(group: any EventLoopGroup) throws -> SocketAddress? {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1024)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            // Writability (checked by event streams) turns off past the stream buffer limit.
+            .childChannelOption(.writeBufferWaterMark, value: .init(low: StreamState.maxQueuedBytes / 2, high: StreamState.maxQueuedBytes))
+            .childChannelInitializer { channel in
+                let count = self.connections.wrappingAdd(1, ordering: .relaxed).newValue
+                channel.closeFuture.whenComplete { _ in self.connections.wrappingSubtract(1, ordering: .relaxed) }
+                guard count <= self.config.http.maxConnections else {
+                    self.refused.increment()
+                    return channel.close()
+                }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(
+                        IdleStateHandler(readTimeout: .seconds(Int64(self.config.http.requestReadTimeoutSeconds))))
+                    try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self))
+                }
+            }
+        let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
+        channel.withLock { $0 = ch }
+        return ch.localAddress
+    }
+
+    func shutdown() {
+        let ch = channel.withLock { $0 }
+        try? ch?.close().wait()
+    }
+
+    func nextPushID() -> String {
+        let now = NodeRuntime.wallClock()
+        return pushIDs.withLock { $0.next(now: now) }
+    }
+
+    func streamOpened() { streamsOpen.record(openStreams.wrappingAdd(1, ordering: .relaxed).newValue) }
+    func streamClosed() { streamsOpen.record(openStreams.wrappingSubtract(1, ordering: .relaxed).newValue) }
+}
+
+/// A response ready to write.
+struct HTTPReply: Sendable {
+    var status: HTTPResponseStatus
+    var headers: [(String, String)]
+    var body: [UInt8]
+
+    static func json(_ status: HTTPResponseStatus, _ text: String, extra: [(String, String)] = []) -> HTTPReply {
+        HTTPReply(status: status, headers: [("Content-Type", "application/json; charset=utf-8")] + extra, body: Array(text.utf8))
+    }
+
+    /// An error body in Firebase's shape: `{\n  "error" : "..."\n}`.
+    static func error(_ status: HTTPResponseStatus, _ message: String) -> HTTPReply {
+        let escaped = JSONWriter.string(Node(.string(message)))
+        return json(status, "{\n  \"error\" : \(escaped)\n}")
+    }
+
+    init(status: HTTPResponseStatus, headers: [(String, String)], body: [UInt8]) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    init(_ r: RESTResponse) {
+        self.init(status: HTTPResponseStatus(statusCode: r.status), headers: r.headers, body: r.body)
+    }
+}
+
+/// One client connection: collects a request (bounded), answers it, or turns the connection into
+/// an event stream. Confined to the channel's event loop.
+final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let server: HTTPServer
+    private var head: HTTPRequestHead?
+    private var body: [UInt8] = []
+    private var tooLarge = false
+    private var busy = false
+    private var streaming: StreamState?
+    private var started: UInt64 = 0
+
+    init(server: HTTPServer) { self.server = server }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let h):
+            head = h
+            body = []
+            tooLarge = false
+            started = DispatchTime.now().uptimeNanoseconds
+            if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > server.config.http.maxBodyBytes {
+                tooLarge = true
+            }
+        case .body(var chunk):
+            guard !tooLarge else { return }
+            if body.count + chunk.readableBytes > server.config.http.maxBodyBytes {
+                tooLarge = true
+                body = []
+                return
+            }
+            body.append(contentsOf: chunk.readBytes(length: chunk.readableBytes) ?? [])
+        case .end:
+            guard let head else { return }
+            self.head = nil
+            busy = true
+            if tooLarge {
+                let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
+                respond(context: context, head: head, reply: reply, close: true)
+                return
+            }
+            let request = body
+            body = []
+            dispatch(context: context, head: head, body: request)
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            // Streams are quiet on the inbound side by design; idle keep-alive connections and
+            // requests that stall part-way are closed.
+            if streaming != nil || busy { return }
+            if head != nil {
+                respond(
+                    context: context, head: head ?? HTTPRequestHead(version: .http1_1, method: .GET, uri: "/"),
+                    reply: .error(.requestTimeout, "The request was not received in time."), close: true)
+            } else {
+                context.close(promise: nil)
+            }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if let s = streaming {
+            streaming = nil
+            s.close()
+            server.streamClosed()
+        }
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+
+    // MARK: - Dispatch
+
+    private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
+        server.requests.increment()
+        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        if path == "/metrics" && head.method == .GET {
+            let text = server.registry.emitToBuffer()
+            respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
+            return
+        }
+        if path.hasPrefix("/.banyan/") {
+            let future = AdminAPI(server: server).handle(method: head.method, path: path, uri: head.uri, body: body)
+            future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: context, head: head, reply: reply) }
+            return
+        }
+        let restHead = HTTPHead(
+            method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+        let request: RESTRequest
+        switch RESTRequest.parse(restHead, body: body, defaultNamespace: server.config.defaultNamespace) {
+        case .success(let r): request = r
+        case .failure(let e):
+            respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)))
+            return
+        }
+        if let denied = authorize(request) {
+            respond(context: context, head: head, reply: denied)
+            return
+        }
+        let stale = request.consistency == .stale
+        switch request.operation {
+        case .options:
+            respond(context: context, head: head, reply: HTTPReply(RESTRender.options(request)))
+        case .get:
+            server.runtime.read(namespace: request.namespace, stale: stale).hop(to: context.eventLoop).whenSuccess { result in
+                switch result {
+                case .success(let tree): self.respond(context: context, head: head, reply: HTTPReply(RESTRender.read(request, tree: tree)))
+                case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))
+                }
+            }
+        case .stream:
+            startStream(context: context, head: head, request: request, stale: stale)
+        case .put, .post, .patch, .delete:
+            let pushID = request.isPost ? server.nextPushID() : ""
+            let command: Command
+            switch request.command(pushID: pushID) {
+            case .success(let c): command = c
+            case .failure(let e):
+                respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)))
+                return
+            }
+            server.runtime.write(namespace: request.namespace, command: command).hop(to: context.eventLoop).whenSuccess { result in
+                switch result {
+                case .success(let applied):
+                    let reply = RESTRender.write(request, applied: applied, pushID: request.isPost ? pushID : nil)
+                    self.respond(context: context, head: head, reply: HTTPReply(reply))
+                case .failure(let e):
+                    self.respond(context: context, head: head, reply: Self.unavailable(e))
+                }
+            }
+        }
+    }
+
+    private func authorize(_ request: RESTRequest) -> HTTPReply? {
+        switch request.authorization {
+        case .owner where server.config.development.acceptOwnerToken: return nil
+        case .none where server.config.development.allowUnauthenticated: return nil
+        case .other where server.config.development.allowUnauthenticated: return nil
+        default: return .error(.unauthorized, "Permission denied")
+        }
+    }
+
+    static func unavailable(_ e: ReplicaError) -> HTTPReply {
+        switch e {
+        case .notLeader, .refused, .overloaded: return .error(.serviceUnavailable, e.description)
+        case .timedOut: return .error(.serviceUnavailable, e.description)
+        }
+    }
+
+    private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
+        busy = false
+        server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
+        var headers = HTTPHeaders(reply.headers)
+        if !headers.contains(name: "Access-Control-Allow-Origin") { headers.add(name: "Access-Control-Allow-Origin", value: "*") }
+        let noBody = reply.status == .notModified || reply.status == .noContent || head.method == .HEAD
+        headers.replaceOrAdd(name: "Content-Length", value: noBody ? "0" : String(reply.body.count))
+        if reply.status == .notModified || reply.status == .noContent { headers.remove(name: "Content-Length") }
+        let keepAlive = head.isKeepAlive && !close
+        headers.replaceOrAdd(name: "Connection", value: keepAlive ? "keep-alive" : "close")
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: reply.status, headers: headers))), promise: nil)
+        if !noBody && !reply.body.isEmpty {
+            var buffer = context.channel.allocator.buffer(capacity: reply.body.count)
+            buffer.writeBytes(reply.body)
+            context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
+        }
+        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        if !keepAlive { done.whenComplete { _ in context.close(promise: nil) } }
+    }
+
+    // MARK: - Event streams
+
+    private func startStream(context: ChannelHandlerContext, head: HTTPRequestHead, request: RESTRequest, stale: Bool) {
+        let channel = context.channel
+        let state = StreamState(request: request, channel: channel)
+        streaming = state
+        server.streamOpened()
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "text/event-stream")
+        headers.add(name: "Cache-Control", value: "no-cache")
+        headers.add(name: "Access-Control-Allow-Origin", value: "*")
+        context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))), promise: nil)
+        let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
+        state.keepAliveTask = context.eventLoop.scheduleRepeatedTask(initialDelay: keepAlive, delay: keepAlive) { _ in
+            state.send(SSEStream.keepAlive())
+        }
+        let runtime = server.runtime
+        runtime.watch(namespace: request.namespace, stale: stale) { event in state.handle(event) }
+            .hop(to: context.eventLoop)
+            .whenSuccess { result in
+                switch result {
+                case .success(let id):
+                    if state.isClosed { runtime.unwatch(id) } else { state.watchID = id; state.runtime = runtime }
+                case .failure(let e):
+                    state.send(SSEStream.cancel(e.description))
+                    context.close(promise: nil)
+                }
+            }
+    }
+}
+
+/// One open event stream. `stream` is used only on the replica loop (watch handlers run there);
+/// writes go to the channel, which is safe from any thread.
+final class StreamState: @unchecked Sendable {
+    private var stream: SSEStream
+    let channel: any Channel
+    var keepAliveTask: RepeatedTask?
+    var watchID: UInt64?
+    var runtime: NodeRuntime?
+    private let closed = Atomic<Bool>(false)
+    /// A stream whose client reads too slowly is cancelled once this many bytes are queued.
+    static let maxQueuedBytes = 16 << 20
+
+    init(request: RESTRequest, channel: any Channel) {
+        self.stream = SSEStream(request: request)
+        self.channel = channel
+    }
+
+    var isClosed: Bool { closed.load(ordering: .relaxed) }
+
+    func handle(_ event: WatchEvent) {
+        guard !isClosed else { return }
+        let bytes: [UInt8]
+        switch event {
+        case .start(let tree): bytes = stream.start(tree: tree)
+        case .applied(let applied, let tree): bytes = stream.applied(applied, tree: tree)
+        case .restored(let tree): bytes = stream.restart(tree: tree)
+        }
+        send(bytes)
+    }
+
+    func send(_ bytes: [UInt8]) {
+        guard !bytes.isEmpty, !isClosed else { return }
+        if !channel.isWritable {
+            // The client is not reading: cancel rather than buffer without bound.
+            close()
+            channel.close(promise: nil)
+            return
+        }
+        var buffer = channel.allocator.buffer(capacity: bytes.count)
+        buffer.writeBytes(bytes)
+        channel.writeAndFlush(HTTPServerResponsePart.body(.byteBuffer(buffer)), promise: nil)
+    }
+
+    func close() {
+        guard closed.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged else { return }
+        keepAliveTask?.cancel()
+        if let id = watchID { runtime?.unwatch(id) }
+    }
+}

@@ -1,0 +1,467 @@
+import BanyanOpLogFiles
+public import BanyanRaft
+public import BanyanReplica
+public import BanyanStateMachine
+public import BanyanTree
+import Foundation
+import Logging
+import Metrics
+public import NIOCore
+import NIOPosix
+
+/// What a write request ends with.
+public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
+
+/// A live view of one namespace, fed on the replica thread (keep handlers cheap: format, then
+/// hand bytes to a channel).
+public enum WatchEvent: Sendable {
+    /// The tree when the watch started (after a ReadIndex round, so it includes every write
+    /// acknowledged before the watch was opened).
+    case start(Node)
+    case applied(StateMachine.Applied, tree: Node)
+    /// The state was replaced by a snapshot from the leader.
+    case restored(Node)
+}
+
+/// An operator's view of the node (`banyan status`, `GET /.banyan/status`).
+public struct NodeStatus: Sendable, Codable {
+    public var nodeID: UInt64
+    public var clusterID: String
+    public var role: String
+    public var term: UInt64
+    public var leader: UInt64
+    public var commitIndex: UInt64
+    public var appliedIndex: UInt64
+    public var lastIndex: UInt64
+    public var snapshotIndex: UInt64
+    public var logFirstIndex: UInt64
+    public var voters: [UInt64]
+    public var learners: [UInt64]
+    public var peers: [String: String]
+    public var replication: [Progress]
+    public var pendingWrites: Int
+    public var pendingReads: Int
+    public var watchers: Int
+    public var namespaces: Int
+    public var mayVote: Bool
+
+    public struct Progress: Sendable, Codable {
+        public var node: UInt64
+        public var match: UInt64
+        public var next: UInt64
+        public var state: String
+        public var recentlyActive: Bool
+    }
+}
+
+/// The node's replica loop: one thread owns the `Replica` and the storage, runs the Ready
+/// contract (persist, send, apply), ticks, and answers the client requests handed to it
+/// (docs/server.md). Every mutable field below is touched only on `loop`.
+public final class NodeRuntime: @unchecked Sendable {
+    public let config: NodeConfig
+    public let loop: any EventLoop
+    private let group: MultiThreadedEventLoopGroup
+    private let storage: NodeStorage
+    private var replica: Replica
+    private let logger: Logger
+    private var transport: (any PeerSender)?
+    private var tickTask: RepeatedTask?
+    private var processScheduled = false
+    private var stopped = false
+
+    private var nextRequest: RequestID = 1
+    private var writeWaiters: [RequestID: EventLoopPromise<WriteResult>] = [:]
+    private var readWaiters: [RequestID: (namespace: String, promise: EventLoopPromise<Result<Node, ReplicaError>>)] = [:]
+    private var watchStarts: [RequestID: UInt64] = [:]
+    private var memberWaiters: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
+    private var nextWatch: UInt64 = 1
+    private var watchers: [UInt64: (namespace: String, handler: @Sendable (WatchEvent) -> Void)] = [:]
+    /// Peer addresses: from the configuration, from the replicated `$cluster` namespace, and
+    /// from peers' hellos.
+    public private(set) var peerAddresses: [UInt64: HostPort] = [:]
+
+    static let clusterNamespace = "$cluster"
+
+    // Metrics (swift-metrics; exported by the server's Prometheus registry).
+    private let appliedCounter = Counter(label: "banyan_applied_commands_total")
+    private let persistTimer = Timer(label: "banyan_persist_seconds")
+    private let termGauge = Gauge(label: "banyan_raft_term")
+    private let commitGauge = Gauge(label: "banyan_raft_commit_index")
+    private let appliedGauge = Gauge(label: "banyan_raft_applied_index")
+    private let leaderGauge = Gauge(label: "banyan_raft_is_leader")
+    private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
+    private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
+    private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
+
+    /// Opens the data directory (recovering the log and loading the newest snapshot), and
+    /// bootstraps a new cluster when the directory is blank and `initialMembers` is set.
+    init(config: NodeConfig, logger: Logger, progress: @escaping (String) -> Void) throws {
+        self.config = config
+        self.logger = logger
+        let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: progress)
+        if storage.isBlank && !config.join {
+            let members = config.initialMembers.isEmpty ? [config.nodeID] : Array(config.initialMembers.keys).sorted()
+            try storage.bootstrap(members: members)
+            logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)", "cluster": "\(config.clusterID)"])
+        }
+        let loaded = try storage.load(progress: progress)
+        self.storage = storage
+        var raft = RaftConfiguration(id: config.nodeID, seed: UInt64.random(in: 1...UInt64.max))
+        raft.electionTicks = config.raft.electionTicks
+        raft.heartbeatTicks = config.raft.heartbeatTicks
+        var rc = ReplicaConfiguration(raft: raft)
+        rc.snapshotEntries = config.raft.snapshotEntries
+        let tickMs = max(1, config.raft.tickMilliseconds)
+        rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
+        rc.retryTicks = max(config.raft.electionTicks * 2, 5)
+        replica = try Replica(
+            configuration: rc, persisted: loaded.persisted, machine: loaded.machine, session: UInt64.random(in: 1...UInt64.max),
+            now: Self.wallClock())
+        group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        loop = group.next()
+        for (id, address) in config.initialMembers { peerAddresses[id] = address }
+        peerAddresses[config.nodeID] = config.advertised
+        learnPeers(from: loaded.machine.tree(Self.clusterNamespace))
+        logger.info(
+            "state loaded",
+            metadata: [
+                "snapshot_index": "\(loaded.persisted.snapshot.index)", "log_entries": "\(loaded.persisted.entries.count)",
+                "term": "\(loaded.persisted.hardState.term)", "members": "\(replica.raft.membership)",
+            ])
+    }
+
+    static func wallClock() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
+
+    /// Starts ticking and sending. `transport` delivers messages to peers.
+    public func start(transport: any PeerSender) {
+        loop.execute {
+            self.transport = transport
+            transport.updateAddresses(self.peerAddresses)
+            let interval = TimeAmount.milliseconds(Int64(max(1, self.config.raft.tickMilliseconds)))
+            self.tickTask = self.loop.scheduleRepeatedTask(initialDelay: interval, delay: interval) { _ in self.tick() }
+            self.scheduleProcess()
+        }
+    }
+
+    public func shutdown() {
+        let done: EventLoopFuture<Void> = loop.submit {
+            self.stopped = true
+            self.tickTask?.cancel()
+            try? self.storage.saveCommit(self.replica.raft.hardState)
+            for (_, p) in self.writeWaiters { p.succeed(.failure(.timedOut(write: true))) }
+            for (_, w) in self.readWaiters { w.promise.succeed(.failure(.timedOut(write: false))) }
+            for (_, p) in self.memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
+            self.writeWaiters = [:]
+            self.readWaiters = [:]
+            self.memberWaiters = [:]
+        }
+        _ = try? done.wait()
+        try? group.syncShutdownGracefully()
+    }
+
+    // MARK: - Inputs (any thread)
+
+    /// Peer messages, delivered in order as they arrived on one connection.
+    public func receive(_ messages: [Message]) {
+        loop.execute {
+            guard !self.stopped else { return }
+            for m in messages { self.replica.receive(m) }
+            self.scheduleProcess()
+        }
+    }
+
+    /// A peer told us where it listens (its hello).
+    public func learnPeerAddress(_ id: UInt64, _ address: HostPort) {
+        loop.execute {
+            guard self.peerAddresses[id] != address else { return }
+            self.peerAddresses[id] = address
+            self.transport?.updateAddresses(self.peerAddresses)
+        }
+    }
+
+    public func write(namespace: String, command: Command) -> EventLoopFuture<WriteResult> {
+        let promise = loop.makePromise(of: WriteResult.self)
+        loop.execute {
+            guard !self.stopped else { return promise.succeed(.failure(.overloaded("the node is shutting down"))) }
+            let id = self.nextRequest
+            self.nextRequest += 1
+            self.writeWaiters[id] = promise
+            self.replica.write(id, namespace: namespace, command: command)
+            self.handle(self.replica.takeEvents())
+            self.scheduleProcess()
+        }
+        return promise.futureResult
+    }
+
+    /// The namespace's tree: after a ReadIndex round (linearizable), or at once from this
+    /// node's state (`stale`: possibly behind the leader).
+    public func read(namespace: String, stale: Bool) -> EventLoopFuture<Result<Node, ReplicaError>> {
+        let promise = loop.makePromise(of: Result<Node, ReplicaError>.self)
+        loop.execute {
+            if stale { return promise.succeed(.success(self.replica.machine.tree(namespace))) }
+            let id = self.nextRequest
+            self.nextRequest += 1
+            self.readWaiters[id] = (namespace, promise)
+            self.replica.read(id)
+            self.handle(self.replica.takeEvents())
+            self.scheduleProcess()
+        }
+        return promise.futureResult
+    }
+
+    /// Opens a live view: `handler` gets `.start` with the tree at a linearizable point (or
+    /// this node's current tree when `stale`), then every applied write of the namespace.
+    /// Returns the watch id for `unwatch`, or the error that prevented the start.
+    public func watch(namespace: String, stale: Bool, handler: @escaping @Sendable (WatchEvent) -> Void) -> EventLoopFuture<Result<UInt64, ReplicaError>> {
+        let promise = loop.makePromise(of: Result<UInt64, ReplicaError>.self)
+        loop.execute {
+            let watchID = self.nextWatch
+            self.nextWatch += 1
+            if stale {
+                self.watchers[watchID] = (namespace, handler)
+                handler(.start(self.replica.machine.tree(namespace)))
+                return promise.succeed(.success(watchID))
+            }
+            let id = self.nextRequest
+            self.nextRequest += 1
+            let readPromise = self.loop.makePromise(of: Result<Node, ReplicaError>.self)
+            self.readWaiters[id] = (namespace, readPromise)
+            self.watchStarts[id] = watchID
+            self.watchers[watchID] = (namespace, handler)
+            readPromise.futureResult.whenSuccess { result in
+                switch result {
+                case .success: promise.succeed(.success(watchID))
+                case .failure(let e):
+                    self.watchers[watchID] = nil
+                    promise.succeed(.failure(e))
+                }
+            }
+            self.replica.read(id)
+            self.handle(self.replica.takeEvents())
+            self.scheduleProcess()
+        }
+        return promise.futureResult
+    }
+
+    public func unwatch(_ id: UInt64) {
+        loop.execute { self.watchers[id] = nil }
+    }
+
+    /// Adds a node as a learner (it is promoted automatically once it has caught up): first
+    /// its peer address is replicated, then the membership change is proposed. Leader only.
+    public func addMember(id: UInt64, peerAddress: HostPort) -> EventLoopFuture<Result<Membership, ReplicaError>> {
+        let recorded = write(
+            namespace: Self.clusterNamespace, command: .set(path: "/peers/\(id)", json: Array("\"\(peerAddress)\"".utf8)))
+        return recorded.flatMap { result in
+            if case .failure(let e) = result { return self.loop.makeSucceededFuture(.failure(e)) }
+            self.learnPeerAddress(id, peerAddress)
+            return self.changeMembership(.addLearner(id))
+        }
+    }
+
+    public func changeMembership(_ change: MembershipChange) -> EventLoopFuture<Result<Membership, ReplicaError>> {
+        let promise = loop.makePromise(of: Result<Membership, ReplicaError>.self)
+        loop.execute {
+            let id = self.nextRequest
+            self.nextRequest += 1
+            self.memberWaiters[id] = promise
+            self.replica.changeMembership(id, change)
+            self.handle(self.replica.takeEvents())
+            self.scheduleProcess()
+        }
+        return promise.futureResult
+    }
+
+    public func transferLeadership(to target: UInt64) -> EventLoopFuture<Result<Void, ReplicaError>> {
+        loop.submit {
+            do throws(ReplicaError) {
+                try self.replica.transferLeadership(to: target)
+                self.scheduleProcess()
+                return .success(())
+            } catch {
+                return .failure(error)
+            }
+        }
+    }
+
+    public func status() -> EventLoopFuture<NodeStatus> {
+        loop.submit { self.currentStatus() }
+    }
+
+    /// The current leader and its client address, if known (for redirecting operators).
+    public func leader() -> EventLoopFuture<UInt64> {
+        loop.submit { self.replica.raft.leader }
+    }
+
+    private func currentStatus() -> NodeStatus {
+        let raft = replica.raft
+        return NodeStatus(
+            nodeID: config.nodeID, clusterID: config.clusterID, role: raft.role.description, term: raft.term, leader: raft.leader,
+            commitIndex: raft.commitIndex, appliedIndex: replica.machine.appliedIndex, lastIndex: raft.lastIndex,
+            snapshotIndex: raft.snapshotMeta.index, logFirstIndex: storage.logFirstIndex, voters: raft.membership.voters,
+            learners: raft.membership.learners,
+            peers: Dictionary(uniqueKeysWithValues: peerAddresses.map { (String($0.key), $0.value.description) }),
+            replication: raft.role == .leader
+                ? raft.replicationStatus.map {
+                    NodeStatus.Progress(node: $0.node, match: $0.match, next: $0.next, state: $0.state, recentlyActive: $0.recentlyActive)
+                } : [],
+            pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: watchers.count,
+            namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote)
+    }
+
+    // MARK: - The loop
+
+    private func tick() {
+        guard !stopped else { return }
+        replica.tick(now: Self.wallClock())
+        handle(replica.takeEvents())
+        scheduleProcess()
+    }
+
+    private func scheduleProcess() {
+        guard !processScheduled, !stopped else { return }
+        processScheduled = true
+        loop.execute { self.process() }
+    }
+
+    /// The Ready contract: persist (fsync), send, apply, answer; repeated until quiet.
+    private func process() {
+        processScheduled = false
+        guard !stopped else { return }
+        var rounds = 0
+        while rounds < 64, let rd = replica.ready() {
+            rounds += 1
+            let installed: StateMachine?
+            let started = DispatchTime.now().uptimeNanoseconds
+            do {
+                installed = try storage.persist(rd)
+            } catch {
+                // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
+                // may no longer match the disk, and only a restart recovers from what is really
+                // there. Nothing acknowledged is lost: acknowledgements follow persistence.
+                logger.critical("storage error; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])
+                stopped = true
+                exit(75)
+            }
+            persistTimer.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - started))
+            if !rd.messages.isEmpty { transport?.send(rd.messages) }
+            for request in rd.snapshotReads { serveSnapshotChunk(request) }
+            if installed != nil { snapshotInstalls.increment() }
+            replica.advance(rd, installed: installed)
+            handle(replica.takeEvents())
+        }
+        if rounds == 64 { scheduleProcess() }
+        let raft = replica.raft
+        commitGauge.record(Int64(raft.commitIndex))
+        appliedGauge.record(Int64(replica.machine.appliedIndex))
+    }
+
+    private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
+        do {
+            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
+            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: Int(request.offset), maxBytes: request.maxBytes)
+            let last = Int(request.offset) + data.count >= total
+            replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: last)
+        } catch {
+            logger.warning(
+                "cannot read the snapshot a follower needs (a newer one may have replaced it)",
+                metadata: ["follower": "\(request.to)", "index": "\(request.meta.index)", "error": "\(error)"])
+        }
+    }
+
+    private func handle(_ events: [ReplicaEvent]) {
+        for event in events {
+            switch event {
+            case let .applied(applied, tree, request):
+                appliedCounter.increment()
+                if let request, let promise = writeWaiters.removeValue(forKey: request) { promise.succeed(.success(applied)) }
+                if applied.namespace == Self.clusterNamespace, applied.outcome == .ok { learnPeers(from: tree) }
+                for (_, w) in watchers where w.namespace == applied.namespace { w.handler(.applied(applied, tree: tree)) }
+            case .readsReady(let ids):
+                for id in ids {
+                    guard let w = readWaiters.removeValue(forKey: id) else { continue }
+                    let tree = replica.machine.tree(w.namespace)
+                    if let watchID = watchStarts.removeValue(forKey: id), let watcher = watchers[watchID] {
+                        watcher.handler(.start(tree))
+                    }
+                    w.promise.succeed(.success(tree))
+                }
+            case let .failed(id, error):
+                if let p = writeWaiters.removeValue(forKey: id) { p.succeed(.failure(error)) }
+                if let w = readWaiters.removeValue(forKey: id) {
+                    watchStarts[id] = nil
+                    w.promise.succeed(.failure(error))
+                }
+                if let p = memberWaiters.removeValue(forKey: id) { p.succeed(.failure(error)) }
+            case let .membershipChanged(id, membership):
+                logger.notice("membership changed", metadata: ["members": "\(membership)"])
+                memberWaiters.removeValue(forKey: id)?.succeed(.success(membership))
+            case .restoredFromSnapshot(let meta):
+                learnPeers(from: replica.machine.tree(Self.clusterNamespace))
+                for (_, w) in watchers { w.handler(.restored(replica.machine.tree(w.namespace))) }
+                logger.info("state machine restored from the leader's snapshot", metadata: ["index": "\(meta.index)"])
+            case .snapshotDue(let meta):
+                writeSnapshot(meta)
+            case let .roleChanged(role, leader, term):
+                termGauge.record(Int64(term))
+                leaderGauge.record(role == .leader ? 1 : 0)
+                leaderChanges.increment()
+                logger.notice("raft role changed", metadata: ["role": "\(role)", "leader": "\(leader)", "term": "\(term)"])
+            }
+        }
+    }
+
+    private func writeSnapshot(_ meta: SnapshotMeta) {
+        let machine = replica.machine
+        let writer = SnapshotWriter(directory: config.dataDirectory)
+        let logger = self.logger
+        let started = DispatchTime.now().uptimeNanoseconds
+        DispatchQueue.global(qos: .utility).async {
+            do {
+                var lastReport: UInt64 = 0
+                try writer.write(machine, meta: meta) { bytes in
+                    if bytes - lastReport >= 256 << 20 {
+                        lastReport = bytes
+                        logger.info("writing snapshot", metadata: ["index": "\(meta.index)", "bytes": "\(bytes)"])
+                    }
+                }
+                let ms = (DispatchTime.now().uptimeNanoseconds - started) / 1_000_000
+                self.loop.execute {
+                    do {
+                        try self.storage.compact(through: meta.index)
+                        try self.storage.saveCommit(self.replica.raft.hardState)
+                    } catch {
+                        self.logger.error("log compaction after a snapshot failed", metadata: ["error": "\(error)"])
+                    }
+                    self.replica.snapshotWritten(meta)
+                    self.snapshotCounter.increment()
+                    logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)", "ms": "\(ms)"])
+                }
+            } catch {
+                logger.error("snapshot write failed; will retry later", metadata: ["index": "\(meta.index)", "error": "\(error)"])
+                self.loop.execute { self.replica.snapshotFailed() }
+            }
+        }
+    }
+
+    private func learnPeers(from tree: Node) {
+        guard let peersPath = try? Path(parsing: "/peers") else { return }
+        let peers = tree.child(at: peersPath)
+        var changed = false
+        for (key, node) in peers.children.elements() {
+            guard let id = UInt64(key.string), case .string(let text)? = node.leaf, let address = try? HostPort(parsing: text) else { continue }
+            if peerAddresses[id] != address {
+                peerAddresses[id] = address
+                changed = true
+            }
+        }
+        if changed { transport?.updateAddresses(peerAddresses) }
+    }
+}
+
+/// The outbound half of the peer transport, as the replica loop sees it.
+public protocol PeerSender: Sendable {
+    /// Sends messages (dropped when a peer is unreachable or too far behind; Raft retries).
+    func send(_ messages: [Message])
+    func updateAddresses(_ addresses: [UInt64: HostPort])
+}

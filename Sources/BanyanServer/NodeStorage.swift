@@ -1,0 +1,222 @@
+import BanyanOpLog
+import BanyanOpLogFiles
+import Foundation
+public import BanyanRaft
+public import BanyanStateMachine
+import Logging
+
+/// A node's durable state on disk (docs/server.md, "Storage"): the Raft log (segmented, CRC32C
+/// framed), the hard state file, and the state-machine snapshots. Used by the replica loop
+/// thread only, except `SnapshotWriter`, which has its own file-system instance.
+///
+///     <data>/raft/log/*.seg        the log after the newest snapshot
+///     <data>/raft/hardstate        term, vote, commit, mayVote (replaced atomically)
+///     <data>/snapshots/*.snap      the newest snapshot (raw bytes are what peers transfer)
+final class NodeStorage {
+    let directory: String
+    private let fileSystem = PosixFileSystem()
+    private let log: SegmentedLog
+    private let hardStates: HardStateStore
+    let snapshots: SnapshotStore
+    private let logger: Logger
+    /// The last hard state written (term, vote and mayVote are written at once; a commit-only
+    /// change is written lazily, see `persist`).
+    private var savedHardState: BanyanRaft.HardState
+
+    struct Loaded {
+        var persisted: PersistedState
+        var machine: StateMachine
+    }
+
+    init(directory: String, logger: Logger, progress: @escaping (String) -> Void) throws(OpLogError) {
+        self.directory = directory
+        self.logger = logger
+        for sub in ["", "/raft", "/snapshots"] {
+            do {
+                try FileManager.default.createDirectory(atPath: directory + sub, withIntermediateDirectories: true)
+            } catch {
+                throw OpLogError(.io, "cannot create the data directory \(directory + sub): \(error.localizedDescription)")
+            }
+        }
+        log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, logger: logger) { done, total in
+            progress("log recovery: \(done)/\(total) segments scanned")
+        }
+        hardStates = try HardStateStore(directory: directory + "/raft", fileSystem: fileSystem)
+        snapshots = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem)
+        let hs = try hardStates.load()
+        savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
+    }
+
+    /// True when nothing was ever stored here (a new node).
+    var isBlank: Bool {
+        savedHardState == BanyanRaft.HardState(mayVote: false) && log.lastIndex == 0 && ((try? snapshots.latest()) ?? nil) == nil
+    }
+
+    /// Reads everything back: the newest snapshot into a state machine, the log after it.
+    func load(progress: @escaping (String) -> Void) throws -> Loaded {
+        var machine = StateMachine()
+        var meta = SnapshotMeta.none
+        if let latest = try snapshots.latest() {
+            var image: [UInt8] = []
+            try snapshots.readChunks(lastIndex: latest.lastIndex) { chunk in
+                image.append(contentsOf: chunk)
+                if image.count % (64 << 20) < chunk.count { progress("snapshot load: \(image.count >> 20) MiB read") }
+            }
+            machine = try StateMachine(image: image)
+            meta = SnapshotMeta(index: latest.lastIndex, term: latest.lastTerm, membership: try Self.decodeMembership(latest.membership))
+        }
+        // A log that does not continue the snapshot (a crash between installing a snapshot and
+        // discarding the old log) is discarded; so is a log that is empty.
+        if meta.index > 0 {
+            if log.lastIndex < meta.index || log.term(at: meta.index).map({ $0 != meta.term }) ?? (log.firstIndex <= meta.index) {
+                try log.reset(after: meta.index)
+            } else {
+                try log.compact(through: meta.index)
+            }
+        }
+        var entries: [BanyanRaft.LogEntry] = []
+        if log.lastIndex > meta.index {
+            let stored = try log.entries(from: meta.index + 1, through: log.lastIndex)
+            entries.reserveCapacity(stored.count)
+            for e in stored { entries.append(try Self.raftEntry(e)) }
+        }
+        var hs = savedHardState
+        hs.commit = max(hs.commit, meta.index)
+        hs.commit = min(hs.commit, meta.index + UInt64(entries.count))
+        return Loaded(persisted: PersistedState(hardState: hs, snapshot: meta, entries: entries), machine: machine)
+    }
+
+    /// Writes the founding configuration of a new cluster (index 1, term 1).
+    func bootstrap(members: [NodeID]) throws {
+        let state = RaftNode.bootstrapState(members: members)
+        try persistEntries(state.entries)
+        try saveHardState(state.hardState)
+    }
+
+    // MARK: - The Ready contract, step 1 and 2
+
+    /// Snapshot chunks from the leader, then the snapshot install, then entries and hard state,
+    /// fsynced. Returns the state machine loaded from an installed snapshot.
+    func persist(_ rd: Ready) throws -> StateMachine? {
+        for chunk in rd.snapshotChunks {
+            if !(try snapshots.writeIncoming(offset: chunk.offset, bytes: chunk.data)) {
+                logger.debug("dropped an out-of-order snapshot chunk", metadata: ["offset": "\(chunk.offset)"])
+            }
+        }
+        var installed: StateMachine?
+        if let meta = rd.snapshot {
+            _ = try snapshots.installIncoming(lastIndex: meta.index)
+            if log.term(at: meta.index) == meta.term {
+                try log.compact(through: meta.index)
+            } else {
+                try log.reset(after: meta.index)
+            }
+            var image: [UInt8] = []
+            try snapshots.readChunks(lastIndex: meta.index) { image.append(contentsOf: $0) }
+            installed = try StateMachine(image: image)
+            logger.info("installed a snapshot from the leader", metadata: ["index": "\(meta.index)", "term": "\(meta.term)"])
+        }
+        try persistEntries(rd.entries)
+        if let hs = rd.hardState {
+            // Term, vote and mayVote must be durable before any message that depends on them
+            // (R3). The commit index need not be: a node restarting with an older commit learns
+            // the rest from the leader, so commit-only changes are saved with the next other
+            // change (saving them would cost three fsyncs per batch).
+            if hs.term != savedHardState.term || hs.vote != savedHardState.vote || hs.mayVote != savedHardState.mayVote {
+                try saveHardState(hs)
+            }
+        }
+        return installed
+    }
+
+    private func persistEntries(_ entries: [BanyanRaft.LogEntry]) throws {
+        guard let first = entries.first else { return }
+        if first.index <= log.lastIndex {
+            try log.truncate(after: first.index - 1)
+        } else if first.index > log.lastIndex + 1 {
+            // Only after a snapshot the log does not reach (reset did that already otherwise).
+            try log.reset(after: first.index - 1)
+        }
+        try log.append(entries.map(Self.storedEntry))
+        try log.sync()
+    }
+
+    private func saveHardState(_ hs: BanyanRaft.HardState) throws {
+        try hardStates.save(BanyanOpLog.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
+        savedHardState = hs
+    }
+
+    /// Saves the commit index too (at shutdown and after snapshots).
+    func saveCommit(_ hs: BanyanRaft.HardState) throws {
+        if hs != savedHardState { try saveHardState(hs) }
+    }
+
+    /// After a snapshot at `index` is durable: drop log segments it covers.
+    func compact(through index: UInt64) throws {
+        try log.compact(through: index)
+    }
+
+    var logFirstIndex: UInt64 { log.firstIndex }
+    var logLastIndex: UInt64 { log.lastIndex }
+
+    // MARK: - Entry and membership encoding
+
+    static func storedEntry(_ e: BanyanRaft.LogEntry) -> BanyanOpLog.LogEntry {
+        switch e.kind {
+        case .command: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 1, payload: e.data)
+        case .noop: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 2, payload: [])
+        case .config(let m): return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 3, payload: encodeMembership(m))
+        }
+    }
+
+    static func raftEntry(_ e: BanyanOpLog.LogEntry) throws -> BanyanRaft.LogEntry {
+        switch e.kind {
+        case 1: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .command, data: e.payload)
+        case 2: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .noop)
+        case 3: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .config(try decodeMembership(e.payload)))
+        default: throw OpLogError(.corrupt, "log record \(e.index) has unknown kind \(e.kind)")
+        }
+    }
+
+    static func encodeMembership(_ m: Membership) -> [UInt8] {
+        var out: [UInt8] = []
+        func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
+        u64(UInt64(m.voters.count))
+        m.voters.forEach(u64)
+        u64(UInt64(m.learners.count))
+        m.learners.forEach(u64)
+        return out
+    }
+
+    static func decodeMembership(_ bytes: [UInt8]) throws -> Membership {
+        var at = 0
+        func u64() throws -> UInt64 {
+            guard at + 8 <= bytes.count else { throw OpLogError(.corrupt, "membership record is truncated") }
+            var v: UInt64 = 0
+            for i in 0..<8 { v |= UInt64(bytes[at + i]) << UInt64(8 * i) }
+            at += 8
+            return v
+        }
+        func list() throws -> [UInt64] {
+            let n = try u64()
+            guard n <= UInt64(bytes.count / 8) else { throw OpLogError(.corrupt, "membership record has a bad count") }
+            return try (0..<n).map { _ in try u64() }
+        }
+        if bytes.isEmpty { return .empty }
+        let voters = try list()
+        let learners = try list()
+        return Membership(voters: voters, learners: learners)
+    }
+}
+
+/// Writes a snapshot of a state machine copy off the replica thread, with its own file-system
+/// instance (the files it touches are disjoint from the loop's until the atomic rename).
+struct SnapshotWriter: Sendable {
+    let directory: String
+
+    func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
+        let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem())
+        let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
+        try store.write(metadata, progress: progress) { emit in try machine.writeImage(emit: emit) }
+    }
+}

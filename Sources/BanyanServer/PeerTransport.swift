@@ -1,0 +1,407 @@
+import BanyanRaft
+import Logging
+import Metrics
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Synchronization
+
+/// The peer transport (docs/server.md, "Peer transport"): mutual TLS over TCP, length-prefixed
+/// frames, a hello that names the cluster, both node ids and the protocol version, then Raft
+/// messages. Each node dials one outbound connection per peer for what it sends; inbound
+/// connections only receive. A connection that fails is redialled with exponential back-off;
+/// while a peer is unreachable, or its connection has too many bytes queued, messages to it are
+/// dropped (Raft retries: that is the backpressure).
+final class PeerTransport: PeerSender, @unchecked Sendable {
+    static let protocolVersion: UInt16 = 1
+    /// Bytes queued on one connection beyond which new messages are dropped.
+    static let maxQueuedBytes = 64 << 20
+
+    let nodeID: UInt64
+    let clusterID: String
+    let advertised: HostPort
+    private let group: any EventLoopGroup
+    private let serverContext: NIOSSLContext
+    private let clientContext: NIOSSLContext
+    private let logger: Logger
+    private let deliver: @Sendable (UInt64, HostPort?, [Message]) -> Void
+    private let state = Mutex<State>(State())
+    private var serverChannel: (any Channel)?
+
+    private struct State: ~Copyable {
+        var addresses: [UInt64: HostPort] = [:]
+        var connections: [UInt64: PeerConnection] = [:]
+        var stopped = false
+    }
+
+    let sentBytes = Counter(label: "banyan_peer_sent_bytes_total")
+    let droppedMessages = Counter(label: "banyan_peer_dropped_messages_total")
+    let refusedConnections = Counter(label: "banyan_peer_refused_connections_total")
+
+    init(
+        nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, serverTLS: TLSConfiguration,
+        clientTLS: TLSConfiguration, logger: Logger, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+    ) throws {
+        self.nodeID = nodeID
+        self.clusterID = clusterID
+        self.advertised = advertised
+        self.group = group
+        self.serverContext = try NIOSSLContext(configuration: serverTLS)
+        self.clientContext = try NIOSSLContext(configuration: clientTLS)
+        self.logger = logger
+        self.deliver = deliver
+    }
+
+    // MARK: - Inbound
+
+    func listen(on address: HostPort) throws -> SocketAddress? {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let tls = NIOSSLServerHandler(context: self.serverContext)
+                    try channel.pipeline.syncOperations.addHandler(tls)
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(InboundPeerHandler(transport: self))
+                }
+            }
+        let channel = try bootstrap.bind(host: address.host, port: address.port).wait()
+        serverChannel = channel
+        return channel.localAddress
+    }
+
+    fileprivate func hello(_ hello: PeerHello, from remote: SocketAddress?) -> PeerHelloReply {
+        func refuse(_ reason: String) -> PeerHelloReply {
+            refusedConnections.increment()
+            logger.warning("refused a peer connection", metadata: ["reason": "\(reason)", "remote": "\(remote.map { "\($0)" } ?? "?")"])
+            return PeerHelloReply(accepted: false, reason: reason, protocolVersion: Self.protocolVersion)
+        }
+        guard hello.protocolVersion == Self.protocolVersion else {
+            return refuse("protocol version \(hello.protocolVersion) is not \(Self.protocolVersion)")
+        }
+        guard hello.clusterID == clusterID else { return refuse("cluster id '\(hello.clusterID)' is not '\(clusterID)'") }
+        guard hello.to == nodeID else { return refuse("this is node \(nodeID), not node \(hello.to)") }
+        guard hello.from != 0, hello.from != nodeID else { return refuse("bad sender id \(hello.from)") }
+        return PeerHelloReply(accepted: true, reason: "", protocolVersion: Self.protocolVersion)
+    }
+
+    fileprivate func received(from peer: UInt64, advertised: HostPort?, _ messages: [Message]) {
+        deliver(peer, advertised, messages)
+    }
+
+    fileprivate func log(_ level: Logger.Level, _ message: String, _ metadata: Logger.Metadata) {
+        logger.log(level: level, "\(message)", metadata: metadata)
+    }
+
+    // MARK: - Outbound
+
+    func updateAddresses(_ addresses: [UInt64: HostPort]) {
+        let stale: [PeerConnection] = state.withLock { s in
+            s.addresses = addresses
+            var changed: [PeerConnection] = []
+            for (id, connection) in s.connections where addresses[id] != connection.address {
+                changed.append(connection)
+                s.connections[id] = nil
+            }
+            return changed
+        }
+        for c in stale { c.close() }
+    }
+
+    func send(_ messages: [Message]) {
+        var byPeer: [UInt64: [Message]] = [:]
+        for m in messages where m.to != nodeID { byPeer[m.to, default: []].append(m) }
+        for (peer, batch) in byPeer {
+            let connection: PeerConnection? = state.withLock { s in
+                guard !s.stopped else { return nil }
+                if let c = s.connections[peer] { return c }
+                guard let address = s.addresses[peer] else { return nil }
+                let c = PeerConnection(transport: self, peer: peer, address: address, eventLoop: group.next())
+                s.connections[peer] = c
+                return c
+            }
+            guard let connection else {
+                droppedMessages.increment(by: batch.count)
+                continue
+            }
+            connection.send(batch)
+        }
+    }
+
+    fileprivate func dial(_ connection: PeerConnection) -> EventLoopFuture<any Channel> {
+        let host = connection.address.host
+        let isIP = (try? SocketAddress(ipAddress: host, port: 0)) != nil
+        return ClientBootstrap(group: connection.eventLoop)
+            .connectTimeout(.seconds(2))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.writeBufferWaterMark, value: .init(low: PeerTransport.maxQueuedBytes / 2, high: PeerTransport.maxQueuedBytes))
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let tls = try NIOSSLClientHandler(context: self.clientContext, serverHostname: isIP ? nil : host)
+                    try channel.pipeline.syncOperations.addHandler(tls)
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(OutboundPeerHandler(connection: connection))
+                }
+            }
+            .connect(host: host, port: connection.address.port)
+    }
+
+    func shutdown() {
+        let all: [PeerConnection] = state.withLock { s in
+            s.stopped = true
+            defer { s.connections = [:] }
+            return Array(s.connections.values)
+        }
+        for c in all { c.close() }
+        try? serverChannel?.close().wait()
+    }
+}
+
+/// One outbound connection to a peer, confined to `eventLoop`.
+final class PeerConnection: @unchecked Sendable {
+    let peer: UInt64
+    let address: HostPort
+    let eventLoop: any EventLoop
+    private weak var transport: PeerTransport?
+    private var channel: (any Channel)?
+    private var ready = false
+    private var connecting = false
+    private var closed = false
+    private var backoffMs: Int64 = 50
+    private var pending: [Message] = []
+    private var pendingBytes = 0
+    private var failures = 0
+
+    init(transport: PeerTransport, peer: UInt64, address: HostPort, eventLoop: any EventLoop) {
+        self.transport = transport
+        self.peer = peer
+        self.address = address
+        self.eventLoop = eventLoop
+    }
+
+    func send(_ messages: [Message]) {
+        eventLoop.execute { self.enqueue(messages) }
+    }
+
+    private func enqueue(_ messages: [Message]) {
+        guard !closed, let transport else { return }
+        if ready, let channel {
+            // Writability turns off past the write-buffer high-water mark (`maxQueuedBytes`).
+            guard channel.isWritable else {
+                transport.droppedMessages.increment(by: messages.count)
+                return
+            }
+            write(messages, to: channel)
+            return
+        }
+        // Not connected: keep a bounded backlog for when the handshake completes.
+        for m in messages {
+            if pendingBytes + m.size > PeerTransport.maxQueuedBytes / 8 {
+                transport.droppedMessages.increment()
+                continue
+            }
+            pending.append(m)
+            pendingBytes += m.size
+        }
+        connectIfNeeded()
+    }
+
+    private func write(_ messages: [Message], to channel: any Channel) {
+        var buffer = channel.allocator.buffer(capacity: messages.reduce(0) { $0 + $1.size + 8 })
+        for m in messages {
+            let body = MessageCodec.encode(m)
+            buffer.writeInteger(UInt32(body.count), endianness: .little)
+            buffer.writeBytes(body)
+        }
+        transport?.sentBytes.increment(by: buffer.readableBytes)
+        channel.writeAndFlush(buffer, promise: nil)
+    }
+
+    private func connectIfNeeded() {
+        guard !connecting, channel == nil, !closed, let transport else { return }
+        connecting = true
+        transport.dial(self).whenComplete { result in
+            self.connecting = false
+            switch result {
+            case .success(let channel):
+                if self.closed {
+                    channel.close(promise: nil)
+                    return
+                }
+                self.channel = channel
+                let hello = PeerHello(clusterID: transport.clusterID, from: transport.nodeID, to: self.peer, protocolVersion: PeerTransport.protocolVersion, address: transport.advertised.description)
+                var buffer = channel.allocator.buffer(capacity: 64)
+                let body = hello.encode()
+                buffer.writeInteger(UInt32(body.count), endianness: .little)
+                buffer.writeBytes(body)
+                channel.writeAndFlush(buffer, promise: nil)
+                channel.closeFuture.whenComplete { _ in self.eventLoop.execute { self.lost(channel) } }
+            case .failure(let error):
+                self.failed("connect failed: \(error)")
+            }
+        }
+    }
+
+    /// The peer accepted our hello: flush the backlog.
+    func accepted(on channel: any Channel) {
+        ready = true
+        failures = 0
+        backoffMs = 50
+        transport?.log(.info, "connected to peer", ["peer": "\(peer)", "address": "\(address)"])
+        let backlog = pending
+        pending = []
+        pendingBytes = 0
+        if !backlog.isEmpty { write(backlog, to: channel) }
+    }
+
+    func refused(_ reason: String) {
+        transport?.log(.error, "peer refused our connection", ["peer": "\(peer)", "reason": "\(reason)"])
+        channel?.close(promise: nil)
+    }
+
+    private func lost(_ channel: any Channel) {
+        guard self.channel === channel else { return }
+        self.channel = nil
+        ready = false
+        failed("connection closed")
+    }
+
+    private func failed(_ why: String) {
+        guard !closed else { return }
+        failures += 1
+        // Log the first failure and then every 20th, so an absent peer does not flood the log.
+        if failures == 1 || failures % 20 == 0 {
+            transport?.log(.warning, "peer unreachable; retrying", ["peer": "\(peer)", "address": "\(address)", "reason": "\(why)", "attempts": "\(failures)"])
+        }
+        let delay = backoffMs + Int64.random(in: 0...(backoffMs / 2))
+        backoffMs = min(backoffMs * 2, 2_000)
+        eventLoop.scheduleTask(in: .milliseconds(delay)) {
+            if !self.pending.isEmpty { self.connectIfNeeded() }
+        }
+    }
+
+    func close() {
+        eventLoop.execute {
+            self.closed = true
+            self.channel?.close(promise: nil)
+            self.channel = nil
+            self.pending = []
+        }
+    }
+}
+
+/// Splits the byte stream into length-prefixed frames (u32 little-endian length, then the body).
+struct FrameDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+    static let maxFrameBytes = 64 << 20
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, endianness: .little, as: UInt32.self) else { return .needMoreData }
+        guard Int(length) <= Self.maxFrameBytes else { throw PeerProtocolError("frame of \(length) bytes exceeds the limit") }
+        guard buffer.readableBytes >= 4 + Int(length) else { return .needMoreData }
+        buffer.moveReaderIndex(forwardBy: 4)
+        guard let frame = buffer.readSlice(length: Int(length)) else { return .needMoreData }
+        context.fireChannelRead(wrapInboundOut(frame))
+        return .continue
+    }
+}
+
+struct PeerProtocolError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The accepting side: hello first, then Raft messages delivered in batches per read burst.
+final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private weak var transport: PeerTransport?
+    private var peer: UInt64?
+    private var advertised: HostPort?
+    private var batch: [Message] = []
+    private var badFrames = 0
+
+    init(transport: PeerTransport) { self.transport = transport }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var frame = unwrapInboundIn(data)
+        let bytes = frame.readBytes(length: frame.readableBytes) ?? []
+        guard let transport else { return }
+        guard let peer else {
+            let reply: PeerHelloReply
+            do {
+                let hello = try PeerHello.decode(bytes)
+                reply = transport.hello(hello, from: context.remoteAddress)
+                if reply.accepted {
+                    self.peer = hello.from
+                    self.advertised = try? HostPort(parsing: hello.address)
+                }
+            } catch {
+                reply = transport.hello(PeerHello(clusterID: "", from: 0, to: 0, protocolVersion: 0, address: ""), from: context.remoteAddress)
+            }
+            var out = context.channel.allocator.buffer(capacity: 32)
+            let body = reply.encode()
+            out.writeInteger(UInt32(body.count), endianness: .little)
+            out.writeBytes(body)
+            let write = context.writeAndFlush(wrapOutboundOut(out))
+            if !reply.accepted { write.whenComplete { _ in context.close(promise: nil) } }
+            return
+        }
+        do {
+            let m = try MessageCodec.decode(bytes)
+            // A peer speaks only for itself, and only to us.
+            guard m.from == peer, m.to == transport.nodeID else {
+                throw PeerProtocolError("message from \(m.from) to \(m.to) on node \(peer)'s connection")
+            }
+            batch.append(m)
+        } catch {
+            badFrames += 1
+            transport.log(.warning, "dropped a malformed peer frame", ["peer": "\(peer)", "error": "\(error)"])
+            if badFrames > 100 { context.close(promise: nil) }
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if let peer, !batch.isEmpty {
+            transport?.received(from: peer, advertised: advertised, batch)
+            advertised = nil
+            batch = []
+        }
+        context.fireChannelReadComplete()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // TLS failures (a certificate not signed by the cluster CA, none at all) land here.
+        transport?.refusedConnections.increment()
+        transport?.log(.warning, "peer connection failed", ["remote": "\(context.remoteAddress.map { "\($0)" } ?? "?")", "error": "\(error)"])
+        context.close(promise: nil)
+    }
+}
+
+/// The dialling side: waits for the hello reply; afterwards nothing is expected inbound.
+final class OutboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    private let connection: PeerConnection
+
+    init(connection: PeerConnection) { self.connection = connection }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var frame = unwrapInboundIn(data)
+        let bytes = frame.readBytes(length: frame.readableBytes) ?? []
+        guard let reply = try? PeerHelloReply.decode(bytes) else {
+            connection.refused("unreadable hello reply")
+            return
+        }
+        if reply.accepted { connection.accepted(on: context.channel) } else { connection.refused(reply.reason) }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        context.fireChannelWritabilityChanged()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+}

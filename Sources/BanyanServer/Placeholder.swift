@@ -1,9 +1,0 @@
-import NIOCore
-import NIOPosix
-import NIOHTTP1
-import NIOSSL
-import X509
-import Crypto
-import Metrics
-import Prometheus
-import Yams
