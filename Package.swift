@@ -83,6 +83,8 @@ let package = Package(
             name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: coreSettings
         ),
 
+        // The Firebase REST API and its event streams: request parsing, response rendering, SSE
+        // events (docs/rest.md). Pure: the server's HTTP layer feeds it.
         .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine"], swiftSettings: coreSettings),
 
         // MARK: - Test support (pure)
@@ -201,6 +203,19 @@ let package = Package(
         .testTarget(
             name: "BanyanReplicaTests",
             dependencies: ["BanyanReplica", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanCheckers"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BanyanRESTTests", dependencies: ["BanyanREST", "BanyanTree", "BanyanQuery", "BanyanStateMachine"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BanyanServerTests",
+            dependencies: [
+                "BanyanServer", "BanyanRaft", .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),

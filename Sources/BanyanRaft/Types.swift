@@ -263,6 +263,9 @@ public struct Ready: Sendable {
     public var role: RaftRole?
     public var leader: NodeID?
 
+    /// An empty batch (drivers' tests build their own).
+    public init() {}
+
     public var isEmpty: Bool {
         hardState == nil && entries.isEmpty && snapshot == nil && snapshotChunks.isEmpty && messages.isEmpty
             && committedEntries.isEmpty && readStates.isEmpty && snapshotReads.isEmpty && role == nil

@@ -17,6 +17,7 @@ import Testing
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree"]),
+        "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree"]),
         "BanyanServer": (
             false,

@@ -1,0 +1,244 @@
+import BanyanQuery
+import BanyanREST
+import BanyanStateMachine
+import BanyanTree
+import Testing
+
+func head(_ method: String, _ uri: String, _ headers: [(String, String)] = []) -> HTTPHead {
+    HTTPHead(method: method, uri: uri, headers: headers.map { (name: $0.0, value: $0.1) })
+}
+
+func parse(_ method: String, _ uri: String, body: String = "", headers: [(String, String)] = []) -> Result<RESTRequest, RESTError> {
+    RESTRequest.parse(head(method, uri, headers), body: Array(body.utf8), defaultNamespace: "default")
+}
+
+func request(_ method: String, _ uri: String, body: String = "", headers: [(String, String)] = []) throws -> RESTRequest {
+    try parse(method, uri, body: body, headers: headers).get()
+}
+
+func tree(_ json: String) throws -> Node { try Node(json: json) }
+
+/// Applies a request's command to a state machine, as a node does.
+func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String = "-PUSHID0000000000001", seq: UInt64 = 1) throws -> StateMachine.Applied {
+    let command = try r.command(pushID: pushID).get()
+    let payload = CommandEnvelope(namespace: r.namespace, session: 1, seq: seq, timestamp: 1_700_000_000_000, command: command).encoded()
+    let applied = machine.apply(payload, index: machine.appliedIndex + 1)
+    return try #require(applied)
+}
+
+@Suite struct RESTParsingTests {
+    @Test("paths: .json suffix, percent-decoding, trailing slash, priority location, validation")
+    func paths() throws {
+        #expect(try request("GET", "/users/ada.json").path == Path(parsing: "/users/ada"))
+        #expect(try request("GET", "/.json").path == .root)
+        #expect(try request("GET", "/users/jack/name/.json").path == Path(parsing: "/users/jack/name"))
+        #expect(try request("GET", "/a%20b/%E2%9C%93.json").path == Path(parsing: "/a b/✓"))
+        let p = try request("PUT", "/a/.priority.json", body: "5")
+        let a = try Path(parsing: "/a")
+        #expect(p.isPriority && p.path == a)
+        #expect(parse("GET", "/users").failureStatus == 404)
+        #expect(parse("GET", "/a%ZZ.json").failureStatus == 400)
+        #expect(parse("GET", "/a%24b.json").failureStatus == 400)  // '$' is not allowed in keys
+        #expect(parse("GET", "/" + Array(repeating: "k", count: 33).joined(separator: "/") + ".json").failureStatus == 400)
+    }
+
+    @Test("namespace from ns, else the Host's first label, else the default; invalid names refused")
+    func namespaces() throws {
+        #expect(try request("GET", "/x.json?ns=shop").namespace == "shop")
+        #expect(try request("GET", "/x.json", headers: [("Host", "chat-prod.firebaseio.com")]).namespace == "chat-prod")
+        #expect(try request("GET", "/x.json", headers: [("Host", "127.0.0.1:9000")]).namespace == "default")
+        #expect(try request("GET", "/x.json", headers: [("Host", "[::1]:9000")]).namespace == "default")
+        #expect(try request("GET", "/x.json").namespace == "default")
+        #expect(parse("GET", "/x.json?ns=a.b").failureStatus == 400)
+        #expect(parse("GET", "/x.json?ns=").failureStatus == 400)
+    }
+
+    @Test("the exact requests firebase-admin (Python) sends parse as intended")
+    func firebaseAdminRequests() throws {
+        let set = try request("PUT", "/users/a.json?print=silent&ns=foo", body: #"{"x":1}"#, headers: [("Authorization", "Bearer owner")])
+        #expect(set.operation == .put && set.print == .silent && set.namespace == "foo" && set.authorization == .owner)
+        let q = try request("GET", "/x.json?endAt=10&limitToFirst=2&orderBy=%22c%22&startAt=1&ns=foo")
+        var expected = Query()
+        expected = try expected.orderByChild("c").startAt(Node(.int(1))).endAt(Node(.int(10))).limitToFirst(2)
+        #expect(q.query == expected.params)
+        let key = try request("GET", "/x.json?orderBy=%22%24key%22&limitToLast=3&ns=foo")
+        #expect(key.query == (try Query().orderByKey().limitToLast(3)).params)
+        let etag = try request("GET", "/x.json?ns=foo", headers: [("X-Firebase-ETag", "true")])
+        #expect(etag.wantsETag)
+        let cond = try request("PUT", "/x.json?ns=foo", body: "1", headers: [("if-match", "abc=")])
+        #expect(cond.ifMatch == "abc=")
+        let stream = try request("GET", "/x.json?ns=foo", headers: [("Accept", "text/event-stream"), ("Cache-Control", "no-cache")])
+        #expect(stream.operation == .stream)
+        let push = try request("POST", "/list.json?ns=foo", body: #""""#)
+        #expect(push.operation == .post)
+        let patch = try request("PATCH", "/u.json?print=silent&ns=foo", body: #"{"a/b":1,"c":null}"#)
+        #expect(patch.operation == .patch)
+    }
+
+    @Test("query parameters: every ordering and bound, key tie-breakers, shallow paging, and their errors")
+    func queries() throws {
+        #expect(try request("GET", "/x.json?orderBy=%22%24value%22&equalTo=%22a%22").query == (try Query().orderByValue().equalTo(Node(.string("a")))).params)
+        #expect(try request("GET", "/x.json?orderBy=%22%24priority%22&startAt=5,%22k%22").query == (try Query().orderByPriority().startAt(Node(.int(5)), key: "k")).params)
+        #expect(try request("GET", "/x.json?orderBy=%22a/b%22&startAfter=1&endBefore=9").query == (try Query().orderByChild("a/b").startAfter(Node(.int(1))).endBefore(Node(.int(9)))).params)
+        let shallowPage = try request("GET", "/x.json?shallow=true&limitToFirst=2&startAfter=%22b%22")
+        #expect(shallowPage.query == (try Query().orderByKey().startAfter(Node(.string("b"))).limitToFirst(2)).params)
+        let bad: [String] = [
+            "/x.json?limitToFirst=2",  // orderBy missing
+            "/x.json?orderBy=%22a%22&limitToFirst=-1", "/x.json?orderBy=%22a%22&limitToFirst=x",
+            "/x.json?orderBy=%22a%22&limitToFirst=99999999999999999999",
+            "/x.json?orderBy=%22a%22&limitToFirst=1&limitToLast=1", "/x.json?orderBy=a", "/x.json?orderBy=%22%24key%22&startAt=5",
+            "/x.json?orderBy=%22a%22&startAt=%7B%7D", "/x.json?orderBy=%22a%22&startAt=1&equalTo=2",
+            "/x.json?shallow=maybe", "/x.json?print=loud", "/x.json?format=csv", "/x.json?timeout=16min", "/x.json?timeout=10",
+            "/x.json?writeSizeLimit=huge", "/x.json?consistency=eventual", "/x.json?callback=alert(1)",
+        ]
+        for uri in bad { #expect(parse("GET", uri).failureStatus == 400, "\(uri)") }
+        #expect(try request("GET", "/x.json?timeout=3s").timeoutMilliseconds == 3000)
+        #expect(try request("GET", "/x.json?timeout=15min").timeoutMilliseconds == 900_000)
+    }
+
+    @Test("bad writes get 400 with Firebase's messages and never reach the log")
+    func badWrites() throws {
+        #expect(parse("PUT", "/x.json", body: "").failure?.message == "Invalid data; couldn't parse JSON object, array, or value.")
+        let bodies = ["{", "{\"a\":}", "NaN", "[1,", "{\"a\":1,\"a\":2}", "{\"a.b\":1}", "{\"$x\":1}", "\u{7F}", "1 2"]
+        for b in bodies { #expect(parse("PUT", "/x.json", body: b).failureStatus == 400, "\(b)") }
+        var deep = ""
+        for _ in 0..<40 { deep += "{\"a\":" }
+        deep += "1" + String(repeating: "}", count: 40)
+        #expect(parse("PUT", "/x.json", body: deep).failureStatus == 400)
+        #expect(parse("PATCH", "/x.json", body: "[1]").failureStatus == 400)
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1,"a/b":2}"#).failureStatus == 400)  // overlapping paths
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1}"#, headers: [("if-match", "x")]).failureStatus == 400)
+        #expect(parse("POST", "/x.json", body: "1", headers: [("if-match", "x")]).failureStatus == 400)
+        #expect(parse("PUT", "/x.json?writeSizeLimit=tiny", body: "\"" + String(repeating: "a", count: 70_000) + "\"").failureStatus == 400)
+        #expect(parse("TRACE", "/x.json").failureStatus == 405)
+        #expect(parse("POST", "/x.json", body: "1", headers: [("X-HTTP-Method-Override", "GET")]).failureStatus == 400)
+        #expect(try request("POST", "/x.json", body: "null", headers: [("X-HTTP-Method-Override", "DELETE")]).operation == .delete)
+    }
+}
+
+@Suite struct RESTRenderingTests {
+    let data = #"{"users":{"ada":{"name":"Ada","age":36},"bob":{"name":"Bob","age":20,".priority":1}},"n":{".value":5,".priority":"p"}}"#
+
+    @Test("GET renders plain, pretty, export, shallow and query results")
+    func reads() throws {
+        let t = try tree(data)
+        #expect(RESTRender.read(try request("GET", "/users/ada/name.json"), tree: t).text == #""Ada""#)
+        #expect(RESTRender.read(try request("GET", "/nobody.json"), tree: t).text == "null")
+        #expect(RESTRender.read(try request("GET", "/n.json?format=export"), tree: t).text == #"{".value":5,".priority":"p"}"#)
+        #expect(RESTRender.read(try request("GET", "/users.json?shallow=true"), tree: t).text == #"{"ada":true,"bob":true}"#)
+        #expect(RESTRender.read(try request("GET", "/users/ada/age.json?shallow=true"), tree: t).text == "36")
+        #expect(RESTRender.read(try request("GET", "/users.json?orderBy=%22age%22&limitToFirst=1"), tree: t).text == #"{"bob":{"age":20,"name":"Bob"}}"#)
+        let pretty = RESTRender.read(try request("GET", "/users/ada.json?print=pretty"), tree: t).text
+        #expect(pretty.contains("\n") && pretty.contains("\"name\""))
+        let jsonp = RESTRender.read(try request("GET", "/users/ada/age.json?callback=cb"), tree: t)
+        #expect(jsonp.text == "cb(36);")
+        #expect(jsonp.header("Content-Type")?.hasPrefix("application/javascript") == true)
+        #expect(RESTRender.read(try request("GET", "/users.json?download=u.json"), tree: t).header("Content-Disposition") == "attachment; filename=\"u.json\"")
+        #expect(RESTRender.read(try request("GET", "/n/.priority.json"), tree: t).text == #""p""#)
+    }
+
+    @Test("ETags: the node hash or null_etag; if-none-match gives 304 with no body")
+    func etags() throws {
+        let t = try tree(data)
+        let ada = t.child(at: try Path(parsing: "/users/ada"))
+        let r = RESTRender.read(try request("GET", "/users/ada.json", headers: [("X-Firebase-ETag", "true")]), tree: t)
+        #expect(r.header("ETag") == ada.hashString)
+        #expect(RESTRender.read(try request("GET", "/none.json", headers: [("X-Firebase-ETag", "true")]), tree: t).header("ETag") == "null_etag")
+        let notModified = RESTRender.read(try request("GET", "/users/ada.json", headers: [("if-none-match", "\"\(ada.hashString)\"")]), tree: t)
+        #expect(notModified.status == 304 && notModified.body.isEmpty)
+        #expect(RESTRender.read(try request("GET", "/users/ada.json", headers: [("if-none-match", "other")]), tree: t).status == 200)
+    }
+
+    @Test("writes: PUT echoes the resolved value, POST names the push id, PATCH echoes, DELETE null, silent 204")
+    func writes() throws {
+        var m = StateMachine()
+        let put = try request("PUT", "/a.json?ns=n", body: #"{"t":{".sv":"timestamp"},"x":1}"#)
+        #expect(RESTRender.write(put, applied: try applyWrite(put, to: &m, seq: 1), pushID: nil).text == #"{"t":1700000000000,"x":1}"#)
+        let post = try request("POST", "/list.json?ns=n", body: #""v""#)
+        let posted = RESTRender.write(post, applied: try applyWrite(post, to: &m, pushID: "-Nabcdefghijklmnopqr", seq: 2), pushID: "-Nabcdefghijklmnopqr")
+        #expect(posted.text == #"{"name":"-Nabcdefghijklmnopqr"}"#)
+        #expect(JSONWriter.string(m.tree("n").child(at: try Path(parsing: "/list/-Nabcdefghijklmnopqr"))) == #""v""#)
+        let patch = try request("PATCH", "/a.json?ns=n", body: #"{"x":2,"y/z":3}"#)
+        #expect(RESTRender.write(patch, applied: try applyWrite(patch, to: &m, seq: 3), pushID: nil).text == #"{"x":2,"y/z":3}"#)
+        #expect(JSONWriter.string(m.tree("n").child(at: try Path(parsing: "/a"))) == #"{"t":1700000000000,"x":2,"y":{"z":3}}"#)
+        let silent = try request("PUT", "/b.json?ns=n&print=silent", body: "1")
+        let s = RESTRender.write(silent, applied: try applyWrite(silent, to: &m, seq: 4), pushID: nil)
+        #expect(s.status == 204 && s.body.isEmpty)
+        let del = try request("DELETE", "/b.json?ns=n")
+        #expect(RESTRender.write(del, applied: try applyWrite(del, to: &m, seq: 5), pushID: nil).text == "null")
+        #expect(m.tree("n").child(at: try Path(parsing: "/b")).isEmpty)
+    }
+
+    @Test("conditional writes: if-match applies when the ETag matches, else 412 with the current value and ETag")
+    func conditional() throws {
+        var m = StateMachine()
+        let first = try request("PUT", "/c.json?ns=n", body: "1", headers: [("if-match", "null_etag")])
+        let ok = RESTRender.write(first, applied: try applyWrite(first, to: &m, seq: 1), pushID: nil)
+        #expect(ok.status == 200 && ok.header("ETag") == Node(.int(1)).hashString)
+        let stale = try request("PUT", "/c.json?ns=n", body: "2", headers: [("if-match", "null_etag")])
+        let refused = RESTRender.write(stale, applied: try applyWrite(stale, to: &m, seq: 2), pushID: nil)
+        #expect(refused.status == 412 && refused.text == "1" && refused.header("ETag") == Node(.int(1)).hashString)
+        let good = try request("PUT", "/c.json?ns=n", body: "3", headers: [("if-match", Node(.int(1)).hashString)])
+        #expect(RESTRender.write(good, applied: try applyWrite(good, to: &m, seq: 3), pushID: nil).status == 200)
+        let delete = try request("DELETE", "/c.json?ns=n", headers: [("if-match", Node(.int(1)).hashString)])
+        #expect(RESTRender.write(delete, applied: try applyWrite(delete, to: &m, seq: 4), pushID: nil).status == 412)
+    }
+
+    @Test("errors are Firebase-shaped JSON with a CORS header; OPTIONS answers the preflight")
+    func errors() throws {
+        let e = RESTRender.error(RESTError(400, "orderBy must be defined when other query parameters are defined"))
+        #expect(e.text == "{\n  \"error\" : \"orderBy must be defined when other query parameters are defined\"\n}")
+        #expect(e.header("Access-Control-Allow-Origin") == "*")
+        let o = RESTRender.options(try request("OPTIONS", "/x.json"))
+        #expect(o.status == 200 && o.header("Access-Control-Allow-Methods")?.contains("PATCH") == true)
+    }
+}
+
+@Suite struct SSEStreamTests {
+    func apply(_ m: inout StateMachine, _ seq: UInt64, _ command: Command) throws -> StateMachine.Applied {
+        let payload = CommandEnvelope(namespace: "n", session: 1, seq: seq, timestamp: 5, command: command).encoded()
+        let applied = m.apply(payload, index: seq)
+        return try #require(applied)
+    }
+
+    @Test("first event is a put of the whole value; sets below, above and elsewhere; updates become patches")
+    func events() throws {
+        var m = StateMachine()
+        _ = try apply(&m, 1, .set(path: "/rooms", json: Array(#"{"r1":{"title":"Hi"}}"#.utf8)))
+        var s = SSEStream(request: try request("GET", "/rooms.json?ns=n", headers: [("Accept", "text/event-stream")]))
+        #expect(String(decoding: s.start(tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r1\":{\"title\":\"Hi\"}}}\n\n")
+        let below = try apply(&m, 2, .set(path: "/rooms/r1/title", json: Array(#""Hello""#.utf8)))
+        #expect(String(decoding: s.applied(below, tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/r1/title\",\"data\":\"Hello\"}\n\n")
+        let update = try apply(&m, 3, .update(path: "/rooms/r1", entries: [.init(path: "n", json: Array("4".utf8)), .init(path: "title", json: Array("null".utf8))]))
+        #expect(String(decoding: s.applied(update, tree: m.tree("n")), as: UTF8.self) == "event: patch\ndata: {\"path\":\"/r1\",\"data\":{\"n\":4,\"title\":null}}\n\n")
+        let elsewhere = try apply(&m, 4, .set(path: "/other", json: Array("1".utf8)))
+        #expect(s.applied(elsewhere, tree: m.tree("n")).isEmpty)
+        let above = try apply(&m, 5, .set(path: "/", json: Array(#"{"rooms":{"r2":1}}"#.utf8)))
+        #expect(String(decoding: s.applied(above, tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r2\":1}}\n\n")
+        // Another namespace's writes are not this stream's.
+        let payload = CommandEnvelope(namespace: "other", session: 1, seq: 6, timestamp: 5, command: .set(path: "/rooms/x", json: Array("1".utf8))).encoded()
+        let foreignApplied = m.apply(payload, index: 6)
+        let foreign = try #require(foreignApplied)
+        #expect(s.applied(foreign, tree: m.tree("other")).isEmpty)
+        #expect(String(decoding: SSEStream.keepAlive(), as: UTF8.self) == "event: keep-alive\ndata: null\n\n")
+    }
+
+    @Test("a query stream sends the window, then puts for children that enter, change or leave")
+    func queryStream() throws {
+        var m = StateMachine()
+        _ = try apply(&m, 1, .set(path: "/s", json: Array(#"{"a":1,"b":2,"c":3}"#.utf8)))
+        var s = SSEStream(request: try request("GET", "/s.json?ns=n&orderBy=%22%24value%22&limitToLast=2", headers: [("Accept", "text/event-stream")]))
+        #expect(String(decoding: s.start(tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"b\":2,\"c\":3}}\n\n")
+        let enter = try apply(&m, 2, .set(path: "/s/a", json: Array("9".utf8)))
+        let text = String(decoding: s.applied(enter, tree: m.tree("n")), as: UTF8.self)
+        #expect(text == "event: put\ndata: {\"path\":\"/a\",\"data\":9}\n\nevent: put\ndata: {\"path\":\"/b\",\"data\":null}\n\n")
+    }
+}
+
+extension Result where Failure == RESTError {
+    var failure: RESTError? {
+        if case .failure(let e) = self { return e }
+        return nil
+    }
+    var failureStatus: Int? { failure?.status }
+}

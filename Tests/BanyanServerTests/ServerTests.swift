@@ -1,0 +1,190 @@
+import BanyanRaft
+@testable import BanyanServer
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Synchronization
+import Testing
+
+func temporaryDirectory(_ name: String) throws -> String {
+    let dir = NSTemporaryDirectory() + "banyan-\(name)-\(UInt64.random(in: 0...UInt64.max))"
+    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    return dir
+}
+
+@Suite struct ConfigTests {
+    @Test("a YAML file sets every section; unknown keys and bad values are clear errors")
+    func yaml() throws {
+        let c = try NodeConfig.parse(
+            yaml: """
+                node_id: 2
+                cluster_id: prod
+                data_dir: /var/lib/banyan
+                client_address: 0.0.0.0:9000
+                peer_address: 10.0.0.2:7000
+                initial_members:
+                  1: 10.0.0.1:7000
+                  2: 10.0.0.2:7000
+                  3: 10.0.0.3:7000
+                tls:
+                  ca: /etc/banyan/ca.pem
+                  cert: /etc/banyan/node2.pem
+                  key: /etc/banyan/node2.key
+                  generate_development_certificates: false
+                raft:
+                  tick_ms: 50
+                  election_ticks: 12
+                http:
+                  max_body_bytes: 1048576
+                development:
+                  allow_unauthenticated: false
+                """)
+        #expect(c.nodeID == 2 && c.clusterID == "prod" && c.dataDirectory == "/var/lib/banyan")
+        #expect(c.peerAddress == HostPort(host: "10.0.0.2", port: 7000))
+        #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
+        #expect(c.tls.certificate == "/etc/banyan/node2.pem" && !c.tls.generateDevelopmentCertificates)
+        #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20)
+        #expect(!c.development.allowUnauthenticated && c.development.acceptOwnerToken)
+        let bad = [
+            "nodeid: 1", "node_id: 0", "client_address: nowhere", "client_address: 1.2.3.4:99999", "raft:\n  tick_ms: 0",
+            "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
+            "http:\n  max_body_bytes: 10", "development:\n  allow_unauthenticated: maybe",
+        ]
+        for text in bad {
+            #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }
+        }
+        #expect(try HostPort(parsing: "[::1]:7000") == HostPort(host: "::1", port: 7000))
+    }
+}
+
+@Suite struct CertificateTests {
+    @Test("development certificates are created once and reused; keys are private; bad PEM is a typed error")
+    func development() throws {
+        let dir = try temporaryDirectory("certs")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let first = try DevCertificates.ensureDevelopmentCertificates(directory: dir, nodeName: "node1", hosts: ["localhost", "127.0.0.1"])
+        let before = try String(contentsOfFile: first.node.certificatePath, encoding: .utf8)
+        let again = try DevCertificates.ensureDevelopmentCertificates(directory: dir, nodeName: "node1", hosts: ["localhost", "127.0.0.1"])
+        #expect(again.node == first.node && again.ca == first.ca)
+        #expect(try String(contentsOfFile: first.node.certificatePath, encoding: .utf8) == before)
+        let mode = try FileManager.default.attributesOfItem(atPath: first.node.privateKeyPath)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        #expect(throws: CertificateError.self) { try DevCertificates.createCA(commonName: "again", directory: dir) }
+        try "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".write(toFile: dir + "/bad.pem", atomically: true, encoding: .utf8)
+        #expect(throws: CertificateError.self) { try DevCertificates.loadCertificate(dir + "/bad.pem") }
+        #expect(throws: CertificateError.self) { try DevCertificates.loadCertificate(dir + "/missing.pem") }
+    }
+}
+
+/// Collects what a transport delivers.
+final class Inbox: Sendable {
+    let messages = Mutex<[Message]>([])
+    func add(_ m: [Message]) { messages.withLock { $0.append(contentsOf: m) } }
+    var count: Int { messages.withLock { $0.count } }
+}
+
+@Suite(.serialized) struct PeerTransportTests {
+    struct Node {
+        let transport: PeerTransport
+        let inbox: Inbox
+        let port: Int
+    }
+
+    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup) throws -> Node {
+        let files = try DevCertificates.ensureDevelopmentCertificates(directory: certDir, nodeName: name ?? "node\(id)", hosts: ["localhost", "127.0.0.1"])
+        let inbox = Inbox()
+        let t = try PeerTransport(
+            nodeID: id, clusterID: cluster, advertised: HostPort(host: "127.0.0.1", port: 0), group: group,
+            serverTLS: try PeerTLS.serverConfiguration(node: files.node, ca: files.ca), clientTLS: try PeerTLS.clientConfiguration(node: files.node, ca: files.ca),
+            logger: Logger(label: "test")
+        ) { _, _, messages in inbox.add(messages) }
+        let bound = try t.listen(on: HostPort(host: "127.0.0.1", port: 0))
+        return Node(transport: t, inbox: inbox, port: bound?.port ?? 0)
+    }
+
+    func wait(_ condition: () -> Bool, seconds: Double) async -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if condition() { return true }
+            try? await Task.sleep(nanoseconds: 20_000_000)
+        }
+        return condition()
+    }
+
+    func heartbeat(from: UInt64, to: UInt64) -> Message { Message(from: from, to: to, term: 3, body: .heartbeat(commit: 7, readSeq: 1)) }
+
+    @Test("peers with certificates from the cluster CA exchange messages; one from another CA, or another cluster, is refused")
+    func mutualTLS() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let good = try temporaryDirectory("ca-good")
+        let evil = try temporaryDirectory("ca-evil")
+        defer {
+            try? FileManager.default.removeItem(atPath: good)
+            try? FileManager.default.removeItem(atPath: evil)
+        }
+        let n1 = try node(1, certDir: good, group: group)
+        let n2 = try node(2, certDir: good, group: group)
+        let impostor = try node(2, certDir: evil, name: "impostor", group: group)
+        let stranger = try node(3, cluster: "other", certDir: good, group: group)
+        for t in [n2.transport, impostor.transport, stranger.transport] {
+            t.updateAddresses([1: HostPort(host: "127.0.0.1", port: n1.port)])
+        }
+        n2.transport.send([heartbeat(from: 2, to: 1)])
+        #expect(await wait({ n1.inbox.count == 1 }, seconds: 5))
+        #expect(n1.inbox.messages.withLock { $0 } == [heartbeat(from: 2, to: 1)])
+        impostor.transport.send([heartbeat(from: 2, to: 1)])
+        stranger.transport.send([heartbeat(from: 3, to: 1)])
+        // Neither reaches node 1 (the TLS handshake fails; the hello is refused).
+        #expect(!(await wait({ n1.inbox.count > 1 }, seconds: 2)))
+        // A client with no certificate at all fails the handshake.
+        var bare = TLSConfiguration.makeClientConfiguration()
+        bare.certificateVerification = .none
+        let context = try NIOSSLContext(configuration: bare)
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { ch in
+                ch.eventLoop.makeCompletedFuture { try ch.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: nil)) }
+            }
+            .connect(host: "127.0.0.1", port: n1.port).get()
+        var hello = channel.allocator.buffer(capacity: 64)
+        let body = PeerHello(clusterID: "test", from: 2, to: 1, protocolVersion: 1, address: "").encode()
+        hello.writeInteger(UInt32(body.count), endianness: .little)
+        hello.writeBytes(body)
+        _ = try? await channel.writeAndFlush(hello).get()
+        #expect(await wait({ !channel.isActive }, seconds: 5))
+        #expect(n1.inbox.count == 1)
+        for t in [n1.transport, n2.transport, impostor.transport, stranger.transport] { t.shutdown() }
+        try await group.shutdownGracefully()
+    }
+}
+
+@Suite struct StorageTests {
+    @Test("the node storage persists entries and hard state, survives a reopen, and installs a snapshot the log does not reach")
+    func reopen() throws {
+        let dir = try temporaryDirectory("storage")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let logger = Logger(label: "test")
+        do {
+            let s = try NodeStorage(directory: dir, logger: logger) { _ in }
+            #expect(s.isBlank)
+            try s.bootstrap(members: [1, 2, 3])
+            var rd = Ready()
+            rd.entries = [LogEntry(index: 2, term: 2, kind: .noop), LogEntry(index: 3, term: 2, kind: .command, data: [1, 2, 3])]
+            rd.hardState = HardState(term: 2, vote: 1, commit: 3, mayVote: true)
+            _ = try s.persist(rd)
+            // A conflicting suffix replaces index 3.
+            var conflict = Ready()
+            conflict.entries = [LogEntry(index: 3, term: 3, kind: .config(Membership(voters: [1, 2], learners: [4])))]
+            _ = try s.persist(conflict)
+        }
+        let s = try NodeStorage(directory: dir, logger: logger) { _ in }
+        #expect(!s.isBlank)
+        let loaded = try s.load { _ in }
+        #expect(loaded.persisted.entries.map(\.index) == [1, 2, 3])
+        #expect(loaded.persisted.entries.last?.kind == .config(Membership(voters: [1, 2], learners: [4])))
+        #expect(loaded.persisted.hardState.term == 2 && loaded.persisted.hardState.vote == 1)
+        // Commit is saved lazily: never ahead of what is in the log.
+        #expect(loaded.persisted.hardState.commit <= 3)
+    }
+}
