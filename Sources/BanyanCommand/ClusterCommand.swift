@@ -95,17 +95,18 @@ struct AdminClient {
             request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         }
         let done = DispatchSemaphore(value: 0)
-        nonisolated(unsafe) var outcome: (Int, String)?
-        nonisolated(unsafe) var failure: (any Error)?
+        let box = ResponseBox()
         URLSession.shared.dataTask(with: request) { data, response, error in
-            if let error { failure = error }
-            if let http = response as? HTTPURLResponse { outcome = (http.statusCode, String(decoding: data ?? Data(), as: UTF8.self)) }
+            box.set(
+                status: (response as? HTTPURLResponse)?.statusCode, body: String(decoding: data ?? Data(), as: UTF8.self),
+                error: error?.localizedDescription)
             done.signal()
         }.resume()
         done.wait()
-        if let failure { throw CommandError("cannot reach \(endpoint): \(failure.localizedDescription)") }
-        guard let outcome else { throw CommandError("no answer from \(endpoint)") }
-        return outcome
+        let (status, body, error) = box.get()
+        if let error { throw CommandError("cannot reach \(endpoint): \(error)") }
+        guard let status else { throw CommandError("no answer from \(endpoint)") }
+        return (status, body)
     }
 }
 
@@ -171,4 +172,12 @@ struct Status: ParsableCommand {
         guard status == 200 else { throw CommandError("status request failed: \(status) \(text)") }
         print(text)
     }
+}
+
+/// Hands a URLSession answer from its callback thread to the waiting caller.
+final class ResponseBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: (Int?, String, String?) = (nil, "", nil)
+    func set(status: Int?, body: String, error: String?) { lock.withLock { value = (status, body, error) } }
+    func get() -> (Int?, String, String?) { lock.withLock { value } }
 }

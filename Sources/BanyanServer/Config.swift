@@ -50,9 +50,8 @@ public struct NodeConfig: Sendable, Equatable {
     public struct HTTPLimits: Sendable, Equatable {
         public var maxBodyBytes: Int = 64 << 20
         public var maxConnections: Int = 20_000
-        /// Idle HTTP connections (not streams) are closed after this long.
-        public var idleTimeoutSeconds: Int = 120
-        /// A request whose head and body do not arrive within this long gets 408.
+        /// A connection silent this long is closed: a request part-way gets 408 first; an idle
+        /// keep-alive connection is simply closed. Event streams are exempt.
         public var requestReadTimeoutSeconds: Int = 30
         public var keepAliveSeconds: Int = 30
         public init() {}
@@ -174,7 +173,6 @@ extension NodeConfig {
                     switch k {
                     case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(1 << 30))
                     case "max_connections": c.http.maxConnections = try r.int(v, "http.max_connections", 1...1_000_000)
-                    case "idle_timeout_s": c.http.idleTimeoutSeconds = try r.int(v, "http.idle_timeout_s", 1...86_400)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
                     default: throw ConfigError("\(source): unknown key http.\(k)")

@@ -36,7 +36,7 @@ import Testing
                 "Foundation", "FoundationNetworking", "Dispatch",
             ]
         ),
-        "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch"]),
+        "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation"]),
         "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "Foundation", "Glibc"]),

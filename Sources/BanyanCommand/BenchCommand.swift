@@ -1,0 +1,61 @@
+import ArgumentParser
+import BanyanOps
+import Dispatch
+import Foundation
+
+/// `banyan bench`: starts a 3-node cluster of this binary on loopback and measures it
+/// (docs/benchmarks.md). Use a release build: `swift run -c release banyan bench`.
+struct Bench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Benchmark a 3-node cluster on loopback: throughput, latency, CPU per write, memory, failover.")
+
+    @Option(name: .long, help: "Working directory for the nodes (wiped first).")
+    var dir: String = "/tmp/banyan-bench"
+    @Option(name: .long, help: "Client counts to measure, comma-separated.")
+    var clients: String = "1,16,64"
+    @Option(name: .long, help: "Seconds per throughput run.")
+    var seconds: Double = 5
+    @Option(name: .long, help: "Failover trials per fault (kill -9 and SIGSTOP).")
+    var failoverTrials: Int = 10
+    @Option(name: .long, help: "Keys written before measuring memory.")
+    var keys: Int = 100_000
+    @Option(name: .long, help: "First port (clients base+1..3, peers base+101..103).")
+    var portBase: Int = 19_700
+
+    func run() throws {
+        let counts = clients.split(separator: ",").compactMap { Int($0) }
+        guard !counts.isEmpty, counts.allSatisfy({ (1...1024).contains($0) }) else { throw ValidationError("--clients must list numbers from 1 to 1024") }
+        guard seconds > 0 && seconds <= 600, (0...100).contains(failoverTrials), (0...10_000_000).contains(keys) else {
+            throw ValidationError("--seconds 0-600, --failover-trials 0-100, --keys 0-10000000")
+        }
+        var bench = ClusterBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
+        bench.clients = counts
+        bench.seconds = seconds
+        bench.failoverTrials = failoverTrials
+        bench.keys = keys
+        bench.portBase = portBase
+        let done = DispatchSemaphore(value: 0)
+        let outcome = OutcomeBox()
+        let configured = bench
+        Task {
+            do {
+                try await configured.run { line in
+                    // Unbuffered, so progress shows as it happens even when piped to a file.
+                    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+                }
+            } catch {
+                outcome.set("\(error)")
+            }
+            done.signal()
+        }
+        done.wait()
+        if let failure = outcome.get() { throw CommandError("benchmark failed: \(failure)") }
+    }
+}
+
+final class OutcomeBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: String?
+    func set(_ v: String) { lock.withLock { value = v } }
+    func get() -> String? { lock.withLock { value } }
+}

@@ -1,0 +1,206 @@
+public import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// `banyan bench`: measures a real 3-node cluster of `banyan serve` processes on loopback
+/// (docs/benchmarks.md): write throughput and latency at several client counts, server CPU per
+/// write, leader changes under load, memory per node with 100k keys, and failover time after a
+/// leader `kill -9` and after a leader freeze (`SIGSTOP`).
+public struct ClusterBench: Sendable {
+    public var executable: String
+    public var directory: String
+    public var clients: [Int] = [1, 16, 64]
+    public var seconds: Double = 5
+    public var failoverTrials: Int = 10
+    public var keys: Int = 100_000
+    public var portBase: Int = 19_700
+
+    public init(executable: String, directory: String) {
+        self.executable = executable
+        self.directory = directory
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// CPU seconds (user + system) a process has used, from /proc.
+    static func cpuSeconds(_ pid: Int32) -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let close = text.lastIndex(of: ")")
+        else { return 0 }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        // After the command name: state is field 3; utime and stime are fields 14 and 15.
+        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Resident memory of a process in MiB, from /proc.
+    static func residentMiB(_ pid: Int32) -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            let kb = line.split(separator: " ").compactMap { Double($0) }.first ?? 0
+            return kb / 1024
+        }
+        return 0
+    }
+
+    static func percentile(_ sorted: [Double], _ p: Double) -> Double {
+        guard !sorted.isEmpty else { return 0 }
+        return sorted[min(sorted.count - 1, Int((Double(sorted.count) * p).rounded(.down)))]
+    }
+
+    static func ms(_ s: Double) -> String { String(format: "%.2f ms", s * 1000) }
+
+    public func run(log: @escaping @Sendable (String) -> Void) async throws {
+        try? FileManager.default.removeItem(atPath: directory)
+        let cluster = LocalCluster(
+            executable: executable, directory: directory, nodes: 3, clientPortBase: portBase, peerPortBase: portBase + 100,
+            logLevel: "warning")
+        defer { cluster.shutdown() }
+        for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
+        let leader = try await cluster.waitForLeader(timeout: 30)
+        log("3-node cluster up (leader: node \(leader)); \(ProcessInfo.processInfo.activeProcessorCount) cores")
+
+        // Throughput and latency.
+        for c in clients {
+            let termBefore = await term(cluster)
+            let cpuBefore = cluster.ids.compactMap(cluster.pid).map(Self.cpuSeconds).reduce(0, +)
+            let result = try await writeLoad(cluster, clients: c)
+            let cpuAfter = cluster.ids.compactMap(cluster.pid).map(Self.cpuSeconds).reduce(0, +)
+            let termAfter = await term(cluster)
+            let sorted = result.latencies.sorted()
+            let perWrite = result.writes > 0 ? (cpuAfter - cpuBefore) / Double(result.writes) : 0
+            log(
+                "writes, \(c) client\(c == 1 ? "" : "s"): \(Int(Double(result.writes) / result.seconds)) writes/s; "
+                    + "p50 \(Self.ms(Self.percentile(sorted, 0.5))), p99 \(Self.ms(Self.percentile(sorted, 0.99))); "
+                    + "server CPU \(String(format: "%.1f", perWrite * 1e6)) µs/write (3 nodes); errors \(result.errors); "
+                    + "leader changes \(termAfter > termBefore ? "\(termAfter - termBefore) (term \(termBefore)→\(termAfter))" : "0")")
+        }
+
+        // Memory with 100k keys (written in batches of 1,000 through multi-path updates).
+        var written = 0
+        let batch = 1000
+        let conn = try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(leader), group: cluster.group)
+        while written < keys {
+            var body = "{"
+            for i in written..<min(keys, written + batch) {
+                body += (i > written ? "," : "") + "\"k\(i)\":{\"n\":\(i),\"s\":\"value-\(i)\"}"
+            }
+            body += "}"
+            let r = try await conn.send(.PATCH, "/mem.json?ns=bench&print=silent", body: Array(body.utf8), timeout: .seconds(30))
+            guard r.status == 204 || r.status == 200 else { throw Failure(description: "memory load: \(r.status) \(r.text)") }
+            written += batch
+        }
+        conn.close()
+        try await Task.sleep(nanoseconds: 2_000_000_000)
+        let rss = cluster.ids.compactMap(cluster.pid).map(Self.residentMiB)
+        log("memory with \(keys) keys (plus the benchmark's own writes): " + rss.map { String(format: "%.0f MiB", $0) }.joined(separator: ", ") + " per node")
+
+        // Failover.
+        for freeze in [false, true] {
+            var times: [Double] = []
+            for trial in 1...failoverTrials {
+                let t = try await failover(cluster, freeze: freeze)
+                times.append(t)
+                log("  \(freeze ? "SIGSTOP" : "kill -9") trial \(trial): \(Self.ms(t)) to the first successful write")
+            }
+            let sorted = times.sorted()
+            log(
+                "failover after a leader \(freeze ? "freeze (SIGSTOP)" : "kill -9"), \(failoverTrials) trials: median \(Self.ms(Self.percentile(sorted, 0.5))), "
+                    + "max \(Self.ms(sorted.last ?? 0)), all under 1 s: \(sorted.allSatisfy { $0 < 1 })")
+        }
+    }
+
+    func term(_ cluster: LocalCluster) async -> Int {
+        var best = 0
+        for id in cluster.ids {
+            if let s = await cluster.status(id), let t = (s["term"] as? NSNumber)?.intValue { best = max(best, t) }
+        }
+        return best
+    }
+
+    struct LoadResult {
+        var writes = 0
+        var errors = 0
+        var latencies: [Double] = []
+        var seconds: Double = 0
+    }
+
+    func writeLoad(_ cluster: LocalCluster, clients: Int) async throws -> LoadResult {
+        let nodes = cluster.ids
+        let start = Date()
+        let deadline = start.addingTimeInterval(seconds)
+        let results = try await withThrowingTaskGroup(of: LoadResult.self) { group in
+            for c in 0..<clients {
+                group.addTask {
+                    let node = nodes[c % nodes.count]
+                    let conn = try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group)
+                    defer { conn.close() }
+                    var r = LoadResult()
+                    var i = 0
+                    while Date() < deadline {
+                        i += 1
+                        let body = Array("{\"c\":\(c),\"i\":\(i)}".utf8)
+                        let t0 = DispatchTime.now().uptimeNanoseconds
+                        let response = try? await conn.send(.PUT, "/bench/c\(c)/k\(i % 1000).json?ns=bench&print=silent", body: body, timeout: .seconds(10))
+                        let dt = Double(DispatchTime.now().uptimeNanoseconds - t0) / 1e9
+                        if let response, response.status == 204 {
+                            r.writes += 1
+                            r.latencies.append(dt)
+                        } else {
+                            r.errors += 1
+                        }
+                    }
+                    return r
+                }
+            }
+            var total = LoadResult()
+            for try await r in group {
+                total.writes += r.writes
+                total.errors += r.errors
+                total.latencies += r.latencies
+            }
+            return total
+        }
+        var out = results
+        out.seconds = Date().timeIntervalSince(start)
+        return out
+    }
+
+    /// Kills or freezes the leader, then writes through the other nodes every 5 ms until one
+    /// succeeds; returns the seconds from the fault to that write. Restores the node and waits
+    /// for a stable cluster afterwards.
+    func failover(_ cluster: LocalCluster, freeze: Bool) async throws -> Double {
+        let leader = try await cluster.waitForLeader()
+        let others = cluster.ids.filter { $0 != leader }
+        let faultAt = DispatchTime.now().uptimeNanoseconds
+        if freeze { cluster.signal(leader, SIGSTOP) } else { cluster.kill9(leader) }
+        var elapsed: Double?
+        var attempt = 0
+        while elapsed == nil {
+            attempt += 1
+            let node = others[attempt % others.count]
+            if let r = try? await cluster.request(node, .PUT, "/failover/w.json?ns=bench&print=silent", body: "\(attempt)", timeout: 2), r.status == 204 {
+                elapsed = Double(DispatchTime.now().uptimeNanoseconds - faultAt) / 1e9
+            } else {
+                try await Task.sleep(nanoseconds: 5_000_000)
+            }
+            if Double(DispatchTime.now().uptimeNanoseconds - faultAt) / 1e9 > 30 { throw Failure(description: "no write succeeded within 30 s") }
+        }
+        if freeze { cluster.signal(leader, SIGCONT) } else { try cluster.start(leader) }
+        // Let the node catch up and the cluster settle before the next trial.
+        let settleDeadline = Date().addingTimeInterval(20)
+        while Date() < settleDeadline {
+            if let s = await cluster.status(leader), let applied = (s["applied_index"] as? NSNumber)?.intValue,
+                let current = try? await cluster.waitForLeader(timeout: 5), let ls = await cluster.status(current),
+                let commit = (ls["commit_index"] as? NSNumber)?.intValue, applied >= commit - 1
+            {
+                break
+            }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        try await Task.sleep(nanoseconds: 500_000_000)
+        return elapsed ?? 0
+    }
+}
