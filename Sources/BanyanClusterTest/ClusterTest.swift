@@ -2,6 +2,7 @@ import ArgumentParser
 import BanyanCheckers
 import BanyanOps
 import Foundation
+import Glibc
 import NIOHTTP1
 
 /// `banyan-cluster-test`: multi-process tests with real `banyan serve` processes on loopback
@@ -39,9 +40,11 @@ struct ClusterTest: AsyncParsableCommand {
         case freezeLeader = "freeze-leader"
         case restartAll = "restart-all"
         case membership
+        case limits
     }
 
     func run() async throws {
+        raiseOpenFileLimit()
         var failures: [String] = []
         for name in scenarios.split(separator: ",") {
             guard let scenario = Scenario(rawValue: String(name)) else { throw ValidationError("unknown scenario \(name)") }
@@ -62,7 +65,7 @@ struct ClusterTest: AsyncParsableCommand {
         print("all cluster scenarios passed")
     }
 
-    struct Failure: Error, CustomStringConvertible {
+    struct Failure: Error, CustomStringConvertible, Sendable {
         let description: String
         init(_ d: String) { description = d }
     }
@@ -73,6 +76,13 @@ struct ClusterTest: AsyncParsableCommand {
         let cluster = LocalCluster(
             executable: banyan, directory: base, nodes: 3, clientPortBase: portBase, peerPortBase: portBase + 100, logLevel: "notice")
         defer { cluster.shutdown() }
+        // Small snapshots, so that the membership scenario's new node is sent one over the peer
+        // transport; a short read timeout for the limits scenario.
+        let config = base + ".yaml"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        try "raft:\n  snapshot_entries: 300\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_body_bytes: 1048576\n"
+            .write(toFile: config, atomically: true, encoding: .utf8)
+        cluster.extraArguments = ["--config", config]
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
         let first = try await cluster.waitForLeader(timeout: 30)
         print("leader: node \(first)")
@@ -141,6 +151,11 @@ struct ClusterTest: AsyncParsableCommand {
                 return (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(4) == true
             }
             live.add(4)
+            // The log was compacted long before node 4 arrived: it must have installed a snapshot.
+            if let s = await cluster.status(4), let snap = (s["snapshot_index"] as? NSNumber)?.intValue {
+                print("node 4 snapshot index \(snap)")
+                guard snap > 0 else { throw Failure("node 4 caught up without a snapshot; the test meant to stream one") }
+            }
             try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
             let leader = try await cluster.waitForLeader(among: live.nodes)
             print("remove the leader, node \(leader)")
@@ -153,6 +168,8 @@ struct ClusterTest: AsyncParsableCommand {
             }
             await load
             cluster.kill9(leader)
+        case .limits:
+            try await limits(cluster, live: live, workload: workload)
         }
         print("load: \(workload.counts)")
         try await converge(cluster, nodes: live.nodes)
@@ -161,6 +178,50 @@ struct ClusterTest: AsyncParsableCommand {
         print("history: \(workload.history.count) operations; linearizability: \(verdict)")
         guard verdict == .linearizable else { throw Failure("history is \(verdict)") }
         guard workload.counts.ok > 20 else { throw Failure("too few operations succeeded (\(workload.counts))") }
+    }
+
+    /// Bad input and abusive clients under load: oversize bodies, invalid JSON and paths,
+    /// excessive depth, a request that never finishes, and thousands of idle connections. The
+    /// node answers each with a clear error, keeps serving, and its memory stays bounded.
+    func limits(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
+        async let load: Void = workload.run(clients: clients, seconds: seconds * 2, nodes: { live.nodes })
+        let node: UInt64 = 1
+        func expect(_ method: HTTPMethod, _ uri: String, _ body: String?, status: Int, contains: String) async throws {
+            let r = try await cluster.request(node, method, uri, body: body, timeout: 10)
+            guard r.status == status, r.text.contains(contains) else {
+                throw Failure("\(method) \(uri): expected \(status) containing '\(contains)', got \(r.status) \(r.text)")
+            }
+        }
+        try await expect(.PUT, "/x.json?ns=limits", String(repeating: "a", count: 2 << 20), status: 413, contains: "Payload too large")
+        try await expect(.PUT, "/x.json?ns=limits", "{\"a\":", status: 400, contains: "couldn't parse JSON")
+        try await expect(.PUT, "/a.b/c.json?ns=limits", "1", status: 400, contains: "Invalid path")
+        try await expect(.GET, "/x?ns=limits", nil, status: 404, contains: ".json")
+        let deep = String(repeating: "{\"a\":", count: 40) + "1" + String(repeating: "}", count: 40)
+        try await expect(.PUT, "/x.json?ns=limits", deep, status: 400, contains: "nested too deeply")
+        try await expect(.GET, "/x.json?ns=limits&limitToFirst=1", nil, status: 400, contains: "orderBy must be defined")
+        print("bad requests: clear errors")
+        guard let pid = cluster.pid(node) else { throw Failure("node 1 is not running") }
+        let rssBefore = ClusterBench.residentMiB(pid)
+        // A request whose body never arrives gets 408 after the read timeout (2 s here).
+        let stalled = try await RawConnection.open(port: cluster.clientPort(node))
+        stalled.send("PUT /slow.json?ns=limits HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\"")
+        let answer = stalled.receive(timeoutSeconds: 6)
+        guard answer.contains("408") else { throw Failure("a stalled request got '\(answer.prefix(80))' instead of 408") }
+        stalled.close()
+        print("stalled request: 408")
+        // Two thousand idle connections: the node keeps serving; they are closed after the read timeout.
+        var idle: [RawConnection] = []
+        for _ in 0..<2000 { if let c = try? await RawConnection.open(port: cluster.clientPort(node)) { idle.append(c) } }
+        let r = try await cluster.request(node, .GET, "/.banyan/status", timeout: 10)
+        guard r.status == 200 else { throw Failure("node stopped answering with \(idle.count) idle connections open") }
+        let rssIdle = ClusterBench.residentMiB(pid)
+        try await Task.sleep(nanoseconds: 4_000_000_000)
+        let closed = idle.filter { $0.isClosedByPeer() }.count
+        for c in idle { c.close() }
+        print(String(format: "idle connections: %d opened, node answered, %d closed by the node after the timeout; RSS %.0f → %.0f MiB", idle.count, closed, rssBefore, rssIdle))
+        guard closed > idle.count * 9 / 10 else { throw Failure("only \(closed) of \(idle.count) idle connections were closed") }
+        guard rssIdle - rssBefore < 200 else { throw Failure("memory grew by \(rssIdle - rssBefore) MiB with idle connections") }
+        await load
     }
 
     /// Every live node ends with the same tree (read locally, without ReadIndex).
@@ -209,4 +270,58 @@ final class LiveSet: @unchecked Sendable {
     var nodes: [UInt64] { lock.withLock { set.sorted() } }
     func add(_ id: UInt64) { lock.withLock { _ = set.insert(id) } }
     func remove(_ id: UInt64) { lock.withLock { _ = set.remove(id) } }
+}
+
+/// A plain TCP connection for abusive-client checks (blocking, with timeouts).
+final class RawConnection: @unchecked Sendable {
+    let fd: Int32
+
+    private init(fd: Int32) { self.fd = fd }
+
+    static func open(port: Int) async throws -> RawConnection {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw ClusterTest.Failure("socket() failed") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let ok = withUnsafePointer(to: &address) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard ok == 0 else {
+            Glibc.close(fd)
+            throw ClusterTest.Failure("connect failed")
+        }
+        return RawConnection(fd: fd)
+    }
+
+    func send(_ text: String) {
+        let bytes = Array(text.utf8)
+        _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    }
+
+    /// Reads what arrives within the timeout (until the peer closes or the time is up).
+    func receive(timeoutSeconds: Int) -> String {
+        var out: [UInt8] = []
+        let deadline = Date().addingTimeInterval(Double(timeoutSeconds))
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while Date() < deadline {
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&p, 1, 100) > 0 else { continue }
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { break }
+            out += buffer[0..<n]
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// True when the peer has closed the connection (readable with zero bytes, or reset).
+    func isClosedByPeer() -> Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&p, 1, 0) > 0 else { return false }
+        var byte: UInt8 = 0
+        return recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) <= 0
+    }
+
+    func close() { Glibc.close(fd) }
 }

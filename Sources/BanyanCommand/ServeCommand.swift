@@ -1,4 +1,5 @@
 import ArgumentParser
+import BanyanOps
 import BanyanServer
 import Dispatch
 import Foundation
@@ -94,6 +95,7 @@ struct Serve: ParsableCommand {
             handler.logLevel = level
             return handler
         }
+        raiseOpenFileLimit()
         var logger = Logger(label: "banyan")
         logger[metadataKey: "node"] = "\(config.nodeID)"
         let node: BanyanNode

@@ -25,7 +25,7 @@ public struct ClusterBench: Sendable {
     }
 
     /// CPU seconds (user + system) a process has used, from /proc.
-    static func cpuSeconds(_ pid: Int32) -> Double {
+    public static func cpuSeconds(_ pid: Int32) -> Double {
         guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
             let close = text.lastIndex(of: ")")
         else { return 0 }
@@ -36,7 +36,7 @@ public struct ClusterBench: Sendable {
     }
 
     /// Resident memory of a process in MiB, from /proc.
-    static func residentMiB(_ pid: Int32) -> Double {
+    public static func residentMiB(_ pid: Int32) -> Double {
         guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return 0 }
         for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
             let kb = line.split(separator: " ").compactMap { Double($0) }.first ?? 0
@@ -203,4 +203,15 @@ public struct ClusterBench: Sendable {
         try await Task.sleep(nanoseconds: 500_000_000)
         return elapsed ?? 0
     }
+}
+
+/// Raises this process's open-file limit to its hard limit (servers and load generators hold
+/// thousands of sockets). Returns the new soft limit.
+@discardableResult
+public func raiseOpenFileLimit() -> UInt64 {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+    limit.rlim_cur = limit.rlim_max
+    _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    return UInt64(limit.rlim_cur)
 }

@@ -14,6 +14,8 @@ public final class LocalCluster: @unchecked Sendable {
     public private(set) var processes: [UInt64: Process] = [:]
     public private(set) var founders: [UInt64]
     private let logLevel: String
+    /// Extra `banyan serve` arguments for every node (e.g. `--config file`).
+    public var extraArguments: [String] = []
 
     /// `executable` is the `banyan` binary; node i uses ports base + i.
     public init(executable: String, directory: String, nodes: Int, clientPortBase: Int, peerPortBase: Int, logLevel: String = "notice") {
@@ -38,6 +40,7 @@ public final class LocalCluster: @unchecked Sendable {
             "--listen", "127.0.0.1:\(clientPort(id))", "--peer-listen", "127.0.0.1:\(peerPort(id))", "--tls-dir", "\(directory)/certs",
             "--log-level", logLevel,
         ]
+        args += extraArguments
         if join {
             args.append("--join")
         } else {

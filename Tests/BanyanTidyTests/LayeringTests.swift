@@ -37,7 +37,7 @@ import Testing
             ]
         ),
         "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
-        "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation"]),
+        "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
         "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
         "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "Foundation", "Glibc"]),
     ]
