@@ -76,6 +76,7 @@ public struct ClusterBench: Sendable {
                     + "p50 \(Self.ms(Self.percentile(sorted, 0.5))), p99 \(Self.ms(Self.percentile(sorted, 0.99))); "
                     + "server CPU \(String(format: "%.1f", perWrite * 1e6)) µs/write (3 nodes); errors \(result.errors); "
                     + "leader changes \(termAfter > termBefore ? "\(termAfter - termBefore) (term \(termBefore)→\(termAfter))" : "0")")
+            for (kind, n) in result.errorKinds.sorted(by: { $0.value > $1.value }).prefix(5) { log("    errors: \(n) × \(kind)") }
         }
 
         // Memory with 100k keys (written in batches of 1,000 through multi-path updates).
@@ -98,7 +99,7 @@ public struct ClusterBench: Sendable {
         log("memory with \(keys) keys (plus the benchmark's own writes): " + rss.map { String(format: "%.0f MiB", $0) }.joined(separator: ", ") + " per node")
 
         // Failover.
-        for freeze in [false, true] {
+        for freeze in [false, true] where failoverTrials > 0 {
             var times: [Double] = []
             for trial in 1...failoverTrials {
                 let t = try await failover(cluster, freeze: freeze)
@@ -123,6 +124,7 @@ public struct ClusterBench: Sendable {
     struct LoadResult {
         var writes = 0
         var errors = 0
+        var errorKinds: [String: Int] = [:]
         var latencies: [Double] = []
         var seconds: Double = 0
     }
@@ -135,7 +137,7 @@ public struct ClusterBench: Sendable {
             for c in 0..<clients {
                 group.addTask {
                     let node = nodes[c % nodes.count]
-                    let conn = try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group)
+                    var conn = try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group)
                     defer { conn.close() }
                     var r = LoadResult()
                     var i = 0
@@ -150,6 +152,19 @@ public struct ClusterBench: Sendable {
                             r.latencies.append(dt)
                         } else {
                             r.errors += 1
+                            if let response {
+                                r.errorKinds["HTTP \(response.status): \(response.text.prefix(80))", default: 0] += 1
+                            } else {
+                                r.errorKinds["no response", default: 0] += 1
+                            }
+                            if !conn.isOpen {
+                                conn.close()
+                                guard let fresh = try? await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group) else {
+                                    try? await Task.sleep(nanoseconds: 50_000_000)
+                                    continue
+                                }
+                                conn = fresh
+                            }
                         }
                     }
                     return r
@@ -160,6 +175,7 @@ public struct ClusterBench: Sendable {
                 total.writes += r.writes
                 total.errors += r.errors
                 total.latencies += r.latencies
+                total.errorKinds.merge(r.errorKinds, uniquingKeysWith: +)
             }
             return total
         }

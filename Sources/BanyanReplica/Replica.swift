@@ -33,7 +33,7 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct ReplicaConfiguration: Sendable {
     public var raft: RaftConfiguration
     /// Take a snapshot once this many entries were applied since the last one.
-    public var snapshotEntries: UInt64 = 20_000
+    public var snapshotEntries: UInt64 = 100_000
     /// Re-propose a write, or re-ask for a read index, not finished after this many ticks.
     public var retryTicks: Int = 30
     /// Fail a request not finished after this many ticks.

@@ -42,7 +42,7 @@ public struct NodeConfig: Sendable, Equatable {
         public var tickMilliseconds: Int = 20
         public var electionTicks: Int = 10
         public var heartbeatTicks: Int = 2
-        public var snapshotEntries: UInt64 = 20_000
+        public var snapshotEntries: UInt64 = 100_000
         public var requestTimeoutMilliseconds: Int = 8_000
         public init() {}
     }
