@@ -27,7 +27,14 @@ public final class BanyanNode: Sendable {
         metricsBootstrap.withLock { existing in
             if let existing { return existing }
             let registry = PrometheusCollectorRegistry()
-            MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+            var factory = PrometheusMetricsFactory(registry: registry)
+            // Latencies here are mostly sub-millisecond (fsync, loopback requests): finer buckets.
+            factory.defaultDurationHistogramBuckets = [
+                .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .microseconds(2500), .milliseconds(5),
+                .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500),
+                .seconds(1), .milliseconds(2500), .seconds(5), .seconds(10),
+            ]
+            MetricsSystem.bootstrap(factory)
             existing = registry
             return registry
         }
