@@ -21,6 +21,8 @@ struct Bench: ParsableCommand {
     var keys: Int = 100_000
     @Option(name: .long, help: "First port (clients base+1..3, peers base+101..103).")
     var portBase: Int = 19_700
+    @Option(name: .long, parsing: .unconditionalSingleValue, help: "An extra argument for every node's `banyan serve` (repeat), e.g. --serve-arg=--threads --serve-arg=1.")
+    var serveArg: [String] = []
 
     func run() throws {
         let counts = clients.split(separator: ",").compactMap { Int($0) }
@@ -34,6 +36,7 @@ struct Bench: ParsableCommand {
         bench.failoverTrials = failoverTrials
         bench.keys = keys
         bench.portBase = portBase
+        bench.serveArguments = serveArg
         let done = DispatchSemaphore(value: 0)
         let outcome = OutcomeBox()
         let configured = bench

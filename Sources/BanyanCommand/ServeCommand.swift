@@ -40,6 +40,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String?
 
+    @Option(name: .long, help: "Network threads (default: one per core, at most 4); 1 runs the whole node on one thread.")
+    var threads: Int?
+
     func nodeConfig() throws -> NodeConfig {
         var c = NodeConfig()
         if let config { c = try NodeConfig.load(file: config) }
@@ -62,6 +65,10 @@ struct NodeOptions: ParsableArguments {
         if join { c.join = true }
         if let tlsDir { c.tls.directory = tlsDir }
         if let logLevel { c.logLevel = logLevel }
+        if let threads {
+            guard (1...64).contains(threads) else { throw ValidationError("--threads must be between 1 and 64") }
+            c.threads = threads
+        }
         try c.validate()
         return c
     }

@@ -14,6 +14,8 @@ public struct ClusterBench: Sendable {
     public var failoverTrials: Int = 10
     public var keys: Int = 100_000
     public var portBase: Int = 19_700
+    /// Extra `banyan serve` arguments for every node.
+    public var serveArguments: [String] = []
 
     public init(executable: String, directory: String) {
         self.executable = executable
@@ -57,6 +59,7 @@ public struct ClusterBench: Sendable {
         let cluster = LocalCluster(
             executable: executable, directory: directory, nodes: 3, clientPortBase: portBase, peerPortBase: portBase + 100,
             logLevel: "warning")
+        cluster.extraArguments = serveArguments
         defer { cluster.shutdown() }
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
         let leader = try await cluster.waitForLeader(timeout: 30)

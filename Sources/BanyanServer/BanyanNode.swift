@@ -49,11 +49,12 @@ public final class BanyanNode: Sendable {
         self.config = config
         let registry = Self.registry()
         let tls = try Self.tlsConfigurations(config, logger: logger)
-        let runtime = try NodeRuntime(config: config, logger: logger) { message in
+        let threads = config.threads ?? max(1, min(4, System.coreCount))
+        network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        let runtime = try NodeRuntime(config: config, logger: logger, sharedLoop: threads == 1 ? network.next() : nil) { message in
             logger.info("\(message)")
         }
         self.runtime = runtime
-        network = MultiThreadedEventLoopGroup(numberOfThreads: max(1, min(4, System.coreCount)))
         transport = try PeerTransport(
             nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: network, serverTLS: tls.server,
             clientTLS: tls.client, logger: logger

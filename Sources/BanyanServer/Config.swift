@@ -26,6 +26,9 @@ public struct NodeConfig: Sendable, Equatable {
     /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
     public var defaultNamespace: String = "default"
     public var logLevel: String = "info"
+    /// Network threads (nil: one per core, at most 4). With 1, the replica loop shares that
+    /// thread too: a single-threaded node.
+    public var threads: Int?
 
     public struct TLSPaths: Sendable, Equatable {
         /// Directory of the development CA and certificates generated on first run.
@@ -139,6 +142,7 @@ extension NodeConfig {
             case "join": c.join = try r.bool(value, key)
             case "default_namespace": c.defaultNamespace = try r.string(value, key)
             case "log_level": c.logLevel = try r.string(value, key)
+            case "threads": c.threads = try r.int(value, key, 1...64)
             case "initial_members":
                 guard let members = value as? [AnyHashable: Any] else { throw ConfigError("\(source): initial_members must map node ids to host:port") }
                 c.initialMembers = [:]

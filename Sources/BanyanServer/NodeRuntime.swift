@@ -60,7 +60,8 @@ public struct NodeStatus: Sendable, Codable {
 public final class NodeRuntime: @unchecked Sendable {
     public let config: NodeConfig
     public let loop: any EventLoop
-    private let group: MultiThreadedEventLoopGroup
+    /// The replica thread's own group, unless the node shares its network loop (`threads: 1`).
+    private let group: MultiThreadedEventLoopGroup?
     private let storage: NodeStorage
     private var replica: Replica
     private let logger: Logger
@@ -95,7 +96,9 @@ public final class NodeRuntime: @unchecked Sendable {
 
     /// Opens the data directory (recovering the log and loading the newest snapshot), and
     /// bootstraps a new cluster when the directory is blank and `initialMembers` is set.
-    init(config: NodeConfig, logger: Logger, progress: @escaping (String) -> Void) throws {
+    /// `sharedLoop`: run the replica loop on this (network) event loop instead of a thread of its
+    /// own. One thread then does everything: no cross-thread hops, but an fsync pauses network I/O.
+    init(config: NodeConfig, logger: Logger, sharedLoop: (any EventLoop)? = nil, progress: @escaping (String) -> Void) throws {
         self.config = config
         self.logger = logger
         let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: progress)
@@ -117,8 +120,14 @@ public final class NodeRuntime: @unchecked Sendable {
         replica = try Replica(
             configuration: rc, persisted: loaded.persisted, machine: loaded.machine, session: UInt64.random(in: 1...UInt64.max),
             now: Self.wallClock())
-        group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        loop = group.next()
+        if let sharedLoop {
+            group = nil
+            loop = sharedLoop
+        } else {
+            let own = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            group = own
+            loop = own.next()
+        }
         for (id, address) in config.initialMembers { peerAddresses[id] = address }
         peerAddresses[config.nodeID] = config.advertised
         learnPeers(from: loaded.machine.tree(Self.clusterNamespace))
@@ -156,7 +165,7 @@ public final class NodeRuntime: @unchecked Sendable {
             self.memberWaiters = [:]
         }
         _ = try? done.wait()
-        try? group.syncShutdownGracefully()
+        try? group?.syncShutdownGracefully()
     }
 
     // MARK: - Inputs (any thread)
