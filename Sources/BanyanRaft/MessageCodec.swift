@@ -1,13 +1,21 @@
-/// The peer wire format of Raft messages and of the connection hello (docs/raft.md, "Wire
-/// format"). Little-endian throughout; every count and length is checked against the bytes
+/// The peer wire format of Raft messages, the connection hello and stream framing (docs/raft.md,
+/// "Wire format"). Little-endian throughout; every count and length is checked against the bytes
 /// that remain before anything is allocated, so hostile or damaged input is a typed error.
 public enum WireError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The input ended inside `field`.
     case truncated(field: String)
+    /// The message's version byte is not `MessageCodec.version`.
     case unknownVersion(UInt8)
+    /// The message's kind byte names no `Message.Body` case.
     case unknownKind(UInt8)
+    /// A count or length larger than the bytes that remain could hold (or, for `"frame"`, than
+    /// `Framing.maxFrameBytes`).
     case tooLarge(field: String, count: UInt64)
+    /// The input holds this many bytes after a complete value.
     case trailingBytes(Int)
+    /// A boolean other than 0 or 1, an unknown entry kind, or a string that is not UTF-8.
     case badValue(field: String)
+    /// A hello or hello reply without its magic bytes.
     case badMagic
 
     public var description: String {
@@ -15,19 +23,26 @@ public enum WireError: Error, Sendable, Equatable, CustomStringConvertible {
         case .truncated(let f): return "truncated at \(f)"
         case .unknownVersion(let v): return "unknown wire version \(v)"
         case .unknownKind(let k): return "unknown message kind \(k)"
-        case let .tooLarge(f, n): return "\(f) count \(n) exceeds the bytes that remain"
+        case let .tooLarge(f, n): return f == "frame" ? "frame length \(n) exceeds the limit" : "\(f) count \(n) exceeds the bytes that remain"
         case .trailingBytes(let n): return "\(n) trailing bytes"
         case .badValue(let f): return "bad value in \(f)"
-        case .badMagic: return "not a Banyan peer hello"
+        case .badMagic: return "not a Banyan peer hello or hello reply"
         }
     }
 }
 
+/// Appends little-endian fields to a byte array.
 struct WireWriter {
     var out: [UInt8]
     init(capacity: Int = 64) {
         out = []
         out.reserveCapacity(capacity)
+    }
+    /// Continues `out` in place (the caller's buffer is moved in, not copied; give it back with
+    /// `out = writer.out`).
+    init(continuing out: inout [UInt8]) {
+        self.out = out
+        out = []
     }
     mutating func u8(_ v: UInt8) { out.append(v) }
     mutating func bool(_ v: Bool) { out.append(v ? 1 : 0) }
@@ -42,23 +57,29 @@ struct WireWriter {
         u64(UInt64(b.count))
         out.append(contentsOf: b)
     }
-    mutating func string(_ s: String) { bytes(Array(s.utf8)) }
+    mutating func string(_ s: String) {
+        u64(UInt64(s.utf8.count))
+        out.append(contentsOf: s.utf8)
+    }
     mutating func ids(_ list: [UInt64]) {
         u64(UInt64(list.count))
         for id in list { u64(id) }
     }
 }
 
+/// Reads little-endian fields from borrowed bytes. Every read checks what remains first, and
+/// every count is checked against what remains before anything is allocated, so no input can
+/// trap or make the reader allocate more than the input's size.
 struct WireReader {
-    let b: [UInt8]
+    let b: UnsafeRawBufferPointer
     var at: Int
-    init(_ b: [UInt8], at: Int = 0) {
+    init(_ b: UnsafeRawBufferPointer, at: Int = 0) {
         self.b = b
         self.at = at
     }
     var remaining: Int { b.count - at }
     mutating func u8(_ f: String) throws(WireError) -> UInt8 {
-        guard at < b.count else { throw .truncated(field: f) }
+        guard remaining >= 1 else { throw .truncated(field: f) }
         defer { at += 1 }
         return b[at]
     }
@@ -72,14 +93,12 @@ struct WireReader {
     mutating func u16(_ f: String) throws(WireError) -> UInt16 {
         guard remaining >= 2 else { throw .truncated(field: f) }
         defer { at += 2 }
-        return UInt16(b[at]) | UInt16(b[at + 1]) << 8
+        return UInt16(littleEndian: b.loadUnaligned(fromByteOffset: at, as: UInt16.self))
     }
     mutating func u64(_ f: String) throws(WireError) -> UInt64 {
         guard remaining >= 8 else { throw .truncated(field: f) }
-        var v: UInt64 = 0
-        for i in 0..<8 { v |= UInt64(b[at + i]) << UInt64(8 * i) }
-        at += 8
-        return v
+        defer { at += 8 }
+        return UInt64(littleEndian: b.loadUnaligned(fromByteOffset: at, as: UInt64.self))
     }
     /// A count of items of at least `itemBytes` each, checked against what remains.
     mutating func count(_ f: String, itemBytes: Int) throws(WireError) -> Int {
@@ -87,13 +106,15 @@ struct WireReader {
         guard n <= UInt64(remaining / max(1, itemBytes)) else { throw .tooLarge(field: f, count: n) }
         return Int(n)
     }
-    mutating func bytes(_ f: String) throws(WireError) -> [UInt8] {
+    /// A length-prefixed run of bytes, borrowed.
+    mutating func span(_ f: String) throws(WireError) -> UnsafeRawBufferPointer {
         let n = try count(f, itemBytes: 1)
         defer { at += n }
-        return Array(b[at..<at + n])
+        return UnsafeRawBufferPointer(rebasing: b[at..<at + n])
     }
+    mutating func bytes(_ f: String) throws(WireError) -> [UInt8] { Array(try span(f)) }
     mutating func string(_ f: String) throws(WireError) -> String {
-        guard let s = String(validating: try bytes(f), as: UTF8.self) else { throw .badValue(field: f) }
+        guard let s = String(validating: try span(f), as: UTF8.self) else { throw .badValue(field: f) }
         return s
     }
     mutating func ids(_ f: String) throws(WireError) -> [UInt64] {
@@ -102,6 +123,27 @@ struct WireReader {
         out.reserveCapacity(n)
         for _ in 0..<n { out.append(try u64(f)) }
         return out
+    }
+    /// Skips `magic`, or throws `.badMagic`.
+    mutating func magic(_ magic: [UInt8]) throws(WireError) {
+        guard remaining >= magic.count, UnsafeRawBufferPointer(rebasing: b[at..<at + magic.count]).elementsEqual(magic) else {
+            throw .badMagic
+        }
+        at += magic.count
+    }
+    /// Runs `read` over exactly `raw`: the whole input must be consumed.
+    static func readAll<T>(_ raw: UnsafeRawBufferPointer, _ read: (inout WireReader) throws(WireError) -> T) throws(WireError) -> T {
+        var r = WireReader(raw)
+        let value = try read(&r)
+        guard r.remaining == 0 else { throw .trailingBytes(r.remaining) }
+        return value
+    }
+
+    /// `readAll` over an array slice's storage, without copying it.
+    static func readAll<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout WireReader) throws(WireError) -> T) throws(WireError) -> T {
+        // `withUnsafeBytes` only rethrows untyped errors; carry the typed one out in a Result.
+        let result = bytes.withUnsafeBytes { raw in Result { () throws(WireError) in try readAll(raw, read) } }
+        return try result.get()
     }
 }
 
@@ -129,10 +171,19 @@ struct WireReader {
 public enum MessageCodec {
     public static let version: UInt8 = 1
 
+    /// One message's bytes.
     public static func encode(_ m: Message) -> [UInt8] {
         var w = WireWriter(capacity: m.size + 16)
         encode(m, into: &w)
         return w.out
+    }
+
+    /// Appends one message's bytes to `out` (for batching several frames into one write).
+    public static func encode(_ m: Message, into out: inout [UInt8]) {
+        var w = WireWriter(continuing: &out)
+        w.out.reserveCapacity(w.out.count + m.size + 16)
+        encode(m, into: &w)
+        out = w.out
     }
 
     static func encode(_ m: Message, into w: inout WireWriter) {
@@ -235,7 +286,21 @@ public enum MessageCodec {
 
     /// Decodes one message; the bytes must hold exactly one.
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> Message {
-        var r = WireReader(bytes)
+        try WireReader.readAll(bytes[...], decodeMessage)
+    }
+
+    /// Decodes one message from part of a buffer (a frame's payload), without copying it.
+    public static func decode(_ bytes: ArraySlice<UInt8>) throws(WireError) -> Message {
+        try WireReader.readAll(bytes, decodeMessage)
+    }
+
+    /// Decodes one message from borrowed bytes (such as a network buffer's readable bytes),
+    /// without copying them; the message owns copies of its byte fields.
+    public static func decode(_ bytes: UnsafeRawBufferPointer) throws(WireError) -> Message {
+        try WireReader.readAll(bytes, decodeMessage)
+    }
+
+    static func decodeMessage(_ r: inout WireReader) throws(WireError) -> Message {
         let v = try r.u8("version")
         guard v == version else { throw .unknownVersion(v) }
         let kind = try r.u8("kind")
@@ -277,7 +342,6 @@ public enum MessageCodec {
         case 15: body = .timeoutNow
         default: throw .unknownKind(kind)
         }
-        guard r.remaining == 0 else { throw .trailingBytes(r.remaining) }
         return Message(from: from, to: to, term: term, body: body)
     }
 
@@ -303,11 +367,15 @@ public enum MessageCodec {
     }
 }
 
-/// The first frame a dialling peer sends: magic "BNYPEER1", protocol version, cluster id, the
-/// sender's and the intended receiver's node ids, and the address the sender listens on (so the
-/// receiver can answer a node it has not heard of yet, such as a leader talking to a new
-/// learner). The receiver answers with `PeerHelloReply` and closes the connection on refusal:
-/// another cluster id, another protocol version, or a hello meant for another node.
+/// The handshake that opens every peer connection (docs/raft.md, "Wire format").
+///
+/// The dialling peer's first frame is a `PeerHello`: magic "BNYPEER1", protocol version, cluster
+/// id, the sender's and the intended receiver's node ids, and the address the sender listens on
+/// (so the receiver can answer a node it has not heard of yet, such as a leader talking to a new
+/// learner). The receiver's first frame is the `PeerHelloReply`. The receiver refuses, and closes
+/// the connection after the reply, when the cluster id or the protocol version differs from its
+/// own, when the hello is meant for another node, or when the hello does not decode; the dialler
+/// sends `Message` frames only once the reply accepts it.
 public struct PeerHello: Sendable, Equatable {
     public static let magic: [UInt8] = Array("BNYPEER1".utf8)
     public var clusterID: String
@@ -316,7 +384,7 @@ public struct PeerHello: Sendable, Equatable {
     public var protocolVersion: UInt16
     public var address: String
 
-    public init(clusterID: String, from: NodeID, to: NodeID, protocolVersion: UInt16, address: String) {
+    public init(clusterID: String, from: NodeID, to: NodeID, protocolVersion: UInt16, address: String = "") {
         self.clusterID = clusterID
         self.from = from
         self.to = to
@@ -324,6 +392,8 @@ public struct PeerHello: Sendable, Equatable {
         self.address = address
     }
 
+    /// `magic | protocolVersion u16 | clusterID | from u64 | to u64 | address` (strings as a u64
+    /// length and UTF-8).
     public func encode() -> [UInt8] {
         var w = WireWriter()
         w.out.append(contentsOf: Self.magic)
@@ -336,19 +406,19 @@ public struct PeerHello: Sendable, Equatable {
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> PeerHello {
-        guard bytes.count >= magic.count, Array(bytes[0..<magic.count]) == magic else { throw .badMagic }
-        var r = WireReader(bytes, at: magic.count)
-        let version = try r.u16("protocol version")
-        let cluster = try r.string("cluster id")
-        let from = try r.u64("from")
-        let to = try r.u64("to")
-        let address = try r.string("address")
-        guard r.remaining == 0 else { throw .trailingBytes(r.remaining) }
-        return PeerHello(clusterID: cluster, from: from, to: to, protocolVersion: version, address: address)
+        try WireReader.readAll(bytes[...]) { (r) throws(WireError) in
+            try r.magic(magic)
+            let version = try r.u16("protocol version")
+            let cluster = try r.string("cluster id")
+            let from = try r.u64("from")
+            let to = try r.u64("to")
+            return PeerHello(clusterID: cluster, from: from, to: to, protocolVersion: version, address: try r.string("address"))
+        }
     }
 }
 
-/// The answer to a hello: accepted, or refused with the reason (which both sides log).
+/// The receiver's answer to a `PeerHello` (its first frame on the connection): accepted, or
+/// refused with the reason, which both sides log. Magic "BNYPEERR".
 public struct PeerHelloReply: Sendable, Equatable {
     public static let magic: [UInt8] = Array("BNYPEERR".utf8)
     public var accepted: Bool
@@ -361,6 +431,7 @@ public struct PeerHelloReply: Sendable, Equatable {
         self.protocolVersion = protocolVersion
     }
 
+    /// `magic | protocolVersion u16 | accepted u8 | reason`.
     public func encode() -> [UInt8] {
         var w = WireWriter()
         w.out.append(contentsOf: Self.magic)
@@ -371,12 +442,68 @@ public struct PeerHelloReply: Sendable, Equatable {
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> PeerHelloReply {
-        guard bytes.count >= magic.count, Array(bytes[0..<magic.count]) == magic else { throw .badMagic }
-        var r = WireReader(bytes, at: magic.count)
-        let version = try r.u16("protocol version")
-        let accepted = try r.bool("accepted")
-        let reason = try r.string("reason")
-        guard r.remaining == 0 else { throw .trailingBytes(r.remaining) }
-        return PeerHelloReply(accepted: accepted, reason: reason, protocolVersion: version)
+        try WireReader.readAll(bytes[...]) { (r) throws(WireError) in
+            try r.magic(magic)
+            let version = try r.u16("protocol version")
+            let accepted = try r.bool("accepted")
+            return PeerHelloReply(accepted: accepted, reason: try r.string("reason"), protocolVersion: version)
+        }
+    }
+}
+
+/// Length-prefixed frames on a peer byte stream: a u32 little-endian payload length, then the
+/// payload (a hello, a hello reply, or one encoded `Message`).
+public enum Framing {
+    /// The largest payload a receiver accepts; a longer length is a protocol error (the stream
+    /// cannot be resynchronised, so the receiver closes the connection). Senders stay far below
+    /// it: append messages hold at most `maxMessageBytes` of entries (plus one entry) and
+    /// snapshot chunks `snapshotChunkBytes`.
+    public static let maxFrameBytes = 64 << 20
+    static let prefixBytes = 4
+
+    /// The payload with its length prefix.
+    public static func frame(_ payload: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(prefixBytes + payload.count)
+        appendFrame(payload, to: &out)
+        return out
+    }
+
+    /// Appends the payload with its length prefix to `out`.
+    public static func appendFrame(_ payload: [UInt8], to out: inout [UInt8]) {
+        appendLength(payload.count, to: &out)
+        out.append(contentsOf: payload)
+    }
+
+    /// Appends one message as a frame to `out`, encoding it in place (no intermediate array).
+    public static func appendFrame(_ m: Message, to out: inout [UInt8]) {
+        let start = out.count
+        appendLength(0, to: &out)
+        MessageCodec.encode(m, into: &out)
+        let length = UInt32(truncatingIfNeeded: out.count - start - prefixBytes)
+        for i in 0..<prefixBytes { out[start + i] = UInt8(truncatingIfNeeded: length >> UInt32(8 * i)) }
+    }
+
+    private static func appendLength(_ count: Int, to out: inout [UInt8]) {
+        // A payload the u32 prefix cannot describe would desynchronise the stream; no message
+        // comes near it (see `maxFrameBytes`).
+        precondition(count <= Int(UInt32.max), "Framing: a \(count)-byte payload does not fit a frame")
+        let length = UInt32(count)
+        for i in 0..<prefixBytes { out.append(UInt8(truncatingIfNeeded: length >> UInt32(8 * i))) }
+    }
+
+    /// The next complete frame in `buffer` starting at `offset`: its payload's range and the
+    /// offset after it. Nil while the frame is incomplete (read more and call again with the same
+    /// offset); `.tooLarge(field: "frame", …)` when its length exceeds `maxFrameBytes`, which is
+    /// known as soon as the 4 length bytes have arrived.
+    public static func nextFrame(in buffer: [UInt8], from offset: Int) throws(WireError) -> (payload: Range<Int>, next: Int)? {
+        precondition(offset >= 0 && offset <= buffer.count, "Framing.nextFrame: offset \(offset) outside the buffer")
+        guard buffer.count - offset >= prefixBytes else { return nil }
+        var length: UInt64 = 0
+        for i in 0..<prefixBytes { length |= UInt64(buffer[offset + i]) << UInt64(8 * i) }
+        guard length <= UInt64(maxFrameBytes) else { throw .tooLarge(field: "frame", count: length) }
+        let start = offset + prefixBytes
+        guard buffer.count - start >= Int(length) else { return nil }
+        return (start..<start + Int(length), start + Int(length))
     }
 }
