@@ -1,10 +1,10 @@
 import Crypto
 import Foundation
-public import NIOSSL
 import SwiftASN1
 public import X509
 
-/// Files of a certificate authority: its certificate and (for issuing) its private key.
+/// Files of a certificate authority: its certificate (or a bundle of CA certificates, during a
+/// CA rotation) and, for issuing, its private key.
 public struct CAFiles: Sendable, Equatable {
     public var certificatePath: String
     public var privateKeyPath: String?
@@ -24,70 +24,93 @@ public struct NodeCertificateFiles: Sendable, Equatable {
     }
 }
 
-public struct CertificateError: Error, Sendable, CustomStringConvertible {
+/// A certificate or key file that cannot be used, with the file and why.
+public struct CertificateError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Code: Sendable, Equatable {
+        /// The file does not exist.
+        case missing
+        /// The file exists but cannot be read (permissions, a directory, not text).
+        case unreadable
+        /// The file is not the PEM it should be (bad base64, DER, wrong block type, no block).
+        case malformed
+        /// Creating the file would overwrite an existing one, or only half of a certificate/key
+        /// pair exists.
+        case exists
+        /// A key does not belong to its certificate.
+        case mismatch
+        /// A bad argument (node name, host, validity) or a failed write.
+        case invalid
+    }
     public var path: String
+    public var code: Code
     public var reason: String
-    public init(path: String, reason: String) {
+    public init(path: String, code: Code, reason: String) {
         self.path = path
+        self.code = code
         self.reason = reason
     }
     public var description: String { "\(path): \(reason)" }
 }
 
-/// The cluster CA and node certificates (docs/operations.md, "Certificates"): P-256 ECDSA keys,
-/// X.509 v3 certificates from swift-certificates. Node certificates name every host a peer may
-/// dial (DNS names and IP addresses as subject alternative names) and allow both server and
-/// client authentication, because a node presents the same certificate when it accepts and when
-/// it dials. Private keys are written with mode 0600; existing files are never overwritten.
+/// The cluster CA and node certificates (docs/operations.md, "Certificates"): P-256 ECDSA keys
+/// (PKCS#8 PEM, mode 0600), X.509 v3 certificates from swift-certificates. Node certificates
+/// name every host a peer may dial (DNS names and IP addresses as subject alternative names) and
+/// allow both server and client authentication, because a node presents the same certificate
+/// when it accepts and when it dials. Existing files are never overwritten.
 public enum DevCertificates {
-    public static func createCA(commonName: String, directory: String, validityDays: Int = 3650) throws -> CAFiles {
-        let files = CAFiles(certificatePath: directory + "/ca.pem", privateKeyPath: directory + "/ca.key")
-        try refuseOverwrite(files.certificatePath)
+    public static let defaultCAValidityDays = 3650
+    public static let defaultNodeValidityDays = 825
+
+    /// `ca.pem` and `ca.key` in `directory`.
+    public static func caFiles(in directory: String) -> CAFiles {
+        CAFiles(certificatePath: directory + "/ca.pem", privateKeyPath: directory + "/ca.key")
+    }
+
+    /// `<nodeName>.pem` and `<nodeName>.key` in `directory`.
+    public static func nodeFiles(in directory: String, nodeName: String) -> NodeCertificateFiles {
+        NodeCertificateFiles(certificatePath: "\(directory)/\(nodeName).pem", privateKeyPath: "\(directory)/\(nodeName).key")
+    }
+
+    /// Creates a self-signed CA (`ca.pem`, `ca.key`) in `directory`, which is created (0700) if absent.
+    public static func createCA(commonName: String, directory: String, validityDays: Int = defaultCAValidityDays) throws -> CAFiles {
+        let files = caFiles(in: directory)
+        try checkValidity(validityDays, files.certificatePath)
         let key = P256.Signing.PrivateKey()
+        let publicKey = Certificate.PublicKey(key.publicKey)
         let name = try DistinguishedName {
             CommonName(commonName)
             OrganizationName("Banyan")
         }
-        let publicKey = Certificate.PublicKey(key.publicKey)
-        let now = Date()
-        let certificate = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: publicKey, notValidBefore: now - 3600,
-            notValidAfter: now + Double(validityDays) * 86_400, issuer: name, subject: name, signatureAlgorithm: .ecdsaWithSHA256,
+        let certificate = try sign(
+            publicKey: publicKey, subject: name, issuer: name, validityDays: validityDays, issuerKey: Certificate.PrivateKey(key),
             extensions: try Certificate.Extensions {
                 Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
                 Critical(KeyUsage(keyCertSign: true, cRLSign: true))
                 SubjectKeyIdentifier(hash: publicKey)
-            },
-            issuerPrivateKey: Certificate.PrivateKey(key))
-        try makeDirectory(directory)
-        try write(key.pemRepresentation, to: files.privateKeyPath ?? "", mode: 0o600)
-        try write(try certificate.serializeAsPEM().pemString, to: files.certificatePath, mode: 0o644)
+            })
+        try writePair(key: key, certificate: certificate, keyPath: files.privateKeyPath ?? "", certificatePath: files.certificatePath, directory: directory)
         return files
     }
 
+    /// Issues `<nodeName>.pem` and `<nodeName>.key` in `directory`, signed by the CA (which
+    /// needs its private key), for every host in `hosts` (IP literals become iPAddress names,
+    /// anything else a dNSName).
     public static func issueNodeCertificate(
-        ca: CAFiles, nodeName: String, hosts: [String], directory: String, validityDays: Int = 825
+        ca: CAFiles, nodeName: String, hosts: [String], directory: String, validityDays: Int = defaultNodeValidityDays
     ) throws -> NodeCertificateFiles {
-        let files = NodeCertificateFiles(certificatePath: "\(directory)/\(nodeName).pem", privateKeyPath: "\(directory)/\(nodeName).key")
-        try refuseOverwrite(files.certificatePath)
-        guard let caKeyPath = ca.privateKeyPath else { throw CertificateError(path: ca.certificatePath, reason: "the CA's private key is needed to issue certificates") }
-        let caCertificate = try loadCertificate(ca.certificatePath)
-        let caKey: P256.Signing.PrivateKey
-        do {
-            caKey = try P256.Signing.PrivateKey(pemRepresentation: try read(caKeyPath))
-        } catch let e as CertificateError {
-            throw e
-        } catch {
-            throw CertificateError(path: caKeyPath, reason: "not a P-256 private key in PEM: \(error)")
+        let files = nodeFiles(in: directory, nodeName: nodeName)
+        guard !nodeName.isEmpty, !nodeName.contains("/"), !nodeName.hasPrefix(".") else {
+            throw CertificateError(path: files.certificatePath, code: .invalid, reason: "'\(nodeName)' is not a usable node name")
         }
-        guard hosts.count > 0 else { throw CertificateError(path: files.certificatePath, reason: "a node certificate needs at least one host") }
-        var names: [GeneralName] = []
-        for host in hosts {
-            if let ip = ipBytes(host) {
-                names.append(.ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip))))
-            } else {
-                names.append(.dnsName(host))
-            }
+        try checkValidity(validityDays, files.certificatePath)
+        let names = try subjectAlternativeNames(hosts, files.certificatePath)
+        guard let caKeyPath = ca.privateKeyPath else {
+            throw CertificateError(path: ca.certificatePath, code: .missing, reason: "the CA's private key is needed to issue certificates")
+        }
+        let caCertificate = try loadCertificate(ca.certificatePath)
+        let caKey = try loadPrivateKey(caKeyPath)
+        guard caKey.publicKey == caCertificate.publicKey else {
+            throw CertificateError(path: caKeyPath, code: .mismatch, reason: "this key does not belong to \(ca.certificatePath)")
         }
         let key = P256.Signing.PrivateKey()
         let publicKey = Certificate.PublicKey(key.publicKey)
@@ -96,58 +119,124 @@ public enum DevCertificates {
             OrganizationName("Banyan")
         }
         let issuerKeyID = try caCertificate.extensions.subjectKeyIdentifier?.keyIdentifier
-        let now = Date()
-        let certificate = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: publicKey, notValidBefore: now - 3600,
-            notValidAfter: now + Double(validityDays) * 86_400, issuer: caCertificate.subject, subject: subject,
-            signatureAlgorithm: .ecdsaWithSHA256,
+        let certificate = try sign(
+            publicKey: publicKey, subject: subject, issuer: caCertificate.subject, validityDays: validityDays, issuerKey: caKey,
             extensions: try Certificate.Extensions {
                 Critical(BasicConstraints.notCertificateAuthority)
-                Critical(KeyUsage(digitalSignature: true, keyEncipherment: true))
+                // ECDSA keys sign; they never encipher (RFC 5480 §3).
+                Critical(KeyUsage(digitalSignature: true))
                 try ExtendedKeyUsage([.serverAuth, .clientAuth])
                 SubjectAlternativeNames(names)
                 SubjectKeyIdentifier(hash: publicKey)
-                AuthorityKeyIdentifier(keyIdentifier: issuerKeyID)
-            },
-            issuerPrivateKey: Certificate.PrivateKey(caKey))
-        try makeDirectory(directory)
-        try write(key.pemRepresentation, to: files.privateKeyPath, mode: 0o600)
-        try write(try certificate.serializeAsPEM().pemString, to: files.certificatePath, mode: 0o644)
+                if let issuerKeyID { AuthorityKeyIdentifier(keyIdentifier: issuerKeyID) }
+            })
+        try writePair(key: key, certificate: certificate, keyPath: files.privateKeyPath, certificatePath: files.certificatePath, directory: directory)
         return files
     }
 
     /// The development set-up of `banyan serve`: a CA in `directory` (created on first use) and
-    /// a certificate for `nodeName` (created if absent). Idempotent; never overwrites.
+    /// a certificate for `nodeName` (created if absent; an existing one is reused as it is, even
+    /// if `hosts` changed: delete it to reissue). Idempotent; never overwrites. Half a pair (a
+    /// certificate without its key or the reverse) is an error rather than a silent reissue.
     public static func ensureDevelopmentCertificates(directory: String, nodeName: String, hosts: [String]) throws -> (ca: CAFiles, node: NodeCertificateFiles) {
-        let ca = CAFiles(certificatePath: directory + "/ca.pem", privateKeyPath: directory + "/ca.key")
-        let lock = directory + "/.lock"
         try makeDirectory(directory)
         // Several local nodes may start at once and share one CA: serialise with a lock file.
-        let fd = open(lock, O_CREAT | O_RDWR, 0o600)
-        guard fd >= 0 else { throw CertificateError(path: lock, reason: "cannot open the lock file") }
+        let lock = directory + "/.lock"
+        let fd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw CertificateError(path: lock, code: .unreadable, reason: "cannot open the lock file: \(errnoText())") }
         defer { close(fd) }
         flock(fd, LOCK_EX)
         defer { flock(fd, LOCK_UN) }
-        if !FileManager.default.fileExists(atPath: ca.certificatePath) {
+        let ca = caFiles(in: directory)
+        if try !pairExists(ca.certificatePath, ca.privateKeyPath ?? "") {
             _ = try createCA(commonName: "Banyan development CA", directory: directory)
         }
-        let node = NodeCertificateFiles(certificatePath: "\(directory)/\(nodeName).pem", privateKeyPath: "\(directory)/\(nodeName).key")
-        if !FileManager.default.fileExists(atPath: node.certificatePath) {
-            return (ca, try issueNodeCertificate(ca: ca, nodeName: nodeName, hosts: hosts, directory: directory))
+        let node = nodeFiles(in: directory, nodeName: nodeName)
+        if try !pairExists(node.certificatePath, node.privateKeyPath) {
+            _ = try issueNodeCertificate(ca: ca, nodeName: nodeName, hosts: hosts, directory: directory)
         }
         return (ca, node)
     }
 
+    // MARK: - Loading
+
+    /// The first certificate in a PEM file.
     public static func loadCertificate(_ path: String) throws -> Certificate {
+        try loadCertificates(path)[0]
+    }
+
+    /// Every certificate in a PEM file (a CA bundle); at least one.
+    public static func loadCertificates(_ path: String) throws -> [Certificate] {
+        let text = try read(path)
+        let certificates: [Certificate]
         do {
-            return try Certificate(pemEncoded: try read(path))
-        } catch let e as CertificateError {
-            throw e
+            certificates = try PEMDocument.parseMultiple(pemString: text).map { try Certificate(pemDocument: $0) }
         } catch {
-            throw CertificateError(path: path, reason: "not a PEM certificate: \(error)")
+            throw CertificateError(path: path, code: .malformed, reason: "not a PEM certificate: \(error)")
+        }
+        guard !certificates.isEmpty else { throw CertificateError(path: path, code: .malformed, reason: "no certificate in the file") }
+        return certificates
+    }
+
+    /// A PEM private key (PKCS#8 `PRIVATE KEY`, or SEC1 `EC PRIVATE KEY` / PKCS#1 `RSA PRIVATE KEY`
+    /// for keys made elsewhere).
+    public static func loadPrivateKey(_ path: String) throws -> Certificate.PrivateKey {
+        let text = try read(path)
+        do {
+            return try Certificate.PrivateKey(pemEncoded: text)
+        } catch {
+            throw CertificateError(path: path, code: .malformed, reason: "not a PEM private key: \(error)")
         }
     }
 
+    /// A node's certificate and private key, checked to belong together.
+    static func loadNode(_ node: NodeCertificateFiles) throws -> (certificate: Certificate, key: Certificate.PrivateKey) {
+        let certificate = try loadCertificate(node.certificatePath)
+        let key = try loadPrivateKey(node.privateKeyPath)
+        guard key.publicKey == certificate.publicKey else {
+            throw CertificateError(path: node.privateKeyPath, code: .mismatch, reason: "this key does not belong to \(node.certificatePath)")
+        }
+        return (certificate, key)
+    }
+
+    // MARK: - Helpers
+
+    static func sign(
+        publicKey: Certificate.PublicKey, subject: DistinguishedName, issuer: DistinguishedName, validityDays: Int,
+        issuerKey: Certificate.PrivateKey, extensions: Certificate.Extensions
+    ) throws -> Certificate {
+        let now = Date()
+        // An hour of slack for clocks that run behind the issuer's.
+        return try Certificate(
+            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: publicKey, notValidBefore: now - 3600,
+            notValidAfter: now + Double(validityDays) * 86_400, issuer: issuer, subject: subject, extensions: extensions,
+            issuerPrivateKey: issuerKey)
+    }
+
+    static func checkValidity(_ days: Int, _ path: String) throws {
+        guard (1...36_500).contains(days) else { throw CertificateError(path: path, code: .invalid, reason: "validity of \(days) days is not 1...36500") }
+    }
+
+    static func subjectAlternativeNames(_ hosts: [String], _ path: String) throws -> [GeneralName] {
+        var names: [GeneralName] = []
+        for raw in hosts {
+            // "[::1]" as written in host:port addresses.
+            let host = raw.hasPrefix("[") && raw.hasSuffix("]") ? String(raw.dropFirst().dropLast()) : raw
+            let name: GeneralName
+            if let ip = ipBytes(host) {
+                name = .ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip)))
+            } else if !host.isEmpty, host.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._*".contains($0)) }) {
+                name = .dnsName(host.lowercased())
+            } else {
+                throw CertificateError(path: path, code: .invalid, reason: "'\(raw)' is not a DNS name or IP address")
+            }
+            if !names.contains(name) { names.append(name) }
+        }
+        guard !names.isEmpty else { throw CertificateError(path: path, code: .invalid, reason: "a node certificate needs at least one host") }
+        return names
+    }
+
+    /// The address bytes of an IPv4 or IPv6 literal; nil for anything else.
     static func ipBytes(_ host: String) -> [UInt8]? {
         var v4 = in_addr()
         if inet_pton(AF_INET, host, &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
@@ -157,70 +246,72 @@ public enum DevCertificates {
     }
 
     static func read(_ path: String) throws -> String {
+        guard FileManager.default.fileExists(atPath: path) else { throw CertificateError(path: path, code: .missing, reason: "no such file") }
         guard let data = FileManager.default.contents(atPath: path) else {
-            throw CertificateError(path: path, reason: "missing or unreadable")
+            throw CertificateError(path: path, code: .unreadable, reason: "cannot read the file (permissions?)")
         }
-        guard let text = String(data: data, encoding: .utf8) else { throw CertificateError(path: path, reason: "not text") }
+        guard let text = String(data: data, encoding: .utf8) else { throw CertificateError(path: path, code: .unreadable, reason: "not a text (PEM) file") }
         return text
     }
 
-    static func write(_ text: String, to path: String, mode: Int) throws {
-        guard FileManager.default.createFile(atPath: path, contents: Data(text.utf8), attributes: [.posixPermissions: mode]) else {
-            throw CertificateError(path: path, reason: "cannot write")
+    /// Whether both files of a pair exist; half a pair is an error.
+    static func pairExists(_ certificatePath: String, _ keyPath: String) throws -> Bool {
+        switch (FileManager.default.fileExists(atPath: certificatePath), FileManager.default.fileExists(atPath: keyPath)) {
+        case (true, true): return true
+        case (false, false): return false
+        case (true, false): throw CertificateError(path: keyPath, code: .missing, reason: "missing, but its certificate \(certificatePath) exists; restore it or remove both")
+        case (false, true): throw CertificateError(path: certificatePath, code: .missing, reason: "missing, but its key \(keyPath) exists; restore it or remove both")
         }
     }
 
-    static func refuseOverwrite(_ path: String) throws {
-        if FileManager.default.fileExists(atPath: path) { throw CertificateError(path: path, reason: "exists; refusing to overwrite") }
+    /// Writes a new key (0600) and certificate (0644); neither may exist. If the certificate
+    /// cannot be written, the key is removed again.
+    static func writePair(key: P256.Signing.PrivateKey, certificate: Certificate, keyPath: String, certificatePath: String, directory: String) throws {
+        for path in [keyPath, certificatePath] where FileManager.default.fileExists(atPath: path) {
+            throw CertificateError(path: path, code: .exists, reason: "exists; refusing to overwrite")
+        }
+        try makeDirectory(directory)
+        try writeNew(key.pemRepresentation, to: keyPath, mode: 0o600)
+        do {
+            try writeNew(try certificate.serializeAsPEM().pemString, to: certificatePath, mode: 0o644)
+        } catch {
+            unlink(keyPath)
+            throw error
+        }
+    }
+
+    /// Creates `path` with `mode` from the start (O_EXCL: never overwrites, and a key is never
+    /// readable by others, not even briefly), writes `text` and syncs it.
+    static func writeNew(_ text: String, to path: String, mode: mode_t) throws {
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+        guard fd >= 0 else {
+            let exists = errno == EEXIST
+            throw CertificateError(path: path, code: exists ? .exists : .invalid, reason: exists ? "exists; refusing to overwrite" : "cannot create: \(errnoText())")
+        }
+        var ok = fchmod(fd, mode) == 0
+        var bytes = Array(text.utf8)[...]
+        while ok, !bytes.isEmpty {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if n < 0, errno == EINTR { continue }
+            ok = n > 0
+            if ok { bytes = bytes.dropFirst(n) }
+        }
+        ok = ok && fsync(fd) == 0
+        let reason = errnoText()
+        close(fd)
+        guard ok else {
+            unlink(path)
+            throw CertificateError(path: path, code: .invalid, reason: "cannot write: \(reason)")
+        }
     }
 
     static func makeDirectory(_ path: String) throws {
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw CertificateError(path: path, reason: "cannot create directory: \(error.localizedDescription)")
-        }
-    }
-}
-
-/// TLS settings of the peer transport: TLS 1.3, each side presents its node certificate and
-/// trusts only the cluster CA; the accepting side requires a client certificate (a peer without
-/// one, or with one from another CA, fails the handshake).
-public enum PeerTLS {
-    static func material(_ node: NodeCertificateFiles, _ ca: CAFiles) throws -> (chain: [NIOSSLCertificate], key: NIOSSLPrivateKey, roots: [NIOSSLCertificate]) {
-        do {
-            let chain = try NIOSSLCertificate.fromPEMFile(node.certificatePath)
-            guard !chain.isEmpty else { throw CertificateError(path: node.certificatePath, reason: "no certificate in the file") }
-            let key = try NIOSSLPrivateKey(file: node.privateKeyPath, format: .pem)
-            let roots = try NIOSSLCertificate.fromPEMFile(ca.certificatePath)
-            guard !roots.isEmpty else { throw CertificateError(path: ca.certificatePath, reason: "no certificate in the file") }
-            return (chain, key, roots)
-        } catch let e as CertificateError {
-            throw e
-        } catch {
-            throw CertificateError(path: node.certificatePath, reason: "cannot load the node certificate, key or CA: \(error)")
+            throw CertificateError(path: path, code: .invalid, reason: "cannot create the directory: \(error.localizedDescription)")
         }
     }
 
-    public static func serverConfiguration(node: NodeCertificateFiles, ca: CAFiles) throws -> TLSConfiguration {
-        let m = try material(node, ca)
-        var c = TLSConfiguration.makeServerConfiguration(certificateChain: m.chain.map { .certificate($0) }, privateKey: .privateKey(m.key))
-        c.trustRoots = .certificates(m.roots)
-        // Verifying peers on the server side makes a client certificate mandatory; the dialler's
-        // host name is not known, so only the chain is checked.
-        c.certificateVerification = .noHostnameVerification
-        c.minimumTLSVersion = .tlsv13
-        return c
-    }
-
-    public static func clientConfiguration(node: NodeCertificateFiles, ca: CAFiles) throws -> TLSConfiguration {
-        let m = try material(node, ca)
-        var c = TLSConfiguration.makeClientConfiguration()
-        c.certificateChain = m.chain.map { .certificate($0) }
-        c.privateKey = .privateKey(m.key)
-        c.trustRoots = .certificates(m.roots)
-        c.certificateVerification = .fullVerification
-        c.minimumTLSVersion = .tlsv13
-        return c
-    }
+    static func errnoText() -> String { String(cString: strerror(errno)) }
 }

@@ -14,6 +14,16 @@ func temporaryDirectory(_ name: String) throws -> String {
     return dir
 }
 
+/// Polls `condition` every 20 ms until it holds or `seconds` pass; whether it held.
+func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(nanoseconds: 20_000_000)
+    }
+    return condition()
+}
+
 @Suite struct ConfigTests {
     @Test("a YAML file sets every section; unknown keys and bad values are clear errors")
     func yaml() throws {
@@ -59,25 +69,6 @@ func temporaryDirectory(_ name: String) throws -> String {
     }
 }
 
-@Suite struct CertificateTests {
-    @Test("development certificates are created once and reused; keys are private; bad PEM is a typed error")
-    func development() throws {
-        let dir = try temporaryDirectory("certs")
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let first = try DevCertificates.ensureDevelopmentCertificates(directory: dir, nodeName: "node1", hosts: ["localhost", "127.0.0.1"])
-        let before = try String(contentsOfFile: first.node.certificatePath, encoding: .utf8)
-        let again = try DevCertificates.ensureDevelopmentCertificates(directory: dir, nodeName: "node1", hosts: ["localhost", "127.0.0.1"])
-        #expect(again.node == first.node && again.ca == first.ca)
-        #expect(try String(contentsOfFile: first.node.certificatePath, encoding: .utf8) == before)
-        let mode = try FileManager.default.attributesOfItem(atPath: first.node.privateKeyPath)[.posixPermissions] as? Int
-        #expect(mode == 0o600)
-        #expect(throws: CertificateError.self) { try DevCertificates.createCA(commonName: "again", directory: dir) }
-        try "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".write(toFile: dir + "/bad.pem", atomically: true, encoding: .utf8)
-        #expect(throws: CertificateError.self) { try DevCertificates.loadCertificate(dir + "/bad.pem") }
-        #expect(throws: CertificateError.self) { try DevCertificates.loadCertificate(dir + "/missing.pem") }
-    }
-}
-
 /// Collects what a transport delivers.
 final class Inbox: Sendable {
     let messages = Mutex<[Message]>([])
@@ -104,15 +95,6 @@ final class Inbox: Sendable {
         return Node(transport: t, inbox: inbox, port: bound?.port ?? 0)
     }
 
-    func wait(_ condition: () -> Bool, seconds: Double) async -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if condition() { return true }
-            try? await Task.sleep(nanoseconds: 20_000_000)
-        }
-        return condition()
-    }
-
     func heartbeat(from: UInt64, to: UInt64) -> Message { Message(from: from, to: to, term: 3, body: .heartbeat(commit: 7, readSeq: 1)) }
 
     @Test("peers with certificates from the cluster CA exchange messages; one from another CA, or another cluster, is refused")
@@ -132,12 +114,12 @@ final class Inbox: Sendable {
             t.updateAddresses([1: HostPort(host: "127.0.0.1", port: n1.port)])
         }
         n2.transport.send([heartbeat(from: 2, to: 1)])
-        #expect(await wait({ n1.inbox.count == 1 }, seconds: 5))
+        #expect(await eventually({ n1.inbox.count == 1 }, seconds: 5))
         #expect(n1.inbox.messages.withLock { $0 } == [heartbeat(from: 2, to: 1)])
         impostor.transport.send([heartbeat(from: 2, to: 1)])
         stranger.transport.send([heartbeat(from: 3, to: 1)])
         // Neither reaches node 1 (the TLS handshake fails; the hello is refused).
-        #expect(!(await wait({ n1.inbox.count > 1 }, seconds: 2)))
+        #expect(!(await eventually({ n1.inbox.count > 1 }, seconds: 2)))
         // A client with no certificate at all fails the handshake.
         var bare = TLSConfiguration.makeClientConfiguration()
         bare.certificateVerification = .none
@@ -152,7 +134,7 @@ final class Inbox: Sendable {
         hello.writeInteger(UInt32(body.count), endianness: .little)
         hello.writeBytes(body)
         _ = try? await channel.writeAndFlush(hello).get()
-        #expect(await wait({ !channel.isActive }, seconds: 5))
+        #expect(await eventually({ !channel.isActive }, seconds: 5))
         #expect(n1.inbox.count == 1)
         for t in [n1.transport, n2.transport, impostor.transport, stranger.transport] { t.shutdown() }
         try await group.shutdownGracefully()
