@@ -209,13 +209,12 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     private func write(_ messages: [Message], to channel: any Channel) {
-        var buffer = channel.allocator.buffer(capacity: messages.reduce(0) { $0 + $1.size + 8 })
-        for m in messages {
-            let body = MessageCodec.encode(m)
-            buffer.writeInteger(UInt32(body.count), endianness: .little)
-            buffer.writeBytes(body)
-        }
-        transport?.sentBytes.increment(by: buffer.readableBytes)
+        var frames: [UInt8] = []
+        frames.reserveCapacity(messages.reduce(0) { $0 + $1.size + 40 })
+        for m in messages { Framing.appendFrame(m, to: &frames) }
+        var buffer = channel.allocator.buffer(capacity: frames.count)
+        buffer.writeBytes(frames)
+        transport?.sentBytes.increment(by: frames.count)
         channel.writeAndFlush(buffer, promise: nil)
     }
 
@@ -261,11 +260,18 @@ final class PeerConnection: @unchecked Sendable {
         channel?.close(promise: nil)
     }
 
+    private var lastError: String?
+
+    /// Remembers a connection error (called on the connection's event loop).
+    func noteError(_ error: any Error) { lastError = "\(error)" }
+
     private func lost(_ channel: any Channel) {
         guard self.channel === channel else { return }
         self.channel = nil
         ready = false
-        failed("connection closed")
+        let reason = lastError.map { "connection closed: \($0)" } ?? "connection closed"
+        lastError = nil
+        failed(reason)
     }
 
     private func failed(_ why: String) {
@@ -295,7 +301,7 @@ final class PeerConnection: @unchecked Sendable {
 /// Splits the byte stream into length-prefixed frames (u32 little-endian length, then the body).
 struct FrameDecoder: ByteToMessageDecoder {
     typealias InboundOut = ByteBuffer
-    static let maxFrameBytes = 64 << 20
+    static let maxFrameBytes = Framing.maxFrameBytes
 
     mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         guard let length = buffer.getInteger(at: buffer.readerIndex, endianness: .little, as: UInt32.self) else { return .needMoreData }
@@ -326,10 +332,10 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
     init(transport: PeerTransport) { self.transport = transport }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var frame = unwrapInboundIn(data)
-        let bytes = frame.readBytes(length: frame.readableBytes) ?? []
+        let frame = unwrapInboundIn(data)
         guard let transport else { return }
         guard let peer else {
+            let bytes = frame.getBytes(at: frame.readerIndex, length: frame.readableBytes) ?? []
             let reply: PeerHelloReply
             do {
                 let hello = try PeerHello.decode(bytes)
@@ -350,7 +356,10 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
             return
         }
         do {
-            let m = try MessageCodec.decode(bytes)
+            let decoded: Result<Message, WireError> = frame.withUnsafeReadableBytes { raw in
+                do throws(WireError) { return .success(try MessageCodec.decode(raw)) } catch { return .failure(error) }
+            }
+            let m = try decoded.get()
             // A peer speaks only for itself, and only to us.
             guard m.from == peer, m.to == transport.nodeID else {
                 throw PeerProtocolError("message from \(m.from) to \(m.to) on node \(peer)'s connection")
@@ -402,6 +411,9 @@ final class OutboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A refused handshake (unknown CA, certificate required, wrong host) lands here: keep it
+        // as the reason the next "peer unreachable" line reports.
+        connection.noteError(error)
         context.close(promise: nil)
     }
 }
