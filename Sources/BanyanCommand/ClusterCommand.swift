@@ -64,19 +64,9 @@ struct ClusterLocal: ParsableCommand {
             if i == 1 { Thread.sleep(forTimeInterval: 1.0) }
         }
         print("cluster running; Ctrl-C stops every node")
-        let stop = DispatchSemaphore(value: 0)
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { stop.signal() }
-            source.resume()
-            sources.append(source)
-        }
-        stop.wait()
+        waitForTerminationSignal()
         for p in processes where p.isRunning { p.terminate() }
         for p in processes { p.waitUntilExit() }
-        _ = sources
     }
 }
 

@@ -112,18 +112,23 @@ struct Serve: ParsableCommand {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        let stop = DispatchSemaphore(value: 0)
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { stop.signal() }
-            source.resume()
-            sources.append(source)
-        }
-        stop.wait()
+        waitForTerminationSignal()
         logger.notice("shutting down")
         node.shutdown()
-        _ = sources
     }
+}
+
+/// Blocks until SIGINT or SIGTERM arrives (both are then handled here, not by the default action).
+func waitForTerminationSignal() {
+    let stop = DispatchSemaphore(value: 0)
+    var sources: [any DispatchSourceSignal] = []
+    for sig in [SIGINT, SIGTERM] {
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+        source.setEventHandler { stop.signal() }
+        source.resume()
+        sources.append(source)
+    }
+    stop.wait()
+    for source in sources { source.cancel() }
 }
