@@ -212,7 +212,7 @@ let package = Package(
         .testTarget(
             name: "BanyanServerTests",
             dependencies: [
-                "BanyanServer", "BanyanRaft", .product(name: "Logging", package: "swift-log"),
+                "BanyanServer", "BanyanRaft", "BanyanStateMachine", .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "X509", package: "swift-certificates"),

@@ -239,6 +239,12 @@ public struct IncomingSnapshotChunk: Sendable, Equatable {
     public var meta: SnapshotMeta
     public var offset: UInt64
     public var data: [UInt8]
+
+    public init(meta: SnapshotMeta, offset: UInt64, data: [UInt8]) {
+        self.meta = meta
+        self.offset = offset
+        self.data = data
+    }
 }
 
 /// Everything the driver must do, in this order:

@@ -68,8 +68,16 @@ final class NodeStorage {
         // A log that does not continue the snapshot (a crash between installing a snapshot and
         // discarding the old log) is discarded; so is a log that is empty.
         if meta.index > 0 {
-            if log.lastIndex < meta.index || log.term(at: meta.index).map({ $0 != meta.term }) ?? (log.firstIndex <= meta.index) {
+            if log.lastIndex < meta.index || log.term(at: meta.index).map({ $0 != meta.term }) == true {
+                // The snapshot is ahead of the log, or the log diverged at its index.
                 try log.reset(after: meta.index)
+            } else if log.firstIndex > meta.index + 1 {
+                // Records between the snapshot and the log are missing. Compaction never
+                // removes records a durable snapshot does not cover, so this is damage: refuse
+                // to start rather than serve a state with a hole in it.
+                throw OpLogError(
+                    .corrupt, "the log starts at \(log.firstIndex) but the newest snapshot ends at \(meta.index)",
+                    file: directory + "/raft/log", offset: 0)
             } else {
                 try log.compact(through: meta.index)
             }

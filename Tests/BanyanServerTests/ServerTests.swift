@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 @testable import BanyanServer
 import Foundation
 import Logging
@@ -168,5 +169,46 @@ final class Inbox: Sendable {
         #expect(loaded.persisted.hardState.term == 2 && loaded.persisted.hardState.vote == 1)
         // Commit is saved lazily: never ahead of what is in the log.
         #expect(loaded.persisted.hardState.commit <= 3)
+    }
+
+    @Test("a snapshot streamed from a leader installs atomically, replaces a log that does not reach it, and survives a reopen")
+    func snapshotInstall() throws {
+        let leaderDir = try temporaryDirectory("leader")
+        let dir = try temporaryDirectory("follower")
+        defer {
+            try? FileManager.default.removeItem(atPath: leaderDir)
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        // The leader's snapshot at index 10, as a file; its raw bytes are what peers transfer.
+        var machine = StateMachine()
+        let payload = CommandEnvelope(namespace: "app", session: 1, seq: 1, timestamp: 5, command: .set(path: "/a", json: Array(#"{"b":1}"#.utf8))).encoded()
+        _ = machine.apply(payload, index: 10)
+        let meta = SnapshotMeta(index: 10, term: 2, membership: Membership(voters: [1, 2, 3]))
+        try SnapshotWriter(directory: leaderDir).write(machine, meta: meta) { _ in }
+        let file = leaderDir + "/snapshots/" + (try FileManager.default.contentsOfDirectory(atPath: leaderDir + "/snapshots")).filter { $0.hasSuffix(".snap") }[0]
+        let bytes = Array(try Data(contentsOf: URL(fileURLWithPath: file)))
+        let logger = Logger(label: "test")
+        do {
+            let s = try NodeStorage(directory: dir, logger: logger) { _ in }
+            try s.bootstrap(members: [1, 2, 3])
+            var rd = Ready()
+            let half = bytes.count / 2
+            rd.snapshotChunks = [
+                IncomingSnapshotChunk(meta: meta, offset: 0, data: Array(bytes[..<half])),
+                IncomingSnapshotChunk(meta: meta, offset: UInt64(half), data: Array(bytes[half...])),
+            ]
+            rd.snapshot = meta
+            let installed = try #require(try s.persist(rd))
+            #expect(installed.tree("app") == machine.tree("app") && installed.appliedIndex == 10)
+            var next = Ready()
+            next.entries = [LogEntry(index: 11, term: 2, kind: .noop), LogEntry(index: 12, term: 2, kind: .command, data: [9])]
+            _ = try s.persist(next)
+        }
+        let s = try NodeStorage(directory: dir, logger: logger) { _ in }
+        let loaded = try s.load { _ in }
+        #expect(loaded.persisted.snapshot == meta)
+        #expect(loaded.persisted.entries.map(\.index) == [11, 12])
+        #expect(loaded.machine.tree("app") == machine.tree("app"))
+        #expect(loaded.persisted.hardState.commit >= 10)
     }
 }
