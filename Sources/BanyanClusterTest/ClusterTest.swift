@@ -34,6 +34,9 @@ struct ClusterTest: AsyncParsableCommand {
     @Option(name: .long, help: "First port; clients use base+id, peers base+100+id.")
     var portBase: Int = 19300
 
+    @Flag(name: .long, help: "Checker self-test: the workload's reads skip ReadIndex (consistency=stale); the run must then fail.")
+    var sabotageStaleReads = false
+
     enum Scenario: String, CaseIterable {
         case anyNode = "any-node"
         case killLeader = "kill-leader"
@@ -87,6 +90,7 @@ struct ClusterTest: AsyncParsableCommand {
         let first = try await cluster.waitForLeader(timeout: 30)
         print("leader: node \(first)")
         let workload = RegisterWorkload(cluster: cluster)
+        workload.staleReads = sabotageStaleReads
         let live = LiveSet([1, 2, 3])
 
         switch scenario {

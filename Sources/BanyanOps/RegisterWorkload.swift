@@ -23,6 +23,9 @@ public final class RegisterWorkload: @unchecked Sendable {
     private let start = DispatchTime.now().uptimeNanoseconds
     private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts)>(([], 1, Counts()))
 
+    /// Sabotage for the checker's self-test: reads skip ReadIndex (`consistency=stale`).
+    public var staleReads = false
+
     public init(cluster: LocalCluster, keys: Int = 4, namespace: String = "jepsen") {
         self.cluster = cluster
         self.keys = (0..<keys).map { "k\($0)" }
@@ -50,6 +53,7 @@ public final class RegisterWorkload: @unchecked Sendable {
     public var history: [(key: String, op: Op)] { state.withLock { $0.ops } }
 
     func uri(_ key: String) -> String { "/registers/\(key).json?ns=\(namespace)" }
+    func readURI(_ key: String) -> String { uri(key) + (staleReads ? "&consistency=stale" : "") }
 
     /// Runs `clients` concurrent clients until `seconds` pass; `nodes()` gives the nodes to use.
     public func run(clients: Int, seconds: Double, nodes: @escaping @Sendable () -> [UInt64]) async {
@@ -79,7 +83,7 @@ public final class RegisterWorkload: @unchecked Sendable {
     @discardableResult
     public func read(client: Int, node: UInt64, key: String) async -> (value: Int?, etag: String?)? {
         let call = now()
-        guard let r = try? await cluster.request(node, .GET, uri(key), headers: [("X-Firebase-ETag", "true")], timeout: 5), r.status == 200 else {
+        guard let r = try? await cluster.request(node, .GET, readURI(key), headers: [("X-Firebase-ETag", "true")], timeout: 5), r.status == 200 else {
             count(\.failed)
             return nil
         }
