@@ -69,15 +69,17 @@ public struct ClusterBench: Sendable {
         for c in clients {
             let termBefore = await term(cluster)
             let cpuBefore = cluster.ids.compactMap(cluster.pid).map(Self.cpuSeconds).reduce(0, +)
+            let clientBefore = Self.cpuSeconds(getpid())
             let result = try await writeLoad(cluster, clients: c)
             let cpuAfter = cluster.ids.compactMap(cluster.pid).map(Self.cpuSeconds).reduce(0, +)
+            let clientCPU = Self.cpuSeconds(getpid()) - clientBefore
             let termAfter = await term(cluster)
             let sorted = result.latencies.sorted()
             let perWrite = result.writes > 0 ? (cpuAfter - cpuBefore) / Double(result.writes) : 0
             log(
                 "writes, \(c) client\(c == 1 ? "" : "s"): \(Int(Double(result.writes) / result.seconds)) writes/s; "
                     + "p50 \(Self.ms(Self.percentile(sorted, 0.5))), p99 \(Self.ms(Self.percentile(sorted, 0.99))); "
-                    + "server CPU \(String(format: "%.1f", perWrite * 1e6)) µs/write (3 nodes); errors \(result.errors); "
+                    + "server CPU \(String(format: "%.1f", perWrite * 1e6)) µs/write (3 nodes; load generator \(String(format: "%.2f", clientCPU / result.seconds)) cores); errors \(result.errors); "
                     + "leader changes \(termAfter > termBefore ? "\(termAfter - termBefore) (term \(termBefore)→\(termAfter))" : "0")")
             for (kind, n) in result.errorKinds.sorted(by: { $0.value > $1.value }).prefix(5) { log("    errors: \(n) × \(kind)") }
         }
