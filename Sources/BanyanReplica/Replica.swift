@@ -327,6 +327,12 @@ public struct Replica: Sendable {
                 guard let applied = machine.apply(entry.data, index: entry.index) else { continue }
                 var request: RequestID?
                 if applied.session == session, let w = writes.removeValue(forKey: applied.seq) {
+                    if applied.outcome == .duplicate {
+                        // Applied earlier (its outcome arrived in a snapshot): the outcome is
+                        // not known here, so it must not be reported as a success.
+                        events.append(.failed(w.request, .timedOut(write: true)))
+                        continue
+                    }
                     request = w.request
                 }
                 events.append(.applied(applied, tree: machine.tree(applied.namespace), request: request))

@@ -51,7 +51,8 @@ public struct NodeConfig: Sendable, Equatable {
     }
 
     public struct HTTPLimits: Sendable, Equatable {
-        public var maxBodyBytes: Int = 64 << 20
+        /// At most 32 MiB: a write must fit in one log record and one peer frame (64 MiB each).
+        public var maxBodyBytes: Int = 16 << 20
         public var maxConnections: Int = 20_000
         /// A connection silent this long is closed: a request part-way gets 408 first; an idle
         /// keep-alive connection is simply closed. Event streams are exempt.
@@ -175,7 +176,7 @@ extension NodeConfig {
             case "http":
                 for (k, v) in try r.map(value, key) {
                     switch k {
-                    case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(1 << 30))
+                    case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(32 << 20))
                     case "max_connections": c.http.maxConnections = try r.int(v, "http.max_connections", 1...1_000_000)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)

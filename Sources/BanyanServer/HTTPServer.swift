@@ -260,7 +260,8 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     static func unavailable(_ e: ReplicaError) -> HTTPReply {
         switch e {
         case .notLeader, .refused, .overloaded: return .error(.serviceUnavailable, e.description)
-        case .timedOut: return .error(.serviceUnavailable, e.description)
+        // Not 503: clients such as firebase-admin resend on 503, and this write may still apply.
+        case .timedOut(let write): return .error(write ? .gatewayTimeout : .serviceUnavailable, e.description)
         }
     }
 
@@ -324,6 +325,8 @@ final class StreamState: @unchecked Sendable {
     var watchID: UInt64?
     var runtime: NodeRuntime?
     private let closed = Atomic<Bool>(false)
+    /// Set on the replica loop by `.start`: nothing is sent before the first `put "/"`.
+    private var started = false
     /// A stream whose client reads too slowly is cancelled once this many bytes are queued.
     static let maxQueuedBytes = 16 << 20
 
@@ -338,8 +341,12 @@ final class StreamState: @unchecked Sendable {
         guard !isClosed else { return }
         let bytes: [UInt8]
         switch event {
-        case .start(let tree): bytes = stream.start(tree: tree)
-        case .applied(let applied, let tree): bytes = stream.applied(applied, tree: tree)
+        case .start(let tree):
+            started = true
+            bytes = stream.start(tree: tree)
+        case .applied(let applied, let tree):
+            guard started else { return }
+            bytes = stream.applied(applied, tree: tree)
         case .restored(let tree): bytes = stream.restart(tree: tree)
         }
         send(bytes)

@@ -368,8 +368,10 @@ public final class NodeRuntime: @unchecked Sendable {
     private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
         do {
             let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
-            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: Int(request.offset), maxBytes: request.maxBytes)
-            let last = Int(request.offset) + data.count >= total
+            // The offset comes from a peer: never trust it to fit.
+            guard let offset = Int(exactly: request.offset), offset <= total else { return }
+            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
+            let last = offset + data.count >= total
             replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: last)
         } catch {
             logger.warning(

@@ -130,7 +130,10 @@ final class NodeStorage {
             // (R3). The commit index need not be: a node restarting with an older commit learns
             // the rest from the leader, so commit-only changes are saved with the next other
             // change (saving them would cost three fsyncs per batch).
-            if hs.term != savedHardState.term || hs.vote != savedHardState.vote || hs.mayVote != savedHardState.mayVote {
+            // A committed configuration entry must survive a restart as committed: a node that
+            // restarted with an older commit index would act on an older membership.
+            let commitsConfig = rd.committedEntries.contains { if case .config = $0.kind { return true } else { return false } }
+            if hs.term != savedHardState.term || hs.vote != savedHardState.vote || hs.mayVote != savedHardState.mayVote || commitsConfig {
                 try saveHardState(hs)
             }
         }

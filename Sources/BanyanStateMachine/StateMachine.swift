@@ -122,12 +122,11 @@ public struct StateMachine: Sendable {
         guard let envelope = CommandEnvelope(decoding: payload) else {
             return Applied(namespace: "", session: 0, seq: 0, outcome: .malformed, written: [])
         }
-        var record = sessions[envelope.session] ?? SessionRecord()
-        if record.contains(envelope.seq) {
+        if sessions[envelope.session]?.contains(envelope.seq) == true {
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
         }
-        record.insert(envelope.seq)
-        sessions[envelope.session] = record
+        // In place: copying the record out would copy its `above` list on every apply.
+        sessions[envelope.session, default: SessionRecord()].insert(envelope.seq)
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         var written: [Path] = []
         var value: Node?
