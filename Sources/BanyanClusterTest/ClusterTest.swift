@@ -203,6 +203,12 @@ struct ClusterTest: AsyncParsableCommand {
         let deep = String(repeating: "{\"a\":", count: 40) + "1" + String(repeating: "}", count: 40)
         try await expect(.PUT, "/x.json?ns=limits", deep, status: 400, contains: "nested too deeply")
         try await expect(.GET, "/x.json?ns=limits&limitToFirst=1", nil, status: 400, contains: "orderBy must be defined")
+        // Operator endpoints refuse bad input the same way.
+        try await expect(.POST, "/.banyan/members", "{\"id\":\"x\"}", status: 400, contains: "peer_address")
+        try await expect(.POST, "/.banyan/members", "not json", status: 400, contains: "peer_address")
+        try await expect(.DELETE, "/.banyan/members/abc", nil, status: 400, contains: "bad node id")
+        try await expect(.POST, "/.banyan/transfer?to=x", nil, status: 400, contains: "to=")
+        try await expect(.GET, "/.banyan/nothing", nil, status: 404, contains: "no such operator endpoint")
         print("bad requests: clear errors")
         guard let pid = cluster.pid(node) else { throw Failure("node 1 is not running") }
         let rssBefore = ClusterBench.residentMiB(pid)

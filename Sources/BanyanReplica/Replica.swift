@@ -94,6 +94,8 @@ public struct Replica: Sendable {
     private var writes: [UInt64: PendingWrite] = [:]
     /// Writes to propose at the next `ready()` (batched into one proposal).
     private var toPropose: [UInt64] = []
+    /// The same numbers as `toPropose`, for O(1) membership in the retry scan.
+    private var queued: Set<UInt64> = []
 
     private struct PendingRead: Sendable {
         var requests: [RequestID]
@@ -139,10 +141,11 @@ public struct Replica: Sendable {
             if ticks >= w.deadline {
                 writes[seq] = nil
                 events.append(.failed(w.request, .timedOut(write: true)))
-            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !toPropose.contains(seq) {
+            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(seq) {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
                 toPropose.append(seq)
+                queued.insert(seq)
             }
         }
         for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
@@ -191,6 +194,7 @@ public struct Replica: Sendable {
         let payload = CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: 0, command: command).encoded()
         writes[seq] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
         toPropose.append(seq)
+        queued.insert(seq)
     }
 
     /// Submits a linearizable read (ReadIndex). `.readsReady` says when to serve it.
@@ -268,6 +272,7 @@ public struct Replica: Sendable {
         }
         guard !payloads.isEmpty else {
             toPropose = []
+            queued = []
             return
         }
         do {
@@ -285,6 +290,7 @@ public struct Replica: Sendable {
         }
         for seq in seqs { writes[seq]?.lastProposedTick = ticks }
         toPropose = []
+        queued = []
     }
 
     private mutating func startReads() {

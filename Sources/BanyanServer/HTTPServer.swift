@@ -92,8 +92,7 @@ struct HTTPReply: Sendable {
 
     /// An error body in Firebase's shape: `{\n  "error" : "..."\n}`.
     static func error(_ status: HTTPResponseStatus, _ message: String) -> HTTPReply {
-        let escaped = JSONWriter.string(Node(.string(message)))
-        return json(status, "{\n  \"error\" : \(escaped)\n}")
+        HTTPReply(status: status, headers: [("Content-Type", "application/json; charset=utf-8")], body: RESTRender.errorBody(message))
     }
 
     init(status: HTTPResponseStatus, headers: [(String, String)], body: [UInt8]) {

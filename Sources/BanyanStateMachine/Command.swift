@@ -110,11 +110,12 @@ public struct CommandEnvelope: Sendable, Equatable {
         self.init(namespace: namespace, session: session, seq: seq, timestamp: Int64(bitPattern: stamp), command: command)
     }
 
-    /// The same payload with another timestamp (the leader stamps forwarded proposals); nil when
-    /// `payload` is not a well-formed envelope.
+    /// The same payload with another timestamp (the leader stamps every proposal it appends);
+    /// nil when `payload` is too short or of another version. The rest is not decoded here: a
+    /// damaged payload still applies as `malformed`, identically on every replica.
     public static func restamped(_ payload: [UInt8], timestamp: Int64) -> [UInt8]? {
         // The timestamp sits at a fixed offset (version, kind, session, seq precede it).
-        guard payload.count >= 26, CommandEnvelope(decoding: payload) != nil else { return nil }
+        guard payload.count >= 26, payload[0] == version else { return nil }
         var out = payload
         let v = UInt64(bitPattern: timestamp)
         for i in 0..<8 { out[18 + i] = UInt8(truncatingIfNeeded: v >> UInt64(8 * i)) }
