@@ -43,6 +43,7 @@ struct ClusterTest: AsyncParsableCommand {
         case freezeLeader = "freeze-leader"
         case restartAll = "restart-all"
         case membership
+        case wipedMember = "wiped-member"
         case limits
     }
 
@@ -172,6 +173,8 @@ struct ClusterTest: AsyncParsableCommand {
             }
             await load
             cluster.kill9(leader)
+        case .wipedMember:
+            try await wipedMember(cluster, live: live, workload: workload)
         case .limits:
             try await limits(cluster, live: live, workload: workload)
         }
@@ -182,6 +185,53 @@ struct ClusterTest: AsyncParsableCommand {
         print("history: \(workload.history.count) operations; linearizability: \(verdict)")
         guard verdict == .linearizable else { throw Failure("history is \(verdict)") }
         guard workload.counts.ok > 20 else { throw Failure("too few operations succeeded (\(workload.counts))") }
+    }
+
+    /// A founder loses its disk and is restarted with its usual arguments (as systemd would, with
+    /// `initial_members` still configured but no `--new-cluster`). It must come back voteless: with
+    /// the leader then killed, the one intact voter and the amnesiac cannot elect anyone (an
+    /// election there could lose acknowledged writes). The operator's procedure (remove the id, add
+    /// it back) then makes it a voter again, and no acknowledged write is lost.
+    func wipedMember(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
+        async let load: Void = workload.run(clients: clients, seconds: seconds * 5, nodes: { live.nodes })
+        try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+        let leader = try await cluster.waitForLeader()
+        guard let wiped = [UInt64(1), 2, 3].first(where: { $0 != leader }) else { throw Failure("no follower") }
+        let intact = [UInt64(1), 2, 3].first { $0 != leader && $0 != wiped } ?? 0
+        print("kill -9 follower node \(wiped), delete its data directory, start it with the same arguments")
+        live.remove(wiped)
+        cluster.kill9(wiped)
+        try FileManager.default.removeItem(atPath: cluster.dataDirectory(wiped))
+        try cluster.start(wiped)
+        try await waitUntil("node \(wiped) answers status", timeout: 20) { await cluster.status(wiped) != nil }
+        guard let s = await cluster.status(wiped), (s["may_vote"] as? Bool) == false else {
+            throw Failure("the wiped node may vote: \(String(describing: await cluster.status(wiped)))")
+        }
+        print("node \(wiped) is back, voteless")
+        live.add(wiped)
+        try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+        print("kill -9 leader node \(leader): nodes \(intact) and \(wiped) must not elect a leader")
+        live.remove(leader)
+        cluster.kill9(leader)
+        if let unexpected = try? await cluster.waitForLeader(among: [intact, wiped], timeout: 4) {
+            throw Failure("node \(unexpected) became leader with the amnesiac's vote")
+        }
+        print("no leader without node \(leader), as required; restart it")
+        try cluster.start(leader)
+        live.add(leader)
+        _ = try await cluster.waitForLeader(timeout: 30)
+        print("remove node \(wiped) and add it back as a learner")
+        try await leaderCall(cluster, [leader, intact], .DELETE, "/.banyan/members/\(wiped)")
+        try await leaderCall(
+            cluster, [leader, intact], .POST, "/.banyan/members", body: #"{"id":\#(wiped),"peer_address":"127.0.0.1:\#(cluster.peerPort(wiped))"}"#)
+        try await waitUntil("node \(wiped) is a voter again and may vote", timeout: 30) {
+            guard let l = try? await cluster.waitForLeader(among: [leader, intact], timeout: 5), let s = await cluster.status(l),
+                (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(wiped) == true
+            else { return false }
+            return (await cluster.status(wiped)?["may_vote"] as? Bool) == true
+        }
+        print("node \(wiped) is a voter again")
+        await load
     }
 
     /// Bad input and abusive clients under load: oversize bodies, invalid JSON and paths,

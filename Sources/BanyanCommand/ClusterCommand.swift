@@ -56,7 +56,10 @@ struct ClusterLocal: ParsableCommand {
             ] + members
             let p = Process()
             p.executableURL = URL(fileURLWithPath: executable)
-            p.arguments = args
+            // A node's first start founds the cluster; later starts (and the restart command
+            // printed below) must not, so a wiped node cannot found it again.
+            let firstStart = !FileManager.default.fileExists(atPath: "\(dir)/node\(i)")
+            p.arguments = args + (firstStart ? ["--new-cluster"] : [])
             try p.run()
             processes.append(p)
             print("node \(i): pid \(p.processIdentifier), http://127.0.0.1:\(clientPort + i - 1)  (restart: banyan \(args.joined(separator: " ")))")

@@ -34,6 +34,11 @@ struct NodeOptions: ParsableArguments {
     @Flag(name: .long, help: "Start blank and wait to be added to an existing cluster (banyan cluster add).")
     var join = false
 
+    @Flag(
+        name: .long,
+        help: "Found a new cluster from --initial-member/initial_members if the data directory is blank (first start only; never put it in a service file).")
+    var newCluster = false
+
     @Option(name: .long, help: "Directory of the TLS files (development certificates are generated here on first run).")
     var tlsDir: String?
 
@@ -63,6 +68,7 @@ struct NodeOptions: ParsableArguments {
             }
         }
         if join { c.join = true }
+        if newCluster { c.newCluster = true }
         if let tlsDir { c.tls.directory = tlsDir }
         if let logLevel { c.logLevel = logLevel }
         if let threads {
@@ -115,6 +121,40 @@ struct Serve: ParsableCommand {
         waitForTerminationSignal()
         logger.notice("shutting down")
         node.shutdown()
+    }
+}
+
+/// `banyan bootstrap`: writes a new cluster's founding configuration into this node's blank data
+/// directory and exits, so that the service that runs the node never needs `--new-cluster`.
+struct Bootstrap: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Found a new cluster: initialise this founder's blank data directory, then exit.",
+        discussion: """
+            Run once on each founding member with the configuration its service will use (same \
+            initial_members and cluster_id everywhere), then start the service. Refuses a data directory \
+            that already holds state. See docs/operations.md, "Bootstrap".
+            """)
+
+    @OptionGroup var options: NodeOptions
+
+    func run() throws {
+        var config: NodeConfig
+        do {
+            config = try options.nodeConfig()
+        } catch let e as ConfigError {
+            throw ValidationError(e.message)
+        }
+        guard !config.join else { throw ValidationError("bootstrap founds a cluster; a node that joins one needs no bootstrap") }
+        config.newCluster = true
+        var logger = Logger(label: "banyan")
+        logger[metadataKey: "node"] = "\(config.nodeID)"
+        do {
+            try BanyanNode.bootstrapDataDirectory(config: config, logger: logger)
+        } catch {
+            logger.critical("cannot bootstrap", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
+        print("data directory \(config.dataDirectory) holds the founding configuration \(config.foundingMembers); start the node now")
     }
 }
 

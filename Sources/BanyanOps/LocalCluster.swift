@@ -13,6 +13,9 @@ public final class LocalCluster: @unchecked Sendable {
     public let group: MultiThreadedEventLoopGroup
     public private(set) var processes: [UInt64: Process] = [:]
     public private(set) var founders: [UInt64]
+    /// Founders started at least once: only a founder's first start passes `--new-cluster`, as an
+    /// operator would; a later start on a wiped directory therefore waits, voteless.
+    private var started: Set<UInt64> = []
     private let logLevel: String
     /// Extra `banyan serve` arguments for every node (e.g. `--config file`).
     public var extraArguments: [String] = []
@@ -45,7 +48,9 @@ public final class LocalCluster: @unchecked Sendable {
             args.append("--join")
         } else {
             args += founders.map { "--initial-member=\($0)=127.0.0.1:\(peerPort($0))" }
+            if !started.contains(id) { args.append("--new-cluster") }
         }
+        started.insert(id)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: executable)
         p.arguments = args

@@ -90,8 +90,14 @@ public struct Replica: Sendable {
         var payload: [UInt8]
         var lastProposedTick: Int
         var deadline: Int
+        /// Proposed at least once: a copy may be in some log, so a later refusal must not be
+        /// reported as a failure (the write can still apply; only its deadline ends the wait).
+        var proposed = false
     }
     private var writes: [UInt64: PendingWrite] = [:]
+    /// No sequence number below this is still waiting (see `CommandEnvelope.settledBelow`);
+    /// advanced lazily, so finding it costs O(1) amortised.
+    private var lowestPending: UInt64 = 1
     /// Writes to propose at the next `ready()` (batched into one proposal).
     private var toPropose: [UInt64] = []
     /// The same numbers as `toPropose`, for O(1) membership in the retry scan.
@@ -191,7 +197,10 @@ public struct Replica: Sendable {
         }
         let seq = nextSeq
         nextSeq += 1
-        let payload = CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: 0, command: command).encoded()
+        while lowestPending < seq, writes[lowestPending] == nil { lowestPending += 1 }
+        let payload = CommandEnvelope(
+            namespace: namespace, session: session, seq: seq, timestamp: 0, settledBelow: lowestPending, command: command
+        ).encoded()
         writes[seq] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
         toPropose.append(seq)
         queued.insert(seq)
@@ -283,12 +292,18 @@ public struct Replica: Sendable {
                 // Wait for a leader: the retry timer proposes again.
                 break
             default:
-                for seq in seqs {
+                // Refused outright (flow control): a write never proposed before is certainly not
+                // in any log, so it fails now. A retry of one that was proposed keeps waiting:
+                // its earlier copy may still commit.
+                for seq in seqs where writes[seq]?.proposed == false {
                     if let w = writes.removeValue(forKey: seq) { events.append(.failed(w.request, .overloaded(error.description))) }
                 }
             }
         }
-        for seq in seqs { writes[seq]?.lastProposedTick = ticks }
+        for seq in seqs {
+            writes[seq]?.lastProposedTick = ticks
+            writes[seq]?.proposed = true
+        }
         toPropose = []
         queued = []
     }
@@ -326,6 +341,7 @@ public struct Replica: Sendable {
         if let meta = rd.snapshot, let installed, installed.appliedIndex >= machine.appliedIndex {
             machine = installed
             events.append(.restoredFromSnapshot(meta))
+            settleWritesCoveredBySnapshot()
         }
         for entry in rd.committedEntries {
             switch entry.kind {
@@ -359,6 +375,16 @@ public struct Replica: Sendable {
         raft.advance(rd)
         answerReads()
         considerSnapshot()
+    }
+
+    /// Writes of this node that the installed snapshot already contains: they applied (or were
+    /// refused) inside the snapshot, whose outcome is not recorded, so they end now as unknown
+    /// instead of waiting for their deadline.
+    private mutating func settleWritesCoveredBySnapshot() {
+        guard let record = machine.sessions[session] else { return }
+        for seq in writes.keys.sorted() where record.contains(seq) {
+            if let w = writes.removeValue(forKey: seq) { events.append(.failed(w.request, .timedOut(write: true))) }
+        }
     }
 
     private mutating func answerReads() {

@@ -74,6 +74,12 @@ public final class BanyanNode: Sendable {
             metadata: ["address": "http://\(clientAddress)", "node": "\(config.nodeID)"])
     }
 
+    /// `banyan bootstrap`: writes the founding configuration into a blank data directory.
+    public static func bootstrapDataDirectory(config: NodeConfig, logger: Logger) throws {
+        try config.validate()
+        try NodeRuntime.bootstrapDataDirectory(config: config, logger: logger)
+    }
+
     public func shutdown() {
         http.shutdown()
         transport.shutdown()

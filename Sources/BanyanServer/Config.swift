@@ -18,6 +18,12 @@ public struct NodeConfig: Sendable, Equatable {
     public var initialMembers: [UInt64: HostPort] = [:]
     /// A node started with `join` set waits, blank, to be added by an existing member.
     public var join: Bool = false
+    /// Found a new cluster: on a blank data directory, write the founding configuration from
+    /// `initialMembers`. Set only by the `--new-cluster` flag (never from a file), so that a
+    /// founder whose disk was wiped and that is restarted with its usual configuration cannot
+    /// silently found the cluster again and vote with amnesia (R22). A blank directory with no
+    /// `initialMembers`, or with this node as the only one, founds a single-node cluster without it.
+    public var newCluster: Bool = false
 
     public var tls = TLSPaths()
     public var raft = RaftTuning()
@@ -73,6 +79,13 @@ public struct NodeConfig: Sendable, Equatable {
     public init() {}
 
     public var advertised: HostPort { advertisedPeerAddress ?? peerAddress }
+
+    /// The founding members a blank data directory would start with.
+    public var foundingMembers: [UInt64] { initialMembers.isEmpty ? [nodeID] : initialMembers.keys.sorted() }
+
+    /// Whether a blank data directory founds a cluster on start: a single-node cluster always
+    /// (the development default), a larger one only with `newCluster`.
+    public var foundsClusterWhenBlank: Bool { !join && (newCluster || foundingMembers == [nodeID]) }
     public var tlsDirectory: String { tls.directory ?? dataDirectory + "/certs" }
 }
 
@@ -205,6 +218,7 @@ extension NodeConfig {
         if !join && !initialMembers.isEmpty && initialMembers[nodeID] == nil {
             throw ConfigError("initial_members must include this node (\(nodeID)) unless join is set")
         }
+        if join && newCluster { throw ConfigError("--new-cluster and join exclude each other") }
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
     }
 

@@ -98,14 +98,31 @@ public final class NodeRuntime: @unchecked Sendable {
     /// bootstraps a new cluster when the directory is blank and `initialMembers` is set.
     /// `sharedLoop`: run the replica loop on this (network) event loop instead of a thread of its
     /// own. One thread then does everything: no cross-thread hops, but an fsync pauses network I/O.
+    /// Writes the founding configuration into a blank data directory and returns (`banyan
+    /// bootstrap`). Refuses a directory that already holds state.
+    static func bootstrapDataDirectory(config: NodeConfig, logger: Logger) throws {
+        let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: { _ in })
+        guard storage.isBlank else {
+            throw ConfigError("\(config.dataDirectory) already holds state; bootstrap is only for a blank data directory")
+        }
+        try storage.bootstrap(members: config.foundingMembers)
+        logger.notice("bootstrapped a new cluster", metadata: ["members": "\(config.foundingMembers)", "cluster": "\(config.clusterID)"])
+    }
+
     init(config: NodeConfig, logger: Logger, sharedLoop: (any EventLoop)? = nil, progress: @escaping (String) -> Void) throws {
         self.config = config
         self.logger = logger
         let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: progress)
-        if storage.isBlank && !config.join {
-            let members = config.initialMembers.isEmpty ? [config.nodeID] : Array(config.initialMembers.keys).sorted()
+        if storage.isBlank && config.foundsClusterWhenBlank {
+            let members = config.foundingMembers
             try storage.bootstrap(members: members)
             logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)", "cluster": "\(config.clusterID)"])
+        } else if storage.isBlank && !config.join {
+            logger.warning(
+                "blank data directory and no --new-cluster: this node will not vote or campaign until an existing member adds it (banyan cluster remove, then add; see docs/runbook.md). After a lost disk that is the safe state. For a brand-new cluster, start each founder once with --new-cluster (or run banyan bootstrap) instead.",
+                metadata: ["members": "\(config.foundingMembers)"])
+        } else if !storage.isBlank && config.newCluster {
+            logger.notice("--new-cluster ignored: the data directory already holds state")
         }
         let loaded = try storage.load(progress: progress)
         self.storage = storage

@@ -36,20 +36,27 @@ public struct CommandEnvelope: Sendable, Equatable {
     public var seq: UInt64
     /// Milliseconds since the epoch, stamped by the leader when it appends the entry.
     public var timestamp: Int64
+    /// The session's watermark: every sequence number below it was applied or given up for good
+    /// by the issuer (it will never propose it again). Applying the command settles them, so a
+    /// write given up on leaves no permanent gap in the session record; a stale copy of one that
+    /// commits later is a duplicate. 0 (and version-2 payloads) settle nothing.
+    public var settledBelow: UInt64
     public var command: Command
 
-    public init(namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, command: Command) {
+    public init(namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, command: Command) {
         self.namespace = namespace
         self.session = session
         self.seq = seq
         self.timestamp = timestamp
+        self.settledBelow = settledBelow
         self.command = command
     }
 
-    static let version: UInt8 = 2
+    /// Version 3 adds `settledBelow`; version 2 payloads (logs written before it) still decode.
+    static let version: UInt8 = 3
 
-    /// The log entry payload: version, kind, session, seq, timestamp, namespace, then
-    /// length-prefixed fields.
+    /// The log entry payload: version, kind, session, seq, timestamp, settledBelow, namespace,
+    /// then length-prefixed fields.
     public func encoded() -> [UInt8] {
         var w = ByteWriter()
         w.byte(Self.version)
@@ -61,6 +68,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         w.u64(session)
         w.u64(seq)
         w.u64(UInt64(bitPattern: timestamp))
+        w.u64(settledBelow)
         w.string(namespace)
         switch command {
         case let .set(path, json):
@@ -84,9 +92,15 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// Decodes a payload; nil when it is not a well-formed command of a known version.
     public init?(decoding bytes: [UInt8]) {
         var r = ByteReader(bytes)
-        guard r.byte() == Self.version, let kind = r.byte(), let session = r.u64(), let seq = r.u64(),
-            let stamp = r.u64(), let namespace = r.string(), let path = r.string()
+        guard let version = r.byte(), version == 2 || version == Self.version, let kind = r.byte(), let session = r.u64(),
+            let seq = r.u64(), let stamp = r.u64()
         else { return nil }
+        var settled: UInt64 = 0
+        if version >= 3 {
+            guard let s = r.u64() else { return nil }
+            settled = s
+        }
+        guard let namespace = r.string(), let path = r.string() else { return nil }
         let command: Command
         switch kind {
         case 1:
@@ -107,7 +121,8 @@ public struct CommandEnvelope: Sendable, Equatable {
             return nil
         }
         guard r.atEnd else { return nil }
-        self.init(namespace: namespace, session: session, seq: seq, timestamp: Int64(bitPattern: stamp), command: command)
+        self.init(
+            namespace: namespace, session: session, seq: seq, timestamp: Int64(bitPattern: stamp), settledBelow: settled, command: command)
     }
 
     /// The same payload with another timestamp (the leader stamps every proposal it appends);
@@ -115,7 +130,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// damaged payload still applies as `malformed`, identically on every replica.
     public static func restamped(_ payload: [UInt8], timestamp: Int64) -> [UInt8]? {
         // The timestamp sits at a fixed offset (version, kind, session, seq precede it).
-        guard payload.count >= 26, payload[0] == version else { return nil }
+        guard payload.count >= 26, payload[0] == 2 || payload[0] == version else { return nil }
         var out = payload
         let v = UInt64(bitPattern: timestamp)
         for i in 0..<8 { out[18 + i] = UInt8(truncatingIfNeeded: v >> UInt64(8 * i)) }

@@ -30,6 +30,18 @@ public struct SessionRecord: Sendable, Equatable {
         return lo < above.count && above[lo] == seq ? lo : nil
     }
 
+    /// Records that every number below `watermark` is applied or given up for good by its issuer.
+    mutating func settle(below watermark: UInt64) {
+        guard watermark > contiguous + 1 else { return }
+        contiguous = watermark - 1
+        var drop = 0
+        while drop < above.count, above[drop] <= contiguous + 1 {
+            contiguous = max(contiguous, above[drop])
+            drop += 1
+        }
+        if drop > 0 { above.removeFirst(drop) }
+    }
+
     /// Records `seq` as applied (the caller checked `contains` first).
     mutating func insert(_ seq: UInt64) {
         if seq == contiguous + 1 {
@@ -127,6 +139,7 @@ public struct StateMachine: Sendable {
         }
         // In place: copying the record out would copy its `above` list on every apply.
         sessions[envelope.session, default: SessionRecord()].insert(envelope.seq)
+        if envelope.settledBelow > 0 { sessions[envelope.session]?.settle(below: envelope.settledBelow) }
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         var written: [Path] = []
         var value: Node?

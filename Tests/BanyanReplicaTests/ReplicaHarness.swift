@@ -33,15 +33,18 @@ struct ReplicaCluster {
         return c
     }
 
-    init(nodes: Int, snapshotEntries: UInt64 = 0) throws {
+    /// `tune` adjusts every node's configuration (for example Raft's flow-control limits).
+    init(nodes: Int, snapshotEntries: UInt64 = 0, tune: (inout ReplicaConfiguration) -> Void = { _ in }) throws {
         let ids = (1...UInt64(nodes)).map { $0 }
         for id in ids {
             var disk = Disk()
             disk.persisted = RaftNode.bootstrapState(members: ids)
             disks[id] = disk
             clocks[id] = 1_000_000 * Int64(id)
+            var configuration = Self.configuration(id, snapshotEntries: snapshotEntries)
+            tune(&configuration)
             replicas[id] = try Replica(
-                configuration: Self.configuration(id, snapshotEntries: snapshotEntries), persisted: disk.persisted,
+                configuration: configuration, persisted: disk.persisted,
                 machine: StateMachine(), session: 1000 + id, now: clocks[id] ?? 0)
         }
     }

@@ -212,3 +212,56 @@ final class Inbox: Sendable {
         #expect(loaded.persisted.hardState.commit >= 10)
     }
 }
+
+@Suite struct BootstrapTests {
+    func config(_ dir: String, members: [UInt64], newCluster: Bool = false, join: Bool = false) -> NodeConfig {
+        var c = NodeConfig()
+        c.dataDirectory = dir
+        for id in members { c.initialMembers[id] = HostPort(host: "127.0.0.1", port: 7000 + Int(id)) }
+        c.newCluster = newCluster
+        c.join = join
+        return c
+    }
+
+    /// Starts a runtime on `config` (not connected to anyone) and reports its Raft view.
+    func start(_ c: NodeConfig) throws -> NodeStatus {
+        let runtime = try NodeRuntime(config: c, logger: Logger(label: "test")) { _ in }
+        defer { runtime.shutdown() }
+        return try runtime.status().wait()
+    }
+
+    @Test("a blank directory founds a multi-node cluster only with --new-cluster; a wiped founder restarted without it stays voteless")
+    func foundingNeedsTheFlag() throws {
+        let dir = try temporaryDirectory("bootstrap")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // Restarted by a service with its usual configuration after losing its disk.
+        let wiped = try start(config(dir + "/wiped", members: [1, 2, 3]))
+        #expect(!wiped.mayVote && wiped.voters.isEmpty && wiped.lastIndex == 0)
+        // Its directory stays blank: a later start with the flag (an operator's explicit choice) founds.
+        let founded = try start(config(dir + "/wiped", members: [1, 2, 3], newCluster: true))
+        #expect(founded.mayVote && founded.voters == [1, 2, 3])
+        // Once the directory holds state the flag changes nothing.
+        let again = try start(config(dir + "/wiped", members: [1, 2, 3], newCluster: true))
+        #expect(again.voters == [1, 2, 3] && again.term >= founded.term)
+        // The development default (no members, or only itself) founds a single-node cluster.
+        let single = try start(config(dir + "/single", members: []))
+        #expect(single.mayVote && single.voters == [1])
+        let alone = try start(config(dir + "/alone", members: [1]))
+        #expect(alone.mayVote && alone.voters == [1])
+        // A joining node waits blank, and the two flags exclude each other.
+        let joining = try start(config(dir + "/join", members: [], join: true))
+        #expect(!joining.mayVote && joining.voters.isEmpty)
+        #expect(throws: ConfigError.self) { try config(dir + "/x", members: [1, 2], newCluster: true, join: true).validate() }
+    }
+
+    @Test("banyan bootstrap writes the founding configuration once and refuses a directory with state")
+    func bootstrapCommand() throws {
+        let dir = try temporaryDirectory("bootstrap-cmd")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let c = config(dir + "/n1", members: [1, 2, 3])
+        try BanyanNode.bootstrapDataDirectory(config: c, logger: Logger(label: "test"))
+        #expect(throws: ConfigError.self) { try BanyanNode.bootstrapDataDirectory(config: c, logger: Logger(label: "test")) }
+        let status = try start(c)  // no --new-cluster needed now
+        #expect(status.mayVote && status.voters == [1, 2, 3])
+    }
+}
