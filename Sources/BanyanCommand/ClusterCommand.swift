@@ -83,6 +83,7 @@ struct AdminClient {
         }
         var request = URLRequest(url: url, timeoutInterval: 30)
         request.httpMethod = method
+        if let token = try AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
         if let body {
             request.httpBody = Data(body.utf8)
             request.setValue("application/json", forHTTPHeaderField: "Content-Type")
@@ -100,6 +101,18 @@ struct AdminClient {
         if let error { throw CommandError("cannot reach \(endpoint): \(error)") }
         guard let status else { throw CommandError("no answer from \(endpoint)") }
         return (status, body)
+    }
+}
+
+extension AdminClient {
+    /// The operator token for membership and transfer requests: `BANYAN_ADMIN_TOKEN`, or the first
+    /// line of the file named by `BANYAN_ADMIN_TOKEN_FILE` (the node's `admin_token_file`).
+    static func operatorToken() throws -> String? {
+        let env = ProcessInfo.processInfo.environment
+        if let token = env["BANYAN_ADMIN_TOKEN"], !token.isEmpty { return token }
+        guard let file = env["BANYAN_ADMIN_TOKEN_FILE"] else { return nil }
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw CommandError("cannot read BANYAN_ADMIN_TOKEN_FILE \(file)") }
+        return text.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) }
     }
 }
 

@@ -48,6 +48,7 @@ public final class BanyanNode: Sendable {
         try config.validate()
         self.config = config
         let registry = Self.registry()
+        let adminToken = try config.loadAdminToken()
         let tls = try Self.tlsConfigurations(config, logger: logger)
         let threads = config.threads ?? max(1, min(4, System.coreCount))
         network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
@@ -66,7 +67,7 @@ public final class BanyanNode: Sendable {
         peerAddress = peerBound.map { "\($0.ipAddress ?? config.peerAddress.host):\($0.port ?? config.peerAddress.port)" } ?? config.peerAddress.description
         logger.notice("peer transport listening (mutual TLS)", metadata: ["address": "\(peerAddress)", "node": "\(config.nodeID)"])
         runtime.start(transport: transport)
-        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry)
+        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken)
         let clientBound = try http.start(group: network)
         clientAddress = clientBound.map { "\($0.ipAddress ?? config.clientAddress.host):\($0.port ?? config.clientAddress.port)" } ?? config.clientAddress.description
         logger.notice(

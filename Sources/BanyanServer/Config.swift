@@ -32,6 +32,10 @@ public struct NodeConfig: Sendable, Equatable {
     /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
     public var defaultNamespace: String = "default"
     public var logLevel: String = "info"
+    /// A file holding the operator token. When set, membership and transfer requests
+    /// (`/.banyan/members…`, `/.banyan/transfer`) need `Authorization: Bearer <token>`; without
+    /// it they follow the development settings, like data requests.
+    public var adminTokenFile: String?
     /// Network threads (nil: one per core, at most 4). With 1, the replica loop shares that
     /// thread too: a single-threaded node.
     public var threads: Int?
@@ -87,6 +91,20 @@ public struct NodeConfig: Sendable, Equatable {
     /// (the development default), a larger one only with `newCluster`.
     public var foundsClusterWhenBlank: Bool { !join && (newCluster || foundingMembers == [nodeID]) }
     public var tlsDirectory: String { tls.directory ?? dataDirectory + "/certs" }
+
+    /// Reads the operator token (`adminTokenFile`): the file's first line, at least 16 bytes.
+    public func loadAdminToken() throws(ConfigError) -> String? {
+        guard let file = adminTokenFile else { return nil }
+        let text: String
+        do {
+            text = try String(contentsOfFile: file, encoding: .utf8)
+        } catch {
+            throw ConfigError("cannot read admin_token_file \(file): \(error.localizedDescription)")
+        }
+        let token = text.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+        guard token.utf8.count >= 16 else { throw ConfigError("admin_token_file \(file): the token must be at least 16 characters") }
+        return token
+    }
 }
 
 public struct HostPort: Sendable, Equatable, Hashable, CustomStringConvertible {
@@ -156,6 +174,7 @@ extension NodeConfig {
             case "join": c.join = try r.bool(value, key)
             case "default_namespace": c.defaultNamespace = try r.string(value, key)
             case "log_level": c.logLevel = try r.string(value, key)
+            case "admin_token_file": c.adminTokenFile = try r.string(value, key)
             case "threads": c.threads = try r.int(value, key, 1...64)
             case "initial_members":
                 guard let members = value as? [AnyHashable: Any] else { throw ConfigError("\(source): initial_members must map node ids to host:port") }

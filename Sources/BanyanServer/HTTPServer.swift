@@ -31,9 +31,13 @@ final class HTTPServer: Sendable {
     let latency: Metrics.Timer = Metrics.Timer(label: "banyan_http_request_duration_seconds")
     private let openStreams = Atomic<Int>(0)
 
-    init(runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry) {
+    /// The operator token (`admin_token_file`), if one is configured.
+    let adminToken: String?
+
+    init(runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil) {
         self.runtime = runtime
         self.config = config
+        self.adminToken = adminToken
         self.logger = logger
         self.registry = registry
         self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
@@ -196,6 +200,11 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             return
         }
         if path.hasPrefix("/.banyan/") {
+            if head.method != .GET, let denied = authorizeOperator(head) {
+                server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
+                respond(context: context, head: head, reply: denied)
+                return
+            }
             let future = AdminAPI(server: server).handle(method: head.method, path: path, uri: head.uri, body: body)
             future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: context, head: head, reply: reply) }
             return
@@ -245,6 +254,32 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
                 }
             }
         }
+    }
+
+    /// Membership and transfer requests: the operator token when one is configured; otherwise
+    /// the development settings, as for data requests. Reads (status, health, ready) are open.
+    private func authorizeOperator(_ head: HTTPRequestHead) -> HTTPReply? {
+        let header = head.headers.first(name: "Authorization")
+        let token = header.map { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : $0 }
+        if let adminToken = server.adminToken {
+            guard let token, Self.constantTimeEqual(token, adminToken) else {
+                return .error(.unauthorized, "operator requests need Authorization: Bearer <admin token>")
+            }
+            return nil
+        }
+        switch token {
+        case "owner" where server.config.development.acceptOwnerToken: return nil
+        case _ where server.config.development.allowUnauthenticated: return nil
+        default: return .error(.unauthorized, "Permission denied")
+        }
+    }
+
+    static func constantTimeEqual(_ a: String, _ b: String) -> Bool {
+        let x = Array(a.utf8)
+        let y = Array(b.utf8)
+        var diff = UInt8(truncatingIfNeeded: x.count ^ y.count)
+        for i in 0..<max(x.count, y.count) { diff |= (i < x.count ? x[i] : 0) ^ (i < y.count ? y[i] : 0) }
+        return diff == 0
     }
 
     private func authorize(_ request: RESTRequest) -> HTTPReply? {

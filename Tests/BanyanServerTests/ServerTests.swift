@@ -265,3 +265,70 @@ final class Inbox: Sendable {
         #expect(status.mayVote && status.voters == [1, 2, 3])
     }
 }
+
+@Suite(.serialized) struct OperatorAuthTests {
+    /// Sends one request to a running node's client API; the status code.
+    func status(_ node: BanyanNode, _ method: String, _ path: String, token: String? = nil) async throws -> Int {
+        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port(node)).get()
+        defer { channel.close(promise: nil) }
+        let reply = Collect()
+        let auth = token.map { "Authorization: Bearer \($0)\r\n" } ?? ""
+        let request = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\(auth)Content-Length: 0\r\nConnection: close\r\n\r\n"
+        try await channel.pipeline.addHandler(reply).get()
+        try await channel.writeAndFlush(ByteBuffer(string: request)).get()
+        _ = await eventually({ reply.text.withLock { $0.contains("\r\n\r\n") } }, seconds: 10)
+        let text = reply.text.withLock { $0 }
+        let code = text.split(separator: " ").dropFirst().first.flatMap { Int($0) }
+        return try #require(code, "no HTTP status in '\(text.prefix(80))'")
+    }
+
+    final class Collect: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        let text = Mutex<String>("")
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            let buffer = unwrapInboundIn(data)
+            text.withLock { $0 += String(buffer: buffer) }
+        }
+    }
+
+    func port(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
+
+    func node(_ dir: String, tokenFile: String?, allowUnauthenticated: Bool) throws -> BanyanNode {
+        var c = NodeConfig()
+        c.dataDirectory = dir + "/data"
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.adminTokenFile = tokenFile
+        c.development.allowUnauthenticated = allowUnauthenticated
+        return try BanyanNode.start(config: c, logger: Logger(label: "test"))
+    }
+
+    @Test("membership and transfer requests need the operator token when one is configured; status stays open")
+    func operatorToken() async throws {
+        let dir = try temporaryDirectory("admin")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let tokenFile = dir + "/admin.token"
+        try "s3cret-operator-token-123\n".write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        let n = try node(dir, tokenFile: tokenFile, allowUnauthenticated: true)
+        defer { n.shutdown() }
+        #expect(try await status(n, "DELETE", "/.banyan/members/7") == 401)
+        #expect(try await status(n, "POST", "/.banyan/transfer?to=2") == 401)
+        #expect(try await status(n, "POST", "/.banyan/members/7/promote", token: "owner") == 401)
+        #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "s3cret-operator-token-12") == 401)
+        #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "s3cret-operator-token-123") != 401)
+        #expect(try await status(n, "GET", "/.banyan/status") == 200)
+    }
+
+    @Test("without an operator token, membership requests follow the development settings; a short token file is refused at start")
+    func developmentSettings() async throws {
+        let dir = try temporaryDirectory("admin-dev")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let n = try node(dir, tokenFile: nil, allowUnauthenticated: false)
+        defer { n.shutdown() }
+        #expect(try await status(n, "DELETE", "/.banyan/members/7") == 401)
+        #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "someone") == 401)
+        #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "owner") != 401)
+        try "short\n".write(toFile: dir + "/short.token", atomically: true, encoding: .utf8)
+        #expect(throws: ConfigError.self) { _ = try node(dir + "/other", tokenFile: dir + "/short.token", allowUnauthenticated: true) }
+    }
+}
