@@ -62,8 +62,11 @@ public final class SnapshotStore {
     /// Writes and installs a snapshot. `image` produces the uncompressed image in chunks through
     /// the function it is given, so the image never has to exist in memory as a whole.
     /// `progress` receives the uncompressed bytes written so far.
+    /// `removeOlder: false` leaves older snapshots in place for the caller to remove with
+    /// `removeSnapshots(olderThan:)` (a node writes snapshots on a background thread and removes
+    /// files only on its replica thread, so the two never race over the directory).
     public func write(
-        _ metadata: SnapshotMetadata, progress: ((UInt64) -> Void)? = nil,
+        _ metadata: SnapshotMetadata, progress: ((UInt64) -> Void)? = nil, removeOlder: Bool = true,
         image: (_ emit: ([UInt8]) throws -> Void) throws -> Void
     ) throws(OpLogError) {
         do {
@@ -96,14 +99,23 @@ public final class SnapshotStore {
             try fileSystem.rename(temporary, to: path(name))
             try fileSystem.syncDirectory(directory)
             // Only now that the new snapshot is durable: remove the older ones.
+            if removeOlder { try removeSnapshots(olderThan: metadata.lastIndex) }
+        } catch {
+            throw SnapshotStore.opLogError(error, otherwise: "snapshot image producer failed")
+        }
+    }
+
+    /// Removes every snapshot older than `lastIndex` (call only once that one is durable).
+    public func removeSnapshots(olderThan lastIndex: UInt64) throws(OpLogError) {
+        do {
             var removed = false
-            for old in try files() where old.lastIndex < metadata.lastIndex {
+            for old in try files() where old.lastIndex < lastIndex {
                 try fileSystem.remove(path(old.name))
                 removed = true
             }
             if removed { try fileSystem.syncDirectory(directory) }
         } catch {
-            throw SnapshotStore.opLogError(error, otherwise: "snapshot image producer failed")
+            throw SnapshotStore.opLogError(error, otherwise: "removing old snapshots failed")
         }
     }
 
@@ -119,7 +131,26 @@ public final class SnapshotStore {
     public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
         let newest = try latest()
         guard let target = lastIndex ?? newest?.lastIndex else { throw OpLogError(.invalidArgument, "no snapshot") }
-        let name = path(SnapshotFormat.fileName(lastIndex: target))
+        return try readFile(path(SnapshotFormat.fileName(lastIndex: target)), consume: consume)
+    }
+
+    /// Reads the snapshot assembled from a peer's chunks (not yet installed), verifying it exactly
+    /// as `readChunks` does, so that a damaged transfer is refused before it replaces anything.
+    @discardableResult
+    public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+        let metadata = try readFile(incomingPath, consume: consume)
+        guard metadata.lastIndex == lastIndex else {
+            throw OpLogError(.corrupt, "the received snapshot ends at \(metadata.lastIndex), not \(lastIndex)", file: incomingPath)
+        }
+        return metadata
+    }
+
+    /// Discards a received snapshot that will not be installed.
+    public func discardIncoming() {
+        try? fileSystem.remove(incomingPath)
+    }
+
+    private func readFile(_ name: String, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
         do {
             let bytes = try fileSystem.readAll(name)
             guard let parsed = SnapshotFormat.parse(bytes) else {
@@ -222,12 +253,7 @@ extension SnapshotStore {
             fileSystem.close(file)
             try fileSystem.rename(incomingPath, to: path(SnapshotFormat.fileName(lastIndex: lastIndex)))
             try fileSystem.syncDirectory(directory)
-            var removed = false
-            for old in try files() where old.lastIndex != lastIndex {
-                try fileSystem.remove(path(old.name))
-                removed = true
-            }
-            if removed { try fileSystem.syncDirectory(directory) }
+            try removeSnapshots(olderThan: lastIndex)
             return parsed.trailer.metadata
         } catch {
             throw SnapshotStore.opLogError(error, otherwise: "installing the received snapshot failed")

@@ -361,6 +361,12 @@ public final class NodeRuntime: @unchecked Sendable {
             let started = DispatchTime.now().uptimeNanoseconds
             do {
                 installed = try storage.persist(rd)
+            } catch let damaged as DamagedIncomingSnapshot {
+                // Nothing of this Ready reached the disk or the network: reload as a restart
+                // would, and let the leader send the snapshot again.
+                logger.error("refused a damaged snapshot from the leader; reloading state from disk", metadata: ["error": "\(damaged)"])
+                reloadFromDisk()
+                return scheduleProcess()
             } catch {
                 // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
                 // may no longer match the disk, and only a restart recovers from what is really
@@ -456,6 +462,7 @@ public final class NodeRuntime: @unchecked Sendable {
                 let ms = (DispatchTime.now().uptimeNanoseconds - started) / 1_000_000
                 self.loop.execute {
                     do {
+                        try self.storage.snapshots.removeSnapshots(olderThan: meta.index)
                         try self.storage.compact(through: meta.index)
                         try self.storage.saveCommit(self.replica.raft.hardState)
                     } catch {
@@ -470,6 +477,31 @@ public final class NodeRuntime: @unchecked Sendable {
                 self.loop.execute { self.replica.snapshotFailed() }
             }
         }
+    }
+
+    /// Rebuilds the replica from what is on disk, as a restart would (after a damaged incoming
+    /// snapshot). Waiting writes end as unknown and reads as timed out; live views resend.
+    private func reloadFromDisk() {
+        do {
+            let loaded = try storage.load { _ in }
+            replica = try Replica(
+                configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine,
+                session: UInt64.random(in: 1...UInt64.max), now: Self.wallClock())
+        } catch {
+            logger.critical("storage error while reloading; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])
+            stopped = true
+            exit(75)
+        }
+        for (_, p) in writeWaiters { p.succeed(.failure(.timedOut(write: true))) }
+        for (id, w) in readWaiters {
+            watchStarts[id] = nil
+            w.promise.succeed(.failure(.timedOut(write: false)))
+        }
+        for (_, p) in memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
+        writeWaiters = [:]
+        readWaiters = [:]
+        memberWaiters = [:]
+        for (_, w) in watchers { w.handler(.restored(replica.machine.tree(w.namespace))) }
     }
 
     private func learnPeers(from tree: Node) {

@@ -113,15 +113,22 @@ final class NodeStorage {
         }
         var installed: StateMachine?
         if let meta = rd.snapshot {
+            // Verify and decode the received file before anything is replaced: a damaged transfer
+            // must leave the disk exactly as it was (the caller then reloads from it).
+            do {
+                var image: [UInt8] = []
+                try snapshots.readIncomingChunks(lastIndex: meta.index) { image.append(contentsOf: $0) }
+                installed = try StateMachine(image: image)
+            } catch {
+                snapshots.discardIncoming()
+                throw DamagedIncomingSnapshot(index: meta.index, reason: "\(error)")
+            }
             _ = try snapshots.installIncoming(lastIndex: meta.index)
             if log.term(at: meta.index) == meta.term {
                 try log.compact(through: meta.index)
             } else {
                 try log.reset(after: meta.index)
             }
-            var image: [UInt8] = []
-            try snapshots.readChunks(lastIndex: meta.index) { image.append(contentsOf: $0) }
-            installed = try StateMachine(image: image)
             logger.info("installed a snapshot from the leader", metadata: ["index": "\(meta.index)", "term": "\(meta.term)"])
         }
         try persistEntries(rd.entries)
@@ -220,6 +227,15 @@ final class NodeStorage {
     }
 }
 
+/// A snapshot received from the leader failed verification (checksum, length, or its image does
+/// not decode). Nothing was installed; the node reloads its state from disk and the leader sends
+/// the snapshot again.
+struct DamagedIncomingSnapshot: Error, CustomStringConvertible {
+    let index: UInt64
+    let reason: String
+    var description: String { "the snapshot received for index \(index) is damaged: \(reason)" }
+}
+
 /// Writes a snapshot of a state machine copy off the replica thread, with its own file-system
 /// instance (the files it touches are disjoint from the loop's until the atomic rename).
 struct SnapshotWriter: Sendable {
@@ -228,6 +244,8 @@ struct SnapshotWriter: Sendable {
     func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
         let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem())
         let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
-        try store.write(metadata, progress: progress) { emit in try machine.writeImage(emit: emit) }
+        // Older snapshots are removed by the replica thread once this one is durable (see
+        // `NodeRuntime.writeSnapshot`), never from here.
+        try store.write(metadata, progress: progress, removeOlder: false) { emit in try machine.writeImage(emit: emit) }
     }
 }

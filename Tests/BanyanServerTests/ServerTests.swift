@@ -211,6 +211,48 @@ final class Inbox: Sendable {
         #expect(loaded.machine.tree("app") == machine.tree("app"))
         #expect(loaded.persisted.hardState.commit >= 10)
     }
+
+    @Test("a damaged snapshot from a leader is refused before it replaces anything; a good copy then installs")
+    func damagedSnapshotRefused() throws {
+        let leaderDir = try temporaryDirectory("leader-bad")
+        let dir = try temporaryDirectory("follower-bad")
+        defer {
+            try? FileManager.default.removeItem(atPath: leaderDir)
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        var machine = StateMachine()
+        for i in 1...200 {
+            let payload = CommandEnvelope(namespace: "app", session: 1, seq: UInt64(i), timestamp: 5, command: .set(path: "/k\(i)", json: Array("\"value \(i)\"".utf8))).encoded()
+            _ = machine.apply(payload, index: UInt64(i))
+        }
+        let meta = SnapshotMeta(index: 200, term: 2, membership: Membership(voters: [1, 2, 3]))
+        try SnapshotWriter(directory: leaderDir).write(machine, meta: meta) { _ in }
+        let file = leaderDir + "/snapshots/" + (try FileManager.default.contentsOfDirectory(atPath: leaderDir + "/snapshots")).filter { $0.hasSuffix(".snap") }[0]
+        let good = Array(try Data(contentsOf: URL(fileURLWithPath: file)))
+        let logger = Logger(label: "test")
+        let s = try NodeStorage(directory: dir, logger: logger) { _ in }
+        try s.bootstrap(members: [1, 2, 3])
+        var flipped = good
+        flipped[good.count / 3] ^= 0x40
+        for damaged in [flipped, Array(good.dropLast(7))] {
+            var rd = Ready()
+            rd.snapshotChunks = [IncomingSnapshotChunk(meta: meta, offset: 0, data: damaged)]
+            rd.snapshot = meta
+            rd.entries = [LogEntry(index: 201, term: 2, kind: .noop)]
+            rd.hardState = HardState(term: 2, vote: 0, commit: 200, mayVote: true)
+            #expect(throws: DamagedIncomingSnapshot.self) { _ = try s.persist(rd) }
+            let reopened = try NodeStorage(directory: dir, logger: logger) { _ in }
+            let loaded = try reopened.load { _ in }
+            #expect(loaded.persisted.snapshot == .none, "a damaged snapshot was installed")
+            #expect(loaded.persisted.entries.map(\.index) == [1])
+            #expect(loaded.persisted.hardState.term == 1)
+        }
+        var rd = Ready()
+        rd.snapshotChunks = [IncomingSnapshotChunk(meta: meta, offset: 0, data: good)]
+        rd.snapshot = meta
+        let installed = try #require(try s.persist(rd))
+        #expect(installed.tree("app") == machine.tree("app"))
+    }
 }
 
 @Suite struct BootstrapTests {
