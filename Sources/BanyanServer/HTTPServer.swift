@@ -332,16 +332,16 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         headers.add(name: "Access-Control-Allow-Origin", value: "*")
         context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))), promise: nil)
         let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
-        state.keepAliveTask = context.eventLoop.scheduleRepeatedTask(initialDelay: keepAlive, delay: keepAlive) { _ in
+        state.setKeepAlive(context.eventLoop.scheduleRepeatedTask(initialDelay: keepAlive, delay: keepAlive) { _ in
             state.send(SSEStream.keepAlive())
-        }
+        })
         let runtime = server.runtime
         runtime.watch(namespace: request.namespace, stale: stale) { event in state.handle(event) }
             .hop(to: context.eventLoop)
             .whenSuccess { result in
                 switch result {
                 case .success(let id):
-                    if state.isClosed { runtime.unwatch(id) } else { state.watchID = id; state.runtime = runtime }
+                    state.attach(watch: id, runtime: runtime)
                 case .failure(let e):
                     state.send(SSEStream.cancel(e.description))
                     context.close(promise: nil)
@@ -350,14 +350,19 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 }
 
-/// One open event stream. `stream` is used only on the replica loop (watch handlers run there);
-/// writes go to the channel, which is safe from any thread.
+/// One open event stream. `stream` and `started` are used only on the replica loop (watch
+/// handlers run there); the watch registration and keep-alive task are set on the channel's loop
+/// and read by `close()`, which either loop may call, so they sit behind a lock; writes go to the
+/// channel, which is safe from any thread.
 final class StreamState: @unchecked Sendable {
     private var stream: SSEStream
     let channel: any Channel
-    var keepAliveTask: RepeatedTask?
-    var watchID: UInt64?
-    var runtime: NodeRuntime?
+    private struct Registration {
+        var keepAlive: RepeatedTask?
+        var watchID: UInt64?
+        var runtime: NodeRuntime?
+    }
+    private let registration = Mutex(Registration())
     private let closed = Atomic<Bool>(false)
     /// Set on the replica loop by `.start`: nothing is sent before the first `put "/"`.
     private var started = false
@@ -369,7 +374,28 @@ final class StreamState: @unchecked Sendable {
         self.channel = channel
     }
 
-    var isClosed: Bool { closed.load(ordering: .relaxed) }
+    var isClosed: Bool { closed.load(ordering: .acquiring) }
+
+    func setKeepAlive(_ task: RepeatedTask) {
+        let cancelNow = registration.withLock { r -> Bool in
+            if isClosed { return true }
+            r.keepAlive = task
+            return false
+        }
+        if cancelNow { task.cancel() }
+    }
+
+    /// Records the watch once it started; a stream closed meanwhile unwatches at once (exactly
+    /// one of this and `close()` sees the id).
+    func attach(watch id: UInt64, runtime: NodeRuntime) {
+        let closedAlready = registration.withLock { r -> Bool in
+            if isClosed { return true }
+            r.watchID = id
+            r.runtime = runtime
+            return false
+        }
+        if closedAlready { runtime.unwatch(id) }
+    }
 
     func handle(_ event: WatchEvent) {
         guard !isClosed else { return }
@@ -400,8 +426,12 @@ final class StreamState: @unchecked Sendable {
     }
 
     func close() {
-        guard closed.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged else { return }
-        keepAliveTask?.cancel()
-        if let id = watchID { runtime?.unwatch(id) }
+        guard closed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        let r = registration.withLock { r -> Registration in
+            defer { r = Registration() }
+            return r
+        }
+        r.keepAlive?.cancel()
+        if let id = r.watchID { r.runtime?.unwatch(id) }
     }
 }

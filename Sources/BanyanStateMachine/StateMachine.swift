@@ -95,7 +95,7 @@ public struct StateMachine: Sendable {
         /// Absolute paths written (for live views: `ChildChanges.at(_:written:)`).
         public var written: [Path]
         /// For an applied set or compare-and-set: the node written, server values resolved (the
-        /// REST echo). Nil otherwise.
+        /// REST echo). For an update: the node at the update's location afterwards. Nil otherwise.
         public var value: Node? = nil
     }
 
@@ -188,6 +188,8 @@ public struct StateMachine: Sendable {
             try next.apply(update: entries, at: location)
             tree = next
             written = entries.map { location.appending($0.path.path) }
+            // The location's node after the update (the REST ETag of a PATCH).
+            value = tree.child(at: location)
             return .ok
         case let .compareAndSet(pathText, expectedHash, json):
             let location = try Path(parsing: pathText)

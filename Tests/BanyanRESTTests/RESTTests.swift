@@ -184,6 +184,23 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(RESTRender.write(delete, applied: try applyWrite(delete, to: &m, seq: 4), pushID: nil).status == 412)
     }
 
+    @Test("the ETag after a PATCH is the location's new value, after a POST the new child's, after a DELETE null_etag")
+    func etagsAfterOtherWrites() throws {
+        var m = StateMachine()
+        let put = try request("PUT", "/u.json?ns=n", body: #"{"a":1,"b":2}"#)
+        _ = try applyWrite(put, to: &m, seq: 1)
+        let patch = try request("PATCH", "/u.json?ns=n", body: #"{"b":3,"c/d":4}"#, headers: [("X-Firebase-ETag", "true")])
+        let patched = RESTRender.write(patch, applied: try applyWrite(patch, to: &m, seq: 2), pushID: nil)
+        #expect(patched.status == 200)
+        #expect(patched.header("ETag") == (try tree(#"{"a":1,"b":3,"c":{"d":4}}"#)).hashString)
+        #expect(patched.header("ETag") == m.tree("n").child(at: try Path(parsing: "/u")).hashString)
+        let post = try request("POST", "/list.json?ns=n", body: #"{"x":true}"#, headers: [("X-Firebase-ETag", "true")])
+        let posted = RESTRender.write(post, applied: try applyWrite(post, to: &m, pushID: "-PUSHID0000000000009", seq: 3), pushID: "-PUSHID0000000000009")
+        #expect(posted.header("ETag") == (try tree(#"{"x":true}"#)).hashString)
+        let delete = try request("DELETE", "/u.json?ns=n", headers: [("X-Firebase-ETag", "true")])
+        #expect(RESTRender.write(delete, applied: try applyWrite(delete, to: &m, seq: 4), pushID: nil).header("ETag") == "null_etag")
+    }
+
     @Test("errors are Firebase-shaped JSON with a CORS header; OPTIONS answers the preflight")
     func errors() throws {
         let e = RESTRender.error(RESTError(400, "orderBy must be defined when other query parameters are defined"))
