@@ -269,6 +269,41 @@ struct ClusterTest: AsyncParsableCommand {
         guard answer.contains("408") else { throw Failure("a stalled request got '\(answer.prefix(80))' instead of 408") }
         stalled.close()
         print("stalled request: 408")
+        // A request dripped a byte at a time (each byte resets an idle timer) still gets 408
+        // once the whole request has taken longer than the read timeout.
+        let drip = try await RawConnection.open(port: cluster.clientPort(node))
+        let dripStarted = Date()
+        drip.send("PUT /drip.json?ns=limits HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n")
+        var dripAnswer = ""
+        for byte in String(repeating: "1", count: 400) {
+            drip.send(String(byte))
+            dripAnswer += drip.receiveAvailable()
+            if !dripAnswer.isEmpty || Date().timeIntervalSince(dripStarted) > 8 { break }
+            try await Task.sleep(nanoseconds: 300_000_000)
+        }
+        dripAnswer += drip.receive(timeoutSeconds: 1)
+        drip.close()
+        let dripSeconds = Date().timeIntervalSince(dripStarted)
+        guard dripAnswer.contains("408"), dripSeconds < 5 else {
+            throw Failure("a dripped request got '\(dripAnswer.prefix(80))' after \(String(format: "%.1f", dripSeconds)) s instead of 408 within the read timeout")
+        }
+        print(String(format: "dripped body: 408 after %.1f s", dripSeconds))
+        // A head dripped a byte at a time never completes: the node closes the connection.
+        let dripHead = try await RawConnection.open(port: cluster.clientPort(node))
+        let headStarted = Date()
+        var headClosed = false
+        for byte in "GET /x.json?ns=limits HTTP/1.1\r\nHost: x\r\nX-Slow: " + String(repeating: "y", count: 100) {
+            dripHead.send(String(byte))
+            if dripHead.isClosedByPeer() || Date().timeIntervalSince(headStarted) > 8 {
+                headClosed = dripHead.isClosedByPeer()
+                break
+            }
+            try await Task.sleep(nanoseconds: 300_000_000)
+        }
+        dripHead.close()
+        let headSeconds = Date().timeIntervalSince(headStarted)
+        guard headClosed, headSeconds < 5 else { throw Failure("a dripped request head was still open after \(String(format: "%.1f", headSeconds)) s") }
+        print(String(format: "dripped head: closed after %.1f s", headSeconds))
         // Two thousand idle connections: the node keeps serving; they are closed after the read timeout.
         var idle: [RawConnection] = []
         for _ in 0..<2000 { if let c = try? await RawConnection.open(port: cluster.clientPort(node)) { idle.append(c) } }
@@ -373,6 +408,13 @@ final class RawConnection: @unchecked Sendable {
             out += buffer[0..<n]
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// What has arrived already, without waiting.
+    func receiveAvailable() -> String {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        return n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : ""
     }
 
     /// True when the peer has closed the connection (readable with zero bytes, or reset).

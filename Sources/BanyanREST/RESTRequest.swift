@@ -398,7 +398,9 @@ public struct RESTRequest: Sendable {
         return String(label)
     }
 
-    static func isValidNamespace(_ ns: String) -> Bool {
+    /// A namespace name: 1 to 63 ASCII letters, digits, '-' or '_' (also checked for the
+    /// server's `default_namespace`).
+    public static func isValidNamespace(_ ns: String) -> Bool {
         !ns.isEmpty && ns.utf8.count <= 63
             && ns.utf8.allSatisfy { b in
                 (b >= UInt8(ascii: "a") && b <= UInt8(ascii: "z")) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))

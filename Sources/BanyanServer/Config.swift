@@ -1,3 +1,4 @@
+import BanyanREST
 import Foundation
 import Yams
 
@@ -239,6 +240,9 @@ extension NodeConfig {
         }
         if join && newCluster { throw ConfigError("--new-cluster and join exclude each other") }
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
+        guard RESTRequest.isValidNamespace(defaultNamespace) else {
+            throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")
+        }
     }
 
     private struct Reader {

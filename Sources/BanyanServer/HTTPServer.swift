@@ -123,8 +123,38 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     private var busy = false
     private var streaming: StreamState?
     private var started: UInt64 = 0
+    /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
+    /// connection opening or of the previous response: the idle timer alone restarts with every
+    /// byte, so a client dripping a byte at a time could hold a request open for ever.
+    private var deadline: Scheduled<Void>?
 
     init(server: HTTPServer) { self.server = server }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { armDeadline(context: context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        armDeadline(context: context)
+        context.fireChannelActive()
+    }
+
+    private func armDeadline(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        let seconds = Int64(server.config.http.requestReadTimeoutSeconds)
+        deadline = context.eventLoop.scheduleTask(in: .seconds(seconds)) { self.deadlineExpired(context: context) }
+    }
+
+    private func deadlineExpired(context: ChannelHandlerContext) {
+        deadline = nil
+        guard streaming == nil, !busy, context.channel.isActive else { return }
+        if let head {
+            respond(
+                context: context, head: head, reply: .error(.requestTimeout, "The request was not received in time."), close: true)
+        } else {
+            context.close(promise: nil)
+        }
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
@@ -148,6 +178,8 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let head else { return }
             self.head = nil
             busy = true
+            deadline?.cancel()
+            deadline = nil
             if tooLarge {
                 let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
                 respond(context: context, head: head, reply: reply, close: true)
@@ -177,6 +209,8 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
         if let s = streaming {
             streaming = nil
             s.close()
@@ -316,7 +350,13 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
-        if !keepAlive { done.whenComplete { _ in context.close(promise: nil) } }
+        if !keepAlive {
+            deadline?.cancel()
+            deadline = nil
+            done.whenComplete { _ in context.close(promise: nil) }
+        } else {
+            armDeadline(context: context)
+        }
     }
 
     // MARK: - Event streams
