@@ -110,6 +110,16 @@ struct HTTPReply: Sendable {
     }
 }
 
+/// Whether a request has been answered (the first of several possible answers wins); used on one
+/// event loop only.
+final class Answered: @unchecked Sendable {
+    private var done = false
+    func claim() -> Bool {
+        defer { done = true }
+        return !done
+    }
+}
+
 /// One client connection: collects a request (bounded), answers it, or turns the connection into
 /// an event stream. Confined to the channel's event loop.
 final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
@@ -261,7 +271,18 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         case .options:
             respond(context: context, head: head, reply: HTTPReply(RESTRender.options(request)))
         case .get:
+            // Firebase's `timeout` parameter bounds the read: past it the client gets 400 (the
+            // node's own request timeout still applies when it is shorter).
+            let answered = Answered()
+            let timer = request.timeoutMilliseconds.map { ms in
+                context.eventLoop.scheduleTask(in: .milliseconds(Int64(ms))) {
+                    guard answered.claim() else { return }
+                    self.respond(context: context, head: head, reply: .error(.badRequest, "The read did not finish within the requested timeout."))
+                }
+            }
             server.runtime.read(namespace: request.namespace, stale: stale).hop(to: context.eventLoop).whenSuccess { result in
+                timer?.cancel()
+                guard answered.claim() else { return }
                 switch result {
                 case .success(let tree): self.respond(context: context, head: head, reply: HTTPReply(RESTRender.read(request, tree: tree)))
                 case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))

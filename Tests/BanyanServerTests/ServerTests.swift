@@ -335,6 +335,24 @@ final class Inbox: Sendable {
 
     func port(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
 
+    @Test("a read with Firebase's timeout parameter answers 400 when it cannot finish in time (no leader here)")
+    func readTimeoutParameter() async throws {
+        let dir = try temporaryDirectory("read-timeout")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = NodeConfig()
+        c.dataDirectory = dir + "/data"
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.join = true  // blank and waiting: no leader, so a linearizable read cannot complete
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let started = Date()
+        #expect(try await status(n, "GET", "/x.json?timeout=300ms") == 400)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(elapsed >= 0.25 && elapsed < 3, "answered after \(elapsed) s")
+        #expect(try await status(n, "GET", "/x.json?timeout=300ms&consistency=stale") == 200)
+    }
+
     func node(_ dir: String, tokenFile: String?, allowUnauthenticated: Bool) throws -> BanyanNode {
         var c = NodeConfig()
         c.dataDirectory = dir + "/data"
