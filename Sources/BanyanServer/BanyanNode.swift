@@ -58,7 +58,7 @@ public final class BanyanNode: Sendable {
         self.runtime = runtime
         transport = try PeerTransport(
             nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: network, serverTLS: tls.server,
-            clientTLS: tls.client, logger: logger
+            clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }
             runtime.receive(messages)

@@ -49,6 +49,9 @@ public struct NodeConfig: Sendable, Equatable {
         public var privateKey: String?
         /// Generate a development CA and node certificate when the files are absent.
         public var generateDevelopmentCertificates: Bool = true
+        /// A peer's hello must come with a certificate naming it (`node<id>` as its common name
+        /// or DNS name). Turn off only for certificates named otherwise.
+        public var bindNodeIDs: Bool = true
         public init() {}
     }
 
@@ -192,6 +195,7 @@ extension NodeConfig {
                     case "cert": c.tls.certificate = try r.string(v, "tls.cert")
                     case "key": c.tls.privateKey = try r.string(v, "tls.key")
                     case "generate_development_certificates": c.tls.generateDevelopmentCertificates = try r.bool(v, "tls.\(k)")
+                    case "bind_node_ids": c.tls.bindNodeIDs = try r.bool(v, "tls.\(k)")
                     default: throw ConfigError("\(source): unknown key tls.\(k)")
                     }
                 }

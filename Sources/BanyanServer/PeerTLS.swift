@@ -103,6 +103,14 @@ public struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Whether this certificate belongs to node `id`: its common name is `node<id>`, or one of its
+    /// DNS names is `node<id>` or starts with `node<id>.` (as `banyan certs node --name node<id>`
+    /// and the development certificates make them).
+    public func names(node id: UInt64) -> Bool {
+        let name = "node\(id)"
+        return commonName == name || dnsNames.contains { $0 == name || $0.hasPrefix(name + ".") }
+    }
+
     public var description: String {
         var parts = ["CN=\(commonName ?? "?")"]
         parts += dnsNames.map { "DNS:\($0)" } + ipAddresses.map { "IP:\($0)" }

@@ -25,6 +25,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     private let clientContext: NIOSSLContext
     private let logger: Logger
     private let deliver: @Sendable (UInt64, HostPort?, [Message]) -> Void
+    /// Refuse a hello whose sender id is not the one its certificate names (`node<id>`).
+    let bindNodeIDs: Bool
     private let state = Mutex<State>(State())
     private var serverChannel: (any Channel)?
 
@@ -40,8 +42,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
 
     init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, serverTLS: TLSConfiguration,
-        clientTLS: TLSConfiguration, logger: Logger, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+        clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true,
+        deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
+        self.bindNodeIDs = bindNodeIDs
         self.nodeID = nodeID
         self.clusterID = clusterID
         self.advertised = advertised
@@ -72,7 +76,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         return channel.localAddress
     }
 
-    fileprivate func hello(_ hello: PeerHello, from remote: SocketAddress?) -> PeerHelloReply {
+    fileprivate func hello(_ hello: PeerHello, from remote: SocketAddress?, identity: PeerIdentity?) -> PeerHelloReply {
         func refuse(_ reason: String) -> PeerHelloReply {
             refusedConnections.increment()
             logger.warning("refused a peer connection", metadata: ["reason": "\(reason)", "remote": "\(remote.map { "\($0)" } ?? "?")"])
@@ -84,6 +88,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         guard hello.clusterID == clusterID else { return refuse("cluster id '\(hello.clusterID)' is not '\(clusterID)'") }
         guard hello.to == nodeID else { return refuse("this is node \(nodeID), not node \(hello.to)") }
         guard hello.from != 0, hello.from != nodeID else { return refuse("bad sender id \(hello.from)") }
+        if bindNodeIDs, identity?.names(node: hello.from) != true {
+            // Any holder of a cluster certificate could otherwise speak as any node.
+            return refuse("node \(hello.from)'s hello came with the certificate of \(identity.map { "\($0)" } ?? "nobody"), which does not name node\(hello.from)")
+        }
         return PeerHelloReply(accepted: true, reason: "", protocolVersion: Self.protocolVersion)
     }
 
@@ -339,13 +347,14 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
             let reply: PeerHelloReply
             do {
                 let hello = try PeerHello.decode(bytes)
-                reply = transport.hello(hello, from: context.remoteAddress)
+                reply = transport.hello(hello, from: context.remoteAddress, identity: PeerTLS.peerIdentity(in: context.pipeline.syncOperations))
                 if reply.accepted {
                     self.peer = hello.from
                     self.advertised = try? HostPort(parsing: hello.address)
                 }
             } catch {
-                reply = transport.hello(PeerHello(clusterID: "", from: 0, to: 0, protocolVersion: 0, address: ""), from: context.remoteAddress)
+                reply = transport.hello(
+                    PeerHello(clusterID: "", from: 0, to: 0, protocolVersion: 0, address: ""), from: context.remoteAddress, identity: nil)
             }
             var out = context.channel.allocator.buffer(capacity: 32)
             let body = reply.encode()

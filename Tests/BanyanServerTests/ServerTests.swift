@@ -61,7 +61,7 @@ func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
         let bad = [
             "nodeid: 1", "node_id: 0", "client_address: nowhere", "client_address: 1.2.3.4:99999", "raft:\n  tick_ms: 0",
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
-            "http:\n  max_body_bytes: 10", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
+            "http:\n  max_body_bytes: 10", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }
@@ -111,7 +111,9 @@ final class Inbox: Sendable {
         let n2 = try node(2, certDir: good, group: group)
         let impostor = try node(2, certDir: evil, name: "impostor", group: group)
         let stranger = try node(3, cluster: "other", certDir: good, group: group)
-        for t in [n2.transport, impostor.transport, stranger.transport] {
+        // A genuine cluster certificate, but for node 3: it may not speak as node 2.
+        let liar = try node(2, certDir: good, name: "node3", group: group)
+        for t in [n2.transport, impostor.transport, stranger.transport, liar.transport] {
             t.updateAddresses([1: HostPort(host: "127.0.0.1", port: n1.port)])
         }
         n2.transport.send([heartbeat(from: 2, to: 1)])
@@ -119,6 +121,7 @@ final class Inbox: Sendable {
         #expect(n1.inbox.messages.withLock { $0 } == [heartbeat(from: 2, to: 1)])
         impostor.transport.send([heartbeat(from: 2, to: 1)])
         stranger.transport.send([heartbeat(from: 3, to: 1)])
+        liar.transport.send([heartbeat(from: 2, to: 1)])
         // Neither reaches node 1 (the TLS handshake fails; the hello is refused).
         #expect(!(await eventually({ n1.inbox.count > 1 }, seconds: 2)))
         // A client with no certificate at all fails the handshake.
@@ -137,7 +140,7 @@ final class Inbox: Sendable {
         _ = try? await channel.writeAndFlush(hello).get()
         #expect(await eventually({ !channel.isActive }, seconds: 5))
         #expect(n1.inbox.count == 1)
-        for t in [n1.transport, n2.transport, impostor.transport, stranger.transport] { t.shutdown() }
+        for t in [n1.transport, n2.transport, impostor.transport, stranger.transport, liar.transport] { t.shutdown() }
         try await group.shutdownGracefully()
     }
 }
