@@ -103,17 +103,20 @@ public struct Replica: Sendable {
     /// The same numbers as `toPropose`, for O(1) membership in the retry scan.
     private var queued: Set<UInt64> = []
 
-    private struct PendingRead: Sendable {
-        var requests: [RequestID]
-        var askedTick: Int
+    /// A read and its own deadline (reads batched into one round keep their own deadlines).
+    private struct WaitingRead: Sendable {
+        var request: RequestID
         var deadline: Int
+    }
+    private struct PendingRead: Sendable {
+        var requests: [WaitingRead]
+        var askedTick: Int
         var index: UInt64?
     }
     private var nextReadContext: UInt64 = 1
     private var reads: [UInt64: PendingRead] = [:]
     /// Reads to start at the next `ready()` (one ReadIndex round for all of them).
-    private var newReads: [RequestID] = []
-    private var newReadsDeadline = 0
+    private var newReads: [WaitingRead] = []
 
     private var membershipRequests: [(request: RequestID, index: UInt64, deadline: Int)] = []
     private var snapshotInProgress: UInt64?
@@ -155,15 +158,17 @@ public struct Replica: Sendable {
             }
         }
         for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
-            if ticks >= r.deadline {
+            let live = expireReads(r.requests)
+            if live.isEmpty {
                 reads[context] = nil
-                for q in r.requests { events.append(.failed(q, .timedOut(write: false))) }
             } else if r.index == nil, ticks - r.askedTick >= configuration.retryTicks {
                 reads[context] = nil
-                newReads.append(contentsOf: r.requests)
-                newReadsDeadline = max(newReadsDeadline, r.deadline)
+                newReads.append(contentsOf: live)
+            } else if live.count != r.requests.count {
+                reads[context]?.requests = live
             }
         }
+        newReads = expireReads(newReads)
         membershipRequests.removeAll { m in
             guard ticks >= m.deadline else { return false }
             events.append(.failed(m.request, .timedOut(write: true)))
@@ -212,8 +217,7 @@ public struct Replica: Sendable {
             events.append(.failed(request, .overloaded("\(pendingReads) reads are waiting")))
             return
         }
-        newReads.append(request)
-        newReadsDeadline = ticks + configuration.requestTimeoutTicks
+        newReads.append(WaitingRead(request: request, deadline: ticks + configuration.requestTimeoutTicks))
     }
 
     /// Asks for a membership change (leader only).
@@ -313,17 +317,21 @@ public struct Replica: Sendable {
         let context = nextReadContext
         if raft.readIndex(context: context) {
             nextReadContext += 1
-            reads[context] = PendingRead(requests: newReads, askedTick: ticks, deadline: newReadsDeadline, index: nil)
+            reads[context] = PendingRead(requests: newReads, askedTick: ticks, index: nil)
             newReads = []
         }
-        // Otherwise no leader is known: the reads wait here until one is (or they time out).
-        if !newReads.isEmpty {
-            let expired = ticks >= newReadsDeadline
-            if expired {
-                for q in newReads { events.append(.failed(q, .timedOut(write: false))) }
-                newReads = []
-            }
+        // Otherwise no leader is known: the reads wait here until one is (or each reaches its
+        // deadline in `tick`).
+    }
+
+    /// Fails the reads past their deadline; returns the others.
+    private mutating func expireReads(_ waiting: [WaitingRead]) -> [WaitingRead] {
+        var live: [WaitingRead] = []
+        live.reserveCapacity(waiting.count)
+        for w in waiting {
+            if ticks >= w.deadline { events.append(.failed(w.request, .timedOut(write: false))) } else { live.append(w) }
         }
+        return live
     }
 
     /// Finishes a `Ready` after the driver persisted and sent it: loads an installed snapshot
@@ -391,7 +399,7 @@ public struct Replica: Sendable {
         var ready: [RequestID] = []
         for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
             guard let index = r.index, index <= machine.appliedIndex else { continue }
-            ready.append(contentsOf: r.requests)
+            ready.append(contentsOf: r.requests.map(\.request))
             reads[context] = nil
         }
         if !ready.isEmpty { events.append(.readsReady(ready)) }

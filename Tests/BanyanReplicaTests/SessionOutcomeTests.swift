@@ -96,6 +96,22 @@ import Testing
         #expect(CommandEnvelope(decoding: try #require(CommandEnvelope.restamped(v3, timestamp: 77)))?.settledBelow == 6)
     }
 
+    @Test("reads batched into one ReadIndex round keep their own deadlines: a later read does not extend an earlier one")
+    func readDeadlines() throws {
+        var c = try ReplicaCluster(nodes: 3)
+        let leader = try elect(&c)
+        let follower = try #require([1, 2, 3].map { NodeID($0) }.first { $0 != leader })
+        c.filter = { m in m.from != follower && m.to != follower }
+        let first = c.read(via: follower)
+        c.tick(30)
+        let second = c.read(via: follower)  // joins the first in the retried round
+        c.tick(31)
+        #expect(c.readFailed(first, on: follower) == .timedOut(write: false), "the first read outlived its deadline")
+        #expect(c.readFailed(second, on: follower) == nil)
+        c.tick(30)
+        #expect(c.readFailed(second, on: follower) == .timedOut(write: false))
+    }
+
     @Test("a pending write whose result arrives inside a leader's snapshot ends at once as unknown, not at its deadline")
     func writeCoveredBySnapshot() throws {
         var c = try ReplicaCluster(nodes: 3, snapshotEntries: 5)
