@@ -40,6 +40,9 @@ public struct ReplicaConfiguration: Sendable {
     public var requestTimeoutTicks: Int = 300
     /// Requests waiting at once (writes and reads each); beyond it new ones are refused.
     public var maxPendingRequests: Int = 200_000
+    /// Payload bytes per proposal (a forwarded proposal is one peer frame, at most 64 MiB; a
+    /// single larger write is proposed alone).
+    public var maxProposalBytes: Int = 8 << 20
 
     public init(raft: RaftConfiguration) {
         self.raft = raft
@@ -275,21 +278,34 @@ public struct Replica: Sendable {
     private mutating func flushProposals() {
         guard !toPropose.isEmpty else { return }
         let seqs = toPropose
-        var payloads: [[UInt8]] = []
-        payloads.reserveCapacity(seqs.count)
+        toPropose = []
+        queued = []
         let leader = raft.role == .leader
         let stamp = leader ? nextStamp() : 0
+        // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
+        // alone): a forwarded proposal is one peer frame, which must stay under its limit.
+        var batch: [UInt64] = []
+        var payloads: [[UInt8]] = []
+        var bytes = 0
         for seq in seqs {
             guard let w = writes[seq] else { continue }
+            if !payloads.isEmpty, bytes + w.payload.count > configuration.maxProposalBytes {
+                propose(batch, payloads)
+                batch = []
+                payloads = []
+                bytes = 0
+            }
+            batch.append(seq)
             payloads.append(leader ? (CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload) : w.payload)
+            bytes += w.payload.count
         }
-        guard !payloads.isEmpty else {
-            toPropose = []
-            queued = []
-            return
-        }
+        if !payloads.isEmpty { propose(batch, payloads) }
+    }
+
+    private mutating func propose(_ seqs: [UInt64], _ payloads: [[UInt8]]) {
         do {
             try raft.propose(payloads)
+            for seq in seqs { writes[seq]?.proposed = true }
         } catch {
             switch error {
             case .noLeader, .transferInProgress:
@@ -304,12 +320,7 @@ public struct Replica: Sendable {
                 }
             }
         }
-        for seq in seqs {
-            writes[seq]?.lastProposedTick = ticks
-            writes[seq]?.proposed = true
-        }
-        toPropose = []
-        queued = []
+        for seq in seqs { writes[seq]?.lastProposedTick = ticks }
     }
 
     private mutating func startReads() {

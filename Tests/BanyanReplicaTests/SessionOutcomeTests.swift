@@ -96,6 +96,26 @@ import Testing
         #expect(CommandEnvelope(decoding: try #require(CommandEnvelope.restamped(v3, timestamp: 77)))?.settledBelow == 6)
     }
 
+    @Test("a follower splits a large batch of writes into proposals of bounded size, and all apply once")
+    func boundedProposals() throws {
+        var c = try ReplicaCluster(nodes: 3) { $0.maxProposalBytes = 300 }
+        let leader = try elect(&c)
+        let follower = try #require([1, 2, 3].map { NodeID($0) }.first { $0 != leader })
+        var proposals: [Int] = []
+        c.filter = { m in
+            if case .proposal(let commands) = m.body { proposals.append(commands.reduce(0) { $0 + $1.count }) }
+            return true
+        }
+        let big = String(repeating: "x", count: 400)
+        var qs = (0..<6).map { c.write(via: follower, "/k\($0)", "\"v\($0)\"") }
+        qs.append(c.write(via: follower, "/big", "\"\(big)\""))  // larger than the limit: goes alone
+        c.settle()
+        #expect(proposals.count >= 3, "\(proposals)")
+        #expect(proposals.filter { $0 > 300 }.count == 1, "\(proposals)")
+        for q in qs { #expect(try c.writeOutcome(q, on: follower)?.get().outcome == .ok) }
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/k5") == #""v5""#) }
+    }
+
     @Test("reads batched into one ReadIndex round keep their own deadlines: a later read does not extend an earlier one")
     func readDeadlines() throws {
         var c = try ReplicaCluster(nodes: 3)
