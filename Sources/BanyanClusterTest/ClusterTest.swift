@@ -232,6 +232,15 @@ struct ClusterTest: AsyncParsableCommand {
         }
         print("node \(wiped) is a voter again")
         await load
+        print("restart every node (SIGTERM) after these membership changes")
+        cluster.stopAll()
+        for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
+        let after = try await cluster.waitForLeader(timeout: 30)
+        guard let s = await cluster.status(after), Set((s["voters"] as? [NSNumber])?.map(\.uint64Value) ?? []) == [1, 2, 3],
+            (await cluster.status(wiped)?["may_vote"] as? Bool) == true
+        else { throw Failure("after a restart the membership is \(String(describing: await cluster.status(after)?["voters"]))") }
+        print("after the restart: leader \(after), voters 1, 2, 3")
+        await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
     }
 
     /// Bad input and abusive clients under load: oversize bodies, invalid JSON and paths,
