@@ -104,6 +104,7 @@ struct ClusterTest: AsyncParsableCommand {
                 let get = try await cluster.request(r, .GET, "/greetings/from\(w).json?ns=jepsen")
                 guard get.text == #""hello from \#(w)""# else { throw Failure("GET via node \(r) after PUT via \(w): \(get.status) \(get.text)") }
             }
+            try await streamOpenedDuringWrites(cluster)
             await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
         case .killLeader:
             async let load: Void = workload.run(clients: clients, seconds: seconds * 3, nodes: { live.nodes })
@@ -185,6 +186,47 @@ struct ClusterTest: AsyncParsableCommand {
         print("history: \(workload.history.count) operations; linearizability: \(verdict)")
         guard verdict == .linearizable else { throw Failure("history is \(verdict)") }
         guard workload.counts.ok > 20 else { throw Failure("too few operations succeeded (\(workload.counts))") }
+    }
+
+    /// An event stream opened on one node while writes go through another: its first event is a
+    /// `put` of the whole value, the values it shows never go backwards, and it ends with the
+    /// last acknowledged write.
+    func streamOpenedDuringWrites(_ cluster: LocalCluster) async throws {
+        let writes = 60
+        let writer = Task { () -> Int in
+            var acknowledged = 0
+            for i in 1...writes {
+                let r = try await cluster.request(1, .PUT, "/counter.json?ns=sse", body: "\(i)")
+                guard r.status == 200 else { throw Failure("PUT \(i) via node 1: \(r.status) \(r.text)") }
+                acknowledged = i
+            }
+            return acknowledged
+        }
+        try await Task.sleep(nanoseconds: 100_000_000)  // the stream opens part-way through
+        let stream = try await RawConnection.open(port: cluster.clientPort(2))
+        defer { stream.close() }
+        stream.send("GET /counter.json?ns=sse HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        let last = try await writer.value
+        var text = ""
+        let deadline = Date().addingTimeInterval(10)
+        var values: [Int] = []
+        var events: [String] = []
+        while Date() < deadline {
+            text += stream.receive(timeoutSeconds: 1)
+            let lines = text.split(whereSeparator: \.isNewline).map(String.init)
+            events = lines.filter { $0.hasPrefix("event: ") }.map { String($0.dropFirst(7)) }
+            values = lines.filter { $0.hasPrefix("data: {") }.compactMap { line -> Int? in
+                guard let data = line.dropFirst(6).data(using: .utf8),
+                    let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+                else { return nil }
+                return (object["data"] as? NSNumber)?.intValue
+            }
+            if values.last == last { break }
+        }
+        guard events.first == "put" else { throw Failure("the stream began with \(events.first ?? "nothing"), not put: \(text.prefix(300))") }
+        guard values.last == last else { throw Failure("the stream ended at \(values.last.map(String.init) ?? "nothing"), not \(last)") }
+        guard zip(values, values.dropFirst()).allSatisfy({ $0 <= $1 }) else { throw Failure("the stream went backwards: \(values)") }
+        print("event stream opened during \(writes) writes: \(values.count) events from \(values.first ?? 0) to \(last), in order")
     }
 
     /// A founder loses its disk and is restarted with its usual arguments (as systemd would, with
