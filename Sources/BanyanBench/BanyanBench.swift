@@ -360,13 +360,8 @@ enum BanyanBench {
                     }
                 }
                 let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
-                var image: [UInt8] = []
-                image.reserveCapacity(Int(imageBytes))
                 var loaded = Node.empty
-                let loadTime = try timed {
-                    try store.readChunks { image.append(contentsOf: $0) }
-                    loaded = try TreeImage.read(image)
-                }
+                let loadTime = try timed { loaded = try load(store).tree }
                 let mb = Double(imageBytes) / 1_000_000
                 print("run \(run): image \(format(mb)) MB (JSON export \(format(json)) MB) -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; in JSON-equivalent MB/s: write \(format(json / writeTime)), load \(format(json / loadTime)); equal: \(loaded == root)")
             }
@@ -409,6 +404,15 @@ enum BanyanBench {
         print("cold load: median \(format(figures[figures.count / 2])) MB/s, range \(format(figures[0]))–\(format(figures[figures.count - 1])) (\(runs) fresh processes)")
     }
 
+    /// A snapshot load as a node does it: the image streams from the file through inflate into
+    /// the tree reader (no copy of the whole image), checked against its length and checksum.
+    static func load(_ store: SnapshotStore) throws -> (tree: Node, imageBytes: UInt64) {
+        try store.readImage { image in
+            let tree = try TreeImage.read(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
+            return (tree, image.imageLength)
+        }
+    }
+
     /// The child side of `coldLoads`: prints "<MB/s> <hash of the loaded tree> <details>".
     static func snapshotLoadChild(_ args: [String]) {
         guard let directory = args.first else {
@@ -419,20 +423,14 @@ enum BanyanBench {
             var before = rusage()
             getrusage(Int32(RUSAGE_SELF.rawValue), &before)
             let store = try SnapshotStore(directory: directory, fileSystem: PosixFileSystem())
-            var imageBytes = 0
-            var loaded = Node.empty
-            let loadTime = try timed {
-                var image: [UInt8] = []
-                try store.readChunks { image.append(contentsOf: $0) }
-                imageBytes = image.count
-                loaded = try TreeImage.read(image)
-            }
+            var loaded = (tree: Node.empty, imageBytes: UInt64(0))
+            let loadTime = try timed { loaded = try load(store) }
             var after = rusage()
             getrusage(Int32(RUSAGE_SELF.rawValue), &after)
             let faults = after.ru_minflt - before.ru_minflt
-            let mbps = Double(imageBytes) / 1_000_000 / loadTime
+            let mbps = Double(loaded.imageBytes) / 1_000_000 / loadTime
             // The hash (to check the load against the original) is computed after the timed part.
-            let hash = args.dropFirst().first == "hash" ? loaded.hashString : "-"
+            let hash = args.dropFirst().first == "hash" ? loaded.tree.hashString : "-"
             print("\(format(mbps)) \(hash) (\(format(loadTime * 1000)) ms, \(faults) page faults, RSS \(rss()))")
             // Exit with the tree still alive: freeing it is not part of a load.
             fflush(nil)
