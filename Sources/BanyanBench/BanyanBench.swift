@@ -14,6 +14,11 @@ import Glibc
 enum BanyanBench {
     static func main() {
         let args = CommandLine.arguments.dropFirst()
+        if args.first == "snapshot-load-child" {
+            // A fresh process that loads one snapshot once (see `coldLoads`).
+            snapshotLoadChild(Array(args.dropFirst()))
+            return
+        }
         let which = Set(args.isEmpty ? ["all"] : Array(args))
         let all = which.contains("all")
         print("banyan-bench: \(machine())")
@@ -340,8 +345,10 @@ enum BanyanBench {
         print("\n== snapshot of the 1M-leaf document (binary tree image, zlib level 1) ==")
         let root = document()
         let json = Double(JSONWriter.bytes(root, format: .export).count) / 1_000_000
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("banyan-snap-\(getpid())").path
-        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // BANYAN_BENCH_SNAPSHOT_DIR keeps the snapshots for profiling the child on its own.
+        let kept = ProcessInfo.processInfo.environment["BANYAN_BENCH_SNAPSHOT_DIR"]
+        let dir = kept ?? FileManager.default.temporaryDirectory.appendingPathComponent("banyan-snap-\(getpid())").path
+        defer { if kept == nil { try? FileManager.default.removeItem(atPath: dir) } }
         do {
             let fs = PosixFileSystem()
             let store = try SnapshotStore(directory: dir, fileSystem: fs)
@@ -353,18 +360,84 @@ enum BanyanBench {
                     }
                 }
                 let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
-                var image: [UInt8] = []
-                image.reserveCapacity(Int(imageBytes))
                 var loaded = Node.empty
-                let loadTime = try timed {
-                    try store.readChunks { image.append(contentsOf: $0) }
-                    loaded = try TreeImage.read(image)
-                }
+                let loadTime = try timed { loaded = try load(store).tree }
                 let mb = Double(imageBytes) / 1_000_000
                 print("run \(run): image \(format(mb)) MB (JSON export \(format(json)) MB) -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; in JSON-equivalent MB/s: write \(format(json / writeTime)), load \(format(json / loadTime)); equal: \(loaded == root)")
             }
+            coldLoads(directory: dir, expectedHash: root.hashString)
         } catch {
             print("snapshot benchmark failed: \(error)")
+        }
+    }
+
+    /// The first load in a fresh process, as a restarting node does it: this executable is run
+    /// again as a child that opens the snapshot directory, loads the newest snapshot once (timed)
+    /// and reports; nothing else runs in the child before the timed load.
+    static func coldLoads(directory: String, expectedHash: String) {
+        let runs = Int(ProcessInfo.processInfo.environment["BANYAN_BENCH_COLD_RUNS"] ?? "5") ?? 5
+        var figures: [Double] = []
+        for run in 1...runs {
+            let child = Process()
+            child.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
+            child.arguments = ["snapshot-load-child", directory, "hash"]
+            let pipe = Pipe()
+            child.standardOutput = pipe
+            do {
+                try child.run()
+            } catch {
+                print("cold load: could not start the child: \(error)")
+                return
+            }
+            let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            child.waitUntilExit()
+            let fields = output.split(separator: " ")
+            guard child.terminationStatus == 0, fields.count >= 2, let mbps = Double(fields[0]) else {
+                print("cold load \(run): the child failed: \(output)")
+                return
+            }
+            figures.append(mbps)
+            let equal = fields[1].trimmingCharacters(in: .whitespacesAndNewlines) == expectedHash
+            print("cold load \(run) (fresh process, first load): \(format(mbps)) MB/s \(fields.dropFirst(2).joined(separator: " ").trimmingCharacters(in: .whitespacesAndNewlines)); equal: \(equal)")
+        }
+        figures.sort()
+        print("cold load: median \(format(figures[figures.count / 2])) MB/s, range \(format(figures[0]))–\(format(figures[figures.count - 1])) (\(runs) fresh processes)")
+    }
+
+    /// A snapshot load as a node does it: the image streams from the file through inflate into
+    /// the tree reader (no copy of the whole image), checked against its length and checksum.
+    static func load(_ store: SnapshotStore) throws -> (tree: Node, imageBytes: UInt64) {
+        try store.readImage { image in
+            let tree = try TreeImage.read(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
+            return (tree, image.imageLength)
+        }
+    }
+
+    /// The child side of `coldLoads`: prints "<MB/s> <hash of the loaded tree> <details>".
+    static func snapshotLoadChild(_ args: [String]) {
+        guard let directory = args.first else {
+            print("usage: banyan-bench snapshot-load-child <snapshot directory>")
+            exit(2)
+        }
+        do {
+            var before = rusage()
+            getrusage(Int32(RUSAGE_SELF.rawValue), &before)
+            let store = try SnapshotStore(directory: directory, fileSystem: PosixFileSystem())
+            var loaded = (tree: Node.empty, imageBytes: UInt64(0))
+            let loadTime = try timed { loaded = try load(store) }
+            var after = rusage()
+            getrusage(Int32(RUSAGE_SELF.rawValue), &after)
+            let faults = after.ru_minflt - before.ru_minflt
+            let mbps = Double(loaded.imageBytes) / 1_000_000 / loadTime
+            // The hash (to check the load against the original) is computed after the timed part.
+            let hash = args.dropFirst().first == "hash" ? loaded.tree.hashString : "-"
+            print("\(format(mbps)) \(hash) (\(format(loadTime * 1000)) ms, \(faults) page faults, RSS \(rss()))")
+            // Exit with the tree still alive: freeing it is not part of a load.
+            fflush(nil)
+            exit(0)
+        } catch {
+            print("load failed: \(error)")
+            exit(1)
         }
     }
 }

@@ -55,16 +55,32 @@ public enum SnapshotFormat {
     /// Splits a snapshot file into its compressed body and trailer; nil when the file is not a
     /// complete snapshot (a crash while writing it, or damage).
     public static func parse(_ file: [UInt8]) -> (body: Range<Int>, trailer: Trailer)? {
-        let n = file.count
-        guard n >= header.count + footer.count + 8, Array(file[0..<header.count]) == header,
-            Array(file[(n - footer.count)...]) == footer
+        parse(head: Array(file.prefix(header.count)), tail: file, fileSize: file.count)
+    }
+
+    /// The last bytes of a file that hold the trailer (its fields, their length and checksum, the
+    /// footer), from the file's last 16 bytes; nil when those are not a trailer's end. Lets a
+    /// reader fetch the trailer without reading the body.
+    public static func trailerBytes(last16: [UInt8]) -> Int? {
+        guard last16.count == footer.count + 8, Array(last16[8...]) == footer else { return nil }
+        return last16.withUnsafeBufferPointer { Int(LogFormat.readLE($0, 0, as: UInt32.self)) } + 8 + footer.count
+    }
+
+    /// As `parse`, from the file's first bytes (`head`, at least the header) and its last
+    /// `tail.count` bytes (at least `trailerBytes`), for a file of `fileSize` bytes.
+    public static func parse(head: [UInt8], tail: [UInt8], fileSize n: Int) -> (body: Range<Int>, trailer: Trailer)? {
+        let t = tail.count
+        guard n >= header.count + footer.count + 8, t <= n, t >= footer.count + 8, head.count >= header.count,
+            Array(head[0..<header.count]) == header, Array(tail[(t - footer.count)...]) == footer
         else { return nil }
-        return file.withUnsafeBufferPointer { b -> (Range<Int>, Trailer)? in
-            let crcAt = n - footer.count - 4
+        // Offsets below are within `tail`; `skipped` converts them to file offsets.
+        let skipped = n - t
+        return tail.withUnsafeBufferPointer { b -> (Range<Int>, Trailer)? in
+            let crcAt = t - footer.count - 4
             let lengthAt = crcAt - 4
             let length = Int(LogFormat.readLE(b, lengthAt, as: UInt32.self))
             let stored = LogFormat.readLE(b, crcAt, as: UInt32.self)
-            guard length >= 32, length <= lengthAt - header.count else { return nil }
+            guard length >= 32, length <= lengthAt, length <= skipped + lengthAt - header.count else { return nil }
             let start = lengthAt - length
             guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[start..<lengthAt])) == stored else { return nil }
             let membershipLength = Int(LogFormat.readLE(b, start + 16, as: UInt32.self))
@@ -76,7 +92,7 @@ public enum SnapshotFormat {
             let trailer = Trailer(
                 metadata: metadata, imageLength: LogFormat.readLE(b, after, as: UInt64.self),
                 imageChecksum: LogFormat.readLE(b, after + 8, as: UInt32.self))
-            return (header.count..<start, trailer)
+            return (header.count..<(skipped + start), trailer)
         }
     }
 

@@ -44,6 +44,8 @@ public protocol FileSystem: AnyObject {
     func size(_ file: FileID) throws(FileSystemError) -> Int
     func close(_ file: FileID)
     func readAll(_ path: String) throws(FileSystemError) -> [UInt8]
+    /// The size of the file at `path` (without opening it for writing).
+    func fileSize(_ path: String) throws(FileSystemError) -> Int
     /// Up to `count` bytes at `offset` (fewer at the end of the file).
     func read(_ path: String, offset: Int, count: Int) throws(FileSystemError) -> [UInt8]
     func rename(_ from: String, to: String) throws(FileSystemError)

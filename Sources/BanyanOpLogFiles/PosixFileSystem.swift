@@ -116,6 +116,12 @@ public final class PosixFileSystem: FileSystem {
         return bytes
     }
 
+    public func fileSize(_ path: String) throws(FileSystemError) -> Int {
+        var info = stat()
+        if stat(path, &info) != 0 { throw failure(path, "stat") }
+        return Int(info.st_size)
+    }
+
     public func read(_ path: String, offset: Int, count: Int) throws(FileSystemError) -> [UInt8] {
         let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw failure(path, "open") }

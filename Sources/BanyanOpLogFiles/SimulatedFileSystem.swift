@@ -149,6 +149,10 @@ public final class SimulatedFileSystem: FileSystem {
         return node.data
     }
 
+    public func fileSize(_ path: String) throws(FileSystemError) -> Int {
+        try readAll(path).count  // shares the stored bytes, no copy
+    }
+
     public func read(_ path: String, offset: Int, count: Int) throws(FileSystemError) -> [UInt8] {
         let data = try readAll(path)
         let start = min(max(0, offset), data.count)

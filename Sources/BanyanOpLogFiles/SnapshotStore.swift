@@ -47,16 +47,29 @@ public final class SnapshotStore {
     /// (skipping it could hide records the log no longer has).
     public func latest() throws(OpLogError) -> SnapshotMetadata? {
         guard let newest = try files().first else { return nil }
-        let bytes: [UInt8]
+        let parsed: (body: Range<Int>, trailer: SnapshotFormat.Trailer)?
         do {
-            bytes = try fileSystem.readAll(path(newest.name))
+            parsed = try trailer(of: path(newest.name))
         } catch {
             throw OpLogError(error)
         }
-        guard let parsed = SnapshotFormat.parse(bytes), parsed.trailer.metadata.lastIndex == newest.lastIndex else {
+        guard let parsed, parsed.trailer.metadata.lastIndex == newest.lastIndex else {
             throw OpLogError(.corrupt, "snapshot is incomplete or its trailer is damaged", file: path(newest.name))
         }
         return parsed.trailer.metadata
+    }
+
+    /// A snapshot file's body range and trailer, reading only its header and trailer (nil when
+    /// the file is not a complete snapshot).
+    func trailer(of file: String) throws(FileSystemError) -> (body: Range<Int>, trailer: SnapshotFormat.Trailer)? {
+        let size = try fileSystem.fileSize(file)
+        let tailEnd = SnapshotFormat.footer.count + 8
+        guard size >= SnapshotFormat.header.count + tailEnd,
+            let needed = SnapshotFormat.trailerBytes(last16: try fileSystem.read(file, offset: size - tailEnd, count: tailEnd))
+        else { return nil }
+        let count = Swift.min(needed, size - SnapshotFormat.header.count)
+        let head = try fileSystem.read(file, offset: 0, count: SnapshotFormat.header.count)
+        return SnapshotFormat.parse(head: head, tail: try fileSystem.read(file, offset: size - count, count: count), fileSize: size)
     }
 
     /// Writes and installs a snapshot. `image` produces the uncompressed image in chunks through
@@ -129,16 +142,43 @@ public final class SnapshotStore {
     /// As `read`, handing out each chunk as a buffer valid only during the call (no copy).
     @discardableResult
     public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+        try readImage(lastIndex: lastIndex) { image in
+            let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
+            defer { buffer.deallocate() }
+            while true {
+                let n = try image.read(into: buffer)
+                if n == 0 { break }
+                try consume(UnsafeBufferPointer(rebasing: buffer[0..<n]))
+            }
+            return image.metadata
+        }
+    }
+
+    /// Opens a snapshot (the newest when `lastIndex` is nil) and lets `body` pull its image
+    /// through `SnapshotImageReader.read(into:)`, inflating only as much as each call asks for,
+    /// so neither the compressed file nor the image is ever held whole. Whatever `body` leaves
+    /// unread is inflated and checked afterwards: `readImage` returns only when the image's
+    /// length and checksum verify.
+    public func readImage<Result>(lastIndex: UInt64? = nil, _ body: (SnapshotImageReader) throws -> Result) throws(OpLogError) -> Result {
         let newest = try latest()
         guard let target = lastIndex ?? newest?.lastIndex else { throw OpLogError(.invalidArgument, "no snapshot") }
-        return try readFile(path(SnapshotFormat.fileName(lastIndex: target)), consume: consume)
+        return try readImage(file: path(SnapshotFormat.fileName(lastIndex: target)), body)
     }
 
     /// Reads the snapshot assembled from a peer's chunks (not yet installed), verifying it exactly
     /// as `readChunks` does, so that a damaged transfer is refused before it replaces anything.
     @discardableResult
     public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
-        let metadata = try readFile(incomingPath, consume: consume)
+        let metadata = try readImage(file: incomingPath) { image in
+            let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
+            defer { buffer.deallocate() }
+            while true {
+                let n = try image.read(into: buffer)
+                if n == 0 { break }
+                try consume(UnsafeBufferPointer(rebasing: buffer[0..<n]))
+            }
+            return image.metadata
+        }
         guard metadata.lastIndex == lastIndex else {
             throw OpLogError(.corrupt, "the received snapshot ends at \(metadata.lastIndex), not \(lastIndex)", file: incomingPath)
         }
@@ -150,37 +190,107 @@ public final class SnapshotStore {
         try? fileSystem.remove(incomingPath)
     }
 
-    private func readFile(_ name: String, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+    private func readImage<Result>(file name: String, _ body: (SnapshotImageReader) throws -> Result) throws(OpLogError) -> Result {
         do {
-            let bytes = try fileSystem.readAll(name)
-            guard let parsed = SnapshotFormat.parse(bytes) else {
+            guard let parsed = try trailer(of: name) else {
                 throw OpLogError(.corrupt, "snapshot is incomplete or its trailer is damaged", file: name)
             }
-            let expected = parsed.trailer.imageLength
-            guard expected <= maxImageBytes else {
-                throw OpLogError(.corrupt, "snapshot claims a \(expected)-byte image; the limit is \(maxImageBytes)", file: name)
+            guard parsed.trailer.imageLength <= maxImageBytes else {
+                throw OpLogError(.corrupt, "snapshot claims a \(parsed.trailer.imageLength)-byte image; the limit is \(maxImageBytes)", file: name)
             }
-            let inflater = try ZlibStream(.decompress)
-            var length: UInt64 = 0
-            var crc: UInt32 = 0
-            let ended = try bytes.withUnsafeBufferPointer { b in
-                try inflater.process(UnsafeBufferPointer(rebasing: b[parsed.body])) { chunk in
-                    length += UInt64(chunk.count)
-                    // Stop a decompression bomb as soon as it passes the declared length.
-                    guard length <= expected else {
-                        throw OpLogError(.corrupt, "snapshot image is longer than its trailer says", file: name)
-                    }
-                    crc = CRC32C.checksum(chunk, continuing: crc)
-                    try consume(chunk)
-                }
-            }
-            guard ended, length == parsed.trailer.imageLength, crc == parsed.trailer.imageChecksum else {
-                throw OpLogError(.corrupt, "snapshot image fails its length or checksum", file: name)
-            }
-            return parsed.trailer.metadata
+            let reader = try SnapshotImageReader(fileSystem: fileSystem, path: name, body: parsed.body, trailer: parsed.trailer)
+            let result = try body(reader)
+            try reader.drain()
+            return result
         } catch {
             throw SnapshotStore.opLogError(error, otherwise: "snapshot consumer failed")
         }
+    }
+}
+
+/// One snapshot's image, read on demand: compressed bytes come from the file in slices of at
+/// most 256 KiB and are inflated straight into the caller's buffer. The length and checksum are
+/// checked as the image ends; a stream that runs past its declared length stops at once.
+public final class SnapshotImageReader {
+    public let metadata: SnapshotMetadata
+    /// The image length the trailer declares.
+    public let imageLength: UInt64
+    private let fileSystem: any FileSystem
+    private let path: String
+    private let expectedChecksum: UInt32
+    private let inflater: ZlibStream
+    private let input: UnsafeMutableBufferPointer<UInt8>
+    private var nextOffset: Int
+    private let bodyEnd: Int
+    private var produced: UInt64 = 0
+    private var crc: UInt32 = 0
+    private var verified = false
+
+    init(fileSystem: any FileSystem, path: String, body: Range<Int>, trailer: SnapshotFormat.Trailer) throws(OpLogError) {
+        self.fileSystem = fileSystem
+        self.path = path
+        metadata = trailer.metadata
+        imageLength = trailer.imageLength
+        expectedChecksum = trailer.imageChecksum
+        nextOffset = body.lowerBound
+        bodyEnd = body.upperBound
+        inflater = try ZlibStream(.decompress)
+        input = .allocate(capacity: Swift.max(1, Swift.min(body.count, 256 * 1024)))
+    }
+
+    deinit { input.deallocate() }
+
+    /// Fills `buffer` with the image's next bytes: all of it unless the image ends first, 0 once
+    /// the whole image has been read and verified. Damage is `.corrupt`.
+    public func read(into buffer: UnsafeMutableBufferPointer<UInt8>) throws(OpLogError) -> Int {
+        var filled = 0
+        while filled < buffer.count && !verified {
+            if inflater.pendingInput == 0 && nextOffset < bodyEnd {
+                let slice: [UInt8]
+                do {
+                    slice = try fileSystem.read(path, offset: nextOffset, count: Swift.min(input.count, bodyEnd - nextOffset))
+                } catch {
+                    throw OpLogError(error)
+                }
+                guard !slice.isEmpty else { throw OpLogError(.corrupt, "snapshot image is cut short", file: path) }
+                _ = UnsafeMutableBufferPointer(rebasing: input[0..<slice.count]).initialize(from: slice)
+                inflater.setInput(UnsafeBufferPointer(rebasing: input[0..<slice.count]))
+                nextOffset += slice.count
+            }
+            let out = UnsafeMutableBufferPointer(rebasing: buffer[filled...])
+            let (count, ended) = try inflater.inflateSome(into: out)
+            produced += UInt64(count)
+            // Stop a decompression bomb as soon as it passes the declared length.
+            guard produced <= imageLength else {
+                throw OpLogError(.corrupt, "snapshot image is longer than its trailer says", file: path)
+            }
+            crc = CRC32C.checksum(UnsafeBufferPointer(rebasing: out[0..<count]), continuing: crc)
+            filled += count
+            // zlib may still hold output after taking the last input; only no progress at all
+            // without input left means the stream is cut short.
+            if !ended && count == 0 && inflater.pendingInput == 0 && nextOffset == bodyEnd {
+                throw OpLogError(.corrupt, "snapshot image is cut short", file: path)
+            }
+            if ended {
+                // Anything after the end of the stream is not part of it.
+                guard inflater.pendingInput == 0, nextOffset == bodyEnd else {
+                    throw OpLogError(.corrupt, "data after the end of the zlib stream", file: path)
+                }
+                guard produced == imageLength, crc == expectedChecksum else {
+                    throw OpLogError(.corrupt, "snapshot image fails its length or checksum", file: path)
+                }
+                verified = true
+            }
+        }
+        return filled
+    }
+
+    /// Reads whatever is left and verifies the image.
+    func drain() throws(OpLogError) {
+        guard !verified else { return }
+        let scratch = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 64 * 1024)
+        defer { scratch.deallocate() }
+        while try read(into: scratch) > 0 {}
     }
 }
 
@@ -244,8 +354,7 @@ extension SnapshotStore {
     /// metadata says `lastIndex`: fsync, rename, directory fsync, then older snapshots go.
     public func installIncoming(lastIndex: UInt64) throws(OpLogError) -> SnapshotMetadata {
         do {
-            let bytes = try fileSystem.readAll(incomingPath)
-            guard let parsed = SnapshotFormat.parse(bytes), parsed.trailer.metadata.lastIndex == lastIndex else {
+            guard let parsed = try trailer(of: incomingPath), parsed.trailer.metadata.lastIndex == lastIndex else {
                 throw OpLogError(.corrupt, "the received snapshot is incomplete or damaged", file: incomingPath)
             }
             let file = try fileSystem.open(incomingPath)

@@ -19,7 +19,11 @@ final class ZlibStream {
         let rc: Int32
         switch mode {
         case .compress(let level): rc = deflateInit_(stream, level, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
-        case .decompress: rc = inflateInit_(stream, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
+        case .decompress:
+            rc = inflateInit_(stream, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
+            // zlib's own Adler-32 of the output is not computed: every reader checks the image
+            // against the CRC32C in the snapshot's trailer, which is stronger.
+            if rc == Z_OK { _ = inflateValidate(stream, 0) }
         }
         guard rc == Z_OK else {
             stream.deinitialize(count: 1)
@@ -56,6 +60,40 @@ final class ZlibStream {
             start = end
         } while start < input.count
         return false
+    }
+
+    /// Decompressing, pull style: the compressed bytes `inflateSome(into:)` reads next. They must
+    /// stay valid (and unchanged) until `pendingInput` is 0; at most 4 GiB at a time.
+    func setInput(_ input: UnsafeBufferPointer<UInt8>) {
+        stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
+        stream.pointee.avail_in = UInt32(input.count)
+    }
+
+    /// Compressed bytes given to `setInput` that zlib has not read yet.
+    var pendingInput: Int { Int(stream.pointee.avail_in) }
+
+    /// Decompressing, pull style: inflates the pending input into `output` until the output is
+    /// full, the input runs out, or the stream ends. Returns how many bytes it wrote and whether
+    /// the stream has ended.
+    func inflateSome(into output: UnsafeMutableBufferPointer<UInt8>) throws(OpLogError) -> (count: Int, ended: Bool) {
+        guard !finished else { return (0, true) }
+        stream.pointee.next_out = output.baseAddress
+        stream.pointee.avail_out = UInt32(truncatingIfNeeded: Swift.min(output.count, Int(UInt32.max)))
+        let available = Int(stream.pointee.avail_out)
+        let rc = inflate(stream, Z_NO_FLUSH)
+        let produced = available - Int(stream.pointee.avail_out)
+        switch rc {
+        case Z_STREAM_END:
+            finished = true
+            return (produced, true)
+        case Z_OK:
+            return (produced, false)
+        case Z_BUF_ERROR where stream.pointee.avail_in == 0 || stream.pointee.avail_out == 0:
+            // No progress without more input (or more room): not an error by itself.
+            return (produced, false)
+        default:
+            throw OpLogError(.corrupt, "zlib stream is damaged (code \(rc))")
+        }
     }
 
     private func processSlice(_ input: UnsafeBufferPointer<UInt8>, finish: Bool, emit: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> Bool {

@@ -79,6 +79,23 @@ public struct SortedTree<Key: SortKey, Value> {
         return TreeNode(key: a[mid].0, value: a[mid].1, left: build(a, lo, mid), right: build(a, mid + 1, hi))
     }
 
+    /// Builds a map of more than `smallLimit` elements from `count` elements that `next` hands
+    /// out in strictly increasing key order (the caller checks the order), straight into tree
+    /// nodes: no intermediate array. The shape is the one `init(sortedUniqueElements:)` builds.
+    init<E: Error>(sortedCount count: Int, next: () throws(E) -> (Key, Value)) throws(E) {
+        precondition(count > SortedTree.smallLimit, "SortedTree(sortedCount:): \(count) elements belong in array mode")
+        root = try SortedTree.build(count, next)
+        small = []
+    }
+
+    private static func build<E: Error>(_ count: Int, _ next: () throws(E) -> (Key, Value)) throws(E) -> TreeNode? {
+        guard count > 0 else { return nil }
+        // In order: the left half, the middle element, the right half.
+        let left = try build(count / 2, next)
+        let (key, value) = try next()
+        return TreeNode(key: key, value: value, left: left, right: try build(count - count / 2 - 1, next))
+    }
+
     public var count: Int { root?.size ?? small.count }
     public var isEmpty: Bool { root == nil && small.isEmpty }
 

@@ -110,58 +110,147 @@ public enum TreeImage {
     /// Reads an image, validating it completely; damaged or hostile input gives a `TreeError`.
     public static func read(_ bytes: [UInt8], limits: TreeReadLimits = .standard) throws(TreeError) -> Node {
         let result: Result<Node, TreeError> = bytes.withUnsafeBufferPointer { buffer in
-            var reader = ImageReader(bytes: buffer, limits: limits)
+            // The reader never writes to a window it cannot refill.
+            var reader = ImageReader(window: UnsafeMutableBufferPointer(mutating: buffer), maxLength: buffer.count, limits: limits, fill: nil)
             do throws(TreeError) {
-                guard buffer.count >= magic.count, Array(buffer[0..<magic.count]) == magic else {
-                    throw reader.fail("not a Banyan tree image")
-                }
-                reader.position = magic.count
-                let node = try reader.readNode(depth: 0)
-                guard reader.position == buffer.count else { throw reader.fail("trailing bytes after the tree") }
-                return .success(node)
+                return .success(try reader.readImage())
             } catch {
                 return .failure(error)
             }
         }
         return try result.get()
     }
+
+    /// Reads an image as it arrives, validating it as `read(_:)` does: `fill` writes the next
+    /// bytes into the buffer it is given and returns how many (0 at the end of the image). Only a
+    /// window of the image is held at a time (it grows to fit the longest string), so an image
+    /// streamed from a snapshot never needs a second copy in memory. `maxLength` bounds the
+    /// image's length (lengths and counts beyond it are rejected early). Errors are `TreeError`
+    /// for the image, or whatever `fill` threw.
+    public static func read(
+        limits: TreeReadLimits = .standard, maxLength: Int = .max, fill: (UnsafeMutableBufferPointer<UInt8>) throws -> Int
+    ) throws -> Node {
+        // The reader keeps `fill` only while this call runs.
+        try withoutActuallyEscaping(fill) { fill in
+            let window = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 128 * 1024)
+            var reader = ImageReader(window: window, maxLength: maxLength, limits: limits, fill: fill)
+            defer { reader.window.deallocate() }
+            do throws(TreeError) {
+                return try reader.readImage()
+            } catch {
+                if let sourceError = reader.sourceError { throw sourceError }
+                throw error
+            }
+        }
+    }
 }
 
+/// Validating reader over a window of the image: `window[position..<end]` are the next bytes.
+/// An in-memory image is its own window; a streamed one is refilled through `fill`.
 private struct ImageReader {
-    let bytes: UnsafeBufferPointer<UInt8>
-    let limits: TreeReadLimits
+    var window: UnsafeMutableBufferPointer<UInt8>
     var position = 0
+    var end: Int
+    /// Image offset of `window[0]`, for error offsets.
+    var base = 0
+    let maxLength: Int
+    let limits: TreeReadLimits
+    let fill: ((UnsafeMutableBufferPointer<UInt8>) throws -> Int)?
+    /// What `fill` threw (the `TreeError` thrown in its place only unwinds the reader).
+    var sourceError: (any Error)?
     var nodes = 0
     /// Keys from the root to the node being read, and their joined UTF-8 length.
     var stack: [ChildKey] = []
     var pathBytes = 0
+    /// Short keys recently read, by their bytes (up to 15, in two words, and the length):
+    /// sibling records repeat the same field names, and a hit skips validating the key and
+    /// building its string.
+    var cachedBytes = [(UInt64, UInt64, Int)](repeating: (0, 0, -1), count: 256)
+    var cachedKeys = [ChildKey](repeating: ChildKey(unchecked: "-"), count: 256)
 
-    init(bytes: UnsafeBufferPointer<UInt8>, limits: TreeReadLimits) {
-        self.bytes = bytes
+    init(
+        window: UnsafeMutableBufferPointer<UInt8>, maxLength: Int, limits: TreeReadLimits,
+        fill: ((UnsafeMutableBufferPointer<UInt8>) throws -> Int)?
+    ) {
+        self.window = window
+        self.end = fill == nil ? window.count : 0
+        self.maxLength = maxLength
         self.limits = limits
+        self.fill = fill
     }
 
     var pathText: String { "/" + stack.map(\.string).joined(separator: "/") }
 
     func fail(_ message: String) -> TreeError {
-        TreeError(.invalidJSON, path: pathText, "Invalid tree image: \(message)", offset: position)
+        TreeError(.invalidJSON, path: pathText, "Invalid tree image: \(message)", offset: base + position)
+    }
+
+    mutating func readImage() throws(TreeError) -> Node {
+        try ensure(TreeImage.magic.count, or: "not a Banyan tree image")
+        guard UnsafeBufferPointer(rebasing: window[position..<(position + TreeImage.magic.count)]).elementsEqual(TreeImage.magic) else {
+            throw fail("not a Banyan tree image")
+        }
+        position += TreeImage.magic.count
+        let node = try readNode(depth: 0)
+        guard position == end, try !refill(1) else { throw fail("trailing bytes after the tree") }
+        return node
+    }
+
+    /// Makes at least `n` bytes available at `position`, or throws `fail(message)`.
+    @inline(__always)
+    mutating func ensure(_ n: Int, or message: @autoclosure () -> String = "truncated") throws(TreeError) {
+        if end - position < n, try !refill(n) { throw fail(message()) }
+    }
+
+    /// Moves the unread bytes to the window's start, grows the window if `n` bytes would not fit,
+    /// and asks `fill` for more until `n` are available. False when the image ends first.
+    @inline(never)
+    mutating func refill(_ n: Int) throws(TreeError) -> Bool {
+        guard let fill else { return false }
+        let unread = end - position
+        if n > window.count {
+            let larger = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: Swift.max(n, 2 * window.count))
+            _ = larger.initialize(from: window[position..<end])
+            window.deallocate()
+            window = larger
+        } else if position > 0 {
+            window.baseAddress.map { $0.update(from: $0 + position, count: unread) }
+        }
+        base += position
+        position = 0
+        end = unread
+        while end < n {
+            let got: Int
+            do {
+                got = try fill(UnsafeMutableBufferPointer(rebasing: window[end...]))
+            } catch {
+                sourceError = error
+                throw fail("the image source failed")
+            }
+            guard got > 0 else { return false }
+            end += got
+        }
+        return true
     }
 
     mutating func byte() throws(TreeError) -> UInt8 {
-        guard position < bytes.count else { throw fail("truncated") }
+        try ensure(1)
         defer { position += 1 }
-        return bytes[position]
+        return window[position]
     }
 
     mutating func u64() throws(TreeError) -> UInt64 {
-        guard position + 8 <= bytes.count else { throw fail("truncated") }
-        var v: UInt64 = 0
-        for i in 0..<8 { v |= UInt64(bytes[position + i]) << (8 * UInt64(i)) }
-        position += 8
-        return v
+        try ensure(8)
+        defer { position += 8 }
+        return UInt64(littleEndian: UnsafeRawBufferPointer(window).loadUnaligned(fromByteOffset: position, as: UInt64.self))
     }
 
     mutating func varint() throws(TreeError) -> Int {
+        // Most lengths and counts fit in one byte.
+        if position < end, window[position] < 0x80, Int(window[position]) <= maxLength {
+            defer { position += 1 }
+            return Int(window[position])
+        }
         var v: UInt64 = 0
         var shift: UInt64 = 0
         while true {
@@ -171,16 +260,26 @@ private struct ImageReader {
             if b < 0x80 { break }
             shift += 7
         }
-        guard v <= UInt64(bytes.count) else { throw fail("length \(v) exceeds the image") }
+        guard v <= UInt64(maxLength) else { throw fail("length \(v) exceeds the image") }
         return Int(v)
     }
 
-    mutating func string(maxBytes: Int) throws(TreeError) -> String {
+    /// The next length-prefixed bytes (valid until the next read).
+    mutating func lengthPrefixed(maxBytes: Int) throws(TreeError) -> UnsafeBufferPointer<UInt8> {
         let n = try varint()
-        guard n <= maxBytes else { throw TreeError(.stringTooLong, path: "/", "String of \(n) bytes exceeds \(maxBytes)", offset: position) }
-        guard position + n <= bytes.count else { throw fail("truncated string") }
-        let slice = UnsafeBufferPointer(rebasing: bytes[position..<(position + n)])
-        position += n
+        guard n <= maxBytes else { throw TreeError(.stringTooLong, path: "/", "String of \(n) bytes exceeds \(maxBytes)", offset: base + position) }
+        try ensure(n, or: "truncated string")
+        defer { position += n }
+        return UnsafeBufferPointer(rebasing: window[position..<(position + n)])
+    }
+
+    mutating func string(maxBytes: Int) throws(TreeError) -> String {
+        // Two statements: `text(lengthPrefixed(...))` would copy the reader for the outer call.
+        let slice = try lengthPrefixed(maxBytes: maxBytes)
+        return try text(slice)
+    }
+
+    func text(_ slice: UnsafeBufferPointer<UInt8>) throws(TreeError) -> String {
         var ascii = true
         for b in slice where b >= 0x80 {
             ascii = false
@@ -191,9 +290,30 @@ private struct ImageReader {
         return s
     }
 
+    /// A child key: from the cache when the same short key was read recently, else validated.
+    mutating func key() throws(TreeError) -> ChildKey {
+        let slice = try lengthPrefixed(maxBytes: ChildKey.maxBytes)
+        guard slice.count < 16 else { return try validKey(slice) }
+        var words: (UInt64, UInt64) = (0, 0)
+        withUnsafeMutableBytes(of: &words) { $0.copyMemory(from: UnsafeRawBufferPointer(slice)) }
+        let slot = Int(truncatingIfNeeded: ((words.0 ^ (words.1 &* 31) ^ UInt64(slice.count)) &* 0x9E37_79B9_7F4A_7C15) >> 56)
+        let cached = cachedBytes[slot]
+        if cached.0 == words.0 && cached.1 == words.1 && cached.2 == slice.count { return cachedKeys[slot] }
+        let key = try validKey(slice)
+        cachedBytes[slot] = (words.0, words.1, slice.count)
+        cachedKeys[slot] = key
+        return key
+    }
+
+    func validKey(_ slice: UnsafeBufferPointer<UInt8>) throws(TreeError) -> ChildKey {
+        let text = try text(slice)
+        guard let key = ChildKey(validUTF8: slice, string: text) else { throw fail("invalid key \"\(text.prefix(40))\"") }
+        return key
+    }
+
     mutating func double() throws(TreeError) -> Double {
         let d = Double(bitPattern: try u64())
-        guard d.isFinite else { throw TreeError(.invalidNumber, path: "/", "Invalid tree image: non-finite number", offset: position) }
+        guard d.isFinite else { throw TreeError(.invalidNumber, path: "/", "Invalid tree image: non-finite number", offset: base + position) }
         return d == 0 ? 0 : d  // -0.0 becomes 0.0, as in the JSON reader
     }
 
@@ -222,28 +342,38 @@ private struct ImageReader {
             let count = try varint()
             guard count > 0 else { throw fail("children node without children") }
             guard depth < Path.maxDepth else { throw TreeError(.depthExceeded, path: pathText, "Image nests deeper than \(Path.maxDepth) levels") }
-            var children: [(ChildKey, Node)] = []
-            // Each child takes at least 3 bytes: never reserve more than the input could hold.
-            children.reserveCapacity(Swift.min(count, (bytes.count - position) / 3 + 1, 1 << 16))
             var previous: ChildKey?
-            for _ in 0..<count {
-                let text = try string(maxBytes: ChildKey.maxBytes)
-                guard let key = ChildKey(validKey: text) else { throw fail("invalid key \"\(text.prefix(40))\"") }
-                if let previous, !(previous < key) { throw fail("keys out of order at \"\(text.prefix(40))\"") }
-                previous = key
-                let saved = pathBytes
-                pathBytes = stack.isEmpty ? Int(key.length) : pathBytes + 1 + Int(key.length)
-                stack.append(key)
-                guard pathBytes <= Path.maxBytes else { throw TreeError(.pathTooLong, path: pathText, "Key path exceeds \(Path.maxBytes) bytes") }
-                let child = try readNode(depth: depth + 1)
-                stack.removeLast()
-                pathBytes = saved
-                guard !child.isEmpty else { throw fail("empty child \"\(text.prefix(40))\"") }
-                children.append((key, child))
+            let map: ChildMap
+            if count <= ChildMap.smallLimit {
+                // One allocation of the final size.
+                var children: [(ChildKey, Node)] = []
+                children.reserveCapacity(count)
+                for _ in 0..<count { children.append(try child(after: &previous, depth: depth)) }
+                map = ChildMap(sortedUniqueElements: children)
+            } else {
+                // Straight into tree nodes, in key order (no array of all the children).
+                map = try ChildMap(sortedCount: count) { () throws(TreeError) in try child(after: &previous, depth: depth) }
             }
-            return Node(sortedChildren: children, priority: priority)
+            // Children are never empty (checked in `child`), so the map is stored as it is.
+            return Node(storage: .children(map, priority))
         default:
             throw fail("unknown node type \(type)")
         }
+    }
+
+    /// One (key, child) pair of a children node: the key must follow `previous`.
+    mutating func child(after previous: inout ChildKey?, depth: Int) throws(TreeError) -> (ChildKey, Node) {
+        let key = try key()
+        if let previous, !(previous < key) { throw fail("keys out of order at \"\(key.string.prefix(40))\"") }
+        previous = key
+        let saved = pathBytes
+        pathBytes = stack.isEmpty ? Int(key.length) : pathBytes + 1 + Int(key.length)
+        stack.append(key)
+        guard pathBytes <= Path.maxBytes else { throw TreeError(.pathTooLong, path: pathText, "Key path exceeds \(Path.maxBytes) bytes") }
+        let child = try readNode(depth: depth + 1)
+        stack.removeLast()
+        pathBytes = saved
+        guard !child.isEmpty else { throw fail("empty child \"\(key.string.prefix(40))\"") }
+        return (key, child)
     }
 }

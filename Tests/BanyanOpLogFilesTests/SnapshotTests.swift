@@ -71,6 +71,57 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
         #expect(try readBack(store).0.isEmpty)
     }
 
+    @Test("an image pulled in pieces of any size is the image written, checked even when the reader stops early")
+    func pulledImage() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
+        let chunks = image(8, bytes: 700_000)
+        try write(store, SnapshotMetadata(lastIndex: 4, lastTerm: 2, membership: [9]), chunks)
+        let expected = chunks.flatMap { $0 }
+        for size in [1, 4_096, 300_001, 2_000_000] {
+            let (bytes, meta) = try store.readImage { reader in
+                #expect(reader.imageLength == UInt64(expected.count))
+                let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: size)
+                defer { buffer.deallocate() }
+                var out: [UInt8] = []
+                // One byte at a time is slow; a prefix is enough for the smallest size.
+                while size > 1 || out.count < 20_000 {
+                    let n = try reader.read(into: buffer)
+                    if n == 0 { break }
+                    out.append(contentsOf: buffer[0..<n])
+                }
+                return (out, reader.metadata)
+            }
+            #expect(size == 1 ? Array(expected.prefix(bytes.count)) == bytes : bytes == expected, "buffer \(size)")
+            #expect(meta == SnapshotMetadata(lastIndex: 4, lastTerm: 2, membership: [9]))
+        }
+        // Byte by byte to the end (zlib may hold output after taking its last input).
+        try write(store, SnapshotMetadata(lastIndex: 5, lastTerm: 2), image(9, bytes: 60_000))
+        let small = image(9, bytes: 60_000).flatMap { $0 }
+        let byBytes = try store.readImage { reader in
+            let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 1)
+            defer { buffer.deallocate() }
+            var out: [UInt8] = []
+            while try reader.read(into: buffer) == 1 { out.append(buffer[0]) }
+            return out
+        }
+        #expect(byBytes == small)
+        try write(store, SnapshotMetadata(lastIndex: 6, lastTerm: 2), chunks)
+        // Damage after the part a reader consumed is still found before `readImage` returns.
+        let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 6)
+        let size = try fs.readAll(name).count
+        fs.corrupt(name, at: size - 1_000)
+        var consumed = 0
+        #expect(throws: OpLogError.self) {
+            try store.readImage { reader in
+                let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 1_000)
+                defer { buffer.deallocate() }
+                consumed = try reader.read(into: buffer)
+            }
+        }
+        #expect(consumed == 1_000)
+    }
+
     @Test("damage anywhere in a snapshot is detected; a damaged newest snapshot is skipped")
     func damage() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])

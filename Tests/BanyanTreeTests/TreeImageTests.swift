@@ -79,6 +79,71 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
         #expect(chunks.flatMap { $0 } == TreeImage.bytes(node))
     }
 
+    /// Reads `image` through the streaming reader, handing out at most `step(call)` bytes per call.
+    private func streamedRead(_ image: [UInt8], step: (Int) -> Int) throws -> Node {
+        var offset = 0
+        var calls = 0
+        return try TreeImage.read(maxLength: image.count) { buffer in
+            calls += 1
+            let n = Swift.min(buffer.count, step(calls), image.count - offset)
+            for i in 0..<n { buffer[i] = image[offset + i] }
+            offset += n
+            return n
+        }
+    }
+
+    @Test("the streaming reader gives what the in-memory reader gives, however the bytes arrive", arguments: seeds(10))
+    func streamingRead(seed: UInt64) throws {
+        var rng = SeededRandom(seed: seed)
+        var node = Node.empty
+        // Wide maps (built straight into tree nodes), small ones, and a string longer than the
+        // reader's first window.
+        for i in 0..<(40 + rng.below(300)) { node.set(randomNode(&rng, depth: 1), at: Path(segments: [ChildKey(unchecked: "k\(i)")])) }
+        node.set(Node(.string(String(repeating: "long ", count: 60_000))), at: Path(segments: [ChildKey(unchecked: "big")]))
+        let image = TreeImage.bytes(node)
+        for steps in [{ (_: Int) in 1 }, { (_: Int) in 7 }, { (_: Int) in Int.max }, { (call: Int) in 1 + (call * 7_919) % 20_000 }] {
+            let back = try streamedRead(image, step: steps)
+            #expect(back == node, "seed \(seed)")
+            #expect(back.hashString == node.hashString)
+            #expect(back.children.checkInvariants() == nil)
+            #expect(try TreeImage.read(image) == back)
+        }
+    }
+
+    @Test("a streamed image that is cut, damaged or whose source fails gives an error, never a crash")
+    func streamingDamage() throws {
+        var rng = SeededRandom(seed: 7)
+        var node = Node.empty
+        for i in 0..<60 { node.set(randomNode(&rng, depth: 2), at: Path(segments: [ChildKey(unchecked: "item\(i)")])) }
+        let image = TreeImage.bytes(node)
+        for cut in stride(from: 0, to: image.count, by: 37) {
+            #expect(throws: TreeError.self, "cut at \(cut)") { try streamedRead(Array(image.prefix(cut)), step: { _ in 100 }) }
+        }
+        #expect(throws: TreeError.self) { try streamedRead(image + [0], step: { _ in 100 }) }
+        for i in stride(from: 0, to: image.count, by: 11) {
+            var bad = image
+            bad[i] ^= 0x5A
+            _ = try? streamedRead(bad, step: { _ in 64 })  // may decode to another valid tree; must not crash
+        }
+        // Keys out of order in a wide map (the one built without an array).
+        var wide = TreeImage.magic + [6, 40]
+        for i in (0..<40).reversed() { wide += [2, UInt8(ascii: "a") + UInt8(i / 10), UInt8(ascii: "0") + UInt8(i % 10), 2] }
+        #expect(throws: TreeError.self) { try streamedRead(wide, step: { _ in 5 }) }
+        #expect(throws: TreeError.self) { try TreeImage.read(wide) }
+        // The source's own error comes out as it is.
+        struct SourceFailed: Error {}
+        var served = 0
+        #expect(throws: SourceFailed.self) {
+            try TreeImage.read { buffer in
+                guard served < 100 else { throw SourceFailed() }
+                let n = Swift.min(buffer.count, 10)
+                for i in 0..<n { buffer[i] = image[served + i] }
+                served += n
+                return n
+            }
+        }
+    }
+
     @Test("-0.0 in an image reads back as 0.0, as JSON input does")
     func negativeZero() throws {
         let node = Node(.double(-0.0), priority: .number(-0.0))
