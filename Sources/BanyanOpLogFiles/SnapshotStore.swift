@@ -143,14 +143,7 @@ public final class SnapshotStore {
     @discardableResult
     public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
         try readImage(lastIndex: lastIndex) { image in
-            let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
-            defer { buffer.deallocate() }
-            while true {
-                let n = try image.read(into: buffer)
-                if n == 0 { break }
-                try consume(UnsafeBufferPointer(rebasing: buffer[0..<n]))
-            }
-            return image.metadata
+            try image.pump(into: consume)
         }
     }
 
@@ -170,14 +163,7 @@ public final class SnapshotStore {
     @discardableResult
     public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
         let metadata = try readImage(file: incomingPath) { image in
-            let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
-            defer { buffer.deallocate() }
-            while true {
-                let n = try image.read(into: buffer)
-                if n == 0 { break }
-                try consume(UnsafeBufferPointer(rebasing: buffer[0..<n]))
-            }
-            return image.metadata
+            try image.pump(into: consume)
         }
         guard metadata.lastIndex == lastIndex else {
             throw OpLogError(.corrupt, "the received snapshot ends at \(metadata.lastIndex), not \(lastIndex)", file: incomingPath)
@@ -283,6 +269,19 @@ public final class SnapshotImageReader {
             }
         }
         return filled
+    }
+
+    /// Hands the rest of the image to `consume` in chunks valid only during each call; the
+    /// metadata once the image has verified.
+    func pump(into consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> SnapshotMetadata {
+        let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
+        defer { buffer.deallocate() }
+        while true {
+            let n = try read(into: buffer)
+            if n == 0 { break }
+            try consume(UnsafeBufferPointer(rebasing: buffer[0..<n]))
+        }
+        return metadata
     }
 
     /// Reads whatever is left and verifies the image.
