@@ -14,8 +14,10 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     @usableFromInline let prefix: UInt64
     @usableFromInline let int: Int32
     @usableFromInline let isInt: Bool
-    /// UTF-8 length.
-    @usableFromInline let length: UInt32
+    /// UTF-8 length, saturating at 65,535 (keys in a tree have at most `maxBytes`; longer
+    /// unchecked keys still compare and hash correctly, by their bytes). Two bytes keep the whole
+    /// key at 32, so pages hold two keys per cache line.
+    @usableFromInline let length: UInt16
 
     /// Maximum UTF-8 length of one key.
     public static let maxBytes = 768
@@ -43,7 +45,7 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     private init(_ string: String, _ scanned: Scan) {
         self.string = string
         self.prefix = scanned.prefix
-        self.length = scanned.length
+        self.length = UInt16(clamping: scanned.length)
         self.isInt = scanned.isInt
         self.int = scanned.int
     }
@@ -148,6 +150,20 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
         compare(a, b) < 0
     }
 
+    /// Search summary (see `SortKey.sortWord`): integer keys below all others, by value then
+    /// length; other keys by their first bytes in UTF-16 order (the last bit of the eighth byte is
+    /// dropped to make room for the flag).
+    @inline(__always)
+    public var sortWord: UInt64 {
+        if isInt { return UInt64(UInt32(bitPattern: int) ^ 0x8000_0000) << 8 | UInt64(Swift.min(length, 255)) }
+        return 1 << 63 | utf16OrderedBytes(prefix) >> 1
+    }
+
+    /// Element by element, compiled for this type (see `SortKey.destroy`).
+    public static func destroy(_ keys: UnsafeMutablePointer<ChildKey>, count: Int) {
+        for i in 0..<count { (keys + i).deinitialize(count: 1) }
+    }
+
     /// Firebase `nameCompare`: negative, zero or positive.
     @inline(__always)
     public static func compare(_ a: ChildKey, _ b: ChildKey) -> Int {
@@ -177,6 +193,42 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
         }
         return compareUTF16(a.string, b.string)
     }
+}
+
+/// Rewrites up to eight big-endian packed UTF-8 bytes so that their integer order is UTF-16 code
+/// unit order: lead bytes of supplementary characters (0xF0...0xF4, surrogate pairs in UTF-16)
+/// move below those of U+E000...U+FFFF (0xEE, 0xEF). Comparing two keys decides at their first
+/// differing byte, where both bytes are lead bytes or both continuation bytes, so a byte-wise
+/// mapping is enough (see `compareUTF16`).
+@inline(__always)
+func utf16OrderedBytes(_ packed: UInt64) -> UInt64 {
+    // Only bytes from 0xEE up change; ASCII-only prefixes, the common case, pass straight through.
+    guard packed & 0x8080_8080_8080_8080 != 0 else { return packed }
+    var result: UInt64 = 0
+    var shift: UInt64 = 0
+    while shift < 64 {
+        var byte = UInt8(truncatingIfNeeded: packed >> shift)
+        if byte >= 0xF0 && byte <= 0xF4 {
+            byte -= 2
+        } else if byte == 0xEE || byte == 0xEF {
+            byte += 5
+        }
+        result |= UInt64(byte) << shift
+        shift += 8
+    }
+    return result
+}
+
+/// The first eight UTF-8 bytes of `string`, big-endian, zero-padded.
+@inline(__always)
+func packedUTF8Prefix(_ string: String) -> UInt64 {
+    var packed: UInt64 = 0
+    var shift: UInt64 = 56
+    for byte in string.utf8.prefix(8) {
+        packed |= UInt64(byte) << shift
+        shift &-= 8
+    }
+    return packed
 }
 
 /// Compares two strings by UTF-16 code units (JavaScript `<`), negative / zero / positive.
