@@ -236,8 +236,12 @@ func packedUTF8Prefix(_ string: String) -> UInt64 {
 /// Walks the UTF-8 bytes: byte order equals code-point order, which equals UTF-16 order except when
 /// one string has a BMP character at or above U+E000 (lead byte 0xEE or 0xEF) where the other has a
 /// supplementary character (lead byte 0xF0...0xF4, a surrogate pair 0xD800...0xDFFF in UTF-16).
-@inline(__always)
 public func compareUTF16(_ a: String, _ b: String) -> Int {
+    // Native and small strings expose their UTF-8 directly: compare the bytes in place.
+    let fast = a.utf8.withContiguousStorageIfAvailable { x in
+        b.utf8.withContiguousStorageIfAvailable { y in compareUTF16(x, y) }
+    }
+    if let result = fast ?? nil { return result }
     var ia = a.utf8.makeIterator()
     var ib = b.utf8.makeIterator()
     while true {
@@ -249,12 +253,31 @@ public func compareUTF16(_ a: String, _ b: String) -> Int {
         case (_, nil):
             return 1
         case let (x?, y?):
-            if x == y { continue }
-            let xHighBMP = x == 0xEE || x == 0xEF
-            let yHighBMP = y == 0xEE || y == 0xEF
-            if xHighBMP && y >= 0xF0 { return 1 }
-            if yHighBMP && x >= 0xF0 { return -1 }
-            return x < y ? -1 : 1
+            if x != y { return compareUTF16(differing: x, y) }
         }
     }
+}
+
+/// `compareUTF16` over UTF-8 bytes.
+@inline(__always)
+func compareUTF16(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Int {
+    let n = Swift.min(a.count, b.count)
+    var i = 0
+    while i < n {
+        let x = a[i]
+        let y = b[i]
+        if x != y { return compareUTF16(differing: x, y) }
+        i += 1
+    }
+    return a.count == b.count ? 0 : (a.count < b.count ? -1 : 1)
+}
+
+/// The order of two different bytes at the first difference of two UTF-8 strings.
+@inline(__always)
+func compareUTF16(differing x: UInt8, _ y: UInt8) -> Int {
+    let xHighBMP = x == 0xEE || x == 0xEF
+    let yHighBMP = y == 0xEE || y == 0xEF
+    if xHighBMP && y >= 0xF0 { return 1 }
+    if yHighBMP && x >= 0xF0 { return -1 }
+    return x < y ? -1 : 1
 }

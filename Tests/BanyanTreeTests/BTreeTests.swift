@@ -167,6 +167,28 @@ private struct CoarseKey: SortKey, CustomStringConvertible {
         }
     }
 
+    @Test("string comparison is UTF-16 code unit order, in place or through the iterator", arguments: seeds(3))
+    func utf16Order(seed: UInt64) {
+        var rng = SeededRandom(seed: seed)
+        let pieces = ["", "a", "ab", "z", "é", "\u{E000}", "\u{FFFF}", "😀", "\u{10FFFF}", "日", "\u{0}", "abcdefgh", "~"]
+        var strings: [String] = []
+        for _ in 0..<200 {
+            var text = ""
+            for _ in 0..<rng.below(5) { text += pieces[rng.below(pieces.count)] }
+            strings.append(text)
+        }
+        for a in strings.prefix(60) {
+            for b in strings {
+                let expected = a.utf16.lexicographicallyPrecedes(b.utf16) ? -1 : (a.utf16.elementsEqual(b.utf16) ? 0 : 1)
+                #expect(compareUTF16(a, b) == expected, "\(a.debugDescription) vs \(b.debugDescription)")
+                // A long string (stored out of line) takes the same path as a small one.
+                let longA = String(repeating: "x", count: 20) + a
+                let longB = String(repeating: "x", count: 20) + b
+                #expect(compareUTF16(longA, longB) == expected)
+            }
+        }
+    }
+
     @Test("search words agree with index order: IndexEntry", arguments: seeds(3))
     func indexEntryWords(seed: UInt64) {
         var rng = SeededRandom(seed: seed)
