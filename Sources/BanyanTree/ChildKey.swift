@@ -14,9 +14,9 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     @usableFromInline let prefix: UInt64
     @usableFromInline let int: Int32
     @usableFromInline let isInt: Bool
-    /// UTF-8 length, saturating at 65,535 (valid keys have at most 768 bytes; the exact length of
-    /// a longer unchecked key never decides a comparison, its bytes do). Sixteen bits keep the key
-    /// at 32 bytes, so a (key, node) pair takes 80 bytes instead of 88.
+    /// UTF-8 length, saturating at 65,535 (keys in a tree have at most `maxBytes`; longer
+    /// unchecked keys still compare and hash correctly, by their bytes). Two bytes keep the whole
+    /// key at 32, so pages hold two keys per cache line.
     @usableFromInline let length: UInt16
 
     /// Maximum UTF-8 length of one key.
@@ -161,6 +161,20 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
         compare(a, b) < 0
     }
 
+    /// Search summary (see `SortKey.sortWord`): integer keys below all others, by value then
+    /// length; other keys by their first bytes in UTF-16 order (the last bit of the eighth byte is
+    /// dropped to make room for the flag).
+    @inline(__always)
+    public var sortWord: UInt64 {
+        if isInt { return UInt64(UInt32(bitPattern: int) ^ 0x8000_0000) << 8 | UInt64(Swift.min(length, 255)) }
+        return 1 << 63 | utf16OrderedBytes(prefix) >> 1
+    }
+
+    /// Element by element, compiled for this type (see `SortKey.destroy`).
+    public static func destroy(_ keys: UnsafeMutablePointer<ChildKey>, count: Int) {
+        for i in 0..<count { (keys + i).deinitialize(count: 1) }
+    }
+
     /// Firebase `nameCompare`: negative, zero or positive.
     @inline(__always)
     public static func compare(_ a: ChildKey, _ b: ChildKey) -> Int {
@@ -192,13 +206,53 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     }
 }
 
+/// Rewrites up to eight big-endian packed UTF-8 bytes so that their integer order is UTF-16 code
+/// unit order: lead bytes of supplementary characters (0xF0...0xF4, surrogate pairs in UTF-16)
+/// move below those of U+E000...U+FFFF (0xEE, 0xEF). Comparing two keys decides at their first
+/// differing byte, where both bytes are lead bytes or both continuation bytes, so a byte-wise
+/// mapping is enough (see `compareUTF16`).
+@inline(__always)
+func utf16OrderedBytes(_ packed: UInt64) -> UInt64 {
+    // Only bytes from 0xEE up change; ASCII-only prefixes, the common case, pass straight through.
+    guard packed & 0x8080_8080_8080_8080 != 0 else { return packed }
+    var result: UInt64 = 0
+    var shift: UInt64 = 0
+    while shift < 64 {
+        var byte = UInt8(truncatingIfNeeded: packed >> shift)
+        if byte >= 0xF0 && byte <= 0xF4 {
+            byte -= 2
+        } else if byte == 0xEE || byte == 0xEF {
+            byte += 5
+        }
+        result |= UInt64(byte) << shift
+        shift += 8
+    }
+    return result
+}
+
+/// The first eight UTF-8 bytes of `string`, big-endian, zero-padded.
+@inline(__always)
+func packedUTF8Prefix(_ string: String) -> UInt64 {
+    var packed: UInt64 = 0
+    var shift: UInt64 = 56
+    for byte in string.utf8.prefix(8) {
+        packed |= UInt64(byte) << shift
+        shift &-= 8
+    }
+    return packed
+}
+
 /// Compares two strings by UTF-16 code units (JavaScript `<`), negative / zero / positive.
 ///
 /// Walks the UTF-8 bytes: byte order equals code-point order, which equals UTF-16 order except when
 /// one string has a BMP character at or above U+E000 (lead byte 0xEE or 0xEF) where the other has a
 /// supplementary character (lead byte 0xF0...0xF4, a surrogate pair 0xD800...0xDFFF in UTF-16).
-@inline(__always)
 public func compareUTF16(_ a: String, _ b: String) -> Int {
+    // Native and small strings expose their UTF-8 directly: compare the bytes in place.
+    let fast = a.utf8.withContiguousStorageIfAvailable { x in
+        b.utf8.withContiguousStorageIfAvailable { y in compareUTF16(x, y) }
+    }
+    if let result = fast ?? nil { return result }
     var ia = a.utf8.makeIterator()
     var ib = b.utf8.makeIterator()
     while true {
@@ -210,12 +264,31 @@ public func compareUTF16(_ a: String, _ b: String) -> Int {
         case (_, nil):
             return 1
         case let (x?, y?):
-            if x == y { continue }
-            let xHighBMP = x == 0xEE || x == 0xEF
-            let yHighBMP = y == 0xEE || y == 0xEF
-            if xHighBMP && y >= 0xF0 { return 1 }
-            if yHighBMP && x >= 0xF0 { return -1 }
-            return x < y ? -1 : 1
+            if x != y { return compareUTF16(differing: x, y) }
         }
     }
+}
+
+/// `compareUTF16` over UTF-8 bytes.
+@inline(__always)
+func compareUTF16(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Int {
+    let n = Swift.min(a.count, b.count)
+    var i = 0
+    while i < n {
+        let x = a[i]
+        let y = b[i]
+        if x != y { return compareUTF16(differing: x, y) }
+        i += 1
+    }
+    return a.count == b.count ? 0 : (a.count < b.count ? -1 : 1)
+}
+
+/// The order of two different bytes at the first difference of two UTF-8 strings.
+@inline(__always)
+func compareUTF16(differing x: UInt8, _ y: UInt8) -> Int {
+    let xHighBMP = x == 0xEE || x == 0xEF
+    let yHighBMP = y == 0xEE || y == 0xEF
+    if xHighBMP && y >= 0xF0 { return 1 }
+    if yHighBMP && x >= 0xF0 { return -1 }
+    return x < y ? -1 : 1
 }

@@ -83,18 +83,93 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
+/// An index value reduced to what ordering reads: the type, and the number or the string. All
+/// children nodes sort equal, so their contents are not kept. Indexes store these rather than
+/// whole nodes, which keeps an entry at 56 bytes instead of 88.
+public enum IndexValue: Sendable, CustomStringConvertible {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case children
+
+    /// The compact form of `node` as an index value.
+    @inline(__always)
+    public init(_ node: Node) {
+        switch node.storage {
+        case .empty: self = .null
+        case .leaf(.bool(let b), _): self = .bool(b)
+        // Numbers compare as IEEE doubles, as in `Node.compareValues`.
+        case .leaf(.int(let i), _): self = .number(Double(i))
+        case .leaf(.double(let d), _): self = .number(d)
+        case .leaf(.string(let s), _): self = .string(s)
+        case .children: self = .children
+        }
+    }
+
+    @inline(__always)
+    var rank: Int {
+        switch self {
+        case .null: return 0
+        case .bool: return 1
+        case .number: return 2
+        case .string: return 3
+        case .children: return 4
+        }
+    }
+
+    /// The same order as `Node.compareValues` on the nodes these came from.
+    @inline(__always)
+    public static func compare(_ a: IndexValue, _ b: IndexValue) -> Int {
+        switch (a, b) {
+        case let (.number(x), .number(y)): return x == y ? 0 : (x < y ? -1 : 1)
+        case let (.bool(x), .bool(y)): return x == y ? 0 : (x ? 1 : -1)
+        case let (.string(x), .string(y)): return compareUTF16(x, y)
+        default:
+            let ra = a.rank
+            let rb = b.rank
+            return ra == rb ? 0 : (ra < rb ? -1 : 1)
+        }
+    }
+
+    /// Search summary (see `SortKey.sortWord`): the type rank in the top three bits, then a
+    /// number's order-preserving bits or a string's first bytes.
+    @inline(__always)
+    var word: UInt64 {
+        switch self {
+        case .null: return 0
+        case .bool(let b): return 1 << 61 | (b ? 1 : 0)
+        case .number(let d):
+            let bits = (d == 0 ? 0 : d).bitPattern  // -0 sorts as 0
+            return 2 << 61 | (bits >> 63 == 0 ? bits | 1 << 63 : ~bits) >> 3
+        case .string(let s): return 3 << 61 | utf16OrderedBytes(packedUTF8Prefix(s)) >> 3
+        case .children: return 4 << 61
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .null: return "null"
+        case .bool(let b): return String(b)
+        case .number(let d): return Node(.double(d)).description
+        case .string(let s): return Node(.string(s)).description
+        case .children: return "{...}"
+        }
+    }
+}
+
 /// One child as an index sees it: its index value and its key. Ordered by value, then key.
 public struct IndexEntry: SortKey, Sendable, CustomStringConvertible {
-    public let value: Node
     public let key: ChildKey
+    public let value: IndexValue
 
     public init(value: Node, key: ChildKey) {
-        self.value = value
         self.key = key
+        self.value = IndexValue(value)
     }
 
     public static func == (a: IndexEntry, b: IndexEntry) -> Bool {
-        a.key == b.key && Node.compareValues(a.value, b.value) == 0
+        a.key == b.key && IndexValue.compare(a.value, b.value) == 0
     }
 
     public static func < (a: IndexEntry, b: IndexEntry) -> Bool {
@@ -103,9 +178,18 @@ public struct IndexEntry: SortKey, Sendable, CustomStringConvertible {
 
     @inline(__always)
     public static func compare(_ a: IndexEntry, _ b: IndexEntry) -> Int {
-        let c = Node.compareValues(a.value, b.value)
+        let c = IndexValue.compare(a.value, b.value)
         if c != 0 { return c }
         return ChildKey.compare(a.key, b.key)
+    }
+
+    /// The value's summary only: entries with equal words are told apart by `compare`.
+    @inline(__always)
+    public var sortWord: UInt64 { value.word }
+
+    /// Element by element, compiled for this type (see `SortKey.destroy`).
+    public static func destroy(_ keys: UnsafeMutablePointer<IndexEntry>, count: Int) {
+        for i in 0..<count { (keys + i).deinitialize(count: 1) }
     }
 
     public var description: String { "(\(value), \(key))" }
@@ -130,16 +214,23 @@ public enum KeyBound: Sendable, Equatable, CustomStringConvertible {
 public struct IndexPost: Sendable, Equatable {
     public let value: Node
     public let name: KeyBound
+    /// `value` in the form index entries hold.
+    private let compact: IndexValue
 
     public init(value: Node, name: KeyBound) {
         self.value = value
         self.name = name
+        self.compact = IndexValue(value)
+    }
+
+    public static func == (a: IndexPost, b: IndexPost) -> Bool {
+        a.value == b.value && a.name == b.name
     }
 
     /// Compares an entry with this post: negative when the entry sorts before it.
     @inline(__always)
     public func compare(_ entry: IndexEntry) -> Int {
-        let c = Node.compareValues(entry.value, value)
+        let c = IndexValue.compare(entry.value, compact)
         if c != 0 { return c }
         switch name {
         case .min: return 1

@@ -1,122 +1,400 @@
-/// A persistent ordered map with order statistics (a weight-balanced binary tree, Adams' scheme
-/// with delta 3 and ratio 2).
-///
-/// - Structural sharing: copies share nodes; a write copies only the nodes on the path it touches.
-/// - When a value is replaced under an existing key and the path is not shared, the replacement
-///   happens in place with no allocation (the common case for sets into an existing tree).
-/// - `rank`, `element(at:)` and positional iteration are O(log n), which gives O(log n + k) windows.
-///
-/// Invariant (checked by `checkInvariants` in tests): for every node,
-/// `size == size(left) + size(right) + 1`, keys strictly increase in order, and each side weighs at
-/// most `delta` times the other (for subtrees of more than one element).
-/// A key with a three-way comparison (one comparison per tree level instead of two).
+/// A key with a three-way comparison and a 64-bit summary of its place in the order.
 public protocol SortKey: Comparable {
     /// Negative, zero or positive as `a` sorts before, equal to or after `b`.
     static func compare(_ a: Self, _ b: Self) -> Int
+    /// A summary consistent with the order: `a.sortWord < b.sortWord` implies `a < b`. Equal
+    /// words decide nothing (the full comparison breaks the tie), so any monotone summary works,
+    /// even a constant; the more keys it separates, the fewer full comparisons a search makes.
+    var sortWord: UInt64 { get }
+    /// Deinitialises `count` keys at `keys`. A page's deinit runs unspecialised, so it calls this
+    /// through the conformance: a key type that implements it gets a loop compiled for its own
+    /// layout instead of the runtime's generic destroy (see `ChildKey`).
+    static func destroy(_ keys: UnsafeMutablePointer<Self>, count: Int)
+}
+
+extension SortKey {
+    public static func destroy(_ keys: UnsafeMutablePointer<Self>, count: Int) {
+        keys.deinitialize(count: count)
+    }
 }
 
 extension Int: SortKey {
     @inline(__always)
     public static func compare(_ a: Int, _ b: Int) -> Int { a < b ? -1 : (a == b ? 0 : 1) }
+
+    /// The value with its sign bit flipped: unsigned order equals signed order.
+    @inline(__always)
+    public var sortWord: UInt64 { UInt64(bitPattern: Int64(self)) ^ (1 << 63) }
 }
 
+/// The fixed part of a `SortedTree` page.
+@usableFromInline
+struct SortedTreePageHeader {
+    /// Entries (leaf page) or children (inner page).
+    var count: Int32
+    /// Slots allocated.
+    var room: Int32
+    /// 0 for a leaf; an inner page's children have height one less.
+    var height: Int32
+    /// Elements in the page's subtree.
+    var total: Int
+}
+
+/// A persistent ordered map with order statistics: a B+tree of pages with packed search words.
+///
+/// - Pages: a leaf holds up to `maxLeaf` entries, an inner page up to `maxInner` children with
+///   each child's element count and a separator key. Every page keeps its keys' `sortWord`s in one
+///   contiguous run ahead of the keys, so a search step scans a few cache lines of words and
+///   reads one key only when words tie. A map of at most `maxLeaf` elements is a single leaf:
+///   one allocation, sized to its contents.
+/// - Structural sharing: copies share pages; a write copies only the pages on the path it touches
+///   (whole pages, so a persistent write copies up to `maxLeaf` entries per level) and mutates in
+///   place when nothing else references them.
+/// - `rank`, `element(at:)` and positional iteration are O(log n) from the per-child counts, which
+///   gives O(log n + k) windows.
+///
+/// Invariants (checked by `checkInvariants` in tests): all leaves are at the same depth; keys
+/// strictly increase across the leaves in order; an inner page's separator `i` (for `i ≥ 1`) is
+/// above every key of child `i - 1` and at or below every key of child `i`; every stored word is
+/// its key's `sortWord`; counts and totals add up; pages other than the root hold at least
+/// `minFill` entries or children, an inner root at least two, and the root is never an empty leaf.
 public struct SortedTree<Key: SortKey, Value> {
     @usableFromInline
-    final class TreeNode {
-        // Links first: stored properties are laid out in declaration order, so a descent step
-        // (reference count, links, then the key's leading bytes) mostly stays on one cache line.
-        var left: TreeNode?
-        var right: TreeNode?
-        var size: Int
-        let key: Key
-        var value: Value
-
-        init(key: Key, value: Value, left: TreeNode?, right: TreeNode?) {
-            self.key = key
-            self.value = value
-            self.left = left
-            self.right = right
-            self.size = (left?.size ?? 0) + (right?.size ?? 0) + 1
+    final class Page: ManagedBuffer<SortedTreePageHeader, UInt64> {
+        /// A page with `room` slots and nothing in them.
+        static func make(height: Int, room: Int) -> Page {
+            precondition(
+                MemoryLayout<Key>.alignment <= 8 && MemoryLayout<Value>.alignment <= 8,
+                "SortedTree: keys and values must need at most 8-byte alignment")
+            let keyWords = wordCount(room * MemoryLayout<Key>.stride)
+            let tail = height == 0
+                ? room + keyWords + wordCount(room * MemoryLayout<Value>.stride)
+                : room + keyWords + 2 * room
+            let page = unsafeDowncast(
+                Page.create(minimumCapacity: tail) { _ in
+                    SortedTreePageHeader(count: 0, room: Int32(room), height: Int32(height), total: 0)
+                }, to: Page.self)
+            // The tail is laid out as: words, keys, then values (leaf) or counts and children.
+            // Keys and values live apart (not as tuples) so that the page's deinit, which runs
+            // unspecialised, needs no tuple type metadata.
+            let keys = UnsafeMutableRawPointer(page.words + room)
+            keys.bindMemory(to: Key.self, capacity: room)
+            let after = keys + 8 * keyWords
+            if height == 0 {
+                after.bindMemory(to: Value.self, capacity: room)
+            } else {
+                after.bindMemory(to: Int.self, capacity: room)
+                (after + 8 * room).bindMemory(to: Page.self, capacity: room)
+            }
+            return page
         }
 
-        func copy() -> TreeNode {
-            TreeNode(key: key, value: value, left: left, right: right)
+        @inline(__always)
+        static func wordCount(_ bytes: Int) -> Int { (bytes + 7) >> 3 }
+
+        deinit {
+            let n = count
+            Key.destroy(keys, count: n)
+            if height == 0 {
+                values.deinitialize(count: n)
+            } else {
+                children.deinitialize(count: n)
+            }
+        }
+
+        @inline(__always) var count: Int { Int(header.count) }
+        @inline(__always) var room: Int { Int(header.room) }
+        @inline(__always) var height: Int { Int(header.height) }
+        @inline(__always) var total: Int { header.total }
+
+        // Pointers into the page; valid while the page is alive.
+        @inline(__always) var words: UnsafeMutablePointer<UInt64> { withUnsafeMutablePointerToElements { $0 } }
+        @inline(__always) var keys: UnsafeMutablePointer<Key> {
+            UnsafeMutableRawPointer(words + room).assumingMemoryBound(to: Key.self)
+        }
+        /// Where a leaf's values or an inner page's counts start.
+        @inline(__always) private var afterKeys: UnsafeMutableRawPointer {
+            let r = room
+            return UnsafeMutableRawPointer(words + r + Page.wordCount(r * MemoryLayout<Key>.stride))
+        }
+        @inline(__always) var values: UnsafeMutablePointer<Value> { afterKeys.assumingMemoryBound(to: Value.self) }
+        @inline(__always) var sizes: UnsafeMutablePointer<Int> { afterKeys.assumingMemoryBound(to: Int.self) }
+        @inline(__always) var children: UnsafeMutablePointer<Page> {
+            UnsafeMutableRawPointer(sizes + room).assumingMemoryBound(to: Page.self)
+        }
+
+        /// The element at `i` of a leaf.
+        @inline(__always)
+        func element(_ i: Int) -> (key: Key, value: Value) { (keys[i], values[i]) }
+
+        /// A copy sharing the elements (each retained once more).
+        func copy() -> Page {
+            let n = count
+            let page = Page.make(height: height, room: room)
+            page.words.initialize(from: words, count: n)
+            // Element by element, which specialises (the bulk `initialize(from:count:)` goes
+            // through the runtime's generic array routine).
+            let fromKeys = keys
+            let toKeys = page.keys
+            for i in 0..<n { (toKeys + i).initialize(to: fromKeys[i]) }
+            if height == 0 {
+                let from = values
+                let to = page.values
+                for i in 0..<n { (to + i).initialize(to: from[i]) }
+            } else {
+                page.sizes.initialize(from: sizes, count: n)
+                let from = children
+                let to = page.children
+                for i in 0..<n { (to + i).initialize(to: from[i]) }
+            }
+            page.header.count = header.count
+            page.header.total = header.total
+            return page
+        }
+
+        /// A leaf with more room holding this leaf's entries, moved (this page is left empty).
+        func grown(to newRoom: Int) -> Page {
+            let n = count
+            let page = Page.make(height: 0, room: newRoom)
+            page.words.initialize(from: words, count: n)
+            page.keys.moveInitialize(from: keys, count: n)
+            page.values.moveInitialize(from: values, count: n)
+            page.header.count = header.count
+            page.header.total = header.total
+            header.count = 0
+            header.total = 0
+            return page
+        }
+
+        /// Moves the elements of one region from slot `i` on up by one, leaving slot `i` free.
+        @inline(__always)
+        private func openGap<T>(_ region: UnsafeMutablePointer<T>, at i: Int) {
+            (region + i + 1).moveInitialize(from: region + i, count: count - i)
+        }
+
+        /// Moves the elements of one region after slot `i` down by one (slot `i` must be free).
+        @inline(__always)
+        private func closeGap<T>(_ region: UnsafeMutablePointer<T>, at i: Int) {
+            (region + i).moveInitialize(from: region + i + 1, count: count - i - 1)
+        }
+
+        /// Leaf: inserts an entry at `i` (there must be room).
+        @inline(__always)
+        func insertEntry(at i: Int, _ key: Key, _ word: UInt64, _ value: Value) {
+            openGap(words, at: i)
+            openGap(keys, at: i)
+            openGap(values, at: i)
+            words[i] = word
+            (keys + i).initialize(to: key)
+            (values + i).initialize(to: value)
+            header.count += 1
+            header.total += 1
+        }
+
+        /// Leaf: removes and returns the entry at `i`.
+        @inline(__always)
+        func removeEntry(at i: Int) -> Value {
+            (keys + i).deinitialize(count: 1)
+            let removed = (values + i).move()
+            closeGap(words, at: i)
+            closeGap(keys, at: i)
+            closeGap(values, at: i)
+            header.count -= 1
+            header.total -= 1
+            return removed
+        }
+
+        /// Inner page: inserts a child with its separator and element count at `i`.
+        func insertChild(at i: Int, _ key: Key, _ word: UInt64, _ child: Page) {
+            openGap(words, at: i)
+            openGap(keys, at: i)
+            openGap(sizes, at: i)
+            openGap(children, at: i)
+            words[i] = word
+            (keys + i).initialize(to: key)
+            sizes[i] = child.total
+            (children + i).initialize(to: child)
+            header.count += 1
+            header.total += child.total
+        }
+
+        /// Inner page: removes the child at `i` with its separator.
+        func removeChild(at i: Int) {
+            header.total -= sizes[i]
+            (keys + i).deinitialize(count: 1)
+            (children + i).deinitialize(count: 1)
+            closeGap(words, at: i)
+            closeGap(keys, at: i)
+            closeGap(sizes, at: i)
+            closeGap(children, at: i)
+            header.count -= 1
+        }
+
+        /// Moves `k` elements between neighbouring pages of one height: from the front of
+        /// `right` to the end of `left` when `leftward`, else from the end of `left` to the front
+        /// of `right` (the receiving page must have room).
+        static func shift(_ left: Page, _ right: Page, _ k: Int, leftward: Bool) {
+            let ln = left.count
+            let rn = right.count
+            @inline(__always)
+            func move<T>(_ l: UnsafeMutablePointer<T>, _ r: UnsafeMutablePointer<T>) {
+                if leftward {
+                    (l + ln).moveInitialize(from: r, count: k)
+                    r.moveInitialize(from: r + k, count: rn - k)
+                } else {
+                    (r + k).moveInitialize(from: r, count: rn)
+                    r.moveInitialize(from: l + ln - k, count: k)
+                }
+            }
+            move(left.words, right.words)
+            move(left.keys, right.keys)
+            var moved = k
+            if left.height == 0 {
+                move(left.values, right.values)
+            } else {
+                moved = leftward ? SortedTree.sum(right.sizes, k) : SortedTree.sum(left.sizes + ln - k, k)
+                move(left.sizes, right.sizes)
+                move(left.children, right.children)
+            }
+            let delta = leftward ? k : -k
+            left.header.count += Int32(delta)
+            right.header.count -= Int32(delta)
+            left.header.total += leftward ? moved : -moved
+            right.header.total -= leftward ? moved : -moved
         }
     }
 
-    /// Two representations behind one API:
-    /// - small maps (at most `smallLimit` elements) are one sorted contiguous array: one
-    ///   allocation for the whole map and cache-friendly binary search;
-    /// - larger maps are the weight-balanced tree in `root`.
-    /// Invariant: `root == nil` means array mode (`small` holds everything); otherwise `small` is
-    /// empty and the tree holds more than `smallLimit / 2` elements (hysteresis: a tree shrinks
-    /// back to an array at `smallLimit / 2`).
-    @usableFromInline var root: TreeNode?
-    @usableFromInline var small: [(Key, Value)]
+    /// A page split off to the right during an insertion, with the separator that leads to it.
+    private typealias Split = (key: Key, word: UInt64, page: Page)
 
-    /// Largest array-mode map.
-    public static var smallLimit: Int { 32 }
+    @usableFromInline var root: Page?
+
+    /// Most entries in a leaf (a map up to this size is one leaf).
+    public static var maxLeaf: Int { 32 }
+    /// Most children of an inner page. Smaller than a leaf: a persistent write copies every
+    /// page on its path and the old version's pages release all their children when they go,
+    /// so narrow inner pages keep that cost down, while the levels they add sit near the root,
+    /// in cache.
+    static var maxInner: Int { 16 }
+    /// Fewest entries or children in a page other than the root.
+    static var minFill: Int { 8 }
+    /// Fill of leaves and inner pages made by bulk building (room for a few inserts each).
+    static func buildFill(height: Int) -> Int { height == 0 ? 28 : 15 }
 
     public init() {
         root = nil
-        small = []
     }
 
     /// Builds from elements already sorted by key with no duplicates.
     public init(sortedUniqueElements elements: [(Key, Value)]) {
-        if elements.count <= SortedTree.smallLimit {
+        let n = elements.count
+        guard n > 0 else {
             root = nil
-            small = elements
-        } else {
-            root = SortedTree.build(elements, 0, elements.count)
-            small = []
+            return
         }
+        if n <= SortedTree.maxLeaf {
+            let leaf = Page.make(height: 0, room: n)
+            SortedTree.fill(leaf, elements, 0..<n)
+            root = leaf
+            return
+        }
+        var level: [Page] = []
+        for range in SortedTree.chunks(n, height: 0) {
+            let leaf = Page.make(height: 0, room: SortedTree.maxLeaf)
+            SortedTree.fill(leaf, elements, range)
+            level.append(leaf)
+        }
+        var height = 1
+        while level.count > 1 {
+            var upper: [Page] = []
+            for range in SortedTree.chunks(level.count, height: height) {
+                let page = Page.make(height: height, room: SortedTree.maxInner)
+                for i in range {
+                    let child = level[i]
+                    let key = child.keys[0]
+                    page.insertChild(at: page.count, key, key.sortWord, child)
+                }
+                upper.append(page)
+            }
+            level = upper
+            height += 1
+        }
+        root = level.first
     }
 
-    private static func build(_ a: [(Key, Value)], _ lo: Int, _ hi: Int) -> TreeNode? {
-        guard lo < hi else { return nil }
-        let mid = (lo + hi) / 2
-        return TreeNode(key: a[mid].0, value: a[mid].1, left: build(a, lo, mid), right: build(a, mid + 1, hi))
+    /// `n` items cut into consecutive runs of near-equal length for pages of `height`.
+    private static func chunks(_ n: Int, height: Int) -> [Range<Int>] {
+        let fill = buildFill(height: height)
+        let pieces = (n + fill - 1) / fill
+        return (0..<pieces).map { i in (i * n / pieces)..<((i + 1) * n / pieces) }
     }
 
-    /// Builds a map of more than `smallLimit` elements from `count` elements that `next` hands
-    /// out in strictly increasing key order (the caller checks the order), straight into tree
-    /// nodes: no intermediate array. The shape is the one `init(sortedUniqueElements:)` builds.
+    /// Maps of at most this many elements are one leaf page (`TreeImage` reads them into one
+    /// array of the final size first).
+    static var smallLimit: Int { maxLeaf }
+
+    /// Builds a map from `count` elements that `next` hands out in strictly increasing key order
+    /// (the caller checks the order). The elements are gathered once, then laid out in pages as
+    /// `init(sortedUniqueElements:)` does.
     init<E: Error>(sortedCount count: Int, next: () throws(E) -> (Key, Value)) throws(E) {
-        precondition(count > SortedTree.smallLimit, "SortedTree(sortedCount:): \(count) elements belong in array mode")
-        root = try SortedTree.build(count, next)
-        small = []
+        var elements: [(Key, Value)] = []
+        elements.reserveCapacity(count)
+        for _ in 0..<count { elements.append(try next()) }
+        self.init(sortedUniqueElements: elements)
     }
 
-    private static func build<E: Error>(_ count: Int, _ next: () throws(E) -> (Key, Value)) throws(E) -> TreeNode? {
-        guard count > 0 else { return nil }
-        // In order: the left half, the middle element, the right half.
-        let left = try build(count / 2, next)
-        let (key, value) = try next()
-        return TreeNode(key: key, value: value, left: left, right: try build(count - count / 2 - 1, next))
+    private static func fill(_ leaf: Page, _ elements: [(Key, Value)], _ range: Range<Int>) {
+        let w = leaf.words
+        let k = leaf.keys
+        let v = leaf.values
+        var i = 0
+        for j in range {
+            let (key, value) = elements[j]
+            w[i] = key.sortWord
+            (k + i).initialize(to: key)
+            (v + i).initialize(to: value)
+            i += 1
+        }
+        leaf.header.count = Int32(i)
+        leaf.header.total = i
     }
 
-    public var count: Int { root?.size ?? small.count }
-    public var isEmpty: Bool { root == nil && small.isEmpty }
+    public var count: Int { root?.total ?? 0 }
+    public var isEmpty: Bool { root == nil }
 
     /// True when both maps share the same storage (a cheap sufficient test for equality).
     public func isIdentical(to other: SortedTree) -> Bool {
-        if let a = root, let b = other.root { return a === b }
-        guard root == nil, other.root == nil else { return false }
-        if small.isEmpty && other.small.isEmpty { return true }
-        let a = small.withUnsafeBufferPointer { $0.baseAddress.map(UnsafeRawPointer.init) }
-        let b = other.small.withUnsafeBufferPointer { $0.baseAddress.map(UnsafeRawPointer.init) }
-        return a == b && small.count == other.small.count
+        root === other.root
     }
 
-    /// Array mode: the first index whose key is not below `key`, and whether it equals `key`.
+    // MARK: Searching one page
+
+    /// Among `words[from..<n]`: where the words below `word` end and where those equal to it end.
     @inline(__always)
-    private func search(_ key: Key) -> (index: Int, found: Bool) {
-        var lo = 0
-        var hi = small.count
+    private static func wordBounds(_ words: UnsafeMutablePointer<UInt64>, from: Int, to n: Int, _ word: UInt64) -> (Int, Int) {
+        // Branch-free: every word is read (a few cache lines fetched in parallel) and the loop
+        // never mispredicts; the words are sorted, so the counts are positions.
+        var below = from
+        var atOrBelow = from
+        var i = from
+        while i < n {
+            let w = words[i]
+            below &+= w < word ? 1 : 0
+            atOrBelow &+= w <= word ? 1 : 0
+            i &+= 1
+        }
+        return (below, atOrBelow)
+    }
+
+    /// Leaf: the first index whose key is not below `key`, and whether it equals `key`.
+    @inline(__always)
+    private static func find(_ leaf: Page, _ key: Key, _ word: UInt64) -> (index: Int, found: Bool) {
+        var (lo, hi) = wordBounds(leaf.words, from: 0, to: leaf.count, word)
+        // Only keys whose words tie with `key`'s need a full comparison.
+        let k = leaf.keys
         while lo < hi {
             let mid = (lo + hi) >> 1
-            let c = Key.compare(small[mid].0, key)
+            let c = Key.compare(k[mid], key)
             if c < 0 {
                 lo = mid + 1
             } else if c > 0 {
@@ -128,25 +406,51 @@ public struct SortedTree<Key: SortKey, Value> {
         return (lo, false)
     }
 
+    /// Inner page: the child whose subtree holds `key`'s place (the last separator at or below it).
+    @inline(__always)
+    private static func route(_ page: Page, _ key: Key, _ word: UInt64) -> Int {
+        var (lo, hi) = wordBounds(page.words, from: 1, to: page.count, word)
+        let k = page.keys
+        while lo < hi {
+            let mid = (lo + hi) >> 1
+            if Key.compare(k[mid], key) <= 0 { lo = mid + 1 } else { hi = mid }
+        }
+        return lo - 1
+    }
+
+    @inline(__always)
+    private static func sum(_ sizes: UnsafeMutablePointer<Int>, _ n: Int) -> Int {
+        var total = 0
+        var i = 0
+        while i < n {
+            total &+= sizes[i]
+            i &+= 1
+        }
+        return total
+    }
+
+    /// Inner page: the child holding position `index`, and the position within that child.
+    @inline(__always)
+    private static func childAt(_ page: Page, _ index: Int) -> (child: Int, rest: Int) {
+        let s = page.sizes
+        let n = page.count
+        var i = index
+        var c = 0
+        while c < n - 1 && i >= s[c] {
+            i -= s[c]
+            c += 1
+        }
+        return (c, i)
+    }
+
     // MARK: Lookup
 
     public subscript(key: Key) -> Value? {
-        guard root != nil else {
-            let (i, found) = search(key)
-            return found ? small[i].1 : nil
-        }
-        var node = root
-        while let n = node {
-            let c = Key.compare(key, n.key)
-            if c < 0 {
-                node = n.left
-            } else if c > 0 {
-                node = n.right
-            } else {
-                return n.value
-            }
-        }
-        return nil
+        guard var page = root else { return nil }
+        let word = key.sortWord
+        while page.height != 0 { page = page.children[SortedTree.route(page, key, word)] }
+        let (i, found) = SortedTree.find(page, key, word)
+        return found ? page.values[i] : nil
     }
 
     public func contains(_ key: Key) -> Bool { self[key] != nil }
@@ -162,108 +466,74 @@ public struct SortedTree<Key: SortKey, Value> {
 
     /// One descent: how many keys are below `key`, and whether `key` itself is present.
     private func locate(_ key: Key) -> (position: Int, found: Bool) {
-        guard root != nil else {
-            let (i, found) = search(key)
-            return (i, found)
+        guard var page = root else { return (0, false) }
+        let word = key.sortWord
+        var position = 0
+        while page.height != 0 {
+            let c = SortedTree.route(page, key, word)
+            position += SortedTree.sum(page.sizes, c)
+            page = page.children[c]
         }
-        var node = root
-        var count = 0
-        while let n = node {
-            let c = Key.compare(key, n.key)
-            if c < 0 {
-                node = n.left
-            } else if c > 0 {
-                count += (n.left?.size ?? 0) + 1
-                node = n.right
-            } else {
-                return (count + (n.left?.size ?? 0), true)
-            }
-        }
-        return (count, false)
+        let (i, found) = SortedTree.find(page, key, word)
+        return (position + i, found)
     }
 
-    /// The number of leading keys for which `isBelow` holds. `isBelow` must be monotone: true for
-    /// a prefix of the keys in order and false after it.
+    /// The number of leading keys for which `isBelow` holds. `isBelow` must be monotone over all
+    /// possible keys (true up to some point of the order and false after it), as a comparison
+    /// with a fixed bound is: separators need not be keys still in the map.
     public func count(while isBelow: (Key) -> Bool) -> Int {
-        guard root != nil else {
-            var lo = 0
-            var hi = small.count
+        guard var page = root else { return 0 }
+        /// How many of the page's keys from `lo` on are below (binary search).
+        func below(_ page: Page, from lo: Int) -> Int {
+            var lo = lo
+            var hi = page.count
+            let k = page.keys
             while lo < hi {
                 let mid = (lo + hi) >> 1
-                if isBelow(small[mid].0) { lo = mid + 1 } else { hi = mid }
+                if isBelow(k[mid]) { lo = mid + 1 } else { hi = mid }
             }
             return lo
         }
-        var node = root
         var count = 0
-        while let n = node {
-            if isBelow(n.key) {
-                count += (n.left?.size ?? 0) + 1
-                node = n.right
-            } else {
-                node = n.left
-            }
+        while page.height != 0 {
+            // The last child whose separator is below: everything before it is below too.
+            let c = below(page, from: 1) - 1
+            count += SortedTree.sum(page.sizes, c)
+            page = page.children[c]
         }
-        return count
+        return count + below(page, from: 0)
     }
 
     /// The element at position `index` (0-based, `0..<count`).
     public func element(at index: Int) -> (key: Key, value: Value) {
         precondition(index >= 0 && index < count, "SortedTree.element(at:): index \(index) out of 0..<\(count)")
-        guard root != nil else { return (small[index].0, small[index].1) }
-        var node = root
+        guard var page = root else { preconditionFailure("SortedTree.element(at:): empty map") }
         var i = index
-        while let n = node {
-            let leftSize = n.left?.size ?? 0
-            if i < leftSize {
-                node = n.left
-            } else if i == leftSize {
-                return (n.key, n.value)
-            } else {
-                i -= leftSize + 1
-                node = n.right
-            }
+        while page.height != 0 {
+            let (c, rest) = SortedTree.childAt(page, i)
+            i = rest
+            page = page.children[c]
         }
-        preconditionFailure("SortedTree.element(at:): sizes are inconsistent")
+        precondition(i < page.count, "SortedTree.element(at:): counts are inconsistent")
+        return page.element(i)
     }
 
-    /// The greatest key strictly less than `key` (one descent).
+    /// The greatest key strictly less than `key`.
     public func key(before key: Key) -> Key? {
-        guard root != nil else {
-            let i = search(key).index
-            return i > 0 ? small[i - 1].0 : nil
-        }
-        var node = root
-        var best: Key?
-        while let n = node {
-            if Key.compare(n.key, key) < 0 {
-                best = n.key
-                node = n.right
-            } else {
-                node = n.left
-            }
-        }
-        return best
+        let position = rank(of: key)
+        return position > 0 ? element(at: position - 1).key : nil
     }
 
     public var first: (key: Key, value: Value)? {
-        guard root != nil else { return small.first.map { ($0.0, $0.1) } }
-        var node = root
-        while let n = node {
-            guard let l = n.left else { return (n.key, n.value) }
-            node = l
-        }
-        return nil
+        guard var page = root else { return nil }
+        while page.height != 0 { page = page.children[0] }
+        return page.element(0)
     }
 
     public var last: (key: Key, value: Value)? {
-        guard root != nil else { return small.last.map { ($0.0, $0.1) } }
-        var node = root
-        while let n = node {
-            guard let r = n.right else { return (n.key, n.value) }
-            node = r
-        }
-        return nil
+        guard var page = root else { return nil }
+        while page.height != 0 { page = page.children[page.count - 1] }
+        return page.element(page.count - 1)
     }
 
     // MARK: Updates
@@ -283,85 +553,194 @@ public struct SortedTree<Key: SortKey, Value> {
     /// on a fresh copy otherwise. Returns `nil` (without calling `body`) when `key` is absent.
     @discardableResult
     public mutating func modifyValue<R>(forKey key: Key, _ body: (inout Value) -> R) -> R? {
-        guard root != nil else {
-            let (i, found) = search(key)
-            return found ? body(&small[i].1) : nil
-        }
-        // One descent; along a shared path nodes are copied on the way down (if the key turns out
+        guard root != nil else { return nil }
+        // One descent; along a shared path pages are copied on the way down (if the key turns out
         // to be absent, the copies are harmless: equal content, this tree's own).
         if !isKnownUniquelyReferenced(&root) { root = root?.copy() }
-        guard var node = root else { return nil }
-        while true {
-            let c = Key.compare(key, node.key)
-            if c < 0 {
-                if !isKnownUniquelyReferenced(&node.left) { node.left = node.left?.copy() }
-                guard let next = node.left else { return nil }
-                node = next
-            } else if c > 0 {
-                if !isKnownUniquelyReferenced(&node.right) { node.right = node.right?.copy() }
-                guard let next = node.right else { return nil }
-                node = next
-            } else {
-                return body(&node.value)
-            }
+        guard var page = root else { return nil }
+        let word = key.sortWord
+        while page.height != 0 {
+            let slot = page.children + SortedTree.route(page, key, word)
+            if !isKnownUniquelyReferenced(&slot.pointee) { slot.pointee = slot.pointee.copy() }
+            page = slot.pointee
         }
+        let (i, found) = SortedTree.find(page, key, word)
+        guard found else { return nil }
+        return body(&page.values[i])
     }
 
     /// Removes `key`; returns the removed value.
     @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {
-        guard root != nil else {
-            let (i, found) = search(key)
-            return found ? small.remove(at: i).1 : nil
-        }
-        // An absent key costs at most copies of a shared path; sizes change only on removal.
-        var position = 0
-        let removed = SortedTree.remove(&root, key, position: &position)
-        shrinkIfSmall()
-        return removed
+        remove(key)?.value
     }
 
     /// Inserts a key known to be absent (one descent; no replacement attempt first). Returns the
     /// position it now occupies.
     @discardableResult
     public mutating func insertNew(_ value: Value, forKey key: Key) -> Int {
-        guard root != nil else {
-            if small.count < SortedTree.smallLimit {
-                let index = search(key).index
-                small.insert((key, value), at: index)
-                return index
-            }
-            // Outgrew the array: switch to the tree.
-            root = SortedTree.build(small, 0, small.count)
-            small = []
-            return SortedTree.insert(&root, key, value)
+        let word = key.sortWord
+        guard var page = root else {
+            let leaf = Page.make(height: 0, room: 1)
+            leaf.insertEntry(at: 0, key, word, value)
+            root = leaf
+            return 0
         }
-        return SortedTree.insert(&root, key, value)
+        // Take the root out so that it is uniquely referenced when nothing else shares it.
+        root = nil
+        if !isKnownUniquelyReferenced(&page) { page = page.copy() }
+        let (position, split) = SortedTree.insert(into: &page, key, word, value)
+        if let split {
+            let top = Page.make(height: page.height + 1, room: SortedTree.maxInner)
+            let low = page.keys[0]
+            top.insertChild(at: 0, low, low.sortWord, page)
+            top.insertChild(at: 1, split.key, split.word, split.page)
+            root = top
+        } else {
+            root = page
+        }
+        return position
     }
 
     /// Removes `key` and returns the position it occupied (one descent), or nil when absent.
     @discardableResult
     public mutating func removeReturningPosition(forKey key: Key) -> Int? {
-        guard root != nil else {
-            let (i, found) = search(key)
-            guard found else { return nil }
-            small.remove(at: i)
-            return i
-        }
-        var position = 0
-        guard SortedTree.remove(&root, key, position: &position) != nil else { return nil }
-        shrinkIfSmall()
-        return position
+        remove(key)?.position
     }
 
-    private mutating func shrinkIfSmall() {
-        if let r = root, r.size <= SortedTree.smallLimit / 2 {
-            var elements: [(Key, Value)] = []
-            elements.reserveCapacity(SortedTree.smallLimit)
-            SortedTree.visit(r) { elements.append(($0, $1)) }
-            small = elements
-            root = nil
+    private mutating func remove(_ key: Key) -> (value: Value, position: Int)? {
+        guard var page = root else { return nil }
+        root = nil
+        if !isKnownUniquelyReferenced(&page) { page = page.copy() }
+        let removed = SortedTree.remove(from: page, key, key.sortWord)
+        // An inner root left with one child gives way to it; an empty leaf root to nothing.
+        while page.height != 0 && page.count == 1 { page = page.children[0] }
+        root = page.count == 0 ? nil : page
+        return removed
+    }
+
+    /// Inserts into the uniquely referenced `page` (which may be replaced by a larger one).
+    /// Returns the position within the page's subtree and, when the page split, its new right
+    /// sibling with the separator leading to it.
+    private static func insert(into page: inout Page, _ key: Key, _ word: UInt64, _ value: Value) -> (Int, Split?) {
+        if page.height == 0 {
+            let i = find(page, key, word).index
+            let n = page.count
+            if n < page.room {
+                page.insertEntry(at: i, key, word, value)
+                return (i, nil)
+            }
+            if n < maxLeaf {
+                page = page.grown(to: Swift.min(maxLeaf, Swift.max(4, 2 * n)))
+                page.insertEntry(at: i, key, word, value)
+                return (i, nil)
+            }
+            let right = Page.make(height: 0, room: maxLeaf)
+            let half = n / 2
+            Page.shift(page, right, n - half, leftward: false)
+            if i <= half {
+                page.insertEntry(at: i, key, word, value)
+            } else {
+                right.insertEntry(at: i - half, key, word, value)
+            }
+            return (i, (right.keys[0], right.words[0], right))
         }
+
+        let c = route(page, key, word)
+        let slot = page.children + c
+        if !isKnownUniquelyReferenced(&slot.pointee) { slot.pointee = slot.pointee.copy() }
+        let (inner, childSplit) = insert(into: &slot.pointee, key, word, value)
+        let s = page.sizes
+        let position = sum(s, c) + inner
+        page.header.total += 1
+        guard let childSplit else {
+            s[c] += 1
+            return (position, nil)
+        }
+        s[c] = slot.pointee.total
+        let n = page.count
+        if n < maxInner {
+            page.insertChild(at: c + 1, childSplit.key, childSplit.word, childSplit.page)
+            // insertChild added the new child's elements to the total; they were already counted.
+            page.header.total -= childSplit.page.total
+            return (position, nil)
+        }
+        page.header.total -= childSplit.page.total
+        let right = Page.make(height: page.height, room: maxInner)
+        let half = n / 2
+        Page.shift(page, right, n - half, leftward: false)
+        if c + 1 <= half {
+            page.insertChild(at: c + 1, childSplit.key, childSplit.word, childSplit.page)
+        } else {
+            right.insertChild(at: c + 1 - half, childSplit.key, childSplit.word, childSplit.page)
+        }
+        return (position, (right.keys[0], right.words[0], right))
+    }
+
+    /// Removes `key` from the subtree of the uniquely referenced `page`; returns its value and
+    /// position within the subtree. Children left under-full are merged or refilled from a
+    /// neighbour.
+    private static func remove(from page: Page, _ key: Key, _ word: UInt64) -> (value: Value, position: Int)? {
+        if page.height == 0 {
+            let (i, found) = find(page, key, word)
+            guard found else { return nil }
+            return (page.removeEntry(at: i), i)
+        }
+        let c = route(page, key, word)
+        let slot = page.children + c
+        if !isKnownUniquelyReferenced(&slot.pointee) { slot.pointee = slot.pointee.copy() }
+        guard let (value, inner) = remove(from: slot.pointee, key, word) else { return nil }
+        let s = page.sizes
+        let position = sum(s, c) + inner
+        s[c] -= 1
+        page.header.total -= 1
+        if slot.pointee.count < minFill { rebalance(page, c) }
+        return (value, position)
+    }
+
+    /// Restores the fill of child `c` of `parent` together with a neighbour: both are merged when
+    /// they fit in one page, else their elements are shared out evenly.
+    private static func rebalance(_ parent: Page, _ c: Int) {
+        let l = c > 0 ? c - 1 : c
+        let leftSlot = parent.children + l
+        let rightSlot = parent.children + l + 1
+        if !isKnownUniquelyReferenced(&leftSlot.pointee) { leftSlot.pointee = leftSlot.pointee.copy() }
+        if !isKnownUniquelyReferenced(&rightSlot.pointee) { rightSlot.pointee = rightSlot.pointee.copy() }
+        let isLeaf = leftSlot.pointee.height == 0
+        let limit = isLeaf ? maxLeaf : maxInner
+        let combined = leftSlot.pointee.count + rightSlot.pointee.count
+        if isLeaf {
+            // Leaves below an inner page have full room; copies keep their room. Be safe anyway.
+            if leftSlot.pointee.room < limit { leftSlot.pointee = leftSlot.pointee.grown(to: limit) }
+            if rightSlot.pointee.room < limit { rightSlot.pointee = rightSlot.pointee.grown(to: limit) }
+        } else {
+            // The right page's first separator becomes the one its parent holds for it, so the
+            // pages' separators line up when they are joined.
+            rightSlot.pointee.keys[0] = parent.keys[l + 1]
+            rightSlot.pointee.words[0] = parent.words[l + 1]
+        }
+        let left = leftSlot.pointee
+        let right = rightSlot.pointee
+        if combined <= limit {
+            Page.shift(left, right, right.count, leftward: true)
+            parent.sizes[l] = left.total
+            // Dropping the emptied right page takes its old count off the total; the elements
+            // are still there, now in the left page.
+            let moved = parent.sizes[l + 1]
+            parent.removeChild(at: l + 1)
+            parent.header.total += moved
+            return
+        }
+        let target = combined / 2
+        if left.count < target {
+            Page.shift(left, right, target - left.count, leftward: true)
+        } else {
+            Page.shift(left, right, left.count - target, leftward: false)
+        }
+        parent.sizes[l] = left.total
+        parent.sizes[l + 1] = right.total
+        parent.keys[l + 1] = right.keys[0]
+        parent.words[l + 1] = right.words[0]
     }
 
     // MARK: Iteration
@@ -377,63 +756,65 @@ public struct SortedTree<Key: SortKey, Value> {
     }
 
     public struct Iterator: IteratorProtocol, Sequence {
-        private var stack: [TreeNode] = []
-        private var array: [(Key, Value)] = []
+        /// Inner pages above the current leaf, each with the child taken.
+        private var path: [(page: Page, child: Int)] = []
+        private var leaf: Page?
         private var index = 0
 
         init(tree: SortedTree, start: Int) {
-            guard let root = tree.root else {
-                array = tree.small
-                index = Swift.max(0, start)
-                return
-            }
-            var node: TreeNode? = root
+            guard var page = tree.root else { return }
             var i = Swift.max(0, start)
-            while let n = node {
-                let leftSize = n.left?.size ?? 0
-                if i < leftSize {
-                    stack.append(n)
-                    node = n.left
-                } else if i == leftSize {
-                    stack.append(n)
-                    node = nil
-                } else {
-                    i -= leftSize + 1
-                    node = n.right
-                }
+            guard i < page.total else { return }
+            while page.height != 0 {
+                let (c, rest) = SortedTree.childAt(page, i)
+                path.append((page, c))
+                i = rest
+                page = page.children[c]
             }
+            leaf = page
+            index = i
         }
 
         public mutating func next() -> (key: Key, value: Value)? {
-            if index < array.count {
+            guard let current = leaf else { return nil }
+            if index < current.count {
                 defer { index += 1 }
-                return (array[index].0, array[index].1)
+                return current.element(index)
             }
-            guard let n = stack.popLast() else { return nil }
-            var node = n.right
-            while let m = node {
-                stack.append(m)
-                node = m.left
+            while let (page, c) = path.popLast() {
+                guard c + 1 < page.count else { continue }
+                path.append((page, c + 1))
+                var below = page.children[c + 1]
+                while below.height != 0 {
+                    path.append((below, 0))
+                    below = below.children[0]
+                }
+                leaf = below
+                index = 1
+                return below.element(0)
             }
-            return (n.key, n.value)
+            leaf = nil
+            return nil
         }
     }
 
     /// Calls `body` for each element in key order (no iterator allocation).
     @inline(__always)
     public func forEach(_ body: (Key, Value) throws -> Void) rethrows {
-        guard let root else {
-            for (k, v) in small { try body(k, v) }
-            return
-        }
+        guard let root else { return }
         try SortedTree.visit(root, body)
     }
 
-    private static func visit(_ node: TreeNode?, _ body: (Key, Value) throws -> Void) rethrows {
-        guard let n = node else { return }
-        try visit(n.left, body)
-        try body(n.key, n.value)
-        try visit(n.right, body)
+    private static func visit(_ page: Page, _ body: (Key, Value) throws -> Void) rethrows {
+        let n = page.count
+        if page.height == 0 {
+            let k = page.keys
+            let v = page.values
+            for i in 0..<n { try body(k[i], v[i]) }
+        } else {
+            let c = page.children
+            for i in 0..<n { try visit(c[i], body) }
+        }
     }
 
     /// Keys in order.
@@ -444,177 +825,56 @@ public struct SortedTree<Key: SortKey, Value> {
         return result
     }
 
-    // MARK: Balancing (copy-on-write: a node is mutated only while uniquely referenced)
-
-    private static var delta: Int { 3 }
-    private static var ratio: Int { 2 }
-
-    @inline(__always)
-    private static func size(_ n: TreeNode?) -> Int { n?.size ?? 0 }
-
-    /// Makes the node in `slot` safe to mutate (copying it when shared) and returns it.
-    @inline(__always)
-    private static func unique(_ slot: inout TreeNode?) -> TreeNode? {
-        if !isKnownUniquelyReferenced(&slot) { slot = slot?.copy() }
-        return slot
-    }
-
-    @inline(__always)
-    private static func resize(_ n: TreeNode) {
-        n.size = size(n.left) + size(n.right) + 1
-    }
-
-    /// Inserts a key that is not present; returns its position (rotations do not change ranks).
-    private static func insert(_ slot: inout TreeNode?, _ key: Key, _ value: Value) -> Int {
-        guard let n = unique(&slot) else {
-            slot = TreeNode(key: key, value: value, left: nil, right: nil)
-            return 0
-        }
-        let position: Int
-        if Key.compare(key, n.key) < 0 {
-            position = insert(&n.left, key, value)
-        } else {
-            position = size(n.left) + 1 + insert(&n.right, key, value)
-        }
-        n.size += 1
-        slot = balance(n)
-        return position
-    }
-
-    /// Removes `key` if present; returns its value and adds its position to `position`.
-    private static func remove(_ slot: inout TreeNode?, _ key: Key, position: inout Int) -> Value? {
-        guard let n = unique(&slot) else { return nil }
-        let c = Key.compare(key, n.key)
-        if c == 0 {
-            position += size(n.left)
-            slot = glue(n)
-            return n.value
-        }
-        if c > 0 { position += size(n.left) + 1 }
-        let removed = c < 0 ? remove(&n.left, key, position: &position) : remove(&n.right, key, position: &position)
-        if removed != nil {
-            n.size -= 1
-            slot = balance(n)
-        }
-        return removed
-    }
-
-    /// The subtree that replaces `n` when `n` itself is removed.
-    private static func glue(_ n: TreeNode) -> TreeNode? {
-        guard n.left != nil else { return n.right }
-        guard n.right != nil else { return n.left }
-        let replacement: TreeNode
-        if size(n.left) > size(n.right) {
-            replacement = detachMax(&n.left)
-        } else {
-            replacement = detachMin(&n.right)
-        }
-        replacement.left = n.left
-        replacement.right = n.right
-        resize(replacement)
-        return balance(replacement)
-    }
-
-    /// Unlinks the smallest node of the (non-empty) subtree in `slot` and returns it, uniquely owned.
-    private static func detachMin(_ slot: inout TreeNode?) -> TreeNode {
-        guard let n = unique(&slot) else { preconditionFailure("SortedTree.detachMin: empty subtree") }
-        guard n.left != nil else {
-            slot = n.right
-            n.right = nil
-            return n
-        }
-        let m = detachMin(&n.left)
-        n.size -= 1
-        slot = balance(n)
-        return m
-    }
-
-    private static func detachMax(_ slot: inout TreeNode?) -> TreeNode {
-        guard let n = unique(&slot) else { preconditionFailure("SortedTree.detachMax: empty subtree") }
-        guard n.right != nil else {
-            slot = n.left
-            n.left = nil
-            return n
-        }
-        let m = detachMax(&n.right)
-        n.size -= 1
-        slot = balance(n)
-        return m
-    }
-
-    /// Restores the weight balance at `n` (whose children are balanced and whose size is
-    /// current) after one insertion or removal below it; returns the subtree's new root.
-    private static func balance(_ n: TreeNode) -> TreeNode {
-        let sl = size(n.left)
-        let sr = size(n.right)
-        if sl + sr <= 1 { return n }
-        if sr > delta * sl {
-            guard let r = unique(&n.right) else { return n }
-            if size(r.left) < ratio * size(r.right) {
-                // Single rotation left.
-                n.right = r.left
-                resize(n)
-                r.left = n
-                resize(r)
-                return r
-            }
-            guard let rl = unique(&r.left) else { preconditionFailure("SortedTree: double rotation without an inner child") }
-            n.right = rl.left
-            r.left = rl.right
-            resize(n)
-            resize(r)
-            rl.left = n
-            rl.right = r
-            resize(rl)
-            return rl
-        }
-        if sl > delta * sr {
-            guard let l = unique(&n.left) else { return n }
-            if size(l.right) < ratio * size(l.left) {
-                n.left = l.right
-                resize(n)
-                l.right = n
-                resize(l)
-                return l
-            }
-            guard let lr = unique(&l.right) else { preconditionFailure("SortedTree: double rotation without an inner child") }
-            n.left = lr.right
-            l.right = lr.left
-            resize(n)
-            resize(l)
-            lr.right = n
-            lr.left = l
-            resize(lr)
-            return lr
-        }
-        return n
-    }
-
     // MARK: Invariants (for tests)
 
     /// Returns a description of the first broken invariant, or `nil` when the tree is valid.
     public func checkInvariants() -> String? {
-        guard let root else {
-            if small.count > SortedTree.smallLimit { return "array mode over the limit" }
-            for i in small.indices.dropFirst() where !(small[i - 1].0 < small[i].0) { return "keys out of order" }
+        guard let root else { return nil }
+        if root.count == 0 { return "empty root page" }
+        if root.height != 0 && root.count < 2 { return "inner root with one child" }
+        func check(_ page: Page, lower: Key?, upper: Key?, isRoot: Bool) -> String? {
+            let n = page.count
+            if n > page.room { return "page over its room" }
+            if n > (page.height == 0 ? SortedTree.maxLeaf : SortedTree.maxInner) { return "page over the limit" }
+            if !isRoot && n < SortedTree.minFill { return "page under the minimum fill (\(n))" }
+            for i in 0..<n where page.words[i] != page.keys[i].sortWord { return "stale search word" }
+            // An inner page's first separator is never searched (it is not maintained when a new
+            // smallest key arrives), so order is checked from the second one.
+            let from = page.height == 0 ? 1 : 2
+            for i in from..<Swift.max(n, from) where page.words[i - 1] > page.words[i] {
+                return "search words out of order (sortWord disagrees with compare)"
+            }
+            if page.height == 0 {
+                if page.total != n { return "leaf total mismatch" }
+                for i in 0..<n {
+                    let key = page.keys[i]
+                    if i > 0 && !(page.keys[i - 1] < key) { return "keys out of order" }
+                    if let lower, key < lower { return "key below its separator" }
+                    if let upper, !(key < upper) { return "key at or above the next separator" }
+                }
+                return nil
+            }
+            var total = 0
+            for i in 0..<n {
+                let child = page.children[i]
+                if child.height != page.height - 1 { return "leaves at different depths" }
+                if page.sizes[i] != child.total { return "child count mismatch" }
+                total += child.total
+                if i > 1 && !(page.keys[i - 1] < page.keys[i]) { return "separators out of order" }
+                let low = i == 0 ? lower : page.keys[i]
+                let high = i == n - 1 ? upper : page.keys[i + 1]
+                if let problem = check(child, lower: low, upper: high, isRoot: false) { return problem }
+            }
+            if total != page.total { return "inner total mismatch" }
             return nil
         }
-        if !small.isEmpty { return "tree mode with array elements" }
-        if root.size <= SortedTree.smallLimit / 2 { return "tree mode below the hysteresis bound" }
-        func check(_ n: TreeNode?, lower: Key?, upper: Key?) -> String? {
-            guard let n else { return nil }
-            if let lower, !(lower < n.key) { return "keys out of order" }
-            if let upper, !(n.key < upper) { return "keys out of order" }
-            let sl = SortedTree.size(n.left)
-            let sr = SortedTree.size(n.right)
-            if n.size != sl + sr + 1 { return "size mismatch" }
-            if sl + sr > 1 && (sl > SortedTree.delta * sr || sr > SortedTree.delta * sl) { return "unbalanced (\(sl) vs \(sr))" }
-            return check(n.left, lower: lower, upper: n.key) ?? check(n.right, lower: n.key, upper: upper)
-        }
-        return check(root, lower: nil, upper: nil)
+        return check(root, lower: nil, upper: nil, isRoot: true)
     }
+
+    /// Height of the page tree (0 for an empty map, 1 for a single leaf), for tests.
+    public var depth: Int { root.map { $0.height + 1 } ?? 0 }
 }
 
-// Sendable by copy-on-write, like the standard library's collections: a node is mutated in place
+// Sendable by copy-on-write, like the standard library's collections: a page is mutated in place
 // only while `isKnownUniquelyReferenced` proves no other tree value can see it.
 extension SortedTree: @unchecked Sendable where Key: Sendable, Value: Sendable {}
