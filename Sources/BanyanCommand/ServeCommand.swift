@@ -48,6 +48,15 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Network threads (default: one per core, at most 4); 1 runs the whole node on one thread.")
     var threads: Int?
 
+    /// `nodeConfig()` with configuration errors reported as usage errors (exit status 64).
+    func validatedConfig() throws -> NodeConfig {
+        do {
+            return try nodeConfig()
+        } catch let e as ConfigError {
+            throw ValidationError(e.message)
+        }
+    }
+
     func nodeConfig() throws -> NodeConfig {
         var c = NodeConfig()
         if let config { c = try NodeConfig.load(file: config) }
@@ -94,12 +103,7 @@ struct Serve: ParsableCommand {
     @OptionGroup var options: NodeOptions
 
     func run() throws {
-        let config: NodeConfig
-        do {
-            config = try options.nodeConfig()
-        } catch let e as ConfigError {
-            throw ValidationError(e.message)
-        }
+        let config = try options.validatedConfig()
         guard let level = Logger.Level(rawValue: config.logLevel) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -138,12 +142,7 @@ struct Bootstrap: ParsableCommand {
     @OptionGroup var options: NodeOptions
 
     func run() throws {
-        var config: NodeConfig
-        do {
-            config = try options.nodeConfig()
-        } catch let e as ConfigError {
-            throw ValidationError(e.message)
-        }
+        var config = try options.validatedConfig()
         guard !config.join else { throw ValidationError("bootstrap founds a cluster; a node that joins one needs no bootstrap") }
         config.newCluster = true
         var logger = Logger(label: "banyan")
