@@ -178,6 +178,7 @@ let package = Package(
             name: "BanyanBench",
             dependencies: [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation",
+                "BanyanStateMachine",
             ],
             swiftSettings: strictSettings
         ),

@@ -2,6 +2,7 @@ import BanyanBasics
 import BanyanOpLog
 import BanyanOpLogFiles
 import BanyanQuery
+import BanyanStateMachine
 import BanyanTree
 import Foundation
 #if canImport(Glibc)
@@ -342,7 +343,7 @@ enum BanyanBench {
     // MARK: Snapshots of a 1M-leaf tree
 
     static func snapshot() {
-        print("\n== snapshot of the 1M-leaf document (binary tree image, zlib level 1) ==")
+        print("\n== snapshot of the 1M-leaf document (state machine image, zlib level 1) ==")
         let root = document()
         let json = Double(JSONWriter.bytes(root, format: .export).count) / 1_000_000
         // BANYAN_BENCH_SNAPSHOT_DIR keeps the snapshots for profiling the child on its own.
@@ -353,10 +354,12 @@ enum BanyanBench {
             let fs = PosixFileSystem()
             let store = try SnapshotStore(directory: dir, fileSystem: fs)
             var imageBytes: UInt64 = 0
+            // The node's snapshot: a state machine image whose default namespace holds the document.
+            let machine = StateMachine(namespaces: ["": root], appliedIndex: 1)
             for run in 1...3 {
                 let writeTime = try timed {
                     try store.write(SnapshotMetadata(lastIndex: UInt64(run), lastTerm: 1), progress: { imageBytes = $0 }) { emit in
-                        try TreeImage.stream(root, chunkBytes: 1 << 20, emit: emit)
+                        try machine.writeImage(chunkBytes: 1 << 20, emit: emit)
                     }
                 }
                 let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
@@ -404,12 +407,13 @@ enum BanyanBench {
         print("cold load: median \(format(figures[figures.count / 2])) MB/s, range \(format(figures[0]))–\(format(figures[figures.count - 1])) (\(runs) fresh processes)")
     }
 
-    /// A snapshot load as a node does it: the image streams from the file through inflate into
-    /// the tree reader (no copy of the whole image), checked against its length and checksum.
+    /// A snapshot load as a node does it (`NodeStorage.load`): the state machine image streams
+    /// from the file through inflate into the state machine's and tree's readers (no copy of the
+    /// whole image), checked against its length and checksum.
     static func load(_ store: SnapshotStore) throws -> (tree: Node, imageBytes: UInt64) {
         try store.readImage { image in
-            let tree = try TreeImage.read(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
-            return (tree, image.imageLength)
+            let machine = try StateMachine(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
+            return (machine.tree(""), image.imageLength)
         }
     }
 

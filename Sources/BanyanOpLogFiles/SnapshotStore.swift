@@ -162,13 +162,23 @@ public final class SnapshotStore {
     /// as `readChunks` does, so that a damaged transfer is refused before it replaces anything.
     @discardableResult
     public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
-        let metadata = try readImage(file: incomingPath) { image in
+        try readIncomingImage(lastIndex: lastIndex) { image in
             try image.pump(into: consume)
         }
-        guard metadata.lastIndex == lastIndex else {
-            throw OpLogError(.corrupt, "the received snapshot ends at \(metadata.lastIndex), not \(lastIndex)", file: incomingPath)
+    }
+
+    /// As `readImage`, for the snapshot assembled from a peer's chunks: `body` pulls the image,
+    /// and the call returns only when the whole image verified and ends at `lastIndex`.
+    public func readIncomingImage<Result>(lastIndex: UInt64, _ body: (SnapshotImageReader) throws -> Result) throws(OpLogError) -> Result {
+        var endsAt: UInt64 = 0
+        let result = try readImage(file: incomingPath) { image in
+            endsAt = image.metadata.lastIndex
+            return try body(image)
         }
-        return metadata
+        guard endsAt == lastIndex else {
+            throw OpLogError(.corrupt, "the received snapshot ends at \(endsAt), not \(lastIndex)", file: incomingPath)
+        }
+        return result
     }
 
     /// Discards a received snapshot that will not be installed.

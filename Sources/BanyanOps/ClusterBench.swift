@@ -1,6 +1,7 @@
 public import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 
 /// `banyan bench`: measures a real 3-node cluster of `banyan serve` processes on loopback
 /// (docs/benchmarks.md): write throughput and latency at several client counts, server CPU per
@@ -126,7 +127,7 @@ public struct ClusterBench: Sendable {
         return best
     }
 
-    struct LoadResult {
+    struct LoadResult: Sendable {
         var writes = 0
         var errors = 0
         var errorKinds: [String: Int] = [:]
@@ -134,45 +135,50 @@ public struct ClusterBench: Sendable {
         var seconds: Double = 0
     }
 
+    /// Each client is one keep-alive connection that writes, waits for the answer and writes
+    /// again until the run ends. The loop runs on the connection's event loop with the request
+    /// bytes written directly (`WriteLoop`), so the load generator, which shares the machine's
+    /// cores with the nodes, spends as little of them as it can. A connection that closes early
+    /// is replaced.
     func writeLoad(_ cluster: LocalCluster, clients: Int) async throws -> LoadResult {
         let nodes = cluster.ids
         let start = Date()
-        let deadline = start.addingTimeInterval(seconds)
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(seconds * 1e9)
         let results = try await withThrowingTaskGroup(of: LoadResult.self) { group in
             for c in 0..<clients {
                 group.addTask {
                     let node = nodes[c % nodes.count]
-                    var conn = try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group)
-                    defer { conn.close() }
-                    var r = LoadResult()
-                    var i = 0
-                    while Date() < deadline {
-                        i += 1
-                        let body = Array("{\"c\":\(c),\"i\":\(i)}".utf8)
-                        let t0 = DispatchTime.now().uptimeNanoseconds
-                        let response = try? await conn.send(.PUT, "/bench/c\(c)/k\(i % 1000).json?ns=bench&print=silent", body: body, timeout: .seconds(10))
-                        let dt = Double(DispatchTime.now().uptimeNanoseconds - t0) / 1e9
-                        if let response, response.status == 204 {
-                            r.writes += 1
-                            r.latencies.append(dt)
-                        } else {
-                            r.errors += 1
-                            if let response {
-                                r.errorKinds["HTTP \(response.status): \(response.text.prefix(80))", default: 0] += 1
-                            } else {
-                                r.errorKinds["no response", default: 0] += 1
-                            }
-                            if !conn.isOpen {
-                                conn.close()
-                                guard let fresh = try? await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(node), group: cluster.group) else {
-                                    try? await Task.sleep(nanoseconds: 50_000_000)
-                                    continue
+                    let port = cluster.clientPort(node)
+                    var total = LoadResult()
+                    var next = 0
+                    while DispatchTime.now().uptimeNanoseconds < deadline {
+                        let done = cluster.group.next().makePromise(of: WriteLoop.Outcome.self)
+                        let loop = WriteLoop(client: c, host: "127.0.0.1:\(port)", first: next, deadline: deadline, done: done)
+                        do {
+                            _ = try await ClientBootstrap(group: cluster.group)
+                                .connectTimeout(.seconds(2))
+                                .channelOption(.socketOption(.tcp_nodelay), value: 1)
+                                .channelInitializer { channel in
+                                    channel.eventLoop.makeCompletedFuture {
+                                        try channel.pipeline.syncOperations.addHandler(loop)
+                                    }
                                 }
-                                conn = fresh
-                            }
+                                .connect(host: "127.0.0.1", port: port).get()
+                        } catch {
+                            done.succeed(WriteLoop.Outcome(result: LoadResult(), next: next))
+                            total.errors += 1
+                            total.errorKinds["cannot connect", default: 0] += 1
+                            try? await Task.sleep(nanoseconds: 50_000_000)
+                            continue
                         }
+                        let outcome = try await done.futureResult.get()
+                        next = outcome.next
+                        total.writes += outcome.result.writes
+                        total.errors += outcome.result.errors
+                        total.latencies += outcome.result.latencies
+                        total.errorKinds.merge(outcome.result.errorKinds, uniquingKeysWith: +)
                     }
-                    return r
+                    return total
                 }
             }
             var total = LoadResult()
@@ -235,4 +241,159 @@ public func raiseOpenFileLimit() -> UInt64 {
     limit.rlim_cur = limit.rlim_max
     _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
     return UInt64(limit.rlim_cur)
+}
+
+/// One benchmark client's connection: writes `PUT /bench/c<client>/k<n>.json` (raw HTTP/1.1
+/// bytes), and on each complete answer records it and writes the next, until the deadline;
+/// then closes. Confined to the channel's event loop. An answer that does not come within 10 s
+/// closes the connection (counted as "no response"). Answers are parsed here, minimally: the
+/// status line, then the headers up to the blank line, then `Content-Length` bytes of body.
+final class WriteLoop: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    struct Outcome: Sendable {
+        var result: ClusterBench.LoadResult
+        /// The next request number (a replacement connection continues from it).
+        var next: Int
+    }
+
+    private let client: Int
+    private let host: String
+    private let deadline: UInt64
+    private let done: EventLoopPromise<Outcome>
+    private var n: Int
+    private var sentAt: UInt64 = 0
+    private var inFlight = false
+    private var status = 0
+    private var result = ClusterBench.LoadResult()
+    private var timer: Scheduled<Void>?
+
+    init(client: Int, host: String, first: Int, deadline: UInt64, done: EventLoopPromise<Outcome>) {
+        self.client = client
+        self.host = host
+        self.n = first
+        self.deadline = deadline
+        self.done = done
+        result.latencies.reserveCapacity(32_768)
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        sendNext(context: context)
+        context.fireChannelActive()
+    }
+
+    private func sendNext(context: ChannelHandlerContext) {
+        let now = DispatchTime.now().uptimeNanoseconds
+        guard now < deadline else {
+            context.close(promise: nil)
+            return
+        }
+        n += 1
+        let body = "{\"c\":\(client),\"i\":\(n)}"
+        var buffer = context.channel.allocator.buffer(capacity: 160)
+        buffer.writeString(
+            "PUT /bench/c\(client)/k\(n % 1000).json?ns=bench&print=silent HTTP/1.1\r\nHost: \(host)\r\nContent-Length: \(body.utf8.count)\r\n\r\n")
+        buffer.writeString(body)
+        sentAt = now
+        inFlight = true
+        status = 0
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        if timer == nil {
+            // One timer per connection, re-armed lazily: it fires only when an answer is late.
+            armTimer(context: context)
+        }
+    }
+
+    private func armTimer(context: ChannelHandlerContext) {
+        let started = sentAt
+        timer = context.eventLoop.scheduleTask(in: .seconds(10)) { [self] in
+            timer = nil
+            if inFlight && sentAt == started {
+                result.errors += 1
+                result.errorKinds["no response", default: 0] += 1
+                inFlight = false
+                context.close(promise: nil)
+            } else if context.channel.isActive {
+                armTimer(context: context)
+            }
+        }
+    }
+
+    /// Bytes received and not yet parsed.
+    private var pending: ByteBuffer?
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var incoming = unwrapInboundIn(data)
+        if pending == nil {
+            pending = incoming
+        } else {
+            pending?.writeBuffer(&incoming)
+        }
+        while let status = takeResponse() {
+            guard inFlight else {
+                // An answer nobody asked for: the connection is out of step.
+                context.close(promise: nil)
+                return
+            }
+            inFlight = false
+            if status == 204 {
+                result.writes += 1
+                result.latencies.append(Double(DispatchTime.now().uptimeNanoseconds - sentAt) / 1e9)
+            } else {
+                result.errors += 1
+                result.errorKinds["HTTP \(status)", default: 0] += 1
+            }
+            sendNext(context: context)
+        }
+    }
+
+    /// Removes one complete response from `pending` and returns its status code; nil while it
+    /// is incomplete. A response that cannot be parsed counts as status 0.
+    private func takeResponse() -> Int? {
+        guard var buffer = pending else { return nil }
+        let view = buffer.readableBytesView
+        // The end of the head: CR LF CR LF.
+        var headEnd: Int?
+        var k = view.startIndex
+        while k + 3 < view.endIndex {
+            if view[k] == 13 && view[k + 1] == 10 && view[k + 2] == 13 && view[k + 3] == 10 {
+                headEnd = k + 4
+                break
+            }
+            k += 1
+        }
+        guard let headEnd else { return nil }
+        let head = String(decoding: view[view.startIndex..<headEnd], as: UTF8.self)
+        let lines = head.split(separator: "\r\n")
+        let statusLine = lines.first?.split(separator: " ") ?? []
+        let status = statusLine.count >= 2 ? Int(statusLine[1]) ?? 0 : 0
+        var length = 0
+        for line in lines.dropFirst() {
+            let parts = line.split(separator: ":", maxSplits: 1)
+            if parts.count == 2, parts[0].lowercased() == "content-length" {
+                length = Int(parts[1].trimmingCharacters(in: .whitespaces)) ?? 0
+            }
+        }
+        let total = headEnd - view.startIndex + length
+        guard buffer.readableBytes >= total else { return nil }
+        buffer.moveReaderIndex(forwardBy: total)
+        pending = buffer.readableBytes > 0 ? buffer : nil
+        return status
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        if inFlight {
+            result.errors += 1
+            result.errorKinds["connection closed", default: 0] += 1
+        }
+        done.succeed(Outcome(result: result, next: n))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
 }

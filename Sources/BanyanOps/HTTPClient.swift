@@ -75,9 +75,12 @@ public final class HTTPConnection: @unchecked Sendable {
                 channel.write(HTTPClientRequestPart.body(.byteBuffer(buffer)), promise: nil)
             }
             channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
-            channel.eventLoop.scheduleTask(in: timeout) {
+            // The timer belongs to this request only: it is cancelled when the request ends, so
+            // it can never fail a later request on the same connection.
+            let timer = channel.eventLoop.scheduleTask(in: timeout) {
                 if handler.fail(HTTPClientError("no response from \(self.host):\(self.port) within \(timeout)")) { channel.close(promise: nil) }
             }
+            promise.futureResult.whenComplete { _ in timer.cancel() }
         }
         return try await promise.futureResult.get()
     }

@@ -52,8 +52,9 @@ public struct ReplicaConfiguration: Sendable {
 /// What the replica tells its driver, in order.
 public enum ReplicaEvent: Sendable {
     /// A command applied (on every node, whoever issued it). `request` is set when this node's
-    /// client issued it. `tree` is the namespace's tree right after this command (for live views;
-    /// sharing structure, so it costs nothing to keep).
+    /// client issued it. `tree` is the namespace's tree right after this command, for live views:
+    /// set only for namespaces in `Replica.treesFor` (else `.empty`), because a kept version
+    /// makes the next write copy its path instead of changing the tree in place.
     case applied(StateMachine.Applied, tree: Node, request: RequestID?)
     /// These reads may now be served from `Replica.machine` (linearizable at this moment).
     case readsReady([RequestID])
@@ -126,6 +127,10 @@ public struct Replica: Sendable {
     private var events: [ReplicaEvent] = []
     private var lastRole: RaftRole = .follower
     private var lastLeader: NodeID = 0
+
+    /// Which namespaces' `.applied` events carry the tree after the command (the driver sets
+    /// the namespaces it has live views of). Nil: every namespace.
+    public var treesFor: Set<String>? = nil
 
     /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
     /// from the newest snapshot (its `appliedIndex` is the snapshot's index).
@@ -376,7 +381,8 @@ public struct Replica: Sendable {
                     }
                     request = w.request
                 }
-                events.append(.applied(applied, tree: machine.tree(applied.namespace), request: request))
+                let tree = treesFor.map { $0.contains(applied.namespace) } ?? true ? machine.tree(applied.namespace) : .empty
+                events.append(.applied(applied, tree: tree, request: request))
             case .noop:
                 machine.skip(index: entry.index)
             case .config(let membership):

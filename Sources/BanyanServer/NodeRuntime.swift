@@ -137,6 +137,7 @@ public final class NodeRuntime: @unchecked Sendable {
         replica = try Replica(
             configuration: rc, persisted: loaded.persisted, machine: loaded.machine, session: UInt64.random(in: 1...UInt64.max),
             now: Self.wallClock())
+        replica.treesFor = [Self.clusterNamespace]
         if let sharedLoop {
             group = nil
             loop = sharedLoop
@@ -245,6 +246,7 @@ public final class NodeRuntime: @unchecked Sendable {
             self.nextWatch += 1
             if stale {
                 self.watchers[watchID] = (namespace, handler)
+                self.watchersChanged()
                 handler(.start(self.replica.machine.tree(namespace)))
                 return promise.succeed(.success(watchID))
             }
@@ -254,11 +256,13 @@ public final class NodeRuntime: @unchecked Sendable {
             self.readWaiters[id] = (namespace, readPromise)
             self.watchStarts[id] = watchID
             self.watchers[watchID] = (namespace, handler)
+            self.watchersChanged()
             readPromise.futureResult.whenSuccess { result in
                 switch result {
                 case .success: promise.succeed(.success(watchID))
                 case .failure(let e):
                     self.watchers[watchID] = nil
+                    self.watchersChanged()
                     promise.succeed(.failure(e))
                 }
             }
@@ -270,7 +274,19 @@ public final class NodeRuntime: @unchecked Sendable {
     }
 
     public func unwatch(_ id: UInt64) {
-        loop.execute { self.watchers[id] = nil }
+        loop.execute {
+            self.watchers[id] = nil
+            self.watchersChanged()
+        }
+    }
+
+    /// Only namespaces with live views get a tree with each applied event: for the others the
+    /// tree is changed in place, without copying the written path (on the replica thread).
+    private func watchersChanged() {
+        var watched = Set(watchers.values.map(\.namespace))
+        // Peer addresses are learnt from the cluster namespace's tree.
+        watched.insert(Self.clusterNamespace)
+        if replica.treesFor != watched { replica.treesFor = watched }
     }
 
     /// Adds a node as a learner (it is promoted automatically once it has caught up): first
@@ -487,6 +503,7 @@ public final class NodeRuntime: @unchecked Sendable {
             replica = try Replica(
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine,
                 session: UInt64.random(in: 1...UInt64.max), now: Self.wallClock())
+            watchersChanged()
         } catch {
             logger.critical("storage error while reloading; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])
             stopped = true

@@ -3,6 +3,7 @@ import BanyanOpLogFiles
 import Foundation
 public import BanyanRaft
 public import BanyanStateMachine
+import BanyanTree
 import Logging
 
 /// A node's durable state on disk (docs/server.md, "Storage"): the Raft log (segmented, CRC32C
@@ -57,12 +58,17 @@ final class NodeStorage {
         var machine = StateMachine()
         var meta = SnapshotMeta.none
         if let latest = try snapshots.latest() {
-            var image: [UInt8] = []
-            try snapshots.readChunks(lastIndex: latest.lastIndex) { chunk in
-                image.append(contentsOf: chunk)
-                if image.count % (64 << 20) < chunk.count { progress("snapshot load: \(image.count >> 20) MiB read") }
+            // The image streams from the file through inflate into the tree readers; it is never
+            // held whole, and its length and checksum are verified before this returns.
+            machine = try snapshots.readImage(lastIndex: latest.lastIndex) { image in
+                var read = 0
+                return try StateMachine(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { buffer in
+                    let got = try image.read(into: buffer)
+                    if (read + got) >> 26 > read >> 26 { progress("snapshot load: \((read + got) >> 20) of \(image.imageLength >> 20) MiB") }
+                    read += got
+                    return got
+                }
             }
-            machine = try StateMachine(image: image)
             meta = SnapshotMeta(index: latest.lastIndex, term: latest.lastTerm, membership: try Self.decodeMembership(latest.membership))
         }
         // A log that does not continue the snapshot (a crash between installing a snapshot and
@@ -116,9 +122,9 @@ final class NodeStorage {
             // Verify and decode the received file before anything is replaced: a damaged transfer
             // must leave the disk exactly as it was (the caller then reloads from it).
             do {
-                var image: [UInt8] = []
-                try snapshots.readIncomingChunks(lastIndex: meta.index) { image.append(contentsOf: $0) }
-                installed = try StateMachine(image: image)
+                installed = try snapshots.readIncomingImage(lastIndex: meta.index) { image in
+                    try StateMachine(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
+                }
             } catch {
                 snapshots.discardIncoming()
                 throw DamagedIncomingSnapshot(index: meta.index, reason: "\(error)")

@@ -161,8 +161,9 @@ public struct StateMachine: Sendable {
         switch command {
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
-            let context = ServerValueContext(timestamp: timestamp, existing: tree)
-            let node = try NodeReader.read(json, at: location.path, serverValues: context)
+            // The context is a temporary, so nothing but `tree` itself holds the tree while it
+            // is written: a uniquely held path is changed in place instead of copied.
+            let node = try NodeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
             if location.isPriority, let priority = Priority(node: node) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
@@ -258,39 +259,156 @@ public struct StateMachine: Sendable {
 
     /// Restores a state machine from an image; damaged input is a typed error, never a crash.
     public init(image bytes: [UInt8], limits: TreeReadLimits = .snapshot) throws(ImageError) {
-        guard bytes.count >= Self.magic.count, Array(bytes[0..<Self.magic.count]) == Self.magic else { throw .badHeader }
-        var r = ByteReader(bytes)
-        r.at = Self.magic.count
-        guard let applied = r.u64(), let stamp = r.u64(), let count = r.u64(), count <= UInt64(bytes.count / 24) else {
+        var offset = 0
+        do {
+            try self.init(limits: limits, maxLength: bytes.count) { buffer in
+                let n = Swift.min(buffer.count, bytes.count - offset)
+                bytes.withUnsafeBufferPointer { source in
+                    _ = buffer.initialize(from: UnsafeBufferPointer(rebasing: source[offset..<(offset + n)]))
+                }
+                offset += n
+                return n
+            }
+        } catch let error as ImageError {
+            throw error
+        } catch {
+            // The array never fails, so only the reader's own errors can arrive here.
             throw .truncated
+        }
+    }
+
+    /// Restores a state machine from an image as it arrives, validating it as `init(image:)`
+    /// does: `fill` writes the next bytes into the buffer it is given and returns how many (0 at
+    /// the end). Only small windows of the image are held at a time, so a snapshot of any size
+    /// loads without a second copy of it in memory. `maxLength` bounds the image (counts and
+    /// lengths beyond it are rejected before anything is allocated for them). Errors are
+    /// `ImageError` for the image, or whatever `fill` threw.
+    public init(
+        limits: TreeReadLimits = .snapshot, maxLength: Int = .max, fill: (UnsafeMutableBufferPointer<UInt8>) throws -> Int
+    ) throws {
+        let loaded = try withoutActuallyEscaping(fill) { fill in
+            let source = ImageSource(fill: fill)
+            defer { source.release() }
+            return try Self.read(from: source, limits: limits, maxLength: maxLength)
+        }
+        self.init(namespaces: loaded.namespaces, appliedIndex: loaded.applied, sessions: loaded.sessions, lastTimestamp: loaded.stamp)
+    }
+
+    private static func read(
+        from source: ImageSource, limits: TreeReadLimits, maxLength: Int
+    ) throws -> (namespaces: [String: Node], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64) {
+        guard let header = try source.take(Self.magic.count), header == Self.magic else { throw ImageError.badHeader }
+        let bound = UInt64(Swift.max(0, maxLength))
+        guard let applied = try source.u64(), let stamp = try source.u64(), let count = try source.u64(), count <= bound / 24 else {
+            throw ImageError.truncated
         }
         var sessions: [UInt64: SessionRecord] = [:]
         for _ in 0..<count {
-            guard let s = r.u64(), let contiguous = r.u64(), let n = r.u64(), n <= UInt64(bytes.count / 8) else { throw .truncated }
+            guard let s = try source.u64(), let contiguous = try source.u64(), let n = try source.u64(), n <= bound / 8 else {
+                throw ImageError.truncated
+            }
             var above: [UInt64] = []
             for _ in 0..<n {
-                guard let q = r.u64() else { throw .truncated }
+                guard let q = try source.u64() else { throw ImageError.truncated }
                 above.append(q)
             }
             sessions[s] = SessionRecord(contiguous: contiguous, above: above)
         }
-        guard let namespaceCount = r.u64(), namespaceCount <= UInt64(bytes.count) else { throw .truncated }
+        guard let namespaceCount = try source.u64(), namespaceCount <= bound else { throw ImageError.truncated }
         var namespaces: [String: Node] = [:]
         for _ in 0..<namespaceCount {
-            guard let name = r.string() else { throw .truncated }
-            var image: [UInt8] = []
-            while true {
-                guard let chunk = r.bytes() else { throw .truncated }
-                if chunk.isEmpty { break }
-                image.append(contentsOf: chunk)
-            }
+            // Names are short (validated like Firebase namespaces); a length beyond any real one
+            // is damage, refused before anything is allocated for it.
+            guard let length = try source.u64(), length <= Swift.min(bound, 1 << 16), let raw = try source.take(Int(length)),
+                let name = String(validating: raw, as: UTF8.self)
+            else { throw ImageError.truncated }
+            // The tree image arrives in frames (a length, then that many bytes) ending with an
+            // empty frame; the tree reader pulls through them.
+            var frameLeft = 0
+            var ended = false
+            let tree: Node
             do {
-                namespaces[name] = try TreeImage.read(image, limits: limits)
-            } catch {
-                throw .tree(error)
+                tree = try TreeImage.read(limits: limits, maxLength: maxLength) { buffer in
+                    while frameLeft == 0 {
+                        if ended { return 0 }
+                        guard let n = try source.u64(), n <= bound else { throw ImageError.truncated }
+                        if n == 0 {
+                            ended = true
+                            return 0
+                        }
+                        frameLeft = Int(n)
+                    }
+                    let got = try source.read(into: UnsafeMutableBufferPointer(rebasing: buffer[0..<Swift.min(buffer.count, frameLeft)]))
+                    guard got > 0 else { throw ImageError.truncated }
+                    frameLeft -= got
+                    return got
+                }
+            } catch let error as TreeError {
+                throw ImageError.tree(error)
             }
+            guard ended else { throw ImageError.truncated }
+            namespaces[name] = tree
         }
-        guard r.atEnd else { throw .truncated }
-        self.init(namespaces: namespaces, appliedIndex: applied, sessions: sessions, lastTimestamp: Int64(bitPattern: stamp))
+        guard try source.atEnd() else { throw ImageError.truncated }
+        return (namespaces, applied, sessions, Int64(bitPattern: stamp))
     }
+}
+
+/// Buffered reads over an image's `fill` function, for `StateMachine.init(fill:)`: small fields
+/// come from a 64 KiB buffer; large reads with the buffer empty go straight to `fill`.
+private final class ImageSource {
+    private let fill: (UnsafeMutableBufferPointer<UInt8>) throws -> Int
+    private let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 64 * 1024)
+    private var position = 0
+    private var end = 0
+    private var exhausted = false
+
+    init(fill: @escaping (UnsafeMutableBufferPointer<UInt8>) throws -> Int) { self.fill = fill }
+
+    func release() { buffer.deallocate() }
+
+    /// Refills the buffer when it is empty; false at the end of the image.
+    private func refill() throws -> Bool {
+        if position < end { return true }
+        if exhausted { return false }
+        position = 0
+        end = try fill(buffer)
+        if end == 0 { exhausted = true }
+        return end > 0
+    }
+
+    /// Copies up to `out.count` bytes into `out`; 0 only at the end of the image.
+    func read(into out: UnsafeMutableBufferPointer<UInt8>) throws -> Int {
+        if position == end && out.count >= buffer.count / 2 && !exhausted {
+            let got = try fill(out)
+            if got == 0 { exhausted = true }
+            return got
+        }
+        guard try refill() else { return 0 }
+        let n = Swift.min(out.count, end - position)
+        _ = out.initialize(from: UnsafeBufferPointer(rebasing: buffer[position..<(position + n)]))
+        position += n
+        return n
+    }
+
+    /// Exactly `count` bytes, or nil when the image ends first.
+    func take(_ count: Int) throws -> [UInt8]? {
+        var out = [UInt8](repeating: 0, count: count)
+        var filled = 0
+        while filled < count {
+            let got = try out.withUnsafeMutableBufferPointer { try read(into: UnsafeMutableBufferPointer(rebasing: $0[filled...])) }
+            if got == 0 { return nil }
+            filled += got
+        }
+        return out
+    }
+
+    func u64() throws -> UInt64? {
+        guard let b = try take(8) else { return nil }
+        var v: UInt64 = 0
+        for i in 0..<8 { v |= UInt64(b[i]) << UInt64(8 * i) }
+        return v
+    }
+
+    func atEnd() throws -> Bool { try !refill() }
 }

@@ -130,4 +130,52 @@ import Testing
         flipped[0] ^= 0xFF
         #expect(throws: StateMachine.ImageError.badHeader) { try StateMachine(image: flipped) }
     }
+
+    @Test("a streamed load equals the in-memory one for any split of the input; trailing bytes and cuts are refused; source errors pass through")
+    func streamedImage() throws {
+        var m = StateMachine()
+        for i in 1...40 {
+            _ = m.apply(envelope(UInt64(i), session: UInt64(i % 4), .set(path: "/k\(i % 9)/n\(i)", json: json(#"{"v":\#(i),"s":"\#(String(repeating: "x", count: i * 3))"}"#))), index: UInt64(i))
+        }
+        _ = m.apply(CommandEnvelope(namespace: "other", session: 9, seq: 1, timestamp: 1, command: .set(path: "/a", json: json("[1,2,3]"))).encoded(), index: 41)
+        var bytes: [UInt8] = []
+        try m.writeImage(chunkBytes: 64) { bytes.append(contentsOf: $0) }
+        #expect(!m.tree("other").isEmpty)
+        // Feed the image in pieces of varying size, including one byte at a time.
+        func load(_ input: [UInt8], pieces: [Int], maxLength: Int = .max) throws -> StateMachine {
+            var offset = 0
+            var turn = 0
+            return try StateMachine(maxLength: maxLength) { buffer in
+                let n = Swift.min(buffer.count, input.count - offset, pieces[turn % pieces.count])
+                turn += 1
+                for k in 0..<n { buffer[k] = input[offset + k] }
+                offset += n
+                return n
+            }
+        }
+        for pieces in [[1], [3, 1, 7], [8], [100_000], [17, 4096]] {
+            let restored = try load(bytes, pieces: pieces)
+            #expect(restored.tree("") == m.tree(""))
+            #expect(restored.tree("other") == m.tree("other"))
+            #expect(restored.appliedIndex == m.appliedIndex)
+            #expect(restored.sessions == m.sessions)
+        }
+        for cut in stride(from: 0, to: bytes.count, by: 5) {
+            #expect(throws: StateMachine.ImageError.self) { try load(Array(bytes[0..<cut]), pieces: [11]) }
+        }
+        #expect(throws: StateMachine.ImageError.truncated) { try load(bytes + [0], pieces: [13]) }
+        // A length beyond maxLength is refused before it is read.
+        #expect(throws: StateMachine.ImageError.self) { try load(bytes, pieces: [64], maxLength: 40) }
+        struct SourceFailed: Error {}
+        var calls = 0
+        #expect(throws: SourceFailed.self) {
+            try StateMachine { buffer in
+                calls += 1
+                if calls > 3 { throw SourceFailed() }
+                let n = Swift.min(buffer.count, 9)
+                for k in 0..<n { buffer[k] = bytes[(calls - 1) * 9 + k] }
+                return n
+            }
+        }
+    }
 }

@@ -39,7 +39,13 @@ import Testing
         "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
         "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
-        "BanyanBench": (false, ["BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "Foundation", "Glibc"]),
+        "BanyanBench": (
+            false,
+            [
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "BanyanStateMachine",
+                "Foundation", "Glibc",
+            ]
+        ),
     ]
 
     /// Modules a pure core may never import.
