@@ -432,10 +432,13 @@ enum BanyanBench {
             var after = rusage()
             getrusage(Int32(RUSAGE_SELF.rawValue), &after)
             let faults = after.ru_minflt - before.ru_minflt
+            func ms(_ t: timeval) -> Double { Double(t.tv_sec) * 1000 + Double(t.tv_usec) / 1000 }
+            let user = ms(after.ru_utime) - ms(before.ru_utime)
+            let system = ms(after.ru_stime) - ms(before.ru_stime)
             let mbps = Double(loaded.imageBytes) / 1_000_000 / loadTime
             // The hash (to check the load against the original) is computed after the timed part.
             let hash = args.dropFirst().first == "hash" ? loaded.tree.hashString : "-"
-            print("\(format(mbps)) \(hash) (\(format(loadTime * 1000)) ms, \(faults) page faults, RSS \(rss()))")
+            print("\(format(mbps)) \(hash) (\(format(loadTime * 1000)) ms: user \(format(user)), system \(format(system)); \(faults) page faults, RSS \(rss()))")
             // Exit with the tree still alive: freeing it is not part of a load.
             fflush(nil)
             exit(0)

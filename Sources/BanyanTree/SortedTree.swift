@@ -304,6 +304,12 @@ public struct SortedTree<Key: SortKey, Value> {
             SortedTree.fill(leaf, elements, range)
             level.append(leaf)
         }
+        root = SortedTree.stack(level)
+    }
+
+    /// Builds the inner levels over leaves in key order; returns the root.
+    private static func stack(_ leaves: [Page]) -> Page? {
+        var level = leaves
         var height = 1
         while level.count > 1 {
             var upper: [Page] = []
@@ -319,7 +325,7 @@ public struct SortedTree<Key: SortKey, Value> {
             level = upper
             height += 1
         }
-        root = level.first
+        return level.first
     }
 
     /// `n` items cut into consecutive runs of near-equal length for pages of `height`.
@@ -329,18 +335,53 @@ public struct SortedTree<Key: SortKey, Value> {
         return (0..<pieces).map { i in (i * n / pieces)..<((i + 1) * n / pieces) }
     }
 
-    /// Maps of at most this many elements are one leaf page (`TreeImage` reads them into one
-    /// array of the final size first).
-    static var smallLimit: Int { maxLeaf }
-
     /// Builds a map from `count` elements that `next` hands out in strictly increasing key order
-    /// (the caller checks the order). The elements are gathered once, then laid out in pages as
-    /// `init(sortedUniqueElements:)` does.
-    init<E: Error>(sortedCount count: Int, next: () throws(E) -> (Key, Value)) throws(E) {
-        var elements: [(Key, Value)] = []
-        elements.reserveCapacity(count)
-        for _ in 0..<count { elements.append(try next()) }
-        self.init(sortedUniqueElements: elements)
+    /// (the caller checks the order), laid out in pages as `init(sortedUniqueElements:)` does but
+    /// written straight into the leaves: no array of the elements is ever gathered. When `next`
+    /// throws, the pages built so far are released whole.
+    public init<E: Error>(sortedCount count: Int, next: () throws(E) -> (Key, Value)) throws(E) {
+        guard count > 0 else {
+            root = nil
+            return
+        }
+        if count <= SortedTree.maxLeaf {
+            let leaf = Page.make(height: 0, room: count)
+            try SortedTree.fill(leaf, count: count, next)
+            root = leaf
+            return
+        }
+        // Leaves of near-equal fill, made as the elements arrive: a count larger than the input
+        // behind `next` fails when `next` does, having allocated only for what it delivered.
+        let pieces = count / SortedTree.buildFill(height: 0) + (count % SortedTree.buildFill(height: 0) == 0 ? 0 : 1)
+        let base = count / pieces
+        let extra = count % pieces
+        var leaves: [Page] = []
+        for i in 0..<pieces {
+            let leaf = Page.make(height: 0, room: SortedTree.maxLeaf)
+            leaves.append(leaf)
+            try SortedTree.fill(leaf, count: base + (i < extra ? 1 : 0), next)
+        }
+        root = SortedTree.stack(leaves)
+    }
+
+    /// Fills an empty leaf with `count` elements from `next`; the leaf's count always covers
+    /// exactly the elements initialised, also when `next` throws part-way.
+    private static func fill<E: Error>(_ leaf: Page, count: Int, _ next: () throws(E) -> (Key, Value)) throws(E) {
+        let w = leaf.words
+        let k = leaf.keys
+        let v = leaf.values
+        var i = 0
+        defer {
+            leaf.header.count = Int32(i)
+            leaf.header.total = i
+        }
+        while i < count {
+            let (key, value) = try next()
+            w[i] = key.sortWord
+            (k + i).initialize(to: key)
+            (v + i).initialize(to: value)
+            i += 1
+        }
     }
 
     private static func fill(_ leaf: Page, _ elements: [(Key, Value)], _ range: Range<Int>) {

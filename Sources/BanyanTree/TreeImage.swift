@@ -343,17 +343,9 @@ private struct ImageReader {
             guard count > 0 else { throw fail("children node without children") }
             guard depth < Path.maxDepth else { throw TreeError(.depthExceeded, path: pathText, "Image nests deeper than \(Path.maxDepth) levels") }
             var previous: ChildKey?
-            let map: ChildMap
-            if count <= ChildMap.smallLimit {
-                // One allocation of the final size.
-                var children: [(ChildKey, Node)] = []
-                children.reserveCapacity(count)
-                for _ in 0..<count { children.append(try child(after: &previous, depth: depth)) }
-                map = ChildMap(sortedUniqueElements: children)
-            } else {
-                // Straight into tree nodes, in key order (no array of all the children).
-                map = try ChildMap(sortedCount: count) { () throws(TreeError) in try child(after: &previous, depth: depth) }
-            }
+            // Straight into the map's pages, in key order (no array of the children). A count
+            // beyond what is left of the image fails when the children run out.
+            let map = try ChildMap(sortedCount: count) { () throws(TreeError) in try child(after: &previous, depth: depth) }
             // Children are never empty (checked in `child`), so the map is stored as it is.
             return Node(storage: .children(map, priority))
         default:

@@ -125,6 +125,40 @@ private struct CoarseKey: SortKey, CustomStringConvertible {
         #expect(SortedTree<Int, Int>(sortedUniqueElements: (0..<30_000).map { ($0, $0) }).depth == 4)
     }
 
+    private struct Ran: Error {}
+
+    @Test("building from a stream of elements: same map as from an array, and a stream that fails part-way releases what it built")
+    func streamedBulk() throws {
+        final class Counted {
+            nonisolated(unsafe) static var live = 0
+            init() { Counted.live += 1 }
+            deinit { Counted.live -= 1 }
+        }
+        for n in [0, 1, 27, 28, 29, 32, 33, 56, 57, 500, 896, 897, 1_025, 30_000] {
+            var i = 0
+            let tree = SortedTree<Int, Int>(sortedCount: n) { () -> (Int, Int) in
+                defer { i += 1 }
+                return (i * 3, i)
+            }
+            #expect(tree.checkInvariants() == nil, "n \(n): \(tree.checkInvariants() ?? "")")
+            #expect(tree.count == n)
+            #expect(tree.keys == (0..<n).map { $0 * 3 })
+            #expect(i == n)
+            for failAt in [0, 1, n / 2, n - 1] where failAt >= 0 && failAt < n {
+                var j = 0
+                do {
+                    _ = try SortedTree<Int, Counted>(sortedCount: n) { () throws(Ran) -> (Int, Counted) in
+                        if j == failAt { throw Ran() }
+                        defer { j += 1 }
+                        return (j, Counted())
+                    }
+                    Issue.record("n \(n): the failing stream was not reported")
+                } catch {}
+                #expect(Counted.live == 0, "n \(n), failing at \(failAt): \(Counted.live) values leaked")
+            }
+        }
+    }
+
     @Test("a shared tree is copied along the written path only; the original never changes", arguments: seeds(3))
     func persistence(seed: UInt64) {
         var rng = SeededRandom(seed: seed)
