@@ -181,6 +181,7 @@ public struct RaftNode: Sendable {
         }
         var rd = Ready()
         let hs = hardState
+        let durable = lastReportedHardState
         if hs != lastReportedHardState {
             rd.hardState = hs
             lastReportedHardState = hs
@@ -206,6 +207,23 @@ public struct RaftNode: Sendable {
         // have overwritten the entries such a response acknowledges (the ABA race, R13).
         rd.messages = messages.filter { $0.term >= term || isTermless($0) }
         messages = []
+        if role == .leader && hs.term == durable.term && hs.vote == durable.vote {
+            // Replication that depends only on the durable term and the in-memory log goes first,
+            // so the driver can send it while it persists (a stable partition: order per peer is
+            // kept among these and among the rest).
+            var early: [Message] = []
+            var late: [Message] = []
+            for m in rd.messages {
+                switch m.body {
+                case .append, .heartbeat, .snapshotChunk: early.append(m)
+                default: late.append(m)
+                }
+            }
+            if !early.isEmpty {
+                rd.sendBeforePersist = early.count
+                rd.messages = early + late
+            }
+        }
         rd.readStates = readStates
         readStates = []
         rd.snapshotReads = snapshotReads

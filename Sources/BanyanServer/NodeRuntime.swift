@@ -374,6 +374,8 @@ public final class NodeRuntime: @unchecked Sendable {
         while rounds < 64, let rd = replica.ready() {
             rounds += 1
             let installed: StateMachine?
+            // The leader's appends go out while it writes the same entries (Raft §10.2.1).
+            if rd.sendBeforePersist > 0 { transport?.send(Array(rd.messages.prefix(rd.sendBeforePersist))) }
             let started = DispatchTime.now().uptimeNanoseconds
             do {
                 installed = try storage.persist(rd)
@@ -392,7 +394,7 @@ public final class NodeRuntime: @unchecked Sendable {
                 exit(75)
             }
             persistTimer.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - started))
-            if !rd.messages.isEmpty { transport?.send(rd.messages) }
+            if rd.messages.count > rd.sendBeforePersist { transport?.send(Array(rd.messages.dropFirst(rd.sendBeforePersist))) }
             for request in rd.snapshotReads { serveSnapshotChunk(request) }
             if installed != nil { snapshotInstalls.increment() }
             replica.advance(rd, installed: installed)

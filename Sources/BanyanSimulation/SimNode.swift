@@ -180,6 +180,12 @@ public struct SimNode: Sendable {
                 raft.advance(rd)
                 break
             }
+            // 0. What may go out while this batch is persisted (the leader's appends, §10.2.1):
+            // sent first, so a crash part-way through persisting has already let them out.
+            for m in rd.messages.prefix(rd.sendBeforePersist) {
+                if let problem = earlySendProblem(m) { out.violations.append(problem) }
+                out.messages.append(m)
+            }
             // 1. Incoming snapshot chunks, then install.
             for chunk in rd.snapshotChunks {
                 if chunk.offset == 0 {
@@ -210,7 +216,7 @@ public struct SimNode: Sendable {
                 disk.hardState = hs
             }
             // 3. Send, checking that every message is backed by durable state (R3, R26).
-            for m in rd.messages {
+            for m in rd.messages.dropFirst(rd.sendBeforePersist) {
                 if let problem = persistenceProblem(m) { out.violations.append(problem) }
                 out.messages.append(m)
             }
@@ -273,6 +279,20 @@ public struct SimNode: Sendable {
     }
 
     /// Why `m` must not be sent yet, if it depends on state that is not durable.
+    /// A message sent before its batch is persisted must be a leader's replication in a term
+    /// that is already durable.
+    private func earlySendProblem(_ m: Message) -> String? {
+        switch m.body {
+        case .append, .heartbeat, .snapshotChunk:
+            if disk.hardState.term != m.term {
+                return "node \(id) sent a term-\(m.term) replication message before persisting, with term \(disk.hardState.term) durable"
+            }
+            return nil
+        default:
+            return "node \(id) sent \(m.body) to \(m.to) before persisting its batch"
+        }
+    }
+
     private func persistenceProblem(_ m: Message) -> String? {
         switch m.body {
         case .voteResponse(granted: true):
