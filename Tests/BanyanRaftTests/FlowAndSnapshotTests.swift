@@ -147,6 +147,81 @@ import Testing
 
 /// Persist before send (R26), after etcd #14370 / #14394.
 @Suite struct PersistenceTests {
+    @Test("only a leader's replication in a durable term may go out before its batch is persisted (§10.2.1); its own acknowledgement still waits")
+    func leaderSendsAppendsBeforePersisting() throws {
+        let boot = RaftNode.bootstrapState(members: [1, 2, 3])
+        var nodes: [NodeID: RaftNode] = [:]
+        for id: NodeID in [1, 2, 3] { nodes[id] = try RaftNode(configuration: RaftConfiguration(id: id, seed: id), restoring: boot) }
+        var earlySeen = 0
+        /// Runs every node's Ready loop and delivers messages until quiet, checking each Ready.
+        func settle() {
+            for _ in 0..<100 {
+                var network: [Message] = []
+                for id: NodeID in [1, 2, 3] {
+                    guard var n = nodes[id] else { continue }
+                    while n.hasReady {
+                        let rd = n.ready()
+                        if rd.sendBeforePersist > 0 {
+                            earlySeen += 1
+                            #expect(n.role == .leader)
+                            #expect(rd.hardState.map { $0.term == n.term } ?? true)
+                            for m in rd.messages.prefix(rd.sendBeforePersist) {
+                                switch m.body {
+                                case .append, .heartbeat, .snapshotChunk: break
+                                default: Issue.record("sent before persisting: \(m.body)")
+                                }
+                            }
+                        }
+                        if rd.hardState.map({ $0.vote != 0 && $0.term > 1 }) == true && n.role != .leader {
+                            #expect(rd.sendBeforePersist == 0)
+                        }
+                        network.append(contentsOf: rd.messages)
+                        n.advance(rd)
+                    }
+                    nodes[id] = n
+                }
+                if network.isEmpty { return }
+                for m in network { nodes[m.to]?.step(m) }
+            }
+        }
+        nodes[1]?.campaign()
+        settle()
+        #expect(nodes[1]?.role == .leader)
+        guard var leader = nodes[1] else { return }
+        let committed = leader.commitIndex
+        _ = try leader.propose([7, 7])
+        let rd = leader.ready()
+        #expect(rd.entries.count == 1)
+        #expect(rd.sendBeforePersist == 2)
+        let early = Array(rd.messages.prefix(rd.sendBeforePersist))
+        #expect(Set(early.map(\.to)) == [2, 3])
+        for m in early {
+            guard case .append(_, _, let entries, _) = m.body else {
+                Issue.record("expected an append, got \(m.body)")
+                continue
+            }
+            #expect(entries.map(\.index) == rd.entries.map(\.index))
+        }
+        // Both followers acknowledge before the leader's own write finishes: a quorum without the
+        // leader commits the entry, which is safe because two of three have it durable.
+        for m in early {
+            guard var f = nodes[m.to] else { continue }
+            f.step(m)
+            let frd = f.ready()
+            f.advance(frd)
+            for reply in frd.messages where reply.to == 1 { leader.step(reply) }
+            nodes[m.to] = f
+        }
+        #expect(leader.commitIndex == committed + 1)
+        // The committed entry is handed to apply only in a later Ready, after this one is persisted.
+        #expect(!rd.committedEntries.contains { $0.index == committed + 1 })
+        leader.advance(rd)
+        let next = leader.ready()
+        #expect(next.committedEntries.map(\.index).contains(committed + 1))
+        leader.advance(next)
+        #expect(earlySeen > 0)
+    }
+
     @Test("a single-node leader commits and applies a proposal only after the driver persisted it")
     func singleNodeCommitsAfterPersist() throws {
         var raft = try RaftNode(
