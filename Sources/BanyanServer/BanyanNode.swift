@@ -56,8 +56,11 @@ public final class BanyanNode: Sendable {
             logger.info("\(message)")
         }
         self.runtime = runtime
+        // Peer connections live on the replica loop: Raft messages go out and come in without
+        // crossing threads (TLS runs there too; on this path it is cheaper than two hand-offs
+        // per message batch).
         transport = try PeerTransport(
-            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: network, serverTLS: tls.server,
+            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop, serverTLS: tls.server,
             clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }

@@ -280,7 +280,10 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
                     self.respond(context: context, head: head, reply: .error(.badRequest, "The read did not finish within the requested timeout."))
                 }
             }
-            server.runtime.read(namespace: request.namespace, stale: stale).hop(to: context.eventLoop).whenSuccess { result in
+            // The answer runs on this connection's loop (the runtime guarantees it).
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            server.runtime.read(namespace: request.namespace, stale: stale, on: context.eventLoop) { result in
+                let context = bound.value
                 timer?.cancel()
                 guard answered.claim() else { return }
                 switch result {
@@ -299,7 +302,9 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
                 respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)))
                 return
             }
-            server.runtime.write(namespace: request.namespace, command: command).hop(to: context.eventLoop).whenSuccess { result in
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            server.runtime.write(namespace: request.namespace, command: command, on: context.eventLoop) { result in
+                let context = bound.value
                 switch result {
                 case .success(let applied):
                     let reply = RESTRender.write(request, applied: applied, pushID: request.isPost ? pushID : nil)

@@ -8,6 +8,7 @@ import Logging
 import Metrics
 public import NIOCore
 import NIOPosix
+import Synchronization
 
 /// What a write request ends with.
 public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
@@ -71,8 +72,15 @@ public final class NodeRuntime: @unchecked Sendable {
     private var stopped = false
 
     private var nextRequest: RequestID = 1
-    private var writeWaiters: [RequestID: EventLoopPromise<WriteResult>] = [:]
-    private var readWaiters: [RequestID: (namespace: String, promise: EventLoopPromise<Result<Node, ReplicaError>>)] = [:]
+    private var writeWaiters: [RequestID: Completion<WriteResult>] = [:]
+    private var readWaiters: [RequestID: (namespace: String, promise: Completion<Result<Node, ReplicaError>>)] = [:]
+    /// Requests handed in by network threads, run on `loop` in arrival order: one wake-up of the
+    /// replica thread covers everything queued before it runs (`submit`).
+    private let inbox = Mutex<[@Sendable () -> Void]>([])
+    /// Answers for callers on other event loops, gathered during one pass of the replica loop
+    /// and handed to each loop as one task (`flushReplies`): one wake-up per loop per pass
+    /// instead of one per request.
+    private var outbox: [ObjectIdentifier: (loop: any EventLoop, work: [() -> Void])] = [:]
     private var watchStarts: [RequestID: UInt64] = [:]
     private var memberWaiters: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
     private var nextWatch: UInt64 = 1
@@ -175,12 +183,13 @@ public final class NodeRuntime: @unchecked Sendable {
             self.stopped = true
             self.tickTask?.cancel()
             try? self.storage.saveCommit(self.replica.raft.hardState)
-            for (_, p) in self.writeWaiters { p.succeed(.failure(.timedOut(write: true))) }
-            for (_, w) in self.readWaiters { w.promise.succeed(.failure(.timedOut(write: false))) }
+            for (_, p) in self.writeWaiters { self.complete(p, .failure(.timedOut(write: true))) }
+            for (_, w) in self.readWaiters { self.complete(w.promise, .failure(.timedOut(write: false))) }
             for (_, p) in self.memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
             self.writeWaiters = [:]
             self.readWaiters = [:]
             self.memberWaiters = [:]
+            self.flushReplies()
         }
         _ = try? done.wait()
         try? group?.syncShutdownGracefully()
@@ -190,11 +199,13 @@ public final class NodeRuntime: @unchecked Sendable {
 
     /// Peer messages, delivered in order as they arrived on one connection.
     public func receive(_ messages: [Message]) {
-        loop.execute {
+        let body = {
             guard !self.stopped else { return }
             for m in messages { self.replica.receive(m) }
             self.scheduleProcess()
         }
+        // Peer connections normally live on this loop (no hand-off needed).
+        if loop.inEventLoop { body() } else { loop.execute(body) }
     }
 
     /// A peer told us where it listens (its hello).
@@ -209,15 +220,27 @@ public final class NodeRuntime: @unchecked Sendable {
     public func write(namespace: String, command: Command) -> EventLoopFuture<WriteResult> {
         let promise = loop.makePromise(of: WriteResult.self)
         loop.execute {
-            guard !self.stopped else { return promise.succeed(.failure(.overloaded("the node is shutting down"))) }
-            let id = self.nextRequest
-            self.nextRequest += 1
-            self.writeWaiters[id] = promise
-            self.replica.write(id, namespace: namespace, command: command)
-            self.handle(self.replica.takeEvents())
-            self.scheduleProcess()
+            self.startWrite(namespace: namespace, command: command, .promise(promise))
+            self.flushReplies()
         }
         return promise.futureResult
+    }
+
+    /// As `write(namespace:command:)`, for a caller on event loop `on`: `done` runs there. Requests
+    /// and answers are batched across threads (one wake-up covers many), which is what the
+    /// per-request HTTP path wants.
+    public func write(namespace: String, command: Command, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void) {
+        submit { self.startWrite(namespace: namespace, command: command, .callback(caller, done)) }
+    }
+
+    private func startWrite(namespace: String, command: Command, _ completion: Completion<WriteResult>) {
+        guard !stopped else { return complete(completion, .failure(.overloaded("the node is shutting down"))) }
+        let id = nextRequest
+        nextRequest += 1
+        writeWaiters[id] = completion
+        replica.write(id, namespace: namespace, command: command)
+        handle(replica.takeEvents())
+        scheduleProcess()
     }
 
     /// The namespace's tree: after a ReadIndex round (linearizable), or at once from this
@@ -225,15 +248,68 @@ public final class NodeRuntime: @unchecked Sendable {
     public func read(namespace: String, stale: Bool) -> EventLoopFuture<Result<Node, ReplicaError>> {
         let promise = loop.makePromise(of: Result<Node, ReplicaError>.self)
         loop.execute {
-            if stale { return promise.succeed(.success(self.replica.machine.tree(namespace))) }
-            let id = self.nextRequest
-            self.nextRequest += 1
-            self.readWaiters[id] = (namespace, promise)
-            self.replica.read(id)
-            self.handle(self.replica.takeEvents())
-            self.scheduleProcess()
+            self.startRead(namespace: namespace, stale: stale, .promise(promise))
+            self.flushReplies()
         }
         return promise.futureResult
+    }
+
+    /// As `read(namespace:stale:)`, answering on the caller's event loop (batched like `write`).
+    public func read(
+        namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Node, ReplicaError>) -> Void
+    ) {
+        submit { self.startRead(namespace: namespace, stale: stale, .callback(caller, done)) }
+    }
+
+    private func startRead(namespace: String, stale: Bool, _ completion: Completion<Result<Node, ReplicaError>>) {
+        if stale { return complete(completion, .success(replica.machine.tree(namespace))) }
+        let id = nextRequest
+        nextRequest += 1
+        readWaiters[id] = (namespace, completion)
+        replica.read(id)
+        handle(replica.takeEvents())
+        scheduleProcess()
+    }
+
+    // MARK: - Batching across threads
+
+    /// Queues work for the replica loop; only the first of a batch wakes it.
+    private func submit(_ work: @escaping @Sendable () -> Void) {
+        let first = inbox.withLock { queue in
+            queue.append(work)
+            return queue.count == 1
+        }
+        if first { loop.execute { self.drainInbox() } }
+    }
+
+    private func drainInbox() {
+        let work = inbox.withLock { queue in
+            let taken = queue
+            queue.removeAll(keepingCapacity: true)
+            return taken
+        }
+        for w in work { w() }
+        flushReplies()
+    }
+
+    private func complete<T>(_ completion: Completion<T>, _ value: T) {
+        switch completion {
+        case .promise(let p): p.succeed(value)
+        case .callback(let caller, let done):
+            let key = ObjectIdentifier(caller)
+            if outbox[key] == nil { outbox[key] = (caller, []) }
+            outbox[key]?.work.append { done(value) }
+        }
+    }
+
+    /// Hands each event loop its gathered answers as one task.
+    private func flushReplies() {
+        guard !outbox.isEmpty else { return }
+        for (_, entry) in outbox {
+            let batch = entry.work
+            entry.loop.execute { for answer in batch { answer() } }
+        }
+        outbox.removeAll(keepingCapacity: true)
     }
 
     /// Opens a live view: `handler` gets `.start` with the tree at a linearizable point (or
@@ -253,7 +329,7 @@ public final class NodeRuntime: @unchecked Sendable {
             let id = self.nextRequest
             self.nextRequest += 1
             let readPromise = self.loop.makePromise(of: Result<Node, ReplicaError>.self)
-            self.readWaiters[id] = (namespace, readPromise)
+            self.readWaiters[id] = (namespace, .promise(readPromise))
             self.watchStarts[id] = watchID
             self.watchers[watchID] = (namespace, handler)
             self.watchersChanged()
@@ -357,6 +433,7 @@ public final class NodeRuntime: @unchecked Sendable {
         guard !stopped else { return }
         replica.tick(now: Self.wallClock())
         handle(replica.takeEvents())
+        flushReplies()
         scheduleProcess()
     }
 
@@ -400,6 +477,7 @@ public final class NodeRuntime: @unchecked Sendable {
             replica.advance(rd, installed: installed)
             handle(replica.takeEvents())
         }
+        flushReplies()
         if rounds == 64 { scheduleProcess() }
         let raft = replica.raft
         commitGauge.record(Int64(raft.commitIndex))
@@ -426,7 +504,7 @@ public final class NodeRuntime: @unchecked Sendable {
             switch event {
             case let .applied(applied, tree, request):
                 appliedCounter.increment()
-                if let request, let promise = writeWaiters.removeValue(forKey: request) { promise.succeed(.success(applied)) }
+                if let request, let waiter = writeWaiters.removeValue(forKey: request) { complete(waiter, .success(applied)) }
                 if applied.namespace == Self.clusterNamespace, applied.outcome == .ok { learnPeers(from: tree) }
                 for (_, w) in watchers where w.namespace == applied.namespace { w.handler(.applied(applied, tree: tree)) }
             case .readsReady(let ids):
@@ -436,13 +514,13 @@ public final class NodeRuntime: @unchecked Sendable {
                     if let watchID = watchStarts.removeValue(forKey: id), let watcher = watchers[watchID] {
                         watcher.handler(.start(tree))
                     }
-                    w.promise.succeed(.success(tree))
+                    complete(w.promise, .success(tree))
                 }
             case let .failed(id, error):
-                if let p = writeWaiters.removeValue(forKey: id) { p.succeed(.failure(error)) }
+                if let p = writeWaiters.removeValue(forKey: id) { complete(p, .failure(error)) }
                 if let w = readWaiters.removeValue(forKey: id) {
                     watchStarts[id] = nil
-                    w.promise.succeed(.failure(error))
+                    complete(w.promise, .failure(error))
                 }
                 if let p = memberWaiters.removeValue(forKey: id) { p.succeed(.failure(error)) }
             case let .membershipChanged(id, membership):
@@ -511,10 +589,10 @@ public final class NodeRuntime: @unchecked Sendable {
             stopped = true
             exit(75)
         }
-        for (_, p) in writeWaiters { p.succeed(.failure(.timedOut(write: true))) }
+        for (_, p) in writeWaiters { complete(p, .failure(.timedOut(write: true))) }
         for (id, w) in readWaiters {
             watchStarts[id] = nil
-            w.promise.succeed(.failure(.timedOut(write: false)))
+            complete(w.promise, .failure(.timedOut(write: false)))
         }
         for (_, p) in memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
         writeWaiters = [:]
@@ -543,4 +621,11 @@ public protocol PeerSender: Sendable {
     /// Sends messages (dropped when a peer is unreachable or too far behind; Raft retries).
     func send(_ messages: [Message])
     func updateAddresses(_ addresses: [UInt64: HostPort])
+}
+
+/// How a request's answer reaches its caller: a promise (completed on the replica loop), or a
+/// callback to run on the caller's event loop, batched with other answers for that loop.
+enum Completion<T> {
+    case promise(EventLoopPromise<T>)
+    case callback(any EventLoop, @Sendable (T) -> Void)
 }

@@ -190,7 +190,11 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     func send(_ messages: [Message]) {
-        eventLoop.execute { self.enqueue(messages) }
+        if eventLoop.inEventLoop {
+            enqueue(messages)
+        } else {
+            eventLoop.execute { self.enqueue(messages) }
+        }
     }
 
     private func enqueue(_ messages: [Message]) {

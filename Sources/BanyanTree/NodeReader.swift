@@ -87,8 +87,6 @@ private struct ReaderState {
     /// UTF-8 length of `keys` joined by `/`.
     var pathBytes: Int
     let serverValues: ServerValueContext?
-    /// Existing nodes along `keys` (only maintained when server values are allowed).
-    var existing: [Node]
     let limits: TreeReadLimits
     var nodes = 0
     /// Open objects and arrays, including metadata wrappers (a second guard on recursion depth).
@@ -99,7 +97,6 @@ private struct ReaderState {
         self.keys = location.segments
         self.pathBytes = location.byteCount
         self.serverValues = serverValues
-        self.existing = serverValues.map { [$0.existing.child(at: location)] } ?? []
         self.limits = limits
     }
 
@@ -120,14 +117,12 @@ private struct ReaderState {
         if newBytes > Path.maxBytes {
             throw fail(.pathTooLong, "Key path is \(newBytes) bytes of UTF-8; the limit is \(Path.maxBytes)")
         }
-        if !existing.isEmpty, let top = existing.last { existing.append(top.child(key)) }
     }
 
     mutating func pop() {
         guard let key = keys.popLast() else { return }
         let bytes = Int(key.length)
         pathBytes = keys.isEmpty ? 0 : pathBytes - 1 - bytes
-        if !existing.isEmpty { existing.removeLast() }
     }
 
     mutating func count() throws(TreeError) {
@@ -365,7 +360,11 @@ private struct ReaderState {
         case .string("timestamp"):
             return .int(context.timestamp)
         case .object(let members) where members.count == 1 && members[0].0 == "increment":
-            let current = existing.last?.leaf
+            // The value this increment replaces, looked up only here: most writes have no
+            // increment, so the reader does not track the existing tree as it goes.
+            var node = context.existing
+            for key in keys { node = node.child(key) }
+            let current = node.leaf
             switch (members[0].1, current) {
             case let (.int(delta), .int(base)?):
                 let (sum, overflow) = base.addingReportingOverflow(delta)
