@@ -85,7 +85,7 @@ let package = Package(
 
         // The Firebase REST API and its event streams: request parsing, response rendering, SSE
         // events (docs/rest.md). Pure: the server's HTTP layer feeds it.
-        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine"], swiftSettings: coreSettings),
+        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
 
         // MARK: - Test support (pure)
 
@@ -213,7 +213,8 @@ let package = Package(
         .testTarget(
             name: "BanyanServerTests",
             dependencies: [
-                "BanyanServer", "BanyanRaft", "BanyanStateMachine", .product(name: "Logging", package: "swift-log"),
+                "BanyanServer", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "X509", package: "swift-certificates"),

@@ -306,12 +306,14 @@ public final class SegmentedLog {
                 fileSystem.close(file)
                 active = nil
             }
-            // Whole segments past the cut (including one that would become empty).
+            // Whole segments past the cut (including one that would become empty), newest first,
+            // each removal made durable before the next: file systems need not persist several
+            // unsynced removals in order, and an older one surviving alone would leave a gap.
             while let last = segments.last, last.firstIndex > index {
                 try fileSystem.remove(path(last.name))
                 segments.removeLast()
+                try fileSystem.syncDirectory(directory)
             }
-            try fileSystem.syncDirectory(directory)
             if var last = segments.last {
                 let keep = Int(index - last.firstIndex + 1)
                 if keep < last.offsets.count {

@@ -31,6 +31,8 @@ public final class SimulatedFileSystem: FileSystem {
     public var tear: (operation: Int, keep: Int)?
     /// Total bytes the disk holds; appends beyond it fail with `noSpace` and write nothing.
     public var capacity: Int?
+    /// Bytes held by all files (what `capacity` is compared with).
+    public var bytesUsed: Int { inodes.values.reduce(0) { $0 + $1.data.count } }
     /// Make every rename fail with an I/O error.
     public var failRenames = false
     public private(set) var isCrashed = false

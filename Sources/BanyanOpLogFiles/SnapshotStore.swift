@@ -12,13 +12,20 @@ public final class SnapshotStore {
     /// hostile file; the trailer's length is also enforced while inflating).
     public var maxImageBytes: UInt64 = 1 << 40
 
-    public init(directory: String, fileSystem: any FileSystem) throws(OpLogError) {
+    /// `removeLeftovers`: delete temporary files a crashed writer left behind. The store a node
+    /// opens at start-up does; a second store opened while another may be writing (the node's
+    /// background snapshot writer) must not, or it would delete that writer's file.
+    public init(directory: String, fileSystem: any FileSystem, removeLeftovers: Bool = true) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
         do {
             try makeDurableDirectory(directory, fileSystem)
             // A crash while writing leaves a temporary file: never a snapshot.
-            if fileSystem.exists(temporary) { try fileSystem.remove(temporary) }
+            if removeLeftovers {
+                for name in try fileSystem.list(directory) where name.hasPrefix("snapshot") && name.hasSuffix(".tmp") {
+                    try fileSystem.remove(path(name))
+                }
+            }
             // After a process crash between the rename and the directory fsync, a new snapshot's
             // name is visible but not durable; make it durable before anyone relies on it (log
             // compaction against a snapshot a power loss could take back would lose records).
@@ -28,7 +35,11 @@ public final class SnapshotStore {
         }
     }
 
-    private var temporary: String { directory + "/snapshot.tmp" }
+    /// Each write has its own temporary file, so two writers (say, one still running when a
+    /// reloaded node starts another) can never rename each other's partial file into place.
+    private func temporary(for lastIndex: UInt64) -> String {
+        directory + "/snapshot-\(lastIndex)-\(UInt64.random(in: 1...UInt64.max)).tmp"
+    }
     func path(_ name: String) -> String { directory + "/" + name }
 
     /// Snapshot files present, newest first (by last included index).
@@ -82,6 +93,8 @@ public final class SnapshotStore {
         _ metadata: SnapshotMetadata, progress: ((UInt64) -> Void)? = nil, removeOlder: Bool = true,
         image: (_ emit: ([UInt8]) throws -> Void) throws -> Void
     ) throws(OpLogError) {
+        let temporary = temporary(for: metadata.lastIndex)
+        var renamed = false
         do {
             let file = try fileSystem.create(temporary)
             defer { fileSystem.close(file) }
@@ -110,10 +123,13 @@ public final class SnapshotStore {
             try fileSystem.sync(file)
             let name = SnapshotFormat.fileName(lastIndex: metadata.lastIndex)
             try fileSystem.rename(temporary, to: path(name))
+            renamed = true
             try fileSystem.syncDirectory(directory)
             // Only now that the new snapshot is durable: remove the older ones.
             if removeOlder { try removeSnapshots(olderThan: metadata.lastIndex) }
         } catch {
+            // A failed write (a full disk, say) must not leave its partial file taking space.
+            if !renamed { try? fileSystem.remove(temporary) }
             throw SnapshotStore.opLogError(error, otherwise: "snapshot image producer failed")
         }
     }

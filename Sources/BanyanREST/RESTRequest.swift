@@ -1,3 +1,4 @@
+import BanyanBasics
 public import BanyanQuery
 public import BanyanStateMachine
 public import BanyanTree
@@ -316,8 +317,8 @@ public struct RESTRequest: Sendable {
     // MARK: - URI parsing
 
     static func splitURI(_ uri: String) -> (path: Substring, query: Substring) {
-        let noFragment = uri.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-        let parts = noFragment.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        let noFragment = uri.splitting(atByte: UInt8(ascii: "#"), maxSplits: 1, omittingEmpty: false).first ?? ""
+        let parts = noFragment.splitting(atByte: UInt8(ascii: "?"), maxSplits: 1, omittingEmpty: false)
         return (parts.first ?? "", parts.count > 1 ? parts[1] : "")
     }
 
@@ -328,7 +329,7 @@ public struct RESTRequest: Sendable {
         let trimmed = raw.dropLast(5)
         var segments: [ChildKey] = []
         var isPriority = false
-        let pieces = trimmed.split(separator: "/", omittingEmptySubsequences: true)
+        let pieces = trimmed.splitting(atByte: UInt8(ascii: "/"), omittingEmpty: true)
         for (i, piece) in pieces.enumerated() {
             guard let decoded = percentDecode(piece, plusIsSpace: false) else {
                 throw .badRequest("Invalid path: bad percent-encoding in \"\(piece)\".")
@@ -350,8 +351,8 @@ public struct RESTRequest: Sendable {
 
     static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {
         var out: [(String, String)] = []
-        for pair in raw.split(separator: "&", omittingEmptySubsequences: true) {
-            let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+        for pair in raw.splitting(atByte: UInt8(ascii: "&"), omittingEmpty: true) {
+            let kv = pair.splitting(atByte: UInt8(ascii: "="), maxSplits: 1, omittingEmpty: false)
             guard let key = percentDecode(kv[0], plusIsSpace: true),
                 let value = percentDecode(kv.count > 1 ? kv[1] : "", plusIsSpace: true)
             else {

@@ -237,7 +237,7 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
         server.requests.increment()
-        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        let path = head.uri.splitting(atByte: UInt8(ascii: "?"), maxSplits: 1, omittingEmpty: false).first.map(String.init) ?? head.uri
         if path == "/metrics" && head.method == .GET {
             let text = server.registry.emitToBuffer()
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))

@@ -15,7 +15,7 @@ import Logging
 ///     <data>/snapshots/*.snap      the newest snapshot (raw bytes are what peers transfer)
 final class NodeStorage {
     let directory: String
-    private let fileSystem = PosixFileSystem()
+    private let fileSystem: any FileSystem
     private let log: SegmentedLog
     private let hardStates: HardStateStore
     let snapshots: SnapshotStore
@@ -29,15 +29,17 @@ final class NodeStorage {
         var machine: StateMachine
     }
 
-    init(directory: String, logger: Logger, progress: @escaping (String) -> Void) throws(OpLogError) {
+    /// `fileSystem`: the real one, or a simulated one for crash tests.
+    init(
+        directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, progress: @escaping (String) -> Void
+    ) throws(OpLogError) {
         self.directory = directory
+        self.fileSystem = fileSystem
         self.logger = logger
-        for sub in ["", "/raft", "/snapshots"] {
-            do {
-                try FileManager.default.createDirectory(atPath: directory + sub, withIntermediateDirectories: true)
-            } catch {
-                throw OpLogError(.io, "cannot create the data directory \(directory + sub): \(error.localizedDescription)")
-            }
+        do {
+            try Self.makeDurableDirectories(directory, ["raft", "snapshots"], fileSystem)
+        } catch {
+            throw OpLogError(.io, "cannot create the data directory \(directory): \(error)")
         }
         log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, logger: logger) { done, total in
             progress("log recovery: \(done)/\(total) segments scanned")
@@ -46,6 +48,30 @@ final class NodeStorage {
         snapshots = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem)
         let hs = try hardStates.load()
         savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
+    }
+
+    /// Creates `directory` (and any missing parents) and its `subdirectories`, then fsyncs every
+    /// directory whose entries changed or may not be durable yet: the data directory's parent,
+    /// the data directory, and each subdirectory. Always, not only when something was created:
+    /// a directory made by a process that crashed before syncing it exists in the page cache
+    /// but may not survive a power loss. A few fsyncs at start-up.
+    static func makeDurableDirectories(_ directory: String, _ subdirectories: [String], _ fileSystem: any FileSystem) throws(FileSystemError) {
+        let absolute = directory.hasPrefix("/")
+        var path = absolute ? "" : "."
+        var parent = absolute ? "/" : "."
+        for component in directory.split(separator: "/") where component != "." {
+            parent = path.isEmpty ? "/" : path
+            path += "/" + component
+            if !fileSystem.exists(path) { try fileSystem.makeDirectory(path) }
+        }
+        try fileSystem.syncDirectory(parent)
+        try fileSystem.syncDirectory(path)
+        for sub in subdirectories {
+            let child = path + "/" + sub
+            if !fileSystem.exists(child) { try fileSystem.makeDirectory(child) }
+            try fileSystem.syncDirectory(child)
+        }
+        try fileSystem.syncDirectory(path)
     }
 
     /// True when nothing was ever stored here (a new node).
@@ -248,7 +274,7 @@ struct SnapshotWriter: Sendable {
     let directory: String
 
     func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
-        let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem())
+        let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem(), removeLeftovers: false)
         let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
         // Older snapshots are removed by the replica thread once this one is durable (see
         // `NodeRuntime.writeSnapshot`), never from here.

@@ -1,3 +1,5 @@
+import BanyanBasics
+
 /// A location in the tree: a sequence of child keys from the root.
 ///
 /// Parsing splits on `/` and ignores empty segments (`//a///b/` is `/a/b`), as Firebase does.
@@ -23,7 +25,7 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
     /// `.priority` is not a key; see `WritePath` for write locations that may end in it.
     public init(parsing text: String) throws(TreeError) {
         var segments: [ChildKey] = []
-        for piece in text.split(separator: "/", omittingEmptySubsequences: true) {
+        for piece in text.splitting(atByte: UInt8(ascii: "/"), omittingEmpty: true) {
             let key = String(piece)
             if let problem = ChildKey.problem(with: key) {
                 throw TreeError(

@@ -101,8 +101,10 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         }
     }
 
-    @Test("a crash anywhere in truncate-and-rewrite leaves the old suffix or the new one, never a mix")
-    func truncateCrashes() throws {
+    @Test(
+        "a crash anywhere in truncate-and-rewrite leaves the old suffix or the new one, never a mix (cutting inside one segment, and removing two whole ones)",
+        arguments: [10, 3] as [UInt64])
+    func truncateCrashes(cut: UInt64) throws {
         func setUp(_ fs: SimulatedFileSystem) throws -> SegmentedLog {
             let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
             try log.append((1...20).map { entry($0, "old") })
@@ -112,9 +114,10 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         let probe = freshFS()
         let probeLog = try setUp(probe)
         let before = probe.operations
-        // Segments hold 7 records (1-7, 8-14, 15-20): cutting after 10 truncates the middle one.
-        try probeLog.truncate(after: 10)
-        try probeLog.append((11...16).map { entry($0, "new") })
+        // Segments hold 7 records (1-7, 8-14, 15-20): cutting after 10 truncates the middle one;
+        // cutting after 3 removes the last two segments (newest first) and truncates the first.
+        try probeLog.truncate(after: cut)
+        try probeLog.append(((cut + 1)...(cut + 6)).map { entry($0, "new") })
         try probeLog.sync()
         let span = probe.operations - before
         for crashAt in 1...span {
@@ -124,8 +127,8 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
                 fs.crashAtOperation = fs.operations + crashAt
                 var finished = false
                 do {
-                    try log.truncate(after: 10)
-                    try log.append((11...16).map { entry($0, "new") })
+                    try log.truncate(after: cut)
+                    try log.append(((cut + 1)...(cut + 6)).map { entry($0, "new") })
                     try log.sync()
                     finished = true
                 } catch {}
@@ -139,12 +142,12 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
                 }
                 let got = try reopened.entries(from: 1, through: reopened.lastIndex)
                 let context = "crash at \(crashAt) of \(span), keep \(policy)"
-                #expect(Array(got.prefix(10)) == (1...10).map { entry($0, "old") }, "\(context)")
-                let suffix = got.dropFirst(10)
+                #expect(Array(got.prefix(Int(cut))) == (1...cut).map { entry($0, "old") }, "\(context)")
+                let suffix = got.dropFirst(Int(cut))
                 let allOld = suffix.allSatisfy { String(decoding: $0.payload, as: UTF8.self).hasPrefix("old") }
                 let allNew = suffix.allSatisfy { String(decoding: $0.payload, as: UTF8.self).hasPrefix("new") }
                 #expect(allOld || allNew, "\(context): mixed suffix \(suffix.map { String(decoding: $0.payload, as: UTF8.self) })")
-                if finished { #expect(got == (1...10).map { entry($0, "old") } + (11...16).map { entry($0, "new") }, "\(context)") }
+                if finished { #expect(got == (1...cut).map { entry($0, "old") } + ((cut + 1)...(cut + 6)).map { entry($0, "new") }, "\(context)") }
                 #expect(got.map(\.index) == (0..<got.count).map { UInt64($0) + 1 }, "\(context): gap")
             }
         }

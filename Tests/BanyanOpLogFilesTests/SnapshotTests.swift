@@ -122,7 +122,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
         #expect(consumed == 1_000)
     }
 
-    @Test("damage anywhere in a snapshot is detected; a damaged newest snapshot is skipped")
+    @Test("damage anywhere in a snapshot is detected; a damaged newest snapshot is refused, not skipped")
     func damage() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
@@ -219,6 +219,30 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             let covered = snapshot?.lastIndex ?? 0
             #expect(log3.firstIndex <= covered + 1, "crash at \(crashAt): records \(covered + 1)..<\(log3.firstIndex) lost")
             #expect(log3.lastIndex == 40)
+        }
+    }
+
+    @Test("a snapshot write that fails (full disk, failed rename) reports it, leaves no partial file, and keeps the older snapshot")
+    func failedWrites() throws {
+        for failure in ["no space", "rename"] {
+            let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+            let (_, store) = try logWithSnapshot(fs, seed: 3, bytes: 20_000)
+            if failure == "no space" {
+                fs.capacity = fs.bytesUsed + 2_000
+            } else {
+                fs.failRenames = true
+            }
+            #expect(throws: OpLogError.self, "\(failure)") {
+                try store.write(SnapshotMetadata(lastIndex: 30, lastTerm: 1)) { emit in for chunk in image(9, bytes: 200_000) { try emit(chunk) } }
+            }
+            fs.capacity = nil
+            fs.failRenames = false
+            let left = try fs.list("/data/snap")
+            #expect(left.filter { $0.hasSuffix(".tmp") }.isEmpty, "\(failure): \(left)")
+            #expect(try store.latest()?.lastIndex == 10, "\(failure)")
+            var read: [UInt8] = []
+            try store.read { read += $0 }
+            #expect(read == image(3, bytes: 20_000).flatMap { $0 }, "\(failure)")
         }
     }
 

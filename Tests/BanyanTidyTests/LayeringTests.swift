@@ -17,7 +17,7 @@ import Testing
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree"]),
-        "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine"]),
+        "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree"]),
         "BanyanServer": (
             false,
