@@ -171,10 +171,21 @@ public final class SimulatedFileSystem: FileSystem {
     public func remove(_ path: String) throws(FileSystemError) {
         try tick(path)
         names[path] = nil
+        let directory = parent(path)
+        unsyncedRemovals[directory, default: 0] += 1
+        mostUnsyncedRemovals = Swift.max(mostUnsyncedRemovals, unsyncedRemovals[directory] ?? 0)
     }
+
+    /// Removals made in each directory since its last fsync. A real file system may persist
+    /// several unsynced removals in any order (this one makes them durable together at the next
+    /// directory fsync), so code that must never leave a gap keeps this at 1: tests read
+    /// `mostUnsyncedRemovals`, the largest count seen (reset it to 0 to measure one operation).
+    private var unsyncedRemovals: [String: Int] = [:]
+    public var mostUnsyncedRemovals = 0
 
     public func syncDirectory(_ directory: String) throws(FileSystemError) {
         try tick(directory)
+        unsyncedRemovals[directory] = 0
         for d in directories where d != "/" && parent(d) == directory { durableDirectories.insert(d) }
         for (name, _) in durableNames where parent(name) == directory && names[name] == nil { durableNames[name] = nil }
         for (name, id) in names where parent(name) == directory { durableNames[name] = id }

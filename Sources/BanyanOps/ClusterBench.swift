@@ -64,6 +64,12 @@ public struct ClusterBench: Sendable {
         defer { cluster.shutdown() }
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
         let leader = try await cluster.waitForLeader(timeout: 30)
+        // A node that could not bind its ports exits at once, and the leader found may then
+        // belong to some other cluster on the same ports: measure only our own nodes.
+        for id in cluster.ids where !cluster.isRunning(id) {
+            throw Failure(
+                description: "node \(id) exited right after starting (ports \(cluster.clientPort(id)) and \(cluster.peerPort(id)) in use by another cluster?); see \(directory)/node\(id).log")
+        }
         log("3-node cluster up (leader: node \(leader)); \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
         // Throughput and latency.

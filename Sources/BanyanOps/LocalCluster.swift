@@ -68,6 +68,9 @@ public final class LocalCluster: @unchecked Sendable {
 
     public func pid(_ id: UInt64) -> Int32? { processes[id]?.processIdentifier }
 
+    /// Whether node `id`'s process is still running.
+    public func isRunning(_ id: UInt64) -> Bool { processes[id]?.isRunning ?? false }
+
     public func signal(_ id: UInt64, _ sig: Int32) {
         if let p = processes[id] { kill(p.processIdentifier, sig) }
     }

@@ -50,11 +50,11 @@ final class NodeStorage {
         savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
     }
 
-    /// Creates `directory` (and any missing parents) and its `subdirectories`, then fsyncs every
-    /// directory whose entries changed or may not be durable yet: the data directory's parent,
-    /// the data directory, and each subdirectory. Always, not only when something was created:
-    /// a directory made by a process that crashed before syncing it exists in the page cache
-    /// but may not survive a power loss. A few fsyncs at start-up.
+    /// Creates `directory` (and any missing parents) and its `subdirectories`. The parent of
+    /// each directory it creates is fsynced; and at every start, whatever existed, the data
+    /// directory's parent, the data directory and each subdirectory are fsynced too: a directory
+    /// made by a process that crashed before syncing it exists in the page cache but may not
+    /// survive a power loss. A few fsyncs at start-up.
     static func makeDurableDirectories(_ directory: String, _ subdirectories: [String], _ fileSystem: any FileSystem) throws(FileSystemError) {
         let absolute = directory.hasPrefix("/")
         var path = absolute ? "" : "."
@@ -62,8 +62,13 @@ final class NodeStorage {
         for component in directory.split(separator: "/") where component != "." {
             parent = path.isEmpty ? "/" : path
             path += "/" + component
-            if !fileSystem.exists(path) { try fileSystem.makeDirectory(path) }
+            if !fileSystem.exists(path) {
+                try fileSystem.makeDirectory(path)
+                // Each directory created here needs its entry in its parent made durable.
+                try fileSystem.syncDirectory(parent)
+            }
         }
+        if path.isEmpty { path = "/" }
         try fileSystem.syncDirectory(parent)
         try fileSystem.syncDirectory(path)
         for sub in subdirectories {

@@ -114,12 +114,16 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         let probe = freshFS()
         let probeLog = try setUp(probe)
         let before = probe.operations
+        probe.mostUnsyncedRemovals = 0
         // Segments hold 7 records (1-7, 8-14, 15-20): cutting after 10 truncates the middle one;
         // cutting after 3 removes the last two segments (newest first) and truncates the first.
         try probeLog.truncate(after: cut)
         try probeLog.append(((cut + 1)...(cut + 6)).map { entry($0, "new") })
         try probeLog.sync()
         let span = probe.operations - before
+        // Never two segment removals pending at once: a power loss could keep either (a gap).
+        #expect(probe.mostUnsyncedRemovals <= 1, "\(probe.mostUnsyncedRemovals) removals unsynced at once")
+        var outcomes: Set<String> = []
         for crashAt in 1...span {
             for (policy, keep) in keepPolicies {
                 let fs = freshFS()
@@ -149,8 +153,20 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
                 #expect(allOld || allNew, "\(context): mixed suffix \(suffix.map { String(decoding: $0.payload, as: UTF8.self) })")
                 if finished { #expect(got == (1...cut).map { entry($0, "old") } + ((cut + 1)...(cut + 6)).map { entry($0, "new") }, "\(context)") }
                 #expect(got.map(\.index) == (0..<got.count).map { UInt64($0) + 1 }, "\(context): gap")
+                if suffix.isEmpty {
+                    outcomes.insert("cut")
+                } else {
+                    outcomes.insert(allOld ? "old" : "new")
+                }
+                // The reopened log goes on from where it ends.
+                #expect(throws: Never.self, "\(context)") {
+                    try reopened.append([entry(reopened.lastIndex + 1, "next")])
+                    try reopened.sync()
+                }
             }
         }
+        // Crashes before the cut keep the old suffix; crashes after it show the new one.
+        #expect(outcomes.contains("old") && outcomes.contains("new"), "\(outcomes)")
     }
 
     @Test("hard state is never torn: after a crash at any point of a save it is the old or the new value")

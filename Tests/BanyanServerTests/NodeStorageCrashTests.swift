@@ -69,7 +69,9 @@ import Testing
         let probe = SimulatedFileSystem(durableDirectories: ["/"])
         let (probeStorage, file) = try Self.setUp(probe, leaderMachine: leaderMachine)
         let before = probe.operations
+        probe.mostUnsyncedRemovals = 0
         _ = try probeStorage.persist(Self.installReady(file))
+        #expect(probe.mostUnsyncedRemovals <= 1, "\(probe.mostUnsyncedRemovals) removals unsynced at once")
         let span = probe.operations - before
         #expect(span > 8)
 
