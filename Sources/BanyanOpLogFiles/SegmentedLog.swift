@@ -424,11 +424,23 @@ public final class SegmentedLog {
 }
 
 /// Creates `path` if missing and makes its entry durable (fsync of the parent directory).
-func makeDurableDirectory(_ path: String, _ fileSystem: any FileSystem) throws(FileSystemError) {
-    guard !fileSystem.exists(path) else { return }
+/// `creatingParents`: create missing parents first, each made durable in its own parent the same
+/// way (otherwise a missing parent is an error: the log and snapshot stores expect their parent).
+public func makeDurableDirectory(_ path: String, _ fileSystem: any FileSystem, creatingParents: Bool = false) throws(FileSystemError) {
+    guard path != "/", path != ".", !path.isEmpty, !fileSystem.exists(path) else { return }
+    let parent = parentDirectory(of: path)
+    if creatingParents { try makeDurableDirectory(parent, fileSystem, creatingParents: true) }
     try fileSystem.makeDirectory(path)
-    let parent = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
-    try fileSystem.syncDirectory(parent.isEmpty ? "/" : parent)
+    try fileSystem.syncDirectory(parent)
+}
+
+/// The directory holding `path`: "/" for a top-level absolute path, "." for a bare relative name.
+public func parentDirectory(of path: String) -> String {
+    var trimmed = Substring(path)
+    while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed = trimmed.dropLast() }
+    let parent = trimmed.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+    if parent.isEmpty { return path.hasPrefix("/") ? "/" : "." }
+    return parent
 }
 
 /// Raft's hard state in one small file, replaced atomically: written to a temporary file,

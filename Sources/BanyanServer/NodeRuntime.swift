@@ -219,10 +219,7 @@ public final class NodeRuntime: @unchecked Sendable {
 
     public func write(namespace: String, command: Command) -> EventLoopFuture<WriteResult> {
         let promise = loop.makePromise(of: WriteResult.self)
-        loop.execute {
-            self.startWrite(namespace: namespace, command: command, .promise(promise))
-            self.flushReplies()
-        }
+        write(namespace: namespace, command: command, on: loop) { promise.succeed($0) }
         return promise.futureResult
     }
 
@@ -230,7 +227,7 @@ public final class NodeRuntime: @unchecked Sendable {
     /// and answers are batched across threads (one wake-up covers many), which is what the
     /// per-request HTTP path wants.
     public func write(namespace: String, command: Command, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void) {
-        submit { self.startWrite(namespace: namespace, command: command, .callback(caller, done)) }
+        submit { self.startWrite(namespace: namespace, command: command, Completion(loop: caller, done: done)) }
     }
 
     private func startWrite(namespace: String, command: Command, _ completion: Completion<WriteResult>) {
@@ -244,21 +241,12 @@ public final class NodeRuntime: @unchecked Sendable {
     }
 
     /// The namespace's tree: after a ReadIndex round (linearizable), or at once from this
-    /// node's state (`stale`: possibly behind the leader).
-    public func read(namespace: String, stale: Bool) -> EventLoopFuture<Result<Node, ReplicaError>> {
-        let promise = loop.makePromise(of: Result<Node, ReplicaError>.self)
-        loop.execute {
-            self.startRead(namespace: namespace, stale: stale, .promise(promise))
-            self.flushReplies()
-        }
-        return promise.futureResult
-    }
-
-    /// As `read(namespace:stale:)`, answering on the caller's event loop (batched like `write`).
+    /// node's state (`stale`: possibly behind the leader). `done` runs on the caller's event
+    /// loop `on` (requests and answers batched like `write`'s).
     public func read(
         namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Node, ReplicaError>) -> Void
     ) {
-        submit { self.startRead(namespace: namespace, stale: stale, .callback(caller, done)) }
+        submit { self.startRead(namespace: namespace, stale: stale, Completion(loop: caller, done: done)) }
     }
 
     private func startRead(namespace: String, stale: Bool, _ completion: Completion<Result<Node, ReplicaError>>) {
@@ -292,14 +280,11 @@ public final class NodeRuntime: @unchecked Sendable {
         flushReplies()
     }
 
+    /// Queues an answer for its caller's loop (sent by `flushReplies`).
     private func complete<T>(_ completion: Completion<T>, _ value: T) {
-        switch completion {
-        case .promise(let p): p.succeed(value)
-        case .callback(let caller, let done):
-            let key = ObjectIdentifier(caller)
-            if outbox[key] == nil { outbox[key] = (caller, []) }
-            outbox[key]?.work.append { done(value) }
-        }
+        let key = ObjectIdentifier(completion.loop)
+        if outbox[key] == nil { outbox[key] = (completion.loop, []) }
+        outbox[key]?.work.append { completion.done(value) }
     }
 
     /// Hands each event loop its gathered answers as one task.
@@ -328,20 +313,21 @@ public final class NodeRuntime: @unchecked Sendable {
             }
             let id = self.nextRequest
             self.nextRequest += 1
-            let readPromise = self.loop.makePromise(of: Result<Node, ReplicaError>.self)
-            self.readWaiters[id] = (namespace, .promise(readPromise))
+            self.readWaiters[id] = (
+                namespace,
+                Completion(loop: self.loop) { result in
+                    switch result {
+                    case .success: promise.succeed(.success(watchID))
+                    case .failure(let e):
+                        self.watchers[watchID] = nil
+                        self.watchersChanged()
+                        promise.succeed(.failure(e))
+                    }
+                }
+            )
             self.watchStarts[id] = watchID
             self.watchers[watchID] = (namespace, handler)
             self.watchersChanged()
-            readPromise.futureResult.whenSuccess { result in
-                switch result {
-                case .success: promise.succeed(.success(watchID))
-                case .failure(let e):
-                    self.watchers[watchID] = nil
-                    self.watchersChanged()
-                    promise.succeed(.failure(e))
-                }
-            }
             self.replica.read(id)
             self.handle(self.replica.takeEvents())
             self.scheduleProcess()
@@ -623,9 +609,9 @@ public protocol PeerSender: Sendable {
     func updateAddresses(_ addresses: [UInt64: HostPort])
 }
 
-/// How a request's answer reaches its caller: a promise (completed on the replica loop), or a
-/// callback to run on the caller's event loop, batched with other answers for that loop.
-enum Completion<T> {
-    case promise(EventLoopPromise<T>)
-    case callback(any EventLoop, @Sendable (T) -> Void)
+/// How a request's answer reaches its caller: a callback run on the caller's event loop,
+/// batched with the other answers for that loop (`NodeRuntime.flushReplies`).
+struct Completion<T> {
+    let loop: any EventLoop
+    let done: @Sendable (T) -> Void
 }

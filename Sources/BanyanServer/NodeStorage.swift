@@ -56,27 +56,13 @@ final class NodeStorage {
     /// made by a process that crashed before syncing it exists in the page cache but may not
     /// survive a power loss. A few fsyncs at start-up.
     static func makeDurableDirectories(_ directory: String, _ subdirectories: [String], _ fileSystem: any FileSystem) throws(FileSystemError) {
-        let absolute = directory.hasPrefix("/")
-        var path = absolute ? "" : "."
-        var parent = absolute ? "/" : "."
-        for component in directory.split(separator: "/") where component != "." {
-            parent = path.isEmpty ? "/" : path
-            path += "/" + component
-            if !fileSystem.exists(path) {
-                try fileSystem.makeDirectory(path)
-                // Each directory created here needs its entry in its parent made durable.
-                try fileSystem.syncDirectory(parent)
-            }
-        }
-        if path.isEmpty { path = "/" }
-        try fileSystem.syncDirectory(parent)
-        try fileSystem.syncDirectory(path)
+        try makeDurableDirectory(directory, fileSystem, creatingParents: true)
+        try fileSystem.syncDirectory(parentDirectory(of: directory))
         for sub in subdirectories {
-            let child = path + "/" + sub
-            if !fileSystem.exists(child) { try fileSystem.makeDirectory(child) }
-            try fileSystem.syncDirectory(child)
+            try makeDurableDirectory(directory + "/" + sub, fileSystem)
+            try fileSystem.syncDirectory(directory + "/" + sub)
         }
-        try fileSystem.syncDirectory(path)
+        try fileSystem.syncDirectory(directory)
     }
 
     /// True when nothing was ever stored here (a new node).

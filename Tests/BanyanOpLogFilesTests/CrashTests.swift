@@ -364,3 +364,20 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         #expect(try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallSegments()).lastIndex == 1)
     }
 }
+
+@Suite struct DurableDirectoryTests {
+    @Test("missing parents are created and each made durable in its parent; parents of relative, absolute and top-level paths")
+    func nestedDirectories() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/"])
+        #expect(throws: FileSystemError.self) { try makeDurableDirectory("/x/y", fs) }
+        try makeDurableDirectory("/a/b/c", fs, creatingParents: true)
+        fs.reboot()
+        #expect(fs.exists("/a") && fs.exists("/a/b") && fs.exists("/a/b/c"))
+        try makeDurableDirectory("/a/b/c", fs, creatingParents: true)  // already there: nothing to do
+        #expect(parentDirectory(of: "/a/b") == "/a")
+        #expect(parentDirectory(of: "/a") == "/")
+        #expect(parentDirectory(of: "banyan-data") == ".")
+        #expect(parentDirectory(of: "./banyan-data") == ".")
+        #expect(parentDirectory(of: "data/raft/") == "data")
+    }
+}
