@@ -41,6 +41,7 @@ struct ClusterTest: AsyncParsableCommand {
         case anyNode = "any-node"
         case killLeader = "kill-leader"
         case freezeLeader = "freeze-leader"
+        case laggingFollower = "lagging-follower"
         case restartAll = "restart-all"
         case membership
         case wipedMember = "wiped-member"
@@ -134,6 +135,8 @@ struct ClusterTest: AsyncParsableCommand {
             cluster.signal(leader, SIGCONT)
             live.add(leader)
             await load
+        case .laggingFollower:
+            try await laggingFollower(cluster, live: live, workload: workload)
         case .restartAll:
             await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
             print("stop every node (SIGTERM), then start them again")
@@ -234,6 +237,69 @@ struct ClusterTest: AsyncParsableCommand {
     /// the leader then killed, the one intact voter and the amnesiac cannot elect anyone (an
     /// election there could lose acknowledged writes). The operator's procedure (remove the id, add
     /// it back) then makes it a voter again, and no acknowledged write is lost.
+    /// A follower that missed writes answers reads only once it has caught up: reads that began
+    /// while it was frozen (answered after SIGCONT) must show every write acknowledged before
+    /// they began; restarted after kill -9 while the other two nodes are frozen, it cannot answer
+    /// a linearizable read at all. A node that answers from its own state (the self-test's
+    /// `consistency=stale`) is caught there by construction: every key was written while it was
+    /// away, and nothing can reach it before the reads.
+    func laggingFollower(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
+        async let load: Void = workload.run(clients: clients, seconds: seconds * 4, nodes: { live.nodes })
+        try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+        let leader = try await cluster.waitForLeader()
+        guard let follower = live.nodes.first(where: { $0 != leader }) else { throw Failure("no follower to freeze") }
+        let probe = 20_000  // client ids of the probes, apart from the workload's
+        print("SIGSTOP follower node \(follower); every key is written through node \(leader), then read through node \(follower)")
+        cluster.signal(follower, SIGSTOP)
+        for key in workload.keys { await workload.write(client: probe, node: leader, key: key) }
+        let frozenReads = Task {
+            await withTaskGroup(of: Bool.self) { group in
+                for (i, key) in workload.keys.enumerated() {
+                    group.addTask { await workload.read(client: probe + 1 + i, node: follower, key: key) != nil }
+                }
+                return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+        }
+        try await Task.sleep(nanoseconds: UInt64(min(seconds, 4) * 1e9 / 2))
+        print("SIGCONT node \(follower)")
+        cluster.signal(follower, SIGCONT)
+        let answered = await frozenReads.value
+        print("reads queued at the frozen follower: \(answered) of \(workload.keys.count) answered")
+        guard answered > 0 else { throw Failure("no read queued at the frozen follower was answered") }
+
+        try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+        let current = try await cluster.waitForLeader(among: live.nodes.filter { $0 != follower })
+        let others = live.nodes.filter { $0 != follower }
+        print("kill -9 follower node \(follower); every key is written through node \(current); SIGSTOP nodes \(others), restart node \(follower) alone and read through it")
+        live.remove(follower)
+        cluster.kill9(follower)
+        for key in workload.keys { await workload.write(client: probe, node: current, key: key) }
+        for id in others { cluster.signal(id, SIGSTOP) }
+        try cluster.start(follower)
+        try await waitUntil("node \(follower) answers status", timeout: 20) { await cluster.status(follower) != nil }
+        // No leader can be reached: a linearizable read cannot be answered (not recorded), while
+        // one answered from the node's own state misses every write above.
+        var isolated = 0
+        for (i, key) in workload.keys.enumerated() where await workload.read(client: probe + 1 + i, node: follower, key: key, timeout: 1) != nil {
+            isolated += 1
+        }
+        print("reads answered by the isolated follower: \(isolated) of \(workload.keys.count)")
+        if !workload.staleReads && isolated > 0 {
+            throw Failure("node \(follower) answered \(isolated) linearizable reads while no quorum could be reached")
+        }
+        for id in others { cluster.signal(id, SIGCONT) }
+        let deadline = Date().addingTimeInterval(20)
+        for (i, key) in workload.keys.enumerated() {
+            while Date() < deadline, await workload.read(client: probe + 1 + i, node: follower, key: key, timeout: 2) == nil {
+                try await Task.sleep(nanoseconds: 20_000_000)
+            }
+        }
+        guard Date() < deadline else { throw Failure("the restarted follower did not answer reads within 20 s of rejoining") }
+        live.add(follower)
+        print("the rejoined follower answered reads of every key")
+        await load
+    }
+
     func wipedMember(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
         async let load: Void = workload.run(clients: clients, seconds: seconds * 5, nodes: { live.nodes })
         try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))

@@ -18,7 +18,8 @@ public final class RegisterWorkload: @unchecked Sendable {
     }
 
     let cluster: LocalCluster
-    let keys: [String]
+    /// The registers the clients use.
+    public let keys: [String]
     let namespace: String
     private let start = DispatchTime.now().uptimeNanoseconds
     private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts)>(([], 1, Counts()))
@@ -81,9 +82,9 @@ public final class RegisterWorkload: @unchecked Sendable {
 
     /// A linearizable read; recorded only when it succeeds (a failed read changes nothing).
     @discardableResult
-    public func read(client: Int, node: UInt64, key: String) async -> (value: Int?, etag: String?)? {
+    public func read(client: Int, node: UInt64, key: String, timeout: Int64 = 5) async -> (value: Int?, etag: String?)? {
         let call = now()
-        guard let r = try? await cluster.request(node, .GET, readURI(key), headers: [("X-Firebase-ETag", "true")], timeout: 5), r.status == 200 else {
+        guard let r = try? await cluster.request(node, .GET, readURI(key), headers: [("X-Firebase-ETag", "true")], timeout: timeout), r.status == 200 else {
             count(\.failed)
             return nil
         }
