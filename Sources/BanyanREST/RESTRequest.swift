@@ -17,7 +17,21 @@ public struct HTTPHead: Sendable {
     }
 
     public func header(_ name: String) -> String? {
-        headers.first { $0.name.lowercased() == name.lowercased() }?.value
+        headers.first { HTTPHead.isHeader($0.name, name) }?.value
+    }
+
+    /// Whether two header names are equal ignoring ASCII case (no allocation: this runs several
+    /// times for every request).
+    public static func isHeader(_ a: String, _ b: String) -> Bool {
+        guard a.utf8.count == b.utf8.count else { return false }
+        for (x, y) in zip(a.utf8, b.utf8) where x != y {
+            guard Self.lower(x) == Self.lower(y) else { return false }
+        }
+        return true
+    }
+
+    @inline(__always) private static func lower(_ c: UInt8) -> UInt8 {
+        c >= UInt8(ascii: "A") && c <= UInt8(ascii: "Z") ? c | 0x20 : c
     }
 }
 
@@ -338,6 +352,10 @@ public struct RESTRequest: Sendable {
                 isPriority = true
                 continue
             }
+            if let key = ChildKey(validKey: decoded) {
+                segments.append(key)
+                continue
+            }
             do {
                 segments.append(try ChildKey(validating: decoded, path: "/" + pieces.joined(separator: "/")))
             } catch {
@@ -365,6 +383,8 @@ public struct RESTRequest: Sendable {
 
     /// Percent-decodes; nil on a bad escape or invalid UTF-8.
     static func percentDecode(_ s: Substring, plusIsSpace: Bool) -> String? {
+        // Most segments and parameters have nothing to decode.
+        if !s.utf8.contains(where: { $0 == UInt8(ascii: "%") || ($0 == UInt8(ascii: "+") && plusIsSpace) }) { return String(s) }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(s.utf8.count)
         var it = s.utf8.makeIterator()

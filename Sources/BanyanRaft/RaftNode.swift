@@ -207,15 +207,17 @@ public struct RaftNode: Sendable {
         // have overwritten the entries such a response acknowledges (the ABA race, R13).
         rd.messages = messages.filter { $0.term >= term || isTermless($0) }
         messages = []
-        if role == .leader && hs.term == durable.term && hs.vote == durable.vote {
-            // Replication that depends only on the durable term and the in-memory log goes first,
-            // so the driver can send it while it persists (a stable partition: order per peer is
-            // kept among these and among the rest).
+        if hs.term == durable.term && hs.vote == durable.vote {
+            // What depends only on the durable term goes first, so the driver can send it while
+            // it persists (a stable partition: order per peer is kept among these and among the
+            // rest): a leader's replication, which needs only its in-memory log, and a
+            // follower's forwarded proposals and read-index requests, which acknowledge nothing.
             var early: [Message] = []
             var late: [Message] = []
             for m in rd.messages {
                 switch m.body {
-                case .append, .heartbeat, .snapshotChunk: early.append(m)
+                case .append, .heartbeat, .snapshotChunk: if role == .leader { early.append(m) } else { late.append(m) }
+                case .proposal, .readIndex: early.append(m)
                 default: late.append(m)
                 }
             }

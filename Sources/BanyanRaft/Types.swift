@@ -265,9 +265,10 @@ public struct Ready: Sendable {
     /// The first `sendBeforePersist` of `messages` may be sent before this batch is persisted
     /// (and should be: the leader's appends then reach the followers while it writes the same
     /// entries to its own disk, Raft §10.2.1). They are a leader's appends, heartbeats and
-    /// snapshot chunks in a batch that changes neither term nor vote; the leader's own
-    /// acknowledgement still counts only once `advance` reports the entries durable. A driver
-    /// may ignore this and send everything after persisting.
+    /// snapshot chunks, and a follower's forwarded proposals and read-index requests, in a batch
+    /// that changes neither term nor vote; the leader's own acknowledgement still counts only
+    /// once `advance` reports the entries durable. A driver may ignore this and send everything
+    /// after persisting.
     public var sendBeforePersist: Int = 0
     public var committedEntries: [LogEntry] = []
     public var readStates: [ReadState] = []

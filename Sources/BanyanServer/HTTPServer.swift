@@ -59,9 +59,9 @@ final class HTTPServer: Sendable {
                     return channel.close()
                 }
                 return channel.eventLoop.makeCompletedFuture {
+                    // No idle-state handler: the connection handler's request deadline also closes
+                    // idle keep-alive connections, without a pipeline hop per read and write.
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-                    try channel.pipeline.syncOperations.addHandler(
-                        IdleStateHandler(readTimeout: .seconds(Int64(self.config.http.requestReadTimeoutSeconds))))
                     try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self))
                 }
             }
@@ -134,9 +134,13 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     private var streaming: StreamState?
     private var started: UInt64 = 0
     /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
-    /// connection opening or of the previous response: the idle timer alone restarts with every
-    /// byte, so a client dripping a byte at a time could hold a request open for ever.
-    private var deadline: Scheduled<Void>?
+    /// connection opening or of the previous response (a client dripping a byte at a time cannot
+    /// hold a request open for ever), and an idle keep-alive connection is closed then too.
+    /// `deadlineAt` (uptime nanoseconds) is nil while a request is answered or a stream is open.
+    private var deadlineAt: UInt64?
+    /// One timer per connection: it re-arms itself when the deadline moved later, so a request
+    /// costs a timestamp instead of scheduling and cancelling a task.
+    private var deadlineTimer: Scheduled<Void>?
 
     init(server: HTTPServer) { self.server = server }
 
@@ -150,13 +154,21 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     private func armDeadline(context: ChannelHandlerContext) {
-        deadline?.cancel()
-        let seconds = Int64(server.config.http.requestReadTimeoutSeconds)
-        deadline = context.eventLoop.scheduleTask(in: .seconds(seconds)) { self.deadlineExpired(context: context) }
+        let timeout = UInt64(server.config.http.requestReadTimeoutSeconds) * 1_000_000_000
+        deadlineAt = DispatchTime.now().uptimeNanoseconds + timeout
+        if deadlineTimer == nil { scheduleDeadlineCheck(context: context, in: timeout) }
     }
 
-    private func deadlineExpired(context: ChannelHandlerContext) {
-        deadline = nil
+    private func scheduleDeadlineCheck(context: ChannelHandlerContext, in nanoseconds: UInt64) {
+        deadlineTimer = context.eventLoop.scheduleTask(in: .nanoseconds(Int64(nanoseconds))) { self.checkDeadline(context: context) }
+    }
+
+    private func checkDeadline(context: ChannelHandlerContext) {
+        deadlineTimer = nil
+        guard let at = deadlineAt else { return }
+        let now = DispatchTime.now().uptimeNanoseconds
+        if now < at { return scheduleDeadlineCheck(context: context, in: at - now) }
+        deadlineAt = nil
         guard streaming == nil, !busy, context.channel.isActive else { return }
         if let head {
             respond(
@@ -188,8 +200,7 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let head else { return }
             self.head = nil
             busy = true
-            deadline?.cancel()
-            deadline = nil
+            deadlineAt = nil
             if tooLarge {
                 let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
                 respond(context: context, head: head, reply: reply, close: true)
@@ -201,26 +212,10 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is IdleStateHandler.IdleStateEvent {
-            // Streams are quiet on the inbound side by design; idle keep-alive connections and
-            // requests that stall part-way are closed.
-            if streaming != nil || busy { return }
-            if head != nil {
-                respond(
-                    context: context, head: head ?? HTTPRequestHead(version: .http1_1, method: .GET, uri: "/"),
-                    reply: .error(.requestTimeout, "The request was not received in time."), close: true)
-            } else {
-                context.close(promise: nil)
-            }
-            return
-        }
-        context.fireUserInboundEventTriggered(event)
-    }
-
     func channelInactive(context: ChannelHandlerContext) {
-        deadline?.cancel()
-        deadline = nil
+        deadlineAt = nil
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
         if let s = streaming {
             streaming = nil
             s.close()
@@ -362,13 +357,22 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
         busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
-        var headers = HTTPHeaders(reply.headers)
-        if !headers.contains(name: "Access-Control-Allow-Origin") { headers.add(name: "Access-Control-Allow-Origin", value: "*") }
+        // The reply's own headers, then CORS (unless set), length and connection (ours win).
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(reply.headers.count + 3)
+        var cors = false
+        for (name, value) in reply.headers {
+            if HTTPHead.isHeader(name, "content-length") || HTTPHead.isHeader(name, "connection") { continue }
+            if HTTPHead.isHeader(name, "access-control-allow-origin") { cors = true }
+            headers.add(name: name, value: value)
+        }
+        if !cors { headers.add(name: "Access-Control-Allow-Origin", value: "*") }
         let noBody = reply.status == .notModified || reply.status == .noContent || head.method == .HEAD
-        headers.replaceOrAdd(name: "Content-Length", value: noBody ? "0" : String(reply.body.count))
-        if reply.status == .notModified || reply.status == .noContent { headers.remove(name: "Content-Length") }
+        if reply.status != .notModified && reply.status != .noContent {
+            headers.add(name: "Content-Length", value: noBody ? "0" : String(reply.body.count))
+        }
         let keepAlive = head.isKeepAlive && !close
-        headers.replaceOrAdd(name: "Connection", value: keepAlive ? "keep-alive" : "close")
+        headers.add(name: "Connection", value: keepAlive ? "keep-alive" : "close")
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: reply.status, headers: headers))), promise: nil)
         if !noBody && !reply.body.isEmpty {
             var buffer = context.channel.allocator.buffer(capacity: reply.body.count)
@@ -377,8 +381,7 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
         if !keepAlive {
-            deadline?.cancel()
-            deadline = nil
+            deadlineAt = nil
             done.whenComplete { _ in context.close(promise: nil) }
         } else {
             armDeadline(context: context)

@@ -283,9 +283,9 @@ public struct SimNode: Sendable {
     /// that is already durable.
     private func earlySendProblem(_ m: Message) -> String? {
         switch m.body {
-        case .append, .heartbeat, .snapshotChunk:
+        case .append, .heartbeat, .snapshotChunk, .proposal, .readIndex:
             if disk.hardState.term != m.term {
-                return "node \(id) sent a term-\(m.term) replication message before persisting, with term \(disk.hardState.term) durable"
+                return "node \(id) sent a term-\(m.term) \(m.body) before persisting, with term \(disk.hardState.term) durable"
             }
             return nil
         default:

@@ -24,19 +24,49 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
     ///
     /// `.priority` is not a key; see `WritePath` for write locations that may end in it.
     public init(parsing text: String) throws(TreeError) {
-        var segments: [ChildKey] = []
-        for piece in text.splitting(atByte: UInt8(ascii: "/"), omittingEmpty: true) {
-            let key = String(piece)
-            if let problem = ChildKey.problem(with: key) {
-                throw TreeError(
-                    .invalidPath, path: Path.printable(text),
-                    "Invalid path \"\(Path.printable(text))\": segment \"\(ChildKey.printable(key))\" is invalid: \(problem)")
-            }
-            segments.append(ChildKey(unchecked: key))
-        }
-        let path = Path(segments: segments)
+        let path = Path(segments: try Path.parse(text, allowingPriority: false).keys)
         try path.checkLimits()
         self = path
+    }
+
+    /// Splits `text` at `/` (empty segments ignored) into keys in one pass over its UTF-8 bytes:
+    /// the write path of every client request and of every applied command goes through here.
+    /// With `allowingPriority`, a last segment `.priority` is taken off and reported.
+    static func parse(_ text: String, allowingPriority: Bool) throws(TreeError) -> (keys: [ChildKey], isPriority: Bool) {
+        var text = text
+        let result: Result<(keys: [ChildKey], isPriority: Bool), TreeError> = text.withUTF8 { bytes in
+            var pieces: [Range<Int>] = []
+            var start = 0
+            for i in 0...bytes.count where i == bytes.count || bytes[i] == UInt8(ascii: "/") {
+                if i > start { pieces.append(start..<i) }
+                start = i + 1
+            }
+            var isPriority = false
+            if allowingPriority, let last = pieces.last, bytes[last].elementsEqual(".priority".utf8) {
+                isPriority = true
+                pieces.removeLast()
+            }
+            var keys: [ChildKey] = []
+            keys.reserveCapacity(pieces.count)
+            for range in pieces {
+                let piece = UnsafeBufferPointer(rebasing: bytes[range])
+                let string = String(decoding: piece, as: UTF8.self)
+                guard let key = ChildKey(validUTF8: piece, string: string) else {
+                    // Messages name the path as written (a write path: without empty segments
+                    // and without its `.priority`).
+                    let shown = allowingPriority
+                        ? pieces.map { String(decoding: UnsafeBufferPointer(rebasing: bytes[$0]), as: UTF8.self) }.joined(separator: "/")
+                        : String(decoding: bytes, as: UTF8.self)
+                    let problem = ChildKey.problem(with: string) ?? "keys must be 1 to \(ChildKey.maxBytes) bytes of UTF-8"
+                    return .failure(TreeError(
+                        .invalidPath, path: Path.printable(shown),
+                        "Invalid path \"\(Path.printable(shown))\": segment \"\(ChildKey.printable(string))\" is invalid: \(problem)"))
+                }
+                keys.append(key)
+            }
+            return .success((keys, isPriority))
+        }
+        return try result.get()
     }
 
     /// Throws when the path exceeds the depth or byte limits.
@@ -122,13 +152,9 @@ public struct WritePath: Hashable, Sendable, CustomStringConvertible {
 
     /// Parses a write location, accepting `.priority` as the last segment only.
     public init(parsing text: String) throws(TreeError) {
-        var pieces = text.split(separator: "/", omittingEmptySubsequences: true)
-        var isPriority = false
-        if let last = pieces.last, last == ".priority" {
-            isPriority = true
-            pieces.removeLast()
-        }
-        let path = try Path(parsing: pieces.joined(separator: "/"))
+        let (keys, isPriority) = try Path.parse(text, allowingPriority: true)
+        let path = Path(segments: keys)
+        try path.checkLimits()
         if isPriority && path.count + 1 > Path.maxDepth {
             throw TreeError(.depthExceeded, path: path.description, "Path is too deep for a priority write")
         }

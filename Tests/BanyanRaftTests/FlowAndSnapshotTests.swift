@@ -147,7 +147,7 @@ import Testing
 
 /// Persist before send (R26), after etcd #14370 / #14394.
 @Suite struct PersistenceTests {
-    @Test("only a leader's replication in a durable term may go out before its batch is persisted (§10.2.1); its own acknowledgement still waits")
+    @Test("only a leader's replication and a follower's forwarding, in a durable term, may go out before a batch is persisted (§10.2.1); acknowledgements wait")
     func leaderSendsAppendsBeforePersisting() throws {
         let boot = RaftNode.bootstrapState(members: [1, 2, 3])
         var nodes: [NodeID: RaftNode] = [:]
@@ -163,11 +163,11 @@ import Testing
                         let rd = n.ready()
                         if rd.sendBeforePersist > 0 {
                             earlySeen += 1
-                            #expect(n.role == .leader)
                             #expect(rd.hardState.map { $0.term == n.term } ?? true)
                             for m in rd.messages.prefix(rd.sendBeforePersist) {
                                 switch m.body {
-                                case .append, .heartbeat, .snapshotChunk: break
+                                case .append, .heartbeat, .snapshotChunk: #expect(n.role == .leader)
+                                case .proposal, .readIndex: break
                                 default: Issue.record("sent before persisting: \(m.body)")
                                 }
                             }
@@ -220,6 +220,36 @@ import Testing
         #expect(next.committedEntries.map(\.index).contains(committed + 1))
         leader.advance(next)
         #expect(earlySeen > 0)
+
+        // A follower forwards a client's proposal while it persists entries from the leader;
+        // its acknowledgement of those entries still waits for the persist.
+        guard var follower = nodes[2] else { return }
+        _ = try leader.propose([8, 8])
+        let lrd = leader.ready()
+        guard let append = lrd.messages.first(where: { $0.to == 2 }) else {
+            Issue.record("no append for node 2")
+            return
+        }
+        follower.step(append)
+        _ = try follower.propose([9, 9])
+        let asked = follower.readIndex(context: 77)
+        #expect(asked)
+        let frd = follower.ready()
+        #expect(!frd.entries.isEmpty)
+        #expect(frd.sendBeforePersist == 2)
+        let kinds = frd.messages.prefix(frd.sendBeforePersist).map { m -> String in
+            switch m.body {
+            case .proposal(let commands): return "proposal \(commands)"
+            case .readIndex(let context): return "readIndex \(context)"
+            default: return "\(m.body)"
+            }
+        }
+        #expect(kinds == ["proposal [[9, 9]]", "readIndex 77"])
+        #expect(frd.messages.prefix(frd.sendBeforePersist).allSatisfy { $0.to == 1 })
+        let acks = frd.messages.dropFirst(frd.sendBeforePersist).filter { if case .appendAccepted = $0.body { true } else { false } }
+        #expect(acks.count == 1)
+        follower.advance(frd)
+        leader.advance(lrd)
     }
 
     @Test("a single-node leader commits and applies a proposal only after the driver persisted it")

@@ -85,4 +85,45 @@ import Testing
         let write = try WritePath(parsing: "a/b/.priority")
         #expect(write.isPriority && write.path.description == "/a/b")
     }
+
+    @Test("paths split on bytes: keys keep their exact UTF-8, errors name the segment and the path")
+    func pathBytes() throws {
+        let p = try Path(parsing: "/caf\u{E9}/e\u{301}/-12/\u{1F600}x//")
+        #expect(p.segments.map(\.string) == ["caf\u{E9}", "e\u{301}", "-12", "\u{1F600}x"])
+        #expect(p.segments.map(\.string.utf8.count) == [5, 3, 3, 5])
+        #expect(p.segments[2].intValue == -12 && p.segments[0].intValue == nil)
+        #expect(p.segments == ["caf\u{E9}", "e\u{301}", "-12", "\u{1F600}x"].map { ChildKey(unchecked: $0) })
+        // A "/" followed by a combining mark still separates (Firebase splits on code units).
+        #expect(try Path(parsing: "a/\u{301}b").segments.map(\.string) == ["a", "\u{301}b"])
+        for (text, segment) in [("a/b$c/d", "b$c"), ("a/b\u{7}", "b\\u{7}"), ("x/./y", "."), ("a/[", "[")] {
+            do {
+                _ = try Path(parsing: text)
+                Issue.record("\(text) accepted")
+            } catch {
+                #expect(error.code == .invalidPath)
+                #expect(error.message.contains("segment \"\(segment)\" is invalid"), "\(error.message)")
+            }
+        }
+        do {
+            _ = try Path(parsing: "a/" + String(repeating: "k", count: 769))
+            Issue.record("a 769-byte key accepted")
+        } catch {
+            #expect(error.code == .invalidPath && error.message.contains("769"))
+        }
+        // Write paths: `.priority` only last; errors show the path without empty segments.
+        let w = try WritePath(parsing: "//a//.priority/")
+        #expect(w.isPriority && w.path.description == "/a")
+        #expect(try WritePath(parsing: ".priority").isPriority && WritePath(parsing: ".priority").path.isRoot)
+        #expect(try !WritePath(parsing: "a/b").isPriority)
+        do {
+            _ = try WritePath(parsing: "a//.priority/b")
+            Issue.record(".priority accepted in the middle")
+        } catch {
+            #expect(error.code == .invalidPath)
+            #expect(error.path == "a/.priority/b", "\(error.path)")
+        }
+        let deep = (0..<32).map { "k\($0)" }.joined(separator: "/")
+        #expect(throws: TreeError.self) { try WritePath(parsing: deep + "/.priority") }
+        #expect(try WritePath(parsing: (0..<31).map { "k\($0)" }.joined(separator: "/") + "/.priority").isPriority)
+    }
 }
