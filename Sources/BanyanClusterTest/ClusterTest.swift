@@ -232,26 +232,28 @@ struct ClusterTest: AsyncParsableCommand {
         print("event stream opened during \(writes) writes: \(values.count) events from \(values.first ?? 0) to \(last), in order")
     }
 
-    /// A founder loses its disk and is restarted with its usual arguments (as systemd would, with
-    /// `initial_members` still configured but no `--new-cluster`). It must come back voteless: with
-    /// the leader then killed, the one intact voter and the amnesiac cannot elect anyone (an
-    /// election there could lose acknowledged writes). The operator's procedure (remove the id, add
-    /// it back) then makes it a voter again, and no acknowledged write is lost.
     /// A follower that missed writes answers reads only once it has caught up: reads that began
     /// while it was frozen (answered after SIGCONT) must show every write acknowledged before
     /// they began; restarted after kill -9 while the other two nodes are frozen, it cannot answer
     /// a linearizable read at all. A node that answers from its own state (the self-test's
-    /// `consistency=stale`) is caught there by construction: every key was written while it was
-    /// away, and nothing can reach it before the reads.
+    /// `consistency=stale`) is caught there by construction: every key was written, with an
+    /// acknowledgement, while it was away, and nothing can reach it before the reads.
     func laggingFollower(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
-        async let load: Void = workload.run(clients: clients, seconds: seconds * 4, nodes: { live.nodes })
+        async let load: Void = workload.run(clients: clients, seconds: seconds * 5, nodes: { live.nodes })
         try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
         let leader = try await cluster.waitForLeader()
         guard let follower = live.nodes.first(where: { $0 != leader }) else { throw Failure("no follower to freeze") }
         let probe = 20_000  // client ids of the probes, apart from the workload's
         print("SIGSTOP follower node \(follower); every key is written through node \(leader), then read through node \(follower)")
         cluster.signal(follower, SIGSTOP)
-        for key in workload.keys { await workload.write(client: probe, node: leader, key: key) }
+        // Each probe write must be acknowledged: one with an unknown outcome could be ordered
+        // after the reads below and excuse a stale answer.
+        func writeEveryKey(through node: UInt64) async throws {
+            for key in workload.keys where await !workload.write(client: probe, node: node, key: key) {
+                throw Failure("probe write of \(key) through node \(node) was not acknowledged")
+            }
+        }
+        try await writeEveryKey(through: leader)
         let frozenReads = Task {
             await withTaskGroup(of: Bool.self) { group in
                 for (i, key) in workload.keys.enumerated() {
@@ -273,8 +275,10 @@ struct ClusterTest: AsyncParsableCommand {
         print("kill -9 follower node \(follower); every key is written through node \(current); SIGSTOP nodes \(others), restart node \(follower) alone and read through it")
         live.remove(follower)
         cluster.kill9(follower)
-        for key in workload.keys { await workload.write(client: probe, node: current, key: key) }
+        try await writeEveryKey(through: current)
         for id in others { cluster.signal(id, SIGSTOP) }
+        var resumed = false
+        defer { if !resumed { for id in others { cluster.signal(id, SIGCONT) } } }
         try cluster.start(follower)
         try await waitUntil("node \(follower) answers status", timeout: 20) { await cluster.status(follower) != nil }
         // No leader can be reached: a linearizable read cannot be answered (not recorded), while
@@ -288,18 +292,26 @@ struct ClusterTest: AsyncParsableCommand {
             throw Failure("node \(follower) answered \(isolated) linearizable reads while no quorum could be reached")
         }
         for id in others { cluster.signal(id, SIGCONT) }
+        resumed = true
         let deadline = Date().addingTimeInterval(20)
         for (i, key) in workload.keys.enumerated() {
-            while Date() < deadline, await workload.read(client: probe + 1 + i, node: follower, key: key, timeout: 2) == nil {
-                try await Task.sleep(nanoseconds: 20_000_000)
+            var answered = false
+            while !answered && Date() < deadline {
+                answered = await workload.read(client: probe + 1 + i, node: follower, key: key, timeout: 2) != nil
+                if !answered { try await Task.sleep(nanoseconds: 20_000_000) }
             }
+            guard answered else { throw Failure("the restarted follower did not answer a read of \(key) within 20 s of rejoining") }
         }
-        guard Date() < deadline else { throw Failure("the restarted follower did not answer reads within 20 s of rejoining") }
         live.add(follower)
         print("the rejoined follower answered reads of every key")
         await load
     }
 
+    /// A founder loses its disk and is restarted with its usual arguments (as systemd would, with
+    /// `initial_members` still configured but no `--new-cluster`). It must come back voteless: with
+    /// the leader then killed, the one intact voter and the amnesiac cannot elect anyone (an
+    /// election there could lose acknowledged writes). The operator's procedure (remove the id, add
+    /// it back) then makes it a voter again, and no acknowledged write is lost.
     func wipedMember(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
         async let load: Void = workload.run(clients: clients, seconds: seconds * 5, nodes: { live.nodes })
         try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))

@@ -99,13 +99,16 @@ public final class RegisterWorkload: @unchecked Sendable {
         return (value, r.header("ETag"))
     }
 
-    public func write(client: Int, node: UInt64, key: String) async {
+    /// A write; true when it was acknowledged.
+    @discardableResult
+    public func write(client: Int, node: UInt64, key: String) async -> Bool {
         let v = nextValue()
         let call = now()
         let r = try? await cluster.request(node, .PUT, uri(key), body: "\(v)", timeout: 5)
         if let r, r.status == 200 {
             record(key, Op(client: client, input: .write(v), output: .written, callTime: call, returnTime: now()))
             count(\.ok)
+            return true
         } else if let r, r.status >= 400 && r.status < 500 {
             count(\.failed)
         } else {
@@ -113,6 +116,7 @@ public final class RegisterWorkload: @unchecked Sendable {
             record(key, Op(client: client, input: .write(v), output: .unknown, callTime: call, returnTime: nil))
             count(\.unknown)
         }
+        return false
     }
 
     public func compareAndSet(client: Int, node: UInt64, key: String) async {

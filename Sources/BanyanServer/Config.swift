@@ -68,8 +68,9 @@ public struct NodeConfig: Sendable, Equatable {
         /// At most 32 MiB: a write must fit in one log record and one peer frame (64 MiB each).
         public var maxBodyBytes: Int = 16 << 20
         public var maxConnections: Int = 20_000
-        /// A connection silent this long is closed: a request part-way gets 408 first; an idle
-        /// keep-alive connection is simply closed. Event streams are exempt.
+        /// A whole request (head and body) must arrive within this many seconds of the connection
+        /// opening or of the previous response, or it gets 408 and the connection closes; a
+        /// connection with no request by then is simply closed. Event streams are exempt.
         public var requestReadTimeoutSeconds: Int = 30
         public var keepAliveSeconds: Int = 30
         public init() {}

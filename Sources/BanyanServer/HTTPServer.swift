@@ -380,12 +380,9 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
-        if !keepAlive {
-            deadlineAt = nil
-            done.whenComplete { _ in context.close(promise: nil) }
-        } else {
-            armDeadline(context: context)
-        }
+        // The deadline also bounds a closing connection whose client never reads the answer.
+        if context.channel.isActive { armDeadline(context: context) }
+        if !keepAlive { done.whenComplete { _ in context.close(promise: nil) } }
     }
 
     // MARK: - Event streams

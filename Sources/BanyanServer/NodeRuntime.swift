@@ -437,7 +437,8 @@ public final class NodeRuntime: @unchecked Sendable {
         while rounds < 64, let rd = replica.ready() {
             rounds += 1
             let installed: StateMachine?
-            // The leader's appends go out while it writes the same entries (Raft §10.2.1).
+            // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
+            // follower's forwarded proposals and read-index requests while it persists.
             if rd.sendBeforePersist > 0 { transport?.send(Array(rd.messages.prefix(rd.sendBeforePersist))) }
             let started = DispatchTime.now().uptimeNanoseconds
             do {

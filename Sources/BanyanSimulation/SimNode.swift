@@ -180,7 +180,8 @@ public struct SimNode: Sendable {
                 raft.advance(rd)
                 break
             }
-            // 0. What may go out while this batch is persisted (the leader's appends, §10.2.1):
+            // 0. What may go out while this batch is persisted (a leader's appends, §10.2.1; a
+            // follower's forwarding):
             // sent first, so a crash part-way through persisting has already let them out.
             for m in rd.messages.prefix(rd.sendBeforePersist) {
                 if let problem = earlySendProblem(m) { out.violations.append(problem) }
@@ -279,11 +280,17 @@ public struct SimNode: Sendable {
     }
 
     /// Why `m` must not be sent yet, if it depends on state that is not durable.
-    /// A message sent before its batch is persisted must be a leader's replication in a term
-    /// that is already durable.
+    /// A message sent before its batch is persisted must be a leader's replication, or a
+    /// follower's forwarded proposal or read-index request, in a term that is already durable.
     private func earlySendProblem(_ m: Message) -> String? {
         switch m.body {
-        case .append, .heartbeat, .snapshotChunk, .proposal, .readIndex:
+        case .append, .heartbeat, .snapshotChunk:
+            if raft.role != .leader { return "node \(id), not the leader, sent \(m.body) before persisting its batch" }
+            if disk.hardState.term != m.term {
+                return "node \(id) sent a term-\(m.term) replication message before persisting, with term \(disk.hardState.term) durable"
+            }
+            return nil
+        case .proposal, .readIndex:
             if disk.hardState.term != m.term {
                 return "node \(id) sent a term-\(m.term) \(m.body) before persisting, with term \(disk.hardState.term) durable"
             }

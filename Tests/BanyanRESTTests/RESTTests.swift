@@ -40,6 +40,25 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(parse("GET", "/a%ZZ.json").failureStatus == 400)
         #expect(parse("GET", "/a%24b.json").failureStatus == 400)  // '$' is not allowed in keys
         #expect(parse("GET", "/" + Array(repeating: "k", count: 33).joined(separator: "/") + ".json").failureStatus == 400)
+        // '+' stays '+' in a path; escapes decode in query values; plain text passes unchanged.
+        #expect(try request("GET", "/a+b.json?ns=my%2Ddb").path == Path(parsing: "/a+b"))
+        #expect(try request("GET", "/a+b.json?ns=my%2Ddb").namespace == "my-db")
+        #expect(parse("GET", "/x.json?ns=my+db").failureStatus == 400)  // '+' is a space in a query
+        #expect(try request("GET", "/caf\u{E9}.json?ns=plain").path == Path(parsing: "/caf\u{E9}"))
+    }
+
+    @Test("header names match ignoring ASCII case only")
+    func headerNames() {
+        #expect(HTTPHead.isHeader("Content-Length", "content-length"))
+        #expect(HTTPHead.isHeader("X-FIREBASE-ETAG", "x-firebase-etag"))
+        #expect(HTTPHead.isHeader("", ""))
+        #expect(!HTTPHead.isHeader("Content-Lengt", "content-length"))
+        #expect(!HTTPHead.isHeader("Content-Lengthx", "content-length"))
+        // Just outside A–Z: '@' (0x40) and '[' (0x5B) are not '`' and '{'.
+        #expect(!HTTPHead.isHeader("@", "`") && !HTTPHead.isHeader("[", "{"))
+        #expect(HTTPHead.isHeader("a-B_9", "A-b_9"))
+        let head = HTTPHead(method: "GET", uri: "/", headers: [("ACCEPT", "text/event-stream"), ("host", "db.example")])
+        #expect(head.header("Accept") == "text/event-stream" && head.header("HOST") == "db.example" && head.header("If-Match") == nil)
     }
 
     @Test("namespace from ns, else the Host's first label, else the default; invalid names refused")

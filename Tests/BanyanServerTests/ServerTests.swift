@@ -414,3 +414,91 @@ final class Inbox: Sendable {
         #expect(throws: ConfigError.self) { _ = try node(dir + "/other", tokenFile: dir + "/short.token", allowUnauthenticated: true) }
     }
 }
+
+/// The request deadline (`http.request_read_timeout_s`), over raw sockets: it closes idle
+/// keep-alive connections after a response, moves with every response, and answers a request
+/// that stalls part-way with 408.
+@Suite struct RequestDeadlineTests {
+    /// A blocking loopback connection with a receive timeout.
+    final class Raw {
+        let fd: Int32
+        init(port: Int) throws {
+            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_port = in_port_t(UInt16(port).bigEndian)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let ok = withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard ok == 0 else { throw ChannelError.connectPending }
+            var tv = timeval(tv_sec: 0, tv_usec: 100_000)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        }
+        deinit { close(fd) }
+        func send(_ text: String) { _ = text.withCString { Glibc.send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) } }
+        /// Reads until `want` appears in what arrived, the peer closes, or `seconds` pass.
+        func receive(until want: String, seconds: Double) -> (text: String, closed: Bool) {
+            var text = ""
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                let n = recv(fd, &buffer, buffer.count, 0)
+                if n == 0 { return (text, true) }
+                if n > 0 {
+                    text += String(decoding: buffer[0..<n], as: UTF8.self)
+                    if !want.isEmpty && text.contains(want) { return (text, false) }
+                }
+            }
+            return (text, false)
+        }
+    }
+
+    static let get = "GET /x.json?consistency=stale HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+    @Test("idle keep-alive connections close after the deadline; each response moves it; a stalled request gets 408")
+    func deadlines() throws {
+        let dir = try temporaryDirectory("deadline")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = NodeConfig()
+        c.dataDirectory = dir + "/data"
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.join = true  // no leader needed: the reads are stale
+        c.http.requestReadTimeoutSeconds = 1
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+
+        // Requests 0.6 s apart: each within the deadline of the previous response, 1.8 s in all.
+        let busy = try Raw(port: port)
+        for i in 0..<4 {
+            if i > 0 { Thread.sleep(forTimeInterval: 0.6) }
+            busy.send(Self.get)
+            let (text, closed) = busy.receive(until: "null", seconds: 5)
+            #expect(text.hasPrefix("HTTP/1.1 200") && !closed, "request \(i): \(text.prefix(80)) closed: \(closed)")
+        }
+        // Then idle: closed about a second after the last response.
+        let started = Date()
+        let (rest, closed) = busy.receive(until: "", seconds: 10)
+        let waited = Date().timeIntervalSince(started)
+        #expect(closed && rest.isEmpty, "idle connection not closed: \(rest)")
+        #expect(waited > 0.7, "closed after only \(waited) s")
+
+        // A request whose head never finishes: 408, then closed.
+        let stalled = try Raw(port: port)
+        stalled.send("GET /x.json HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        let (answer, _) = stalled.receive(until: "\r\n\r\n", seconds: 10)
+        let head = answer.hasPrefix("HTTP/1.1 408")
+        // A head cut short has no request to answer yet: the node may close without a 408.
+        #expect(head || answer.isEmpty, "stalled head: \(answer.prefix(80))")
+        #expect(stalled.receive(until: "", seconds: 10).closed)
+
+        // A head with a body that never comes: 408.
+        let dripping = try Raw(port: port)
+        dripping.send("PUT /x.json HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n1")
+        let (late, _) = dripping.receive(until: "\r\n\r\n", seconds: 10)
+        #expect(late.hasPrefix("HTTP/1.1 408"), "dripped body: \(late.prefix(80))")
+        #expect(dripping.receive(until: "", seconds: 10).closed)
+    }
+}

@@ -93,8 +93,12 @@ import Testing
         #expect(p.segments.map(\.string.utf8.count) == [5, 3, 3, 5])
         #expect(p.segments[2].intValue == -12 && p.segments[0].intValue == nil)
         #expect(p.segments == ["caf\u{E9}", "e\u{301}", "-12", "\u{1F600}x"].map { ChildKey(unchecked: $0) })
-        // A "/" followed by a combining mark still separates (Firebase splits on code units).
+        // A "/" followed by a combining mark still separates (Firebase splits on code units), and
+        // so does one after a prepended mark (U+0600 and "/" are one Character in Swift).
         #expect(try Path(parsing: "a/\u{301}b").segments.map(\.string) == ["a", "\u{301}b"])
+        #expect(try Path(parsing: "\u{600}/b").segments.map(\.string) == ["\u{600}", "b"])
+        let prepended = try WritePath(parsing: "/\u{600}/.priority")
+        #expect(prepended.isPriority && prepended.path.segments.map(\.string) == ["\u{600}"])
         for (text, segment) in [("a/b$c/d", "b$c"), ("a/b\u{7}", "b\\u{7}"), ("x/./y", "."), ("a/[", "[")] {
             do {
                 _ = try Path(parsing: text)
