@@ -25,6 +25,17 @@ func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
     return condition()
 }
 
+/// A node on loopback ports chosen by the system, blank and waiting to join (it never has a
+/// leader), with its data under `dir`.
+func waitingNodeConfig(_ dir: String) -> NodeConfig {
+    var c = NodeConfig()
+    c.dataDirectory = dir + "/data"
+    c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+    c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+    c.join = true
+    return c
+}
+
 @Suite struct ConfigTests {
     @Test("a YAML file sets every section; unknown keys and bad values are clear errors")
     func yaml() throws {
@@ -357,11 +368,7 @@ final class Inbox: Sendable {
     func readTimeoutParameter() async throws {
         let dir = try temporaryDirectory("read-timeout")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var c = NodeConfig()
-        c.dataDirectory = dir + "/data"
-        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.join = true  // blank and waiting: no leader, so a linearizable read cannot complete
+        var c = waitingNodeConfig(dir)  // no leader, so a linearizable read cannot complete
         // The node's own request timeout is far away (it would answer 503 after 120 s), so a 400
         // can only come from the `timeout` parameter. No upper bound on the time: under a fully
         // loaded CI machine the answer may be late; the status says which path answered.
@@ -460,11 +467,7 @@ final class Inbox: Sendable {
     func deadlines() throws {
         let dir = try temporaryDirectory("deadline")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var c = NodeConfig()
-        c.dataDirectory = dir + "/data"
-        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.join = true  // no leader needed: the reads are stale
+        var c = waitingNodeConfig(dir)  // no leader needed: the reads are stale
         c.http.requestReadTimeoutSeconds = 1
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
