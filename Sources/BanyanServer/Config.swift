@@ -167,7 +167,7 @@ extension NodeConfig {
         var c = base
         guard let top = root else { return c }
         guard let map = top as? [String: Any] else { throw ConfigError("\(source): the top level must be a mapping") }
-        var r = Reader(source: source)
+        let r = Reader(source: source)
         for (key, value) in map {
             switch key {
             case "node_id": c.nodeID = try r.uint(value, key)

@@ -160,7 +160,8 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     private func scheduleDeadlineCheck(context: ChannelHandlerContext, in nanoseconds: UInt64) {
-        deadlineTimer = context.eventLoop.scheduleTask(in: .nanoseconds(Int64(nanoseconds))) { self.checkDeadline(context: context) }
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        deadlineTimer = context.eventLoop.scheduleTask(in: .nanoseconds(Int64(nanoseconds))) { self.checkDeadline(context: bound.value) }
     }
 
     private func checkDeadline(context: ChannelHandlerContext) {
@@ -245,7 +246,8 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
                 return
             }
             let future = AdminAPI(server: server).handle(method: head.method, path: path, uri: head.uri, body: body)
-            future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: context, head: head, reply: reply) }
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: bound.value, head: head, reply: reply) }
             return
         }
         let restHead = HTTPHead(
@@ -269,14 +271,14 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             // Firebase's `timeout` parameter bounds the read: past it the client gets 400 (the
             // node's own request timeout still applies when it is shorter).
             let answered = Answered()
+            // Timer and answer both run on this connection's loop (the runtime guarantees it).
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             let timer = request.timeoutMilliseconds.map { ms in
                 context.eventLoop.scheduleTask(in: .milliseconds(Int64(ms))) {
                     guard answered.claim() else { return }
-                    self.respond(context: context, head: head, reply: .error(.badRequest, "The read did not finish within the requested timeout."))
+                    self.respond(context: bound.value, head: head, reply: .error(.badRequest, "The read did not finish within the requested timeout."))
                 }
             }
-            // The answer runs on this connection's loop (the runtime guarantees it).
-            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             server.runtime.read(namespace: request.namespace, stale: stale, on: context.eventLoop) { result in
                 let context = bound.value
                 timer?.cancel()
@@ -382,7 +384,10 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
-        if !keepAlive { done.whenComplete { _ in context.close(promise: nil) } }
+        if !keepAlive {
+            let channel = context.channel
+            done.whenComplete { _ in channel.close(promise: nil) }
+        }
     }
 
     // MARK: - Event streams
@@ -410,7 +415,7 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
                     state.attach(watch: id, runtime: runtime)
                 case .failure(let e):
                     state.send(SSEStream.cancel(e.description))
-                    context.close(promise: nil)
+                    channel.close(promise: nil)
                 }
             }
     }

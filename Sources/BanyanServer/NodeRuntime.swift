@@ -199,7 +199,7 @@ public final class NodeRuntime: @unchecked Sendable {
 
     /// Peer messages, delivered in order as they arrived on one connection.
     public func receive(_ messages: [Message]) {
-        let body = {
+        let body: @Sendable () -> Void = {
             guard !self.stopped else { return }
             for m in messages { self.replica.receive(m) }
             self.scheduleProcess()
@@ -291,8 +291,8 @@ public final class NodeRuntime: @unchecked Sendable {
     private func flushReplies() {
         guard !outbox.isEmpty else { return }
         for (_, entry) in outbox {
-            let batch = entry.work
-            entry.loop.execute { for answer in batch { answer() } }
+            let batch = AnswerBatch(work: entry.work)
+            entry.loop.execute { for answer in batch.work { answer() } }
         }
         outbox.removeAll(keepingCapacity: true)
     }
@@ -615,4 +615,11 @@ public protocol PeerSender: Sendable {
 struct Completion<T> {
     let loop: any EventLoop
     let done: @Sendable (T) -> Void
+}
+
+/// Answers gathered on the replica loop for one caller's event loop. They are handed over whole
+/// and run only there (each answer hops to its caller's loop by construction), so the closures
+/// need not be `Sendable` themselves.
+private struct AnswerBatch: @unchecked Sendable {
+    let work: [() -> Void]
 }

@@ -1,8 +1,8 @@
 import BanyanOpLog
 import BanyanOpLogFiles
 import Foundation
-public import BanyanRaft
-public import BanyanStateMachine
+import BanyanRaft
+import BanyanStateMachine
 import BanyanTree
 import Logging
 

@@ -365,7 +365,10 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
             out.writeInteger(UInt32(body.count), endianness: .little)
             out.writeBytes(body)
             let write = context.writeAndFlush(wrapOutboundOut(out))
-            if !reply.accepted { write.whenComplete { _ in context.close(promise: nil) } }
+            if !reply.accepted {
+                let channel = context.channel
+                write.whenComplete { _ in channel.close(promise: nil) }
+            }
             return
         }
         do {
