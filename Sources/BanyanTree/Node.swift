@@ -258,7 +258,8 @@ public struct Node: Sendable {
                 becameEmpty = child.isEmpty
             }
             if found == nil {
-                if !node.isEmpty { map.updateValue(Node.empty.setting(node, at: rest), forKey: key) }
+                // Known absent: insert with one descent (`updateValue` would look again first).
+                if !node.isEmpty { map.insertNew(Node.empty.setting(node, at: rest), forKey: key) }
             } else if becameEmpty {
                 map.removeValue(forKey: key)
             }
