@@ -270,8 +270,8 @@ struct ClusterTest: AsyncParsableCommand {
         guard answered > 0 else { throw Failure("no read queued at the frozen follower was answered") }
 
         try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
-        let current = try await cluster.waitForLeader(among: live.nodes.filter { $0 != follower })
         let others = live.nodes.filter { $0 != follower }
+        let current = try await cluster.waitForLeader(among: others)
         print("kill -9 follower node \(follower); every key is written through node \(current); SIGSTOP nodes \(others), restart node \(follower) alone and read through it")
         live.remove(follower)
         cluster.kill9(follower)

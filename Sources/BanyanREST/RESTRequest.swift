@@ -352,10 +352,6 @@ public struct RESTRequest: Sendable {
                 isPriority = true
                 continue
             }
-            if let key = ChildKey(validKey: decoded) {
-                segments.append(key)
-                continue
-            }
             do {
                 segments.append(try ChildKey(validating: decoded, path: "/" + pieces.joined(separator: "/")))
             } catch {

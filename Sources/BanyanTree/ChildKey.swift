@@ -22,12 +22,15 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     /// Maximum UTF-8 length of one key.
     public static let maxBytes = 768
 
-    /// Creates a key after checking it against Firebase's key rules.
+    /// Creates a key after checking it against Firebase's key rules (one scan of the bytes; the
+    /// reason is worked out only for an invalid key).
     public init(validating string: String, path: @autoclosure () -> String = "/") throws(TreeError) {
-        if let problem = ChildKey.problem(with: string) {
+        let scanned = ChildKey.scan(string)
+        guard scanned.valid else {
+            let problem = ChildKey.problem(with: string) ?? "keys must be 1 to \(ChildKey.maxBytes) bytes of UTF-8"
             throw TreeError(.invalidKey, path: path(), "Invalid key \"\(ChildKey.printable(string))\": \(problem)")
         }
-        self.init(unchecked: string)
+        self.init(string, scanned)
     }
 
     /// Creates a key without validation (for query bounds and trusted internal use).
