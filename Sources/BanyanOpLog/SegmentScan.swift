@@ -3,8 +3,12 @@ public struct SegmentScan: Sendable, Equatable {
     public enum Outcome: Sendable, Equatable {
         /// Every byte belongs to a valid record.
         case clean
-        /// The data ends inside a record (or a last record fails its checksum and ends exactly at
-        /// the end): a write interrupted by a crash. `offset` is where valid data ends.
+        /// Valid records end at `offset` and every byte after it is zero: space the log
+        /// preallocated and has not written yet (last segment only). Nothing to repair.
+        case zeroTail(offset: Int)
+        /// The data ends inside a record, a last record fails its checksum and ends exactly at the
+        /// end, or (last segment only) a bad record shows a sector that was never written: a write
+        /// interrupted by a crash. `offset` is where valid data ends.
         case tornTail(offset: Int)
         /// Invalid data before the end: never repaired by guessing.
         case corrupt(offset: Int, reason: String)
@@ -20,12 +24,21 @@ public struct SegmentScan: Sendable, Equatable {
 
     /// Checks a segment. `expectedFirstIndex`, when given, is the index the first record must
     /// carry (the segment's name); records must then be consecutive. With `isLast` false, any
-    /// incomplete data is corruption (earlier segments were synced before the next was created).
-    public static func scan(_ bytes: [UInt8], expectedFirstIndex: UInt64?, isLast: Bool, keepPayloads: Bool = true) -> SegmentScan {
-        bytes.withUnsafeBufferPointer { scan($0, expectedFirstIndex: expectedFirstIndex, isLast: isLast, keepPayloads: keepPayloads) }
+    /// incomplete data is corruption (earlier segments were synced and cut to their records before
+    /// the next was created). `sectorBytes` is the unit a disk writes whole: in the last segment,
+    /// a bad record overlapping an all-zero sector is a torn write even when valid records follow,
+    /// because write-back of the unsynced tail need not go in order.
+    public static func scan(
+        _ bytes: [UInt8], expectedFirstIndex: UInt64?, isLast: Bool, keepPayloads: Bool = true, sectorBytes: Int = 512
+    ) -> SegmentScan {
+        bytes.withUnsafeBufferPointer {
+            scan($0, expectedFirstIndex: expectedFirstIndex, isLast: isLast, keepPayloads: keepPayloads, sectorBytes: sectorBytes)
+        }
     }
 
-    public static func scan(_ bytes: UnsafeBufferPointer<UInt8>, expectedFirstIndex: UInt64?, isLast: Bool, keepPayloads: Bool) -> SegmentScan {
+    public static func scan(
+        _ bytes: UnsafeBufferPointer<UInt8>, expectedFirstIndex: UInt64?, isLast: Bool, keepPayloads: Bool, sectorBytes: Int = 512
+    ) -> SegmentScan {
         var result = SegmentScan(entries: [], offsets: [], outcome: .clean, headerMissing: false)
         let header = LogFormat.segmentHeader
         if bytes.count < header.count {
@@ -42,10 +55,21 @@ public struct SegmentScan: Sendable, Equatable {
         var offset = header.count
         var expected = expectedFirstIndex
         while offset < bytes.count {
+            if isLast, bytes[offset] == 0, UnsafeBufferPointer(rebasing: bytes[offset...]).allSatisfy({ $0 == 0 }) {
+                result.outcome = .zeroTail(offset: offset)
+                return result
+            }
             func problem(_ reason: String, endsAt end: Int?) -> Outcome {
-                // Torn only when this is the last segment, nothing follows the bad record, and
-                // no valid later record exists (a damaged length field can make a record in the
-                // middle look as if it ran to the end; the records after it prove otherwise).
+                // In the last segment the bad record is torn when it overlaps a sector that was
+                // never written (preallocated zeros: later sectors may have reached the disk
+                // before it) with no valid record in between (a damaged length can stretch a
+                // record over the preallocated space; the records after it prove otherwise), or
+                // when nothing follows it and no valid later record exists.
+                if isLast, let zero = SegmentScan.firstZeroSector(bytes, from: offset, to: end ?? bytes.count, sectorBytes: sectorBytes),
+                    !SegmentScan.validRecordExists(in: UnsafeBufferPointer(rebasing: bytes[..<zero]), after: offset, atLeast: expected ?? 0)
+                {
+                    return .tornTail(offset: offset)
+                }
                 if isLast, end.map({ $0 >= bytes.count }) ?? true,
                     !SegmentScan.validRecordExists(in: bytes, after: offset, atLeast: expected ?? 0)
                 {
@@ -60,11 +84,12 @@ public struct SegmentScan: Sendable, Equatable {
             let length = Int(LogFormat.readLE(bytes, offset, as: UInt32.self))
             let stored = LogFormat.readLE(bytes, offset + 4, as: UInt32.self)
             guard length >= LogFormat.bodyFixedBytes, length <= LogFormat.maxRecordBytes else {
-                // A torn write keeps a prefix of what was written, so a complete length field is
-                // genuine: an impossible one is corruption, except an all-zero tail (space the
-                // file system extended but never filled).
-                let zeroTail = isLast && bytes[offset...].allSatisfy { $0 == 0 }
-                result.outcome = zeroTail ? .tornTail(offset: offset) : .corrupt(offset: offset, reason: "record length \(length) out of range")
+                // We never write a length out of range, so one that is there is corruption, except
+                // in the last segment when the field touches a sector that never reached the disk
+                // (still preallocated zeros; the all-zero tail was handled above).
+                let unwritten = isLast
+                    && SegmentScan.firstZeroSector(bytes, from: offset, to: offset + 4, sectorBytes: sectorBytes) != nil
+                result.outcome = unwritten ? .tornTail(offset: offset) : .corrupt(offset: offset, reason: "record length \(length) out of range")
                 return result
             }
             let bodyStart = offset + LogFormat.frameBytes
@@ -96,6 +121,22 @@ public struct SegmentScan: Sendable, Equatable {
 }
 
 extension SegmentScan {
+    /// Where the first stretch of a sector the last write-back never reached starts, looking from
+    /// `start` to `end`: `start` itself when the bytes from it to the end of its sector are all
+    /// zero, else the first later sector beginning before `end` that is all zero (up to the end of
+    /// the data). Nil when there is none.
+    static func firstZeroSector(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int, to end: Int, sectorBytes: Int) -> Int? {
+        let sector = Swift.max(1, sectorBytes)
+        let stop = Swift.min(end, bytes.count)
+        var low = start
+        while low < stop {
+            let high = Swift.min(bytes.count, (low / sector + 1) * sector)
+            if UnsafeBufferPointer(rebasing: bytes[low..<high]).allSatisfy({ $0 == 0 }) { return low }
+            low = high
+        }
+        return nil
+    }
+
     /// True when some offset after `start` holds a complete record with a valid checksum and an
     /// index of at least `minimumIndex`. Cheap checks (length range, index) come before the
     /// checksum, so scanning garbage costs little.

@@ -33,13 +33,18 @@ public protocol FileSystem: AnyObject {
     func makeDirectory(_ path: String) throws(FileSystemError)
     func list(_ directory: String) throws(FileSystemError) -> [String]
     func exists(_ path: String) -> Bool
-    /// Creates (or empties) a file and opens it for appending.
+    /// Creates (or empties) a file and opens it for writing.
     func create(_ path: String) throws(FileSystemError) -> FileID
-    /// Opens an existing file for appending.
+    /// Opens an existing file for writing.
     func open(_ path: String) throws(FileSystemError) -> FileID
+    /// Writes `bytes` at the end of the file.
     func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError)
+    /// Writes `bytes` at `offset`, over what is there and past the end as needed (a gap between
+    /// the old end and `offset` reads as zeros).
+    func write(_ file: FileID, at offset: Int, _ bytes: [UInt8]) throws(FileSystemError)
     /// Makes the file's data durable (fdatasync).
     func sync(_ file: FileID) throws(FileSystemError)
+    /// Cuts the file to `size` bytes (or extends it with zeros).
     func truncate(_ file: FileID, to size: Int) throws(FileSystemError)
     func size(_ file: FileID) throws(FileSystemError) -> Int
     func close(_ file: FileID)

@@ -44,7 +44,7 @@ public final class PosixFileSystem: FileSystem {
     public func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
 
     private func openFile(_ path: String, flags: Int32) throws(FileSystemError) -> FileID {
-        let fd = Glibc.open(path, flags | O_WRONLY | O_APPEND | O_CLOEXEC, 0o644)
+        let fd = Glibc.open(path, flags | O_WRONLY | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw failure(path, "open") }
         let id = nextID
         nextID += 1
@@ -61,12 +61,25 @@ public final class PosixFileSystem: FileSystem {
         try openFile(path, flags: 0)
     }
 
+    /// No O_APPEND on the descriptor (Linux's pwrite would ignore its offset): the end is found
+    /// with lseek, and the file has one owner.
     public func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError) {
         let (fd, path) = try descriptor(file)
+        let end = lseek(fd, 0, SEEK_END)
+        guard end >= 0 else { throw failure(path, "lseek") }
+        try writeAll(fd, path, bytes, at: Int(end))
+    }
+
+    public func write(_ file: FileID, at offset: Int, _ bytes: [UInt8]) throws(FileSystemError) {
+        let (fd, path) = try descriptor(file)
+        try writeAll(fd, path, bytes, at: offset)
+    }
+
+    private func writeAll(_ fd: Int32, _ path: String, _ bytes: [UInt8], at offset: Int) throws(FileSystemError) {
         var written = 0
         while written < bytes.count {
             let n = bytes.withUnsafeBytes { raw in
-                Glibc.write(fd, raw.baseAddress.map { $0 + written }, bytes.count - written)
+                pwrite(fd, raw.baseAddress.map { $0 + written }, bytes.count - written, off_t(offset + written))
             }
             if n < 0 {
                 if errno == EINTR { continue }

@@ -50,6 +50,14 @@ public final class SegmentedLog {
         /// Comparison mode: write and fdatasync every record on its own inside `append` (the
         /// baseline group commit is measured against). Off by default.
         public var syncEveryRecord = false
+        /// The active segment is kept written with zeros at least this far ahead of its last
+        /// record (grown a step of this size at a time), so that records overwrite allocated
+        /// blocks and most `fdatasync` calls change no file size and allocate nothing. 0: plain
+        /// appends.
+        public var preallocationBytes = 1 << 20
+        /// The unit a disk writes whole, for telling an unwritten sector (a torn write) from
+        /// damage during recovery.
+        public var sectorBytes = 512
         public init() {}
     }
 
@@ -84,6 +92,10 @@ public final class SegmentedLog {
     private let logger: Logger
     private var segments: [Segment] = []
     private var active: FileID?
+    /// The active segment's file size: its records, then preallocated zeros.
+    private var activeAllocated = 0
+    /// Zeros for preallocation (one buffer, reused).
+    private lazy var zeros = [UInt8](repeating: 0, count: options.preallocationBytes)
     private var directoryDirty = false
 
     /// Set by the first storage error in append, sync or truncate: from then on every write
@@ -141,11 +153,13 @@ public final class SegmentedLog {
             if let e = expected, first != e {
                 throw OpLogError(.corrupt, "segment starts at index \(first) where \(e) was expected", file: path(name), offset: 0)
             }
-            let scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false)
+            let scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false, sectorBytes: options.sectorBytes)
             var size = bytes.count
             switch scan.outcome {
             case .clean:
                 break
+            case .zeroTail(let offset):
+                size = offset  // preallocated space, kept for the next records
             case .corrupt(let offset, let reason):
                 logger.error("refusing to start: corrupt log", metadata: ["file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)"])
                 throw OpLogError(.corrupt, "corrupt log: \(reason)", file: path(name), offset: offset)
@@ -183,6 +197,7 @@ public final class SegmentedLog {
             let file = try fileSystem.open(path(last.name))
             try fileSystem.sync(file)
             active = file
+            activeAllocated = try fileSystem.size(file)
         }
         // What we read may be only in the page cache (the process died, the machine did not):
         // the last segment was synced above, earlier ones at their roll; the directory entries
@@ -254,15 +269,32 @@ public final class SegmentedLog {
     private func flush(_ buffer: inout [UInt8]) throws {
         guard !buffer.isEmpty, let file = active, var segment = segments.popLast() else { return }
         defer { segments.append(segment) }
-        try fileSystem.append(file, buffer)
+        let step = options.preallocationBytes
+        if step > 0 {
+            // Grow by whole steps of zeros before the records go over them: one size change per
+            // step instead of one per sync.
+            let end = segment.size + buffer.count
+            if end > activeAllocated {
+                let target = (end / step + 1) * step
+                while activeAllocated < target {
+                    let count = Swift.min(step, target - activeAllocated)
+                    try fileSystem.write(file, at: activeAllocated, count == zeros.count ? zeros : Array(zeros.prefix(count)))
+                    activeAllocated += count
+                }
+            }
+        }
+        // Positional even without preallocation: zeros left by a run with it may follow.
+        try fileSystem.write(file, at: segment.size, buffer)
+        activeAllocated = Swift.max(activeAllocated, segment.size + buffer.count)
         segment.size += buffer.count
         buffer.removeAll(keepingCapacity: true)
     }
 
-    /// Starts a new segment: the previous one is synced first (recovery treats any problem in a
-    /// non-last segment as corruption), the new one gets its header.
+    /// Starts a new segment: the previous one is cut to its records and synced first (recovery
+    /// treats anything else in a non-last segment as corruption), the new one gets its header.
     private func roll(firstIndex: UInt64) throws {
         if let file = active {
+            if let size = segments.last?.size, activeAllocated > size { try fileSystem.truncate(file, to: size) }
             try fileSystem.sync(file)
             fileSystem.close(file)
             active = nil
@@ -271,6 +303,7 @@ public final class SegmentedLog {
         let file = try fileSystem.create(path(name))
         try fileSystem.append(file, LogFormat.segmentHeader)
         active = file
+        activeAllocated = LogFormat.segmentHeader.count
         directoryDirty = true
         segments.append(Segment(name: name, firstIndex: firstIndex, size: LogFormat.segmentHeader.count))
     }
@@ -326,8 +359,11 @@ public final class SegmentedLog {
                     last.size = cut
                     segments[segments.count - 1] = last
                     active = file
+                    activeAllocated = cut
                 } else {
-                    active = try fileSystem.open(path(last.name))
+                    let file = try fileSystem.open(path(last.name))
+                    active = file
+                    activeAllocated = try fileSystem.size(file)
                 }
             }
         } catch {

@@ -2,9 +2,11 @@
 ///
 /// Every file keeps what was written and what an fsync made durable; every directory keeps which
 /// names a directory fsync made durable. `reboot` models power loss: only durable names survive,
-/// each file reverts to its durable bytes plus (optionally) a prefix of the bytes written after
-/// them, the way a disk may persist part of an unsynced write. Faults: fail the N-th mutating
-/// operation (a crash at that point), tear an append after k bytes, a capacity (ENOSPC), failing
+/// each file reverts to its durable bytes plus (optionally) a prefix of the bytes appended after
+/// them, the way a disk may persist part of an unsynced write; where unsynced writes went over
+/// existing bytes, each changed sector keeps its old or its new content independently (write-back
+/// does not go in order). Faults: fail the N-th mutating operation (a crash at that point), tear
+/// a write after k bytes, a capacity (ENOSPC), failing
 /// renames. Deterministic; not thread-safe.
 public final class SimulatedFileSystem: FileSystem {
     private struct Inode {
@@ -36,8 +38,11 @@ public final class SimulatedFileSystem: FileSystem {
     /// Make every rename fail with an I/O error.
     public var failRenames = false
     public private(set) var isCrashed = false
-    /// Operation numbers of every append so far (to aim torn writes at real appends).
+    /// Operation numbers of every append and positional write so far (to aim torn writes at
+    /// real writes).
     public private(set) var appendOperations: [Int] = []
+    /// The unit a reboot keeps or loses as a whole among overwritten bytes (a disk sector).
+    public var sectorBytes = 512
 
     /// A file system whose `directories` already exist durably (the machine's data directory).
     public init(durableDirectories existing: [String] = []) {
@@ -108,23 +113,47 @@ public final class SimulatedFileSystem: FileSystem {
     }
 
     public func append(_ file: FileID, _ bytes: [UInt8]) throws(FileSystemError) {
+        let (id, _) = try inode(file)
+        try write(file, at: inodes[id]?.data.count ?? 0, bytes)
+    }
+
+    public func write(_ file: FileID, at offset: Int, _ bytes: [UInt8]) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
         appendOperations.append(operations)
+        var bytes = bytes
+        var failure: FileSystemError?
+        let size = inodes[id]?.data.count ?? 0
         if let capacity {
             let used = inodes.values.reduce(0) { $0 + $1.data.count }
-            if used + bytes.count > capacity {
+            let growth = Swift.max(0, offset + bytes.count - size)
+            if used + growth > capacity {
                 // Like write(2): what fits is written, then the call fails.
-                inodes[id]?.data.append(contentsOf: bytes.prefix(Swift.max(0, capacity - used)))
-                throw FileSystemError(.noSpace, path: path, "no space left on device")
+                let fits = Swift.max(0, size + capacity - used - offset)
+                bytes = Array(bytes.prefix(fits))
+                failure = FileSystemError(.noSpace, path: path, "no space left on device")
             }
         }
         if let t = tear, t.operation == operations {
-            inodes[id]?.data.append(contentsOf: bytes.prefix(t.keep))
+            // Over existing bytes a device writes whole sectors: the tear falls on a sector
+            // boundary there (past the end, the file's size bounds what is seen, to the byte).
+            var keep = t.keep
+            if offset < size, keep < bytes.count {
+                keep = Swift.max(0, (offset + keep) / sectorBytes * sectorBytes - offset)
+            }
+            bytes = Array(bytes.prefix(keep))
             isCrashed = true
-            throw FileSystemError(.crashed, path: path, "simulated crash tearing a write after \(t.keep) bytes")
+            failure = FileSystemError(.crashed, path: path, "simulated crash tearing a write after \(t.keep) bytes")
         }
-        inodes[id]?.data.append(contentsOf: bytes)
+        if var node = inodes[id] {
+            inodes[id] = nil  // unique storage: the writes below go in place
+            if node.data.count < offset { node.data.append(contentsOf: repeatElement(0, count: offset - node.data.count)) }
+            let overlap = Swift.min(bytes.count, node.data.count - offset)
+            if overlap > 0 { node.data.replaceSubrange(offset..<(offset + overlap), with: bytes[0..<overlap]) }
+            node.data.append(contentsOf: bytes[overlap...])
+            inodes[id] = node
+        }
+        if let failure { throw failure }
     }
 
     public func sync(_ file: FileID) throws(FileSystemError) {
@@ -136,7 +165,10 @@ public final class SimulatedFileSystem: FileSystem {
     public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
-        if let count = inodes[id]?.data.count, size < count { inodes[id]?.data.removeLast(count - size) }
+        if let count = inodes[id]?.data.count {
+            if size < count { inodes[id]?.data.removeLast(count - size) }
+            if size > count { inodes[id]?.data.append(contentsOf: repeatElement(0, count: size - count)) }
+        }
     }
 
     public func size(_ file: FileID) throws(FileSystemError) -> Int {
@@ -191,9 +223,14 @@ public final class SimulatedFileSystem: FileSystem {
         for (name, id) in names where parent(name) == directory { durableNames[name] = id }
     }
 
-    /// Power loss and restart: only durable names survive; each file keeps its durable bytes plus
-    /// `keepUnsynced(path, unsyncedCount)` bytes of what was written after them (0 loses them all).
-    public func reboot(keepUnsynced: (String, Int) -> Int = { _, _ in 0 }) {
+    /// Power loss and restart: only durable names survive. A file that was only appended to
+    /// since its last fsync keeps its durable bytes plus `keepUnsynced(path, unsyncedCount)` bytes
+    /// of what was appended (0 loses them all). A file whose unsynced changes went over existing
+    /// bytes (positional writes, truncation) gets the durable length plus
+    /// `keepUnsynced(path, growth)` when it grew, and each sector whose content changed is either
+    /// the new one (`keepSector(path, sectorNumber)`) or the durable one (zeros past the durable
+    /// end): write-back persists dirty pages in no particular order.
+    public func reboot(keepUnsynced: (String, Int) -> Int = { _, _ in 0 }, keepSector: (String, Int) -> Bool = { _, _ in false }) {
         directories = durableDirectories
         names = durableNames.filter { directories.contains(parent($0.key)) }
         handles = [:]
@@ -202,13 +239,27 @@ public final class SimulatedFileSystem: FileSystem {
         tear = nil
         for (path, id) in names {
             guard var node = inodes[id] else { continue }
-            if node.data.count > node.durable.count, node.data.starts(with: node.durable) {
+            if node.data.count >= node.durable.count, node.data.starts(with: node.durable) {
                 let extra = node.data.count - node.durable.count
                 let keep = Swift.max(0, Swift.min(extra, keepUnsynced(path, extra)))
                 node.data = node.durable + node.data[node.durable.count..<(node.durable.count + keep)]
             } else {
-                node.data = node.durable
+                let growth = Swift.max(0, node.data.count - node.durable.count)
+                let length = node.durable.count + Swift.max(0, Swift.min(growth, keepUnsynced(path, growth)))
+                let old = node.durable + repeatElement(0, count: length - node.durable.count)
+                var result = old
+                var start = 0
+                while start < length {
+                    let end = Swift.min(length, start + sectorBytes)
+                    let fresh = (start..<end).map { $0 < node.data.count ? node.data[$0] : old[$0] }
+                    if !fresh.elementsEqual(old[start..<end]), keepSector(path, start / sectorBytes) {
+                        result.replaceSubrange(start..<end, with: fresh)
+                    }
+                    start = end
+                }
+                node.data = result
             }
+            node.durable = node.data
             inodes[id] = node
         }
         let live = Set(names.values)

@@ -9,24 +9,34 @@ private func entry(_ index: UInt64, _ tag: String, term: UInt64 = 1) -> LogEntry
     LogEntry(index: index, term: term, kind: 2, payload: Array("\(tag)#\(index)".utf8))
 }
 
-private func smallSegments() -> SegmentedLog.Options {
+/// Sectors this small put several in every record, so reboots mix old and new sectors inside
+/// records, not only between them.
+private let sector = 16
+
+/// `preallocate`: 0 for plain appends (the old mode), or a small step so that segments grow by
+/// zeros many times.
+private func smallSegments(preallocate: Int = 0) -> SegmentedLog.Options {
     var options = SegmentedLog.Options()
     options.segmentBytes = 200  // a roll every few records
+    options.preallocationBytes = preallocate
+    options.sectorBytes = sector
     return options
 }
 
 private func freshFS() -> SimulatedFileSystem {
-    SimulatedFileSystem(durableDirectories: ["/data"])
+    let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+    fs.sectorBytes = sector
+    return fs
 }
 
 /// Appends 30 batches of 1-4 records (sync after each); returns the index last reported durable.
 /// Stops at the first error (a simulated crash).
 @discardableResult
-private func workload(_ fs: SimulatedFileSystem, seed: UInt64) -> UInt64 {
+private func workload(_ fs: SimulatedFileSystem, seed: UInt64, preallocate: Int = 0) -> UInt64 {
     var durable: UInt64 = 0
     var rng = SeededRandom(seed: seed)
     do {
-        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
         var next: UInt64 = 1
         for _ in 0..<30 {
             let count = 1 + rng.below(4)
@@ -46,23 +56,43 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
     ("one byte", { _, n in Swift.min(n, 1) }),
 ]
 
+/// Which overwritten sectors a reboot keeps new (write-back in no particular order).
+private let sectorPolicies: [(String, @Sendable (String, Int) -> Bool)] = [
+    ("old sectors", { _, _ in false }),
+    ("new sectors", { _, _ in true }),
+    ("odd sectors new", { _, n in n % 2 == 1 }),
+    ("scattered", { path, n in (n &* 2_654_435_761 &+ path.utf8.count) % 3 == 0 }),
+]
+
+/// Both together: every keep policy with old sectors, and every sector policy with all growth
+/// kept and with half of it (so later sectors may survive where earlier ones did not).
+private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable (String, Int) -> Bool)] =
+    keepPolicies.map { ($0.0, $0.1, { @Sendable _, _ in false }) }
+    + sectorPolicies.dropFirst().flatMap { sectorPolicy in
+        [("all, \(sectorPolicy.0)", { @Sendable _, n in n }, sectorPolicy.1),
+         ("half, \(sectorPolicy.0)", { @Sendable _, n in n / 2 }, sectorPolicy.1)]
+    }
+
 @Suite struct CrashTests {
-    @Test("a crash at every operation of append/sync/roll loses nothing durable and recovers a clean prefix")
-    func crashAtEveryOperation() throws {
+    @Test(
+        "a crash at every operation of append/sync/roll loses nothing durable and recovers a clean prefix (plain appends, and preallocated segments with sectors reaching the disk out of order)",
+        arguments: [0, 64])
+    func crashAtEveryOperation(preallocate: Int) throws {
         let total = freshFS()
-        workload(total, seed: 1)
+        workload(total, seed: 1, preallocate: preallocate)
         let operations = total.operations
         #expect(operations > 100)
         var checked = 0
+        var truncatedTails = 0
         for crashAt in 1...operations {
-            for (policy, keep) in keepPolicies {
+            for (policy, keep, keepSector) in rebootPolicies {
                 let fs = freshFS()
                 fs.crashAtOperation = crashAt
-                let durable = workload(fs, seed: 1)
-                fs.reboot(keepUnsynced: keep)
+                let durable = workload(fs, seed: 1, preallocate: preallocate)
+                fs.reboot(keepUnsynced: keep, keepSector: keepSector)
                 let log: SegmentedLog
                 do {
-                    log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                    log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
                 } catch {
                     Issue.record("crash at \(crashAt), keep \(policy): recovery refused: \(error)")
                     continue
@@ -71,29 +101,36 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
                 let recovered = try log.entries(from: 1, through: log.lastIndex)
                 #expect(recovered == (1...Swift.max(1, log.lastIndex)).prefix(Int(log.lastIndex)).map { entry($0, "w") },
                         "crash at \(crashAt), keep \(policy): recovered records differ")
-                // The recovered log takes new appends.
-                try log.append([entry(log.lastIndex + 1, "after")])
-                #expect(try log.sync() == log.lastIndex)
+                if log.recovery.truncatedTail != nil { truncatedTails += 1 }
+                // The recovered log takes new appends, and they survive the next restart.
+                let next = log.lastIndex + 1
+                try log.append([entry(next, "after")])
+                #expect(try log.sync() == next)
+                fs.reboot(keepUnsynced: keep, keepSector: keepSector)
+                let again = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
+                #expect(again.lastIndex == next, "crash at \(crashAt), keep \(policy): the write after recovery was lost")
                 checked += 1
             }
         }
-        #expect(checked == operations * keepPolicies.count)
+        #expect(checked == operations * rebootPolicies.count)
+        // The policies really produce torn tails to repair (not only clean cuts).
+        #expect(truncatedTails > 0)
     }
 
-    @Test("a write torn at every byte leaves a recoverable prefix, never garbage")
-    func tornWrites() throws {
-        // Aim at real appends: a probe run records which operations were appends.
+    @Test("a write torn at every byte leaves a recoverable prefix, never garbage", arguments: [0, 64])
+    func tornWrites(preallocate: Int) throws {
+        // Aim at real writes: a probe run records which operations were writes.
         let probe = freshFS()
-        workload(probe, seed: 2)
+        workload(probe, seed: 2, preallocate: preallocate)
         let appends = probe.appendOperations
         #expect(appends.count > 20)
         for target in [appends[1], appends[5], appends[12], appends[appends.count - 1]] {
             for keep in stride(from: 0, through: 60, by: 3) {
                 let fs = freshFS()
                 fs.tear = (operation: target, keep: keep)
-                let durable = workload(fs, seed: 2)
-                fs.reboot(keepUnsynced: { _, n in n })
-                let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                let durable = workload(fs, seed: 2, preallocate: preallocate)
+                fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, _ in true })
+                let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
                 #expect(log.lastIndex >= durable)
                 let recovered = try log.entries(from: 1, through: log.lastIndex)
                 #expect(recovered == (0..<Int(log.lastIndex)).map { entry(UInt64($0) + 1, "w") }, "tear at op \(target) after \(keep) bytes")
@@ -103,10 +140,11 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
 
     @Test(
         "a crash anywhere in truncate-and-rewrite leaves the old suffix or the new one, never a mix (cutting inside one segment, and removing two whole ones)",
-        arguments: [10, 3] as [UInt64])
-    func truncateCrashes(cut: UInt64) throws {
+        arguments: [10, 3] as [UInt64], [0, 64])
+    func truncateCrashes(cut: UInt64, preallocate: Int) throws {
+        let options = smallSegments(preallocate: preallocate)
         func setUp(_ fs: SimulatedFileSystem) throws -> SegmentedLog {
-            let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
             try log.append((1...20).map { entry($0, "old") })
             try log.sync()
             return log
@@ -125,7 +163,7 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         #expect(probe.mostUnsyncedRemovals <= 1, "\(probe.mostUnsyncedRemovals) removals unsynced at once")
         var outcomes: Set<String> = []
         for crashAt in 1...span {
-            for (policy, keep) in keepPolicies {
+            for (policy, keep, keepSector) in rebootPolicies {
                 let fs = freshFS()
                 let log = try setUp(fs)
                 fs.crashAtOperation = fs.operations + crashAt
@@ -136,10 +174,10 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
                     try log.sync()
                     finished = true
                 } catch {}
-                fs.reboot(keepUnsynced: keep)
+                fs.reboot(keepUnsynced: keep, keepSector: keepSector)
                 let reopened: SegmentedLog
                 do {
-                    reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+                    reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
                 } catch {
                     Issue.record("crash at \(crashAt), keep \(policy): recovery refused: \(error)")
                     continue
@@ -194,10 +232,10 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardState())
     }
 
-    @Test("a full disk gives a clear error and corrupts nothing")
-    func diskFull() throws {
+    @Test("a full disk gives a clear error and corrupts nothing", arguments: [0, 64])
+    func diskFull(preallocate: Int) throws {
         let fs = freshFS()
-        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
         try log.append((1...10).map { entry($0, "w") })
         let durable = try log.sync()
         fs.capacity = 700
@@ -214,7 +252,7 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         #expect(failure?.description.contains("no space") == true)
         fs.capacity = nil
         fs.reboot()
-        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
         #expect(reopened.lastIndex >= durable)
         #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (0..<Int(reopened.lastIndex)).map { entry(UInt64($0) + 1, "w") })
 
@@ -296,17 +334,17 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         }
     }
 
-    @Test("what a restart after a process crash reports durable survives a later power loss")
-    func processCrashThenPowerLoss() throws {
+    @Test("what a restart after a process crash reports durable survives a later power loss", arguments: [0, 64])
+    func processCrashThenPowerLoss(preallocate: Int) throws {
         for crashAt in 1...60 {
             let fs = freshFS()
             fs.crashAtOperation = crashAt
-            workload(fs, seed: 3)
+            workload(fs, seed: 3, preallocate: preallocate)
             fs.restartProcess()
-            let first = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            let first = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
             let reported = first.durableIndex
             fs.reboot()
-            let second = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments())
+            let second = try SegmentedLog(directory: dir, fileSystem: fs, options: smallSegments(preallocate: preallocate))
             #expect(second.lastIndex >= reported, "crash at \(crashAt): \(reported) reported durable, \(second.lastIndex) survived")
         }
         // The same for hard state: a value loaded after a process crash is durable.
@@ -323,16 +361,18 @@ private let keepPolicies: [(String, @Sendable (String, Int) -> Int)] = [
         }
     }
 
-    @Test("a damaged length field in the middle of the last segment is corruption, not a torn tail")
-    func damagedLengthMidSegment() throws {
-        let fs = freshFS()
+    @Test("a damaged length field in the middle of the last segment is corruption, not a torn tail (also with the default preallocation)", arguments: [0, 1 << 20])
+    func damagedLengthMidSegment(preallocate: Int) throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         var options = SegmentedLog.Options()
         options.segmentBytes = 1 << 20
+        options.preallocationBytes = preallocate
         let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
         try log.append((1...5).map { entry($0, "w") })
         try log.sync()
         let file = dir + "/" + LogFormat.segmentName(firstIndex: 1)
-        let recordBytes = (try fs.readAll(file).count - LogFormat.segmentHeader.count) / 5
+        let recordBytes = LogFormat.frameBytes + LogFormat.bodyFixedBytes + entry(1, "w").payload.count
+        #expect(try fs.readAll(file).count == (preallocate == 0 ? LogFormat.segmentHeader.count + 5 * recordBytes : preallocate))
         fs.corrupt(file, at: LogFormat.segmentHeader.count + recordBytes + 2)  // record 2's length
         do {
             _ = try SegmentedLog(directory: dir, fileSystem: fs, options: options)

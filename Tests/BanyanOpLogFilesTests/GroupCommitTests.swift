@@ -34,7 +34,9 @@ import Testing
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         // Room for the segment header and one small record (34 bytes), not for a 125-byte one.
         fs.capacity = 150
-        let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs))
+        var plain = SegmentedLog.Options()
+        plain.preallocationBytes = 0
+        let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs, options: plain))
         #expect(try await group.append(term: 1, kind: 0, payload: [1]) == 1)
         await #expect(throws: OpLogError.self) { try await group.append(term: 1, kind: 0, payload: [UInt8](repeating: 2, count: 100)) }
         // A small record would fit, but the log has stopped.

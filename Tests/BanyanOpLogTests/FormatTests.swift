@@ -5,6 +5,17 @@ private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String
     range.map { LogEntry(index: $0, term: term, kind: 1, payload: Array("\(tag)-entry-\($0)".utf8)) }
 }
 
+/// A segment holding `list`, and each record's offset.
+private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
+    var bytes = LogFormat.segmentHeader
+    var offsets: [Int] = []
+    for entry in list {
+        offsets.append(bytes.count)
+        LogFormat.encode(entry, into: &bytes)
+    }
+    return (bytes, offsets)
+}
+
 @Suite struct FormatTests {
     @Test("CRC32C matches the RFC 3720 test vectors, in one shot and incrementally")
     func crc() {
@@ -52,13 +63,7 @@ private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String
 
     @Test("a flipped byte before the tail is corruption naming the record's offset")
     func corruption() {
-        let list = entries(1...10)
-        var bytes = LogFormat.segmentHeader
-        var offsets: [Int] = []
-        for entry in list {
-            offsets.append(bytes.count)
-            LogFormat.encode(entry, into: &bytes)
-        }
+        let (bytes, offsets) = segment(entries(1...10))
         for victim in 0..<9 {
             var damaged = bytes
             damaged[offsets[victim] + 12] ^= 0x40
@@ -82,9 +87,12 @@ private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String
 
     @Test("index gaps, wrong first indexes and foreign headers are corruption")
     func continuity() {
-        // An all-zero tail (extended but never written) is a torn tail, not corruption.
+        // An all-zero tail (preallocated, not written yet) ends the records; nothing to repair.
         let zeroTail = LogFormat.segmentHeader + LogFormat.encode(entries(1...2)) + [UInt8](repeating: 0, count: 64)
-        #expect(SegmentScan.scan(zeroTail, expectedFirstIndex: 1, isLast: true).outcome == .tornTail(offset: zeroTail.count - 64))
+        let scanned = SegmentScan.scan(zeroTail, expectedFirstIndex: 1, isLast: true)
+        #expect(scanned.outcome == .zeroTail(offset: zeroTail.count - 64) && scanned.entries == entries(1...2))
+        // Not in a segment other than the last (those are cut to their records at the roll).
+        if case .corrupt = SegmentScan.scan(zeroTail, expectedFirstIndex: 1, isLast: false).outcome {} else { Issue.record("zero tail in a non-last segment") }
         let gap = LogFormat.segmentHeader + LogFormat.encode(entries(1...3) + entries(5...6))
         if case .corrupt(_, let reason) = SegmentScan.scan(gap, expectedFirstIndex: 1, isLast: true).outcome {
             #expect(reason.contains("index 5"))
@@ -95,6 +103,44 @@ private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String
         if case .corrupt = SegmentScan.scan(wrongStart, expectedFirstIndex: 1, isLast: true).outcome {} else { Issue.record("wrong start") }
         let foreign = Array("NOTALOG!".utf8) + LogFormat.encode(entries(1...2))
         if case .corrupt = SegmentScan.scan(foreign, expectedFirstIndex: 1, isLast: true).outcome {} else { Issue.record("foreign header") }
+    }
+
+    @Test("in the last segment, a bad record over a never-written sector is a torn write even with valid records after it; damage without one is not")
+    func unwrittenSectors() {
+        let sector = 16
+        let list = entries(1...12)
+        var (bytes, offsets) = segment(list)
+        bytes += [UInt8](repeating: 0, count: 200)  // preallocated
+        for victim in 3..<11 {
+            // Write-back reached every sector but one inside record `victim` (still zeros).
+            let zeroed = (offsets[victim] / sector + 1) * sector
+            var torn = bytes
+            for i in zeroed..<(zeroed + sector) { torn[i] = 0 }
+            let scan = SegmentScan.scan(torn, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+            #expect(scan.outcome == .tornTail(offset: offsets[victim]), "victim \(victim)")
+            #expect(scan.entries == Array(list.prefix(victim)))
+            // The sector holding the record's start never written (a zero length field).
+            var headless = bytes
+            for i in offsets[victim]..<((offsets[victim] / sector + 1) * sector) { headless[i] = 0 }
+            #expect(SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome == .tornTail(offset: offsets[victim]))
+            // The same bytes in an earlier segment are corruption.
+            if case .corrupt = SegmentScan.scan(torn, expectedFirstIndex: 1, isLast: false, sectorBytes: sector).outcome {} else {
+                Issue.record("victim \(victim): not corrupt in a non-last segment")
+            }
+            // A flipped byte (no zero sector) with valid records after it stays corruption.
+            var flipped = bytes
+            flipped[offsets[victim] + 20] ^= 0x10
+            #expect(SegmentScan.scan(flipped, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome
+                == .corrupt(offset: offsets[victim], reason: "checksum mismatch"))
+            // A damaged, non-zero length field too.
+            var badLength = bytes
+            badLength[offsets[victim] + 3] = 0x7F
+            if case .corrupt(let offset, _) = SegmentScan.scan(badLength, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome {
+                #expect(offset == offsets[victim])
+            } else {
+                Issue.record("victim \(victim): bad length not detected")
+            }
+        }
     }
 
     @Test("segment names sort by first index and parse back")
