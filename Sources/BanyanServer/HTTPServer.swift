@@ -59,9 +59,11 @@ final class HTTPServer: Sendable {
                     return channel.close()
                 }
                 return channel.eventLoop.makeCompletedFuture {
-                    // No idle-state handler: the connection handler's request deadline also closes
-                    // idle keep-alive connections, without a pipeline hop per read and write.
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    // Two handlers: NIO's request decoder (llhttp) and ours, which writes its
+                    // answers as bytes (HTTPResponseWriter) and holds pipelined requests itself:
+                    // no response encoder, pipelining or error handler to pass on every write.
+                    // No idle-state handler: the request deadline closes idle connections too.
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)))
                     try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self))
                 }
             }
@@ -122,15 +124,26 @@ final class Answered: @unchecked Sendable {
 
 /// One client connection: collects a request (bounded), answers it, or turns the connection into
 /// an event stream. Confined to the channel's event loop.
-final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
+///
+/// HTTP/1.1 pipelining: while a request is being answered (or a stream is open) the handler
+/// holds the channel's reads, so a client sending requests ahead gets them parsed only from what
+/// one read brought in; those wait in `queued` and are taken in order after the answer.
+final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = HTTPServerRequestPart
-    typealias OutboundOut = HTTPServerResponsePart
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
 
     private let server: HTTPServer
     private var head: HTTPRequestHead?
     private var body: [UInt8] = []
     private var tooLarge = false
     private var busy = false
+    /// Request parts that arrived while `busy` (pipelined), taken in order once it is not.
+    private var queued: [HTTPServerRequestPart] = []
+    /// A read the channel asked for while `busy`, issued once it is not.
+    private var readHeld = false
+    /// True once the connection is to close after the answer being written (nothing more is read).
+    private var closing = false
     private var streaming: StreamState?
     private var started: UInt64 = 0
     /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
@@ -180,7 +193,37 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch unwrapInboundIn(data) {
+        let part = unwrapInboundIn(data)
+        if busy || !queued.isEmpty {
+            if !closing { queued.append(part) }
+            return
+        }
+        handle(context: context, part)
+    }
+
+    /// Holds the channel's reads while a request is answered (see the type's comment).
+    func read(context: ChannelHandlerContext) {
+        if busy || closing {
+            readHeld = true
+        } else {
+            context.read()
+        }
+    }
+
+    /// After an answer: the queued parts, in order, until one makes the handler busy again;
+    /// then the held read.
+    private func resume(context: ChannelHandlerContext) {
+        while !busy, !closing, !queued.isEmpty {
+            handle(context: context, queued.removeFirst())
+        }
+        if !busy, !closing, readHeld {
+            readHeld = false
+            context.read()
+        }
+    }
+
+    private func handle(context: ChannelHandlerContext, _ part: HTTPServerRequestPart) {
+        switch part {
         case .head(let h):
             head = h
             body = []
@@ -189,14 +232,14 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
             if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > server.config.http.maxBodyBytes {
                 tooLarge = true
             }
-        case .body(var chunk):
+        case .body(let chunk):
             guard !tooLarge else { return }
             if body.count + chunk.readableBytes > server.config.http.maxBodyBytes {
                 tooLarge = true
                 body = []
                 return
             }
-            body.append(contentsOf: chunk.readBytes(length: chunk.readableBytes) ?? [])
+            chunk.withUnsafeReadableBytes { body.append(contentsOf: $0) }
         case .end:
             guard let head else { return }
             self.head = nil
@@ -225,8 +268,20 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
         context.fireChannelInactive()
     }
 
+    /// Bad HTTP (the decoder's errors): a 400 and a close when no answer is under way, as
+    /// NIO's protocol error handler did; otherwise just the close.
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        context.close(promise: nil)
+        guard error is HTTPParserError, !busy, !closing, context.channel.isActive else {
+            context.close(promise: nil)
+            return
+        }
+        closing = true
+        queued = []
+        var buffer = context.channel.allocator.buffer(capacity: 80)
+        HTTPResponseWriter.writeHead(
+            version: .http1_1, status: .badRequest, headers: [], contentLength: 0, keepAlive: false, into: &buffer)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { _ in channel.close(promise: nil) }
     }
 
     // MARK: - Dispatch
@@ -359,34 +414,25 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
         busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
-        // The reply's own headers, then CORS (unless set), length and connection (ours win).
-        var headers = HTTPHeaders()
-        headers.reserveCapacity(reply.headers.count + 3)
-        var cors = false
-        for (name, value) in reply.headers {
-            if HTTPHead.isHeader(name, "content-length") || HTTPHead.isHeader(name, "connection") { continue }
-            if HTTPHead.isHeader(name, "access-control-allow-origin") { cors = true }
-            headers.add(name: name, value: value)
-        }
-        if !cors { headers.add(name: "Access-Control-Allow-Origin", value: "*") }
         let noBody = reply.status == .notModified || reply.status == .noContent || head.method == .HEAD
-        if reply.status != .notModified && reply.status != .noContent {
-            headers.add(name: "Content-Length", value: noBody ? "0" : String(reply.body.count))
-        }
-        let keepAlive = head.isKeepAlive && !close
-        headers.add(name: "Connection", value: keepAlive ? "keep-alive" : "close")
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: reply.status, headers: headers))), promise: nil)
-        if !noBody && !reply.body.isEmpty {
-            var buffer = context.channel.allocator.buffer(capacity: reply.body.count)
-            buffer.writeBytes(reply.body)
-            context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
-        }
-        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        // 204 and 304 carry no length; HEAD gets 0 (as before).
+        let length: Int? = reply.status == .notModified || reply.status == .noContent ? nil : (noBody ? 0 : reply.body.count)
+        let keepAlive = head.isKeepAlive && !close && !closing
+        var buffer = context.channel.allocator.buffer(capacity: 160 + (noBody ? 0 : reply.body.count))
+        let dropped = HTTPResponseWriter.writeHead(
+            version: head.version, status: reply.status, headers: reply.headers, contentLength: length, keepAlive: keepAlive, into: &buffer)
+        if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
+        if !noBody { buffer.writeBytes(reply.body) }
+        let done = context.writeAndFlush(wrapOutboundOut(buffer))
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
         if !keepAlive {
+            closing = true
+            queued = []
             let channel = context.channel
             done.whenComplete { _ in channel.close(promise: nil) }
+        } else {
+            resume(context: context)
         }
     }
 
@@ -394,14 +440,18 @@ final class HTTPConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     private func startStream(context: ChannelHandlerContext, head: HTTPRequestHead, request: RESTRequest, stale: Bool) {
         let channel = context.channel
-        let state = StreamState(request: request, channel: channel)
+        // HTTP/1.1 streams go in chunks (as NIO's encoder sent them); HTTP/1.0 ones end with the
+        // connection.
+        let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
+        let state = StreamState(request: request, channel: channel, chunked: chunked)
         streaming = state
         server.streamOpened()
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: "text/event-stream")
-        headers.add(name: "Cache-Control", value: "no-cache")
-        headers.add(name: "Access-Control-Allow-Origin", value: "*")
-        context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))), promise: nil)
+        var buffer = context.channel.allocator.buffer(capacity: 160)
+        HTTPResponseWriter.writeHead(
+            version: head.version, status: .ok,
+            headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")] + (chunked ? [("Transfer-Encoding", "chunked")] : []),
+            contentLength: nil, keepAlive: chunked && head.isKeepAlive, into: &buffer)
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
         state.setKeepAlive(context.eventLoop.scheduleRepeatedTask(initialDelay: keepAlive, delay: keepAlive) { _ in
             state.send(SSEStream.keepAlive())
@@ -440,9 +490,13 @@ final class StreamState: @unchecked Sendable {
     /// A stream whose client reads too slowly is cancelled once this many bytes are queued.
     static let maxQueuedBytes = 16 << 20
 
-    init(request: RESTRequest, channel: any Channel) {
+    /// Whether each write is framed as an HTTP/1.1 chunk.
+    private let chunked: Bool
+
+    init(request: RESTRequest, channel: any Channel, chunked: Bool) {
         self.stream = SSEStream(request: request)
         self.channel = channel
+        self.chunked = chunked
     }
 
     var isClosed: Bool { closed.load(ordering: .acquiring) }
@@ -491,9 +545,11 @@ final class StreamState: @unchecked Sendable {
             channel.close(promise: nil)
             return
         }
-        var buffer = channel.allocator.buffer(capacity: bytes.count)
+        var buffer = channel.allocator.buffer(capacity: bytes.count + (chunked ? 12 : 0))
+        if chunked { buffer.writeString(String(bytes.count, radix: 16) + "\r\n") }
         buffer.writeBytes(bytes)
-        channel.writeAndFlush(HTTPServerResponsePart.body(.byteBuffer(buffer)), promise: nil)
+        if chunked { buffer.writeStaticString("\r\n") }
+        channel.writeAndFlush(buffer, promise: nil)
     }
 
     func close() {
@@ -504,5 +560,56 @@ final class StreamState: @unchecked Sendable {
         }
         r.keepAlive?.cancel()
         if let id = r.watchID { r.runtime?.unwatch(id) }
+    }
+}
+
+/// Writes HTTP/1.x response heads as bytes.
+enum HTTPResponseWriter {
+    /// The status line, `headers` (the reply's own: any `Content-Length` or `Connection` among
+    /// them is replaced), `Access-Control-Allow-Origin: *` unless the reply sets it,
+    /// `Content-Length` when given, `Connection`, and the blank line. A header whose name or
+    /// value holds a control character is left out (no response splitting, whatever a caller
+    /// passes); returns how many were.
+    @discardableResult
+    static func writeHead(
+        version: HTTPVersion, status: HTTPResponseStatus, headers: [(String, String)], contentLength: Int?, keepAlive: Bool,
+        into buffer: inout ByteBuffer
+    ) -> Int {
+        buffer.writeStaticString(version.major == 1 && version.minor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ")
+        let code = status.code
+        buffer.writeInteger(UInt8(ascii: "0") + UInt8(truncatingIfNeeded: code / 100 % 10))
+        buffer.writeInteger(UInt8(ascii: "0") + UInt8(truncatingIfNeeded: code / 10 % 10))
+        buffer.writeInteger(UInt8(ascii: "0") + UInt8(truncatingIfNeeded: code % 10))
+        buffer.writeInteger(UInt8(ascii: " "))
+        buffer.writeString(status.reasonPhrase)
+        buffer.writeStaticString("\r\n")
+        var cors = false
+        var dropped = 0
+        for (name, value) in headers {
+            if HTTPHead.isHeader(name, "content-length") || HTTPHead.isHeader(name, "connection") { continue }
+            guard isFieldText(name), isFieldText(value), !name.isEmpty else {
+                dropped += 1
+                continue
+            }
+            if HTTPHead.isHeader(name, "access-control-allow-origin") { cors = true }
+            buffer.writeString(name)
+            buffer.writeStaticString(": ")
+            buffer.writeString(value)
+            buffer.writeStaticString("\r\n")
+        }
+        if !cors { buffer.writeStaticString("Access-Control-Allow-Origin: *\r\n") }
+        if let contentLength {
+            buffer.writeStaticString("Content-Length: ")
+            buffer.writeString(String(contentLength))
+            buffer.writeStaticString("\r\n")
+        }
+        buffer.writeStaticString(keepAlive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n")
+        return dropped
+    }
+
+    /// No control characters but tab (RFC 9110 field values; names are stricter still, but ours
+    /// are fixed strings).
+    static func isFieldText(_ text: String) -> Bool {
+        text.utf8.allSatisfy { $0 >= 0x20 ? $0 != 0x7F : $0 == 0x09 }
     }
 }

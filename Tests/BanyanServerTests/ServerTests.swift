@@ -4,6 +4,7 @@ import BanyanStateMachine
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import Synchronization
@@ -503,5 +504,78 @@ final class Inbox: Sendable {
         let (late, _) = dripping.receive(until: "\r\n\r\n", seconds: 10)
         #expect(late.hasPrefix("HTTP/1.1 408"), "dripped body: \(late.prefix(80))")
         #expect(dripping.receive(until: "", seconds: 10).closed)
+    }
+}
+
+/// The client port's HTTP/1.x framing, as raw bytes: the node writes its answers itself.
+@Suite struct HTTPWireTests {
+    typealias Raw = RequestDeadlineTests.Raw
+
+    @Test("pipelined requests are answered in order; HEAD, HTTP/1.0, bad HTTP and event streams are framed right")
+    func framing() throws {
+        let dir = try temporaryDirectory("wire")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let n = try BanyanNode.start(config: waitingNodeConfig(dir), logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+
+        // Three requests in one packet (the second asks for a pretty-printed error): three
+        // answers, in order, on the open connection.
+        let pipelined = try Raw(port: port)
+        let bad = "GET /x.json?consistency=stale&orderBy=nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        pipelined.send(RequestDeadlineTests.get + bad + RequestDeadlineTests.get)
+        var (text, closed) = pipelined.receive(until: "", seconds: 1.5)
+        let statuses = text.components(separatedBy: "HTTP/1.1 ").dropFirst().map { String($0.prefix(3)) }
+        #expect(statuses == ["200", "400", "200"] && !closed, "\(text)")
+        #expect(text.components(separatedBy: "Content-Length: 4\r\n").count == 3, "\(text)")
+        // And the connection goes on.
+        pipelined.send(RequestDeadlineTests.get)
+        (text, closed) = pipelined.receive(until: "null", seconds: 5)
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.hasSuffix("\r\n\r\nnull") && !closed, "\(text)")
+
+        // HEAD: the head only, with a zero length.
+        let head = try Raw(port: port)
+        head.send("HEAD /x.json?consistency=stale HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        (text, _) = head.receive(until: "", seconds: 1)
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.contains("Content-Length: 0\r\n") && text.hasSuffix("\r\n\r\n"), "\(text)")
+
+        // HTTP/1.0 without keep-alive: a 1.0 answer, then the close.
+        let old = try Raw(port: port)
+        old.send("GET /x.json?consistency=stale HTTP/1.0\r\n\r\n")
+        (text, closed) = old.receive(until: "", seconds: 5)
+        #expect(text.hasPrefix("HTTP/1.0 200 OK\r\n") && text.contains("Connection: close\r\n") && text.hasSuffix("null") && closed, "\(text)")
+
+        // Not HTTP: 400, then the close.
+        let garbage = try Raw(port: port)
+        garbage.send("HELLO THERE\r\n\r\n")
+        (text, closed) = garbage.receive(until: "", seconds: 5)
+        #expect(text.hasPrefix("HTTP/1.1 400 Bad Request\r\n") && closed, "\(text)")
+
+        // An event stream: chunked, each chunk's length right.
+        let stream = try Raw(port: port)
+        stream.send("GET /x.json?consistency=stale HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        (text, closed) = stream.receive(until: "data: ", seconds: 5)
+        (text, closed) = (text + stream.receive(until: "}\n\n\r\n", seconds: 5).text, closed)
+        let parts = text.components(separatedBy: "\r\n\r\n")
+        #expect(parts.count >= 2 && parts[0].hasPrefix("HTTP/1.1 200 OK\r\n") && parts[0].contains("Transfer-Encoding: chunked"), "\(text)")
+        if parts.count >= 2 {
+            // Bytes, not Characters ("\r\n" is one Character).
+            let chunk = Array(parts[1...].joined(separator: "\r\n\r\n").utf8)
+            let sizeLine = String(decoding: chunk.prefix { $0 != UInt8(ascii: "\r") }, as: UTF8.self)
+            let payload = chunk.dropFirst(sizeLine.utf8.count + 2)
+            #expect(Int(sizeLine, radix: 16) == payload.count - 2 && payload.suffix(4).elementsEqual("\n\n\r\n".utf8), "\(chunk)")
+            #expect(String(decoding: payload, as: UTF8.self).hasPrefix("event: put\ndata: "))
+        }
+        #expect(!closed)
+    }
+
+    @Test("a header with control characters is left out of the answer, never written")
+    func headerInjection() {
+        var buffer = ByteBuffer()
+        let dropped = HTTPResponseWriter.writeHead(
+            version: .http1_1, status: .ok, headers: [("X-Good", "a\tb"), ("X-Bad", "a\r\nSet-Cookie: x"), ("X-Del", "\u{7F}")],
+            contentLength: 3, keepAlive: true, into: &buffer)
+        #expect(dropped == 2)
+        #expect(String(buffer: buffer) == "HTTP/1.1 200 OK\r\nX-Good: a\tb\r\nAccess-Control-Allow-Origin: *\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n")
     }
 }
