@@ -125,9 +125,11 @@ final class Answered: @unchecked Sendable {
 /// One client connection: collects a request (bounded), answers it, or turns the connection into
 /// an event stream. Confined to the channel's event loop.
 ///
-/// HTTP/1.1 pipelining: while a request is being answered (or a stream is open) the handler
-/// holds the channel's reads, so a client sending requests ahead gets them parsed only from what
-/// one read brought in; those wait in `queued` and are taken in order after the answer.
+/// HTTP/1.1 pipelining: request parts that arrive while a request is being answered (or a stream
+/// is open) wait in `queued` and are taken in order after the answer. Past `maxQueuedParts` or
+/// `maxQueuedBytes` the handler holds the channel's reads until the queue drains, so a client
+/// sending requests ahead cannot make it buffer without bound. Reads are not held otherwise:
+/// holding them costs two `epoll_ctl` calls per request.
 final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = ByteBuffer
@@ -138,10 +140,16 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     private var body: [UInt8] = []
     private var tooLarge = false
     private var busy = false
-    /// Request parts that arrived while `busy` (pipelined), taken in order once it is not.
+    /// Request parts that arrived while `busy` (pipelined), taken in order once it is not, and
+    /// the body bytes among them.
     private var queued: [HTTPServerRequestPart] = []
-    /// A read the channel asked for while `busy`, issued once it is not.
+    private var queuedBytes = 0
+    static let maxQueuedParts = 64
+    static let maxQueuedBytes = 1 << 20
+    /// A read the channel asked for while the queue was full (or the connection closing), issued
+    /// once it is not.
     private var readHeld = false
+    private var holdsReads: Bool { closing || queued.count >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes }
     /// True once the connection is to close after the answer being written (nothing more is read).
     private var closing = false
     private var streaming: StreamState?
@@ -195,15 +203,17 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
         if busy || !queued.isEmpty {
-            if !closing { queued.append(part) }
+            guard !closing else { return }
+            if case .body(let chunk) = part { queuedBytes += chunk.readableBytes }
+            queued.append(part)
             return
         }
         handle(context: context, part)
     }
 
-    /// Holds the channel's reads while a request is answered (see the type's comment).
+    /// Holds the channel's reads while the pipelined queue is full (see the type's comment).
     func read(context: ChannelHandlerContext) {
-        if busy || closing {
+        if holdsReads {
             readHeld = true
         } else {
             context.read()
@@ -211,12 +221,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     }
 
     /// After an answer: the queued parts, in order, until one makes the handler busy again;
-    /// then the held read.
+    /// then a held read, once the queue has room.
     private func resume(context: ChannelHandlerContext) {
         while !busy, !closing, !queued.isEmpty {
-            handle(context: context, queued.removeFirst())
+            let part = queued.removeFirst()
+            if case .body(let chunk) = part { queuedBytes -= chunk.readableBytes }
+            handle(context: context, part)
         }
-        if !busy, !closing, readHeld {
+        if readHeld, !holdsReads {
             readHeld = false
             context.read()
         }
@@ -277,6 +289,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         }
         closing = true
         queued = []
+        queuedBytes = 0
         var buffer = context.channel.allocator.buffer(capacity: 80)
         HTTPResponseWriter.writeHead(
             version: .http1_1, status: .badRequest, headers: [], contentLength: 0, keepAlive: false, into: &buffer)
@@ -429,6 +442,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         if !keepAlive {
             closing = true
             queued = []
+            queuedBytes = 0
             let channel = context.channel
             done.whenComplete { _ in channel.close(promise: nil) }
         } else {

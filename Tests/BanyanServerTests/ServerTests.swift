@@ -533,6 +533,18 @@ final class Inbox: Sendable {
         (text, closed) = pipelined.receive(until: "null", seconds: 5)
         #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.hasSuffix("\r\n\r\nnull") && !closed, "\(text)")
 
+        // More pipelined requests than the queue holds: reads pause and resume; all answered.
+        let flood = try Raw(port: port)
+        flood.send(String(repeating: RequestDeadlineTests.get, count: 150))
+        var answers = ""
+        for _ in 0..<50 where answers.components(separatedBy: "HTTP/1.1 200 OK").count <= 150 {
+            answers += flood.receive(until: "", seconds: 0.2).text
+        }
+        #expect(answers.components(separatedBy: "HTTP/1.1 200 OK").count - 1 == 150)
+        // The held read was released: the connection still takes requests.
+        flood.send(RequestDeadlineTests.get)
+        #expect(flood.receive(until: "null", seconds: 5).text.hasPrefix("HTTP/1.1 200 OK"))
+
         // HEAD: the head only, with a zero length.
         let head = try Raw(port: port)
         head.send("HEAD /x.json?consistency=stale HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
