@@ -6,8 +6,12 @@ extension Substring {
     /// those of `split(separator:maxSplits:omittingEmptySubsequences:)`.
     public func splitting(atByte separator: UInt8, maxSplits: Int = .max, omittingEmpty: Bool) -> [Substring] {
         precondition(separator < 0x80, "splitting(atByte:) splits at ASCII bytes only")
-        var pieces: [Substring] = []
         let bytes = utf8
+        // Count first, so the pieces take one allocation.
+        var separators = 0
+        for byte in bytes where byte == separator && separators < maxSplits { separators += 1 }
+        var pieces: [Substring] = []
+        pieces.reserveCapacity(separators + 1)
         var start = bytes.startIndex
         var i = start
         while i != bytes.endIndex {

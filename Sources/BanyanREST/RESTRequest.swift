@@ -331,9 +331,9 @@ public struct RESTRequest: Sendable {
     // MARK: - URI parsing
 
     static func splitURI(_ uri: String) -> (path: Substring, query: Substring) {
-        let noFragment = uri.splitting(atByte: UInt8(ascii: "#"), maxSplits: 1, omittingEmpty: false).first ?? ""
-        let parts = noFragment.splitting(atByte: UInt8(ascii: "?"), maxSplits: 1, omittingEmpty: false)
-        return (parts.first ?? "", parts.count > 1 ? parts[1] : "")
+        let noFragment = uri[..<(uri.utf8.firstIndex(of: UInt8(ascii: "#")) ?? uri.endIndex)]
+        guard let mark = noFragment.utf8.firstIndex(of: UInt8(ascii: "?")) else { return (noFragment, "") }
+        return (noFragment[..<mark], noFragment[noFragment.utf8.index(after: mark)...])
     }
 
     static func parsePath(_ raw: Substring) throws(RESTError) -> (Path, Bool) {
@@ -365,11 +365,13 @@ public struct RESTRequest: Sendable {
 
     static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {
         var out: [(String, String)] = []
-        for pair in raw.splitting(atByte: UInt8(ascii: "&"), omittingEmpty: true) {
-            let kv = pair.splitting(atByte: UInt8(ascii: "="), maxSplits: 1, omittingEmpty: false)
-            guard let key = percentDecode(kv[0], plusIsSpace: true),
-                let value = percentDecode(kv.count > 1 ? kv[1] : "", plusIsSpace: true)
-            else {
+        let pairs = raw.splitting(atByte: UInt8(ascii: "&"), omittingEmpty: true)
+        out.reserveCapacity(pairs.count)
+        for pair in pairs {
+            let equals = pair.utf8.firstIndex(of: UInt8(ascii: "="))
+            let rawKey = equals.map { pair[..<$0] } ?? pair
+            let rawValue = equals.map { pair[pair.utf8.index(after: $0)...] } ?? ""
+            guard let key = percentDecode(rawKey, plusIsSpace: true), let value = percentDecode(rawValue, plusIsSpace: true) else {
                 throw .badRequest("Invalid query string: bad percent-encoding in \"\(pair)\".")
             }
             out.append((key, value))

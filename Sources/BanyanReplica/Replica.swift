@@ -308,9 +308,10 @@ public struct Replica: Sendable {
     }
 
     private mutating func propose(_ seqs: [UInt64], _ payloads: [[UInt8]]) {
+        var proposed = false
         do {
             try raft.propose(payloads)
-            for seq in seqs { writes[seq]?.proposed = true }
+            proposed = true
         } catch {
             switch error {
             case .noLeader, .transferInProgress:
@@ -325,7 +326,14 @@ public struct Replica: Sendable {
                 }
             }
         }
-        for seq in seqs { writes[seq]?.lastProposedTick = ticks }
+        // Get and set, not `writes[seq]?.x = …`: a dictionary `_modify` allocates its coroutine
+        // frame on every call.
+        for seq in seqs {
+            guard var w = writes[seq] else { continue }
+            if proposed { w.proposed = true }
+            w.lastProposedTick = ticks
+            writes[seq] = w
+        }
     }
 
     private mutating func startReads() {

@@ -301,7 +301,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
 
     private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
         server.requests.increment()
-        let path = head.uri.splitting(atByte: UInt8(ascii: "?"), maxSplits: 1, omittingEmpty: false).first.map(String.init) ?? head.uri
+        let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
         if path == "/metrics" && head.method == .GET {
             let text = server.registry.emitToBuffer()
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
@@ -313,7 +313,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
                 respond(context: context, head: head, reply: denied)
                 return
             }
-            let future = AdminAPI(server: server).handle(method: head.method, path: path, uri: head.uri, body: body)
+            let future = AdminAPI(server: server).handle(method: head.method, path: String(path), uri: head.uri, body: body)
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: bound.value, head: head, reply: reply) }
             return

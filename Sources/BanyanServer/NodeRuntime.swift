@@ -80,7 +80,10 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Answers for callers on other event loops, gathered during one pass of the replica loop
     /// and handed to each loop as one task (`flushReplies`): one wake-up per loop per pass
     /// instead of one per request.
-    private var outbox: [ObjectIdentifier: (loop: any EventLoop, work: [() -> Void])] = [:]
+    /// One box per event loop, kept across passes (a box is a class so appending to its work
+    /// needs no dictionary `_modify`, whose coroutine frame would be allocated on every call).
+    private var outbox: [ObjectIdentifier: ReplyBox] = [:]
+    private var repliesWaiting = false
     private var watchStarts: [RequestID: UInt64] = [:]
     private var memberWaiters: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
     private var nextWatch: UInt64 = 1
@@ -283,18 +286,26 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Queues an answer for its caller's loop (sent by `flushReplies`).
     private func complete<T>(_ completion: Completion<T>, _ value: T) {
         let key = ObjectIdentifier(completion.loop)
-        if outbox[key] == nil { outbox[key] = (completion.loop, []) }
-        outbox[key]?.work.append { completion.done(value) }
+        let box: ReplyBox
+        if let existing = outbox[key] {
+            box = existing
+        } else {
+            box = ReplyBox(loop: completion.loop)
+            outbox[key] = box
+        }
+        box.work.append { completion.done(value) }
+        repliesWaiting = true
     }
 
     /// Hands each event loop its gathered answers as one task.
     private func flushReplies() {
-        guard !outbox.isEmpty else { return }
-        for (_, entry) in outbox {
-            let batch = AnswerBatch(work: entry.work)
-            entry.loop.execute { for answer in batch.work { answer() } }
+        guard repliesWaiting else { return }
+        repliesWaiting = false
+        for box in outbox.values where !box.work.isEmpty {
+            let batch = AnswerBatch(work: box.work)
+            box.work = []
+            box.loop.execute { for answer in batch.work { answer() } }
         }
-        outbox.removeAll(keepingCapacity: true)
     }
 
     /// Opens a live view: `handler` gets `.start` with the tree at a linearizable point (or
@@ -620,6 +631,13 @@ struct Completion<T> {
 /// Answers gathered on the replica loop for one caller's event loop. They are handed over whole
 /// and run only there (each answer hops to its caller's loop by construction), so the closures
 /// need not be `Sendable` themselves.
+/// The answers gathered for one event loop during a pass (replica thread only).
+private final class ReplyBox {
+    let loop: any EventLoop
+    var work: [() -> Void] = []
+    init(loop: any EventLoop) { self.loop = loop }
+}
+
 private struct AnswerBatch: @unchecked Sendable {
     let work: [() -> Void]
 }

@@ -59,6 +59,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// then length-prefixed fields.
     public func encoded() -> [UInt8] {
         var w = ByteWriter()
+        w.out.reserveCapacity(byteCount)
         w.byte(Self.version)
         switch command {
         case .set: w.byte(1)
@@ -87,6 +88,19 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.bytes(json)
         }
         return w.out
+    }
+
+    /// The exact length of `encoded()`.
+    var byteCount: Int {
+        var n = 2 + 4 * 8 + 8 + namespace.utf8.count
+        switch command {
+        case let .set(path, json): n += 16 + path.utf8.count + json.count
+        case let .update(path, entries):
+            n += 16 + path.utf8.count
+            for e in entries { n += 16 + e.path.utf8.count + e.json.count }
+        case let .compareAndSet(path, expectedHash, json): n += 24 + path.utf8.count + expectedHash.utf8.count + json.count
+        }
+        return n
     }
 
     /// Decodes a payload; nil when it is not a well-formed command of a known version.
@@ -141,12 +155,15 @@ public struct CommandEnvelope: Sendable, Equatable {
 struct ByteWriter {
     var out: [UInt8] = []
     mutating func byte(_ b: UInt8) { out.append(b) }
-    mutating func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
+    mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.littleEndian) { out.append(contentsOf: $0) } }
     mutating func bytes(_ b: [UInt8]) {
         u64(UInt64(b.count))
         out.append(contentsOf: b)
     }
-    mutating func string(_ s: String) { bytes(Array(s.utf8)) }
+    mutating func string(_ s: String) {
+        u64(UInt64(s.utf8.count))
+        out.append(contentsOf: s.utf8)
+    }
 }
 
 struct ByteReader {
@@ -172,7 +189,8 @@ struct ByteReader {
         return Array(b[at..<at + Int(n)])
     }
     mutating func string() -> String? {
-        guard let raw = bytes() else { return nil }
-        return String(validating: raw, as: UTF8.self)
+        guard let n = u64(), n <= UInt64(b.count - at) else { return nil }
+        defer { at += Int(n) }
+        return String(validating: b[at..<at + Int(n)], as: UTF8.self)
     }
 }

@@ -137,9 +137,12 @@ public struct StateMachine: Sendable {
         if sessions[envelope.session]?.contains(envelope.seq) == true {
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
         }
-        // In place: copying the record out would copy its `above` list on every apply.
-        sessions[envelope.session, default: SessionRecord()].insert(envelope.seq)
-        if envelope.settledBelow > 0 { sessions[envelope.session]?.settle(below: envelope.settledBelow) }
+        // Moved out and back, so the record is changed in place (a copy would copy its `above`
+        // list) without the dictionary's `_modify`, whose coroutine frame is heap-allocated.
+        var record = sessions.removeValue(forKey: envelope.session) ?? SessionRecord()
+        record.insert(envelope.seq)
+        if envelope.settledBelow > 0 { record.settle(below: envelope.settledBelow) }
+        sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         var written: [Path] = []
         var value: Node?

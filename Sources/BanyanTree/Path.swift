@@ -35,28 +35,41 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
     static func parse(_ text: String, allowingPriority: Bool) throws(TreeError) -> (keys: [ChildKey], isPriority: Bool) {
         var text = text
         let result: Result<(keys: [ChildKey], isPriority: Bool), TreeError> = text.withUTF8 { bytes in
-            var pieces: [Range<Int>] = []
+            // One pass to count the pieces (and find the last), so the keys take one allocation.
+            var count = 0
+            var last = 0..<0
             var start = 0
             for i in 0...bytes.count where i == bytes.count || bytes[i] == UInt8(ascii: "/") {
-                if i > start { pieces.append(start..<i) }
+                if i > start {
+                    count += 1
+                    last = start..<i
+                }
                 start = i + 1
             }
-            var isPriority = false
-            if allowingPriority, let last = pieces.last, bytes[last].elementsEqual(".priority".utf8) {
-                isPriority = true
-                pieces.removeLast()
-            }
+            let isPriority = allowingPriority && count > 0 && bytes[last].elementsEqual(".priority".utf8)
+            if isPriority { count -= 1 }
             var keys: [ChildKey] = []
-            keys.reserveCapacity(pieces.count)
-            for range in pieces {
-                let piece = UnsafeBufferPointer(rebasing: bytes[range])
+            keys.reserveCapacity(count)
+            start = 0
+            for i in 0...bytes.count where keys.count < count && (i == bytes.count || bytes[i] == UInt8(ascii: "/")) {
+                defer { start = i + 1 }
+                guard i > start else { continue }
+                let piece = UnsafeBufferPointer(rebasing: bytes[start..<i])
                 let string = String(decoding: piece, as: UTF8.self)
                 guard let key = ChildKey(validUTF8: piece, string: string) else {
                     // Messages name the path as written (a write path: without empty segments
                     // and without its `.priority`).
-                    let shown = allowingPriority
-                        ? pieces.map { String(decoding: UnsafeBufferPointer(rebasing: bytes[$0]), as: UTF8.self) }.joined(separator: "/")
-                        : String(decoding: bytes, as: UTF8.self)
+                    var shown = String(decoding: bytes, as: UTF8.self)
+                    if allowingPriority {
+                        var pieces: [String] = []
+                        var from = 0
+                        for j in 0...bytes.count where j == bytes.count || bytes[j] == UInt8(ascii: "/") {
+                            if j > from { pieces.append(String(decoding: UnsafeBufferPointer(rebasing: bytes[from..<j]), as: UTF8.self)) }
+                            from = j + 1
+                        }
+                        if isPriority { pieces.removeLast() }
+                        shown = pieces.joined(separator: "/")
+                    }
                     let problem = ChildKey.problem(with: string) ?? "keys must be 1 to \(ChildKey.maxBytes) bytes of UTF-8"
                     return .failure(TreeError(
                         .invalidPath, path: Path.printable(shown),

@@ -85,24 +85,34 @@ extension Node {
     /// guarantees it for data it read at the same location.
     public func checkFits(at location: Path) throws(TreeError) {
         try location.checkLimits()
-        try checkFits(depth: location.count, bytes: location.byteCount, path: location)
+        var path = location.segments
+        try checkFits(depth: location.count, bytes: location.byteCount, path: &path)
     }
 
-    private func checkFits(depth: Int, bytes: Int, path: Path) throws(TreeError) {
+    /// `path` is this node's location, extended and restored on the way down: a path is built
+    /// only for an error message, not for every child.
+    private func checkFits(depth: Int, bytes: Int, path: inout [ChildKey]) throws(TreeError) {
         guard case .children(let map, _) = storage else { return }
         if depth + 1 > Path.maxDepth {
-            throw TreeError(.depthExceeded, path: path.description, "Data is nested too deeply: location depth plus data depth exceeds \(Path.maxDepth)")
+            throw TreeError(
+                .depthExceeded, path: Path(segments: path).description,
+                "Data is nested too deeply: location depth plus data depth exceeds \(Path.maxDepth)")
         }
         var failure: TreeError?
         map.forEach { key, child in
             guard failure == nil else { return }
             let childBytes = (depth == 0 ? 0 : bytes + 1) + Int(key.length)
             if childBytes > Path.maxBytes {
-                failure = TreeError(.pathTooLong, path: path.appending(key).description, "Key path is \(childBytes) bytes of UTF-8; the limit is \(Path.maxBytes)")
+                failure = TreeError(
+                    .pathTooLong, path: Path(segments: path + [key]).description,
+                    "Key path is \(childBytes) bytes of UTF-8; the limit is \(Path.maxBytes)")
                 return
             }
+            guard case .children = child.storage else { return }
+            path.append(key)
+            defer { path.removeLast() }
             do throws(TreeError) {
-                try child.checkFits(depth: depth + 1, bytes: childBytes, path: path.appending(key))
+                try child.checkFits(depth: depth + 1, bytes: childBytes, path: &path)
             } catch {
                 failure = error
             }

@@ -1,4 +1,4 @@
-import BanyanStateMachine
+@testable import BanyanStateMachine
 import BanyanTree
 import Testing
 
@@ -22,9 +22,10 @@ import Testing
             .compareAndSet(path: "/c", expectedHash: "abc=", json: json(#""v""#)),
         ]
         for (i, c) in commands.enumerated() {
-            let e = CommandEnvelope(session: 7, seq: UInt64(i + 1), timestamp: -5, command: c)
+            let e = CommandEnvelope(namespace: i == 0 ? "" : "ns-é", session: 7, seq: UInt64(i + 1), timestamp: -5, command: c)
             let bytes = e.encoded()
             #expect(CommandEnvelope(decoding: bytes) == e)
+            #expect(e.byteCount == bytes.count, "the reserved size is the encoded size")
             for cut in 0..<bytes.count {
                 #expect(CommandEnvelope(decoding: Array(bytes[0..<cut])) == nil, "prefix \(cut) of command \(i)")
             }
