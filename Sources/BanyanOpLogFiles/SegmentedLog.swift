@@ -94,8 +94,8 @@ public final class SegmentedLog {
     private var active: FileID?
     /// The active segment's file size: its records, then preallocated zeros.
     private var activeAllocated = 0
-    /// Zeros for preallocation (one buffer, reused).
-    private lazy var zeros = [UInt8](repeating: 0, count: options.preallocationBytes)
+    /// Zeros for preallocation (one buffer of at most 64 KiB, reused: a step is several writes).
+    private lazy var zeros = [UInt8](repeating: 0, count: Swift.min(options.preallocationBytes, 64 << 10))
     private var directoryDirty = false
 
     /// Set by the first storage error in append, sync or truncate: from then on every write
@@ -277,7 +277,7 @@ public final class SegmentedLog {
             if end > activeAllocated {
                 let target = (end / step + 1) * step
                 while activeAllocated < target {
-                    let count = Swift.min(step, target - activeAllocated)
+                    let count = Swift.min(zeros.count, target - activeAllocated)
                     try fileSystem.write(file, at: activeAllocated, count == zeros.count ? zeros : Array(zeros.prefix(count)))
                     activeAllocated += count
                 }

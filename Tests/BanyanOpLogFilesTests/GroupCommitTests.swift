@@ -71,12 +71,13 @@ import Testing
 }
 
 @Suite struct SyncModeTests {
-    @Test("syncEveryRecord makes each record durable inside append")
-    func everyRecord() throws {
+    @Test("syncEveryRecord makes each record durable inside append", arguments: [0, 64])
+    func everyRecord(preallocate: Int) throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         var options = SegmentedLog.Options()
         options.syncEveryRecord = true
         options.segmentBytes = 120
+        options.preallocationBytes = preallocate
         let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
         let before = fs.operations
         fs.crashAtOperation = before + 9
