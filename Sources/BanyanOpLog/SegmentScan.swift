@@ -43,9 +43,17 @@ public struct SegmentScan: Sendable, Equatable {
         let header = LogFormat.segmentHeader
         if bytes.count < header.count {
             // A crash right after creating the file: only legal at the end of the log.
-            let prefixMatches = zip(bytes, header).allSatisfy { $0 == $1 }
+            // (A prefix of the header, or zeros: its sector never reached the disk.)
+            let prefixMatches = zip(bytes, header).allSatisfy { $0 == $1 } || bytes.allSatisfy { $0 == 0 }
             result.headerMissing = true
             result.outcome = isLast && prefixMatches ? .tornTail(offset: 0) : .corrupt(offset: 0, reason: "incomplete segment header")
+            return result
+        }
+        if isLast, UnsafeBufferPointer(rebasing: bytes[0..<header.count]).allSatisfy({ $0 == 0 }) {
+            // A new segment whose header sector never reached the disk (later ones may have): it
+            // was never synced, so nothing in it was acknowledged.
+            result.headerMissing = true
+            result.outcome = .tornTail(offset: 0)
             return result
         }
         for i in 0..<header.count where bytes[i] != header[i] {

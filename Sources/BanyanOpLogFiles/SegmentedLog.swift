@@ -147,6 +147,7 @@ public final class SegmentedLog {
             .compactMap { name in LogFormat.firstIndex(ofSegment: name).map { (name, $0) } }
             .sorted { $0.1 < $1.1 }
         var expected: UInt64?
+        var zeroTail: (file: String, offset: Int, bytes: Int)?
         for (i, (name, first)) in names.enumerated() {
             let isLast = i == names.count - 1
             let bytes = try fileSystem.readAll(path(name))
@@ -160,6 +161,7 @@ public final class SegmentedLog {
                 break
             case .zeroTail(let offset):
                 size = offset  // preallocated space, kept for the next records
+                zeroTail = (path(name), offset, bytes.count - offset)
             case .corrupt(let offset, let reason):
                 logger.error("refusing to start: corrupt log", metadata: ["file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)"])
                 throw OpLogError(.corrupt, "corrupt log: \(reason)", file: path(name), offset: offset)
@@ -204,7 +206,13 @@ public final class SegmentedLog {
         // must be made durable too before anything is reported durable.
         try fileSystem.syncDirectory(directory)
         durableIndex = lastIndex
-        logger.info("log recovered", metadata: ["segments": "\(recovery.segments)", "records": "\(recovery.records)", "last_index": "\(lastIndex)"])
+        var metadata: Logger.Metadata = ["segments": "\(recovery.segments)", "records": "\(recovery.records)", "last_index": "\(lastIndex)"]
+        if let zeroTail {
+            // The preallocated zeros after the last record (normal; named so that a disk handing
+            // back zeros where records were would leave a trace).
+            metadata["zero_tail"] = "\(zeroTail.bytes) bytes at \(zeroTail.offset) of \(zeroTail.file)"
+        }
+        logger.info("log recovered", metadata: metadata)
     }
 
     // MARK: Writing

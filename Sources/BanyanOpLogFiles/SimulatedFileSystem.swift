@@ -12,6 +12,9 @@ public final class SimulatedFileSystem: FileSystem {
     private struct Inode {
         var data: [UInt8] = []
         var durable: [UInt8] = []
+        /// Existing bytes were written over since the last sync: a reboot then keeps or loses
+        /// each changed sector on its own, even when the file also only grew.
+        var overwritten = false
     }
 
     private var inodes: [Int: Inode] = [:]
@@ -43,6 +46,10 @@ public final class SimulatedFileSystem: FileSystem {
     public private(set) var appendOperations: [Int] = []
     /// The unit a reboot keeps or loses as a whole among overwritten bytes (a disk sector).
     public var sectorBytes = 512
+    /// New names are durable at once, before any directory fsync (a journaling file system can
+    /// commit a directory entry with some other file's fsync): a file's name may then survive a
+    /// power loss that its never-synced content does not.
+    public var createsAreDurable = false
 
     /// A file system whose `directories` already exist durably (the machine's data directory).
     public init(durableDirectories existing: [String] = []) {
@@ -95,6 +102,7 @@ public final class SimulatedFileSystem: FileSystem {
         } else {
             names[path] = nextInode
             inodes[nextInode] = Inode()
+            if createsAreDurable { durableNames[path] = nextInode }
             nextInode += 1
         }
         return try openHandle(path)
@@ -149,6 +157,7 @@ public final class SimulatedFileSystem: FileSystem {
             inodes[id] = nil  // unique storage: the writes below go in place
             if node.data.count < offset { node.data.append(contentsOf: repeatElement(0, count: offset - node.data.count)) }
             let overlap = Swift.min(bytes.count, node.data.count - offset)
+            if overlap > 0 { node.overwritten = true }
             if overlap > 0 { node.data.replaceSubrange(offset..<(offset + overlap), with: bytes[0..<overlap]) }
             node.data.append(contentsOf: bytes[overlap...])
             inodes[id] = node
@@ -159,7 +168,10 @@ public final class SimulatedFileSystem: FileSystem {
     public func sync(_ file: FileID) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
-        if let data = inodes[id]?.data { inodes[id]?.durable = data }
+        if let data = inodes[id]?.data {
+            inodes[id]?.durable = data
+            inodes[id]?.overwritten = false
+        }
     }
 
     public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
@@ -239,7 +251,7 @@ public final class SimulatedFileSystem: FileSystem {
         tear = nil
         for (path, id) in names {
             guard var node = inodes[id] else { continue }
-            if node.data.count >= node.durable.count, node.data.starts(with: node.durable) {
+            if !node.overwritten, node.data.count >= node.durable.count, node.data.starts(with: node.durable) {
                 let extra = node.data.count - node.durable.count
                 let keep = Swift.max(0, Swift.min(extra, keepUnsynced(path, extra)))
                 node.data = node.durable + node.data[node.durable.count..<(node.durable.count + keep)]
@@ -260,6 +272,7 @@ public final class SimulatedFileSystem: FileSystem {
                 node.data = result
             }
             node.durable = node.data
+            node.overwritten = false
             inodes[id] = node
         }
         let live = Set(names.values)

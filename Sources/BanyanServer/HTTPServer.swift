@@ -126,10 +126,12 @@ final class Answered: @unchecked Sendable {
 /// an event stream. Confined to the channel's event loop.
 ///
 /// HTTP/1.1 pipelining: request parts that arrive while a request is being answered (or a stream
-/// is open) wait in `queued` and are taken in order after the answer. Past `maxQueuedParts` or
-/// `maxQueuedBytes` the handler holds the channel's reads until the queue drains, so a client
-/// sending requests ahead cannot make it buffer without bound. Reads are not held otherwise:
-/// holding them costs two `epoll_ctl` calls per request.
+/// is open) wait in `queued` and are taken in order after the answer, in a loop (never by
+/// recursion: thousands of requests answered at once must not deepen the stack). Past
+/// `maxQueuedParts` or `maxQueuedBytes` the handler holds the channel's reads until the queue
+/// drains; what one read cycle already brought in is still queued, up to `hardQueuedParts` or
+/// `hardQueuedBytes`, past which the client is far ahead of its answers and the connection is
+/// closed. Reads are not held otherwise: holding them costs two `epoll_ctl` calls per request.
 final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = ByteBuffer
@@ -140,16 +142,28 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     private var body: [UInt8] = []
     private var tooLarge = false
     private var busy = false
-    /// Request parts that arrived while `busy` (pipelined), taken in order once it is not, and
-    /// the body bytes among them.
+    /// Request parts that arrived while `busy` (pipelined), taken in order from `nextQueued`
+    /// once it is not, and the body bytes among them.
     private var queued: [HTTPServerRequestPart] = []
+    private var nextQueued = 0
     private var queuedBytes = 0
+    private var queuedCount: Int { queued.count - nextQueued }
+    private var resuming = false
     static let maxQueuedParts = 64
     static let maxQueuedBytes = 1 << 20
+    static let hardQueuedParts = 4_096
     /// A read the channel asked for while the queue was full (or the connection closing), issued
     /// once it is not.
     private var readHeld = false
-    private var holdsReads: Bool { closing || queued.count >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes }
+    private var holdsReads: Bool { closing || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes }
+    /// A whole request body may wait behind the one being answered, and a little more.
+    private var hardQueuedBytes: Int { server.config.http.maxBodyBytes + Self.maxQueuedBytes }
+
+    private func dropQueue() {
+        queued = []
+        nextQueued = 0
+        queuedBytes = 0
+    }
     /// True once the connection is to close after the answer being written (nothing more is read).
     private var closing = false
     private var streaming: StreamState?
@@ -193,6 +207,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         deadlineAt = nil
         guard streaming == nil, !busy, context.channel.isActive else { return }
         if let head {
+            // The rest of this request, if it comes, is ignored (the connection is closing).
+            self.head = nil
+            body = []
+            tooLarge = false
+            busy = true
             respond(
                 context: context, head: head, reply: .error(.requestTimeout, "The request was not received in time."), close: true)
         } else {
@@ -201,11 +220,19 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        // Nothing more is taken once the connection is closing (after a close answer, a 408, or
+        // bad HTTP): a request arriving then must not apply.
+        guard !closing else { return }
         let part = unwrapInboundIn(data)
-        if busy || !queued.isEmpty {
-            guard !closing else { return }
+        if busy || queuedCount > 0 {
             if case .body(let chunk) = part { queuedBytes += chunk.readableBytes }
             queued.append(part)
+            if queuedCount > Self.hardQueuedParts || queuedBytes > hardQueuedBytes {
+                server.logger.notice("closed a connection pipelining too far ahead of its answers", metadata: ["parts": "\(queuedCount)"])
+                closing = true
+                dropQueue()
+                context.close(promise: nil)
+            }
             return
         }
         handle(context: context, part)
@@ -223,10 +250,19 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     /// After an answer: the queued parts, in order, until one makes the handler busy again;
     /// then a held read, once the queue has room.
     private func resume(context: ChannelHandlerContext) {
-        while !busy, !closing, !queued.isEmpty {
-            let part = queued.removeFirst()
+        // An answer given inside this loop calls resume again: the loop carries on instead.
+        guard !resuming else { return }
+        resuming = true
+        defer { resuming = false }
+        while !busy, !closing, queuedCount > 0 {
+            let part = queued[nextQueued]
+            nextQueued += 1
             if case .body(let chunk) = part { queuedBytes -= chunk.readableBytes }
             handle(context: context, part)
+        }
+        if queuedCount == 0 && !queued.isEmpty {
+            queued.removeAll(keepingCapacity: queued.count <= Self.maxQueuedParts)
+            nextQueued = 0
         }
         if readHeld, !holdsReads {
             readHeld = false
@@ -243,6 +279,18 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             started = DispatchTime.now().uptimeNanoseconds
             if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > server.config.http.maxBodyBytes {
                 tooLarge = true
+            }
+            // A client waiting before it sends its body (curl does past 1 MiB): go ahead, or
+            // refuse at once when the body is too large.
+            if h.version == .http1_1, let expect = h.headers.first(name: "expect"), HTTPHead.isHeader(expect, "100-continue") {
+                if tooLarge {
+                    head = nil
+                    busy = true
+                    let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
+                    respond(context: context, head: h, reply: reply, close: true)
+                    return
+                }
+                context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 100 Continue\r\n\r\n")), promise: nil)
             }
         case .body(let chunk):
             guard !tooLarge else { return }
@@ -288,11 +336,13 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             return
         }
         closing = true
-        queued = []
-        queuedBytes = 0
-        var buffer = context.channel.allocator.buffer(capacity: 80)
+        dropQueue()
+        let body = RESTRender.errorBody("Bad request: this is not a valid HTTP/1.1 request.")
+        var buffer = context.channel.allocator.buffer(capacity: 160 + body.count)
         HTTPResponseWriter.writeHead(
-            version: .http1_1, status: .badRequest, headers: [], contentLength: 0, keepAlive: false, into: &buffer)
+            version: .http1_1, status: .badRequest, headers: [("Content-Type", "application/json; charset=utf-8")],
+            contentLength: body.count, keepAlive: false, into: &buffer)
+        buffer.writeBytes(body)
         let channel = context.channel
         context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { _ in channel.close(promise: nil) }
     }
@@ -356,6 +406,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
                 case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))
                 }
             }
+        case .stream where head.method == .HEAD:
+            // The head a stream would start with, and no stream.
+            respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")], body: []))
         case .stream:
             startStream(context: context, head: head, request: request, stale: stale)
         case .put, .post, .patch, .delete:
@@ -441,8 +494,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         if context.channel.isActive { armDeadline(context: context) }
         if !keepAlive {
             closing = true
-            queued = []
-            queuedBytes = 0
+            dropQueue()
             let channel = context.channel
             done.whenComplete { _ in channel.close(promise: nil) }
         } else {
@@ -479,7 +531,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
                     state.attach(watch: id, runtime: runtime)
                 case .failure(let e):
                     state.send(SSEStream.cancel(e.description))
-                    channel.close(promise: nil)
+                    state.finish()
                 }
             }
     }
@@ -564,6 +616,13 @@ final class StreamState: @unchecked Sendable {
         buffer.writeBytes(bytes)
         if chunked { buffer.writeStaticString("\r\n") }
         channel.writeAndFlush(buffer, promise: nil)
+    }
+
+    /// Ends the stream on purpose: the last chunk (HTTP/1.1), then the close.
+    func finish() {
+        guard chunked, channel.isActive else { return channel.close(promise: nil) }
+        let channel = self.channel
+        channel.writeAndFlush(ByteBuffer(string: "0\r\n\r\n")).whenComplete { _ in channel.close(promise: nil) }
     }
 
     func close() {

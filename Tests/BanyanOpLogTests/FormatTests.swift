@@ -55,6 +55,12 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
                 if case .corrupt = strict.outcome {} else { Issue.record("cut at \(cut) not corrupt in a non-last segment") }
             }
         }
+        // A header sector that never reached the disk (zeros) while later ones did: the whole
+        // segment is an unsynced tail in the last segment, corruption in any other.
+        let headless = [UInt8](repeating: 0, count: LogFormat.segmentHeader.count) + full.dropFirst(LogFormat.segmentHeader.count)
+        let lost = SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true)
+        #expect(lost.headerMissing && lost.outcome == .tornTail(offset: 0))
+        if case .corrupt = SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: false).outcome {} else { Issue.record("zero header in an earlier segment") }
         for cut in 0..<LogFormat.segmentHeader.count {
             let scan = SegmentScan.scan(Array(full.prefix(cut)), expectedFirstIndex: 1, isLast: true)
             #expect(scan.headerMissing && scan.outcome == .tornTail(offset: 0))

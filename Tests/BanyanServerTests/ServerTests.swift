@@ -591,3 +591,102 @@ final class Inbox: Sendable {
         #expect(String(buffer: buffer) == "HTTP/1.1 200 OK\r\nX-Good: a\tb\r\nAccess-Control-Allow-Origin: *\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n")
     }
 }
+
+/// Clients that pipeline too far, keep sending after their connection was told to close, or
+/// wait for `100 Continue`.
+@Suite struct HTTPAbuseTests {
+    typealias Raw = RequestDeadlineTests.Raw
+
+    @Test("thousands of pipelined requests behind a slow one: answered in order below the cap, the connection closed above it, the node unharmed")
+    func pipelineFlood() throws {
+        let dir = try temporaryDirectory("flood")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let n = try BanyanNode.start(config: waitingNodeConfig(dir), logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        // No leader: a linearizable read waits for its `timeout` (then 400); the rest queue.
+        let slow = "GET /x.json?timeout=800ms HTTP/1.1\r\nHost: a\r\n\r\n"
+        let options = "OPTIONS /x.json HTTP/1.1\r\nHost: a\r\n\r\n"
+
+        let below = try Raw(port: port)
+        below.send(slow + String(repeating: options, count: 1_500))
+        var text = ""
+        for _ in 0..<100 where text.components(separatedBy: "HTTP/1.1 ").count <= 1_501 {
+            text += below.receive(until: "", seconds: 0.1).text
+        }
+        let statuses = text.components(separatedBy: "HTTP/1.1 ").dropFirst().map { $0.prefix(3) }
+        #expect(statuses.count == 1_501 && statuses.first == "400" && statuses.dropFirst().allSatisfy { $0 == "200" }, "\(statuses.count) answers")
+
+        let above = try Raw(port: port)
+        above.send(slow + String(repeating: options, count: 6_000))
+        let (_, closed) = above.receive(until: "\u{0}", seconds: 5)
+        #expect(closed, "a client 12,000 parts ahead is disconnected")
+
+        let after = try Raw(port: port)
+        after.send(RequestDeadlineTests.get)
+        #expect(after.receive(until: "null", seconds: 5).text.hasPrefix("HTTP/1.1 200 OK"), "the node still answers")
+    }
+
+    @Test("a request's body arriving after its 408 is not applied, even while earlier answers are still being written")
+    func nothingAfterClose() throws {
+        let dir = try temporaryDirectory("late")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.join = false  // a one-node cluster: writes apply
+        c.http.requestReadTimeoutSeconds = 1
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let big = "\"" + String(repeating: "b", count: 3 << 20) + "\""
+        var stored = false
+        for _ in 0..<50 where !stored {
+            let setup = try Raw(port: port)
+            setup.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(big.utf8.count)\r\n\r\n" + big)
+            stored = setup.receive(until: "\r\n\r\n", seconds: 2).text.hasPrefix("HTTP/1.1 200")
+            if !stored { Thread.sleep(forTimeInterval: 0.2) }
+        }
+        #expect(stored, "no leader for the set-up write")
+
+        // Answers of 9 MB the client does not read, then a write whose body comes too late.
+        let stuck = try Raw(port: port)
+        let get = "GET /big.json HTTP/1.1\r\nHost: a\r\n\r\n"
+        stuck.send(get + get + get + "PUT /late.json HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n\"")
+        Thread.sleep(forTimeInterval: 2.5)
+        stuck.send("z\"")
+        Thread.sleep(forTimeInterval: 0.5)
+        _ = stuck.receive(until: "", seconds: 3)
+
+        let check = try Raw(port: port)
+        check.send("GET /late.json HTTP/1.1\r\nHost: a\r\n\r\n")
+        let (text, _) = check.receive(until: "\r\n\r\nnull", seconds: 5)
+        #expect(text.hasSuffix("\r\n\r\nnull"), "the late write applied: \(text.suffix(40))")
+    }
+
+    @Test("Expect: 100-continue gets 100 before the body, or 413 at once for a body over the limit; HEAD of a stream is the head only")
+    func continueAndHead() throws {
+        let dir = try temporaryDirectory("continue")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.http.maxBodyBytes = 1_000
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+
+        let waiting = try Raw(port: port)
+        waiting.send("PUT /x.json?consistency=stale HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
+        #expect(waiting.receive(until: "\r\n\r\n", seconds: 2).text == "HTTP/1.1 100 Continue\r\n\r\n")
+        waiting.send("1")
+        // No leader: the write is refused after its wait, but it was taken.
+        #expect(waiting.receive(until: "\r\n\r\n", seconds: 15).text.hasPrefix("HTTP/1.1 5"))
+
+        let tooBig = try Raw(port: port)
+        tooBig.send("PUT /x.json HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n")
+        let (refused, closed) = tooBig.receive(until: "", seconds: 3)
+        #expect(refused.hasPrefix("HTTP/1.1 413 Payload Too Large\r\n") && closed, "\(refused.prefix(60))")
+
+        let head = try Raw(port: port)
+        head.send("HEAD /x.json?consistency=stale HTTP/1.1\r\nHost: a\r\nAccept: text/event-stream\r\n\r\n")
+        let (text, _) = head.receive(until: "", seconds: 1)
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.contains("text/event-stream") && text.hasSuffix("\r\n\r\n"), "\(text)")
+    }
+}
