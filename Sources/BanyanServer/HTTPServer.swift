@@ -489,14 +489,16 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             version: head.version, status: reply.status, headers: reply.headers, contentLength: length, keepAlive: keepAlive, into: &buffer)
         if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
         if !noBody { buffer.writeBytes(reply.body) }
-        let done = context.writeAndFlush(wrapOutboundOut(buffer))
+        // A promise only when the close must wait for the write (one allocation less per answer).
+        let done = keepAlive ? nil : context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
-        if !keepAlive {
+        if let done {
             closing = true
             dropQueue()
             let channel = context.channel
-            done.whenComplete { _ in channel.close(promise: nil) }
+            done.futureResult.whenComplete { _ in channel.close(promise: nil) }
         } else {
             resume(context: context)
         }

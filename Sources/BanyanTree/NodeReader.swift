@@ -109,6 +109,8 @@ private struct ReaderState {
     mutating func push(_ key: ChildKey) throws(TreeError) {
         let bytes = Int(key.length)
         let newBytes = keys.isEmpty ? bytes : pathBytes + 1 + bytes
+        // Room for several levels at once: the first push copies the location's keys anyway.
+        if keys.count == keys.capacity { keys.reserveCapacity(keys.count + 8) }
         keys.append(key)
         pathBytes = newBytes
         if keys.count > Path.maxDepth {
@@ -282,6 +284,8 @@ private struct ReaderState {
                     nullKeys.append(key)
                 } else {
                     if let previous = children.last?.0, allKeysInOrder, !(previous < key) { allKeysInOrder = false }
+                    // One allocation for a small object instead of one per doubling.
+                    if children.isEmpty { children.reserveCapacity(8) }
                     children.append((key, child))
                 }
                 realKeys += 1
