@@ -6,8 +6,7 @@
 /// them, the way a disk may persist part of an unsynced write; where unsynced writes went over
 /// existing bytes, each changed sector keeps its old or its new content independently (write-back
 /// does not go in order). Faults: fail the N-th mutating operation (a crash at that point), tear
-/// a write after k bytes, a capacity (ENOSPC), failing
-/// renames. Deterministic; not thread-safe.
+/// a write after k bytes, a capacity (ENOSPC), failing renames. Deterministic; not thread-safe.
 public final class SimulatedFileSystem: FileSystem {
     private struct Inode {
         var data: [UInt8] = []
@@ -157,8 +156,10 @@ public final class SimulatedFileSystem: FileSystem {
             inodes[id] = nil  // unique storage: the writes below go in place
             if node.data.count < offset { node.data.append(contentsOf: repeatElement(0, count: offset - node.data.count)) }
             let overlap = Swift.min(bytes.count, node.data.count - offset)
-            if overlap > 0 { node.overwritten = true }
-            if overlap > 0 { node.data.replaceSubrange(offset..<(offset + overlap), with: bytes[0..<overlap]) }
+            if overlap > 0 {
+                node.overwritten = true
+                node.data.replaceSubrange(offset..<(offset + overlap), with: bytes[0..<overlap])
+            }
             node.data.append(contentsOf: bytes[overlap...])
             inodes[id] = node
         }

@@ -286,8 +286,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
                 if tooLarge {
                     head = nil
                     busy = true
-                    let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
-                    respond(context: context, head: h, reply: reply, close: true)
+                    respond(context: context, head: h, reply: tooLargeReply, close: true)
                     return
                 }
                 context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 100 Continue\r\n\r\n")), promise: nil)
@@ -306,8 +305,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             busy = true
             deadlineAt = nil
             if tooLarge {
-                let reply = HTTPReply.error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
-                respond(context: context, head: head, reply: reply, close: true)
+                respond(context: context, head: head, reply: tooLargeReply, close: true)
                 return
             }
             let request = body
@@ -328,6 +326,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         context.fireChannelInactive()
     }
 
+    private var tooLargeReply: HTTPReply {
+        .error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
+    }
+
     /// Bad HTTP (the decoder's errors): a 400 and a close when no answer is under way, as
     /// NIO's protocol error handler did; otherwise just the close.
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -337,12 +339,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         }
         closing = true
         dropQueue()
-        let body = RESTRender.errorBody("Bad request: this is not a valid HTTP/1.1 request.")
-        var buffer = context.channel.allocator.buffer(capacity: 160 + body.count)
-        HTTPResponseWriter.writeHead(
-            version: .http1_1, status: .badRequest, headers: [("Content-Type", "application/json; charset=utf-8")],
-            contentLength: body.count, keepAlive: false, into: &buffer)
-        buffer.writeBytes(body)
+        let reply = HTTPReply.error(.badRequest, "Bad request: this is not a valid HTTP/1.1 request.")
+        let buffer = encode(reply, version: .http1_1, isHead: false, keepAlive: false, context: context)
         let channel = context.channel
         context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { _ in channel.close(promise: nil) }
     }
@@ -480,15 +478,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
         busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
-        let noBody = reply.status == .notModified || reply.status == .noContent || head.method == .HEAD
-        // 204 and 304 carry no length; HEAD gets 0 (as before).
-        let length: Int? = reply.status == .notModified || reply.status == .noContent ? nil : (noBody ? 0 : reply.body.count)
         let keepAlive = head.isKeepAlive && !close && !closing
-        var buffer = context.channel.allocator.buffer(capacity: 160 + (noBody ? 0 : reply.body.count))
-        let dropped = HTTPResponseWriter.writeHead(
-            version: head.version, status: reply.status, headers: reply.headers, contentLength: length, keepAlive: keepAlive, into: &buffer)
-        if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
-        if !noBody { buffer.writeBytes(reply.body) }
+        let buffer = encode(reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, context: context)
         // A promise only when the close must wait for the write (one allocation less per answer).
         let done = keepAlive ? nil : context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
@@ -502,6 +493,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         } else {
             resume(context: context)
         }
+    }
+
+    /// An answer as bytes: 204 and 304 carry no length and no body; a HEAD answer gets length 0
+    /// (as before) and no body.
+    private func encode(_ reply: HTTPReply, version: HTTPVersion, isHead: Bool, keepAlive: Bool, context: ChannelHandlerContext) -> ByteBuffer {
+        let bodiless = reply.status == .notModified || reply.status == .noContent
+        let noBody = bodiless || isHead
+        var buffer = context.channel.allocator.buffer(capacity: 160 + (noBody ? 0 : reply.body.count))
+        let dropped = HTTPResponseWriter.writeHead(
+            version: version, status: reply.status, headers: reply.headers, contentLength: bodiless ? nil : (noBody ? 0 : reply.body.count),
+            keepAlive: keepAlive, into: &buffer)
+        if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
+        if !noBody { buffer.writeBytes(reply.body) }
+        return buffer
     }
 
     // MARK: - Event streams

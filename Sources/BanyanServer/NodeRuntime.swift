@@ -628,9 +628,6 @@ struct Completion<T> {
     let done: @Sendable (T) -> Void
 }
 
-/// Answers gathered on the replica loop for one caller's event loop. They are handed over whole
-/// and run only there (each answer hops to its caller's loop by construction), so the closures
-/// need not be `Sendable` themselves.
 /// The answers gathered for one event loop during a pass (replica thread only).
 private final class ReplyBox {
     let loop: any EventLoop
@@ -638,6 +635,9 @@ private final class ReplyBox {
     init(loop: any EventLoop) { self.loop = loop }
 }
 
+/// Answers gathered on the replica loop for one caller's event loop. They are handed over whole
+/// and run only there (each answer hops to its caller's loop by construction), so the closures
+/// need not be `Sendable` themselves.
 private struct AnswerBatch: @unchecked Sendable {
     let work: [() -> Void]
 }

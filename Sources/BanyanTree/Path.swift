@@ -33,6 +33,7 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
     /// the write path of every client request and of every applied command goes through here.
     /// With `allowingPriority`, a last segment `.priority` is taken off and reported.
     static func parse(_ text: String, allowingPriority: Bool) throws(TreeError) -> (keys: [ChildKey], isPriority: Bool) {
+        let original = text
         var text = text
         let result: Result<(keys: [ChildKey], isPriority: Bool), TreeError> = text.withUTF8 { bytes in
             // One pass to count the pieces (and find the last), so the keys take one allocation.
@@ -59,14 +60,9 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
                 guard let key = ChildKey(validUTF8: piece, string: string) else {
                     // Messages name the path as written (a write path: without empty segments
                     // and without its `.priority`).
-                    var shown = String(decoding: bytes, as: UTF8.self)
+                    var shown = original
                     if allowingPriority {
-                        var pieces: [String] = []
-                        var from = 0
-                        for j in 0...bytes.count where j == bytes.count || bytes[j] == UInt8(ascii: "/") {
-                            if j > from { pieces.append(String(decoding: UnsafeBufferPointer(rebasing: bytes[from..<j]), as: UTF8.self)) }
-                            from = j + 1
-                        }
+                        var pieces = original.splitting(atByte: UInt8(ascii: "/"), omittingEmpty: true)
                         if isPriority { pieces.removeLast() }
                         shown = pieces.joined(separator: "/")
                     }

@@ -26,6 +26,9 @@ func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
     return condition()
 }
 
+/// The port of a running node's client API.
+func clientPort(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
+
 /// A node on loopback ports chosen by the system, blank and waiting to join (it never has a
 /// leader), with its data under `dir`.
 func waitingNodeConfig(_ dir: String) -> NodeConfig {
@@ -363,7 +366,7 @@ final class Inbox: Sendable {
         }
     }
 
-    func port(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
+    func port(_ node: BanyanNode) -> Int { clientPort(node) }
 
     @Test("a read with Firebase's timeout parameter answers 400 when it cannot finish in time (no leader here)")
     func readTimeoutParameter() async throws {
@@ -472,7 +475,7 @@ final class Inbox: Sendable {
         c.http.requestReadTimeoutSeconds = 1
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
-        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let port = clientPort(n)
 
         // Requests 0.6 s apart: each within the deadline of the previous response, 1.8 s in all.
         let busy = try Raw(port: port)
@@ -517,7 +520,7 @@ final class Inbox: Sendable {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let n = try BanyanNode.start(config: waitingNodeConfig(dir), logger: Logger(label: "test"))
         defer { n.shutdown() }
-        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let port = clientPort(n)
 
         // Three requests in one packet (the second asks for a pretty-printed error): three
         // answers, in order, on the open connection.
@@ -603,7 +606,7 @@ final class Inbox: Sendable {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let n = try BanyanNode.start(config: waitingNodeConfig(dir), logger: Logger(label: "test"))
         defer { n.shutdown() }
-        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let port = clientPort(n)
         // No leader: a linearizable read waits for its `timeout` (then 400); the rest queue.
         let slow = "GET /x.json?timeout=800ms HTTP/1.1\r\nHost: a\r\n\r\n"
         let options = "OPTIONS /x.json HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -636,7 +639,7 @@ final class Inbox: Sendable {
         c.http.requestReadTimeoutSeconds = 1
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
-        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let port = clientPort(n)
         let big = "\"" + String(repeating: "b", count: 3 << 20) + "\""
         var stored = false
         for _ in 0..<50 where !stored {
@@ -670,7 +673,7 @@ final class Inbox: Sendable {
         c.http.maxBodyBytes = 1_000
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
-        let port = Int(n.clientAddress.split(separator: ":").last ?? "") ?? 0
+        let port = clientPort(n)
 
         let waiting = try Raw(port: port)
         waiting.send("PUT /x.json?consistency=stale HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
