@@ -45,7 +45,7 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String?
 
-    @Option(name: .long, help: "Network threads (default: one per core, at most 4); 1 runs the whole node on one thread.")
+    @Option(name: .long, help: "Network threads (default: 1 on a machine of one or two cores, else one per core, at most 4); 1 runs the whole node on one thread.")
     var threads: Int?
 
     /// `nodeConfig()` with configuration errors reported as usage errors (exit status 64).

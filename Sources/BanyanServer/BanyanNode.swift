@@ -50,7 +50,7 @@ public final class BanyanNode: Sendable {
         let registry = Self.registry()
         let adminToken = try config.loadAdminToken()
         let tls = try Self.tlsConfigurations(config, logger: logger)
-        let threads = config.threads ?? max(1, min(4, System.coreCount))
+        let threads = config.threads ?? NodeConfig.defaultThreads(cores: System.coreCount)
         network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
         let runtime = try NodeRuntime(config: config, logger: logger, sharedLoop: threads == 1 ? network.next() : nil) { message in
             logger.info("\(message)")

@@ -37,9 +37,16 @@ public struct NodeConfig: Sendable, Equatable {
     /// (`/.banyan/members…`, `/.banyan/transfer`) need `Authorization: Bearer <token>`; without
     /// it they follow the development settings, like data requests.
     public var adminTokenFile: String?
-    /// Network threads (nil: one per core, at most 4). With 1, the replica loop shares that
-    /// thread too: a single-threaded node.
+    /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
+    /// too: a single-threaded node.
     public var threads: Int?
+
+    /// One thread for the whole node on a machine of one or two cores, where handing requests
+    /// between threads costs more than a second core saves (docs/benchmarks.md); otherwise one
+    /// network thread per core, at most 4, next to the replica thread.
+    public static func defaultThreads(cores: Int) -> Int {
+        cores <= 2 ? 1 : min(4, cores)
+    }
 
     public struct TLSPaths: Sendable, Equatable {
         /// Directory of the development CA and certificates generated on first run.
@@ -61,6 +68,10 @@ public struct NodeConfig: Sendable, Equatable {
         public var heartbeatTicks: Int = 2
         public var snapshotEntries: UInt64 = 100_000
         public var requestTimeoutMilliseconds: Int = 8_000
+        /// Under load the leader starts a replication round (an append to each follower and an
+        /// fsync on every node) at most once per this many microseconds; 0 starts one as soon as
+        /// the previous is persisted. A lone write is never held (docs/server.md, "Round pacing").
+        public var roundIntervalMicroseconds: Int = 800
         public init() {}
     }
 
@@ -208,6 +219,7 @@ extension NodeConfig {
                     case "heartbeat_ticks": c.raft.heartbeatTicks = try r.int(v, "raft.heartbeat_ticks", 1...10_000)
                     case "snapshot_entries": c.raft.snapshotEntries = try r.uint(v, "raft.snapshot_entries")
                     case "request_timeout_ms": c.raft.requestTimeoutMilliseconds = try r.int(v, "raft.request_timeout_ms", 100...3_600_000)
+                    case "round_interval_us": c.raft.roundIntervalMicroseconds = try r.int(v, "raft.round_interval_us", 0...100_000)
                     default: throw ConfigError("\(source): unknown key raft.\(k)")
                     }
                 }

@@ -69,6 +69,9 @@ public final class NodeRuntime: @unchecked Sendable {
     private var transport: (any PeerSender)?
     private var tickTask: RepeatedTask?
     private var processScheduled = false
+    /// Spaces the leader's replication rounds under load (`raft.round_interval_us`).
+    private var pacer: RoundPacer
+    private var pacerWake: Scheduled<Void>?
     private var stopped = false
 
     private var nextRequest: RequestID = 1
@@ -137,6 +140,7 @@ public final class NodeRuntime: @unchecked Sendable {
         }
         let loaded = try storage.load(progress: progress)
         self.storage = storage
+        pacer = RoundPacer(interval: UInt64(max(0, config.raft.roundIntervalMicroseconds)) * 1_000)
         var raft = RaftConfiguration(id: config.nodeID, seed: UInt64.random(in: 1...UInt64.max))
         raft.electionTicks = config.raft.electionTicks
         raft.heartbeatTicks = config.raft.heartbeatTicks
@@ -444,9 +448,24 @@ public final class NodeRuntime: @unchecked Sendable {
     private func process() {
         processScheduled = false
         guard !stopped else { return }
+        let isLeader = replica.raft.role == .leader
+        if !isLeader { pacer.reset() }
+        if let wait = pacer.wait(now: DispatchTime.now().uptimeNanoseconds, isLeader: isLeader) {
+            // Everything that arrives meanwhile goes out in one round when this fires.
+            if pacerWake == nil {
+                pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: wait))) {
+                    self.pacerWake = nil
+                    self.scheduleProcess()
+                }
+            }
+            return
+        }
         var rounds = 0
         while rounds < 64, let rd = replica.ready() {
             rounds += 1
+            if !rd.entries.isEmpty, replica.raft.role == .leader {
+                pacer.roundStarted(now: DispatchTime.now().uptimeNanoseconds, entries: rd.entries.count)
+            }
             let installed: StateMachine?
             // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
             // follower's forwarded proposals and read-index requests while it persists.

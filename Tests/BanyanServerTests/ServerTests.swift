@@ -62,6 +62,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                 raft:
                   tick_ms: 50
                   election_ticks: 12
+                  round_interval_us: 0
                 http:
                   max_body_bytes: 1048576
                 development:
@@ -72,11 +73,14 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
         #expect(c.tls.certificate == "/etc/banyan/node2.pem" && !c.tls.generateDevelopmentCertificates)
         #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20)
+        #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
+        // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
+        #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
         #expect(!c.development.allowUnauthenticated && c.development.acceptOwnerToken)
         let bad = [
             "nodeid: 1", "node_id: 0", "client_address: nowhere", "client_address: 1.2.3.4:99999", "raft:\n  tick_ms: 0",
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
-            "http:\n  max_body_bytes: 10", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
+            "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }
