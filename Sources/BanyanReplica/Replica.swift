@@ -131,6 +131,13 @@ public struct Replica: Sendable {
     /// Which namespaces' `.applied` events carry the tree after the command (the driver sets
     /// the namespaces it has live views of). Nil: every namespace.
     public var treesFor: Set<String>? = nil
+    /// Set by the driver while it paces the leader's rounds (`RoundPacer`): `ready()` then
+    /// proposes nothing new. This node's queued writes wait, and on the leader so do proposals
+    /// forwarded by followers; commits, applies, answers, reads and heartbeats go on as usual.
+    public var holdProposals = false
+    /// Proposals forwarded by followers that arrived while `holdProposals` was set (leader only;
+    /// proposed, restamped, by the next `ready()` that does not hold).
+    private var heldForwarded: [[[UInt8]]] = []
 
     /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
     /// from the newest snapshot (its `appliedIndex` is the snapshot's index).
@@ -188,6 +195,10 @@ public struct Replica: Sendable {
         // The leader stamps forwarded proposals with its own clock (docs/replica.md); a message
         // from a higher term goes to the core first (it steps down and drops or forwards it).
         if case .proposal(let commands) = m.body, raft.role == .leader, m.term <= raft.term {
+            if holdProposals {
+                heldForwarded.append(commands)
+                return
+            }
             let stamp = nextStamp()
             let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
             if !stamped.isEmpty { _ = try? raft.propose(stamped) }
@@ -281,6 +292,20 @@ public struct Replica: Sendable {
     }
 
     private mutating func flushProposals() {
+        guard !holdProposals else { return }
+        if !heldForwarded.isEmpty {
+            let held = heldForwarded
+            heldForwarded = []
+            // Leadership lost meanwhile: the followers propose them again after `retryTicks`,
+            // as after any forward lost in a leader change.
+            if raft.role == .leader {
+                let stamp = nextStamp()
+                for commands in held {
+                    let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
+                    if !stamped.isEmpty { _ = try? raft.propose(stamped) }
+                }
+            }
+        }
         guard !toPropose.isEmpty else { return }
         let seqs = toPropose
         toPropose = []

@@ -3,8 +3,10 @@
 /// and one fsync on every node. Under load, rounds started back to back each carry few writes, and
 /// every round costs the same fsyncs and wake-ups whatever it carries; so while writes keep
 /// coming, the leader starts a round at most once per `interval`, and the writes that arrive in
-/// between go out together in the next one. A lone write is never held: pacing applies only while
-/// the previous round carried more than one entry, so at low load a write starts its round at once.
+/// between go out together in the next one (the driver holds only new proposals meanwhile:
+/// `Replica.holdProposals`). Pacing applies only after a round of more than one entry, so at low
+/// load, when each round carries a single write, a write starts its round at once; a write that
+/// arrives just after a larger round may wait up to `interval`.
 ///
 /// Pure: the driver passes its monotonic clock (nanoseconds) in and schedules the wake-up.
 public struct RoundPacer: Sendable, Equatable {

@@ -41,9 +41,11 @@ public struct NodeConfig: Sendable, Equatable {
     /// too: a single-threaded node.
     public var threads: Int?
 
-    /// One thread for the whole node on a machine of one or two cores, where handing requests
-    /// between threads costs more than a second core saves (docs/benchmarks.md); otherwise one
-    /// network thread per core, at most 4, next to the replica thread.
+    /// One thread for the whole node on a machine of one or two cores; otherwise one network
+    /// thread per core, at most 4, next to the replica thread. On the 2-core benchmark machine
+    /// (three nodes and the load generator sharing it) one thread per node cost half the context
+    /// switches per write at about the same throughput (docs/benchmarks.md); a single node on
+    /// two cores was not measured separately. `threads` overrides it.
     public static func defaultThreads(cores: Int) -> Int {
         cores <= 2 ? 1 : min(4, cores)
     }
@@ -70,7 +72,8 @@ public struct NodeConfig: Sendable, Equatable {
         public var requestTimeoutMilliseconds: Int = 8_000
         /// Under load the leader starts a replication round (an append to each follower and an
         /// fsync on every node) at most once per this many microseconds; 0 starts one as soon as
-        /// the previous is persisted. A lone write is never held (docs/server.md, "Round pacing").
+        /// the previous is persisted. Only new proposals wait, and only after a round of more than
+        /// one entry (docs/server.md, "Round pacing"). At most half the heartbeat interval.
         public var roundIntervalMicroseconds: Int = 800
         public init() {}
     }
@@ -252,6 +255,13 @@ extension NodeConfig {
     public func validate() throws(ConfigError) {
         guard nodeID != 0 else { throw ConfigError("node_id must be at least 1") }
         guard raft.electionTicks > raft.heartbeatTicks else { throw ConfigError("raft.election_ticks must exceed raft.heartbeat_ticks") }
+        // A held round must never come near the heartbeat interval (held proposals only, but keep
+        // the margin wide).
+        let heartbeatMicroseconds = raft.tickMilliseconds * raft.heartbeatTicks * 1_000
+        guard raft.roundIntervalMicroseconds >= 0, raft.roundIntervalMicroseconds <= heartbeatMicroseconds / 2 else {
+            throw ConfigError(
+                "raft.round_interval_us must be from 0 to half the heartbeat interval (raft.tick_ms × raft.heartbeat_ticks = \(heartbeatMicroseconds) µs)")
+        }
         if !join && !initialMembers.isEmpty && initialMembers[nodeID] == nil {
             throw ConfigError("initial_members must include this node (\(nodeID)) unless join is set")
         }

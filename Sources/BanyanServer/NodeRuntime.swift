@@ -140,7 +140,7 @@ public final class NodeRuntime: @unchecked Sendable {
         }
         let loaded = try storage.load(progress: progress)
         self.storage = storage
-        pacer = RoundPacer(interval: UInt64(max(0, config.raft.roundIntervalMicroseconds)) * 1_000)
+        pacer = RoundPacer(interval: UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000)
         var raft = RaftConfiguration(id: config.nodeID, seed: UInt64.random(in: 1...UInt64.max))
         raft.electionTicks = config.raft.electionTicks
         raft.heartbeatTicks = config.raft.heartbeatTicks
@@ -189,6 +189,7 @@ public final class NodeRuntime: @unchecked Sendable {
         let done: EventLoopFuture<Void> = loop.submit {
             self.stopped = true
             self.tickTask?.cancel()
+            self.pacerWake?.cancel()
             try? self.storage.saveCommit(self.replica.raft.hardState)
             for (_, p) in self.writeWaiters { self.complete(p, .failure(.timedOut(write: true))) }
             for (_, w) in self.readWaiters { self.complete(w.promise, .failure(.timedOut(write: false))) }
@@ -448,23 +449,14 @@ public final class NodeRuntime: @unchecked Sendable {
     private func process() {
         processScheduled = false
         guard !stopped else { return }
-        let isLeader = replica.raft.role == .leader
-        if !isLeader { pacer.reset() }
-        if let wait = pacer.wait(now: DispatchTime.now().uptimeNanoseconds, isLeader: isLeader) {
-            // Everything that arrives meanwhile goes out in one round when this fires.
-            if pacerWake == nil {
-                pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: wait))) {
-                    self.pacerWake = nil
-                    self.scheduleProcess()
-                }
-            }
-            return
-        }
+        if replica.raft.role != .leader { pacer.reset() }
+        holdProposalsIfPaced()
         var rounds = 0
         while rounds < 64, let rd = replica.ready() {
             rounds += 1
             if !rd.entries.isEmpty, replica.raft.role == .leader {
                 pacer.roundStarted(now: DispatchTime.now().uptimeNanoseconds, entries: rd.entries.count)
+                holdProposalsIfPaced()
             }
             let installed: StateMachine?
             // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
@@ -499,6 +491,20 @@ public final class NodeRuntime: @unchecked Sendable {
         let raft = replica.raft
         commitGauge.record(Int64(raft.commitIndex))
         appliedGauge.record(Int64(replica.machine.appliedIndex))
+    }
+
+    /// Round pacing (docs/server.md): while the pacer says wait, new proposals stay queued in
+    /// the replica (everything else in a `Ready` goes on), and a pass is scheduled for when the
+    /// interval ends, which proposes everything that arrived meanwhile as one round.
+    private func holdProposalsIfPaced() {
+        let wait = pacer.wait(now: DispatchTime.now().uptimeNanoseconds, isLeader: replica.raft.role == .leader)
+        replica.holdProposals = wait != nil
+        if let wait, pacerWake == nil {
+            pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: wait))) {
+                self.pacerWake = nil
+                self.scheduleProcess()
+            }
+        }
     }
 
     private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {

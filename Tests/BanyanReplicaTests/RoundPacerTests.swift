@@ -1,4 +1,6 @@
+import BanyanRaft
 import BanyanReplica
+import BanyanStateMachine
 import Testing
 
 @Suite struct RoundPacerTests {
@@ -36,5 +38,62 @@ import Testing
         #expect(p.wait(now: ms, isLeader: true) == nil)
         p.reset()
         #expect(p.wait(now: 2 * ms, isLeader: true) == nil)
+    }
+}
+
+@Suite struct HeldProposalTests {
+    @Test("while the leader holds proposals, its own and forwarded writes wait, a write already proposed still commits and is answered, and releasing proposes the held ones")
+    func heldProposalsWaitOthersGoOn() throws {
+        var c = try ReplicaCluster(nodes: 3)
+        let leader = try elect(&c)
+        let follower = try #require([1, 2, 3].first { $0 != leader })
+        // Proposed and sent before the hold starts: it must still commit and be answered.
+        let early = c.write(via: leader, "/early", "1")
+        c.process(leader)
+        c.replicas[leader]?.holdProposals = true
+        let own = c.write(via: leader, "/own", "2")
+        let forwarded = c.write(via: follower, "/forwarded", "3")
+        c.settle()
+        #expect(try c.writeOutcome(early, on: leader)?.get().outcome == .ok)
+        #expect(c.writeOutcome(own, on: leader) == nil)
+        #expect(c.writeOutcome(forwarded, on: follower) == nil)
+        for id: NodeID in [1, 2, 3] {
+            #expect(c.value(id, "/early") == "1")
+            #expect(c.value(id, "/own") == "null" && c.value(id, "/forwarded") == "null")
+        }
+        let lastBefore = try #require(c.replicas[leader]?.raft.lastIndex)
+        c.replicas[leader]?.holdProposals = false
+        c.settle()
+        #expect(try c.writeOutcome(own, on: leader)?.get().outcome == .ok)
+        #expect(try c.writeOutcome(forwarded, on: follower)?.get().outcome == .ok)
+        for id: NodeID in [1, 2, 3] {
+            #expect(c.value(id, "/own") == "2" && c.value(id, "/forwarded") == "3")
+        }
+        // Both went into the log once each (the forwarded one was not lost or proposed twice).
+        #expect(c.replicas[leader]?.raft.lastIndex == lastBefore + 2)
+    }
+
+    @Test("proposals a leader held are dropped if it loses leadership meanwhile, and the follower's retry still applies its write once")
+    func heldForwardedSurviveLeaderChange() throws {
+        var c = try ReplicaCluster(nodes: 3)
+        let leader = try elect(&c)
+        let follower = try #require([1, 2, 3].first { $0 != leader })
+        c.replicas[leader]?.holdProposals = true
+        let q = c.write(via: follower, "/n", #"{".sv":{"increment":1}}"#)
+        c.settle()
+        #expect(c.writeOutcome(q, on: follower) == nil)
+        // Another node takes over; the old leader's held proposal is dropped on release.
+        let other = try #require([1, 2, 3].first { $0 != leader && $0 != follower })
+        try c.replicas[leader]?.transferLeadership(to: other)
+        c.settle()
+        c.tick(3)
+        #expect(c.replicas[other]?.raft.role == .leader)
+        c.replicas[leader]?.holdProposals = false
+        for _ in 0..<40 {
+            c.tick()
+            if c.writeOutcome(q, on: follower) != nil { break }
+        }
+        #expect(try c.writeOutcome(q, on: follower)?.get().outcome == .ok)
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/n") == "1") }
     }
 }

@@ -80,7 +80,8 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         let bad = [
             "nodeid: 1", "node_id: 0", "client_address: nowhere", "client_address: 1.2.3.4:99999", "raft:\n  tick_ms: 0",
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
-            "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
+            "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "raft:\n  round_interval_us: 20001",
+            "raft:\n  tick_ms: 1\n  heartbeat_ticks: 1", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }

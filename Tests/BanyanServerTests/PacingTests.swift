@@ -1,0 +1,102 @@
+import BanyanRaft
+import BanyanStateMachine
+@testable import BanyanServer
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import Testing
+
+/// A transport for a single-node cluster: there is nobody to send to.
+final class NoPeers: PeerSender {
+    func send(_ messages: [Message]) {}
+    func updateAddresses(_ addresses: [UInt64: HostPort]) {}
+}
+
+/// A single-node cluster on loopback ports chosen by the system, with its data under `dir`.
+func singleNodeConfig(_ dir: String) -> NodeConfig {
+    var c = NodeConfig()
+    c.dataDirectory = dir + "/data"
+    c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+    c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+    return c
+}
+
+/// One HTTP/1.1 exchange on a fresh connection (it closes after the answer, at most 30 s):
+/// status and body.
+func httpExchange(port: Int, _ method: String, _ path: String, body: String = "") throws -> (status: Int, body: String) {
+    let connection = try RequestDeadlineTests.Raw(port: port)
+    connection.send("\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+    let text = connection.receive(until: "", seconds: 30).text
+    let status = text.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
+    let answerBody = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+    return (status, answerBody)
+}
+
+@Suite struct PacingTests {
+    @Test("a node serves writes and reads with its replica loop on the network thread and on a thread of its own", arguments: [1, 2])
+    func threadModes(threads: Int) async throws {
+        let dir = try temporaryDirectory("threads-\(threads)")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.threads = threads
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        // Becomes leader after its election timeout; writes answer 503 until then.
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/t/a.json", body: "1"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        for i in 0..<20 {
+            let put = try httpExchange(port: port, "PUT", "/t/n\(i).json?print=silent", body: "\(i)")
+            #expect(put.status == 204)
+        }
+        let read = try httpExchange(port: port, "GET", "/t/n19.json")
+        #expect(read.status == 200 && read.body == "19")
+        let stale = try httpExchange(port: port, "GET", "/t/a.json?consistency=stale")
+        #expect(stale.status == 200 && stale.body == "1")
+    }
+
+    @Test("after a round of several writes the leader holds new ones until the interval ends; after a round of one, a write goes at once")
+    func roundsArePaced() async throws {
+        let dir = try temporaryDirectory("pacing")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.raft.tickMilliseconds = 100
+        c.raft.heartbeatTicks = 4
+        c.raft.roundIntervalMicroseconds = 200_000  // at most half the 400 ms heartbeat interval
+        try c.validate()
+        let runtime = try NodeRuntime(config: c, logger: Logger(label: "test")) { _ in }
+        defer { runtime.shutdown() }
+        runtime.start(transport: NoPeers())
+        let leads = await eventually({ (try? runtime.status().wait().role) == "leader" }, seconds: 30)
+        #expect(leads)
+        func write(_ path: String) -> EventLoopFuture<WriteResult> {
+            runtime.write(namespace: "app", command: .set(path: path, json: Array("1".utf8)))
+        }
+        /// Whether `f` succeeded with an applied write within 10 s (a held write that is never
+        /// released fails here instead of hanging the run), and how long it took.
+        func outcome(_ f: EventLoopFuture<WriteResult>) async -> (ok: Bool, seconds: Double) {
+            let started = Date()
+            let done = Mutex<Bool?>(nil)
+            f.whenComplete { r in done.withLock { $0 = (try? r.get().map(\.outcome)) == .success(.ok) } }
+            _ = await eventually({ done.withLock { $0 } != nil }, seconds: 10)
+            return (done.withLock { $0 } ?? false, Date().timeIntervalSince(started))
+        }
+        // Settle: the leader's first round (its no-op) has gone.
+        #expect(await outcome(write("/warm")).ok)
+
+        // Three writes handed over in one task go out as one round of three entries.
+        let wave = try runtime.loop.submit { [write("/a"), write("/b"), write("/c")] }.wait()
+        for f in wave { #expect(await outcome(f).ok) }
+        // The next write waits for the rest of the interval.
+        let held = await outcome(write("/held"))
+        #expect(held.ok)
+        #expect(held.seconds >= 0.1, "held \(held.seconds) s")
+        // Its round carried one entry: the following write is not held.
+        let lone = await outcome(write("/lone"))
+        #expect(lone.ok)
+        #expect(lone.seconds < 0.1, "lone write took \(lone.seconds) s")
+        #expect(try runtime.status().wait().pendingWrites == 0)
+    }
+}
