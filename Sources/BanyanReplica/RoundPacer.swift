@@ -17,8 +17,8 @@ public struct RoundPacer: Sendable, Equatable {
 
     public init(interval: UInt64) { self.interval = interval }
 
-    /// How long to wait before processing the next `Ready`, or nil to process it now. Only a
-    /// leader paces (a follower's rounds follow the leader's appends).
+    /// How long new proposals must wait before the next round may start, or nil to propose
+    /// them now. Only a leader paces (a follower's rounds follow the leader's appends).
     public func wait(now: UInt64, isLeader: Bool) -> UInt64? {
         guard interval > 0, isLeader, lastEntries > 1, let start = lastStart else { return nil }
         let elapsed = now &- start

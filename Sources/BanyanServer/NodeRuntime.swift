@@ -450,13 +450,15 @@ public final class NodeRuntime: @unchecked Sendable {
         processScheduled = false
         guard !stopped else { return }
         if replica.raft.role != .leader { pacer.reset() }
-        holdProposalsIfPaced()
         var rounds = 0
-        while rounds < 64, let rd = replica.ready() {
+        while rounds < 64 {
+            // Decided afresh before every `ready()`: an fsync longer than the interval ends the
+            // hold within this pass.
+            holdProposalsIfPaced()
+            guard let rd = replica.ready() else { break }
             rounds += 1
             if !rd.entries.isEmpty, replica.raft.role == .leader {
                 pacer.roundStarted(now: DispatchTime.now().uptimeNanoseconds, entries: rd.entries.count)
-                holdProposalsIfPaced()
             }
             let installed: StateMachine?
             // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
@@ -606,6 +608,7 @@ public final class NodeRuntime: @unchecked Sendable {
             replica = try Replica(
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine,
                 session: UInt64.random(in: 1...UInt64.max), now: Self.wallClock())
+            pacer.reset()
             watchersChanged()
         } catch {
             logger.critical("storage error while reloading; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])

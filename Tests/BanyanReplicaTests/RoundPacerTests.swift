@@ -53,7 +53,10 @@ import Testing
         c.replicas[leader]?.holdProposals = true
         let own = c.write(via: leader, "/own", "2")
         let forwarded = c.write(via: follower, "/forwarded", "3")
+        let read = c.read(via: leader)
         c.settle()
+        // Reads go on while proposals are held.
+        #expect(c.readReady(read, on: leader))
         #expect(try c.writeOutcome(early, on: leader)?.get().outcome == .ok)
         #expect(c.writeOutcome(own, on: leader) == nil)
         #expect(c.writeOutcome(forwarded, on: follower) == nil)
