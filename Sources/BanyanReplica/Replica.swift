@@ -195,16 +195,20 @@ public struct Replica: Sendable {
         // The leader stamps forwarded proposals with its own clock (docs/replica.md); a message
         // from a higher term goes to the core first (it steps down and drops or forwards it).
         if case .proposal(let commands) = m.body, raft.role == .leader, m.term <= raft.term {
-            if holdProposals {
-                heldForwarded.append(commands)
-                return
-            }
-            let stamp = nextStamp()
-            let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
-            if !stamped.isEmpty { _ = try? raft.propose(stamped) }
+            if holdProposals { heldForwarded.append(commands) } else { proposeForwarded([commands]) }
             return
         }
         raft.step(m)
+    }
+
+    /// Proposes batches forwarded by followers, each stamped with the leader's clock (a batch
+    /// refused by flow control is dropped: its follower proposes it again after `retryTicks`).
+    private mutating func proposeForwarded(_ batches: [[[UInt8]]]) {
+        let stamp = nextStamp()
+        for commands in batches {
+            let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
+            if !stamped.isEmpty { _ = try? raft.propose(stamped) }
+        }
     }
 
     private mutating func nextStamp() -> Int64 {
@@ -298,13 +302,7 @@ public struct Replica: Sendable {
             heldForwarded = []
             // Leadership lost meanwhile: the followers propose them again after `retryTicks`,
             // as after any forward lost in a leader change.
-            if raft.role == .leader {
-                let stamp = nextStamp()
-                for commands in held {
-                    let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
-                    if !stamped.isEmpty { _ = try? raft.propose(stamped) }
-                }
-            }
+            if raft.role == .leader { proposeForwarded(held) }
         }
         guard !toPropose.isEmpty else { return }
         let seqs = toPropose

@@ -406,7 +406,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             }
         case .stream where head.method == .HEAD:
             // The head a stream would start with, and no stream.
-            respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")], body: []))
+            respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: Self.streamHeaders, body: []))
         case .stream:
             startStream(context: context, head: head, request: request, stale: stale)
         case .put, .post, .patch, .delete:
@@ -511,6 +511,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
 
     // MARK: - Event streams
 
+    /// The head of an event stream (and of a `HEAD` request for one).
+    private static let streamHeaders = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]
+
     private func startStream(context: ChannelHandlerContext, head: HTTPRequestHead, request: RESTRequest, stale: Bool) {
         let channel = context.channel
         // HTTP/1.1 streams go in chunks (as NIO's encoder sent them); HTTP/1.0 ones end with the
@@ -522,7 +525,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         var buffer = context.channel.allocator.buffer(capacity: 160)
         HTTPResponseWriter.writeHead(
             version: head.version, status: .ok,
-            headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")] + (chunked ? [("Transfer-Encoding", "chunked")] : []),
+            headers: Self.streamHeaders + (chunked ? [("Transfer-Encoding", "chunked")] : []),
             contentLength: nil, keepAlive: chunked && head.isKeepAlive, into: &buffer)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
