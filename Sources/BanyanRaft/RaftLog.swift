@@ -83,6 +83,10 @@ struct RaftLog: Sendable {
         -> (lastNew: UInt64, truncatedCommitted: Bool)?
     {
         guard matchTerm(prevIndex, prevTerm) else { return nil }
+        // Peer input: entries must be numbered prevIndex+1, prevIndex+2, … (the node drops a
+        // malformed append before it gets here; this keeps the log safe on its own, since the
+        // arithmetic below relies on it).
+        for (k, e) in new.enumerated() where e.index != prevIndex &+ 1 &+ UInt64(k) { return nil }
         let lastNew = prevIndex + UInt64(new.count)
         let conflict = findConflict(new)
         if conflict != 0 {

@@ -97,6 +97,7 @@ public struct RaftNode: Sendable {
     /// cluster: it waits to be added and never campaigns or votes until it has a membership).
     public init(configuration: RaftConfiguration, restoring persisted: PersistedState) throws(RaftError) {
         try configuration.validate()
+        try Self.validate(persisted)
         self.configuration = configuration
         random = SeededRandom(seed: configuration.seed)
         log = RaftLog(persisted)
@@ -113,6 +114,32 @@ public struct RaftNode: Sendable {
         pendingConfigIndex = lastConfigIndex()
         applyCommittedConfigurations()
         resetRandomizedElectionTimeout()
+    }
+
+    /// Checks the shape of a restored state (item 6 of issue 14): the entries continue the
+    /// snapshot (a log without a snapshot starts at index 1), are consecutive, their terms never go
+    /// down and never precede the snapshot's, and the commit index lies inside the log. (The saved
+    /// term may be older than the last entry's: entries are made durable before the hard state.) A driver
+    /// that loaded anything else has damage to report, not a state to run.
+    static func validate(_ persisted: PersistedState) throws(RaftError) {
+        let snapshot = persisted.snapshot
+        var expected = snapshot.index &+ 1
+        var lastTerm = snapshot.term
+        for e in persisted.entries {
+            guard e.index == expected else {
+                throw .invalidPersistedState(
+                    e.index == persisted.entries.first?.index
+                        ? "the log starts at \(e.index) but the snapshot ends at \(snapshot.index)"
+                        : "entry \(e.index) follows entry \(expected &- 1)")
+            }
+            guard e.term >= lastTerm else { throw .invalidPersistedState("entry \(e.index) has term \(e.term), below \(lastTerm) before it") }
+            lastTerm = e.term
+            expected &+= 1
+        }
+        let last = snapshot.index + UInt64(persisted.entries.count)
+        guard persisted.hardState.commit <= last else {
+            throw .invalidPersistedState("the commit index \(persisted.hardState.commit) is beyond the last entry \(last)")
+        }
     }
 
     /// The persisted state of the first members of a new cluster: one committed configuration
@@ -133,6 +160,15 @@ public struct RaftNode: Sendable {
     public func entry(at index: UInt64) -> LogEntry? { log.entry(at: index) }
     public func term(at index: UInt64) -> UInt64? { log.term(at: index) }
     public var hardState: HardState { HardState(term: term, vote: vote, commit: log.committed, mayVote: mayVote) }
+    /// The highest index the driver made durable that is still part of this log (an entry
+    /// replaced in memory by a leader's conflicting suffix lowers it until the new one is durable).
+    public var stableIndex: UInt64 { log.stable }
+    /// The hard state to save outside the Ready contract (at shutdown, after a snapshot): its
+    /// commit never covers an entry that is not durable in this log (item 2 of issue 14), so a
+    /// restart never applies an entry the disk holds only in an older, divergent version.
+    public var durableHardState: HardState {
+        HardState(term: term, vote: vote, commit: min(log.committed, log.stable), mayVote: mayVote)
+    }
     /// This node started from a blank disk but its id is a voter: it will not vote or campaign
     /// (R22). The operator must remove the id and add the node back as a learner.
     public var isVoterWithAmnesia: Bool { !mayVote && membership.isVoter(id) }
@@ -678,6 +714,9 @@ public struct RaftNode: Sendable {
             // Only the leader appends; a follower passes it on once (no forwarding loops).
             _ = commands
         case let .readIndexResponse(context, index):
+            // Only the leader of this term answers reads for this node (step dropped older
+            // terms); a delayed answer from anyone else is no evidence about this term.
+            guard m.from == leader else { return }
             readStates.append(ReadState(context: context, index: index))
         case .timeoutNow:
             if canCampaign { campaign(transfer: true) }

@@ -304,6 +304,10 @@ public enum RaftError: Error, Sendable, Equatable, CustomStringConvertible {
     case invalidConfiguration(String)
     /// The requested compaction index is not in the applied log.
     case compactionOutOfRange(index: UInt64, applied: UInt64, snapshot: UInt64)
+    /// The state handed to `RaftNode.init(configuration:restoring:)` breaks the log's shape: entries
+    /// that do not start right after the snapshot or are not consecutive, terms that go down, or a
+    /// commit index beyond the last entry. The driver must refuse to start rather than guess.
+    case invalidPersistedState(String)
 
     public var description: String {
         switch self {
@@ -316,6 +320,7 @@ public enum RaftError: Error, Sendable, Equatable, CustomStringConvertible {
         case .invalidConfiguration(let why): return "invalid Raft configuration: \(why)"
         case let .compactionOutOfRange(index, applied, snapshot):
             return "cannot compact through \(index): applied \(applied), snapshot \(snapshot)"
+        case .invalidPersistedState(let why): return "the persisted Raft state is inconsistent: \(why)"
         }
     }
 }

@@ -117,7 +117,9 @@ public struct Replica: Sendable {
         var askedTick: Int
         var index: UInt64?
     }
-    private var nextReadContext: UInt64 = 1
+    /// ReadIndex contexts: unique per incarnation (they start at the random `session`), so an
+    /// answer meant for an earlier incarnation, or for a retried round, matches no waiting read.
+    private var nextReadContext: UInt64
     private var reads: [UInt64: PendingRead] = [:]
     /// Reads to start at the next `ready()` (one ReadIndex round for all of them).
     private var newReads: [WaitingRead] = []
@@ -148,6 +150,7 @@ public struct Replica: Sendable {
         self.raft = try RaftNode(configuration: configuration.raft, restoring: persisted)
         self.machine = machine
         self.session = session
+        self.nextReadContext = session
         self.wallClock = now
     }
 
@@ -363,7 +366,7 @@ public struct Replica: Sendable {
         guard !newReads.isEmpty else { return }
         let context = nextReadContext
         if raft.readIndex(context: context) {
-            nextReadContext += 1
+            nextReadContext &+= 1
             reads[context] = PendingRead(requests: newReads, askedTick: ticks, index: nil)
             newReads = []
         }

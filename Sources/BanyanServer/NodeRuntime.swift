@@ -190,7 +190,7 @@ public final class NodeRuntime: @unchecked Sendable {
             self.stopped = true
             self.tickTask?.cancel()
             self.pacerWake?.cancel()
-            try? self.storage.saveCommit(self.replica.raft.hardState)
+            try? self.storage.saveCommit(self.replica.raft.durableHardState)
             for (_, p) in self.writeWaiters { self.complete(p, .failure(.timedOut(write: true))) }
             for (_, w) in self.readWaiters { self.complete(w.promise, .failure(.timedOut(write: false))) }
             for (_, p) in self.memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
@@ -585,7 +585,7 @@ public final class NodeRuntime: @unchecked Sendable {
                     do {
                         try self.storage.snapshots.removeSnapshots(olderThan: meta.index)
                         try self.storage.compact(through: meta.index)
-                        try self.storage.saveCommit(self.replica.raft.hardState)
+                        try self.storage.saveCommit(self.replica.raft.durableHardState)
                     } catch {
                         self.logger.error("log compaction after a snapshot failed", metadata: ["error": "\(error)"])
                     }

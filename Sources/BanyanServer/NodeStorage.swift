@@ -23,6 +23,8 @@ final class NodeStorage {
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
     private var savedHardState: BanyanRaft.HardState
+    /// The core's latest hard state, as its last `Ready` that carried one reported it.
+    private var latestHardState: BanyanRaft.HardState
 
     struct Loaded {
         var persisted: PersistedState
@@ -48,6 +50,7 @@ final class NodeStorage {
         snapshots = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem)
         let hs = try hardStates.load()
         savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
+        latestHardState = savedHardState
     }
 
     /// Creates `directory` (and any missing parents) and its `subdirectories`. The parent of
@@ -113,7 +116,16 @@ final class NodeStorage {
         }
         var hs = savedHardState
         hs.commit = max(hs.commit, meta.index)
-        hs.commit = min(hs.commit, meta.index + UInt64(entries.count))
+        let last = meta.index + UInt64(entries.count)
+        guard hs.commit <= last else {
+            // The hard state is saved only after the entries it commits are durable, so a log
+            // that ends below it lost committed records (damage, or a cut tail): never clamp and
+            // serve less than was acknowledged (item 2 of issue 14; docs/runbook.md).
+            throw OpLogError(
+                .corrupt,
+                "the saved commit index \(hs.commit) is beyond the log's last entry \(last): committed records are missing (see docs/runbook.md, \"the log ends below the commit index\")",
+                file: directory + "/raft/hardstate", offset: 0)
+        }
         return Loaded(persisted: PersistedState(hardState: hs, snapshot: meta, entries: entries), machine: machine)
     }
 
@@ -154,7 +166,8 @@ final class NodeStorage {
             }
             logger.info("installed a snapshot from the leader", metadata: ["index": "\(meta.index)", "term": "\(meta.term)"])
         }
-        try persistEntries(rd.entries)
+        if let hs = rd.hardState { latestHardState = hs }
+        try persistEntries(rd.entries, hardState: latestHardState)
         if let hs = rd.hardState {
             // Term, vote and mayVote must be durable before any message that depends on them
             // (R3). The commit index need not be: a node restarting with an older commit learns
@@ -170,7 +183,20 @@ final class NodeStorage {
         return installed
     }
 
-    private func persistEntries(_ entries: [BanyanRaft.LogEntry]) throws {
+    /// Writes and fsyncs `entries`. `hardState` is the core's latest (its commit decides the
+    /// configuration rule below; nil only while bootstrapping).
+    ///
+    /// The configuration rule (item 1 of issue 14): no configuration entry becomes durable while
+    /// the durable commit index is below the configuration entry before it. A node restarts with
+    /// the membership of the last committed configuration entry it holds; if it could restart
+    /// holding configuration i but a saved commit below configuration j < i, it would act on the
+    /// membership before j while the leader that sent i had moved past j, and two leaders
+    /// could be elected in one term. So before each configuration entry in a batch, the entries
+    /// ahead of it are made durable and the commit (at most the entry before it) is saved. The
+    /// core's commit always covers j by then: a leader proposes a configuration only once the
+    /// previous one committed, and the append that carries i carries that commit. Configuration
+    /// entries are rare; the extra fsync is paid only for them.
+    private func persistEntries(_ entries: [BanyanRaft.LogEntry], hardState: BanyanRaft.HardState? = nil) throws {
         guard let first = entries.first else { return }
         if first.index <= log.lastIndex {
             try log.truncate(after: first.index - 1)
@@ -178,7 +204,23 @@ final class NodeStorage {
             // Only after a snapshot the log does not reach (reset did that already otherwise).
             try log.reset(after: first.index - 1)
         }
-        try log.append(entries.map(Self.storedEntry))
+        var start = 0
+        if let hardState {
+            for k in entries.indices {
+                guard case .config = entries[k].kind else { continue }
+                let commit = min(hardState.commit, entries[k].index - 1)
+                guard commit > savedHardState.commit else { continue }
+                if k > start {
+                    try log.append(entries[start..<k].map(Self.storedEntry))
+                    try log.sync()
+                    start = k
+                }
+                var durable = hardState
+                durable.commit = commit
+                try saveHardState(durable)
+            }
+        }
+        try log.append(entries[start...].map(Self.storedEntry))
         try log.sync()
     }
 
@@ -187,8 +229,12 @@ final class NodeStorage {
         savedHardState = hs
     }
 
-    /// Saves the commit index too (at shutdown and after snapshots).
+    /// Saves the commit index too (at shutdown and after snapshots). Pass the core's
+    /// `durableHardState`: its commit covers only entries durable in the core's log. The commit
+    /// is also never saved beyond the log on disk, and never lowered.
     func saveCommit(_ hs: BanyanRaft.HardState) throws {
+        var hs = hs
+        hs.commit = max(savedHardState.commit, min(hs.commit, log.lastIndex))
         if hs != savedHardState { try saveHardState(hs) }
     }
 

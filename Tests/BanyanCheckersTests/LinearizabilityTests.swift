@@ -5,7 +5,7 @@ import Testing
 private let corpus: String = {
     var parts = #filePath.split(separator: "/", omittingEmptySubsequences: false)
     parts.removeLast(3)
-    return parts.joined(separator: "/") + "/../shared/testdata/jepsen-etcd-histories"
+    return parts.joined(separator: "/") + "/Tests/Corpora/jepsen-etcd-histories"
 }()
 
 private typealias RegisterOp = HistoryOperation<RegisterModel.Input, RegisterModel.Output>

@@ -1,7 +1,7 @@
 import BanyanTree
 import Testing
 
-/// The repository root, found from this file's location (tests read `../shared/testdata`).
+/// The repository root, found from this file's location (tests read the corpora vendored under `Tests/Corpora`).
 let repositoryRoot: String = {
     var parts = #filePath.split(separator: "/", omittingEmptySubsequences: false)
     parts.removeLast(3)
@@ -9,7 +9,7 @@ let repositoryRoot: String = {
 }()
 
 @Suite struct JSONCorpusTests {
-    static let corpus = repositoryRoot + "/../shared/testdata/json-parsing"
+    static let corpus = repositoryRoot + "/Tests/Corpora/json-parsing"
 
     /// y_ files the tree reader rejects on purpose, with the documented Firebase rule.
     static let treeRejections: [String: TreeError.Code] = [
