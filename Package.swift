@@ -108,12 +108,25 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // The node core: a node's decisions as a state machine that returns actions (NodeCore), over
+        // its storage behind the FileSystem seam (NodeStorage). The server drives it with real files,
+        // threads and sockets; the simulator drives the same code over a simulated file system and
+        // network (docs/node-core.md).
+        .target(
+            name: "BanyanNode",
+            dependencies: [
+                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // The node process: storage, the replica thread, mutual-TLS peer transport, the REST/SSE
         // HTTP server, certificates, configuration, metrics (docs/server.md).
         .target(
             name: "BanyanServer",
             dependencies: [
-                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
+                "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
                 "BanyanBasics", "BanyanREST",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -213,7 +226,7 @@ let package = Package(
         .testTarget(
             name: "BanyanServerTests",
             dependencies: [
-                "BanyanServer", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
+                "BanyanServer", "BanyanNode", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -1,4 +1,5 @@
 import BanyanOpLogFiles
+import BanyanNode
 public import BanyanRaft
 public import BanyanReplica
 public import BanyanStateMachine

@@ -1,6 +1,7 @@
 import BanyanOpLog
 import BanyanOpLogFiles
 import BanyanRaft
+import BanyanNode
 @testable import BanyanServer
 import BanyanStateMachine
 import Logging

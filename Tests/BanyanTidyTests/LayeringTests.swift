@@ -19,10 +19,11 @@ import Testing
         "BanyanStateMachine": (true, ["BanyanTree"]),
         "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree"]),
+        "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "Logging"]),
         "BanyanServer": (
             false,
             [
-                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
+                "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
                 "BanyanBasics", "BanyanREST", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]

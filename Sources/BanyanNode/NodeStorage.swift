@@ -1,10 +1,9 @@
-import BanyanOpLog
-import BanyanOpLogFiles
-import Foundation
-import BanyanRaft
-import BanyanStateMachine
+public import BanyanOpLog
+public import BanyanOpLogFiles
+public import BanyanRaft
+public import BanyanStateMachine
 import BanyanTree
-import Logging
+public import Logging
 
 /// A node's durable state on disk (docs/server.md, "Storage"): the Raft log (segmented, CRC32C
 /// framed), the hard state file, and the state-machine snapshots. Used by the replica loop
@@ -13,12 +12,12 @@ import Logging
 ///     <data>/raft/log/*.seg        the log after the newest snapshot
 ///     <data>/raft/hardstate        term, vote, commit, mayVote (replaced atomically)
 ///     <data>/snapshots/*.snap      the newest snapshot (raw bytes are what peers transfer)
-final class NodeStorage {
-    let directory: String
+public final class NodeStorage {
+    public let directory: String
     private let fileSystem: any FileSystem
     private let log: SegmentedLog
     private let hardStates: HardStateStore
-    let snapshots: SnapshotStore
+    public let snapshots: SnapshotStore
     private let logger: Logger
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
@@ -26,13 +25,13 @@ final class NodeStorage {
     /// The core's latest hard state, as its last `Ready` that carried one reported it.
     private var latestHardState: BanyanRaft.HardState
 
-    struct Loaded {
-        var persisted: PersistedState
-        var machine: StateMachine
+    public struct Loaded {
+        public var persisted: PersistedState
+        public var machine: StateMachine
     }
 
     /// `fileSystem`: the real one, or a simulated one for crash tests.
-    init(
+    public init(
         directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
@@ -58,7 +57,7 @@ final class NodeStorage {
     /// directory's parent, the data directory and each subdirectory are fsynced too: a directory
     /// made by a process that crashed before syncing it exists in the page cache but may not
     /// survive a power loss. A few fsyncs at start-up.
-    static func makeDurableDirectories(_ directory: String, _ subdirectories: [String], _ fileSystem: any FileSystem) throws(FileSystemError) {
+    public static func makeDurableDirectories(_ directory: String, _ subdirectories: [String], _ fileSystem: any FileSystem) throws(FileSystemError) {
         try makeDurableDirectory(directory, fileSystem, creatingParents: true)
         try fileSystem.syncDirectory(parentDirectory(of: directory))
         for sub in subdirectories {
@@ -69,12 +68,12 @@ final class NodeStorage {
     }
 
     /// True when nothing was ever stored here (a new node).
-    var isBlank: Bool {
+    public var isBlank: Bool {
         savedHardState == BanyanRaft.HardState(mayVote: false) && log.lastIndex == 0 && ((try? snapshots.latest()) ?? nil) == nil
     }
 
     /// Reads everything back: the newest snapshot into a state machine, the log after it.
-    func load(progress: @escaping (String) -> Void) throws -> Loaded {
+    public func load(progress: @escaping (String) -> Void) throws -> Loaded {
         var machine = StateMachine()
         var meta = SnapshotMeta.none
         if let latest = try snapshots.latest() {
@@ -130,7 +129,7 @@ final class NodeStorage {
     }
 
     /// Writes the founding configuration of a new cluster (index 1, term 1).
-    func bootstrap(members: [NodeID]) throws {
+    public func bootstrap(members: [NodeID]) throws {
         let state = RaftNode.bootstrapState(members: members)
         try persistEntries(state.entries)
         try saveHardState(state.hardState)
@@ -140,7 +139,7 @@ final class NodeStorage {
 
     /// Snapshot chunks from the leader, then the snapshot install, then entries and hard state,
     /// fsynced. Returns the state machine loaded from an installed snapshot.
-    func persist(_ rd: Ready) throws -> StateMachine? {
+    public func persist(_ rd: Ready) throws -> StateMachine? {
         for chunk in rd.snapshotChunks {
             if !(try snapshots.writeIncoming(offset: chunk.offset, bytes: chunk.data)) {
                 logger.debug("dropped an out-of-order snapshot chunk", metadata: ["offset": "\(chunk.offset)"])
@@ -232,23 +231,23 @@ final class NodeStorage {
     /// Saves the commit index too (at shutdown and after snapshots). Pass the core's
     /// `durableHardState`: its commit covers only entries durable in the core's log. The commit
     /// is also never saved beyond the log on disk, and never lowered.
-    func saveCommit(_ hs: BanyanRaft.HardState) throws {
+    public func saveCommit(_ hs: BanyanRaft.HardState) throws {
         var hs = hs
         hs.commit = max(savedHardState.commit, min(hs.commit, log.lastIndex))
         if hs != savedHardState { try saveHardState(hs) }
     }
 
     /// After a snapshot at `index` is durable: drop log segments it covers.
-    func compact(through index: UInt64) throws {
+    public func compact(through index: UInt64) throws {
         try log.compact(through: index)
     }
 
-    var logFirstIndex: UInt64 { log.firstIndex }
-    var logLastIndex: UInt64 { log.lastIndex }
+    public var logFirstIndex: UInt64 { log.firstIndex }
+    public var logLastIndex: UInt64 { log.lastIndex }
 
     // MARK: - Entry and membership encoding
 
-    static func storedEntry(_ e: BanyanRaft.LogEntry) -> BanyanOpLog.LogEntry {
+    public static func storedEntry(_ e: BanyanRaft.LogEntry) -> BanyanOpLog.LogEntry {
         switch e.kind {
         case .command: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 1, payload: e.data)
         case .noop: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 2, payload: [])
@@ -256,7 +255,7 @@ final class NodeStorage {
         }
     }
 
-    static func raftEntry(_ e: BanyanOpLog.LogEntry) throws -> BanyanRaft.LogEntry {
+    public static func raftEntry(_ e: BanyanOpLog.LogEntry) throws -> BanyanRaft.LogEntry {
         switch e.kind {
         case 1: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .command, data: e.payload)
         case 2: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .noop)
@@ -265,7 +264,7 @@ final class NodeStorage {
         }
     }
 
-    static func encodeMembership(_ m: Membership) -> [UInt8] {
+    public static func encodeMembership(_ m: Membership) -> [UInt8] {
         var out: [UInt8] = []
         func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
         u64(UInt64(m.voters.count))
@@ -275,7 +274,7 @@ final class NodeStorage {
         return out
     }
 
-    static func decodeMembership(_ bytes: [UInt8]) throws -> Membership {
+    public static func decodeMembership(_ bytes: [UInt8]) throws -> Membership {
         var at = 0
         func u64() throws -> UInt64 {
             guard at + 8 <= bytes.count else { throw OpLogError(.corrupt, "membership record is truncated") }
@@ -299,18 +298,20 @@ final class NodeStorage {
 /// A snapshot received from the leader failed verification (checksum, length, or its image does
 /// not decode). Nothing was installed; the node reloads its state from disk and the leader sends
 /// the snapshot again.
-struct DamagedIncomingSnapshot: Error, CustomStringConvertible {
-    let index: UInt64
-    let reason: String
-    var description: String { "the snapshot received for index \(index) is damaged: \(reason)" }
+public struct DamagedIncomingSnapshot: Error, CustomStringConvertible {
+    public let index: UInt64
+    public let reason: String
+    public var description: String { "the snapshot received for index \(index) is damaged: \(reason)" }
 }
 
 /// Writes a snapshot of a state machine copy off the replica thread, with its own file-system
 /// instance (the files it touches are disjoint from the loop's until the atomic rename).
-struct SnapshotWriter: Sendable {
-    let directory: String
+public struct SnapshotWriter: Sendable {
+    public let directory: String
 
-    func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
+    public init(directory: String) { self.directory = directory }
+
+    public func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
         let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem(), removeLeftovers: false)
         let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
         // Older snapshots are removed by the replica thread once this one is durable (see
