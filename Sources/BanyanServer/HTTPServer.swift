@@ -1,5 +1,6 @@
 import BanyanBasics
 import BanyanRaft
+import BanyanNode
 import BanyanREST
 import BanyanReplica
 import BanyanStateMachine

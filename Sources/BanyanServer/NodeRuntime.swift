@@ -1,5 +1,4 @@
-import BanyanOpLogFiles
-import BanyanNode
+public import BanyanNode
 public import BanyanRaft
 public import BanyanReplica
 public import BanyanStateMachine
@@ -10,20 +9,6 @@ import Metrics
 public import NIOCore
 import NIOPosix
 import Synchronization
-
-/// What a write request ends with.
-public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
-
-/// A live view of one namespace, fed on the replica thread (keep handlers cheap: format, then
-/// hand bytes to a channel).
-public enum WatchEvent: Sendable {
-    /// The tree when the watch started (after a ReadIndex round, so it includes every write
-    /// acknowledged before the watch was opened).
-    case start(Node)
-    case applied(StateMachine.Applied, tree: Node)
-    /// The state was replaced by a snapshot from the leader.
-    case restored(Node)
-}
 
 /// An operator's view of the node (`banyan status`, `GET /.banyan/status`).
 public struct NodeStatus: Sendable, Codable {
@@ -56,28 +41,29 @@ public struct NodeStatus: Sendable, Codable {
     }
 }
 
-/// The node's replica loop: one thread owns the `Replica` and the storage, runs the Ready
-/// contract (persist, send, apply), ticks, and answers the client requests handed to it
-/// (docs/server.md). Every mutable field below is touched only on `loop`.
+/// The node's replica loop: the driver of `NodeCore` (docs/node-core.md). One event loop owns the
+/// core (and through it the `Replica` and the storage), runs its passes, ticks it, carries out
+/// the actions it returns, and answers the client requests handed to it (docs/server.md). Every
+/// mutable field below is touched only on `loop`.
 public final class NodeRuntime: @unchecked Sendable {
     public let config: NodeConfig
     public let loop: any EventLoop
     /// The replica thread's own group, unless the node shares its network loop (`threads: 1`).
     private let group: MultiThreadedEventLoopGroup?
-    private let storage: NodeStorage
-    private var replica: Replica
+    private let core: NodeCore
     private let logger: Logger
     private var transport: (any PeerSender)?
     private var tickTask: RepeatedTask?
     private var processScheduled = false
-    /// Spaces the leader's replication rounds under load (`raft.round_interval_us`).
-    private var pacer: RoundPacer
     private var pacerWake: Scheduled<Void>?
-    private var stopped = false
 
+    /// Completions by request id (the ids this driver hands the core).
     private var nextRequest: RequestID = 1
-    private var writeWaiters: [RequestID: Completion<WriteResult>] = [:]
-    private var readWaiters: [RequestID: (namespace: String, promise: Completion<Result<Node, ReplicaError>>)] = [:]
+    private var writeCompletions: [RequestID: Completion<WriteResult>] = [:]
+    private var readCompletions: [RequestID: Completion<Result<Node, ReplicaError>>] = [:]
+    private var memberCompletions: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
+    private var nextWatch: UInt64 = 1
+    private var watchHandlers: [UInt64: @Sendable (WatchEvent) -> Void] = [:]
     /// Requests handed in by network threads, run on `loop` in arrival order: one wake-up of the
     /// replica thread covers everything queued before it runs (`submit`).
     private let inbox = Mutex<[@Sendable () -> Void]>([])
@@ -88,15 +74,11 @@ public final class NodeRuntime: @unchecked Sendable {
     /// needs no dictionary `_modify`, whose coroutine frame would be allocated on every call).
     private var outbox: [ObjectIdentifier: ReplyBox] = [:]
     private var repliesWaiting = false
-    private var watchStarts: [RequestID: UInt64] = [:]
-    private var memberWaiters: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
-    private var nextWatch: UInt64 = 1
-    private var watchers: [UInt64: (namespace: String, handler: @Sendable (WatchEvent) -> Void)] = [:]
     /// Peer addresses: from the configuration, from the replicated `$cluster` namespace, and
     /// from peers' hellos.
     public private(set) var peerAddresses: [UInt64: HostPort] = [:]
 
-    static let clusterNamespace = "$cluster"
+    static let clusterNamespace = NodeCore.clusterNamespace
 
     // Metrics (swift-metrics; exported by the server's Prometheus registry).
     private let appliedCounter = Counter(label: "banyan_applied_commands_total")
@@ -109,10 +91,6 @@ public final class NodeRuntime: @unchecked Sendable {
     private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
     private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
 
-    /// Opens the data directory (recovering the log and loading the newest snapshot), and
-    /// bootstraps a new cluster when the directory is blank and `initialMembers` is set.
-    /// `sharedLoop`: run the replica loop on this (network) event loop instead of a thread of its
-    /// own. One thread then does everything: no cross-thread hops, but an fsync pauses network I/O.
     /// Writes the founding configuration into a blank data directory and returns (`banyan
     /// bootstrap`). Refuses a directory that already holds state.
     static func bootstrapDataDirectory(config: NodeConfig, logger: Logger) throws {
@@ -124,24 +102,21 @@ public final class NodeRuntime: @unchecked Sendable {
         logger.notice("bootstrapped a new cluster", metadata: ["members": "\(config.foundingMembers)", "cluster": "\(config.clusterID)"])
     }
 
+    /// Opens the data directory (recovering the log and loading the newest snapshot), and
+    /// bootstraps a new cluster when the directory is blank and the configuration founds one.
+    /// `sharedLoop`: run the replica loop on this (network) event loop instead of a thread of its
+    /// own. One thread then does everything: no cross-thread hops, but an fsync pauses network I/O.
     init(config: NodeConfig, logger: Logger, sharedLoop: (any EventLoop)? = nil, progress: @escaping (String) -> Void) throws {
         self.config = config
         self.logger = logger
         let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: progress)
-        if storage.isBlank && config.foundsClusterWhenBlank {
-            let members = config.foundingMembers
-            try storage.bootstrap(members: members)
-            logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)", "cluster": "\(config.clusterID)"])
-        } else if storage.isBlank && !config.join {
+        if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {
             logger.warning(
                 "blank data directory and no --new-cluster: this node will not vote or campaign until an existing member adds it (banyan cluster remove, then add; see docs/runbook.md). After a lost disk that is the safe state. For a brand-new cluster, start each founder once with --new-cluster (or run banyan bootstrap) instead.",
                 metadata: ["members": "\(config.foundingMembers)"])
         } else if !storage.isBlank && config.newCluster {
             logger.notice("--new-cluster ignored: the data directory already holds state")
         }
-        let loaded = try storage.load(progress: progress)
-        self.storage = storage
-        pacer = RoundPacer(interval: UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000)
         var raft = RaftConfiguration(id: config.nodeID, seed: UInt64.random(in: 1...UInt64.max))
         raft.electionTicks = config.raft.electionTicks
         raft.heartbeatTicks = config.raft.heartbeatTicks
@@ -150,10 +125,12 @@ public final class NodeRuntime: @unchecked Sendable {
         let tickMs = max(1, config.raft.tickMilliseconds)
         rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
         rc.retryTicks = max(config.raft.electionTicks * 2, 5)
-        replica = try Replica(
-            configuration: rc, persisted: loaded.persisted, machine: loaded.machine, session: UInt64.random(in: 1...UInt64.max),
-            now: Self.wallClock())
-        replica.treesFor = [Self.clusterNamespace]
+        var settings = NodeCore.Settings(replica: rc)
+        settings.roundIntervalNanoseconds = UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000
+        core = try NodeCore(
+            settings: settings, storage: storage, foundingMembers: config.foundsClusterWhenBlank ? config.foundingMembers : nil,
+            logger: logger, now: Self.wallClock(), monotonicNanoseconds: { DispatchTime.now().uptimeNanoseconds },
+            newSession: { UInt64.random(in: 1...UInt64.max) }, progress: progress)
         if let sharedLoop {
             group = nil
             loop = sharedLoop
@@ -164,12 +141,14 @@ public final class NodeRuntime: @unchecked Sendable {
         }
         for (id, address) in config.initialMembers { peerAddresses[id] = address }
         peerAddresses[config.nodeID] = config.advertised
-        learnPeers(from: loaded.machine.tree(Self.clusterNamespace))
+        mergePeers(core.peerAddresses)
+        core.output = { [unowned self] action in self.perform(action) }
+        let raftState = core.replica.raft
         logger.info(
             "state loaded",
             metadata: [
-                "snapshot_index": "\(loaded.persisted.snapshot.index)", "log_entries": "\(loaded.persisted.entries.count)",
-                "term": "\(loaded.persisted.hardState.term)", "members": "\(replica.raft.membership)",
+                "snapshot_index": "\(raftState.snapshotMeta.index)", "log_entries": "\(raftState.lastIndex - raftState.snapshotMeta.index)",
+                "term": "\(raftState.term)", "members": "\(raftState.membership)",
             ])
     }
 
@@ -188,16 +167,9 @@ public final class NodeRuntime: @unchecked Sendable {
 
     public func shutdown() {
         let done: EventLoopFuture<Void> = loop.submit {
-            self.stopped = true
             self.tickTask?.cancel()
             self.pacerWake?.cancel()
-            try? self.storage.saveCommit(self.replica.raft.durableHardState)
-            for (_, p) in self.writeWaiters { self.complete(p, .failure(.timedOut(write: true))) }
-            for (_, w) in self.readWaiters { self.complete(w.promise, .failure(.timedOut(write: false))) }
-            for (_, p) in self.memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
-            self.writeWaiters = [:]
-            self.readWaiters = [:]
-            self.memberWaiters = [:]
+            self.core.shutdown()
             self.flushReplies()
         }
         _ = try? done.wait()
@@ -209,8 +181,8 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Peer messages, delivered in order as they arrived on one connection.
     public func receive(_ messages: [Message]) {
         let body: @Sendable () -> Void = {
-            guard !self.stopped else { return }
-            for m in messages { self.replica.receive(m) }
+            guard !self.core.stopped else { return }
+            self.core.receive(messages)
             self.scheduleProcess()
         }
         // Peer connections normally live on this loop (no hand-off needed).
@@ -236,17 +208,12 @@ public final class NodeRuntime: @unchecked Sendable {
     /// and answers are batched across threads (one wake-up covers many), which is what the
     /// per-request HTTP path wants.
     public func write(namespace: String, command: Command, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void) {
-        submit { self.startWrite(namespace: namespace, command: command, Completion(loop: caller, done: done)) }
-    }
-
-    private func startWrite(namespace: String, command: Command, _ completion: Completion<WriteResult>) {
-        guard !stopped else { return complete(completion, .failure(.overloaded("the node is shutting down"))) }
-        let id = nextRequest
-        nextRequest += 1
-        writeWaiters[id] = completion
-        replica.write(id, namespace: namespace, command: command)
-        handle(replica.takeEvents())
-        scheduleProcess()
+        submit {
+            let id = self.newRequest()
+            self.writeCompletions[id] = Completion(loop: caller, done: done)
+            self.core.write(id, namespace: namespace, command: command)
+            self.scheduleProcess()
+        }
     }
 
     /// The namespace's tree: after a ReadIndex round (linearizable), or at once from this
@@ -255,17 +222,17 @@ public final class NodeRuntime: @unchecked Sendable {
     public func read(
         namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Node, ReplicaError>) -> Void
     ) {
-        submit { self.startRead(namespace: namespace, stale: stale, Completion(loop: caller, done: done)) }
+        submit {
+            let id = self.newRequest()
+            self.readCompletions[id] = Completion(loop: caller, done: done)
+            self.core.read(id, namespace: namespace, stale: stale)
+            self.scheduleProcess()
+        }
     }
 
-    private func startRead(namespace: String, stale: Bool, _ completion: Completion<Result<Node, ReplicaError>>) {
-        if stale { return complete(completion, .success(replica.machine.tree(namespace))) }
-        let id = nextRequest
-        nextRequest += 1
-        readWaiters[id] = (namespace, completion)
-        replica.read(id)
-        handle(replica.takeEvents())
-        scheduleProcess()
+    private func newRequest() -> RequestID {
+        defer { nextRequest += 1 }
+        return nextRequest
     }
 
     // MARK: - Batching across threads
@@ -322,31 +289,18 @@ public final class NodeRuntime: @unchecked Sendable {
         loop.execute {
             let watchID = self.nextWatch
             self.nextWatch += 1
-            if stale {
-                self.watchers[watchID] = (namespace, handler)
-                self.watchersChanged()
-                handler(.start(self.replica.machine.tree(namespace)))
-                return promise.succeed(.success(watchID))
-            }
-            let id = self.nextRequest
-            self.nextRequest += 1
-            self.readWaiters[id] = (
-                namespace,
-                Completion(loop: self.loop) { result in
-                    switch result {
-                    case .success: promise.succeed(.success(watchID))
-                    case .failure(let e):
-                        self.watchers[watchID] = nil
-                        self.watchersChanged()
-                        promise.succeed(.failure(e))
-                    }
+            self.watchHandlers[watchID] = handler
+            let id = self.newRequest()
+            self.readCompletions[id] = Completion(loop: self.loop) { result in
+                switch result {
+                case .success: promise.succeed(.success(watchID))
+                case .failure(let e):
+                    self.watchHandlers[watchID] = nil
+                    promise.succeed(.failure(e))
                 }
-            )
-            self.watchStarts[id] = watchID
-            self.watchers[watchID] = (namespace, handler)
-            self.watchersChanged()
-            self.replica.read(id)
-            self.handle(self.replica.takeEvents())
+            }
+            self.core.watch(id, watch: watchID, namespace: namespace, stale: stale)
+            self.flushReplies()
             self.scheduleProcess()
         }
         return promise.futureResult
@@ -354,40 +308,30 @@ public final class NodeRuntime: @unchecked Sendable {
 
     public func unwatch(_ id: UInt64) {
         loop.execute {
-            self.watchers[id] = nil
-            self.watchersChanged()
+            self.watchHandlers[id] = nil
+            self.core.unwatch(id)
         }
-    }
-
-    /// Only namespaces with live views get a tree with each applied event: for the others the
-    /// tree is changed in place, without copying the written path (on the replica thread).
-    private func watchersChanged() {
-        var watched = Set(watchers.values.map(\.namespace))
-        // Peer addresses are learnt from the cluster namespace's tree.
-        watched.insert(Self.clusterNamespace)
-        if replica.treesFor != watched { replica.treesFor = watched }
     }
 
     /// Adds a node as a learner (it is promoted automatically once it has caught up): first
     /// its peer address is replicated, then the membership change is proposed. Leader only.
     public func addMember(id: UInt64, peerAddress: HostPort) -> EventLoopFuture<Result<Membership, ReplicaError>> {
-        let recorded = write(
-            namespace: Self.clusterNamespace, command: .set(path: "/peers/\(id)", json: Array("\"\(peerAddress)\"".utf8)))
-        return recorded.flatMap { result in
-            if case .failure(let e) = result { return self.loop.makeSucceededFuture(.failure(e)) }
-            self.learnPeerAddress(id, peerAddress)
-            return self.changeMembership(.addLearner(id))
+        let promise = loop.makePromise(of: Result<Membership, ReplicaError>.self)
+        loop.execute {
+            let request = self.newRequest()
+            self.memberCompletions[request] = promise
+            self.core.addMember(request, node: id, address: peerAddress.description)
+            self.scheduleProcess()
         }
+        return promise.futureResult
     }
 
     public func changeMembership(_ change: MembershipChange) -> EventLoopFuture<Result<Membership, ReplicaError>> {
         let promise = loop.makePromise(of: Result<Membership, ReplicaError>.self)
         loop.execute {
-            let id = self.nextRequest
-            self.nextRequest += 1
-            self.memberWaiters[id] = promise
-            self.replica.changeMembership(id, change)
-            self.handle(self.replica.takeEvents())
+            let id = self.newRequest()
+            self.memberCompletions[id] = promise
+            self.core.changeMembership(id, change)
             self.scheduleProcess()
         }
         return promise.futureResult
@@ -396,7 +340,7 @@ public final class NodeRuntime: @unchecked Sendable {
     public func transferLeadership(to target: UInt64) -> EventLoopFuture<Result<Void, ReplicaError>> {
         loop.submit {
             do throws(ReplicaError) {
-                try self.replica.transferLeadership(to: target)
+                try self.core.transferLeadership(to: target)
                 self.scheduleProcess()
                 return .success(())
             } catch {
@@ -411,164 +355,121 @@ public final class NodeRuntime: @unchecked Sendable {
 
     /// The current leader and its client address, if known (for redirecting operators).
     public func leader() -> EventLoopFuture<UInt64> {
-        loop.submit { self.replica.raft.leader }
+        loop.submit { self.core.replica.raft.leader }
     }
 
     private func currentStatus() -> NodeStatus {
+        let replica = core.replica
         let raft = replica.raft
         return NodeStatus(
             nodeID: config.nodeID, clusterID: config.clusterID, role: raft.role.description, term: raft.term, leader: raft.leader,
             commitIndex: raft.commitIndex, appliedIndex: replica.machine.appliedIndex, lastIndex: raft.lastIndex,
-            snapshotIndex: raft.snapshotMeta.index, logFirstIndex: storage.logFirstIndex, voters: raft.membership.voters,
+            snapshotIndex: raft.snapshotMeta.index, logFirstIndex: core.storage.logFirstIndex, voters: raft.membership.voters,
             learners: raft.membership.learners,
             peers: Dictionary(uniqueKeysWithValues: peerAddresses.map { (String($0.key), $0.value.description) }),
             replication: raft.role == .leader
                 ? raft.replicationStatus.map {
                     NodeStatus.Progress(node: $0.node, match: $0.match, next: $0.next, state: $0.state, recentlyActive: $0.recentlyActive)
                 } : [],
-            pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: watchers.count,
+            pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
             namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote)
     }
 
     // MARK: - The loop
 
     private func tick() {
-        guard !stopped else { return }
-        replica.tick(now: Self.wallClock())
-        handle(replica.takeEvents())
+        guard !core.stopped else { return }
+        core.tick(now: Self.wallClock())
         flushReplies()
         scheduleProcess()
     }
 
     private func scheduleProcess() {
-        guard !processScheduled, !stopped else { return }
+        guard !processScheduled, !core.stopped else { return }
         processScheduled = true
         loop.execute { self.process() }
     }
 
-    /// The Ready contract: persist (fsync), send, apply, answer; repeated until quiet.
+    /// One pass of the core's Ready loop (persist, send, apply, answer), then the answers go out.
     private func process() {
         processScheduled = false
-        guard !stopped else { return }
-        if replica.raft.role != .leader { pacer.reset() }
-        var rounds = 0
-        while rounds < 64 {
-            // Decided afresh before every `ready()`: an fsync longer than the interval ends the
-            // hold within this pass.
-            holdProposalsIfPaced()
-            guard let rd = replica.ready() else { break }
-            rounds += 1
-            if !rd.entries.isEmpty, replica.raft.role == .leader {
-                pacer.roundStarted(now: DispatchTime.now().uptimeNanoseconds, entries: rd.entries.count)
-            }
-            let installed: StateMachine?
-            // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
-            // follower's forwarded proposals and read-index requests while it persists.
-            if rd.sendBeforePersist > 0 { transport?.send(Array(rd.messages.prefix(rd.sendBeforePersist))) }
-            let started = DispatchTime.now().uptimeNanoseconds
-            do {
-                installed = try storage.persist(rd)
-            } catch let damaged as DamagedIncomingSnapshot {
-                // Nothing of this Ready reached the disk or the network: reload as a restart
-                // would, and let the leader send the snapshot again.
-                logger.error("refused a damaged snapshot from the leader; reloading state from disk", metadata: ["error": "\(damaged)"])
-                reloadFromDisk()
-                return scheduleProcess()
-            } catch {
-                // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
-                // may no longer match the disk, and only a restart recovers from what is really
-                // there. Nothing acknowledged is lost: acknowledgements follow persistence.
-                logger.critical("storage error; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])
-                stopped = true
-                exit(75)
-            }
-            persistTimer.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - started))
-            if rd.messages.count > rd.sendBeforePersist { transport?.send(Array(rd.messages.dropFirst(rd.sendBeforePersist))) }
-            for request in rd.snapshotReads { serveSnapshotChunk(request) }
-            if installed != nil { snapshotInstalls.increment() }
-            replica.advance(rd, installed: installed)
-            handle(replica.takeEvents())
-        }
+        guard !core.stopped else { return }
+        core.process()
         flushReplies()
-        if rounds == 64 { scheduleProcess() }
-        let raft = replica.raft
+        let raft = core.replica.raft
         commitGauge.record(Int64(raft.commitIndex))
-        appliedGauge.record(Int64(replica.machine.appliedIndex))
+        appliedGauge.record(Int64(core.replica.machine.appliedIndex))
     }
 
-    /// Round pacing (docs/server.md): while the pacer says wait, new proposals stay queued in
-    /// the replica (everything else in a `Ready` goes on), and a pass is scheduled for when the
-    /// interval ends, which proposes everything that arrived meanwhile as one round.
-    private func holdProposalsIfPaced() {
-        let wait = pacer.wait(now: DispatchTime.now().uptimeNanoseconds, isLeader: replica.raft.role == .leader)
-        replica.holdProposals = wait != nil
-        if let wait, pacerWake == nil {
-            pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: wait))) {
+    /// Carries out one of the core's actions (docs/node-core.md), in the order given.
+    private func perform(_ action: NodeAction) {
+        switch action {
+        case .send(let messages):
+            transport?.send(messages)
+        case let .wrote(id, result):
+            if let c = writeCompletions.removeValue(forKey: id) { complete(c, result) }
+        case let .read(id, result):
+            if let c = readCompletions.removeValue(forKey: id) { complete(c, result) }
+        case let .membership(id, result):
+            memberCompletions.removeValue(forKey: id)?.succeed(result)
+        case let .watch(watch, event):
+            watchHandlers[watch]?(event)
+        case .peerAddresses(let addresses):
+            mergePeers(addresses)
+        case let .writeSnapshot(machine, meta):
+            writeSnapshot(machine, meta)
+        case .wake(let nanoseconds):
+            pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: nanoseconds))) {
                 self.pacerWake = nil
+                self.core.woke()
                 self.scheduleProcess()
             }
+        case .processAgain:
+            scheduleProcess()
+        case .fatal(let reason):
+            // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
+            // may no longer match the disk, and only a restart recovers from what is really
+            // there. Nothing acknowledged is lost: acknowledgements follow persistence.
+            logger.critical("storage error; stopping the node so it restarts and recovers", metadata: ["error": "\(reason)"])
+            exit(75)
+        case .note(let note):
+            observe(note)
         }
     }
 
-    private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
-        do {
-            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
-            // The offset comes from a peer: never trust it to fit.
-            guard let offset = Int(exactly: request.offset), offset <= total else { return }
-            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
-            let last = offset + data.count >= total
-            replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: last)
-        } catch {
+    private func observe(_ note: NodeNote) {
+        switch note {
+        case let .roleChanged(role, leader, term):
+            termGauge.record(Int64(term))
+            leaderGauge.record(role == .leader ? 1 : 0)
+            leaderChanges.increment()
+            logger.notice("raft role changed", metadata: ["role": "\(role)", "leader": "\(leader)", "term": "\(term)"])
+        case .membershipChanged(let membership):
+            logger.notice("membership changed", metadata: ["members": "\(membership)"])
+        case .snapshotInstalled(let meta):
+            snapshotInstalls.increment()
+            logger.info("installed a snapshot from the leader", metadata: ["index": "\(meta.index)", "term": "\(meta.term)"])
+        case .restoredFromSnapshot(let meta):
+            logger.info("state machine restored from the leader's snapshot", metadata: ["index": "\(meta.index)"])
+        case .snapshotWritten(let meta):
+            snapshotCounter.increment()
+            logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)"])
+        case .appliedCommands(let n):
+            appliedCounter.increment(by: n)
+        case .persisted(let nanoseconds):
+            persistTimer.recordNanoseconds(Int64(clamping: nanoseconds))
+        case .reloadedAfterDamagedSnapshot(let why):
+            logger.error("refused a damaged snapshot from the leader; reloading state from disk", metadata: ["error": "\(why)"])
+        case .compactionFailed(let why):
+            logger.error("log compaction after a snapshot failed", metadata: ["error": "\(why)"])
+        case let .snapshotChunkUnavailable(follower, index, error):
             logger.warning(
                 "cannot read the snapshot a follower needs (a newer one may have replaced it)",
-                metadata: ["follower": "\(request.to)", "index": "\(request.meta.index)", "error": "\(error)"])
+                metadata: ["follower": "\(follower)", "index": "\(index)", "error": "\(error)"])
         }
     }
 
-    private func handle(_ events: [ReplicaEvent]) {
-        for event in events {
-            switch event {
-            case let .applied(applied, tree, request):
-                appliedCounter.increment()
-                if let request, let waiter = writeWaiters.removeValue(forKey: request) { complete(waiter, .success(applied)) }
-                if applied.namespace == Self.clusterNamespace, applied.outcome == .ok { learnPeers(from: tree) }
-                for (_, w) in watchers where w.namespace == applied.namespace { w.handler(.applied(applied, tree: tree)) }
-            case .readsReady(let ids):
-                for id in ids {
-                    guard let w = readWaiters.removeValue(forKey: id) else { continue }
-                    let tree = replica.machine.tree(w.namespace)
-                    if let watchID = watchStarts.removeValue(forKey: id), let watcher = watchers[watchID] {
-                        watcher.handler(.start(tree))
-                    }
-                    complete(w.promise, .success(tree))
-                }
-            case let .failed(id, error):
-                if let p = writeWaiters.removeValue(forKey: id) { complete(p, .failure(error)) }
-                if let w = readWaiters.removeValue(forKey: id) {
-                    watchStarts[id] = nil
-                    complete(w.promise, .failure(error))
-                }
-                if let p = memberWaiters.removeValue(forKey: id) { p.succeed(.failure(error)) }
-            case let .membershipChanged(id, membership):
-                logger.notice("membership changed", metadata: ["members": "\(membership)"])
-                memberWaiters.removeValue(forKey: id)?.succeed(.success(membership))
-            case .restoredFromSnapshot(let meta):
-                learnPeers(from: replica.machine.tree(Self.clusterNamespace))
-                for (_, w) in watchers { w.handler(.restored(replica.machine.tree(w.namespace))) }
-                logger.info("state machine restored from the leader's snapshot", metadata: ["index": "\(meta.index)"])
-            case .snapshotDue(let meta):
-                writeSnapshot(meta)
-            case let .roleChanged(role, leader, term):
-                termGauge.record(Int64(term))
-                leaderGauge.record(role == .leader ? 1 : 0)
-                leaderChanges.increment()
-                logger.notice("raft role changed", metadata: ["role": "\(role)", "leader": "\(leader)", "term": "\(term)"])
-            }
-        }
-    }
-
-    private func writeSnapshot(_ meta: SnapshotMeta) {
-        let machine = replica.machine
+    private func writeSnapshot(_ machine: StateMachine, _ meta: SnapshotMeta) {
         let writer = SnapshotWriter(directory: config.dataDirectory)
         let logger = self.logger
         let started = DispatchTime.now().uptimeNanoseconds
@@ -582,62 +483,22 @@ public final class NodeRuntime: @unchecked Sendable {
                     }
                 }
                 let ms = (DispatchTime.now().uptimeNanoseconds - started) / 1_000_000
-                self.loop.execute {
-                    do {
-                        try self.storage.snapshots.removeSnapshots(olderThan: meta.index)
-                        try self.storage.compact(through: meta.index)
-                        try self.storage.saveCommit(self.replica.raft.durableHardState)
-                    } catch {
-                        self.logger.error("log compaction after a snapshot failed", metadata: ["error": "\(error)"])
-                    }
-                    self.replica.snapshotWritten(meta)
-                    self.snapshotCounter.increment()
-                    logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)", "ms": "\(ms)"])
-                }
+                logger.debug("snapshot file durable", metadata: ["index": "\(meta.index)", "ms": "\(ms)"])
+                self.loop.execute { self.core.snapshotWritten(meta) }
             } catch {
                 logger.error("snapshot write failed; will retry later", metadata: ["index": "\(meta.index)", "error": "\(error)"])
-                self.loop.execute { self.replica.snapshotFailed() }
+                self.loop.execute { self.core.snapshotFailed(meta) }
             }
         }
     }
 
-    /// Rebuilds the replica from what is on disk, as a restart would (after a damaged incoming
-    /// snapshot). Waiting writes end as unknown and reads as timed out; live views resend.
-    private func reloadFromDisk() {
-        do {
-            let loaded = try storage.load { _ in }
-            replica = try Replica(
-                configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine,
-                session: UInt64.random(in: 1...UInt64.max), now: Self.wallClock())
-            pacer.reset()
-            watchersChanged()
-        } catch {
-            logger.critical("storage error while reloading; stopping the node so it restarts and recovers", metadata: ["error": "\(error)"])
-            stopped = true
-            exit(75)
-        }
-        for (_, p) in writeWaiters { complete(p, .failure(.timedOut(write: true))) }
-        for (id, w) in readWaiters {
-            watchStarts[id] = nil
-            complete(w.promise, .failure(.timedOut(write: false)))
-        }
-        for (_, p) in memberWaiters { p.succeed(.failure(.timedOut(write: true))) }
-        writeWaiters = [:]
-        readWaiters = [:]
-        memberWaiters = [:]
-        for (_, w) in watchers { w.handler(.restored(replica.machine.tree(w.namespace))) }
-    }
-
-    private func learnPeers(from tree: Node) {
-        guard let peersPath = try? Path(parsing: "/peers") else { return }
-        let peers = tree.child(at: peersPath)
+    /// Addresses from the replicated `$cluster/peers` tree.
+    private func mergePeers(_ addresses: [NodeID: String]) {
         var changed = false
-        for (key, node) in peers.children.elements() {
-            guard let id = UInt64(key.string), case .string(let text)? = node.leaf, let address = try? HostPort(parsing: text) else { continue }
-            if peerAddresses[id] != address {
-                peerAddresses[id] = address
-                changed = true
-            }
+        for (id, text) in addresses {
+            guard let address = try? HostPort(parsing: text), peerAddresses[id] != address else { continue }
+            peerAddresses[id] = address
+            changed = true
         }
         if changed { transport?.updateAddresses(peerAddresses) }
     }

@@ -1,5 +1,6 @@
 import BanyanRaft
 import BanyanStateMachine
+import BanyanNode
 @testable import BanyanServer
 import Foundation
 import Logging

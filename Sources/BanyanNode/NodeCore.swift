@@ -1,0 +1,442 @@
+public import BanyanRaft
+public import BanyanReplica
+public import BanyanStateMachine
+public import BanyanTree
+public import Logging
+import BanyanOpLogFiles
+
+/// What a write request ends with.
+public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
+
+/// A live view of one namespace.
+public enum WatchEvent: Sendable {
+    /// The tree when the watch started (after a ReadIndex round, so it includes every write
+    /// acknowledged before the watch was opened).
+    case start(Node)
+    case applied(StateMachine.Applied, tree: Node)
+    /// The state was replaced (a snapshot from the leader, or a reload from disk).
+    case restored(Node)
+}
+
+/// Something worth a log line or a metric (the core itself logs nothing that decides anything).
+public enum NodeNote: Sendable {
+    case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
+    case membershipChanged(Membership)
+    case snapshotInstalled(SnapshotMeta)
+    case restoredFromSnapshot(SnapshotMeta)
+    case snapshotWritten(SnapshotMeta)
+    case appliedCommands(Int)
+    /// Persisting one round took this long (the injected monotonic clock).
+    case persisted(nanoseconds: UInt64)
+    /// A snapshot from the leader failed verification; the core reloaded its state from disk.
+    case reloadedAfterDamagedSnapshot(String)
+    case compactionFailed(String)
+    case snapshotChunkUnavailable(follower: NodeID, index: UInt64, error: String)
+}
+
+/// What the driver must do, in the order given (docs/node-core.md).
+public enum NodeAction: Sendable {
+    /// Peer messages. A round's early sends (a leader's appends, a follower's forwarded
+    /// proposals and read requests) come before its persist; the rest after it.
+    case send([Message])
+    case wrote(RequestID, WriteResult)
+    case read(RequestID, Result<Node, ReplicaError>)
+    case membership(RequestID, Result<Membership, ReplicaError>)
+    case watch(UInt64, WatchEvent)
+    /// Peer addresses from the replicated `$cluster/peers` tree (id → "host:port" as stored).
+    case peerAddresses([NodeID: String])
+    /// Write a snapshot of `machine` at `meta` (in the background; the machine is a value), then
+    /// call `snapshotWritten(_:)` or `snapshotFailed(_:)`.
+    case writeSnapshot(StateMachine, SnapshotMeta)
+    case note(NodeNote)
+    /// Round pacing holds new proposals: call `process()` again after this many nanoseconds.
+    case wake(afterNanoseconds: UInt64)
+    /// The pass stopped at its round limit with work left: call `process()` again soon.
+    case processAgain
+    /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
+    /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
+    case fatal(String)
+}
+
+/// A node's decisions between its clients, its replica and its storage, as a state machine that
+/// returns actions (docs/node-core.md). The server's `NodeRuntime` and the whole-node simulator
+/// drive this same code. Single-threaded: every call comes from the driver's one thread.
+public final class NodeCore {
+    public struct Settings: Sendable {
+        public var replica: ReplicaConfiguration
+        /// Round pacing interval (`raft.round_interval_us`), nanoseconds; 0 = none.
+        public var roundIntervalNanoseconds: UInt64 = 0
+        /// Replication rounds per `process()` pass before it yields (`processAgain`).
+        public var roundsPerPass = 64
+
+        public init(replica: ReplicaConfiguration) { self.replica = replica }
+    }
+
+    /// The namespace that holds cluster metadata (peer addresses).
+    public static let clusterNamespace = "$cluster"
+
+    public let settings: Settings
+    public let storage: NodeStorage
+    public private(set) var replica: Replica
+    /// Where actions go, in order (set by the driver before the first input).
+    public var output: (NodeAction) -> Void = { _ in }
+    public private(set) var stopped = false
+    /// Peer addresses learned from `$cluster/peers`.
+    public private(set) var peerAddresses: [NodeID: String] = [:]
+
+    private let logger: Logger
+    private let monotonicNanoseconds: () -> UInt64
+    private let newSession: () -> UInt64
+    private var pacer: RoundPacer
+    private var wakePending = false
+
+    private enum Waiter {
+        case write
+        /// A linearizable read of `namespace`; `watch` is set when it starts a live view.
+        case read(namespace: String, watch: UInt64?)
+        case membership
+        /// Adding a member: its address is being written to `$cluster/peers` first.
+        case addMember(NodeID, address: String)
+    }
+    private var waiters: [RequestID: Waiter] = [:]
+    private var watches: [UInt64: String] = [:]
+
+    /// Opens the node's state: bootstraps a blank directory when `foundingMembers` is set, then
+    /// loads the newest snapshot and the log after it. `newSession` gives a fresh random client
+    /// session per incarnation of the replica (start and every reload); the monotonic clock
+    /// drives pacing and persist timing.
+    public init(
+        settings: Settings, storage: NodeStorage, foundingMembers: [NodeID]?, logger: Logger, now: Int64,
+        monotonicNanoseconds: @escaping () -> UInt64, newSession: @escaping () -> UInt64, progress: @escaping (String) -> Void
+    ) throws {
+        self.settings = settings
+        self.storage = storage
+        self.logger = logger
+        self.monotonicNanoseconds = monotonicNanoseconds
+        self.newSession = newSession
+        if storage.isBlank, let members = foundingMembers {
+            try storage.bootstrap(members: members)
+            logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)"])
+        }
+        let loaded = try storage.load(progress: progress)
+        pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
+        replica = try Replica(
+            configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
+        replica.treesFor = [Self.clusterNamespace]
+        learnPeers(from: loaded.machine.tree(Self.clusterNamespace), announce: false)
+    }
+
+    public var watchCount: Int { watches.count }
+
+    // MARK: - Client inputs (the driver picks request ids, unique among those waiting)
+
+    public func write(_ id: RequestID, namespace: String, command: Command) {
+        guard !stopped else { return output(.wrote(id, .failure(.overloaded("the node is shutting down")))) }
+        start(id, .write) { $0.write(id, namespace: namespace, command: command) }
+    }
+
+    /// A read of `namespace`: after a ReadIndex round (linearizable), or at once from this node's
+    /// state (`stale`: possibly behind the leader).
+    public func read(_ id: RequestID, namespace: String, stale: Bool) {
+        guard !stopped else { return output(.read(id, .failure(.timedOut(write: false)))) }
+        if stale { return output(.read(id, .success(replica.machine.tree(namespace)))) }
+        start(id, .read(namespace: namespace, watch: nil)) { $0.read(id) }
+    }
+
+    /// Opens live view `watch` of `namespace`: `.watch(watch, .start(tree))` at a linearizable
+    /// point (or at once from this node's tree when `stale`), then every applied write of the
+    /// namespace. Request `id` ends with `.read`: success once started, or the error that
+    /// prevented the start (the watch is then closed).
+    public func watch(_ id: RequestID, watch: UInt64, namespace: String, stale: Bool) {
+        guard !stopped else { return output(.read(id, .failure(.timedOut(write: false)))) }
+        watches[watch] = namespace
+        watchesChanged()
+        if stale {
+            let tree = replica.machine.tree(namespace)
+            output(.watch(watch, .start(tree)))
+            return output(.read(id, .success(tree)))
+        }
+        start(id, .read(namespace: namespace, watch: watch)) { $0.read(id) }
+    }
+
+    public func unwatch(_ watch: UInt64) {
+        watches[watch] = nil
+        watchesChanged()
+    }
+
+    public func changeMembership(_ id: RequestID, _ change: MembershipChange) {
+        guard !stopped else { return output(.membership(id, .failure(.timedOut(write: true)))) }
+        start(id, .membership) { $0.changeMembership(id, change) }
+    }
+
+    /// Adds a node as a learner (promoted automatically once caught up): its peer address is
+    /// replicated first, then the membership change is proposed. Leader only. Ends with
+    /// `.membership`.
+    public func addMember(_ id: RequestID, node: NodeID, address: String) {
+        guard !stopped else { return output(.membership(id, .failure(.timedOut(write: true)))) }
+        let json = JSONWriter.bytes(Node(.string(address)))
+        start(id, .addMember(node, address: address)) {
+            $0.write(id, namespace: Self.clusterNamespace, command: .set(path: "/peers/\(node)", json: json))
+        }
+    }
+
+    public func transferLeadership(to target: NodeID) throws(ReplicaError) {
+        try replica.transferLeadership(to: target)
+    }
+
+    /// The one way a request starts: register what it is, hand it to the replica, and pass on
+    /// whatever the replica says at once (an immediate refusal).
+    private func start(_ id: RequestID, _ waiter: Waiter, _ submit: (inout Replica) -> Void) {
+        waiters[id] = waiter
+        submit(&replica)
+        handle(replica.takeEvents())
+    }
+
+    // MARK: - Peer and timer inputs
+
+    public func receive(_ messages: [Message]) {
+        guard !stopped else { return }
+        for m in messages { replica.receive(m) }
+    }
+
+    /// One Raft tick; `now` is the wall clock (ms since the epoch), for server timestamps.
+    public func tick(now: Int64) {
+        guard !stopped else { return }
+        replica.tick(now: now)
+        handle(replica.takeEvents())
+    }
+
+    // MARK: - The Ready contract
+
+    /// Persist (fsync), send, apply, answer; repeated until quiet or `roundsPerPass` rounds.
+    public func process() {
+        guard !stopped else { return }
+        if replica.raft.role != .leader { pacer.reset() }
+        var rounds = 0
+        while rounds < settings.roundsPerPass {
+            // Decided afresh before every `ready()`: an fsync longer than the interval ends the
+            // hold within this pass.
+            holdProposalsIfPaced()
+            guard let rd = replica.ready() else { return }
+            rounds += 1
+            if !rd.entries.isEmpty, replica.raft.role == .leader {
+                pacer.roundStarted(now: monotonicNanoseconds(), entries: rd.entries.count)
+            }
+            // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
+            // follower's forwarded proposals and read-index requests while it persists.
+            if rd.sendBeforePersist > 0 { output(.send(Array(rd.messages.prefix(rd.sendBeforePersist)))) }
+            let started = monotonicNanoseconds()
+            let installed: StateMachine?
+            do {
+                installed = try storage.persist(rd)
+            } catch let damaged as DamagedIncomingSnapshot {
+                // Nothing of this Ready reached the disk or the network: reload as a restart
+                // would, and let the leader send the snapshot again.
+                output(.note(.reloadedAfterDamagedSnapshot("\(damaged)")))
+                reloadFromDisk()
+                return output(.processAgain)
+            } catch {
+                return fail("\(error)")
+            }
+            output(.note(.persisted(nanoseconds: monotonicNanoseconds() &- started)))
+            if rd.messages.count > rd.sendBeforePersist { output(.send(Array(rd.messages.dropFirst(rd.sendBeforePersist)))) }
+            for request in rd.snapshotReads { serveSnapshotChunk(request) }
+            if let meta = rd.snapshot, installed != nil { output(.note(.snapshotInstalled(meta))) }
+            replica.advance(rd, installed: installed)
+            handle(replica.takeEvents())
+        }
+        output(.processAgain)
+    }
+
+    /// Round pacing (docs/server.md): while the pacer says wait, new proposals stay queued in
+    /// the replica (everything else in a `Ready` goes on), and the driver is asked to call
+    /// `process()` when the interval ends.
+    private func holdProposalsIfPaced() {
+        let wait = pacer.wait(now: monotonicNanoseconds(), isLeader: replica.raft.role == .leader)
+        replica.holdProposals = wait != nil
+        if let wait, !wakePending {
+            wakePending = true
+            output(.wake(afterNanoseconds: wait))
+        }
+    }
+
+    /// The driver's wake-up for pacing fired (call `process()` next).
+    public func woke() { wakePending = false }
+
+    private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
+        do {
+            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
+            // The offset comes from a peer: never trust it to fit.
+            guard let offset = Int(exactly: request.offset), offset <= total else { return }
+            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
+            let last = offset + data.count >= total
+            replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: last)
+        } catch {
+            // A newer snapshot may have replaced it; the follower asks again.
+            output(.note(.snapshotChunkUnavailable(follower: request.to, index: request.meta.index, error: "\(error)")))
+        }
+    }
+
+    // MARK: - Snapshots written by the driver
+
+    /// The snapshot announced by `.writeSnapshot` is durable: older snapshots and the log it
+    /// covers go, and the commit index is saved (never beyond what is durable in the log).
+    public func snapshotWritten(_ meta: SnapshotMeta) {
+        guard !stopped else { return }
+        do {
+            try storage.snapshots.removeSnapshots(olderThan: meta.index)
+            try storage.compact(through: meta.index)
+            try storage.saveCommit(replica.raft.durableHardState)
+        } catch {
+            output(.note(.compactionFailed("\(error)")))
+        }
+        replica.snapshotWritten(meta)
+        output(.note(.snapshotWritten(meta)))
+    }
+
+    public func snapshotFailed(_ meta: SnapshotMeta) {
+        guard !stopped else { return }
+        replica.snapshotFailed()
+    }
+
+    // MARK: - Stopping and reloading
+
+    /// Saves the commit index (only as far as the log is durable) and ends every waiter.
+    public func shutdown() {
+        guard !stopped else { return }
+        stopped = true
+        try? storage.saveCommit(replica.raft.durableHardState)
+        endAllWaiters()
+    }
+
+    private func fail(_ reason: String) {
+        stopped = true
+        output(.fatal(reason))
+    }
+
+    /// Rebuilds the replica from what is on disk, as a restart would (after a damaged incoming
+    /// snapshot). Waiting writes end as unknown and reads as timed out; live views get `restored`.
+    private func reloadFromDisk() {
+        do {
+            let loaded = try storage.load { _ in }
+            let treesFor = replica.treesFor
+            replica = try Replica(
+                configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),
+                now: replica.wallClock)
+            replica.treesFor = treesFor
+            pacer.reset()
+        } catch {
+            return fail("reloading after a damaged snapshot: \(error)")
+        }
+        endAllWaiters()
+        for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) {
+            output(.watch(watch, .restored(replica.machine.tree(namespace))))
+        }
+    }
+
+    private func endAllWaiters() {
+        for (id, waiter) in waiters.sorted(by: { $0.key < $1.key }) {
+            switch waiter {
+            case .write: output(.wrote(id, .failure(.timedOut(write: true))))
+            case .read(_, let watch):
+                if let watch { closeWatch(watch) }
+                output(.read(id, .failure(.timedOut(write: false))))
+            case .membership, .addMember: output(.membership(id, .failure(.timedOut(write: true))))
+            }
+        }
+        waiters = [:]
+    }
+
+    private func closeWatch(_ watch: UInt64) {
+        watches[watch] = nil
+        watchesChanged()
+    }
+
+    /// Only namespaces with live views (and `$cluster`, for peer addresses) get a tree with each
+    /// applied event: for the others the tree is changed in place, without copying the written path.
+    private func watchesChanged() {
+        var watched = Set(watches.values)
+        watched.insert(Self.clusterNamespace)
+        if replica.treesFor != watched { replica.treesFor = watched }
+    }
+
+    // MARK: - Replica events → actions
+
+    private func handle(_ events: [ReplicaEvent]) {
+        var applied = 0
+        for event in events {
+            switch event {
+            case let .applied(result, tree, request):
+                applied += 1
+                if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
+                if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
+                for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) where namespace == result.namespace {
+                    output(.watch(watch, .applied(result, tree: tree)))
+                }
+            case .readsReady(let ids):
+                for id in ids {
+                    guard case .read(let namespace, let watch)? = waiters.removeValue(forKey: id) else { continue }
+                    let tree = replica.machine.tree(namespace)
+                    if let watch, watches[watch] != nil { output(.watch(watch, .start(tree))) }
+                    output(.read(id, .success(tree)))
+                }
+            case let .failed(id, error):
+                guard let waiter = waiters.removeValue(forKey: id) else { continue }
+                switch waiter {
+                case .write: output(.wrote(id, .failure(error)))
+                case .read(_, let watch):
+                    if let watch { closeWatch(watch) }
+                    output(.read(id, .failure(error)))
+                case .membership, .addMember: output(.membership(id, .failure(error)))
+                }
+            case let .membershipChanged(id, membership):
+                output(.note(.membershipChanged(membership)))
+                if waiters.removeValue(forKey: id) != nil { output(.membership(id, .success(membership))) }
+            case .restoredFromSnapshot(let meta):
+                learnPeers(from: replica.machine.tree(Self.clusterNamespace), announce: true)
+                for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) {
+                    output(.watch(watch, .restored(replica.machine.tree(namespace))))
+                }
+                output(.note(.restoredFromSnapshot(meta)))
+            case .snapshotDue(let meta):
+                output(.writeSnapshot(replica.machine, meta))
+            case let .roleChanged(role, leader, term):
+                output(.note(.roleChanged(role: role, leader: leader, term: term)))
+            }
+        }
+        if applied > 0 { output(.note(.appliedCommands(applied))) }
+    }
+
+    /// A request's own write applied.
+    private func finished(_ id: RequestID, _ waiter: Waiter, _ result: StateMachine.Applied) {
+        switch waiter {
+        case .write: output(.wrote(id, .success(result)))
+        case .addMember(let node, let address):
+            guard result.outcome == .ok else {
+                return output(
+                    .membership(id, .failure(.refused(.invalidMembershipChange("the address \(address) could not be recorded: \(result.outcome)")))))
+            }
+            if peerAddresses[node] != address {
+                peerAddresses[node] = address
+                output(.peerAddresses(peerAddresses))
+            }
+            start(id, .membership) { $0.changeMembership(id, .addLearner(node)) }
+        case .read, .membership:
+            // Reads and membership changes do not apply commands; nothing else shares the id.
+            break
+        }
+    }
+
+    private func learnPeers(from tree: Node, announce: Bool) {
+        guard let peersPath = try? Path(parsing: "/peers") else { return }
+        var changed = false
+        for (key, node) in tree.child(at: peersPath).children.elements() {
+            guard let id = UInt64(key.string), case .string(let text)? = node.leaf else { continue }
+            if peerAddresses[id] != text {
+                peerAddresses[id] = text
+                changed = true
+            }
+        }
+        if changed && announce { output(.peerAddresses(peerAddresses)) }
+    }
+}
