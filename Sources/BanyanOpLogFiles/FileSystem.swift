@@ -44,6 +44,11 @@ public protocol FileSystem: AnyObject {
     func write(_ file: FileID, at offset: Int, _ bytes: [UInt8]) throws(FileSystemError)
     /// Makes the file's data durable (fdatasync).
     func sync(_ file: FileID) throws(FileSystemError)
+    /// Makes the file at `path` durable (fsync) and then drops its pages from the page cache, so
+    /// that the next reads come from the disk. After a failed fsync, Linux marks the pages whose
+    /// write failed clean: they still show the written bytes, which the disk does not hold.
+    /// Recovery calls this before reading segments that may hold unsynced writes.
+    func dropCache(_ path: String) throws(FileSystemError)
     /// Cuts the file to `size` bytes (or extends it with zeros).
     func truncate(_ file: FileID, to size: Int) throws(FileSystemError)
     func size(_ file: FileID) throws(FileSystemError) -> Int

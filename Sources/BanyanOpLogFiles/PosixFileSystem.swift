@@ -94,6 +94,22 @@ public final class PosixFileSystem: FileSystem {
         if fdatasync(fd) != 0 { throw failure(path, "fdatasync") }
     }
 
+    /// fsync, then `posix_fadvise(POSIX_FADV_DONTNEED)`, which drops the file's clean pages
+    /// (dirty ones would stay, hence the fsync first): later reads go to the disk.
+    public func dropCache(_ path: String) throws(FileSystemError) {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure(path, "open") }
+        defer { _ = Glibc.close(fd) }
+        if fsync(fd) != 0 { throw failure(path, "fsync") }
+        #if canImport(Glibc)
+        let result = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)
+        if result != 0 {
+            errno = result  // posix_fadvise returns the error number instead of setting errno
+            throw failure(path, "posix_fadvise(DONTNEED)")
+        }
+        #endif
+    }
+
     public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
         let (fd, path) = try descriptor(file)
         if ftruncate(fd, off_t(size)) != 0 { throw failure(path, "ftruncate") }

@@ -58,7 +58,34 @@ public final class SegmentedLog {
         /// The unit a disk writes whole, for telling an unwritten sector (a torn write) from
         /// damage during recovery.
         public var sectorBytes = 512
+        /// What recovery does with damage in the last segment that valid records follow (a
+        /// sector the disk hands back as zeros or garbage in the middle of synced records). Off
+        /// (the default): refuse to open with `OpLogError(.corrupt, …)`, because the records
+        /// after the damage may have been acknowledged. On (an operator's explicit choice, see
+        /// docs/runbook.md): cut the segment at the damage (the cut bytes are saved beside it
+        /// first) and report it in `salvaged`, so that the node can stay out of votes until it
+        /// has fetched those records again from its peers.
+        public var salvageDamagedTail = false
         public init() {}
+    }
+
+    /// A damaged last segment that recovery cut at the damage because
+    /// `Options.salvageDamagedTail` was set.
+    public struct SalvagedTail: Sendable, Equatable {
+        /// The segment that was cut (or removed, when the damage was in its header).
+        public var file: String
+        /// The byte offset of the damage: the segment now ends there.
+        public var offset: Int
+        /// The first index no longer in the log (the record the damage hit).
+        public var cutAt: UInt64
+        /// The last index kept (`cutAt - 1`).
+        public var lastIndexBeforeCut: UInt64
+        /// The highest index of a valid record seen after the damage, when one was: the log held
+        /// at least this far, and this node may have acknowledged it. Refetch at least this far
+        /// before voting.
+        public var highestIndexAfterDamage: UInt64?
+        /// Where the cut bytes were saved (nil when they were all zeros).
+        public var savedTo: String?
     }
 
     /// What recovery found and did.
@@ -70,6 +97,9 @@ public final class SegmentedLog {
         public var truncatedTail: (file: String, offset: Int, droppedBytes: Int)?
         /// A last segment without a complete header, removed.
         public var removedEmptySegment: String?
+        /// The file the bytes of a cut tail (or removed segment) were saved to before the cut;
+        /// nil when nothing was cut or the cut bytes were all zeros.
+        public var savedCutBytes: String?
 
         public static func == (a: RecoveryReport, b: RecoveryReport) -> Bool {
             a.segments == b.segments && a.records == b.records && a.removedEmptySegment == b.removedEmptySegment
@@ -109,6 +139,10 @@ public final class SegmentedLog {
     /// Index of the last record known to be durable.
     public private(set) var durableIndex: UInt64 = 0
     public private(set) var recovery = RecoveryReport()
+    /// Set when recovery cut a damaged last segment under `Options.salvageDamagedTail`: the
+    /// caller must keep the node from voting until it has fetched the cut records again (at
+    /// least through `highestIndexAfterDamage`, or through its commit index).
+    public private(set) var salvaged: SalvagedTail?
 
     /// Index of the first record present (lastIndex + 1 when empty).
     public var firstIndex: UInt64 { segments.first?.firstIndex ?? lastIndex + 1 }
@@ -146,6 +180,11 @@ public final class SegmentedLog {
         let names = try fileSystem.list(directory)
             .compactMap { name in LogFormat.firstIndex(ofSegment: name).map { (name, $0) } }
             .sorted { $0.1 < $1.1 }
+        // After a failed fsync (the process stopped on it), Linux marks the pages whose write
+        // failed clean: the page cache shows bytes the disk does not hold. Read the segments
+        // that may hold unsynced writes from the disk itself. Earlier segments were synced at
+        // their roll, before the next segment was created.
+        for (name, _) in names.suffix(2) { try fileSystem.dropCache(path(name)) }
         var expected: UInt64?
         var zeroTail: (file: String, offset: Int, bytes: Int)?
         for (i, (name, first)) in names.enumerated() {
@@ -156,6 +195,7 @@ public final class SegmentedLog {
             }
             let scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false, sectorBytes: options.sectorBytes)
             var size = bytes.count
+            var cut: Int?
             switch scan.outcome {
             case .clean:
                 break
@@ -163,27 +203,47 @@ public final class SegmentedLog {
                 size = offset  // preallocated space, kept for the next records
                 zeroTail = (path(name), offset, bytes.count - offset)
             case .corrupt(let offset, let reason):
-                logger.error("refusing to start: corrupt log", metadata: ["file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)"])
-                throw OpLogError(.corrupt, "corrupt log: \(reason)", file: path(name), offset: offset)
-            case .tornTail(let offset):
-                if scan.headerMissing {
-                    try fileSystem.remove(path(name))
-                    try fileSystem.syncDirectory(directory)
+                guard isLast, options.salvageDamagedTail else { throw refusal(name, scan, offset: offset, reason: reason) }
+                let saved = try cutTail(name, bytes, at: offset, removingSegment: offset < LogFormat.segmentHeader.count)
+                var found: UInt64?
+                if case .found(_, let last, _) = scan.recordsAfterDamage { found = last }
+                let cutAt = first + UInt64(scan.entries.count)
+                salvaged = SalvagedTail(
+                    file: path(name), offset: offset, cutAt: cutAt, lastIndexBeforeCut: cutAt - 1, highestIndexAfterDamage: found,
+                    savedTo: saved)
+                logger.warning(
+                    "salvaged a damaged log: cut the last segment at the damage; the node must fetch the cut records from its peers before it votes",
+                    metadata: [
+                        "file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)", "cut_at_index": "\(cutAt)",
+                        "highest_index_after_damage": "\(found.map { String($0) } ?? "none")", "saved_to": "\(saved ?? "nothing (zeros)")",
+                    ])
+                if offset < LogFormat.segmentHeader.count {
                     recovery.removedEmptySegment = name
-                    logger.notice("removed a segment without a complete header (crash right after creating it)", metadata: ["file": "\(path(name))"])
                     progress?(i + 1, names.count)
                     continue
                 }
-                let file = try fileSystem.open(path(name))
-                try fileSystem.truncate(file, to: offset)
-                try fileSystem.sync(file)
-                fileSystem.close(file)
+                cut = offset
+            case .tornTail(let offset):
+                if scan.headerMissing {
+                    let saved = try cutTail(name, bytes, at: 0, removingSegment: true)
+                    recovery.removedEmptySegment = name
+                    var metadata: Logger.Metadata = ["file": "\(path(name))"]
+                    if let saved { metadata["saved_to"] = "\(saved)" }
+                    logger.notice("removed a segment without a complete header (crash right after creating it)", metadata: metadata)
+                    progress?(i + 1, names.count)
+                    continue
+                }
+                let saved = try cutTail(name, bytes, at: offset, removingSegment: false)
                 recovery.truncatedTail = (path(name), offset, bytes.count - offset)
                 logger.warning(
                     "truncated a torn tail (a write interrupted by a crash)",
-                    metadata: ["file": "\(path(name))", "offset": "\(offset)", "dropped_bytes": "\(bytes.count - offset)"])
-                size = offset
+                    metadata: [
+                        "file": "\(path(name))", "offset": "\(offset)", "dropped_bytes": "\(bytes.count - offset)",
+                        "saved_to": "\(saved ?? "nothing (zeros)")",
+                    ])
+                cut = offset
             }
+            if let cut { size = cut }
             var segment = Segment(name: name, firstIndex: first, size: size)
             segment.offsets = scan.offsets
             segment.terms = scan.entries.map(\.term)
@@ -213,6 +273,71 @@ public final class SegmentedLog {
             metadata["zero_tail"] = "\(zeroTail.bytes) bytes at \(zeroTail.offset) of \(zeroTail.file)"
         }
         logger.info("log recovered", metadata: metadata)
+    }
+
+    /// The error for corruption recovery will not repair (logged at error level).
+    private func refusal(_ name: String, _ scan: SegmentScan, offset: Int, reason: String) -> OpLogError {
+        var message = "corrupt log: \(reason)"
+        var metadata: Logger.Metadata = ["file": "\(path(name))", "offset": "\(offset)", "reason": "\(reason)"]
+        switch scan.recordsAfterDamage {
+        case .found(let first, let last, let at):
+            metadata["records_after_damage"] = "\(first)...\(last)"
+            message += "; valid records \(first) to \(last) follow the damage (from byte \(at)), so it is not a torn tail"
+        case .unknown:
+            message += "; valid records may follow the damage, so it is not a torn tail"
+        case nil:
+            break
+        }
+        if scan.recordsAfterDamage != nil {
+            message += ". The log refuses to open rather than cut records that may have been acknowledged: see docs/runbook.md, "
+                + "\"The log refuses to open: damage before valid records\" (replace the node's data from its peers, or "
+                + "open with salvageDamagedTail to cut the segment at the damage, saving the cut bytes beside it)"
+        }
+        logger.error("refusing to start: corrupt log", metadata: metadata)
+        return OpLogError(.corrupt, message, file: path(name), offset: offset)
+    }
+
+    /// Cuts segment `name` at `offset` (or removes it), after saving the bytes from `offset` on
+    /// to `<segment>.cut-<offset>` beside it (fsynced with the directory), so that no cut
+    /// destroys data. Trailing zeros (preallocated space) are not saved; when nothing else is
+    /// left (or only a prefix of a segment header), nothing is saved. Returns the saved file.
+    private func cutTail(_ name: String, _ bytes: [UInt8], at offset: Int, removingSegment: Bool) throws -> String? {
+        var end = bytes.count
+        while end > offset, bytes[end - 1] == 0 { end -= 1 }
+        let kept = Array(bytes[Swift.min(offset, end)..<end])
+        var saved: String?
+        if !kept.isEmpty, !(offset == 0 && LogFormat.segmentHeader.starts(with: kept)) {
+            // The scan on open ignores these files: a segment's name is 20 digits and ".seg".
+            var target = path(name) + ".cut-\(offset)"
+            var attempt = 1
+            var identical = false
+            while fileSystem.exists(target) {
+                // Left by an earlier recovery that crashed before its cut: the same bytes again.
+                if try fileSystem.readAll(target) == kept {
+                    identical = true
+                    break
+                }
+                attempt += 1
+                target = path(name) + ".cut-\(offset)-\(attempt)"
+            }
+            let file = identical ? try fileSystem.open(target) : try fileSystem.create(target)
+            defer { fileSystem.close(file) }
+            if !identical { try fileSystem.append(file, kept) }
+            try fileSystem.sync(file)
+            try fileSystem.syncDirectory(directory)
+            saved = target
+        }
+        recovery.savedCutBytes = saved
+        if removingSegment {
+            try fileSystem.remove(path(name))
+            try fileSystem.syncDirectory(directory)
+        } else {
+            let file = try fileSystem.open(path(name))
+            defer { fileSystem.close(file) }
+            try fileSystem.truncate(file, to: offset)
+            try fileSystem.sync(file)
+        }
+        return saved
     }
 
     // MARK: Writing

@@ -6,7 +6,10 @@
 /// them, the way a disk may persist part of an unsynced write; where unsynced writes went over
 /// existing bytes, each changed sector keeps its old or its new content independently (write-back
 /// does not go in order). Faults: fail the N-th mutating operation (a crash at that point), tear
-/// a write after k bytes, a capacity (ENOSPC), failing renames. Deterministic; not thread-safe.
+/// a write after k bytes, a capacity (ENOSPC), failing renames, a failing fsync (`failNextSync`:
+/// the bytes it should have written stay visible to reads, as Linux's page cache shows them, but
+/// never reach the disk, not even with a later fsync; `dropCache` and `reboot` show the disk).
+/// Deterministic; not thread-safe.
 public final class SimulatedFileSystem: FileSystem {
     private struct Inode {
         var data: [UInt8] = []
@@ -14,6 +17,19 @@ public final class SimulatedFileSystem: FileSystem {
         /// Existing bytes were written over since the last sync: a reboot then keeps or loses
         /// each changed sector on its own, even when the file also only grew.
         var overwritten = false
+        /// Byte ranges a failed sync did not write: reads (`data`) still show them, the disk
+        /// holds the durable bytes there (zeros past the durable end), and no later sync writes
+        /// them (Linux marked their pages clean). A later write over them makes them dirty again.
+        var lost: [Range<Int>] = []
+
+        /// What the disk holds for `data` after a sync: `data` except in the lost ranges.
+        func diskImage() -> [UInt8] {
+            var image = data
+            for range in lost {
+                for i in range where i < image.count { image[i] = i < durable.count ? durable[i] : 0 }
+            }
+            return image
+        }
     }
 
     private var inodes: [Int: Inode] = [:]
@@ -39,6 +55,10 @@ public final class SimulatedFileSystem: FileSystem {
     public var bytesUsed: Int { inodes.values.reduce(0) { $0 + $1.data.count } }
     /// Make every rename fail with an I/O error.
     public var failRenames = false
+    /// Make the next file sync (`sync` or `dropCache`) fail with an I/O error, as `fdatasync`
+    /// reports a failed write-back: what it should have written stays visible but is never
+    /// written (see `Inode.lost`). Cleared when it fires.
+    public var failNextSync = false
     public private(set) var isCrashed = false
     /// Operation numbers of every append and positional write so far (to aim torn writes at
     /// real writes).
@@ -161,6 +181,8 @@ public final class SimulatedFileSystem: FileSystem {
                 node.data.replaceSubrange(offset..<(offset + overlap), with: bytes[0..<overlap])
             }
             node.data.append(contentsOf: bytes[overlap...])
+            // Written again: dirty, so the next sync writes these bytes.
+            node.lost = node.lost.flatMap { Self.subtract(offset..<(offset + bytes.count), from: $0) }
             inodes[id] = node
         }
         if let failure { throw failure }
@@ -169,16 +191,55 @@ public final class SimulatedFileSystem: FileSystem {
     public func sync(_ file: FileID) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
-        if let data = inodes[id]?.data {
-            inodes[id]?.durable = data
-            inodes[id]?.overwritten = false
+        try syncInode(id, path)
+    }
+
+    /// The durable image becomes what the disk holds, or (`failNextSync`) the dirty bytes are
+    /// lost: still shown, never written.
+    private func syncInode(_ id: Int, _ path: String) throws(FileSystemError) {
+        guard var node = inodes[id] else { return }
+        if failNextSync {
+            failNextSync = false
+            var start: Int?
+            for i in 0...node.data.count {
+                let dirty = i < node.data.count && (i >= node.durable.count || node.data[i] != node.durable[i])
+                if dirty, start == nil { start = i }
+                if !dirty, let s = start {
+                    node.lost.append(s..<i)
+                    start = nil
+                }
+            }
+            inodes[id] = node
+            throw FileSystemError(.io, path: path, "fdatasync failed: input/output error (injected)")
         }
+        node.durable = node.diskImage()
+        node.overwritten = false
+        inodes[id] = node
+    }
+
+    /// Syncs the file, then reads show only what the disk holds (the lost bytes disappear).
+    public func dropCache(_ path: String) throws(FileSystemError) {
+        guard let id = names[path] else { throw FileSystemError(.notFound, path: path, "no such file") }
+        try tick(path)
+        try syncInode(id, path)
+        if var node = inodes[id] {
+            node.data = node.durable
+            node.lost = []
+            inodes[id] = node
+        }
+    }
+
+    private static func subtract(_ cut: Range<Int>, from range: Range<Int>) -> [Range<Int>] {
+        guard cut.overlaps(range) else { return [range] }
+        return [range.lowerBound..<cut.lowerBound, cut.upperBound..<range.upperBound].filter { !$0.isEmpty }
     }
 
     public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
         let (id, path) = try inode(file)
         try tick(path)
         if let count = inodes[id]?.data.count {
+            let lost = inodes[id]?.lost ?? []
+            inodes[id]?.lost = lost.compactMap { $0.lowerBound < size ? $0.lowerBound..<Swift.min(size, $0.upperBound) : nil }
             if size < count { inodes[id]?.data.removeLast(count - size) }
             if size > count { inodes[id]?.data.append(contentsOf: repeatElement(0, count: size - count)) }
         }
@@ -250,8 +311,15 @@ public final class SimulatedFileSystem: FileSystem {
         isCrashed = false
         crashAtOperation = nil
         tear = nil
+        failNextSync = false
         for (path, id) in names {
             guard var node = inodes[id] else { continue }
+            if !node.lost.isEmpty {
+                // The cache goes with the power: the bytes a failed sync lost read as the disk has them.
+                node.data = node.diskImage()
+                node.lost = []
+                node.overwritten = true
+            }
             if !node.overwritten, node.data.count >= node.durable.count, node.data.starts(with: node.durable) {
                 let extra = node.data.count - node.durable.count
                 let keep = Swift.max(0, Swift.min(extra, keepUnsynced(path, extra)))

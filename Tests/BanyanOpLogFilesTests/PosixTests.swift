@@ -37,13 +37,17 @@ import Testing
         let reopened = try SegmentedLog(directory: root + "/log", fileSystem: fs, options: preallocated)
         #expect(reopened.lastIndex == 500)
         #expect(reopened.recovery.truncatedTail?.droppedBytes == 10)
+        // The cut bytes were moved aside first, next to the segment, and are no segment.
+        let saved = try #require(reopened.recovery.savedCutBytes)
+        #expect(saved.hasPrefix(last + ".cut-"))
+        #expect(try fs.readAll(saved) == Array(partial.prefix(10)))
         #expect(try reopened.entries(from: 1, through: 500) == records)
         try reopened.truncate(after: 123)
         try reopened.append([LogEntry(index: 124, term: 2, kind: 0, payload: [9])] + (125...400).map { records[Int($0) - 1] })
         try reopened.sync()
         // The active segment is zeros after its records, up to a whole preallocation step; the
         // ones before it were cut to their records when the next began.
-        let segments = try fs.list(root + "/log")
+        let segments = try fs.list(root + "/log").filter { LogFormat.firstIndex(ofSegment: $0) != nil }
         #expect(try fs.fileSize(root + "/log/" + (segments.last ?? "")) % 8192 == 0)
         for name in segments.dropLast() {
             let bytes = try fs.readAll(root + "/log/" + name)

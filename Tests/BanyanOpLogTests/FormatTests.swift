@@ -55,12 +55,19 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
                 if case .corrupt = strict.outcome {} else { Issue.record("cut at \(cut) not corrupt in a non-last segment") }
             }
         }
-        // A header sector that never reached the disk (zeros) while later ones did: the whole
-        // segment is an unsynced tail in the last segment, corruption in any other.
-        let headless = [UInt8](repeating: 0, count: LogFormat.segmentHeader.count) + full.dropFirst(LogFormat.segmentHeader.count)
+        // A header sector that never reached the disk (zeros) while later ones did, with no
+        // valid record after it: the whole segment is an unsynced tail in the last segment,
+        // corruption in any other.
+        let zeroHeader = [UInt8](repeating: 0, count: LogFormat.segmentHeader.count)
+        let headless = zeroHeader + full.dropFirst(LogFormat.segmentHeader.count).prefix(10)
         let lost = SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true)
         #expect(lost.headerMissing && lost.outcome == .tornTail(offset: 0))
         if case .corrupt = SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: false).outcome {} else { Issue.record("zero header in an earlier segment") }
+        // Changed rule (issue 14, item 4): with valid records after the zero header it is damage,
+        // not a torn tail (those records may have been synced), and the scan names them.
+        let zeroedHeaderOfRecords = SegmentScan.scan(zeroHeader + full.dropFirst(LogFormat.segmentHeader.count), expectedFirstIndex: 1, isLast: true)
+        #expect(zeroedHeaderOfRecords.outcome == .corrupt(offset: 0, reason: "the segment header is zeros but valid records follow it"))
+        #expect(zeroedHeaderOfRecords.recordsAfterDamage == .found(first: 1, last: 5, firstOffset: LogFormat.segmentHeader.count))
         for cut in 0..<LogFormat.segmentHeader.count {
             let scan = SegmentScan.scan(Array(full.prefix(cut)), expectedFirstIndex: 1, isLast: true)
             #expect(scan.headerMissing && scan.outcome == .tornTail(offset: 0))
@@ -111,7 +118,10 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
         if case .corrupt = SegmentScan.scan(foreign, expectedFirstIndex: 1, isLast: true).outcome {} else { Issue.record("foreign header") }
     }
 
-    @Test("in the last segment, a bad record over a never-written sector is a torn write even with valid records after it; damage without one is not")
+    // Changed rule (issue 14, item 4): this test used to expect a torn tail even with valid
+    // records after the zero sector. A torn tail has no valid record after it; with one, the
+    // damage is refused and the scan names the records after it.
+    @Test("in the last segment, a bad record over a never-written sector is a torn write only when no valid record follows it; otherwise it is damage naming the records after it")
     func unwrittenSectors() {
         let sector = 16
         let list = entries(1...12)
@@ -123,12 +133,30 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
             var torn = bytes
             for i in zeroed..<(zeroed + sector) { torn[i] = 0 }
             let scan = SegmentScan.scan(torn, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
-            #expect(scan.outcome == .tornTail(offset: offsets[victim]), "victim \(victim)")
+            #expect(scan.outcome == .corrupt(offset: offsets[victim], reason: "checksum mismatch"), "victim \(victim)")
             #expect(scan.entries == Array(list.prefix(victim)))
+            if case .found(let first, let last, let at) = scan.recordsAfterDamage {
+                // The first record whose bytes the zero sector missed, through the last one.
+                let firstIntact = offsets.firstIndex { $0 >= zeroed + sector } ?? offsets.count
+                #expect(first == UInt64(firstIntact) + 1 && last == 12 && at == offsets[firstIntact], "victim \(victim)")
+            } else {
+                Issue.record("victim \(victim): records after the damage not found: \(String(describing: scan.recordsAfterDamage))")
+            }
+            // With nothing valid after it (the victim is the last record written, preallocated
+            // zeros follow), the same damage is a torn tail.
+            var tornLast = Array(torn.prefix(offsets[victim + 1]))
+            tornLast += [UInt8](repeating: 0, count: 200)
+            let last = SegmentScan.scan(tornLast, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+            #expect(last.outcome == .tornTail(offset: offsets[victim]) && last.recordsAfterDamage == nil, "victim \(victim)")
+            #expect(last.entries == Array(list.prefix(victim)))
             // The sector holding the record's start never written (a zero length field).
             var headless = bytes
             for i in offsets[victim]..<((offsets[victim] / sector + 1) * sector) { headless[i] = 0 }
-            #expect(SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome == .tornTail(offset: offsets[victim]))
+            #expect(SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome
+                == .corrupt(offset: offsets[victim], reason: "record length 0 out of range"))
+            var headlessLast = Array(headless.prefix(offsets[victim + 1]))
+            headlessLast += [UInt8](repeating: 0, count: 200)
+            #expect(SegmentScan.scan(headlessLast, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome == .tornTail(offset: offsets[victim]))
             // The same bytes in an earlier segment are corruption.
             if case .corrupt = SegmentScan.scan(torn, expectedFirstIndex: 1, isLast: false, sectorBytes: sector).outcome {} else {
                 Issue.record("victim \(victim): not corrupt in a non-last segment")
@@ -147,6 +175,45 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
                 Issue.record("victim \(victim): bad length not detected")
             }
         }
+    }
+
+    @Test("the search for valid records after damage is linear: a 4 MiB segment of records, of random bytes, or of plausible frames that fail their checksums scans in well under a second")
+    func searchAfterDamageIsBounded() {
+        let clock = ContinuousClock()
+        let payload = [UInt8](repeating: 0x61, count: 1000)
+        let list = (1...4000).map { LogEntry(index: UInt64($0), term: 1, kind: 1, payload: payload) }
+        var (bytes, offsets) = segment(list)
+        for i in 4096..<(4096 + 512) { bytes[i] = 0 }
+        let damaged = offsets.last { $0 <= 4096 } ?? 0
+        var scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        var elapsed = clock.measure { scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
+        #expect(scan.outcome == .corrupt(offset: damaged, reason: "checksum mismatch"))
+        if case .found(_, let last, _) = scan.recordsAfterDamage { #expect(last == 4000) } else { Issue.record("records not found") }
+        #expect(elapsed < .seconds(1), "\(elapsed) for \(bytes.count) bytes of records")
+
+        // Random bytes after a damaged record: no record, and every offset is tried.
+        var random = SeededBytes(seed: 7)
+        var garbage = LogFormat.segmentHeader + LogFormat.encode(entries(1...10))
+        let start = garbage.count
+        LogFormat.encode(LogEntry(index: 11, term: 1, kind: 1, payload: [1, 2, 3]), into: &garbage)
+        garbage[start + 20] ^= 1
+        garbage += (0..<(4 << 20)).map { _ in random.next() }
+        elapsed = clock.measure { scan = SegmentScan.scan(garbage, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
+        #expect(scan.outcome == .corrupt(offset: start, reason: "checksum mismatch") && scan.recordsAfterDamage == nil)
+        #expect(elapsed < .seconds(1), "\(elapsed) for \(garbage.count) bytes of random data")
+
+        // Plausible frames (length, index and term pass the cheap checks) that all fail their
+        // checksums: the search gives up within its budget and says a record may follow.
+        var forged = Array(garbage.prefix(start + 60))
+        while forged.count < 4 << 20 {
+            var frame: [UInt8] = []
+            for value: UInt32 in [2 << 20, 0] { withUnsafeBytes(of: value.littleEndian) { frame += $0 } }
+            for value: UInt64 in [11, 1] { withUnsafeBytes(of: value.littleEndian) { frame += $0 } }
+            forged += frame + [1]
+        }
+        elapsed = clock.measure { scan = SegmentScan.scan(forged, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
+        #expect(scan.outcome == .corrupt(offset: start, reason: "checksum mismatch") && scan.recordsAfterDamage == .unknown)
+        #expect(elapsed < .seconds(1), "\(elapsed) for \(forged.count) bytes of forged frames")
     }
 
     @Test("segment names sort by first index and parse back")
@@ -190,5 +257,17 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
         let oddCRC = CRC32C.checksum(odd)
         for s in stride(from: 0, to: 32, by: 8) { odd.append(UInt8(truncatingIfNeeded: oddCRC >> UInt32(s))) }
         #expect(HardState(encoded: odd) == nil)
+    }
+}
+
+/// A small deterministic byte source (xorshift), for filler data.
+private struct SeededBytes {
+    var state: UInt64
+    init(seed: UInt64) { state = seed | 1 }
+    mutating func next() -> UInt8 {
+        state ^= state << 13
+        state ^= state >> 7
+        state ^= state << 17
+        return UInt8(truncatingIfNeeded: state >> 32)
     }
 }

@@ -1,0 +1,190 @@
+import BanyanOpLog
+import BanyanOpLogFiles
+import Logging
+import Synchronization
+import Testing
+
+private let dir = "/data/log"
+private let segment = dir + "/" + LogFormat.segmentName(firstIndex: 1)
+
+private func entry(_ index: UInt64) -> LogEntry {
+    LogEntry(index: index, term: 1, kind: 2, payload: Array("key-\(index)=".utf8) + [UInt8](repeating: UInt8(ascii: "v"), count: 180))
+}
+
+/// A log of `count` acknowledged records (synced in batches of 100) in one segment, closed cleanly.
+private func acknowledgedLog(_ count: UInt64, options: SegmentedLog.Options = SegmentedLog.Options()) throws -> SimulatedFileSystem {
+    let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+    let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+    var next: UInt64 = 1
+    while next <= count {
+        let last = Swift.min(count, next + 99)
+        try log.append((next...last).map(entry))
+        try log.sync()
+        next = last + 1
+    }
+    return fs
+}
+
+/// The disk hands back zeros for `count` bytes at `offset` (durably: a bad sector, not a crash).
+private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, count: Int) throws {
+    let file = try fs.open(path)
+    try fs.write(file, at: offset, [UInt8](repeating: 0, count: count))
+    try fs.sync(file)
+    fs.close(file)
+}
+
+@Suite struct RecoveryTests {
+    @Test("a zero sector in the middle of the last segment, with acknowledged records after it, refuses to open instead of cutting them off")
+    func zeroSectorBeforeValidRecordsRefused() throws {
+        let fs = try acknowledgedLog(3000)
+        let before = try fs.readAll(segment)
+        let damage = 300_000 / 4096 * 4096
+        try zero(fs, segment, at: damage, count: 4096)
+        do {
+            let log = try SegmentedLog(directory: dir, fileSystem: fs)
+            Issue.record("opened with \(log.lastIndex) of 3000 acknowledged records")
+        } catch {
+            #expect(error.code == .corrupt)
+            #expect(error.file == segment)
+            let offset = try #require(error.offset)
+            #expect(offset <= damage && offset > damage - 300, "damage at \(damage), reported at \(offset)")
+            #expect(error.message.contains("3000"), "\(error.message)")
+        }
+        // Nothing was cut.
+        #expect(try fs.readAll(segment).count == before.count)
+    }
+
+    @Test("salvageDamagedTail cuts the damaged last segment at the damage, saves the cut bytes beside it first, and reports how far to refetch")
+    func salvage() throws {
+        let fs = try acknowledgedLog(3000)
+        let damage = 300_000 / 4096 * 4096
+        try zero(fs, segment, at: damage, count: 4096)
+        let damaged = try fs.readAll(segment)
+        var options = SegmentedLog.Options()
+        options.salvageDamagedTail = true
+        let logs = CapturedLogs()
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options, logger: logs.logger)
+        let salvaged = try #require(log.salvaged)
+        #expect(salvaged.file == segment)
+        #expect(salvaged.offset <= damage && salvaged.offset > damage - 300)
+        #expect(salvaged.cutAt == log.lastIndex + 1 && salvaged.lastIndexBeforeCut == log.lastIndex)
+        #expect(log.lastIndex > 1000 && log.lastIndex < 1500)
+        #expect(salvaged.highestIndexAfterDamage == 3000)
+        #expect(try log.entries(from: 1, through: log.lastIndex) == (1...log.lastIndex).map(entry))
+        // The cut bytes (up to the last non-zero byte) were saved beside the segment.
+        let saved = try #require(salvaged.savedTo)
+        #expect(saved == segment + ".cut-\(salvaged.offset)")
+        let lastByte = try #require(damaged.lastIndex { $0 != 0 })
+        #expect(try fs.readAll(saved) == Array(damaged[salvaged.offset...lastByte]))
+        #expect(logs.records.withLock { $0.contains { $0.0 == .warning && $0.2["saved_to"] == .string(saved) && $0.2["file"] == .string(segment) } })
+        // The saved file and the cut are durable, and the saved file is never taken for a
+        // segment: the log opens without the option now and takes the next record.
+        fs.reboot()
+        let again = try SegmentedLog(directory: dir, fileSystem: fs)
+        #expect(again.lastIndex == salvaged.lastIndexBeforeCut && again.salvaged == nil)
+        #expect(try fs.readAll(saved).count == lastByte + 1 - salvaged.offset)
+        try again.append([entry(again.lastIndex + 1)])
+        #expect(try again.sync() == salvaged.cutAt)
+    }
+
+    @Test("out-of-order write-back of an unsynced tail (a later record kept, an earlier sector lost) is refused by default; salvage keeps every durable record")
+    func outOfOrderUnsyncedTail() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let log = try SegmentedLog(directory: dir, fileSystem: fs)
+        try log.append((1...10).map(entry))
+        #expect(try log.sync() == 10)
+        try log.append((11...20).map(entry))
+        // Power loss: write-back reached every sector of the unsynced records but the one where
+        // record 11 starts.
+        let recordBytes = LogFormat.encode([entry(11)]).count
+        let lostSector = (LogFormat.segmentHeader.count + 10 * recordBytes) / 512
+        fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, n in n != lostSector })
+        do {
+            _ = try SegmentedLog(directory: dir, fileSystem: fs)
+            Issue.record("a damaged tail with valid records after it was cut without the operator's consent")
+        } catch {
+            #expect(error.code == .corrupt && error.message.contains("runbook"), "\(error)")
+        }
+        var options = SegmentedLog.Options()
+        options.salvageDamagedTail = true
+        let salvaged = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        #expect(salvaged.lastIndex == 10 && salvaged.salvaged?.cutAt == 11 && salvaged.salvaged?.highestIndexAfterDamage == 20)
+        #expect(try salvaged.entries(from: 1, through: 10) == (1...10).map(entry))
+    }
+
+    @Test("a torn tail is moved aside before the cut; a cut of zeros saves nothing; saved files are not segments")
+    func tornTailSaved() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        var plain = SegmentedLog.Options()
+        plain.preallocationBytes = 0
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        try log.append((1...5).map(entry))
+        try log.sync()
+        try log.append([entry(6)])
+        // Power loss keeping 30 bytes of record 6.
+        let size = try fs.fileSize(segment)
+        fs.reboot(keepUnsynced: { _, _ in 30 })
+        let torn = try fs.readAll(segment)
+        #expect(torn.count == size - LogFormat.encode([entry(6)]).count + 30)
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        #expect(reopened.lastIndex == 5)
+        let offset = torn.count - 30
+        #expect(reopened.recovery.truncatedTail?.offset == offset)
+        #expect(reopened.recovery.savedCutBytes == segment + ".cut-\(offset)")
+        #expect(try fs.readAll(segment + ".cut-\(offset)") == Array(torn[offset...]))
+        // The same cut again (a crash after saving, before the cut): the saved file is reused.
+        fs.reboot()
+        #expect(try SegmentedLog(directory: dir, fileSystem: fs, options: plain).lastIndex == 5)
+        #expect(try fs.list(dir) == [LogFormat.segmentName(firstIndex: 1), LogFormat.segmentName(firstIndex: 1) + ".cut-\(offset)"])
+
+        // A torn tail of zeros followed by one stray byte saves the byte's span; a header that
+        // never reached the disk saves nothing.
+        let file = try fs.open(segment)
+        try fs.append(file, [0, 0, 0, 9])
+        try fs.sync(file)
+        fs.close(file)
+        let again = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        #expect(again.lastIndex == 5 && again.recovery.savedCutBytes == segment + ".cut-\(offset)-2")
+        #expect(try fs.readAll(segment + ".cut-\(offset)-2") == [0, 0, 0, 9])
+        let next = dir + "/" + LogFormat.segmentName(firstIndex: 6)
+        let empty = try fs.create(next)
+        try fs.append(empty, [0, 0, 0, 0])
+        try fs.sync(empty)
+        try fs.syncDirectory(dir)
+        let third = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        #expect(third.recovery.removedEmptySegment == LogFormat.segmentName(firstIndex: 6) && third.recovery.savedCutBytes == nil)
+        #expect(!(try fs.list(dir).contains { $0.hasPrefix(LogFormat.segmentName(firstIndex: 6)) }))
+    }
+
+    @Test("a restart after a failed fsync (the process exits, the machine does not) reads the disk, not the page cache: the records whose sync failed are gone", arguments: ["sync", "roll"])
+    func restartAfterFailedSync(failing: String) throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        var options = SegmentedLog.Options()
+        if failing == "roll" { options.segmentBytes = 2000 }  // the sync of a full segment at the roll fails
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        try log.append((1...5).map(entry))
+        #expect(try log.sync() == 5)
+        fs.failNextSync = true
+        do {
+            try log.append((6...30).map(entry))
+            try log.sync()
+            Issue.record("the failed sync was not reported")
+        } catch {
+            #expect(error.code == .io)
+        }
+        #expect(log.durableIndex == 5)
+        // The page cache still shows the records (Linux marks the failed pages clean).
+        #expect(try fs.readAll(segment).count > LogFormat.segmentHeader.count + 6 * LogFormat.encode([entry(6)]).count)
+        fs.restartProcess()
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        #expect(reopened.lastIndex == 5, "records whose sync failed came back from the page cache")
+        #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (1...reopened.lastIndex).map(entry))
+        // What the restart reports durable is: the next records go on from 5 and survive a power loss.
+        try reopened.append((reopened.lastIndex + 1...reopened.lastIndex + 3).map(entry))
+        let durable = try reopened.sync()
+        fs.reboot()
+        let afterPowerLoss = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        #expect(afterPowerLoss.lastIndex == durable)
+        #expect(try afterPowerLoss.entries(from: 1, through: durable) == (1...durable).map(entry))
+    }
+}
