@@ -19,8 +19,11 @@ let coreSettings: [SwiftSetting] = strictSettings + [
     .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))
 ]
 
-/// Cores whose tests run long searches or simulations are optimised in debug builds too.
+/// Cores whose tests run long searches or simulations are optimised in debug builds too (every
+/// target the whole-node simulator runs: `swift test` runs 1,000 of its seeds).
 let optimisedCoreSettings: [SwiftSetting] = coreSettings + [.unsafeFlags(["-O"], .when(configuration: .debug))]
+/// The same for the storage and node-core targets the simulator drives.
+let optimisedDriverSettings: [SwiftSetting] = strictSettings + [.unsafeFlags(["-O"], .when(configuration: .debug))]
 
 let package = Package(
     name: "Banyan",
@@ -52,10 +55,10 @@ let package = Package(
         // Small shared helpers: the seeded random source.
         .target(name: "BanyanBasics", swiftSettings: strictSettings),
         // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
-        .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: coreSettings),
+        .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // Operation log format: records, CRC32C, segment scanning and recovery rules, hard state.
-        .target(name: "BanyanOpLog", swiftSettings: coreSettings),
+        .target(name: "BanyanOpLog", swiftSettings: optimisedCoreSettings),
 
         // Linearizability checking of client histories (test support for the simulator and the
         // multi-process tests; pure).
@@ -73,14 +76,14 @@ let package = Package(
 
         // The replicated state machine: client write commands in the log, applied to the tree
         // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
-        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
+        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree"], swiftSettings: optimisedCoreSettings),
 
         // MARK: - Layer 2 (pure cores)
 
         // The replica loop's core: Raft + state machine + waiting client requests, leader
         // timestamps, forwarding, retries, ReadIndex reads, snapshot scheduling (docs/replica.md).
         .target(
-            name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: coreSettings
+            name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: optimisedCoreSettings
         ),
 
         // The Firebase REST API and its event streams: request parsing, response rendering, SSE
@@ -93,7 +96,10 @@ let package = Package(
         // a synchronous scenario harness, workload, and the safety and linearizability checkers.
         .target(
             name: "BanyanSimulation",
-            dependencies: ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
+            dependencies: [
+                "BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics", "BanyanNode", "BanyanReplica", "BanyanStateMachine",
+                "BanyanOpLog", "BanyanOpLogFiles", .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: optimisedCoreSettings
         ),
 
@@ -105,7 +111,7 @@ let package = Package(
         .target(
             name: "BanyanOpLogFiles",
             dependencies: ["BanyanOpLog", "CZlib", .product(name: "Logging", package: "swift-log")],
-            swiftSettings: strictSettings
+            swiftSettings: optimisedDriverSettings
         ),
 
         // The node core: a node's decisions as a state machine that returns actions (NodeCore), over
@@ -118,7 +124,7 @@ let package = Package(
                 "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree",
                 .product(name: "Logging", package: "swift-log"),
             ],
-            swiftSettings: strictSettings
+            swiftSettings: optimisedDriverSettings
         ),
 
         // The node process: storage, the replica thread, mutual-TLS peer transport, the REST/SSE
@@ -183,7 +189,7 @@ let package = Package(
         // `swift run -c release banyan-sim`: the seeded cluster simulator (docs/simulator.md).
         .executableTarget(
             name: "BanyanSim",
-            dependencies: ["BanyanSimulation", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            dependencies: ["BanyanSimulation", "BanyanNode", .product(name: "ArgumentParser", package: "swift-argument-parser")],
             swiftSettings: strictSettings
         ),
         // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).
@@ -236,6 +242,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",
             dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics", .product(name: "Logging", package: "swift-log")],

@@ -68,6 +68,8 @@ public final class NodeCore {
         public var roundIntervalNanoseconds: UInt64 = 0
         /// Replication rounds per `process()` pass before it yields (`processAgain`).
         public var roundsPerPass = 64
+        /// Simulator self-tests only (`NodeSabotage`).
+        public var sabotage: NodeSabotage = .none
 
         public init(replica: ReplicaConfiguration) { self.replica = replica }
     }
@@ -100,6 +102,8 @@ public final class NodeCore {
     }
     private var waiters: [RequestID: Waiter] = [:]
     private var watches: [UInt64: String] = [:]
+    /// Peers' incarnations from their hellos (kept across reloads: open connections send none).
+    private var peerIncarnations: [NodeID: UInt64] = [:]
 
     /// Opens the node's state: bootstraps a blank directory when `foundingMembers` is set, then
     /// loads the newest snapshot and the log after it. `newSession` gives a fresh random client
@@ -114,6 +118,7 @@ public final class NodeCore {
         self.logger = logger
         self.monotonicNanoseconds = monotonicNanoseconds
         self.newSession = newSession
+        storage.sabotage = settings.sabotage
         if storage.isBlank, let members = foundingMembers {
             try storage.bootstrap(members: members)
             logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)"])
@@ -193,6 +198,14 @@ public final class NodeCore {
     }
 
     // MARK: - Peer and timer inputs
+
+    /// A peer's hello named its incarnation (item 3 of issue 14: the leader records it in the
+    /// membership change that admits the peer, so only that incarnation may vote).
+    public func noteIncarnation(of peer: NodeID, _ incarnation: UInt64) {
+        guard !stopped, incarnation != 0, peerIncarnations[peer] != incarnation else { return }
+        peerIncarnations[peer] = incarnation
+        replica.noteIncarnation(of: peer, incarnation)
+    }
 
     public func receive(_ messages: [Message]) {
         guard !stopped else { return }
@@ -286,7 +299,7 @@ public final class NodeCore {
         do {
             try storage.snapshots.removeSnapshots(olderThan: meta.index)
             try storage.compact(through: meta.index)
-            try storage.saveCommit(replica.raft.durableHardState)
+            try storage.saveCommit(hardStateToSave)
         } catch {
             output(.note(.compactionFailed("\(error)")))
         }
@@ -305,8 +318,14 @@ public final class NodeCore {
     public func shutdown() {
         guard !stopped else { return }
         stopped = true
-        try? storage.saveCommit(replica.raft.durableHardState)
+        try? storage.saveCommit(hardStateToSave)
         endAllWaiters()
+    }
+
+    /// The hard state saved outside the Ready contract: its commit covers only entries durable
+    /// in the core's log (item 2 of issue 14).
+    private var hardStateToSave: HardState {
+        settings.sabotage == .inMemoryCommit ? replica.raft.hardState : replica.raft.durableHardState
     }
 
     private func fail(_ reason: String) {
@@ -324,6 +343,7 @@ public final class NodeCore {
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),
                 now: replica.wallClock)
             replica.treesFor = treesFor
+            for (peer, incarnation) in peerIncarnations.sorted(by: { $0.key < $1.key }) { replica.noteIncarnation(of: peer, incarnation) }
             pacer.reset()
         } catch {
             return fail("reloading after a damaged snapshot: \(error)")

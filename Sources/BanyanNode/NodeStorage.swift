@@ -11,6 +11,7 @@ public import Logging
 ///
 ///     <data>/raft/log/*.seg        the log after the newest snapshot
 ///     <data>/raft/hardstate        term, vote, commit, mayVote (replaced atomically)
+///     <data>/raft/incarnation      this data directory's random identity (R22; written once)
 ///     <data>/snapshots/*.snap      the newest snapshot (raw bytes are what peers transfer)
 public final class NodeStorage {
     public let directory: String
@@ -22,8 +23,13 @@ public final class NodeStorage {
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
     private var savedHardState: BanyanRaft.HardState
+    /// Simulator self-tests only (`NodeSabotage`); the server never sets it.
+    public var sabotage: NodeSabotage = .none
     /// The core's latest hard state, as its last `Ready` that carried one reported it.
     private var latestHardState: BanyanRaft.HardState
+    /// This data directory's incarnation (`RaftConfiguration.incarnation`; 0: legacy, a
+    /// directory written before incarnations existed). See `init`.
+    public let incarnation: UInt64
 
     public struct Loaded {
         public var persisted: PersistedState
@@ -31,8 +37,20 @@ public final class NodeStorage {
     }
 
     /// `fileSystem`: the real one, or a simulated one for crash tests.
+    ///
+    /// `newIncarnation`: a random nonzero value from the caller (the core draws no randomness,
+    /// so simulations stay deterministic). When the directory is blank (no log, no hard state, no
+    /// snapshot) it becomes this directory's incarnation: written to `raft/incarnation.tmp`,
+    /// fsynced, renamed to `raft/incarnation`, and the directory fsynced, all before this
+    /// returns and so before anything else is stored. A blank directory that already has the
+    /// file (a start that stored nothing, or a partial wipe) is given the new value: nothing it
+    /// ever acknowledged can depend on the old one. A directory that holds state keeps the
+    /// value in its file; without the file it is a legacy directory (incarnation 0, see
+    /// `RaftConfiguration.incarnation`); a malformed file is `.corrupt`. With the default 0
+    /// nothing is written (legacy behaviour for callers that do not use incarnations).
     public init(
-        directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, progress: @escaping (String) -> Void
+        directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, newIncarnation: UInt64 = 0,
+        progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
@@ -50,6 +68,70 @@ public final class NodeStorage {
         let hs = try hardStates.load()
         savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
         latestHardState = savedHardState
+        let latestSnapshot = try snapshots.latest()
+        let blank = savedHardState == BanyanRaft.HardState(mayVote: false) && log.lastIndex == 0 && latestSnapshot == nil
+        if blank && newIncarnation != 0 {
+            try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
+            incarnation = newIncarnation
+        } else {
+            incarnation = try Self.readIncarnation(directory: directory + "/raft", fileSystem)
+        }
+    }
+
+    // MARK: - Incarnation file
+
+    static let incarnationMagic: [UInt8] = Array("BNYINCR1".utf8)
+
+    /// `"BNYINCR1" | incarnation u64 | CRC32C of the 16 bytes before it, u32` (little-endian).
+    static func encodeIncarnation(_ incarnation: UInt64) -> [UInt8] {
+        var out = incarnationMagic
+        for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: incarnation >> UInt64(s))) }
+        let crc = CRC32C.checksum(out)
+        for s in stride(from: 0, to: 32, by: 8) { out.append(UInt8(truncatingIfNeeded: crc >> UInt32(s))) }
+        return out
+    }
+
+    /// The incarnation in `bytes`, or nil when they are not a valid incarnation file.
+    static func decodeIncarnation(_ bytes: [UInt8]) -> UInt64? {
+        guard bytes.count == 20, bytes.starts(with: incarnationMagic) else { return nil }
+        var crc: UInt32 = 0
+        for i in 0..<4 { crc |= UInt32(bytes[16 + i]) << UInt32(8 * i) }
+        guard CRC32C.checksum(Array(bytes[0..<16])) == crc else { return nil }
+        var value: UInt64 = 0
+        for i in 0..<8 { value |= UInt64(bytes[8 + i]) << UInt64(8 * i) }
+        return value == 0 ? nil : value
+    }
+
+    private static func writeIncarnation(_ incarnation: UInt64, directory: String, _ fileSystem: any FileSystem) throws(OpLogError) {
+        let path = directory + "/incarnation"
+        let temporary = path + ".tmp"
+        do {
+            let file = try fileSystem.create(temporary)
+            defer { fileSystem.close(file) }
+            try fileSystem.append(file, encodeIncarnation(incarnation))
+            try fileSystem.sync(file)
+            try fileSystem.rename(temporary, to: path)
+            try fileSystem.syncDirectory(directory)
+        } catch {
+            throw OpLogError(error.code == .noSpace ? .noSpace : .io, "cannot write the incarnation file: \(error.message)", file: path)
+        }
+    }
+
+    private static func readIncarnation(directory: String, _ fileSystem: any FileSystem) throws(OpLogError) -> UInt64 {
+        let path = directory + "/incarnation"
+        guard fileSystem.exists(path) else { return 0 }
+        let bytes: [UInt8]
+        do {
+            bytes = try fileSystem.readAll(path)
+        } catch {
+            throw OpLogError(.io, "cannot read the incarnation file: \(error.message)", file: path)
+        }
+        guard let value = decodeIncarnation(bytes) else {
+            throw OpLogError(
+                .corrupt, "the incarnation file is malformed (\(bytes.count) bytes); see docs/runbook.md, \"a wiped node\"", file: path,
+                offset: 0)
+        }
+        return value
     }
 
     /// Creates `directory` (and any missing parents) and its `subdirectories`. The parent of
@@ -204,7 +286,7 @@ public final class NodeStorage {
             try log.reset(after: first.index - 1)
         }
         var start = 0
-        if let hardState {
+        if let hardState, sabotage != .configurationBeforeCommit {
             for k in entries.indices {
                 guard case .config = entries[k].kind else { continue }
                 let commit = min(hardState.commit, entries[k].index - 1)
@@ -264,6 +346,10 @@ public final class NodeStorage {
         }
     }
 
+    /// The voter ids, then the learner ids (each a u64 count and u64s), then, only when the
+    /// membership records incarnations, a u64 count and (id, incarnation) u64 pairs in id order.
+    /// A membership without incarnations has exactly the bytes it had before they existed, and
+    /// older readers skip the pairs.
     public static func encodeMembership(_ m: Membership) -> [UInt8] {
         var out: [UInt8] = []
         func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
@@ -271,6 +357,14 @@ public final class NodeStorage {
         m.voters.forEach(u64)
         u64(UInt64(m.learners.count))
         m.learners.forEach(u64)
+        if !m.incarnations.isEmpty {
+            let ids = m.incarnations.keys.sorted()
+            u64(UInt64(ids.count))
+            for id in ids {
+                u64(id)
+                u64(m.incarnation(of: id))
+            }
+        }
         return out
     }
 
@@ -291,7 +385,21 @@ public final class NodeStorage {
         if bytes.isEmpty { return .empty }
         let voters = try list()
         let learners = try list()
-        return Membership(voters: voters, learners: learners)
+        guard at < bytes.count else { return Membership(voters: voters, learners: learners) }
+        let n = try u64()
+        guard n <= UInt64(bytes.count / 16) else { throw OpLogError(.corrupt, "membership record has a bad incarnation count") }
+        let members = Set(voters).union(learners)
+        var incarnations: [NodeID: UInt64] = [:]
+        for _ in 0..<n {
+            let id = try u64()
+            let incarnation = try u64()
+            guard members.contains(id), incarnation != 0, incarnations[id] == nil else {
+                throw OpLogError(.corrupt, "membership record has a bad incarnation for node \(id)")
+            }
+            incarnations[id] = incarnation
+        }
+        guard at == bytes.count else { throw OpLogError(.corrupt, "membership record has \(bytes.count - at) trailing bytes") }
+        return Membership(voters: voters, learners: learners, incarnations: incarnations)
     }
 }
 

@@ -147,7 +147,7 @@ struct WireReader {
     }
 }
 
-/// Encodes and decodes `Message`s: version (1), kind, from, to, term, then the body's fields.
+/// Encodes and decodes `Message`s: version (2), kind, from, to, term, then the body's fields.
 ///
 /// | kind | body |
 /// | --- | --- |
@@ -166,10 +166,16 @@ struct WireReader {
 /// | 15 timeoutNow | — |
 ///
 /// An entry is index, term, kind (1 command, 2 noop, 3 config + membership), data bytes. A
-/// membership is the voter ids then the learner ids, each a count and u64s. A snapshot meta is
-/// index, term, membership.
+/// membership is the voter ids then the learner ids, each a count and u64s, then (version 2) the
+/// recorded incarnations: a count, then (id, incarnation) u64 pairs in id order, each id a member
+/// and each incarnation nonzero. A snapshot meta is index, term, membership.
+///
+/// Version 1 (before incarnations, R22) is the same without the incarnation list; it still
+/// decodes, as memberships that record no incarnation. Senders always write `version`.
 public enum MessageCodec {
-    public static let version: UInt8 = 1
+    public static let version: UInt8 = 2
+    /// The oldest version `decode` accepts.
+    public static let oldestVersion: UInt8 = 1
 
     /// One message's bytes.
     public static func encode(_ m: Message) -> [UInt8] {
@@ -276,6 +282,12 @@ public enum MessageCodec {
     static func encode(_ m: Membership, into w: inout WireWriter) {
         w.ids(m.voters)
         w.ids(m.learners)
+        let recorded = m.incarnations.keys.sorted()
+        w.u64(UInt64(recorded.count))
+        for id in recorded {
+            w.u64(id)
+            w.u64(m.incarnation(of: id))
+        }
     }
 
     static func encode(_ meta: SnapshotMeta, into w: inout WireWriter) {
@@ -302,7 +314,7 @@ public enum MessageCodec {
 
     static func decodeMessage(_ r: inout WireReader) throws(WireError) -> Message {
         let v = try r.u8("version")
-        guard v == version else { throw .unknownVersion(v) }
+        guard v >= oldestVersion && v <= version else { throw .unknownVersion(v) }
         let kind = try r.u8("kind")
         let from = try r.u64("from")
         let to = try r.u64("to")
@@ -321,14 +333,14 @@ public enum MessageCodec {
             let n = try r.count("entries", itemBytes: 25)
             var entries: [LogEntry] = []
             entries.reserveCapacity(n)
-            for _ in 0..<n { entries.append(try decodeEntry(&r)) }
+            for _ in 0..<n { entries.append(try decodeEntry(&r, version: v)) }
             body = .append(prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: commit)
         case 6: body = .appendAccepted(index: try r.u64("index"))
         case 7: body = .appendRejected(rejectedIndex: try r.u64("rejectedIndex"), hintIndex: try r.u64("hintIndex"), hintTerm: try r.u64("hintTerm"))
         case 8: body = .heartbeat(commit: try r.u64("commit"), readSeq: try r.u64("readSeq"))
         case 9: body = .heartbeatResponse(readSeq: try r.u64("readSeq"))
         case 10:
-            let meta = try decodeMeta(&r)
+            let meta = try decodeMeta(&r, version: v)
             body = .snapshotChunk(meta: meta, offset: try r.u64("offset"), data: try r.bytes("data"), last: try r.bool("last"))
         case 11: body = .snapshotResponse(snapshotIndex: try r.u64("snapshotIndex"), nextOffset: try r.u64("nextOffset"))
         case 12:
@@ -345,25 +357,43 @@ public enum MessageCodec {
         return Message(from: from, to: to, term: term, body: body)
     }
 
-    static func decodeEntry(_ r: inout WireReader) throws(WireError) -> LogEntry {
+    static func decodeEntry(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> LogEntry {
         let index = try r.u64("entry index")
         let term = try r.u64("entry term")
         let kind: LogEntry.Kind
         switch try r.u8("entry kind") {
         case 1: kind = .command
         case 2: kind = .noop
-        case 3: kind = .config(try decodeMembership(&r))
+        case 3: kind = .config(try decodeMembership(&r, version: version))
         default: throw .badValue(field: "entry kind")
         }
         return LogEntry(index: index, term: term, kind: kind, data: try r.bytes("entry data"))
     }
 
-    static func decodeMembership(_ r: inout WireReader) throws(WireError) -> Membership {
-        Membership(voters: try r.ids("voters"), learners: try r.ids("learners"))
+    static func decodeMembership(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> Membership {
+        let voters = try r.ids("voters")
+        let learners = try r.ids("learners")
+        guard version >= 2 else { return Membership(voters: voters, learners: learners) }
+        let n = try r.count("incarnations", itemBytes: 16)
+        let members = Set(voters).union(learners)
+        var incarnations: [NodeID: UInt64] = [:]
+        var previous: NodeID?
+        for _ in 0..<n {
+            let id = try r.u64("incarnation id")
+            let incarnation = try r.u64("incarnation")
+            // In id order, each a member, never 0: anything else is not what a sender writes.
+            guard members.contains(id), incarnation != 0, previous.map({ $0 < id }) ?? true else {
+                throw .badValue(field: "incarnations")
+            }
+            previous = id
+            incarnations[id] = incarnation
+        }
+        return Membership(voters: voters, learners: learners, incarnations: incarnations)
     }
 
-    static func decodeMeta(_ r: inout WireReader) throws(WireError) -> SnapshotMeta {
-        SnapshotMeta(index: try r.u64("snapshot index"), term: try r.u64("snapshot term"), membership: try decodeMembership(&r))
+    static func decodeMeta(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> SnapshotMeta {
+        SnapshotMeta(
+            index: try r.u64("snapshot index"), term: try r.u64("snapshot term"), membership: try decodeMembership(&r, version: version))
     }
 }
 
@@ -372,7 +402,9 @@ public enum MessageCodec {
 /// The dialling peer's first frame is a `PeerHello`: magic "BNYPEER1", protocol version, cluster
 /// id, the sender's and the intended receiver's node ids, and the address the sender listens on
 /// (so the receiver can answer a node it has not heard of yet, such as a leader talking to a new
-/// learner). The receiver's first frame is the `PeerHelloReply`. The receiver refuses, and closes
+/// learner), and (protocol version 2 on) the sender's incarnation (`RaftConfiguration.incarnation`,
+/// 0 if unknown), which the receiver hands to its Raft core (R22). The receiver's first frame is
+/// the `PeerHelloReply`. The receiver refuses, and closes
 /// the connection after the reply, when the cluster id or the protocol version differs from its
 /// own, when the hello is meant for another node, or when the hello does not decode; the dialler
 /// sends `Message` frames only once the reply accepts it.
@@ -383,17 +415,24 @@ public struct PeerHello: Sendable, Equatable {
     public var to: NodeID
     public var protocolVersion: UInt16
     public var address: String
+    /// The sender's incarnation (0: unknown). Encoded only from protocol version 2 on.
+    public var incarnation: UInt64
 
-    public init(clusterID: String, from: NodeID, to: NodeID, protocolVersion: UInt16, address: String = "") {
+    public init(
+        clusterID: String, from: NodeID, to: NodeID, protocolVersion: UInt16, address: String = "", incarnation: UInt64 = 0
+    ) {
         self.clusterID = clusterID
         self.from = from
         self.to = to
         self.protocolVersion = protocolVersion
         self.address = address
+        self.incarnation = protocolVersion >= 2 ? incarnation : 0
     }
 
-    /// `magic | protocolVersion u16 | clusterID | from u64 | to u64 | address` (strings as a u64
-    /// length and UTF-8).
+    /// `magic | protocolVersion u16 | clusterID | from u64 | to u64 | address`, then
+    /// `| incarnation u64` when the protocol version is 2 or more (strings as a u64 length and
+    /// UTF-8). A version-1 hello still decodes (incarnation 0), so its receiver can refuse it
+    /// with the version as the reason.
     public func encode() -> [UInt8] {
         var w = WireWriter()
         w.out.append(contentsOf: Self.magic)
@@ -402,6 +441,7 @@ public struct PeerHello: Sendable, Equatable {
         w.u64(from)
         w.u64(to)
         w.string(address)
+        if protocolVersion >= 2 { w.u64(incarnation) }
         return w.out
     }
 
@@ -412,7 +452,10 @@ public struct PeerHello: Sendable, Equatable {
             let cluster = try r.string("cluster id")
             let from = try r.u64("from")
             let to = try r.u64("to")
-            return PeerHello(clusterID: cluster, from: from, to: to, protocolVersion: version, address: try r.string("address"))
+            let address = try r.string("address")
+            let incarnation = version >= 2 ? try r.u64("incarnation") : 0
+            return PeerHello(
+                clusterID: cluster, from: from, to: to, protocolVersion: version, address: address, incarnation: incarnation)
         }
     }
 }

@@ -58,6 +58,11 @@ public struct RaftNode: Sendable {
     /// delayed pre-vote rejection moved a lease-holding follower to a new term with no leader.)
     private var ticksSinceLeaderContact = 0
 
+    /// Incarnations of peers as their drivers reported them (`noteIncarnation`): what a leader
+    /// records when it adds or promotes that node (R22). Kept on every role, so a new leader knows
+    /// what its peers told it while it followed.
+    private var knownIncarnations: [NodeID: UInt64] = [:]
+
     /// Committed configuration entries after the snapshot, to know the membership at any index.
     private var configHistory: [(index: UInt64, membership: Membership)] = []
     /// Configuration entries are applied through this index.
@@ -173,6 +178,13 @@ public struct RaftNode: Sendable {
     /// (R22). The operator must remove the id and add the node back as a learner.
     public var isVoterWithAmnesia: Bool { !mayVote && membership.isVoter(id) }
     public var leadershipTransferTarget: NodeID { transferTarget }
+    /// This node's incarnation (`RaftConfiguration.incarnation`; 0: legacy, see there).
+    public var incarnation: UInt64 { configuration.incarnation }
+    /// The incarnation of `node` this node would record in a configuration it proposes: what its
+    /// driver last reported, else what the configuration in force records, else 0 (unknown).
+    public func knownIncarnation(of node: NodeID) -> UInt64 {
+        knownIncarnations[node] ?? membership.incarnation(of: node)
+    }
     /// Whether the leader has committed an entry of its own term (reads and changes wait for it).
     public var hasCommittedInTerm: Bool { role == .leader && log.committed >= termStartIndex }
 
@@ -373,6 +385,18 @@ public struct RaftNode: Sendable {
         configuration.readMode == .leaseBased && ticksSinceLeaderContact < configuration.electionTicks
     }
 
+    // MARK: - Incarnations
+
+    /// The driver learnt `node`'s incarnation (the hello of a connection it accepted from that
+    /// node names it). A later report replaces an earlier one: the node came back blank. 0, this
+    /// node's own id and id 0 are ignored. A leader promotes a caught-up learner that was waiting
+    /// only for this.
+    public mutating func noteIncarnation(of node: NodeID, _ incarnation: UInt64) {
+        guard node != 0, node != id, incarnation != 0 else { return }
+        knownIncarnations[node] = incarnation
+        if role == .leader { maybePromoteLearner(node) }
+    }
+
     // MARK: - Proposals
 
     public enum ProposalOutcome: Sendable, Equatable {
@@ -437,10 +461,21 @@ public struct RaftNode: Sendable {
             // a voter that has never seen itself added and may not vote (R22).
             throw .invalidMembershipChange("learner \(node) has not caught up yet (match \(pr.match), needs \(pendingConfigIndex))")
         }
-        let next: Membership
+        var next: Membership
         switch membership.applying(change) {
         case .success(let m): next = m
         case .failure(let e): throw e
+        }
+        switch change {
+        case .addLearner(let node), .promote(let node):
+            // Record which incarnation of the node this configuration admits (R22). A voter
+            // must be admitted by incarnation, or a blank node reusing the id could take its
+            // vote; only a legacy leader (incarnation 0) promotes without one.
+            let known = knownIncarnation(of: node)
+            if case .promote = change, known == 0, configuration.incarnation != 0 { throw .incarnationUnknown(node) }
+            next = next.recording(incarnation: known, for: node)
+        case .remove:
+            break
         }
         let index = log.lastIndex + 1
         pendingConfigIndex = index
@@ -905,7 +940,7 @@ public struct RaftNode: Sendable {
             incomingSnapshot = nil
             log.restore(meta)
             membership = meta.membership
-            if meta.membership.isLearner(id) { mayVote = true }
+            if admitsThisIncarnation(meta.membership) { mayVote = true }
             configHistory = [(meta.index, meta.membership)]
             pendingConfigIndex = meta.index
             configScannedThrough = meta.index
@@ -1129,7 +1164,10 @@ public struct RaftNode: Sendable {
             log.committed >= termStartIndex,
             // The learner must hold the configuration that made it a learner (entry or snapshot),
             // so that it has seen itself as a learner and may vote once promoted (R22).
-            pr.match >= pendingConfigIndex
+            pr.match >= pendingConfigIndex,
+            // A leader with an incarnation admits only a known incarnation: wait for the
+            // learner's hello (R22).
+            configuration.incarnation == 0 || knownIncarnation(of: node) != 0
         else { return }
         _ = try? proposeMembershipChange(.promote(node))
     }
@@ -1155,13 +1193,24 @@ public struct RaftNode: Sendable {
                 if case .config(let m) = e.kind {
                     membership = m
                     configHistory.append((i, m))
-                    if m.isLearner(id) { mayVote = true }
+                    if admitsThisIncarnation(m) { mayVote = true }
                     if role == .leader { syncProgressWithMembership() }
                 }
                 i += 1
             }
         }
         configScannedThrough = log.committed
+    }
+
+    /// Whether a committed configuration gives this node its vote back (R22). With an
+    /// incarnation: only a configuration that names this id, as learner or voter, with this
+    /// node's incarnation; the entries that admitted an earlier incarnation of the id (a wiped
+    /// node replaying its own history) do nothing, and a voter whose recorded incarnation is
+    /// another stays `isVoterWithAmnesia`. Legacy (incarnation 0): any configuration naming it
+    /// as a learner, as before incarnations existed.
+    private func admitsThisIncarnation(_ m: Membership) -> Bool {
+        if configuration.incarnation == 0 { return m.isLearner(id) }
+        return m.contains(id) && m.incarnation(of: id) == configuration.incarnation
     }
 
     private func lastConfigIndex(in entries: [LogEntry]) -> UInt64? {

@@ -7,16 +7,29 @@ public typealias NodeID = UInt64
 ///
 /// Configuration entries carry the whole resulting membership, so a node that joins late, or
 /// restores a snapshot, learns the configuration from one value and never has to replay history.
+///
+/// `incarnations` records, for members whose incarnation the leader knew when it proposed the
+/// configuration, which incarnation of that node (one blank data directory's random identity,
+/// `RaftConfiguration.incarnation`) the configuration admitted. A node that came back blank under
+/// an old id has a new incarnation, so replaying the entries that admitted the old one does not
+/// give it a vote (R22). Incarnations take part in `==` and hashing: two configurations that
+/// admit different incarnations of a node are different configurations (a snapshot or a chunk
+/// stream carrying one must never be mistaken for the other).
 public struct Membership: Sendable, Hashable, CustomStringConvertible {
     /// Voting members, sorted.
     public private(set) var voters: [NodeID]
     /// Non-voting members (catching up, or read replicas), sorted.
     public private(set) var learners: [NodeID]
+    /// The incarnation admitted for each member whose incarnation was known; members only, never
+    /// 0 (0 means unknown and is not stored).
+    public private(set) var incarnations: [NodeID: UInt64]
 
-    public init(voters: [NodeID], learners: [NodeID] = []) {
+    public init(voters: [NodeID], learners: [NodeID] = [], incarnations: [NodeID: UInt64] = [:]) {
         self.voters = Array(Set(voters)).sorted()
         let voterSet = Set(voters)
         self.learners = Array(Set(learners).subtracting(voterSet)).sorted()
+        let members = voterSet.union(learners)
+        self.incarnations = incarnations.filter { members.contains($0.key) && $0.value != 0 }
     }
 
     public static let empty = Membership(voters: [])
@@ -29,8 +42,19 @@ public struct Membership: Sendable, Hashable, CustomStringConvertible {
     public var all: [NodeID] { voters + learners }
     /// Votes or acknowledgements needed for a decision.
     public var quorum: Int { voters.count / 2 + 1 }
+    /// The incarnation this configuration admitted for `id`, or 0 when it records none.
+    public func incarnation(of id: NodeID) -> UInt64 { incarnations[id] ?? 0 }
 
-    /// The membership after one change, or the reason the change is not allowed.
+    /// The same membership recording `incarnation` for member `id` (0 erases it; a non-member is
+    /// ignored).
+    public func recording(incarnation: UInt64, for id: NodeID) -> Membership {
+        var list = incarnations
+        list[id] = incarnation
+        return Membership(voters: voters, learners: learners, incarnations: list)
+    }
+
+    /// The membership after one change, or the reason the change is not allowed. Recorded
+    /// incarnations of the other members are kept; a removed member's is dropped.
     public func applying(_ change: MembershipChange) -> Result<Membership, RaftError> {
         switch change {
         case .addLearner(let id):
@@ -38,15 +62,16 @@ public struct Membership: Sendable, Hashable, CustomStringConvertible {
             guard !contains(id) else {
                 return .failure(.invalidMembershipChange("node \(id) is already a member"))
             }
-            return .success(Membership(voters: voters, learners: learners + [id]))
+            return .success(Membership(voters: voters, learners: learners + [id], incarnations: incarnations))
         case .promote(let id):
             guard isLearner(id) else {
                 return .failure(.invalidMembershipChange("node \(id) is not a learner, so it cannot be promoted"))
             }
-            return .success(Membership(voters: voters + [id], learners: learners.filter { $0 != id }))
+            return .success(Membership(voters: voters + [id], learners: learners.filter { $0 != id }, incarnations: incarnations))
         case .remove(let id):
             guard contains(id) else { return .failure(.invalidMembershipChange("node \(id) is not a member")) }
-            let remaining = Membership(voters: voters.filter { $0 != id }, learners: learners.filter { $0 != id })
+            let remaining = Membership(
+                voters: voters.filter { $0 != id }, learners: learners.filter { $0 != id }, incarnations: incarnations)
             guard !remaining.voters.isEmpty else {
                 return .failure(.invalidMembershipChange("removing node \(id) would leave no voters"))
             }
@@ -54,7 +79,11 @@ public struct Membership: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
-    public var description: String { "voters \(voters) learners \(learners)" }
+    public var description: String {
+        guard !incarnations.isEmpty else { return "voters \(voters) learners \(learners)" }
+        let list = incarnations.keys.sorted().map { "\($0): \(String(incarnations[$0] ?? 0, radix: 16))" }.joined(separator: ", ")
+        return "voters \(voters) learners \(learners) incarnations [\(list)]"
+    }
 }
 
 /// One single-server membership change (no joint consensus; see docs/raft.md).
@@ -302,6 +331,9 @@ public enum RaftError: Error, Sendable, Equatable, CustomStringConvertible {
     case invalidMembershipChange(String)
     /// Invalid configuration of the core.
     case invalidConfiguration(String)
+    /// A learner cannot be promoted yet: this leader does not know which incarnation of it to
+    /// admit (it has not connected since this leader started). Automatic promotion waits for it.
+    case incarnationUnknown(NodeID)
     /// The requested compaction index is not in the applied log.
     case compactionOutOfRange(index: UInt64, applied: UInt64, snapshot: UInt64)
     /// The state handed to `RaftNode.init(configuration:restoring:)` breaks the log's shape: entries
@@ -318,6 +350,8 @@ public enum RaftError: Error, Sendable, Equatable, CustomStringConvertible {
         case .membershipChangePending: return "a membership change is pending, or the leader has not committed an entry of its term yet"
         case .invalidMembershipChange(let why): return "invalid membership change: \(why)"
         case .invalidConfiguration(let why): return "invalid Raft configuration: \(why)"
+        case .incarnationUnknown(let id):
+            return "the incarnation of learner \(id) is unknown to this leader (it has not connected to it yet); promotion waits until it has"
         case let .compactionOutOfRange(index, applied, snapshot):
             return "cannot compact through \(index): applied \(applied), snapshot \(snapshot)"
         case .invalidPersistedState(let why): return "the persisted Raft state is inconsistent: \(why)"
@@ -368,6 +402,14 @@ public struct RaftConfiguration: Sendable {
     public var promotionLag: UInt64 = 64
     /// Seed for the randomised election timeout.
     public var seed: UInt64
+    /// This node's incarnation: a random nonzero identity its driver created when the data
+    /// directory was blank (`NodeStorage.incarnation`), the same at every restart from that
+    /// directory. A node whose `mayVote` is false regains its vote only from a committed
+    /// configuration that names its id with this incarnation (R22). 0 means unknown (legacy):
+    /// the node then regains its vote from any committed configuration naming it as a learner,
+    /// as before incarnations existed, and as a leader it promotes learners whose incarnation it
+    /// does not know.
+    public var incarnation: UInt64 = 0
 
     public init(id: NodeID, seed: UInt64) {
         self.id = id

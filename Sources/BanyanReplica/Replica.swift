@@ -273,6 +273,11 @@ public struct Replica: Sendable {
 
     public mutating func campaign() { raft.campaign() }
 
+    /// A peer's hello named its incarnation (the leader records it in membership changes).
+    public mutating func noteIncarnation(of node: NodeID, _ incarnation: UInt64) {
+        raft.noteIncarnation(of: node, incarnation)
+    }
+
     /// The driver durably wrote the snapshot announced by `.snapshotDue`; the log before it may go.
     public mutating func snapshotWritten(_ meta: SnapshotMeta) {
         snapshotInProgress = nil

@@ -61,7 +61,8 @@ public final class BanyanNode: Sendable {
         // per message batch).
         transport = try PeerTransport(
             nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop, serverTLS: tls.server,
-            clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs
+            clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
+            peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }
             runtime.receive(messages)

@@ -48,6 +48,8 @@ public struct NodeStatus: Sendable, Codable {
 public final class NodeRuntime: @unchecked Sendable {
     public let config: NodeConfig
     public let loop: any EventLoop
+    /// This data directory's identity (docs/raft.md, R22): peers learn it from the hello.
+    public let incarnation: UInt64
     /// The replica thread's own group, unless the node shares its network loop (`threads: 1`).
     private let group: MultiThreadedEventLoopGroup?
     private let core: NodeCore
@@ -94,7 +96,8 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Writes the founding configuration into a blank data directory and returns (`banyan
     /// bootstrap`). Refuses a directory that already holds state.
     static func bootstrapDataDirectory(config: NodeConfig, logger: Logger) throws {
-        let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: { _ in })
+        let storage = try NodeStorage(
+            directory: config.dataDirectory, logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max), progress: { _ in })
         guard storage.isBlank else {
             throw ConfigError("\(config.dataDirectory) already holds state; bootstrap is only for a blank data directory")
         }
@@ -109,7 +112,9 @@ public final class NodeRuntime: @unchecked Sendable {
     init(config: NodeConfig, logger: Logger, sharedLoop: (any EventLoop)? = nil, progress: @escaping (String) -> Void) throws {
         self.config = config
         self.logger = logger
-        let storage = try NodeStorage(directory: config.dataDirectory, logger: logger, progress: progress)
+        let storage = try NodeStorage(
+            directory: config.dataDirectory, logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max), progress: progress)
+        incarnation = storage.incarnation
         if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {
             logger.warning(
                 "blank data directory and no --new-cluster: this node will not vote or campaign until an existing member adds it (banyan cluster remove, then add; see docs/runbook.md). After a lost disk that is the safe state. For a brand-new cluster, start each founder once with --new-cluster (or run banyan bootstrap) instead.",
@@ -118,6 +123,7 @@ public final class NodeRuntime: @unchecked Sendable {
             logger.notice("--new-cluster ignored: the data directory already holds state")
         }
         var raft = RaftConfiguration(id: config.nodeID, seed: UInt64.random(in: 1...UInt64.max))
+        raft.incarnation = storage.incarnation
         raft.electionTicks = config.raft.electionTicks
         raft.heartbeatTicks = config.raft.heartbeatTicks
         var rc = ReplicaConfiguration(raft: raft)
@@ -186,6 +192,17 @@ public final class NodeRuntime: @unchecked Sendable {
             self.scheduleProcess()
         }
         // Peer connections normally live on this loop (no hand-off needed).
+        if loop.inEventLoop { body() } else { loop.execute(body) }
+    }
+
+    /// A peer's hello named its incarnation; ordered like `receive` (before that connection's
+    /// messages).
+    public func learnPeerIncarnation(_ id: UInt64, _ incarnation: UInt64) {
+        let body: @Sendable () -> Void = {
+            guard !self.core.stopped else { return }
+            self.core.noteIncarnation(of: id, incarnation)
+            self.scheduleProcess()
+        }
         if loop.inEventLoop { body() } else { loop.execute(body) }
     }
 

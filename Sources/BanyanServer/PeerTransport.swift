@@ -12,19 +12,30 @@ import Synchronization
 /// connections only receive. A connection that fails is redialled with exponential back-off;
 /// while a peer is unreachable, or its connection has too many bytes queued, messages to it are
 /// dropped (Raft retries: that is the backpressure).
+///
+/// Protocol version 2 (R22): the hello carries the sender's incarnation, and Raft messages are
+/// `MessageCodec` version 2 (memberships with incarnations). Peers of version 1 are refused, so
+/// every node of a cluster must run a version-2 binary before they can talk again (restart them
+/// all with the new binary; docs/runbook.md).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 1
+    static let protocolVersion: UInt16 = 2
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 
     let nodeID: UInt64
     let clusterID: String
     let advertised: HostPort
+    /// This node's incarnation, sent in every hello (0: unknown, a legacy data directory).
+    let incarnation: UInt64
     private let group: any EventLoopGroup
     private let serverContext: NIOSSLContext
     private let clientContext: NIOSSLContext
     private let logger: Logger
     private let deliver: @Sendable (UInt64, HostPort?, [Message]) -> Void
+    /// Called with (peer id, incarnation) when an accepted hello names a nonzero incarnation, on
+    /// the connection's event loop and before any message of that connection is delivered. The
+    /// runtime hands it to the Raft core (`RaftNode.noteIncarnation`), in order with `deliver`.
+    private let peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)?
     /// Refuse a hello whose sender id is not the one its certificate names (`node<id>`).
     let bindNodeIDs: Bool
     private let state = Mutex<State>(State())
@@ -42,10 +53,13 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
 
     init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, serverTLS: TLSConfiguration,
-        clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true,
+        clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
+        peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil,
         deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
         self.bindNodeIDs = bindNodeIDs
+        self.incarnation = incarnation
+        self.peerIncarnation = peerIncarnation
         self.nodeID = nodeID
         self.clusterID = clusterID
         self.advertised = advertised
@@ -93,6 +107,12 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
             return refuse("node \(hello.from)'s hello came with the certificate of \(identity.map { "\($0)" } ?? "nobody"), which does not name node\(hello.from)")
         }
         return PeerHelloReply(accepted: true, reason: "", protocolVersion: Self.protocolVersion)
+    }
+
+    /// An accepted hello named the sender's incarnation.
+    fileprivate func learned(incarnation: UInt64, of peer: UInt64) {
+        guard incarnation != 0 else { return }
+        peerIncarnation?(peer, incarnation)
     }
 
     fileprivate func received(from peer: UInt64, advertised: HostPort?, _ messages: [Message]) {
@@ -242,7 +262,9 @@ final class PeerConnection: @unchecked Sendable {
                     return
                 }
                 self.channel = channel
-                let hello = PeerHello(clusterID: transport.clusterID, from: transport.nodeID, to: self.peer, protocolVersion: PeerTransport.protocolVersion, address: transport.advertised.description)
+                let hello = PeerHello(
+                    clusterID: transport.clusterID, from: transport.nodeID, to: self.peer, protocolVersion: PeerTransport.protocolVersion,
+                    address: transport.advertised.description, incarnation: transport.incarnation)
                 var buffer = channel.allocator.buffer(capacity: 64)
                 let body = hello.encode()
                 buffer.writeInteger(UInt32(body.count), endianness: .little)
@@ -355,6 +377,7 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
                 if reply.accepted {
                     self.peer = hello.from
                     self.advertised = try? HostPort(parsing: hello.address)
+                    transport.learned(incarnation: hello.incarnation, of: hello.from)
                 }
             } catch {
                 reply = transport.hello(

@@ -1,4 +1,5 @@
 import ArgumentParser
+import BanyanNode
 import BanyanSimulation
 
 /// `banyan-sim`: runs the deterministic cluster simulator over seeds (docs/simulator.md).
@@ -19,27 +20,37 @@ struct BanyanSim: ParsableCommand {
     @Option(help: "Number of seeds to run.") var count: Int = 100
     @Option(help: "Keep running seeds from --first until this many seconds have passed (long-run mode).")
     var timeBudget: Double?
-    @Option(help: "Client operations per run.") var operations: Int = 1000
+    @Option(help: "Client operations per run (default 1000; 300 with --whole-node).") var operations: Int?
+    @Flag(help: "Run whole nodes (NodeCore, Replica, StateMachine and NodeStorage over simulated disks) instead of the Raft core with a model state machine.")
+    var wholeNode = false
     @Option(help: "Founding voters (default: the seed picks 3 or 5).") var nodes: Int?
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
-    @Option(help: "A deliberate driver bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads, lease-with-pauses.")
+    @Option(
+        help:
+            "A deliberate bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads, lease-with-pauses; with --whole-node: configuration-before-commit, in-memory-commit."
+    )
     var sabotage: String?
 
     func validate() throws {
         if let nodes, !(1...9).contains(nodes) { throw ValidationError("--nodes must be between 1 and 9") }
-        guard operations >= 0 else { throw ValidationError("--operations must not be negative") }
+        guard (operations ?? 0) >= 0 else { throw ValidationError("--operations must not be negative") }
         guard count >= 0 else { throw ValidationError("--count must not be negative") }
         if let timeBudget, !(timeBudget > 0) { throw ValidationError("--time-budget must be a positive number of seconds") }
-        if let sabotage, !["forget-vote", "lazy-fsync", "local-reads", "lease-with-pauses"].contains(sabotage) {
+        if wholeNode, let sabotage {
+            let known = NodeSabotage.allCases.filter { $0 != .none }.map(\.rawValue)
+            guard known.contains(sabotage) else {
+                throw ValidationError("unknown --sabotage \"\(sabotage)\" with --whole-node (\(known.joined(separator: ", ")))")
+            }
+        } else if let sabotage, !["forget-vote", "lazy-fsync", "local-reads", "lease-with-pauses"].contains(sabotage) {
             throw ValidationError("unknown --sabotage \"\(sabotage)\" (forget-vote, lazy-fsync, local-reads, lease-with-pauses)")
         }
     }
 
     func options(_ s: UInt64) -> SimulationOptions {
         var o = SimulationOptions(seed: s)
-        o.operations = operations
+        o.operations = operations ?? 1000
         o.nodes = nodes
         o.faults = !noFaults
         o.trace = trace
@@ -53,12 +64,32 @@ struct BanyanSim: ParsableCommand {
         return o
     }
 
+    func wholeNodeOptions(_ s: UInt64) -> WholeNodeOptions {
+        var o = WholeNodeOptions(seed: s)
+        o.operations = operations ?? 300
+        o.nodes = nodes
+        o.faults = !noFaults
+        o.trace = trace
+        o.sabotage = sabotage.flatMap(NodeSabotage.init(rawValue:)) ?? .none
+        return o
+    }
+
+    /// One seed: whether it passed, its summary, its event count, its trace and trace hash.
+    func runSeed(_ s: UInt64) -> (passed: Bool, summary: String, events: Int, trace: [String], hash: UInt64) {
+        if wholeNode {
+            let r = WholeNodeSimulator.run(wholeNodeOptions(s))
+            return (r.passed, r.summary, r.stats.events, r.trace, r.traceHash)
+        }
+        let r = Simulator.run(options(s))
+        return (r.passed, r.summary, r.stats.events, r.trace, r.traceHash)
+    }
+
     func run() throws {
         if let seed {
-            let report = Simulator.run(options(seed))
+            let report = runSeed(seed)
             if trace { for line in report.trace { print(line) } }
             print(report.summary)
-            print("trace hash \(String(report.traceHash, radix: 16))")
+            print("trace hash \(String(report.hash, radix: 16))")
             if !report.passed { throw ExitCode.failure }
             return
         }
@@ -74,13 +105,14 @@ struct BanyanSim: ParsableCommand {
             } else if ran >= count {
                 break
             }
-            let report = Simulator.run(options(s))
+            let report = runSeed(s)
             ran += 1
-            events += report.stats.events
+            events += report.events
             if !report.passed {
                 failures.append(s)
                 print(report.summary)
-                print("replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "") --operations \(operations)")
+                let mode = wholeNode ? " --whole-node" : ""
+                print("replay: swift run -c release banyan-sim\(mode) --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")\(operations.map { " --operations \($0)" } ?? "")")
             } else if verbose {
                 print(report.summary)
             }

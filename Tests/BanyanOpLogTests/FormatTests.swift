@@ -177,19 +177,16 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
         }
     }
 
-    @Test("the search for valid records after damage is linear: a 4 MiB segment of records, of random bytes, or of plausible frames that fail their checksums scans in well under a second")
+    @Test("the search for valid records after damage finds them across a 4 MiB segment, finds none in random bytes, and gives up on forged frames within its budget (its cost is bounded by the segment size, not measured here: speed belongs in benchmarks)")
     func searchAfterDamageIsBounded() {
-        let clock = ContinuousClock()
         let payload = [UInt8](repeating: 0x61, count: 1000)
         let list = (1...4000).map { LogEntry(index: UInt64($0), term: 1, kind: 1, payload: payload) }
         var (bytes, offsets) = segment(list)
         for i in 4096..<(4096 + 512) { bytes[i] = 0 }
         let damaged = offsets.last { $0 <= 4096 } ?? 0
         var scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
-        var elapsed = clock.measure { scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
         #expect(scan.outcome == .corrupt(offset: damaged, reason: "checksum mismatch"))
         if case .found(_, let last, _) = scan.recordsAfterDamage { #expect(last == 4000) } else { Issue.record("records not found") }
-        #expect(elapsed < .seconds(1), "\(elapsed) for \(bytes.count) bytes of records")
 
         // Random bytes after a damaged record: no record, and every offset is tried.
         var random = SeededBytes(seed: 7)
@@ -198,9 +195,8 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
         LogFormat.encode(LogEntry(index: 11, term: 1, kind: 1, payload: [1, 2, 3]), into: &garbage)
         garbage[start + 20] ^= 1
         garbage += (0..<(4 << 20)).map { _ in random.next() }
-        elapsed = clock.measure { scan = SegmentScan.scan(garbage, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
+        scan = SegmentScan.scan(garbage, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
         #expect(scan.outcome == .corrupt(offset: start, reason: "checksum mismatch") && scan.recordsAfterDamage == nil)
-        #expect(elapsed < .seconds(1), "\(elapsed) for \(garbage.count) bytes of random data")
 
         // Plausible frames (length, index and term pass the cheap checks) that all fail their
         // checksums: the search gives up within its budget and says a record may follow.
@@ -211,9 +207,8 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
             for value: UInt64 in [11, 1] { withUnsafeBytes(of: value.littleEndian) { frame += $0 } }
             forged += frame + [1]
         }
-        elapsed = clock.measure { scan = SegmentScan.scan(forged, expectedFirstIndex: 1, isLast: true, keepPayloads: false) }
+        scan = SegmentScan.scan(forged, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
         #expect(scan.outcome == .corrupt(offset: start, reason: "checksum mismatch") && scan.recordsAfterDamage == .unknown)
-        #expect(elapsed < .seconds(1), "\(elapsed) for \(forged.count) bytes of forged frames")
     }
 
     @Test("segment names sort by first index and parse back")

@@ -5,12 +5,14 @@ import Testing
 @Suite struct MessageCodecTests {
     static let membership = Membership(voters: [1, 2, UInt64.max], learners: [7])
     static let learnersOnly = Membership(voters: [], learners: [0, 9])
+    static let withIncarnations = Membership(voters: [1, 4], learners: [9], incarnations: [4: UInt64.max, 9: 1, 1: 0xABCD])
 
     static func samples() -> [Message] {
         let entries = [
             LogEntry(index: 1, term: 1, kind: .config(membership)), LogEntry(index: 2, term: 2, kind: .noop),
             LogEntry(index: 3, term: 2, kind: .command, data: [0, 255, 7]), LogEntry(index: UInt64.max, term: 9, kind: .command),
             LogEntry(index: 0, term: UInt64.max, kind: .config(.empty), data: [1]), LogEntry(index: 5, term: 5, kind: .config(learnersOnly)),
+            LogEntry(index: 6, term: 5, kind: .config(withIncarnations), data: [3]),
         ]
         let meta = SnapshotMeta(index: 40, term: 3, membership: membership)
         let bodies: [Message.Body] = [
@@ -24,6 +26,7 @@ import Testing
             .snapshotChunk(meta: meta, offset: 1 << 20, data: [1, 2, 3], last: true),
             .snapshotChunk(meta: SnapshotMeta(index: 1, term: 1, membership: .empty), offset: 0, data: [], last: false),
             .snapshotChunk(meta: SnapshotMeta(index: UInt64.max, term: 0, membership: learnersOnly), offset: UInt64.max, data: [0], last: true),
+            .snapshotChunk(meta: SnapshotMeta(index: 7, term: 2, membership: withIncarnations), offset: 0, data: [5], last: false),
             .snapshotResponse(snapshotIndex: 40, nextOffset: 3), .proposal(commands: [[], [1], [2, 3]]), .proposal(commands: []),
             .readIndex(context: 77), .readIndexResponse(context: 77, index: 40), .readIndexResponse(context: UInt64.max, index: 0), .timeoutNow,
         ]
@@ -62,7 +65,8 @@ import Testing
     @Test("the header is version, kind, then from, to and term little-endian")
     func headerLayout() {
         let bytes = MessageCodec.encode(Message(from: 0x0102, to: UInt64.max, term: 1 << 56, body: .timeoutNow))
-        #expect(bytes == [1, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
+        #expect(MessageCodec.version == 2)
+        #expect(bytes == [2, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
     }
 
     /// Overwrites the u64 at `offset` (a count or length field) with `value`.
@@ -91,10 +95,12 @@ import Testing
         let one = MessageCodec.encode(Message(from: 1, to: 2, term: 3, body: .proposal(commands: [[]])))
         #expect(throws: WireError.tooLarge(field: "proposal", count: 1 << 60)) { try MessageCodec.decode(Self.patch(one, at: header + 8, 1 << 60)) }
         let chunk = MessageCodec.encode(Message(from: 1, to: 2, term: 3, body: .snapshotChunk(meta: .none, offset: 0, data: [], last: false)))
-        // Snapshot meta: index, term, voter count (at +16), learner count (at +24); then offset, data length (at +40).
+        // Snapshot meta: index, term, voter count (at +16), learner count (at +24), incarnation
+        // count (at +32); then offset, data length (at +48).
         #expect(throws: WireError.tooLarge(field: "voters", count: 1 << 60)) { try MessageCodec.decode(Self.patch(chunk, at: header + 16, 1 << 60)) }
-        #expect(throws: WireError.tooLarge(field: "learners", count: 3)) { try MessageCodec.decode(Self.patch(chunk, at: header + 24, 3)) }
-        #expect(throws: WireError.tooLarge(field: "data", count: UInt64.max)) { try MessageCodec.decode(Self.patch(chunk, at: header + 40, UInt64.max)) }
+        #expect(throws: WireError.tooLarge(field: "learners", count: 4)) { try MessageCodec.decode(Self.patch(chunk, at: header + 24, 4)) }
+        #expect(throws: WireError.tooLarge(field: "incarnations", count: 2)) { try MessageCodec.decode(Self.patch(chunk, at: header + 32, 2)) }
+        #expect(throws: WireError.tooLarge(field: "data", count: UInt64.max)) { try MessageCodec.decode(Self.patch(chunk, at: header + 48, UInt64.max)) }
         let withEntry = MessageCodec.encode(
             Message(from: 1, to: 2, term: 3, body: .append(prevIndex: 0, prevTerm: 0, entries: [LogEntry(index: 1, term: 1)], commit: 0)))
         #expect(throws: WireError.tooLarge(field: "entry data", count: 1 << 62)) {
@@ -116,8 +122,10 @@ import Testing
         kind[1] = 0
         #expect(throws: WireError.unknownKind(0)) { try MessageCodec.decode(kind) }
         var version = vote
-        version[0] = 2
-        #expect(throws: WireError.unknownVersion(2)) { try MessageCodec.decode(version) }
+        version[0] = 3
+        #expect(throws: WireError.unknownVersion(3)) { try MessageCodec.decode(version) }
+        version[0] = 0
+        #expect(throws: WireError.unknownVersion(0)) { try MessageCodec.decode(version) }
         #expect(throws: WireError.truncated(field: "version")) { try MessageCodec.decode([]) }
     }
 
@@ -203,6 +211,8 @@ import Testing
             PeerHello(clusterID: "prod", from: 2, to: 3, protocolVersion: 1, address: "10.0.0.2:7000"),
             PeerHello(clusterID: "", from: 0, to: UInt64.max, protocolVersion: UInt16.max),
             PeerHello(clusterID: "grüße-集群", from: UInt64.max, to: 0, protocolVersion: 0, address: "[::1]:7000"),
+            PeerHello(clusterID: "prod", from: 4, to: 1, protocolVersion: 2, address: "10.0.0.4:7000", incarnation: 0xB0B0_0000_0000_000B),
+            PeerHello(clusterID: "prod", from: 4, to: 1, protocolVersion: 2, address: "", incarnation: 0),
         ]
         for h in hellos {
             let bytes = h.encode()
@@ -294,5 +304,68 @@ import Testing
         #expect(throws: WireError.tooLarge(field: "frame", count: UInt64(UInt32.max))) { try Framing.nextFrame(in: [0, 255, 255, 255, 255], from: 1) }
         #expect(try Framing.nextFrame(in: [0, 0, 0], from: 0) == nil)
         #expect(try Framing.nextFrame(in: [], from: 0) == nil)
+    }
+}
+
+/// Incarnations on the wire (R22, issue 14 item 3): memberships carry them from message version 2
+/// and hello protocol version 2; the older layouts still decode, without them.
+@Suite struct IncarnationCodecTests {
+    static func u64(_ v: UInt64) -> [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: v >> UInt64(8 * $0)) } }
+    static func ids(_ list: [UInt64]) -> [UInt8] { u64(UInt64(list.count)) + list.flatMap(u64) }
+
+    @Test("a version-1 append with a configuration entry and a version-1 snapshot chunk (no incarnation lists) still decode")
+    func versionOneDecodes() throws {
+        // Version 1 layout, byte by byte: header, then prevIndex, prevTerm, commit, one entry.
+        let header: [UInt8] = [1, 5] + Self.u64(1) + Self.u64(2) + Self.u64(3)
+        let entry = Self.u64(7) + Self.u64(3) + [3] + Self.ids([1, 2, 4]) + Self.ids([5]) + Self.u64(0)
+        let append = header + Self.u64(6) + Self.u64(2) + Self.u64(6) + Self.u64(1) + entry
+        let m = try MessageCodec.decode(append)
+        let config = LogEntry(index: 7, term: 3, kind: .config(Membership(voters: [1, 2, 4], learners: [5])))
+        #expect(m == Message(from: 1, to: 2, term: 3, body: .append(prevIndex: 6, prevTerm: 2, entries: [config], commit: 6)))
+        let chunkHeader: [UInt8] = [1, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3)
+        let chunk = chunkHeader + Self.u64(40) + Self.u64(3) + Self.ids([1, 2]) + Self.ids([]) + Self.u64(0) + Self.u64(2) + [9, 9] + [1]
+        let meta = SnapshotMeta(index: 40, term: 3, membership: Membership(voters: [1, 2]))
+        #expect(try MessageCodec.decode(chunk) == Message(from: 1, to: 2, term: 3, body: .snapshotChunk(meta: meta, offset: 0, data: [9, 9], last: true)))
+        // The same bytes under version 2 lack the incarnation count: refused, not misread.
+        var asTwo = chunk
+        asTwo[0] = 2
+        #expect(throws: WireError.self) { try MessageCodec.decode(asTwo) }
+    }
+
+    @Test("version 2 writes the incarnation list in id order after the learners")
+    func versionTwoLayout() throws {
+        let membership = Membership(voters: [1, 4], learners: [9], incarnations: [9: 99, 4: 44])
+        let m = Message(from: 1, to: 2, term: 3, body: .snapshotChunk(meta: SnapshotMeta(index: 40, term: 3, membership: membership), offset: 0, data: [], last: true))
+        let bytes = MessageCodec.encode(m)
+        let expected: [UInt8] = [2, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
+            + Self.u64(2) + Self.u64(4) + Self.u64(44) + Self.u64(9) + Self.u64(99) + Self.u64(0) + Self.u64(0) + [1]
+        #expect(bytes == expected)
+        #expect(try MessageCodec.decode(bytes) == m)
+    }
+
+    @Test("an incarnation list naming a non-member, a zero incarnation, or ids out of order is refused")
+    func badIncarnationLists() throws {
+        func chunk(_ pairs: [(UInt64, UInt64)]) -> [UInt8] {
+            [2, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
+                + Self.u64(UInt64(pairs.count)) + pairs.flatMap { Self.u64($0.0) + Self.u64($0.1) } + Self.u64(0) + Self.u64(0) + [1]
+        }
+        #expect(throws: Never.self) { try MessageCodec.decode(chunk([(1, 5), (9, 6)])) }
+        #expect(throws: WireError.badValue(field: "incarnations")) { try MessageCodec.decode(chunk([(3, 5)])) }
+        #expect(throws: WireError.badValue(field: "incarnations")) { try MessageCodec.decode(chunk([(4, 0)])) }
+        #expect(throws: WireError.badValue(field: "incarnations")) { try MessageCodec.decode(chunk([(9, 5), (1, 6)])) }
+        #expect(throws: WireError.badValue(field: "incarnations")) { try MessageCodec.decode(chunk([(4, 5), (4, 6)])) }
+    }
+
+    @Test("a version-2 hello carries the incarnation; a version-1 hello (without it) decodes with incarnation 0")
+    func helloIncarnation() throws {
+        let two = PeerHello(clusterID: "c", from: 4, to: 1, protocolVersion: 2, address: "a:1", incarnation: 77)
+        let bytes = two.encode()
+        #expect(Array(bytes.suffix(8)) == Self.u64(77))
+        #expect(try PeerHello.decode(bytes).incarnation == 77)
+        let one = Array("BNYPEER1".utf8) + [1, 0] + Self.u64(1) + Array("c".utf8) + Self.u64(4) + Self.u64(1) + Self.u64(3) + Array("a:1".utf8)
+        let decoded = try PeerHello.decode(one)
+        #expect(decoded == PeerHello(clusterID: "c", from: 4, to: 1, protocolVersion: 1, address: "a:1"))
+        #expect(decoded.incarnation == 0)
+        #expect(PeerHello(clusterID: "c", from: 4, to: 1, protocolVersion: 1, address: "a:1", incarnation: 77).encode() == one)
     }
 }

@@ -28,7 +28,13 @@ import Testing
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]
         ),
-        "BanyanSimulation": (true, ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"]),
+        "BanyanSimulation": (
+            true,
+            [
+                "BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics", "BanyanNode", "BanyanReplica", "BanyanStateMachine", "BanyanOpLog",
+                "BanyanOpLogFiles", "Logging",
+            ]
+        ),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (
             false,
@@ -39,7 +45,7 @@ import Testing
         ),
         "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
-        "BanyanSim": (false, ["BanyanSimulation", "ArgumentParser"]),
+        "BanyanSim": (false, ["BanyanSimulation", "BanyanNode", "ArgumentParser"]),
         "BanyanBench": (
             false,
             [

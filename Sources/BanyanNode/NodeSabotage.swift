@@ -1,0 +1,12 @@
+/// Deliberate bugs the whole-node simulator reintroduces to prove its checkers catch them
+/// (docs/simulator.md, "Self-tests"). Each one undoes a fix of issue 14. Never set by the server:
+/// `NodeRuntime` always runs with `.none`.
+public enum NodeSabotage: String, Sendable, Equatable, CaseIterable {
+    case none
+    /// Item 1: a configuration entry becomes durable before the commit covering the one before
+    /// it (the batch is written in one piece and the commit saved after it, lazily).
+    case configurationBeforeCommit = "configuration-before-commit"
+    /// Item 2: shutdown and the step after a snapshot save the in-memory commit index, which may
+    /// cover entries that are not durable or that replaced a divergent suffix only in memory.
+    case inMemoryCommit = "in-memory-commit"
+}

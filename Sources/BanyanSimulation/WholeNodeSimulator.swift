@@ -1,0 +1,1158 @@
+import BanyanBasics
+public import BanyanCheckers
+public import BanyanNode
+import BanyanOpLogFiles
+import struct BanyanOpLog.SnapshotMetadata
+import BanyanRaft
+import BanyanReplica
+import BanyanStateMachine
+import BanyanTree
+import Logging
+
+/// Options of one whole-node run (docs/simulator.md, "Whole-node simulation").
+public struct WholeNodeOptions: Sendable {
+    public var seed: UInt64
+    /// Founding voters (nil: the swarm picks 3 or 5).
+    public var nodes: Int?
+    /// Client operations in the run.
+    public var operations = 300
+    public var clients = 4
+    /// Integer registers `k0…` written by sets, updates and compare-and-sets.
+    public var keys = 3
+    public var faults = true
+    public var trace = false
+    /// A fix of issue 14 undone in the real code (checker self-tests only).
+    public var sabotage: NodeSabotage = .none
+    public var livenessBudgetMillis = 30_000
+    public var maxSimulatedMillis = 600_000
+    public var maxEvents = 3_000_000
+
+    public init(seed: UInt64) { self.seed = seed }
+}
+
+/// The fault profile of a whole-node run, drawn from its seed.
+public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
+    public var nodes: Int
+    public var lossPercent: Int
+    public var duplicatePercent: Int
+    public var maxDelayMillis: Int
+    public var crashes: Bool
+    /// Crashes at a file-system operation (a power loss then: unsynced bytes partly lost).
+    public var diskCrashes: Bool
+    public var powerLoss: Bool
+    public var partitions: Bool
+    public var membershipChanges: Bool
+    public var transfers: Bool
+    /// Take a snapshot every this many applied entries (0: never).
+    public var snapshotEntries: UInt64
+    public var snapshotChunkBytes: Int
+    /// Round pacing interval in ms (0: none).
+    public var pacingMillis: Int
+    public var nemesisMeanMillis: Int
+
+    static func draw(_ r: inout SeededRandom, nodes: Int?, faults: Bool) -> WholeNodeSwarm {
+        let n = nodes ?? (r.chance(1, in: 2) ? 3 : 5)
+        let snapshot: [UInt64] = [0, 16, 40, 120]
+        let chunk = [64, 512, 4096, 65_536]
+        guard faults else {
+            return WholeNodeSwarm(
+                nodes: n, lossPercent: 0, duplicatePercent: 0, maxDelayMillis: 3, crashes: false, diskCrashes: false, powerLoss: false,
+                partitions: false, membershipChanges: false, transfers: false, snapshotEntries: snapshot[r.below(4)],
+                snapshotChunkBytes: chunk[r.below(4)], pacingMillis: r.below(3), nemesisMeanMillis: 400)
+        }
+        return WholeNodeSwarm(
+            nodes: n, lossPercent: r.below(3) == 0 ? 0 : r.below(12), duplicatePercent: r.below(3) == 0 ? 0 : r.below(15),
+            maxDelayMillis: 2 + r.below(40), crashes: r.chance(3, in: 4), diskCrashes: r.chance(2, in: 3), powerLoss: r.chance(1, in: 3),
+            partitions: r.chance(1, in: 2), membershipChanges: r.chance(1, in: 2), transfers: r.chance(1, in: 3),
+            snapshotEntries: snapshot[r.below(4)], snapshotChunkBytes: chunk[r.below(4)], pacingMillis: r.below(3),
+            nemesisMeanMillis: 150 + r.below(500))
+    }
+
+    public var description: String {
+        var faults: [String] = []
+        if crashes { faults.append("crash") }
+        if diskCrashes { faults.append("disk-crash") }
+        if powerLoss { faults.append("power-loss") }
+        if partitions { faults.append("partition") }
+        if membershipChanges { faults.append("membership") }
+        if transfers { faults.append("transfer") }
+        return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay≤\(maxDelayMillis)ms snapshotEvery=\(snapshotEntries)"
+            + " chunk=\(snapshotChunkBytes) pacing=\(pacingMillis)ms nemesis~\(nemesisMeanMillis)ms faults=[\(faults.joined(separator: ","))]"
+    }
+}
+
+/// The result of one whole-node run.
+public struct WholeNodeReport: Sendable {
+    public var seed: UInt64
+    public var swarm: WholeNodeSwarm
+    public var violations: [String] = []
+    public var livenessFailure: String?
+    public var linearizability: LinearizabilityVerdict = .linearizable
+    public var nonLinearizableKeys: [Int] = []
+    public var stats = Stats()
+    public var trace: [String] = []
+    public var traceHash: UInt64 = 0
+
+    public struct Stats: Sendable, Equatable {
+        public var simulatedMillis = 0
+        public var events = 0
+        public var messagesSent = 0
+        public var messagesDropped = 0
+        public var leaderChanges = 0
+        public var maxTerm: UInt64 = 0
+        public var writesOK = 0
+        public var writesUnknown = 0
+        public var writesRefused = 0
+        public var readsOK = 0
+        public var readsFailed = 0
+        /// Faults the nemesis drew (crashes, disk crashes, power losses, partitions, membership
+        /// changes, transfers).
+        public var faults = 0
+        public var crashes = 0
+        public var diskCrashes = 0
+        public var powerLosses = 0
+        public var restarts = 0
+        public var snapshotsWritten = 0
+        public var snapshotsInstalled = 0
+        public var membershipChanges = 0
+        public var fileOperations = 0
+        public var writesPatched = 0
+        /// Nodes whose log refused to open after a power loss, replaced by a blank disk (the
+        /// runbook's procedure).
+        public var replacements = 0
+        public var retired = 0
+        public var gracefulRestarts = 0
+
+        public init() {}
+    }
+
+    public var passed: Bool { violations.isEmpty && livenessFailure == nil && linearizability == .linearizable }
+
+    public var summary: String {
+        var s = "seed \(seed): \(passed ? "ok" : "FAILED") — whole-node \(swarm)\n"
+        s += "  \(stats.simulatedMillis) ms simulated, \(stats.events) events, \(stats.messagesSent) messages (\(stats.messagesDropped) dropped),"
+        s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
+        s += "  writes ok \(stats.writesOK) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
+        s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
+        s += " power losses \(stats.powerLosses), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
+        s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
+        s += "  linearizability: \(linearizability) (\(stats.writesPatched) unknown writes resolved)"
+        if !nonLinearizableKeys.isEmpty { s += " (keys \(nonLinearizableKeys))" }
+        if let l = livenessFailure { s += "\n  liveness: \(l)" }
+        for v in violations.prefix(10) { s += "\n  violation: \(v)" }
+        if violations.count > 10 { s += "\n  … \(violations.count - 10) more violations" }
+        return s
+    }
+}
+
+/// Collects a core's actions as it emits them (the core calls its `output` synchronously).
+private final class ActionBox {
+    var actions: [NodeAction] = []
+}
+
+/// The simulated time, shared with the cores' injected monotonic clocks.
+private final class SimulatedClock {
+    var millis = 0
+}
+
+/// The whole-node simulator: N real nodes (`NodeCore` with its `Replica`, `StateMachine` and
+/// `NodeStorage` over `SegmentedLog` and `SnapshotStore`) on `SimulatedFileSystem`s, a seeded
+/// network, crashes at file-system operations and power losses, client sessions on every node,
+/// and the checkers (docs/simulator.md). `run(_:)` is a pure function of its options.
+public struct WholeNodeSimulator {
+    public static func run(_ options: WholeNodeOptions) -> WholeNodeReport {
+        var sim = WholeNodeSimulator(options)
+        sim.execute()
+        return sim.report
+    }
+
+    static let namespace = "sim"
+    static let counterKey = "n"
+    static let logger = Logger(label: "banyan-sim") { _ in SwiftLogNoOpLogHandler() }
+
+    // MARK: - State
+
+    private enum Event {
+        case tick(NodeID, life: Int)
+        case process(NodeID, life: Int)
+        /// A message and its sender's incarnation (as the connection's hello named it).
+        case deliver(Message, UInt64)
+        case snapshot(NodeID, life: Int, StateMachine, SnapshotMeta)
+        case clientNext(Int)
+        case clientTimeout(Int, op: Int)
+        case nemesis
+        case heal
+        case restart(NodeID)
+        case check
+    }
+
+    private final class SimulatedNode {
+        let id: NodeID
+        /// The node's disk (replaced only when an operator replaces a node's data).
+        var fs = SimulatedFileSystem(durableDirectories: ["/"])
+        var core: NodeCore?
+        let box = ActionBox()
+        /// Bumped at every start, so events of an earlier life are ignored.
+        var life = 0
+        var retired = false
+        var nextRequest: RequestID = 1
+        /// Client operations waiting on this node: request id → client index.
+        var requests: [RequestID: Int] = [:]
+        /// Raft log indexes checked against the ledger.
+        var checkedThrough: UInt64 = 0
+        var processScheduled = false
+        var skew: Int64
+        /// The data directory's identity (a new one when the disk is replaced).
+        var incarnation: UInt64 = 0
+        /// Peers whose incarnation this life of the node has learned (from their "hello").
+        var heard: Set<NodeID> = []
+
+        init(id: NodeID, skew: Int64) {
+            self.id = id
+            self.skew = skew
+        }
+    }
+
+    private enum OpKind {
+        case read(key: Int)
+        case set(key: Int, value: Int)
+        case cas(key: Int, expected: Int?, new: Int)
+        case update(keys: [Int], values: [Int])
+        case increment
+    }
+
+    private struct Client {
+        var issued = 0
+        var quota: Int
+        var current: Int?
+        var known: [Int: Int] = [:]
+    }
+
+    private struct Operation {
+        var client: Int
+        var node: NodeID
+        var kind: OpKind
+        var call: Int
+        var returned: Int?
+        /// For reads: the value; for writes: nil.
+        var readValue: Int??
+        var outcome: StateMachine.Outcome?
+        var unknown = false
+    }
+
+    private let options: WholeNodeOptions
+    private var report: WholeNodeReport
+    private var swarm: WholeNodeSwarm
+    private var queue = EventQueue<Event>()
+    private let clock = SimulatedClock()
+    private var now = 0 {
+        didSet { clock.millis = now }
+    }
+    private var nodes: [NodeID: SimulatedNode] = [:]
+    /// Node ids in creation order (dictionary order never decides anything).
+    private var ids: [NodeID] = []
+    private var nextNodeID: NodeID
+    private var cut: Set<UInt64> = []
+    private var clients: [Client] = []
+    private var operations: [Operation] = []
+    private var networkRandom: SeededRandom
+    private var nemesisRandom: SeededRandom
+    private var clientRandom: SeededRandom
+    private var seedRandom: SeededRandom
+    private var nextValue = 1
+    // Checkers' ledgers.
+    private var leaders: [UInt64: NodeID] = [:]
+    private var lastLeader: NodeID = 0
+    /// Committed entries by index, as first seen committed on any node (index 1 at position 0).
+    private var ledger: [BanyanRaft.LogEntry] = []
+    /// Values written by each applied command, first application time (ground truth).
+    private var firstWritten: [Int: Int] = [:]
+    /// Increments applied by each node since its state last started from a snapshot (a start, a
+    /// restart, an installed snapshot): each (session, seq) at most once.
+    private var incrementsApplied: [NodeID: Set<UInt64>] = [:]
+    /// Blank nodes started for an add that has not yet shown up in the leader's membership.
+    private var pendingAdds: Set<NodeID> = []
+    /// Nodes whose data was replaced: the operator removes each and adds it back (R22).
+    private var pendingRepair: [NodeID] = []
+    private var lastRepairAttempt = -1_000
+    private var faultsActive: Bool
+    private var healedAt: Int?
+    private var finished = false
+    private var finalWrite: (node: NodeID, request: RequestID, done: Bool)?
+    private let tickMillis = 10
+    private let requestTimeoutMillis = 3_000
+
+    private init(_ options: WholeNodeOptions) {
+        self.options = options
+        var root = SeededRandom(seed: options.seed)
+        var swarmRandom = SeededRandom(seed: root.next())
+        networkRandom = SeededRandom(seed: root.next())
+        nemesisRandom = SeededRandom(seed: root.next())
+        clientRandom = SeededRandom(seed: root.next())
+        seedRandom = SeededRandom(seed: root.next())
+        swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
+        report = WholeNodeReport(seed: options.seed, swarm: swarm)
+        faultsActive = options.faults
+        nextNodeID = NodeID(swarm.nodes + 1)
+        for c in 0..<options.clients {
+            let quota = options.operations / options.clients + (c < options.operations % options.clients ? 1 : 0)
+            clients.append(Client(quota: quota))
+        }
+        let founders = (1...NodeID(swarm.nodes)).map { $0 }
+        for id in founders {
+            let node = SimulatedNode(id: id, skew: Int64(networkRandom.below(40)))
+            nodes[id] = node
+            ids.append(id)
+            start(node, founders: founders)
+        }
+    }
+
+    // MARK: - Main loop
+
+    private mutating func execute() {
+        for id in ids { schedule(after: 1 + networkRandom.below(tickMillis), .tick(id, life: nodes[id]?.life ?? 0)) }
+        for c in clients.indices { schedule(after: 30 + clientRandom.below(50), .clientNext(c)) }
+        if faultsActive { schedule(after: swarm.nemesisMeanMillis, .nemesis) } else { healedAt = 0 }
+        schedule(after: 100, .check)
+        while !finished, let (time, event) = queue.pop() {
+            now = time
+            report.stats.events += 1
+            if now > options.maxSimulatedMillis {
+                report.livenessFailure = "run exceeded \(options.maxSimulatedMillis) simulated ms"
+                break
+            }
+            handle(event)
+            if report.stats.events > options.maxEvents || queue.count > 100_000 {
+                report.violations.append("t=\(now) resource bound: \(report.stats.events) events, \(queue.count) pending")
+                break
+            }
+        }
+        report.stats.simulatedMillis = now
+        for id in ids {
+            guard let node = nodes[id] else { continue }
+            report.stats.fileOperations += node.fs.operations
+            if let core = node.core { report.stats.maxTerm = max(report.stats.maxTerm, core.replica.raft.term) }
+        }
+        if finished { checkConvergedState() }
+        checkLinearizability()
+    }
+
+    private mutating func schedule(after delay: Int, _ event: Event) {
+        queue.push(now + max(0, delay), event)
+    }
+
+    private mutating func traceLine(_ text: @autoclosure () -> String, _ a: UInt64, _ b: UInt64) {
+        var h = report.traceHash ^ UInt64(truncatingIfNeeded: now)
+        h = (h &* 0x100_0000_01B3) ^ a
+        h = (h &* 0x100_0000_01B3) ^ b
+        report.traceHash = h &* 0x100_0000_01B3
+        if options.trace { report.trace.append("\(now) \(text())") }
+    }
+
+    private mutating func handle(_ event: Event) {
+        switch event {
+        case let .tick(id, life):
+            guard let node = nodes[id], let core = node.core, node.life == life else { return }
+            schedule(after: tickMillis, .tick(id, life: life))
+            core.tick(now: wallClock(node))
+            traceLine("tick \(id)", 1, id)
+            // As the server's driver does: the pass runs as a separate task after the tick.
+            perform(takeActions(node), on: node)
+            scheduleProcess(node, after: networkRandom.below(2))
+        case let .process(id, life):
+            guard let node = nodes[id], node.core != nil, node.life == life else { return }
+            node.processScheduled = false
+            node.core?.woke()
+            run(node)
+        case let .deliver(m, incarnation):
+            deliver(m, from: incarnation)
+        case let .snapshot(id, life, machine, meta):
+            writeSnapshot(id, life: life, machine, meta)
+        case .clientNext(let c):
+            issue(c)
+        case let .clientTimeout(c, op):
+            timeout(c, op: op)
+        case .nemesis:
+            guard faultsActive else { return }
+            nemesis()
+            if issuedFraction() >= 0.8 || now > 120_000 {
+                schedule(after: 0, .heal)
+            } else {
+                schedule(after: swarm.nemesisMeanMillis / 2 + nemesisRandom.below(swarm.nemesisMeanMillis), .nemesis)
+            }
+        case .heal:
+            healAll()
+        case .restart(let id):
+            if let node = nodes[id], node.core == nil, !node.retired { restart(node) }
+        case .check:
+            periodicCheck()
+            if !finished { schedule(after: 100, .check) }
+        }
+    }
+
+    private func issuedFraction() -> Double {
+        Double(clients.reduce(0) { $0 + $1.issued }) / Double(max(1, options.operations))
+    }
+
+    private func wallClock(_ node: SimulatedNode) -> Int64 { 1_700_000_000_000 + Int64(now) + node.skew }
+
+    // MARK: - Nodes
+
+    private mutating func settings() -> NodeCore.Settings {
+        var raft = RaftConfiguration(id: 0, seed: 0)
+        raft.electionTicks = 10
+        raft.heartbeatTicks = 1
+        raft.snapshotChunkBytes = swarm.snapshotChunkBytes
+        raft.promotionLag = 16
+        var replica = ReplicaConfiguration(raft: raft)
+        replica.snapshotEntries = swarm.snapshotEntries
+        replica.retryTicks = 20
+        replica.requestTimeoutTicks = 250
+        var s = NodeCore.Settings(replica: replica)
+        s.sabotage = options.sabotage
+        s.roundIntervalNanoseconds = UInt64(swarm.pacingMillis) * 1_000_000
+        return s
+    }
+
+    /// Starts (or restarts) a node from its disk. A refused start is a recovery failure.
+    private mutating func start(_ node: SimulatedNode, founders: [NodeID]?) {
+        var settings = settings()
+        settings.replica.raft = RaftConfiguration(id: node.id, seed: seedRandom.next())
+        settings.replica.raft.electionTicks = 10
+        settings.replica.raft.heartbeatTicks = 1
+        settings.replica.raft.snapshotChunkBytes = swarm.snapshotChunkBytes
+        settings.replica.raft.promotionLag = 16
+        node.life += 1
+        node.box.actions = []
+        node.requests = [:]
+        node.processScheduled = false
+        node.heard = []
+        var sessions = SeededRandom(seed: seedRandom.next())
+        do {
+            let storage = try NodeStorage(directory: "/data", fileSystem: node.fs, logger: Self.logger, newIncarnation: seedRandom.next() | 1) { _ in }
+            node.incarnation = storage.incarnation
+            settings.replica.raft.incarnation = storage.incarnation
+            let core = try NodeCore(
+                settings: settings, storage: storage, foundingMembers: founders, logger: Self.logger, now: wallClock(node),
+                monotonicNanoseconds: { [clock] in UInt64(clock.millis) * 1_000_000 }, newSession: { sessions.next() | 1 }, progress: { _ in })
+            let box = node.box
+            core.output = { box.actions.append($0) }
+            node.core = core
+            node.checkedThrough = core.replica.raft.snapshotMeta.index
+            checkRestoredConfiguration(node.id, core.replica.raft)
+            core.watch(0, watch: 1, namespace: Self.namespace, stale: true)
+            _ = takeActions(node)
+            incrementsApplied[node.id] = []
+        } catch {
+            if node.fs.isCrashed {
+                // The disk "crashed" while opening (an injected crash point): power loss, retry.
+                node.fs.reboot(keepUnsynced: { _, n in n })
+                schedule(after: 50, .restart(node.id))
+                return
+            }
+            node.core = nil
+            if case let error as OpLogError = error, error.code == .corrupt, error.message.contains("not a torn tail") {
+                // A power loss wrote a later sector and lost an earlier one: the log refuses to
+                // open rather than guess (docs/runbook.md). The operator's procedure: replace the
+                // node's data; it comes back blank and may not vote (R22) until re-added.
+                report.stats.replacements += 1
+                traceLine("replace-data \(node.id)", 15, node.id)
+                node.fs = SimulatedFileSystem(durableDirectories: ["/"])
+                if !pendingRepair.contains(node.id) { pendingRepair.append(node.id) }
+                schedule(after: 100, .restart(node.id))
+                return
+            }
+            report.violations.append("t=\(now) node \(node.id) refused to restart from its disk: \(error)")
+            return
+        }
+        schedule(after: 1 + networkRandom.below(tickMillis), .tick(node.id, life: node.life))
+    }
+
+    private mutating func restart(_ node: SimulatedNode) {
+        report.stats.restarts += 1
+        traceLine("restart \(node.id)", 2, node.id)
+        start(node, founders: nil)
+    }
+
+    /// Runs the core's pass and carries out what it asked for.
+    private mutating func run(_ node: SimulatedNode) {
+        guard let core = node.core else { return }
+        core.process()
+        perform(takeActions(node), on: node)
+        checkNode(node)
+    }
+
+    private func takeActions(_ node: SimulatedNode) -> [NodeAction] {
+        defer { node.box.actions = [] }
+        return node.box.actions
+    }
+
+    private mutating func perform(_ actions: [NodeAction], on node: SimulatedNode) {
+        for action in actions {
+            switch action {
+            case .send(let messages):
+                for m in messages { send(m) }
+            case let .wrote(id, result):
+                guard let c = node.requests.removeValue(forKey: id) else {
+                    if let fw = finalWrite, fw.node == node.id, fw.request == id, case .success = result { finalWrite?.done = true }
+                    continue
+                }
+                completeWrite(c, result)
+            case let .read(id, result):
+                guard let c = node.requests.removeValue(forKey: id) else { continue }
+                completeRead(c, result)
+            case .membership:
+                break
+            case let .watch(_, event):
+                switch event {
+                case let .applied(applied, tree): observeApplied(applied, tree: tree, on: node)
+                // A new lineage of applications: replayed over a snapshot from here on.
+                case .restored, .start: incrementsApplied[node.id] = []
+                }
+            case .peerAddresses:
+                break
+            case let .writeSnapshot(machine, meta):
+                schedule(after: 5 + networkRandom.below(40), .snapshot(node.id, life: node.life, machine, meta))
+            case .note(let note):
+                switch note {
+                case .snapshotInstalled: report.stats.snapshotsInstalled += 1
+                case .snapshotWritten: report.stats.snapshotsWritten += 1
+                default: break
+                }
+            case .wake(let nanoseconds):
+                scheduleProcess(node, after: Int((nanoseconds + 999_999) / 1_000_000))
+            case .processAgain:
+                scheduleProcess(node, after: 0)
+            case .fatal(let reason):
+                if node.fs.isCrashed {
+                    diskCrashed(node)
+                } else {
+                    report.violations.append("t=\(now) node \(node.id) stopped on a storage error without an injected fault: \(reason)")
+                    node.core = nil
+                }
+                return
+            }
+        }
+    }
+
+    private mutating func scheduleProcess(_ node: SimulatedNode, after delay: Int) {
+        guard !node.processScheduled else { return }
+        node.processScheduled = true
+        schedule(after: delay, .process(node.id, life: node.life))
+    }
+
+    /// The snapshot thread: writes the machine to the node's disk, then tells the core.
+    private mutating func writeSnapshot(_ id: NodeID, life: Int, _ machine: StateMachine, _ meta: SnapshotMeta) {
+        guard let node = nodes[id], let core = node.core, node.life == life else { return }
+        do {
+            let store = try SnapshotStore(directory: "/data/snapshots", fileSystem: node.fs, removeLeftovers: false)
+            let metadata = SnapshotMetadata(
+                lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
+            try store.write(metadata, removeOlder: false) { emit in try machine.writeImage(chunkBytes: 4096, emit: emit) }
+            core.snapshotWritten(meta)
+        } catch {
+            if node.fs.isCrashed { return diskCrashed(node) }
+            core.snapshotFailed(meta)
+        }
+        perform(takeActions(node), on: node)
+        if node.fs.isCrashed, node.core != nil { diskCrashed(node) }
+    }
+
+    /// A file-system operation hit the injected crash point: the machine lost power there.
+    private mutating func diskCrashed(_ node: SimulatedNode) {
+        report.stats.diskCrashes += 1
+        traceLine("disk-crash \(node.id)", 3, node.id)
+        down(node)
+        powerCycle(node)
+        schedule(after: 100 + nemesisRandom.below(600), .restart(node.id))
+    }
+
+    /// A reboot: each file keeps a random share of its unsynced bytes, sectors reach the disk in
+    /// no particular order.
+    private mutating func powerCycle(_ node: SimulatedNode) {
+        let policy = nemesisRandom.below(3)
+        var sectors = SeededRandom(seed: nemesisRandom.next())
+        node.fs.reboot(
+            keepUnsynced: { _, n in policy == 0 ? 0 : policy == 1 ? n : n / 2 },
+            keepSector: { _, _ in sectors.chance(1, in: 2) })
+    }
+
+    /// The node stops: its memory is gone, its waiting clients learn nothing (unknown outcomes).
+    private mutating func down(_ node: SimulatedNode) {
+        node.core = nil
+        node.life += 1
+        for (_, c) in node.requests.sorted(by: { $0.key < $1.key }) { abandon(c) }
+        node.requests = [:]
+    }
+
+    // MARK: - Network
+
+    private func link(_ from: NodeID, _ to: NodeID) -> UInt64 { from << 32 | to }
+
+    private mutating func send(_ m: Message) {
+        report.stats.messagesSent += 1
+        if cut.contains(link(m.from, m.to)) || networkRandom.below(100) < swarm.lossPercent {
+            report.stats.messagesDropped += 1
+            return
+        }
+        let incarnation = nodes[m.from]?.incarnation ?? 0
+        schedule(after: 1 + networkRandom.below(swarm.maxDelayMillis), .deliver(m, incarnation))
+        if networkRandom.below(100) < swarm.duplicatePercent {
+            schedule(after: 1 + networkRandom.below(swarm.maxDelayMillis * 2), .deliver(m, incarnation))
+        }
+    }
+
+    private mutating func deliver(_ m: Message, from incarnation: UInt64) {
+        guard let node = nodes[m.to], let core = node.core, !cut.contains(link(m.from, m.to)) else { return }
+        traceLine("deliver \(m.from)->\(m.to)", 4, m.from << 32 | m.to)
+        // The first message of a connection comes after its hello, which names the sender's
+        // incarnation (a message from an earlier incarnation still names that one).
+        if node.heard.insert(m.from).inserted || incarnation != nodes[m.from]?.incarnation {
+            core.noteIncarnation(of: m.from, incarnation)
+        }
+        core.receive([m])
+        scheduleProcess(node, after: networkRandom.below(2))
+    }
+
+    // MARK: - Nemesis
+
+    private var liveIDs: [NodeID] { ids.filter { nodes[$0]?.core != nil } }
+
+    private var currentLeader: NodeID? {
+        var best: (NodeID, UInt64)?
+        for id in liveIDs {
+            guard let raft = nodes[id]?.core?.replica.raft, raft.role == .leader else { continue }
+            if best == nil || raft.term > best?.1 ?? 0 { best = (id, raft.term) }
+        }
+        return best?.0
+    }
+
+    private mutating func nemesis() {
+        var actions: [Int] = []
+        if swarm.crashes { actions += [0, 0] }
+        if swarm.diskCrashes { actions += [1, 1] }
+        if swarm.powerLoss { actions.append(2) }
+        if swarm.partitions { actions += [3, 4] }
+        if swarm.membershipChanges { actions.append(5) }
+        if swarm.transfers { actions.append(6) }
+        if swarm.crashes { actions.append(7) }
+        guard !actions.isEmpty else { return }
+        report.stats.faults += 1
+        let live = liveIDs
+        switch actions[nemesisRandom.below(actions.count)] {
+        case 0:
+            // Kill a node (the leader half the time): the process dies, the machine does not, so
+            // everything written survives (the page cache is the kernel's).
+            guard let id = nemesisRandom.chance(1, in: 2) ? currentLeader ?? pick(live) : pick(live), let node = nodes[id] else { return }
+            report.stats.crashes += 1
+            traceLine("kill \(id)", 5, id)
+            down(node)
+            node.fs.reboot(keepUnsynced: { _, n in n })
+            schedule(after: 100 + nemesisRandom.below(900), .restart(id))
+        case 1:
+            // Crash a node's machine at one of its next file-system operations.
+            guard let id = pick(live), let node = nodes[id] else { return }
+            node.fs.crashAtOperation = node.fs.operations + 1 + nemesisRandom.below(30)
+            traceLine("arm-disk-crash \(id)", 6, id)
+        case 2:
+            // Power loss of the whole cluster.
+            report.stats.powerLosses += 1
+            traceLine("power-loss", 7, 0)
+            for id in live {
+                guard let node = nodes[id] else { continue }
+                down(node)
+                powerCycle(node)
+                schedule(after: 200 + nemesisRandom.below(800), .restart(id))
+            }
+        case 3:
+            // Split the live nodes in two.
+            let shuffled = shuffle(ids)
+            let k = 1 + nemesisRandom.below(max(1, shuffled.count - 1))
+            let a = Set(shuffled.prefix(k))
+            for x in ids {
+                for y in ids where x != y && a.contains(x) != a.contains(y) { cut.insert(link(x, y)) }
+            }
+            traceLine("partition", 8, UInt64(k))
+            schedule(after: 300 + nemesisRandom.below(1_500), .heal)
+        case 4:
+            // Isolate the leader.
+            guard let leader = currentLeader else { return }
+            for y in ids where y != leader {
+                cut.insert(link(leader, y))
+                cut.insert(link(y, leader))
+            }
+            traceLine("isolate \(leader)", 9, leader)
+            schedule(after: 300 + nemesisRandom.below(1_500), .heal)
+        case 5:
+            changeMembership()
+        case 7:
+            // A graceful restart (SIGTERM, a rolling restart): the core saves its commit index
+            // and ends its waiters, then the process starts again from its disk.
+            guard let id = pick(live), let node = nodes[id], let core = node.core else { return }
+            report.stats.gracefulRestarts += 1
+            traceLine("graceful-restart \(id)", 17, id)
+            core.shutdown()
+            perform(takeActions(node), on: node)
+            down(node)
+            node.fs.reboot(keepUnsynced: { _, n in n })
+            schedule(after: 20 + nemesisRandom.below(300), .restart(id))
+        default:
+            guard let leader = currentLeader, let core = nodes[leader]?.core else { return }
+            let voters = core.replica.raft.membership.voters.filter { $0 != leader && nodes[$0]?.core != nil }
+            guard let target = pick(voters) else { return }
+            try? core.transferLeadership(to: target)
+            traceLine("transfer \(leader)->\(target)", 10, target)
+            if let node = nodes[leader] { run(node) }
+        }
+    }
+
+    private mutating func pick(_ list: [NodeID]) -> NodeID? {
+        list.isEmpty ? nil : list[nemesisRandom.below(list.count)]
+    }
+
+    private mutating func shuffle(_ a: [NodeID]) -> [NodeID] {
+        var a = a
+        for i in stride(from: a.count - 1, to: 0, by: -1) { a.swapAt(i, nemesisRandom.below(i + 1)) }
+        return a
+    }
+
+    /// Through the leader: add a blank node (the leader promotes it once caught up), or remove a
+    /// voter (at least three stay).
+    private mutating func changeMembership() {
+        guard let leader = currentLeader, let node = nodes[leader], let core = node.core else { return }
+        let membership = core.replica.raft.membership
+        report.stats.membershipChanges += 1
+        if membership.voters.count > 3 && nemesisRandom.chance(1, in: 2) || membership.all.count >= 7 {
+            guard let victim = pick(membership.voters.filter { $0 != leader }) else { return }
+            traceLine("remove \(victim)", 11, victim)
+            core.changeMembership(node.nextRequest, .remove(victim))
+            node.nextRequest += 1
+        } else {
+            let id = nextNodeID
+            nextNodeID += 1
+            let fresh = SimulatedNode(id: id, skew: Int64(networkRandom.below(40)))
+            nodes[id] = fresh
+            ids.append(id)
+            start(fresh, founders: nil)
+            pendingAdds.insert(id)
+            traceLine("add \(id)", 12, id)
+            core.addMember(node.nextRequest, node: id, address: "node\(id):7000")
+            node.nextRequest += 1
+        }
+        run(node)
+    }
+
+    private mutating func healAll() {
+        guard faultsActive || healedAt == nil else { return }
+        if faultsActive && issuedFraction() < 0.8 && now <= 120_000 {
+            // A partition's own end: only the links.
+            cut = []
+            return
+        }
+        faultsActive = false
+        if healedAt == nil { healedAt = now }
+        cut = []
+        traceLine("heal", 13, 0)
+        for id in ids {
+            guard let node = nodes[id] else { continue }
+            node.fs.crashAtOperation = nil
+            if node.core == nil && !node.retired && !node.fs.isCrashed { schedule(after: 10, .restart(id)) }
+        }
+    }
+
+    // MARK: - Clients
+
+    private mutating func issue(_ c: Int) {
+        guard clients[c].current == nil, clients[c].issued < clients[c].quota else { return }
+        clients[c].issued += 1
+        let live = liveIDs
+        guard let target = live.isEmpty ? nil : live[clientRandom.below(live.count)], let node = nodes[target], let core = node.core else {
+            // No node up: a definite failure; try again later.
+            report.stats.writesRefused += 1
+            schedule(after: 50, .clientNext(c))
+            return
+        }
+        let kind: OpKind
+        let roll = clientRandom.below(100)
+        let key = clientRandom.below(options.keys)
+        if roll < 30 {
+            kind = .read(key: key)
+        } else if roll < 55 {
+            kind = .set(key: key, value: freshValue())
+        } else if roll < 75 {
+            kind = .cas(key: key, expected: clients[c].known[key], new: freshValue())
+        } else if roll < 90 {
+            let other = (key + 1 + clientRandom.below(max(1, options.keys - 1))) % options.keys
+            let keys = other == key ? [key] : [key, other].sorted()
+            kind = .update(keys: keys, values: keys.map { _ in freshValue() })
+        } else {
+            kind = .increment
+        }
+        let op = operations.count
+        operations.append(Operation(client: c, node: target, kind: kind, call: now))
+        clients[c].current = op
+        let id = node.nextRequest
+        node.nextRequest += 1
+        node.requests[id] = c
+        switch kind {
+        case .read:
+            core.read(id, namespace: Self.namespace, stale: false)
+        case let .set(key, value):
+            core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)))
+        case let .cas(key, expected, new):
+            let hash = expected.map { Node(.int(Int64($0))).hashString } ?? ""
+            core.write(id, namespace: Self.namespace, command: .compareAndSet(path: "/k\(key)", expectedHash: hash, json: Array("\(new)".utf8)))
+        case let .update(keys, values):
+            let items = zip(keys, values).map { Command.UpdateItem(path: "k\($0.0)", json: Array("\($0.1)".utf8)) }
+            core.write(id, namespace: Self.namespace, command: .update(path: "/", entries: items))
+        case .increment:
+            core.write(
+                id, namespace: Self.namespace,
+                command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)))
+        }
+        traceLine("client \(c) op \(op) at \(target)", 14, UInt64(op))
+        schedule(after: requestTimeoutMillis, .clientTimeout(c, op: op))
+        perform(takeActions(node), on: node)
+        scheduleProcess(node, after: 0)
+    }
+
+    private mutating func freshValue() -> Int {
+        defer { nextValue += 1 }
+        return nextValue
+    }
+
+    private mutating func completeWrite(_ c: Int, _ result: WriteResult) {
+        guard let op = clients[c].current else { return }
+        switch result {
+        case .success(let applied):
+            operations[op].outcome = applied.outcome
+            operations[op].returned = now
+            report.stats.writesOK += 1
+            switch applied.outcome {
+            case .ok, .datastale: break
+            default: report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)")
+            }
+            learn(c, op: op)
+        case .failure(.overloaded):
+            // Refused before it was proposed: it must never apply (not in the history).
+            operations[op].returned = now
+            operations[op].unknown = false
+            operations[op].outcome = nil
+            report.stats.writesRefused += 1
+        case .failure:
+            operations[op].unknown = true
+            report.stats.writesUnknown += 1
+        }
+        next(c)
+    }
+
+    private mutating func completeRead(_ c: Int, _ result: Result<Node, ReplicaError>) {
+        guard let op = clients[c].current, case .read(let key) = operations[op].kind else { return }
+        switch result {
+        case .success(let tree):
+            let value: Int?
+            if case .int(let v)? = tree.child(at: Path(segments: [ChildKey(unchecked: "k\(key)")])).leaf { value = Int(v) } else { value = nil }
+            operations[op].readValue = .some(value)
+            operations[op].returned = now
+            if let value { clients[c].known[key] = value } else { clients[c].known[key] = nil }
+            report.stats.readsOK += 1
+        case .failure:
+            report.stats.readsFailed += 1
+        }
+        next(c)
+    }
+
+    /// After an acknowledged write the client knows the values it wrote (for its next cas).
+    private mutating func learn(_ c: Int, op: Int) {
+        switch operations[op].kind {
+        case let .set(key, value): clients[c].known[key] = value
+        case let .cas(key, _, new): if operations[op].outcome == .ok { clients[c].known[key] = new }
+        case let .update(keys, values): for (k, v) in zip(keys, values) { clients[c].known[k] = v }
+        default: break
+        }
+    }
+
+    private mutating func next(_ c: Int) {
+        clients[c].current = nil
+        schedule(after: 5 + clientRandom.below(40), .clientNext(c))
+    }
+
+    private mutating func timeout(_ c: Int, op: Int) {
+        guard clients[c].current == op else { return }
+        abandon(c)
+    }
+
+    /// The client gives up waiting: a write's outcome is unknown, a read is dropped.
+    private mutating func abandon(_ c: Int) {
+        guard let op = clients[c].current else { return }
+        if case .read = operations[op].kind {
+            report.stats.readsFailed += 1
+        } else {
+            operations[op].unknown = true
+            report.stats.writesUnknown += 1
+        }
+        for node in nodes.values { node.requests = node.requests.filter { $0.value != c } }
+        next(c)
+    }
+
+    // MARK: - Checkers
+
+    private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Node, on node: SimulatedNode) {
+        guard applied.namespace == Self.namespace, applied.outcome == .ok else { return }
+        for path in applied.written {
+            guard path.segments.count == 1 else { continue }
+            let key = path.segments[0].string
+            if key == Self.counterKey {
+                let id = applied.session &* 0x9E37_79B9_7F4A_7C15 ^ applied.seq
+                if incrementsApplied[node.id, default: []].insert(id).inserted == false {
+                    report.violations.append("t=\(now) node \(node.id) applied increment (session \(applied.session), seq \(applied.seq)) twice")
+                }
+            } else if case .int(let v)? = tree.child(at: path).leaf, firstWritten[Int(v)] == nil {
+                firstWritten[Int(v)] = now
+            }
+        }
+    }
+
+    /// After every pass of a node: election safety, log matching and commit permanence against
+    /// the ledger, and the core's own invariant reports.
+    private mutating func checkNode(_ node: SimulatedNode) {
+        guard let core = node.core else { return }
+        let raft = core.replica.raft
+        if raft.role == .leader {
+            if let other = leaders[raft.term], other != node.id {
+                report.violations.append("t=\(now) election safety: nodes \(other) and \(node.id) both lead term \(raft.term)")
+            }
+            leaders[raft.term] = node.id
+            if lastLeader != node.id {
+                lastLeader = node.id
+                report.stats.leaderChanges += 1
+            }
+        }
+        for v in raft.invariantViolations { report.violations.append("t=\(now) node \(node.id): \(v)") }
+        let commit = raft.commitIndex
+        guard commit > node.checkedThrough else { return }
+        var i = max(node.checkedThrough + 1, raft.snapshotMeta.index + 1)
+        while i <= commit {
+            guard let e = raft.entry(at: i) else { break }
+            let position = Int(i - 1)
+            if position < ledger.count {
+                let known = ledger[position]
+                if known.term != e.term || known.kind != e.kind || known.data != e.data {
+                    report.violations.append(
+                        "t=\(now) commit permanence: node \(node.id) committed index \(i) term \(e.term), but term \(known.term) was committed there")
+                }
+            } else if position == ledger.count {
+                ledger.append(e)
+            } else {
+                break
+            }
+            i += 1
+        }
+        node.checkedThrough = i - 1
+    }
+
+    /// Nodes that left the leader's configuration are shut down for good (as an operator does
+    /// after a removal); a blank node whose add never took effect is retired after healing.
+    private mutating func retireRemovedNodes() {
+        guard let leader = currentLeader, let lr = nodes[leader]?.core?.replica.raft, lr.commitIndex >= lr.lastIndex else { return }
+        let members = Set(lr.membership.all)
+        for id in ids {
+            guard let node = nodes[id], !node.retired else { continue }
+            if members.contains(id) {
+                pendingAdds.remove(id)
+                continue
+            }
+            if pendingRepair.contains(id) || pendingAdds.contains(id) && healedAt == nil { continue }
+            pendingAdds.remove(id)
+            node.retired = true
+            report.stats.retired += 1
+            traceLine("retire \(id)", 16, id)
+            down(node)
+        }
+    }
+
+    /// Item 1 of issue 14, checked at every start: a node never restarts holding a configuration
+    /// entry while its saved commit is below the configuration entry before it (it would act on
+    /// an older membership than the leader that sent the newer one).
+    private mutating func checkRestoredConfiguration(_ id: NodeID, _ raft: RaftNode) {
+        var configs: [UInt64] = []
+        var i = raft.snapshotMeta.index + 1
+        while i <= raft.lastIndex {
+            if let e = raft.entry(at: i), case .config = e.kind { configs.append(i) }
+            i += 1
+        }
+        guard configs.count >= 2, let last = configs.last else { return }
+        let previous = configs[configs.count - 2]
+        if raft.commitIndex < previous {
+            report.violations.append(
+                "t=\(now) node \(id) restarted holding configuration entry \(last) with its saved commit \(raft.commitIndex) below the configuration entry before it (\(previous))"
+            )
+        }
+    }
+
+    /// The runbook's procedure for a node whose data was replaced: through the leader, remove
+    /// its id, then add it back (it returns as a learner with its new incarnation and is
+    /// promoted once caught up).
+    private mutating func repairReplacedNodes() {
+        guard let id = pendingRepair.first, now - lastRepairAttempt >= 500, let leader = currentLeader, let node = nodes[leader],
+            let core = node.core
+        else { return }
+        lastRepairAttempt = now
+        let membership = core.replica.raft.membership
+        if membership.contains(id) {
+            // A replaced node may not vote, so it never campaigns and is never the leader.
+            guard id != leader else { return }
+            traceLine("repair-remove \(id)", 18, id)
+            core.changeMembership(node.nextRequest, .remove(id))
+        } else {
+            pendingRepair.removeFirst()
+            pendingAdds.insert(id)
+            traceLine("repair-add \(id)", 19, id)
+            core.addMember(node.nextRequest, node: id, address: "node\(id):7000")
+        }
+        node.nextRequest += 1
+        run(node)
+    }
+
+    private mutating func periodicCheck() {
+        repairReplacedNodes()
+        retireRemovedNodes()
+        guard let healed = healedAt else { return }
+        if finalWrite == nil, let leader = currentLeader, let node = nodes[leader], let core = node.core,
+            clients.allSatisfy({ $0.current == nil && $0.issued >= $0.quota })
+        {
+            let id = node.nextRequest
+            node.nextRequest += 1
+            finalWrite = (leader, id, false)
+            core.write(id, namespace: "$final", command: .set(path: "/done", json: Array("true".utf8)))
+            perform(takeActions(node), on: node)
+            scheduleProcess(node, after: 0)
+        } else if let fw = finalWrite, !fw.done, nodes[fw.node]?.core == nil || nodes[fw.node]?.core?.replica.raft.role != .leader {
+            finalWrite = nil
+        }
+        if finalWrite?.done == true && converged() {
+            finished = true
+            return
+        }
+        if now - healed > options.livenessBudgetMillis {
+            report.livenessFailure = "t=\(now) not converged \(options.livenessBudgetMillis) ms after healing: \(clusterState())"
+            finished = true
+        }
+    }
+
+    private func clusterState() -> String {
+        ids.map { id -> String in
+            guard let node = nodes[id] else { return "" }
+            guard let core = node.core else { return "[\(id) down\(node.retired ? " retired" : "")]" }
+            let r = core.replica.raft
+            return "[\(id) \(r.role) t\(r.term) commit \(r.commitIndex) applied \(core.replica.machine.appliedIndex) last \(r.lastIndex) voters \(r.membership.voters)]"
+        }.joined(separator: " ")
+    }
+
+    private func converged() -> Bool {
+        guard let leader = currentLeader, let lr = nodes[leader]?.core?.replica.raft, lr.commitIndex == lr.lastIndex else { return false }
+        for id in lr.membership.all {
+            guard let core = nodes[id]?.core, core.replica.machine.appliedIndex == lr.commitIndex else { return false }
+        }
+        return true
+    }
+
+    /// Every member's state is the same, byte for byte, and every increment applied exactly once.
+    private mutating func checkConvergedState() {
+        guard let leader = currentLeader, let lr = nodes[leader]?.core else { return }
+        let reference = lr.replica.machine.image()
+        for id in lr.replica.raft.membership.all {
+            guard let core = nodes[id]?.core else { continue }
+            if core.replica.machine.image() != reference {
+                report.violations.append("t=\(now) convergence: node \(id)'s state differs from the leader's at index \(lr.replica.raft.commitIndex)")
+            }
+        }
+        var counter = 0
+        if case .int(let v)? = lr.replica.machine.tree(Self.namespace).child(at: Path(segments: [ChildKey(unchecked: Self.counterKey)])).leaf {
+            counter = Int(v)
+        }
+        let acked = operations.filter { if case .increment = $0.kind { return $0.outcome == .ok } else { return false } }.count
+        let maybe = operations.filter { if case .increment = $0.kind { return $0.unknown } else { return false } }.count
+        if counter < acked || counter > acked + maybe {
+            report.violations.append("exactly-once: the counter is \(counter) after \(acked) acknowledged and \(maybe) unknown increments")
+        }
+    }
+
+    /// Per key, the register histories (reads, sets, compare-and-sets, and each key of an update)
+    /// with the WGL checker; writes whose client never heard back are resolved from what the
+    /// replicas applied.
+    private mutating func checkLinearizability() {
+        var byKey: [Int: [HistoryOperation<RegisterModel.Input, RegisterModel.Output>]] = [:]
+        let converged = finished && report.livenessFailure == nil
+        for op in operations {
+            var writes: [(Int, RegisterModel.Input, Int?)] = []
+            switch op.kind {
+            case .read(let key):
+                guard let value = op.readValue, let returned = op.returned else { continue }
+                byKey[key, default: []].append(
+                    HistoryOperation(client: op.client, input: .read, output: .value(value), callTime: op.call, returnTime: returned))
+                continue
+            case let .set(key, value): writes = [(key, .write(value), value)]
+            case let .cas(key, expected, new):
+                // A cas against "absent" compares with the empty hash; the model's absent is 0.
+                writes = [(key, .cas(expected: expected ?? 0, new: new), new)]
+            case let .update(keys, values): writes = zip(keys, values).map { ($0.0, .write($0.1), $0.1) }
+            case .increment: continue
+            }
+            for (key, input, value) in writes {
+                var output: RegisterModel.Output
+                var returned = op.returned
+                if op.unknown || op.returned == nil {
+                    if let v = value, let first = firstWritten[v] {
+                        output = .unknown
+                        if case .cas = input { output = .swapped(true) } else { output = .written }
+                        returned = max(first, op.call)
+                        report.stats.writesPatched += 1
+                    } else if converged, case .write = input {
+                        report.stats.writesPatched += 1
+                        continue
+                    } else {
+                        output = .unknown
+                        returned = nil
+                    }
+                } else if let outcome = op.outcome {
+                    if case .cas = input { output = .swapped(outcome == .ok) } else { output = .written }
+                } else {
+                    // Refused definitely: check it never applied.
+                    if let v = value, firstWritten[v] != nil {
+                        report.violations.append("client \(op.client): a write refused definitely was applied (value \(v))")
+                    }
+                    continue
+                }
+                byKey[key, default: []].append(
+                    HistoryOperation(client: op.client, input: input, output: output, callTime: op.call, returnTime: returned))
+            }
+        }
+        var verdict = LinearizabilityVerdict.linearizable
+        for key in byKey.keys.sorted() {
+            guard let ops = byKey[key] else { continue }
+            switch LinearizabilityChecker.checkRegister(Self.absentAsZero(ops), maxSteps: 5_000_000) {
+            case .linearizable: break
+            case .notLinearizable:
+                verdict = .notLinearizable
+                report.nonLinearizableKeys.append(key)
+            case .unknown:
+                if verdict == .linearizable { verdict = .unknown }
+            }
+        }
+        report.linearizability = verdict
+    }
+
+    /// The register model starts absent (nil); a cas against absent uses 0 here, so reads of
+    /// absent are 0 and the first state is 0 (values are from 1 up, so 0 is never written).
+    private static func absentAsZero(
+        _ ops: [HistoryOperation<RegisterModel.Input, RegisterModel.Output>]
+    ) -> [HistoryOperation<RegisterModel.Input, RegisterModel.Output>] {
+        var out = [HistoryOperation(client: -1, input: RegisterModel.Input.write(0), output: RegisterModel.Output.written, callTime: -2, returnTime: -1)]
+        for var op in ops {
+            if case .value(nil) = op.output { op.output = .value(0) }
+            out.append(op)
+        }
+        return out
+    }
+}
