@@ -39,6 +39,11 @@ struct NodeOptions: ParsableArguments {
         help: "Found a new cluster from --initial-member/initial_members if the data directory is blank (first start only; never put it in a service file).")
     var newCluster = false
 
+    @Flag(
+        name: .long,
+        help: "Repair: open a log whose last segment is damaged before valid records by cutting it at the damage (the cut bytes are kept beside it). The node then runs without a vote until it is removed and added back (docs/runbook.md). One start only.")
+    var salvageLog = false
+
     @Option(name: .long, help: "Directory of the TLS files (development certificates are generated here on first run).")
     var tlsDir: String?
 
@@ -78,6 +83,7 @@ struct NodeOptions: ParsableArguments {
         }
         if join { c.join = true }
         if newCluster { c.newCluster = true }
+        if salvageLog { c.salvageDamagedLog = true }
         if let tlsDir { c.tls.directory = tlsDir }
         if let logLevel { c.logLevel = logLevel }
         if let threads {

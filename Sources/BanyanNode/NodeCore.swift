@@ -101,7 +101,10 @@ public final class NodeCore {
         case addMember(NodeID, address: String)
     }
     private var waiters: [RequestID: Waiter] = [:]
+    /// Live views: watch id → namespace, and by namespace the ids in ascending order (the order
+    /// their events go out in, whatever order the driver picked the ids in).
     private var watches: [UInt64: String] = [:]
+    private var watchesByNamespace: [String: [UInt64]] = [:]
     /// Peers' incarnations from their hellos (kept across reloads: open connections send none).
     private var peerIncarnations: [NodeID: UInt64] = [:]
 
@@ -154,8 +157,7 @@ public final class NodeCore {
     /// prevented the start (the watch is then closed).
     public func watch(_ id: RequestID, watch: UInt64, namespace: String, stale: Bool) {
         guard !stopped else { return output(.read(id, .failure(.timedOut(write: false)))) }
-        watches[watch] = namespace
-        watchesChanged()
+        openWatch(watch, namespace)
         if stale {
             let tree = replica.machine.tree(namespace)
             output(.watch(watch, .start(tree)))
@@ -164,10 +166,7 @@ public final class NodeCore {
         start(id, .read(namespace: namespace, watch: watch)) { $0.read(id) }
     }
 
-    public func unwatch(_ watch: UInt64) {
-        watches[watch] = nil
-        watchesChanged()
-    }
+    public func unwatch(_ watch: UInt64) { closeWatch(watch) }
 
     public func changeMembership(_ id: RequestID, _ change: MembershipChange) {
         guard !stopped else { return output(.membership(id, .failure(.timedOut(write: true)))) }
@@ -367,17 +366,29 @@ public final class NodeCore {
         waiters = [:]
     }
 
-    private func closeWatch(_ watch: UInt64) {
-        watches[watch] = nil
-        watchesChanged()
+    /// Only namespaces with live views (and `$cluster`, for peer addresses) get a tree with each
+    /// applied event: for the others the tree is changed in place, without copying the written
+    /// path. A namespace's first view adds it, its last removes it: O(views of the namespace).
+    private func openWatch(_ watch: UInt64, _ namespace: String) {
+        if watches[watch] != nil { closeWatch(watch) }
+        watches[watch] = namespace
+        var ids = watchesByNamespace[namespace] ?? []
+        var at = ids.count
+        while at > 0, ids[at - 1] > watch { at -= 1 }
+        ids.insert(watch, at: at)
+        watchesByNamespace[namespace] = ids
+        if ids.count == 1 { replica.treesFor?.insert(namespace) }
     }
 
-    /// Only namespaces with live views (and `$cluster`, for peer addresses) get a tree with each
-    /// applied event: for the others the tree is changed in place, without copying the written path.
-    private func watchesChanged() {
-        var watched = Set(watches.values)
-        watched.insert(Self.clusterNamespace)
-        if replica.treesFor != watched { replica.treesFor = watched }
+    private func closeWatch(_ watch: UInt64) {
+        guard let namespace = watches.removeValue(forKey: watch), var ids = watchesByNamespace[namespace] else { return }
+        ids.removeAll { $0 == watch }
+        if ids.isEmpty {
+            watchesByNamespace[namespace] = nil
+            if namespace != Self.clusterNamespace { replica.treesFor?.remove(namespace) }
+        } else {
+            watchesByNamespace[namespace] = ids
+        }
     }
 
     // MARK: - Replica events → actions
@@ -390,8 +401,8 @@ public final class NodeCore {
                 applied += 1
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
-                for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) where namespace == result.namespace {
-                    output(.watch(watch, .applied(result, tree: tree)))
+                if let ids = watchesByNamespace[result.namespace] {
+                    for watch in ids { output(.watch(watch, .applied(result, tree: tree))) }
                 }
             case .readsReady(let ids):
                 for id in ids {

@@ -48,9 +48,16 @@ public final class NodeStorage {
     /// value in its file; without the file it is a legacy directory (incarnation 0, see
     /// `RaftConfiguration.incarnation`); a malformed file is `.corrupt`. With the default 0
     /// nothing is written (legacy behaviour for callers that do not use incarnations).
+    ///
+    /// `salvageDamagedLog` (`banyan serve --salvage-log`, docs/runbook.md): when the last log
+    /// segment is damaged before valid records (the log refuses to open otherwise), cut it at the
+    /// damage, saving the cut bytes beside it. The node may have acknowledged records it no longer
+    /// holds, so it leaves its old identity: it takes `newIncarnation`, saves `mayVote == false`
+    /// and a commit no higher than its log, and votes again only once an operator removes it and
+    /// adds it back (it refetches what it lost from the leader meanwhile, without voting).
     public init(
         directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, newIncarnation: UInt64 = 0,
-        progress: @escaping (String) -> Void
+        salvageDamagedLog: Bool = false, progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
@@ -60,7 +67,9 @@ public final class NodeStorage {
         } catch {
             throw OpLogError(.io, "cannot create the data directory \(directory): \(error)")
         }
-        log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, logger: logger) { done, total in
+        var logOptions = SegmentedLog.Options()
+        logOptions.salvageDamagedTail = salvageDamagedLog
+        log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, options: logOptions, logger: logger) { done, total in
             progress("log recovery: \(done)/\(total) segments scanned")
         }
         hardStates = try HardStateStore(directory: directory + "/raft", fileSystem: fileSystem)
@@ -73,10 +82,34 @@ public final class NodeStorage {
         if blank && newIncarnation != 0 {
             try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
             incarnation = newIncarnation
+        } else if let salvaged = log.salvaged {
+            guard newIncarnation != 0 else {
+                throw OpLogError(.invalidArgument, "salvaging a damaged log needs a new incarnation for the node", file: salvaged.file)
+            }
+            // Leave the old identity before anything else: the new incarnation first (a crash
+            // after it and before the hard state only makes the node stricter), then no vote.
+            try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
+            incarnation = newIncarnation
+            var hs = savedHardState
+            hs.mayVote = false
+            hs.commit = min(hs.commit, max(log.lastIndex, latestSnapshot?.lastIndex ?? 0))
+            try hardStates.save(BanyanOpLog.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
+            savedHardState = hs
+            latestHardState = hs
+            logger.warning(
+                "salvaged a damaged log: this node holds records up to \(log.lastIndex) and will not vote until an operator removes it and adds it back (banyan cluster remove, then add; docs/runbook.md)",
+                metadata: [
+                    "file": "\(salvaged.file)", "cut_at_index": "\(salvaged.cutAt)",
+                    "highest_index_after_damage": "\(salvaged.highestIndexAfterDamage.map { String($0) } ?? "none")",
+                    "incarnation": "\(String(newIncarnation, radix: 16))",
+                ])
         } else {
             incarnation = try Self.readIncarnation(directory: directory + "/raft", fileSystem)
         }
     }
+
+    /// What recovery cut from a damaged log under `salvageDamagedLog` (nil otherwise).
+    public var salvaged: SegmentedLog.SalvagedTail? { log.salvaged }
 
     // MARK: - Incarnation file
 

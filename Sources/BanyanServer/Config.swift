@@ -25,6 +25,10 @@ public struct NodeConfig: Sendable, Equatable {
     /// silently found the cluster again and vote with amnesia (R22). A blank directory with no
     /// `initialMembers`, or with this node as the only one, founds a single-node cluster without it.
     public var newCluster: Bool = false
+    /// `banyan serve --salvage-log` (one start only; never in a configuration file): open a log
+    /// whose last segment is damaged before valid records by cutting it there; the node then
+    /// comes back without a vote under a new incarnation (docs/runbook.md).
+    public var salvageDamagedLog: Bool = false
 
     public var tls = TLSPaths()
     public var raft = RaftTuning()

@@ -31,6 +31,8 @@ public struct NodeStatus: Sendable, Codable {
     public var watchers: Int
     public var namespaces: Int
     public var mayVote: Bool
+    /// This data directory's incarnation, hexadecimal ("0": a directory from before incarnations).
+    public var incarnation: String = "0"
 
     public struct Progress: Sendable, Codable {
         public var node: UInt64
@@ -113,7 +115,8 @@ public final class NodeRuntime: @unchecked Sendable {
         self.config = config
         self.logger = logger
         let storage = try NodeStorage(
-            directory: config.dataDirectory, logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max), progress: progress)
+            directory: config.dataDirectory, logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max),
+            salvageDamagedLog: config.salvageDamagedLog, progress: progress)
         incarnation = storage.incarnation
         if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {
             logger.warning(
@@ -389,7 +392,7 @@ public final class NodeRuntime: @unchecked Sendable {
                     NodeStatus.Progress(node: $0.node, match: $0.match, next: $0.next, state: $0.state, recentlyActive: $0.recentlyActive)
                 } : [],
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
-            namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote)
+            namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16))
     }
 
     // MARK: - The loop

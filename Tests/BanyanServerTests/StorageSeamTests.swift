@@ -121,4 +121,44 @@ import Testing
         let loaded = try NodeStorage(directory: "/node", fileSystem: fs2, logger: Self.logger) { _ in }.load { _ in }
         #expect(loaded.persisted.hardState.commit == 1)
     }
+
+    @Test("item 4: a log damaged before valid records is refused; --salvage-log cuts it and the node comes back without a vote under a new incarnation")
+    func salvage() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/"])
+        let storage = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger, newIncarnation: 0xA) { _ in }
+        try storage.bootstrap(members: [1, 2, 3])
+        var rd = Ready()
+        rd.entries = (2...400).map { BanyanRaft.LogEntry(index: $0, term: 2, kind: .command, data: [UInt8](repeating: 7, count: 200)) }
+        rd.hardState = BanyanRaft.HardState(term: 2, vote: 1, commit: 400, mayVote: true)
+        rd.committedEntries = rd.entries
+        _ = try storage.persist(rd)
+        try storage.saveCommit(BanyanRaft.HardState(term: 2, vote: 1, commit: 400, mayVote: true))
+        #expect(storage.incarnation == 0xA)
+        // A sector in the middle of the segment reads back as zeros.
+        let segment = try #require(try fs.list("/node/raft/log").first { $0.hasSuffix(".seg") })
+        let file = try fs.open("/node/raft/log/" + segment)
+        try fs.write(file, at: 40_960, [UInt8](repeating: 0, count: 4096))
+        try fs.sync(file)
+        fs.close(file)
+
+        #expect(throws: OpLogError.self) { _ = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger, newIncarnation: 0xB) { _ in } }
+        let salvaged = try NodeStorage(
+            directory: "/node", fileSystem: fs, logger: Self.logger, newIncarnation: 0xB, salvageDamagedLog: true) { _ in }
+        let cut = try #require(salvaged.salvaged)
+        #expect(cut.highestIndexAfterDamage == 400)
+        #expect(salvaged.incarnation == 0xB)
+        let loaded = try salvaged.load { _ in }
+        #expect(loaded.persisted.hardState.mayVote == false)
+        #expect(loaded.persisted.hardState.commit == salvaged.logLastIndex)
+        #expect(salvaged.logLastIndex < 400)
+        var configuration = Self.configuration
+        configuration.incarnation = salvaged.incarnation
+        let node = try RaftNode(configuration: configuration, restoring: loaded.persisted)
+        #expect(node.isVoterWithAmnesia)
+
+        // The next start (without salvage) keeps all of that.
+        let again = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger, newIncarnation: 0xC) { _ in }
+        #expect(again.incarnation == 0xB)
+        #expect(try again.load { _ in }.persisted.hardState.mayVote == false)
+    }
 }
