@@ -191,6 +191,10 @@ public final class NodeCore {
     /// The one way a request starts: register what it is, hand it to the replica, and pass on
     /// whatever the replica says at once (an immediate refusal).
     private func start(_ id: RequestID, _ waiter: Waiter, _ submit: (inout Replica) -> Void) {
+        guard waiters[id] == nil else {
+            // The driver reused an id still waiting: refuse the new request, keep the old one.
+            return end(id, waiter, .overloaded("request id \(id) is already waiting"))
+        }
         waiters[id] = waiter
         submit(&replica)
         handle(replica.takeEvents())
@@ -354,16 +358,12 @@ public final class NodeCore {
     }
 
     private func endAllWaiters() {
-        for (id, waiter) in waiters.sorted(by: { $0.key < $1.key }) {
-            switch waiter {
-            case .write: output(.wrote(id, .failure(.timedOut(write: true))))
-            case .read(_, let watch):
-                if let watch { closeWatch(watch) }
-                output(.read(id, .failure(.timedOut(write: false))))
-            case .membership, .addMember: output(.membership(id, .failure(.timedOut(write: true))))
-            }
-        }
+        let ending = waiters.sorted(by: { $0.key < $1.key })
         waiters = [:]
+        for (id, waiter) in ending {
+            // A write (or membership change) may still apply: its outcome is unknown.
+            if case .read = waiter { end(id, waiter, .timedOut(write: false)) } else { end(id, waiter, .timedOut(write: true)) }
+        }
     }
 
     /// Only namespaces with live views (and `$cluster`, for peer addresses) get a tree with each
@@ -406,20 +406,15 @@ public final class NodeCore {
                 }
             case .readsReady(let ids):
                 for id in ids {
-                    guard case .read(let namespace, let watch)? = waiters.removeValue(forKey: id) else { continue }
+                    guard case .read(let namespace, let watch)? = waiters[id] else { continue }
+                    waiters[id] = nil
                     let tree = replica.machine.tree(namespace)
                     if let watch, watches[watch] != nil { output(.watch(watch, .start(tree))) }
                     output(.read(id, .success(tree)))
                 }
             case let .failed(id, error):
                 guard let waiter = waiters.removeValue(forKey: id) else { continue }
-                switch waiter {
-                case .write: output(.wrote(id, .failure(error)))
-                case .read(_, let watch):
-                    if let watch { closeWatch(watch) }
-                    output(.read(id, .failure(error)))
-                case .membership, .addMember: output(.membership(id, .failure(error)))
-                }
+                end(id, waiter, error)
             case let .membershipChanged(id, membership):
                 output(.note(.membershipChanged(membership)))
                 if waiters.removeValue(forKey: id) != nil { output(.membership(id, .success(membership))) }
@@ -436,6 +431,17 @@ public final class NodeCore {
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }
+    }
+
+    /// Ends a request with `error` in the shape its kind answers with.
+    private func end(_ id: RequestID, _ waiter: Waiter, _ error: ReplicaError) {
+        switch waiter {
+        case .write: output(.wrote(id, .failure(error)))
+        case .read(_, let watch):
+            if let watch { closeWatch(watch) }
+            output(.read(id, .failure(error)))
+        case .membership, .addMember: output(.membership(id, .failure(error)))
+        }
     }
 
     /// A request's own write applied.

@@ -9,4 +9,7 @@ public enum NodeSabotage: String, Sendable, Equatable, CaseIterable {
     /// Item 2: shutdown and the step after a snapshot save the in-memory commit index, which may
     /// cover entries that are not durable or that replaced a divergent suffix only in memory.
     case inMemoryCommit = "in-memory-commit"
+    /// Item 7: after a failed fsync the restarted node reads its log through the page cache,
+    /// where the bytes whose write failed still look written.
+    case readThroughPageCache = "read-through-page-cache"
 }

@@ -51,13 +51,14 @@ public final class NodeStorage {
     ///
     /// `salvageDamagedLog` (`banyan serve --salvage-log`, docs/runbook.md): when the last log
     /// segment is damaged before valid records (the log refuses to open otherwise), cut it at the
-    /// damage, saving the cut bytes beside it. The node may have acknowledged records it no longer
+    /// damage, saving the cut bytes beside it; and accept a log that ends below the saved commit
+    /// (which `load` refuses otherwise). The node may have acknowledged records it no longer
     /// holds, so it leaves its old identity: it takes `newIncarnation`, saves `mayVote == false`
     /// and a commit no higher than its log, and votes again only once an operator removes it and
     /// adds it back (it refetches what it lost from the leader meanwhile, without voting).
     public init(
         directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, newIncarnation: UInt64 = 0,
-        salvageDamagedLog: Bool = false, progress: @escaping (String) -> Void
+        salvageDamagedLog: Bool = false, sabotage: NodeSabotage = .none, progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
@@ -69,6 +70,8 @@ public final class NodeStorage {
         }
         var logOptions = SegmentedLog.Options()
         logOptions.salvageDamagedTail = salvageDamagedLog
+        logOptions.sabotageReadThroughCache = sabotage == .readThroughPageCache
+        self.sabotage = sabotage
         log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, options: logOptions, logger: logger) { done, total in
             progress("log recovery: \(done)/\(total) segments scanned")
         }
@@ -82,9 +85,13 @@ public final class NodeStorage {
         if blank && newIncarnation != 0 {
             try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
             incarnation = newIncarnation
-        } else if let salvaged = log.salvaged {
+        } else if salvageDamagedLog,
+            log.salvaged != nil || savedHardState.commit > max(log.lastIndex, latestSnapshot?.lastIndex ?? 0)
+        {
+            // A damaged tail was cut now, or an earlier cut left the log below the saved commit.
+            let file = log.salvaged?.file ?? directory + "/raft/log"
             guard newIncarnation != 0 else {
-                throw OpLogError(.invalidArgument, "salvaging a damaged log needs a new incarnation for the node", file: salvaged.file)
+                throw OpLogError(.invalidArgument, "salvaging a damaged log needs a new incarnation for the node", file: file)
             }
             // Leave the old identity before anything else: the new incarnation first (a crash
             // after it and before the hard state only makes the node stricter), then no vote.
@@ -99,8 +106,8 @@ public final class NodeStorage {
             logger.warning(
                 "salvaged a damaged log: this node holds records up to \(log.lastIndex) and will not vote until an operator removes it and adds it back (banyan cluster remove, then add; docs/runbook.md)",
                 metadata: [
-                    "file": "\(salvaged.file)", "cut_at_index": "\(salvaged.cutAt)",
-                    "highest_index_after_damage": "\(salvaged.highestIndexAfterDamage.map { String($0) } ?? "none")",
+                    "file": "\(file)", "cut_at_index": "\(log.salvaged.map { String($0.cutAt) } ?? "none")",
+                    "highest_index_after_damage": "\(log.salvaged?.highestIndexAfterDamage.map { String($0) } ?? "none")",
                     "incarnation": "\(String(newIncarnation, radix: 16))",
                 ])
         } else {
@@ -161,7 +168,7 @@ public final class NodeStorage {
         }
         guard let value = decodeIncarnation(bytes) else {
             throw OpLogError(
-                .corrupt, "the incarnation file is malformed (\(bytes.count) bytes); see docs/runbook.md, \"a wiped node\"", file: path,
+                .corrupt, "the incarnation file is malformed (\(bytes.count) bytes); see docs/runbook.md, \"The incarnation file is malformed\"", file: path,
                 offset: 0)
         }
         return value
@@ -447,13 +454,19 @@ public struct DamagedIncomingSnapshot: Error, CustomStringConvertible {
 
 /// Writes a snapshot of a state machine copy off the replica thread, with its own file-system
 /// instance (the files it touches are disjoint from the loop's until the atomic rename).
-public struct SnapshotWriter: Sendable {
+/// Not `Sendable` checked: the file system must be one the writing thread may use (the server
+/// gives each writer a `PosixFileSystem` of its own; the simulator its node's simulated disk).
+public struct SnapshotWriter: @unchecked Sendable {
     public let directory: String
+    private let fileSystem: any FileSystem
 
-    public init(directory: String) { self.directory = directory }
+    public init(directory: String, fileSystem: any FileSystem = PosixFileSystem()) {
+        self.directory = directory
+        self.fileSystem = fileSystem
+    }
 
     public func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
-        let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: PosixFileSystem(), removeLeftovers: false)
+        let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem, removeLeftovers: false)
         let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
         // Older snapshots are removed by the replica thread once this one is durable (see
         // `NodeRuntime.writeSnapshot`), never from here.

@@ -229,9 +229,13 @@ public final class SimulatedFileSystem: FileSystem {
         }
     }
 
-    private static func subtract(_ cut: Range<Int>, from range: Range<Int>) -> [Range<Int>] {
+    /// `range` less `cut`: nothing, one piece or two (either may overlap only partly).
+    public static func subtract(_ cut: Range<Int>, from range: Range<Int>) -> [Range<Int>] {
         guard cut.overlaps(range) else { return [range] }
-        return [range.lowerBound..<cut.lowerBound, cut.upperBound..<range.upperBound].filter { !$0.isEmpty }
+        var pieces: [Range<Int>] = []
+        if range.lowerBound < cut.lowerBound { pieces.append(range.lowerBound..<cut.lowerBound) }
+        if cut.upperBound < range.upperBound { pieces.append(cut.upperBound..<range.upperBound) }
+        return pieces
     }
 
     public func truncate(_ file: FileID, to size: Int) throws(FileSystemError) {
@@ -312,7 +316,9 @@ public final class SimulatedFileSystem: FileSystem {
         crashAtOperation = nil
         tear = nil
         failNextSync = false
-        for (path, id) in names {
+        // In path order: the callbacks may draw from a seeded random source, so the order must
+        // not depend on the process's hash seed.
+        for (path, id) in names.sorted(by: { $0.key < $1.key }) {
             guard var node = inodes[id] else { continue }
             if !node.lost.isEmpty {
                 // The cache goes with the power: the bytes a failed sync lost read as the disk has them.

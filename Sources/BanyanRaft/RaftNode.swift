@@ -84,6 +84,9 @@ public struct RaftNode: Sendable {
     private var snapshotReads: [SnapshotChunkRequest] = []
     private var snapshotChunks: [IncomingSnapshotChunk] = []
     private var installedSnapshot: SnapshotMeta?
+    /// What was durable when a received snapshot replaced the log in memory, until the driver
+    /// has persisted that snapshot (`durableHardState` reports it meanwhile).
+    private var durableBeforeInstall: (commit: UInt64, mayVote: Bool)?
     private var lastReportedHardState: HardState
     private var lastReportedRole: RaftRole = .follower
     private var lastReportedLeader: NodeID = 0
@@ -171,8 +174,13 @@ public struct RaftNode: Sendable {
     /// The hard state to save outside the Ready contract (at shutdown, after a snapshot): its
     /// commit never covers an entry that is not durable in this log (item 2 of issue 14), so a
     /// restart never applies an entry the disk holds only in an older, divergent version.
+    /// A received snapshot counts only once the driver has persisted it (until then `log.stable`
+    /// already names its index, and `mayVote` may come from its membership).
     public var durableHardState: HardState {
-        HardState(term: term, vote: vote, commit: min(log.committed, log.stable), mayVote: mayVote)
+        if let before = durableBeforeInstall {
+            return HardState(term: term, vote: vote, commit: before.commit, mayVote: before.mayVote)
+        }
+        return HardState(term: term, vote: vote, commit: min(log.committed, log.stable), mayVote: mayVote)
     }
     /// This node started from a blank disk but its id is a voter: it will not vote or campaign
     /// (R22). The operator must remove the id and add the node back as a learner.
@@ -298,6 +306,9 @@ public struct RaftNode: Sendable {
         readyOutstanding = nil
         if let snap = outstanding.snapshot {
             log.stable = max(log.stable, min(snap, log.lastIndex))
+            // That snapshot is durable now. (Should another have completed in memory since, it
+            // is not: only the first one's index counts as durable until it is persisted too.)
+            durableBeforeInstall = installedSnapshot == nil ? nil : (snap, durableBeforeInstall?.mayVote ?? mayVote)
         }
         if let last = rd.entries.last, log.term(at: last.index) == last.term {
             log.stable = max(log.stable, last.index)
@@ -938,6 +949,7 @@ public struct RaftNode: Sendable {
         let next = offset + UInt64(data.count)
         if last {
             incomingSnapshot = nil
+            if durableBeforeInstall == nil { durableBeforeInstall = (min(log.committed, log.stable), mayVote) }
             log.restore(meta)
             membership = meta.membership
             if admitsThisIncarnation(meta.membership) { mayVote = true }

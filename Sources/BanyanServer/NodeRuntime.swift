@@ -466,9 +466,9 @@ public final class NodeRuntime: @unchecked Sendable {
             logger.notice("raft role changed", metadata: ["role": "\(role)", "leader": "\(leader)", "term": "\(term)"])
         case .membershipChanged(let membership):
             logger.notice("membership changed", metadata: ["members": "\(membership)"])
-        case .snapshotInstalled(let meta):
+        case .snapshotInstalled:
+            // NodeStorage logs the install itself.
             snapshotInstalls.increment()
-            logger.info("installed a snapshot from the leader", metadata: ["index": "\(meta.index)", "term": "\(meta.term)"])
         case .restoredFromSnapshot(let meta):
             logger.info("state machine restored from the leader's snapshot", metadata: ["index": "\(meta.index)"])
         case .snapshotWritten(let meta):

@@ -122,6 +122,8 @@ public struct WholeNodeReport: Sendable {
         public var replacements = 0
         public var retired = 0
         public var gracefulRestarts = 0
+        /// Failed fsyncs injected (the node exits and restarts without a power loss).
+        public var syncFailures = 0
 
         public init() {}
     }
@@ -134,7 +136,7 @@ public struct WholeNodeReport: Sendable {
         s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
         s += "  writes ok \(stats.writesOK) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
-        s += " power losses \(stats.powerLosses), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
+        s += " power losses \(stats.powerLosses), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
         s += "  linearizability: \(linearizability) (\(stats.writesPatched) unknown writes resolved)"
         if !nonLinearizableKeys.isEmpty { s += " (keys \(nonLinearizableKeys))" }
@@ -204,8 +206,12 @@ public struct WholeNodeSimulator {
         var skew: Int64
         /// The data directory's identity (a new one when the disk is replaced).
         var incarnation: UInt64 = 0
-        /// Peers whose incarnation this life of the node has learned (from their "hello").
-        var heard: Set<NodeID> = []
+        /// The incarnation this life of the node last learned for each peer (from its "hello").
+        var heard: [NodeID: UInt64] = [:]
+        /// The nemesis armed a failing fsync on this node's disk.
+        var syncFailureArmed = false
+        /// A graceful restart waits for the node's next delivery (see the nemesis).
+        var stopRequested = false
 
         init(id: NodeID, skew: Int64) {
             self.id = id
@@ -426,10 +432,13 @@ public struct WholeNodeSimulator {
         node.box.actions = []
         node.requests = [:]
         node.processScheduled = false
-        node.heard = []
+        node.heard = [:]
+        node.stopRequested = false
         var sessions = SeededRandom(seed: seedRandom.next())
         do {
-            let storage = try NodeStorage(directory: "/data", fileSystem: node.fs, logger: Self.logger, newIncarnation: seedRandom.next() | 1) { _ in }
+            let storage = try NodeStorage(
+                directory: "/data", fileSystem: node.fs, logger: Self.logger, newIncarnation: seedRandom.next() | 1, sabotage: options.sabotage
+            ) { _ in }
             node.incarnation = storage.incarnation
             settings.replica.raft.incarnation = storage.incarnation
             let core = try NodeCore(
@@ -445,8 +454,16 @@ public struct WholeNodeSimulator {
             incrementsApplied[node.id] = []
         } catch {
             if node.fs.isCrashed {
-                // The disk "crashed" while opening (an injected crash point): power loss, retry.
-                node.fs.reboot(keepUnsynced: { _, n in n })
+                // The machine crashed while the node opened its disk (an injected crash point):
+                // a power loss there, then another start.
+                powerCycle(node)
+                schedule(after: 50, .restart(node.id))
+                return
+            }
+            if node.syncFailureArmed && !node.fs.failNextSync {
+                // An injected fsync failure while opening: the process exits and starts again.
+                node.syncFailureArmed = false
+                node.fs.restartProcess()
                 schedule(after: 50, .restart(node.id))
                 return
             }
@@ -526,6 +543,16 @@ public struct WholeNodeSimulator {
             case .fatal(let reason):
                 if node.fs.isCrashed {
                     diskCrashed(node)
+                } else if node.syncFailureArmed {
+                    // An fsync failed: the node stops (the server exits with status 75) and its
+                    // service manager starts it again; the machine keeps running, so the page
+                    // cache still shows the bytes whose write failed (item 7 of issue 14).
+                    node.syncFailureArmed = false
+                    report.stats.syncFailures += 1
+                    traceLine("fsync-failed \(node.id)", 20, node.id)
+                    down(node)
+                    node.fs.restartProcess()
+                    schedule(after: 50 + nemesisRandom.below(200), .restart(node.id))
                 } else {
                     report.violations.append("t=\(now) node \(node.id) stopped on a storage error without an injected fault: \(reason)")
                     node.core = nil
@@ -545,13 +572,14 @@ public struct WholeNodeSimulator {
     private mutating func writeSnapshot(_ id: NodeID, life: Int, _ machine: StateMachine, _ meta: SnapshotMeta) {
         guard let node = nodes[id], let core = node.core, node.life == life else { return }
         do {
-            let store = try SnapshotStore(directory: "/data/snapshots", fileSystem: node.fs, removeLeftovers: false)
-            let metadata = SnapshotMetadata(
-                lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
-            try store.write(metadata, removeOlder: false) { emit in try machine.writeImage(chunkBytes: 4096, emit: emit) }
+            // The server's snapshot thread, on the node's simulated disk.
+            try SnapshotWriter(directory: "/data", fileSystem: node.fs).write(machine, meta: meta) { _ in }
             core.snapshotWritten(meta)
         } catch {
             if node.fs.isCrashed { return diskCrashed(node) }
+            // The snapshot thread reports a failed write (an injected fsync failure included)
+            // and a later snapshot is tried.
+            if node.syncFailureArmed && !node.fs.failNextSync { node.syncFailureArmed = false }
             core.snapshotFailed(meta)
         }
         perform(takeActions(node), on: node)
@@ -607,10 +635,19 @@ public struct WholeNodeSimulator {
         traceLine("deliver \(m.from)->\(m.to)", 4, m.from << 32 | m.to)
         // The first message of a connection comes after its hello, which names the sender's
         // incarnation (a message from an earlier incarnation still names that one).
-        if node.heard.insert(m.from).inserted || incarnation != nodes[m.from]?.incarnation {
+        if node.heard[m.from] != incarnation {
+            node.heard[m.from] = incarnation
             core.noteIncarnation(of: m.from, incarnation)
         }
         core.receive([m])
+        if node.stopRequested {
+            // Aimed at replication that changes the log (appends and snapshot chunks), where
+            // the in-memory log runs ahead of the disk until the pass persists it.
+            switch m.body {
+            case .append, .snapshotChunk: return gracefulRestart(node)
+            default: break
+            }
+        }
         scheduleProcess(node, after: networkRandom.below(2))
     }
 
@@ -635,7 +672,8 @@ public struct WholeNodeSimulator {
         if swarm.partitions { actions += [3, 4] }
         if swarm.membershipChanges { actions.append(5) }
         if swarm.transfers { actions.append(6) }
-        if swarm.crashes { actions.append(7) }
+        if swarm.crashes { actions += [7, 9] }
+        if swarm.diskCrashes { actions.append(8) }
         guard !actions.isEmpty else { return }
         report.stats.faults += 1
         let live = liveIDs
@@ -647,7 +685,7 @@ public struct WholeNodeSimulator {
             report.stats.crashes += 1
             traceLine("kill \(id)", 5, id)
             down(node)
-            node.fs.reboot(keepUnsynced: { _, n in n })
+            node.fs.restartProcess()
             schedule(after: 100 + nemesisRandom.below(900), .restart(id))
         case 1:
             // Crash a node's machine at one of its next file-system operations.
@@ -685,17 +723,23 @@ public struct WholeNodeSimulator {
             schedule(after: 300 + nemesisRandom.below(1_500), .heal)
         case 5:
             changeMembership()
+        case 8:
+            // The next fsync on a node's disk fails (EIO).
+            guard let id = pick(live), let node = nodes[id] else { return }
+            node.fs.failNextSync = true
+            node.syncFailureArmed = true
+            traceLine("arm-fsync-failure \(id)", 21, id)
         case 7:
-            // A graceful restart (SIGTERM, a rolling restart): the core saves its commit index
-            // and ends its waiters, then the process starts again from its disk.
-            guard let id = pick(live), let node = nodes[id], let core = node.core else { return }
-            report.stats.gracefulRestarts += 1
-            traceLine("graceful-restart \(id)", 17, id)
-            core.shutdown()
-            perform(takeActions(node), on: node)
-            down(node)
-            node.fs.reboot(keepUnsynced: { _, n in n })
-            schedule(after: 20 + nemesisRandom.below(300), .restart(id))
+            // A graceful restart (SIGTERM, a rolling restart). Half the time it lands at once;
+            // otherwise right after the node's next delivery and before the pass that would
+            // persist it: the server's driver allows that order (the shutdown task can run between
+            // a peer message's task and the pass it schedules), and it is where a saved commit can
+            // run ahead of the disk.
+            guard let id = pick(live), let node = nodes[id] else { return }
+            if nemesisRandom.chance(1, in: 2) { gracefulRestart(node) } else { node.stopRequested = true }
+        case 9:
+            guard let id = pick(live), let node = nodes[id] else { return }
+            node.stopRequested = true
         default:
             guard let leader = currentLeader, let core = nodes[leader]?.core else { return }
             let voters = core.replica.raft.membership.voters.filter { $0 != leader && nodes[$0]?.core != nil }
@@ -704,6 +748,19 @@ public struct WholeNodeSimulator {
             traceLine("transfer \(leader)->\(target)", 10, target)
             if let node = nodes[leader] { run(node) }
         }
+    }
+
+    /// SIGTERM: the core saves its commit index and ends its waiters; the process starts again
+    /// from its disk (the machine stays up: the page cache survives).
+    private mutating func gracefulRestart(_ node: SimulatedNode) {
+        guard let core = node.core else { return }
+        report.stats.gracefulRestarts += 1
+        traceLine("graceful-restart \(node.id)", 17, node.id)
+        core.shutdown()
+        perform(takeActions(node), on: node)
+        down(node)
+        node.fs.restartProcess()
+        schedule(after: 20 + nemesisRandom.below(300), .restart(node.id))
     }
 
     private mutating func pick(_ list: [NodeID]) -> NodeID? {
@@ -756,6 +813,8 @@ public struct WholeNodeSimulator {
         for id in ids {
             guard let node = nodes[id] else { continue }
             node.fs.crashAtOperation = nil
+            node.fs.failNextSync = false
+            node.syncFailureArmed = false
             if node.core == nil && !node.retired && !node.fs.isCrashed { schedule(after: 10, .restart(id)) }
         }
     }

@@ -188,3 +188,14 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         #expect(try afterPowerLoss.entries(from: 1, through: durable) == (1...durable).map(entry))
     }
 }
+
+@Suite struct SimulatedFileSystemRangeTests {
+    @Test("a write over part of a range a failed sync lost leaves the rest lost (partial overlaps on either side)")
+    func subtract() {
+        #expect(SimulatedFileSystem.subtract(5..<10, from: 7..<12) == [10..<12])
+        #expect(SimulatedFileSystem.subtract(5..<10, from: 2..<7) == [2..<5])
+        #expect(SimulatedFileSystem.subtract(5..<10, from: 2..<12) == [2..<5, 10..<12])
+        #expect(SimulatedFileSystem.subtract(5..<10, from: 6..<9) == [])
+        #expect(SimulatedFileSystem.subtract(5..<10, from: 10..<12) == [10..<12])
+    }
+}

@@ -161,4 +161,30 @@ import Testing
         #expect(again.incarnation == 0xB)
         #expect(try again.load { _ in }.persisted.hardState.mayVote == false)
     }
+
+    @Test("item 2: a shutdown between a snapshot's last chunk and its persist saves only what was durable before it")
+    func shutdownDuringInstall() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/"])
+        let storage = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger) { _ in }
+        try storage.bootstrap(members: [1, 2, 3])
+        // Node 3 holds 2...6 of term 2 (a divergent suffix beyond 1), committed through 1.
+        var rd = Ready()
+        rd.entries = (2...6).map { Self.command($0, 2) }
+        rd.hardState = BanyanRaft.HardState(term: 2, vote: 0, commit: 1, mayVote: true)
+        _ = try storage.persist(rd)
+        var node = try RaftNode(configuration: Self.configuration, restoring: try storage.load { _ in }.persisted)
+        // The leader of term 3 sends a snapshot at (5, term 3) in one chunk.
+        let meta = SnapshotMeta(index: 5, term: 3, membership: Membership(voters: [1, 2, 3]))
+        node.step(Message(from: 1, to: 3, term: 3, body: .snapshotChunk(meta: meta, offset: 0, data: [1, 2, 3], last: true)))
+        #expect(node.snapshotMeta.index == 5)
+        // Shutdown before the Ready that installs it reaches the disk.
+        #expect(node.durableHardState.commit == 1)
+        try storage.saveCommit(node.durableHardState)
+        let loaded = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger) { _ in }.load { _ in }
+        #expect(loaded.persisted.hardState.commit == 1, "the old 2...5 of term 2 would be applied as committed")
+        // Once persisted and advanced, the snapshot counts.
+        let install = node.ready()
+        node.advance(install)
+        #expect(node.durableHardState.commit == 5)
+    }
 }
