@@ -250,8 +250,8 @@ enum BanyanBench {
             latencies.sort()
             print("raw write+fdatasync: p50 \(format(latencies[latencies.count / 2])) µs, p99 \(format(latencies[latencies.count * 99 / 100])) µs")
 
-            func records(_ range: ClosedRange<UInt64>) -> [LogEntry] {
-                range.map { LogEntry(index: $0, term: 1, kind: 1, payload: [UInt8](repeating: UInt8($0 & 0xFF), count: 100)) }
+            func records(_ range: ClosedRange<UInt64>) -> [LogRecord] {
+                range.map { LogRecord(index: $0, term: 1, kind: 1, payload: [UInt8](repeating: UInt8($0 & 0xFF), count: 100)) }
             }
             var everyRecord = SegmentedLog.Options()
             everyRecord.syncEveryRecord = true

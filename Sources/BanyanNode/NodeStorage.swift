@@ -369,15 +369,15 @@ public final class NodeStorage {
 
     // MARK: - Entry and membership encoding
 
-    public static func storedEntry(_ e: BanyanRaft.LogEntry) -> BanyanOpLog.LogEntry {
+    public static func storedEntry(_ e: BanyanRaft.LogEntry) -> LogRecord {
         switch e.kind {
-        case .command: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 1, payload: e.data)
-        case .noop: return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 2, payload: [])
-        case .config(let m): return BanyanOpLog.LogEntry(index: e.index, term: e.term, kind: 3, payload: encodeMembership(m))
+        case .command: return LogRecord(index: e.index, term: e.term, kind: 1, payload: e.data)
+        case .noop: return LogRecord(index: e.index, term: e.term, kind: 2, payload: [])
+        case .config(let m): return LogRecord(index: e.index, term: e.term, kind: 3, payload: encodeMembership(m))
         }
     }
 
-    public static func raftEntry(_ e: BanyanOpLog.LogEntry) throws -> BanyanRaft.LogEntry {
+    public static func raftEntry(_ e: LogRecord) throws -> BanyanRaft.LogEntry {
         switch e.kind {
         case 1: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .command, data: e.payload)
         case 2: return BanyanRaft.LogEntry(index: e.index, term: e.term, kind: .noop)

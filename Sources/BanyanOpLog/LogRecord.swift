@@ -1,6 +1,7 @@
-/// One entry of the replicated log: its position, the Raft term that created it, a kind tag and
-/// an opaque payload (the command, encoded by the state machine).
-public struct LogEntry: Sendable, Equatable {
+/// One record of the log on disk: a log entry's position, the Raft term that created it, a kind
+/// tag and an opaque payload (the command, encoded by the state machine). `BanyanRaft.LogEntry` is
+/// the same entry as the consensus core sees it; `NodeStorage` converts between the two.
+public struct LogRecord: Sendable, Equatable {
     public var index: UInt64
     public var term: UInt64
     public var kind: UInt8
@@ -26,7 +27,7 @@ public enum LogFormat {
     public static let maxRecordBytes = 64 * 1024 * 1024
 
     /// Appends the framed record for `entry` to `out`.
-    public static func encode(_ entry: LogEntry, into out: inout [UInt8]) {
+    public static func encode(_ entry: LogRecord, into out: inout [UInt8]) {
         let bodyLength = bodyFixedBytes + entry.payload.count
         let start = out.count
         appendLE(UInt32(bodyLength), &out)
@@ -41,7 +42,7 @@ public enum LogFormat {
         for i in 0..<4 { out[start + 4 + i] = UInt8(truncatingIfNeeded: crc >> (8 * UInt32(i))) }
     }
 
-    public static func encode(_ entries: [LogEntry]) -> [UInt8] {
+    public static func encode(_ entries: [LogRecord]) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(entries.reduce(0) { $0 + frameBytes + bodyFixedBytes + $1.payload.count })
         for entry in entries { encode(entry, into: &out) }

@@ -28,7 +28,7 @@ public struct SegmentScan: Sendable, Equatable {
     }
 
     /// Valid entries in order (payloads included only when requested).
-    public var entries: [LogEntry]
+    public var entries: [LogRecord]
     /// Byte offset of each entry's frame, parallel to `entries`.
     public var offsets: [Int]
     public var outcome: Outcome
@@ -144,7 +144,7 @@ public struct SegmentScan: Sendable, Equatable {
             expected = index &+ 1
             lastTerm = term
             let payload = keepPayloads ? Array(bytes[(bodyStart + LogFormat.bodyFixedBytes)..<end]) : []
-            result.entries.append(LogEntry(index: index, term: term, kind: kind, payload: payload))
+            result.entries.append(LogRecord(index: index, term: term, kind: kind, payload: payload))
             result.offsets.append(offset)
             offset = end
         }

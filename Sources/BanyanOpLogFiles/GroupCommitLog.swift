@@ -78,7 +78,7 @@ public final class GroupCommitLog: Sendable {
                 return (batch, first)
             }
             if batch.isEmpty { return }
-            let entries = batch.enumerated().map { i, r in LogEntry(index: first + UInt64(i), term: r.term, kind: r.kind, payload: r.payload) }
+            let entries = batch.enumerated().map { i, r in LogRecord(index: first + UInt64(i), term: r.term, kind: r.kind, payload: r.payload) }
             let outcome: Result<Void, OpLogError> = writer.withLock { log in
                 do throws(OpLogError) {
                     try log.append(entries)

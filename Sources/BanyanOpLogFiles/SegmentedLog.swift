@@ -349,7 +349,7 @@ public final class SegmentedLog {
 
     /// Appends entries, which must continue the log (`entries[0].index == lastIndex + 1`, then
     /// consecutive). Not durable until `sync`.
-    public func append(_ entries: [LogEntry]) throws(OpLogError) {
+    public func append(_ entries: [LogRecord]) throws(OpLogError) {
         if let failure { throw failure }
         guard !entries.isEmpty else { return }
         for (i, entry) in entries.enumerated() {
@@ -574,11 +574,11 @@ public final class SegmentedLog {
     }
 
     /// The records with indexes in `from...through` (clamped to the log).
-    public func entries(from: UInt64, through: UInt64) throws(OpLogError) -> [LogEntry] {
+    public func entries(from: UInt64, through: UInt64) throws(OpLogError) -> [LogRecord] {
         let lo = Swift.max(from, firstIndex)
         let hi = Swift.min(through, lastIndex)
         guard lo <= hi else { return [] }
-        var result: [LogEntry] = []
+        var result: [LogRecord] = []
         for segment in segments where segment.firstIndex <= hi && !segment.offsets.isEmpty && segment.lastIndex >= lo {
             let bytes: [UInt8]
             do {

@@ -5,8 +5,8 @@ import Testing
 
 private let dir = "/data/log"
 
-private func entry(_ index: UInt64, _ tag: String, term: UInt64 = 1) -> LogEntry {
-    LogEntry(index: index, term: term, kind: 2, payload: Array("\(tag)#\(index)".utf8))
+private func entry(_ index: UInt64, _ tag: String, term: UInt64 = 1) -> LogRecord {
+    LogRecord(index: index, term: term, kind: 2, payload: Array("\(tag)#\(index)".utf8))
 }
 
 /// Sectors this small put several in every record, so reboots mix old and new sectors inside
@@ -393,7 +393,7 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         #expect(throws: OpLogError.self) { try SegmentedLog(directory: "/data/missing/log", fileSystem: fs) }
         let created = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallSegments())
         #expect(throws: OpLogError.self) {
-            try created.append([LogEntry(index: 1, term: 1, kind: 0, payload: [UInt8](repeating: 0, count: LogFormat.maxRecordBytes))])
+            try created.append([LogRecord(index: 1, term: 1, kind: 0, payload: [UInt8](repeating: 0, count: LogFormat.maxRecordBytes))])
         }
         try created.append([entry(1, "w")])
         try created.sync()

@@ -81,7 +81,7 @@ import Testing
         let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: options)
         let before = fs.operations
         fs.crashAtOperation = before + 9
-        try? log.append((1...10).map { LogEntry(index: $0, term: 1, kind: 0, payload: [UInt8($0)]) })
+        try? log.append((1...10).map { LogRecord(index: $0, term: 1, kind: 0, payload: [UInt8($0)]) })
         let reported = log.durableIndex
         #expect(reported >= 1)
         fs.reboot()

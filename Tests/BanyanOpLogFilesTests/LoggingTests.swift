@@ -32,7 +32,7 @@ final class CapturedLogs: Sendable {
     func tornTailIsLogged() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let log = try SegmentedLog(directory: "/data/log", fileSystem: fs)
-        try log.append((1...3).map { LogEntry(index: $0, term: 1, kind: 0, payload: [1, 2, 3]) })
+        try log.append((1...3).map { LogRecord(index: $0, term: 1, kind: 0, payload: [1, 2, 3]) })
         try log.sync()
         let segment = "/data/log/" + LogFormat.segmentName(firstIndex: 1)
         let file = try fs.open(segment)

@@ -15,7 +15,7 @@ import Testing
         var plain = SegmentedLog.Options()
         plain.segmentBytes = 4096
         plain.preallocationBytes = 0
-        let records = (1...500).map { LogEntry(index: UInt64($0), term: 1, kind: 0, payload: Array(repeating: UInt8($0 % 251), count: 40)) }
+        let records = (1...500).map { LogRecord(index: UInt64($0), term: 1, kind: 0, payload: Array(repeating: UInt8($0 % 251), count: 40)) }
         do {
             let log = try SegmentedLog(directory: root + "/log", fileSystem: fs, options: plain)
             try log.append(records)
@@ -27,7 +27,7 @@ import Testing
         let last = root + "/log/" + (names.last ?? "")
         let handle = try fs.open(last)
         var partial: [UInt8] = []
-        LogFormat.encode(LogEntry(index: 501, term: 1, kind: 0, payload: [1, 2, 3]), into: &partial)
+        LogFormat.encode(LogRecord(index: 501, term: 1, kind: 0, payload: [1, 2, 3]), into: &partial)
         try fs.append(handle, Array(partial.prefix(10)))
         try fs.sync(handle)
         fs.close(handle)
@@ -43,7 +43,7 @@ import Testing
         #expect(try fs.readAll(saved) == Array(partial.prefix(10)))
         #expect(try reopened.entries(from: 1, through: 500) == records)
         try reopened.truncate(after: 123)
-        try reopened.append([LogEntry(index: 124, term: 2, kind: 0, payload: [9])] + (125...400).map { records[Int($0) - 1] })
+        try reopened.append([LogRecord(index: 124, term: 2, kind: 0, payload: [9])] + (125...400).map { records[Int($0) - 1] })
         try reopened.sync()
         // The active segment is zeros after its records, up to a whole preallocation step; the
         // ones before it were cut to their records when the next began.
@@ -58,7 +58,7 @@ import Testing
         #expect(again.recovery.truncatedTail == nil)
         #expect(try again.entries(from: 125, through: 400) == Array(records[124..<400]))
         // And back to plain appends: they go after the records, not after the zeros.
-        try again.append([LogEntry(index: 401, term: 2, kind: 0, payload: [7])])
+        try again.append([LogRecord(index: 401, term: 2, kind: 0, payload: [7])])
         try again.sync()
         let third = try SegmentedLog(directory: root + "/log", fileSystem: fs, options: plain)
         #expect(third.lastIndex == 401 && third.term(at: 401) == 2)

@@ -7,8 +7,8 @@ import Testing
 private let dir = "/data/log"
 private let segment = dir + "/" + LogFormat.segmentName(firstIndex: 1)
 
-private func entry(_ index: UInt64) -> LogEntry {
-    LogEntry(index: index, term: 1, kind: 2, payload: Array("key-\(index)=".utf8) + [UInt8](repeating: UInt8(ascii: "v"), count: 180))
+private func entry(_ index: UInt64) -> LogRecord {
+    LogRecord(index: index, term: 1, kind: 2, payload: Array("key-\(index)=".utf8) + [UInt8](repeating: UInt8(ascii: "v"), count: 180))
 }
 
 /// A log of `count` acknowledged records (synced in batches of 100) in one segment, closed cleanly.

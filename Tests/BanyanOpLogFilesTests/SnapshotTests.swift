@@ -25,7 +25,7 @@ private func smallLogOptions() -> SegmentedLog.Options {
 /// A log with records 1...40 (durable) and a snapshot at index 10 holding `image(seed, bytes)`.
 private func logWithSnapshot(_ fs: SimulatedFileSystem, seed: UInt64, bytes: Int) throws -> (SegmentedLog, SnapshotStore) {
     let log = try SegmentedLog(directory: "/data/log", fileSystem: fs, options: smallLogOptions())
-    try log.append((1...40).map { LogEntry(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
+    try log.append((1...40).map { LogRecord(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
     try log.sync()
     let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
     try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(seed, bytes: bytes))

@@ -1,12 +1,12 @@
 import BanyanOpLog
 import Testing
 
-private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String = "v1") -> [LogEntry] {
-    range.map { LogEntry(index: $0, term: term, kind: 1, payload: Array("\(tag)-entry-\($0)".utf8)) }
+private func entries(_ range: ClosedRange<UInt64>, term: UInt64 = 1, tag: String = "v1") -> [LogRecord] {
+    range.map { LogRecord(index: $0, term: term, kind: 1, payload: Array("\(tag)-entry-\($0)".utf8)) }
 }
 
 /// A segment holding `list`, and each record's offset.
-private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
+private func segment(_ list: [LogRecord]) -> (bytes: [UInt8], offsets: [Int]) {
     var bytes = LogFormat.segmentHeader
     var offsets: [Int] = []
     for entry in list {
@@ -180,7 +180,7 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
     @Test("the search for valid records after damage finds them across a 4 MiB segment, finds none in random bytes, and gives up on forged frames within its budget (its cost is bounded by the segment size, not measured here: speed belongs in benchmarks)")
     func searchAfterDamageIsBounded() {
         let payload = [UInt8](repeating: 0x61, count: 1000)
-        let list = (1...4000).map { LogEntry(index: UInt64($0), term: 1, kind: 1, payload: payload) }
+        let list = (1...4000).map { LogRecord(index: UInt64($0), term: 1, kind: 1, payload: payload) }
         var (bytes, offsets) = segment(list)
         for i in 4096..<(4096 + 512) { bytes[i] = 0 }
         let damaged = offsets.last { $0 <= 4096 } ?? 0
@@ -192,7 +192,7 @@ private func segment(_ list: [LogEntry]) -> (bytes: [UInt8], offsets: [Int]) {
         var random = SeededBytes(seed: 7)
         var garbage = LogFormat.segmentHeader + LogFormat.encode(entries(1...10))
         let start = garbage.count
-        LogFormat.encode(LogEntry(index: 11, term: 1, kind: 1, payload: [1, 2, 3]), into: &garbage)
+        LogFormat.encode(LogRecord(index: 11, term: 1, kind: 1, payload: [1, 2, 3]), into: &garbage)
         garbage[start + 20] ^= 1
         garbage += (0..<(4 << 20)).map { _ in random.next() }
         scan = SegmentScan.scan(garbage, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
