@@ -100,7 +100,7 @@ public final class NodeStorage {
             var hs = savedHardState
             hs.mayVote = false
             hs.commit = min(hs.commit, max(log.lastIndex, latestSnapshot?.lastIndex ?? 0))
-            try hardStates.save(BanyanOpLog.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
+            try hardStates.save(HardStateRecord(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
             savedHardState = hs
             latestHardState = hs
             logger.warning(
@@ -346,7 +346,7 @@ public final class NodeStorage {
     }
 
     private func saveHardState(_ hs: BanyanRaft.HardState) throws {
-        try hardStates.save(BanyanOpLog.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
+        try hardStates.save(HardStateRecord(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
         savedHardState = hs
     }
 

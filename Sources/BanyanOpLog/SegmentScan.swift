@@ -227,10 +227,11 @@ extension SegmentScan {
     }
 }
 
-/// Raft's persistent state: current term, vote in that term (0 = none), commit index, and
-/// whether this node may vote (false for a node that started from a blank disk until it was added
-/// as a learner; see `BanyanRaft.HardState.mayVote`, R22).
-public struct HardState: Sendable, Equatable {
+/// The on-disk record of Raft's hard state (`BanyanRaft.HardState`, converted by `NodeStorage`):
+/// current term, vote in that term (0 = none), commit index, and whether this node may vote
+/// (false for a node that started from a blank disk until it was admitted; R22). The zero value
+/// is a blank node's, which is what a missing file loads as.
+public struct HardStateRecord: Sendable, Equatable {
     public var term: UInt64
     public var vote: UInt64
     public var commit: UInt64
@@ -251,7 +252,7 @@ public struct HardState: Sendable, Equatable {
     /// may vote), CRC32C of the preceding bytes (u32 LE): 35 bytes. Version 1 (`BNYHS1`, 34 bytes,
     /// no flags) is still read, as a node that may vote (only founding members wrote it).
     public var encoded: [UInt8] {
-        var out = HardState.magic
+        var out = HardStateRecord.magic
         LogFormat.appendLE(term, &out)
         LogFormat.appendLE(vote, &out)
         LogFormat.appendLE(commit, &out)
@@ -262,15 +263,15 @@ public struct HardState: Sendable, Equatable {
 
     /// Decodes, or nil when the bytes are not a complete, checksummed hard state.
     public init?(encoded bytes: [UInt8]) {
-        let isV2 = bytes.count == 35 && Array(bytes[0..<6]) == HardState.magic
-        let isV1 = bytes.count == 34 && Array(bytes[0..<6]) == HardState.magicV1
+        let isV2 = bytes.count == 35 && Array(bytes[0..<6]) == HardStateRecord.magic
+        let isV1 = bytes.count == 34 && Array(bytes[0..<6]) == HardStateRecord.magicV1
         guard isV1 || isV2 else { return nil }
         let body = isV2 ? 31 : 30
-        let ok: HardState? = bytes.withUnsafeBufferPointer { b in
+        let ok: HardStateRecord? = bytes.withUnsafeBufferPointer { b in
             let stored = LogFormat.readLE(b, body, as: UInt32.self)
             guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[0..<body])) == stored else { return nil }
             if isV2 && b[30] > 1 { return nil }
-            return HardState(
+            return HardStateRecord(
                 term: LogFormat.readLE(b, 6, as: UInt64.self), vote: LogFormat.readLE(b, 14, as: UInt64.self),
                 commit: LogFormat.readLE(b, 22, as: UInt64.self), mayVote: isV2 ? b[30] == 1 : true)
         }

@@ -640,8 +640,8 @@ public final class HardStateStore {
     /// The stored hard state (zero when none was ever saved). The value is made durable before
     /// it is returned: after a process crash between the rename and the directory fsync, the
     /// new value is visible but not yet durable, and acting on it (a vote) would be unsafe.
-    public func load() throws(OpLogError) -> HardState {
-        guard fileSystem.exists(path) else { return HardState() }
+    public func load() throws(OpLogError) -> HardStateRecord {
+        guard fileSystem.exists(path) else { return HardStateRecord() }
         let bytes: [UInt8]
         do {
             bytes = try fileSystem.readAll(path)
@@ -652,13 +652,13 @@ public final class HardStateStore {
         } catch {
             throw OpLogError(error)
         }
-        guard let state = HardState(encoded: bytes) else {
+        guard let state = HardStateRecord(encoded: bytes) else {
             throw OpLogError(.corrupt, "hard state fails its checksum", file: path, offset: 0)
         }
         return state
     }
 
-    public func save(_ state: HardState) throws(OpLogError) {
+    public func save(_ state: HardStateRecord) throws(OpLogError) {
         do {
             let file = try fileSystem.create(temporary)
             defer { fileSystem.close(file) }

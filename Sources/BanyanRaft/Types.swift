@@ -131,7 +131,7 @@ public struct HardState: Sendable, Equatable {
     /// False for a node that started from a blank disk until it sees itself added as a learner:
     /// a wiped node that comes back under an id that is still a voter must never vote or campaign
     /// with amnesia (R22). Operators remove that id and add the node back as a learner. Drivers
-    /// must persist it with the term and vote (`BanyanOpLog.HardState` version 2 stores it, and a
+    /// must persist it with the term and vote (`HardStateRecord` version 2 stores it, and a
     /// missing hard-state file loads as `mayVote == false`).
     public var mayVote: Bool
 

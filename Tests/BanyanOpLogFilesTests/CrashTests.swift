@@ -214,8 +214,8 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
 
     @Test("hard state is never torn: after a crash at any point of a save it is the old or the new value")
     func hardStateCrashes() throws {
-        let old = HardState(term: 3, vote: 2, commit: 10)
-        let new = HardState(term: 4, vote: 1, commit: 12)
+        let old = HardStateRecord(term: 3, vote: 2, commit: 10)
+        let new = HardStateRecord(term: 4, vote: 1, commit: 12)
         for crashAt in 1...6 {
             for (policy, keep) in keepPolicies {
                 let fs = freshFS()
@@ -234,7 +234,7 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
             }
         }
         let fs = freshFS()
-        #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardState())
+        #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardStateRecord())
     }
 
     @Test("a full disk gives a clear error and corrupts nothing", arguments: [0, 64])
@@ -262,19 +262,19 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (0..<Int(reopened.lastIndex)).map { entry(UInt64($0) + 1, "w") })
 
         let store = try HardStateStore(directory: "/data", fileSystem: fs)
-        try store.save(HardState(term: 1, vote: 1, commit: 1))
+        try store.save(HardStateRecord(term: 1, vote: 1, commit: 1))
         fs.capacity = 1
         do {
-            try store.save(HardState(term: 2, vote: 2, commit: 2))
+            try store.save(HardStateRecord(term: 2, vote: 2, commit: 2))
             Issue.record("save on a full disk succeeded")
         } catch {
             #expect(error.code == .noSpace)
         }
-        #expect(try store.load() == HardState(term: 1, vote: 1, commit: 1))
+        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1))
         fs.capacity = nil
         fs.failRenames = true
-        #expect(throws: OpLogError.self) { try store.save(HardState(term: 3, vote: 3, commit: 3)) }
-        #expect(try store.load() == HardState(term: 1, vote: 1, commit: 1))
+        #expect(throws: OpLogError.self) { try store.save(HardStateRecord(term: 3, vote: 3, commit: 3)) }
+        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1))
     }
 
     @Test("corruption before the tail refuses to start, naming the file and offset")
@@ -356,9 +356,9 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         for crashAt in 1...6 {
             let fs = freshFS()
             let store = try HardStateStore(directory: "/data", fileSystem: fs)
-            try store.save(HardState(term: 1, vote: 1, commit: 0))
+            try store.save(HardStateRecord(term: 1, vote: 1, commit: 0))
             fs.crashAtOperation = fs.operations + crashAt
-            try? store.save(HardState(term: 5, vote: 2, commit: 0))
+            try? store.save(HardStateRecord(term: 5, vote: 2, commit: 0))
             fs.restartProcess()
             let seen = try HardStateStore(directory: "/data", fileSystem: fs).load()
             fs.reboot()

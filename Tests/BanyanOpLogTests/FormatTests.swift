@@ -221,37 +221,37 @@ private func segment(_ list: [LogRecord]) -> (bytes: [UInt8], offsets: [Int]) {
 
     @Test("hard state round-trips and any damaged byte is detected")
     func hardState() {
-        let state = HardState(term: 7, vote: 3, commit: 12_345)
+        let state = HardStateRecord(term: 7, vote: 3, commit: 12_345)
         let bytes = state.encoded
-        #expect(HardState(encoded: bytes) == state)
+        #expect(HardStateRecord(encoded: bytes) == state)
         for i in bytes.indices {
             var damaged = bytes
             damaged[i] ^= 0x10
-            #expect(HardState(encoded: damaged) == nil, "byte \(i)")
+            #expect(HardStateRecord(encoded: damaged) == nil, "byte \(i)")
         }
-        #expect(HardState(encoded: Array(bytes.prefix(20))) == nil)
+        #expect(HardStateRecord(encoded: Array(bytes.prefix(20))) == nil)
     }
 
     @Test("hard state keeps whether the node may vote; version-1 files read as voters; a blank node may not vote")
     func hardStateMayVote() {
         for mayVote in [false, true] {
-            let state = HardState(term: 2, vote: 1, commit: 9, mayVote: mayVote)
+            let state = HardStateRecord(term: 2, vote: 1, commit: 9, mayVote: mayVote)
             #expect(state.encoded.count == 35)
-            #expect(HardState(encoded: state.encoded) == state)
+            #expect(HardStateRecord(encoded: state.encoded) == state)
         }
         // A version-1 record (written before the flag existed): magic, three u64, CRC32C.
         var v1 = Array("BNYHS1".utf8)
         for v: UInt64 in [5, 3, 40] { for s in stride(from: 0, to: 64, by: 8) { v1.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
         let crc = CRC32C.checksum(v1)
         for s in stride(from: 0, to: 32, by: 8) { v1.append(UInt8(truncatingIfNeeded: crc >> UInt32(s))) }
-        #expect(HardState(encoded: v1) == HardState(term: 5, vote: 3, commit: 40, mayVote: true))
-        #expect(HardState().mayVote == false)
+        #expect(HardStateRecord(encoded: v1) == HardStateRecord(term: 5, vote: 3, commit: 40, mayVote: true))
+        #expect(HardStateRecord().mayVote == false)
         // A flags byte other than 0 or 1 is damage even with a matching checksum.
-        var odd = Array(HardState(term: 1, mayVote: true).encoded.prefix(31))
+        var odd = Array(HardStateRecord(term: 1, mayVote: true).encoded.prefix(31))
         odd[30] = 2
         let oddCRC = CRC32C.checksum(odd)
         for s in stride(from: 0, to: 32, by: 8) { odd.append(UInt8(truncatingIfNeeded: oddCRC >> UInt32(s))) }
-        #expect(HardState(encoded: odd) == nil)
+        #expect(HardStateRecord(encoded: odd) == nil)
     }
 }
 

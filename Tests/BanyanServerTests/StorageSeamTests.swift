@@ -110,7 +110,7 @@ import Testing
         _ = try storage.persist(rd)
         // The hard state claims more than the log holds (the log lost committed records).
         let store = try HardStateStore(directory: "/node/raft", fileSystem: fs)
-        try store.save(BanyanOpLog.HardState(term: 1, vote: 0, commit: 9, mayVote: true))
+        try store.save(HardStateRecord(term: 1, vote: 0, commit: 9, mayVote: true))
         let reopened = try NodeStorage(directory: "/node", fileSystem: fs, logger: Self.logger) { _ in }
         #expect(throws: OpLogError.self) { _ = try reopened.load { _ in } }
         // And saveCommit never writes a commit beyond the log.
