@@ -358,7 +358,7 @@ enum BanyanBench {
             let machine = StateMachine(namespaces: ["": root], appliedIndex: 1)
             for run in 1...3 {
                 let writeTime = try timed {
-                    try store.write(SnapshotMetadata(lastIndex: UInt64(run), lastTerm: 1), progress: { imageBytes = $0 }) { emit in
+                    try store.write(SnapshotMetaRecord(lastIndex: UInt64(run), lastTerm: 1), progress: { imageBytes = $0 }) { emit in
                         try machine.writeImage(chunkBytes: 1 << 20, emit: emit)
                     }
                 }

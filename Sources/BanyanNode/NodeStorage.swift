@@ -467,7 +467,7 @@ public struct SnapshotWriter: @unchecked Sendable {
 
     public func write(_ machine: StateMachine, meta: SnapshotMeta, progress: @escaping (UInt64) -> Void) throws {
         let store = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem, removeLeftovers: false)
-        let metadata = SnapshotMetadata(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
+        let metadata = SnapshotMetaRecord(lastIndex: meta.index, lastTerm: meta.term, membership: NodeStorage.encodeMembership(meta.membership))
         // Older snapshots are removed by the replica thread once this one is durable (see
         // `NodeRuntime.writeSnapshot`), never from here.
         try store.write(metadata, progress: progress, removeOlder: false) { emit in try machine.writeImage(emit: emit) }

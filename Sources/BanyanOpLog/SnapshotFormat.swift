@@ -1,5 +1,6 @@
-/// What a snapshot stands for: the log prefix it replaces and the cluster membership then.
-public struct SnapshotMetadata: Sendable, Equatable {
+/// What a snapshot stands for, as its file stores it: the log prefix it replaces and the cluster
+/// membership then (the on-disk form of `BanyanRaft.SnapshotMeta`, converted by `NodeStorage`).
+public struct SnapshotMetaRecord: Sendable, Equatable {
     /// Index of the last log record the snapshot includes.
     public var lastIndex: UInt64
     /// Term of that record.
@@ -26,11 +27,11 @@ public enum SnapshotFormat {
     public static let footer: [UInt8] = Array("BNYSEND1".utf8)
 
     public struct Trailer: Sendable, Equatable {
-        public var metadata: SnapshotMetadata
+        public var metadata: SnapshotMetaRecord
         public var imageLength: UInt64
         public var imageChecksum: UInt32
 
-        public init(metadata: SnapshotMetadata, imageLength: UInt64, imageChecksum: UInt32) {
+        public init(metadata: SnapshotMetaRecord, imageLength: UInt64, imageChecksum: UInt32) {
             self.metadata = metadata
             self.imageLength = imageLength
             self.imageChecksum = imageChecksum
@@ -85,7 +86,7 @@ public enum SnapshotFormat {
             guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[start..<lengthAt])) == stored else { return nil }
             let membershipLength = Int(LogFormat.readLE(b, start + 16, as: UInt32.self))
             guard 20 + membershipLength + 12 == length else { return nil }
-            let metadata = SnapshotMetadata(
+            let metadata = SnapshotMetaRecord(
                 lastIndex: LogFormat.readLE(b, start, as: UInt64.self), lastTerm: LogFormat.readLE(b, start + 8, as: UInt64.self),
                 membership: Array(b[(start + 20)..<(start + 20 + membershipLength)]))
             let after = start + 20 + membershipLength

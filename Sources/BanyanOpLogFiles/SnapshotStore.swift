@@ -56,7 +56,7 @@ public final class SnapshotStore {
     /// The newest snapshot's metadata. Snapshots are installed by rename, so a file under a
     /// snapshot name that does not verify is damage, not a crash leftover: that is `.corrupt`
     /// (skipping it could hide records the log no longer has).
-    public func latest() throws(OpLogError) -> SnapshotMetadata? {
+    public func latest() throws(OpLogError) -> SnapshotMetaRecord? {
         guard let newest = try files().first else { return nil }
         let parsed: (body: Range<Int>, trailer: SnapshotFormat.Trailer)?
         do {
@@ -90,7 +90,7 @@ public final class SnapshotStore {
     /// `removeSnapshots(olderThan:)` (a node writes snapshots on a background thread and removes
     /// files only on its replica thread, so the two never race over the directory).
     public func write(
-        _ metadata: SnapshotMetadata, progress: ((UInt64) -> Void)? = nil, removeOlder: Bool = true,
+        _ metadata: SnapshotMetaRecord, progress: ((UInt64) -> Void)? = nil, removeOlder: Bool = true,
         image: (_ emit: ([UInt8]) throws -> Void) throws -> Void
     ) throws(OpLogError) {
         let temporary = temporary(for: metadata.lastIndex)
@@ -151,13 +151,13 @@ public final class SnapshotStore {
     /// Reads a snapshot (the newest when `lastIndex` is nil), streaming the uncompressed image to
     /// `consume` in chunks, and verifies its length and checksum at the end.
     @discardableResult
-    public func read(lastIndex: UInt64? = nil, consume: ([UInt8]) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+    public func read(lastIndex: UInt64? = nil, consume: ([UInt8]) throws -> Void) throws(OpLogError) -> SnapshotMetaRecord {
         try readChunks(lastIndex: lastIndex) { try consume(Array($0)) }
     }
 
     /// As `read`, handing out each chunk as a buffer valid only during the call (no copy).
     @discardableResult
-    public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+    public func readChunks(lastIndex: UInt64? = nil, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetaRecord {
         try readImage(lastIndex: lastIndex) { image in
             try image.pump(into: consume)
         }
@@ -177,7 +177,7 @@ public final class SnapshotStore {
     /// Reads the snapshot assembled from a peer's chunks (not yet installed), verifying it exactly
     /// as `readChunks` does, so that a damaged transfer is refused before it replaces anything.
     @discardableResult
-    public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetadata {
+    public func readIncomingChunks(lastIndex: UInt64, consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws(OpLogError) -> SnapshotMetaRecord {
         try readIncomingImage(lastIndex: lastIndex) { image in
             try image.pump(into: consume)
         }
@@ -224,7 +224,7 @@ public final class SnapshotStore {
 /// most 256 KiB and are inflated straight into the caller's buffer. The length and checksum are
 /// checked as the image ends; a stream that runs past its declared length stops at once.
 public final class SnapshotImageReader {
-    public let metadata: SnapshotMetadata
+    public let metadata: SnapshotMetaRecord
     /// The image length the trailer declares.
     public let imageLength: UInt64
     private let fileSystem: any FileSystem
@@ -299,7 +299,7 @@ public final class SnapshotImageReader {
 
     /// Hands the rest of the image to `consume` in chunks valid only during each call; the
     /// metadata once the image has verified.
-    func pump(into consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> SnapshotMetadata {
+    func pump(into consume: (UnsafeBufferPointer<UInt8>) throws -> Void) throws -> SnapshotMetaRecord {
         let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 256 * 1024)
         defer { buffer.deallocate() }
         while true {
@@ -377,7 +377,7 @@ extension SnapshotStore {
 
     /// Installs the assembled incoming snapshot, which must be a complete snapshot file whose
     /// metadata says `lastIndex`: fsync, rename, directory fsync, then older snapshots go.
-    public func installIncoming(lastIndex: UInt64) throws(OpLogError) -> SnapshotMetadata {
+    public func installIncoming(lastIndex: UInt64) throws(OpLogError) -> SnapshotMetaRecord {
         do {
             guard let parsed = try trailer(of: incomingPath), parsed.trailer.metadata.lastIndex == lastIndex else {
                 throw OpLogError(.corrupt, "the received snapshot is incomplete or damaged", file: incomingPath)

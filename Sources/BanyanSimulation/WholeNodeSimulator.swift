@@ -2,7 +2,7 @@ import BanyanBasics
 public import BanyanCheckers
 public import BanyanNode
 import BanyanOpLogFiles
-import struct BanyanOpLog.SnapshotMetadata
+import struct BanyanOpLog.SnapshotMetaRecord
 import BanyanRaft
 import BanyanReplica
 import BanyanStateMachine

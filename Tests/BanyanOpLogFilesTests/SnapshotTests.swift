@@ -28,17 +28,17 @@ private func logWithSnapshot(_ fs: SimulatedFileSystem, seed: UInt64, bytes: Int
     try log.append((1...40).map { LogRecord(index: $0, term: 1, kind: 0, payload: Array("r\($0)".utf8)) })
     try log.sync()
     let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
-    try write(store, SnapshotMetadata(lastIndex: 10, lastTerm: 1), image(seed, bytes: bytes))
+    try write(store, SnapshotMetaRecord(lastIndex: 10, lastTerm: 1), image(seed, bytes: bytes))
     return (log, store)
 }
 
-private func write(_ store: SnapshotStore, _ meta: SnapshotMetadata, _ chunks: [[UInt8]]) throws {
+private func write(_ store: SnapshotStore, _ meta: SnapshotMetaRecord, _ chunks: [[UInt8]]) throws {
     try store.write(meta) { emit in
         for chunk in chunks { try emit(chunk) }
     }
 }
 
-private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws -> ([UInt8], SnapshotMetadata) {
+private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws -> ([UInt8], SnapshotMetaRecord) {
     var out: [UInt8] = []
     let meta = try store.read(lastIndex: lastIndex) { out.append(contentsOf: $0) }
     return (out, meta)
@@ -52,22 +52,22 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
         #expect(try store.latest() == nil)
         let first = image(1, bytes: 300_000)
         var progress: [UInt64] = []
-        try store.write(SnapshotMetadata(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]), progress: { progress.append($0) }) { emit in
+        try store.write(SnapshotMetaRecord(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]), progress: { progress.append($0) }) { emit in
             for chunk in first { try emit(chunk) }
         }
         #expect(progress.last == 300_000)
         let (bytes, meta) = try readBack(store)
         #expect(bytes == first.flatMap { $0 })
-        #expect(meta == SnapshotMetadata(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]))
+        #expect(meta == SnapshotMetaRecord(lastIndex: 10, lastTerm: 2, membership: [1, 2, 3]))
         let stored = try fs.readAll("/data/snap/" + SnapshotFormat.fileName(lastIndex: 10)).count
         #expect(stored < 300_000)
         let second = image(2, bytes: 50_000)
-        try write(store, SnapshotMetadata(lastIndex: 25, lastTerm: 3), second)
+        try write(store, SnapshotMetaRecord(lastIndex: 25, lastTerm: 3), second)
         #expect(try store.latest()?.lastIndex == 25)
         #expect(try readBack(store).0 == second.flatMap { $0 })
         #expect(try fs.list("/data/snap") == [SnapshotFormat.fileName(lastIndex: 25)])
         // An empty image is a valid snapshot too.
-        try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 3), [])
+        try write(store, SnapshotMetaRecord(lastIndex: 30, lastTerm: 3), [])
         #expect(try readBack(store).0.isEmpty)
     }
 
@@ -76,7 +76,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
         let chunks = image(8, bytes: 700_000)
-        try write(store, SnapshotMetadata(lastIndex: 4, lastTerm: 2, membership: [9]), chunks)
+        try write(store, SnapshotMetaRecord(lastIndex: 4, lastTerm: 2, membership: [9]), chunks)
         let expected = chunks.flatMap { $0 }
         for size in [1, 4_096, 300_001, 2_000_000] {
             let (bytes, meta) = try store.readImage { reader in
@@ -93,10 +93,10 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
                 return (out, reader.metadata)
             }
             #expect(size == 1 ? Array(expected.prefix(bytes.count)) == bytes : bytes == expected, "buffer \(size)")
-            #expect(meta == SnapshotMetadata(lastIndex: 4, lastTerm: 2, membership: [9]))
+            #expect(meta == SnapshotMetaRecord(lastIndex: 4, lastTerm: 2, membership: [9]))
         }
         // Byte by byte to the end (zlib may hold output after taking its last input).
-        try write(store, SnapshotMetadata(lastIndex: 5, lastTerm: 2), image(9, bytes: 60_000))
+        try write(store, SnapshotMetaRecord(lastIndex: 5, lastTerm: 2), image(9, bytes: 60_000))
         let small = image(9, bytes: 60_000).flatMap { $0 }
         let byBytes = try store.readImage { reader in
             let buffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 1)
@@ -106,7 +106,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             return out
         }
         #expect(byBytes == small)
-        try write(store, SnapshotMetadata(lastIndex: 6, lastTerm: 2), chunks)
+        try write(store, SnapshotMetaRecord(lastIndex: 6, lastTerm: 2), chunks)
         // Damage after the part a reader consumed is still found before `readImage` returns.
         let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 6)
         let size = try fs.readAll(name).count
@@ -126,7 +126,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
     func damage() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
-        try write(store, SnapshotMetadata(lastIndex: 5, lastTerm: 1), image(3, bytes: 100_000))
+        try write(store, SnapshotMetaRecord(lastIndex: 5, lastTerm: 1), image(3, bytes: 100_000))
         let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 5)
         let size = try fs.readAll(name).count
         for offset in stride(from: 0, to: size, by: Swift.max(1, size / 40)) {
@@ -161,7 +161,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             try logWithSnapshot(fs, seed: 4, bytes: 20_000)
         }
         func install(_ log: SegmentedLog, _ store: SnapshotStore) throws {
-            try write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(5, bytes: 30_000))
+            try write(store, SnapshotMetaRecord(lastIndex: 30, lastTerm: 1), image(5, bytes: 30_000))
             try log.compact(through: 30)
         }
         let probe = SimulatedFileSystem(durableDirectories: ["/data"])
@@ -209,7 +209,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
             let options = smallLogOptions()
             let (_, store) = try logWithSnapshot(fs, seed: 6, bytes: 5_000)
             fs.crashAtOperation = fs.operations + crashAt
-            try? write(store, SnapshotMetadata(lastIndex: 30, lastTerm: 1), image(7, bytes: 5_000))
+            try? write(store, SnapshotMetaRecord(lastIndex: 30, lastTerm: 1), image(7, bytes: 5_000))
             // The process restarts (the machine did not) and compacts against what it finds.
             fs.restartProcess()
             let store2 = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
@@ -236,7 +236,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
                 fs.failRenames = true
             }
             #expect(throws: OpLogError.self, "\(failure)") {
-                try store.write(SnapshotMetadata(lastIndex: 30, lastTerm: 1)) { emit in for chunk in image(9, bytes: 200_000) { try emit(chunk) } }
+                try store.write(SnapshotMetaRecord(lastIndex: 30, lastTerm: 1)) { emit in for chunk in image(9, bytes: 200_000) { try emit(chunk) } }
             }
             fs.capacity = nil
             fs.failRenames = false
@@ -253,7 +253,7 @@ private func readBack(_ store: SnapshotStore, _ lastIndex: UInt64? = nil) throws
     func bombsAndTrailingData() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let store = try SnapshotStore(directory: "/data/snap", fileSystem: fs)
-        try write(store, SnapshotMetadata(lastIndex: 3, lastTerm: 1), [[UInt8](repeating: 0, count: 8_000_000)])
+        try write(store, SnapshotMetaRecord(lastIndex: 3, lastTerm: 1), [[UInt8](repeating: 0, count: 8_000_000)])
         let name = "/data/snap/" + SnapshotFormat.fileName(lastIndex: 3)
         let original = try fs.readAll(name)
         guard let parsed = SnapshotFormat.parse(original) else {

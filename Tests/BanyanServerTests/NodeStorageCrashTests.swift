@@ -35,7 +35,7 @@ import Testing
         _ = try storage.persist(rd)
         // The leader's snapshot file, made by a store elsewhere on the same disk.
         let leader = try SnapshotStore(directory: "/node/leader-snapshots", fileSystem: fs)
-        let metadata = SnapshotMetadata(
+        let metadata = SnapshotMetaRecord(
             lastIndex: 20, lastTerm: 2, membership: NodeStorage.encodeMembership(Membership(voters: [1, 2, 3])))
         try leader.write(metadata) { emit in try leaderMachine.writeImage(chunkBytes: 64, emit: emit) }
         let file = try fs.readAll("/node/leader-snapshots/" + SnapshotFormat.fileName(lastIndex: 20))
