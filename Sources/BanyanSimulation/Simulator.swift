@@ -235,6 +235,7 @@ public struct Simulator {
     private var report: SimulationReport
     private var swarm: Swarm
     private var queue = EventQueue<Event>()
+    private var tracer: TraceRecorder
     private var now = 0
     private var slots: [NodeID: Slot] = [:]
     private var ids: [NodeID] = []
@@ -285,6 +286,7 @@ public struct Simulator {
             swarm.pauses = true
         }
         report = SimulationReport(seed: options.seed, swarm: swarm)
+        tracer = TraceRecorder(keepLines: options.trace)
         faultsActive = options.faults
         nextNodeID = NodeID(swarm.nodes + 1)
         let founders = (1...NodeID(swarm.nodes)).map { $0 }
@@ -347,6 +349,8 @@ public struct Simulator {
             }
         }
         report.stats.simulatedMillis = now
+        report.traceHash = tracer.hash
+        report.trace = tracer.lines
         for slot in slots.values { report.stats.maxTerm = max(report.stats.maxTerm, slot.node.raft.term) }
         checkLinearizability()
     }
@@ -356,11 +360,7 @@ public struct Simulator {
     }
 
     private mutating func traceLine(_ text: @autoclosure () -> String, _ a: UInt64, _ b: UInt64) {
-        var h = report.traceHash ^ UInt64(truncatingIfNeeded: now)
-        h = (h &* 0x100_0000_01B3) ^ a
-        h = (h &* 0x100_0000_01B3) ^ b
-        report.traceHash = h &* 0x100_0000_01B3
-        if options.trace { report.trace.append("\(now) \(text())") }
+        tracer.record(now: now, text(), a, b)
     }
 
     private mutating func handle(_ event: Event) {
@@ -727,14 +727,7 @@ public struct Simulator {
         }
     }
 
-    private mutating func shuffle(_ a: [NodeID]) -> [NodeID] {
-        var a = a
-        if a.count < 2 { return a }
-        for i in stride(from: a.count - 1, to: 0, by: -1) {
-            a.swapAt(i, nemesisRandom.below(i + 1))
-        }
-        return a
-    }
+    private mutating func shuffle(_ a: [NodeID]) -> [NodeID] { nemesisRandom.shuffled(a) }
 
     private mutating func changeMembership() {
         guard let leader = currentLeader, let slot = slots[leader] else { return }
@@ -1087,18 +1080,6 @@ public struct Simulator {
             }
             byKey[r.key, default: []].append(op)
         }
-        var verdict = LinearizabilityVerdict.linearizable
-        for key in byKey.keys.sorted() {
-            guard let ops = byKey[key] else { continue }
-            switch LinearizabilityChecker.checkRegister(ops, maxSteps: 5_000_000) {
-            case .linearizable: break
-            case .notLinearizable:
-                verdict = .notLinearizable
-                report.nonLinearizableKeys.append(key)
-            case .unknown:
-                if verdict == .linearizable { verdict = .unknown }
-            }
-        }
-        report.linearizability = verdict
+        (report.linearizability, report.nonLinearizableKeys) = registerVerdict(byKey)
     }
 }

@@ -250,6 +250,7 @@ public struct WholeNodeSimulator {
     private var report: WholeNodeReport
     private var swarm: WholeNodeSwarm
     private var queue = EventQueue<Event>()
+    private var tracer: TraceRecorder
     private let clock = SimulatedClock()
     private var now = 0 {
         didSet { clock.millis = now }
@@ -298,6 +299,7 @@ public struct WholeNodeSimulator {
         seedRandom = SeededRandom(seed: root.next())
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
         report = WholeNodeReport(seed: options.seed, swarm: swarm)
+        tracer = TraceRecorder(keepLines: options.trace)
         faultsActive = options.faults
         nextNodeID = NodeID(swarm.nodes + 1)
         for c in 0..<options.clients {
@@ -334,6 +336,8 @@ public struct WholeNodeSimulator {
             }
         }
         report.stats.simulatedMillis = now
+        report.traceHash = tracer.hash
+        report.trace = tracer.lines
         for id in ids {
             guard let node = nodes[id] else { continue }
             report.stats.fileOperations += node.fs.operations
@@ -348,11 +352,7 @@ public struct WholeNodeSimulator {
     }
 
     private mutating func traceLine(_ text: @autoclosure () -> String, _ a: UInt64, _ b: UInt64) {
-        var h = report.traceHash ^ UInt64(truncatingIfNeeded: now)
-        h = (h &* 0x100_0000_01B3) ^ a
-        h = (h &* 0x100_0000_01B3) ^ b
-        report.traceHash = h &* 0x100_0000_01B3
-        if options.trace { report.trace.append("\(now) \(text())") }
+        tracer.record(now: now, text(), a, b)
     }
 
     private mutating func handle(_ event: Event) {
@@ -767,11 +767,7 @@ public struct WholeNodeSimulator {
         list.isEmpty ? nil : list[nemesisRandom.below(list.count)]
     }
 
-    private mutating func shuffle(_ a: [NodeID]) -> [NodeID] {
-        var a = a
-        for i in stride(from: a.count - 1, to: 0, by: -1) { a.swapAt(i, nemesisRandom.below(i + 1)) }
-        return a
-    }
+    private mutating func shuffle(_ a: [NodeID]) -> [NodeID] { nemesisRandom.shuffled(a) }
 
     /// Through the leader: add a blank node (the leader promotes it once caught up), or remove a
     /// voter (at least three stay).
@@ -1187,26 +1183,12 @@ public struct WholeNodeSimulator {
                     HistoryOperation(client: op.client, input: input, output: output, callTime: op.call, returnTime: returned))
             }
         }
-        var verdict = LinearizabilityVerdict.linearizable
-        for key in byKey.keys.sorted() {
-            guard let ops = byKey[key] else { continue }
-            switch LinearizabilityChecker.checkRegister(Self.absentAsZero(ops), maxSteps: 5_000_000) {
-            case .linearizable: break
-            case .notLinearizable:
-                verdict = .notLinearizable
-                report.nonLinearizableKeys.append(key)
-            case .unknown:
-                if verdict == .linearizable { verdict = .unknown }
-            }
-        }
-        report.linearizability = verdict
+        (report.linearizability, report.nonLinearizableKeys) = registerVerdict(byKey.mapValues(Self.absentAsZero))
     }
 
     /// The register model starts absent (nil); a cas against absent uses 0 here, so reads of
     /// absent are 0 and the first state is 0 (values are from 1 up, so 0 is never written).
-    private static func absentAsZero(
-        _ ops: [HistoryOperation<RegisterModel.Input, RegisterModel.Output>]
-    ) -> [HistoryOperation<RegisterModel.Input, RegisterModel.Output>] {
+    private static func absentAsZero(_ ops: RegisterHistory) -> RegisterHistory {
         var out = [HistoryOperation(client: -1, input: RegisterModel.Input.write(0), output: RegisterModel.Output.written, callTime: -2, returnTime: -1)]
         for var op in ops {
             if case .value(nil) = op.output { op.output = .value(0) }
