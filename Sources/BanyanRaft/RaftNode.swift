@@ -902,6 +902,7 @@ public struct RaftNode: Sendable {
                 return
             }
             if let c = lastConfigIndex(in: entries) { pendingConfigIndex = max(pendingConfigIndex, c) }
+            admitIfNamedWithThisIncarnation(entries)
             applyCommittedConfigurations()
             send(to: from, .appendAccepted(index: result.lastNew))
         } else {
@@ -1223,6 +1224,23 @@ public struct RaftNode: Sendable {
     private func admitsThisIncarnation(_ m: Membership) -> Bool {
         if configuration.incarnation == 0 { return m.isLearner(id) }
         return m.contains(id) && m.incarnation(of: id) == configuration.incarnation
+    }
+
+    /// A configuration entry that names this node's own incarnation gives it its vote as soon as
+    /// the node holds it, committed or not (item 3 of issue 14). Such an entry exists only because
+    /// a leader heard this incarnation's hello, after the configuration that removed any earlier
+    /// incarnation of the id had committed (one change at a time); and a node with a fresh
+    /// incarnation has forgotten nothing it acknowledged. Waiting for the commit could deadlock:
+    /// a promoted node that missed the commit of its promotion would refuse the very votes a new
+    /// leader needs. (Legacy nodes, incarnation 0, keep the committed-learner rule.)
+    private mutating func admitIfNamedWithThisIncarnation(_ entries: [LogEntry]) {
+        guard !mayVote, configuration.incarnation != 0 else { return }
+        for e in entries {
+            if case .config(let m) = e.kind, m.contains(id), m.incarnation(of: id) == configuration.incarnation {
+                mayVote = true
+                return
+            }
+        }
     }
 
     private func lastConfigIndex(in entries: [LogEntry]) -> UInt64? {

@@ -277,8 +277,9 @@ public struct WholeNodeSimulator {
     /// Increments applied by each node since its state last started from a snapshot (a start, a
     /// restart, an installed snapshot): each (session, seq) at most once.
     private var incrementsApplied: [NodeID: Set<UInt64>] = [:]
-    /// Blank nodes started for an add that has not yet shown up in the leader's membership.
-    private var pendingAdds: Set<NodeID> = []
+    /// Blank nodes started for an add that has not yet shown up in the leader's membership, with
+    /// when the add was asked for.
+    private var pendingAdds: [NodeID: Int] = [:]
     /// Nodes whose data was replaced: the operator removes each and adds it back (R22).
     private var pendingRepair: [NodeID] = []
     private var lastRepairAttempt = -1_000
@@ -787,7 +788,7 @@ public struct WholeNodeSimulator {
             nodes[id] = fresh
             ids.append(id)
             start(fresh, founders: nil)
-            pendingAdds.insert(id)
+            pendingAdds[id] = now
             traceLine("add \(id)", 12, id)
             core.addMember(node.nextRequest, node: id, address: "node\(id):7000")
             node.nextRequest += 1
@@ -1014,11 +1015,13 @@ public struct WholeNodeSimulator {
         for id in ids {
             guard let node = nodes[id], !node.retired else { continue }
             if members.contains(id) {
-                pendingAdds.remove(id)
+                pendingAdds[id] = nil
                 continue
             }
-            if pendingRepair.contains(id) || pendingAdds.contains(id) && healedAt == nil { continue }
-            pendingAdds.remove(id)
+            // An add still in flight may commit later: wait until well after healing.
+            if pendingRepair.contains(id) { continue }
+            if let asked = pendingAdds[id], healedAt == nil || now - asked < 3_000 { continue }
+            pendingAdds[id] = nil
             node.retired = true
             report.stats.retired += 1
             traceLine("retire \(id)", 16, id)
@@ -1061,7 +1064,7 @@ public struct WholeNodeSimulator {
             core.changeMembership(node.nextRequest, .remove(id))
         } else {
             pendingRepair.removeFirst()
-            pendingAdds.insert(id)
+            pendingAdds[id] = now
             traceLine("repair-add \(id)", 19, id)
             core.addMember(node.nextRequest, node: id, address: "node\(id):7000")
         }
@@ -1069,9 +1072,24 @@ public struct WholeNodeSimulator {
         run(node)
     }
 
+    /// A member that was retired (an add that committed after the node was given up on) is
+    /// removed through the leader, as an operator would.
+    private mutating func removeRetiredMembers() {
+        guard pendingRepair.isEmpty, now - lastRepairAttempt >= 500, let leader = currentLeader, let node = nodes[leader],
+            let core = node.core,
+            let id = core.replica.raft.membership.all.first(where: { nodes[$0]?.retired == true })
+        else { return }
+        lastRepairAttempt = now
+        traceLine("remove-retired \(id)", 22, id)
+        core.changeMembership(node.nextRequest, .remove(id))
+        node.nextRequest += 1
+        run(node)
+    }
+
     private mutating func periodicCheck() {
         repairReplacedNodes()
         retireRemovedNodes()
+        removeRetiredMembers()
         guard let healed = healedAt else { return }
         if finalWrite == nil, let leader = currentLeader, let node = nodes[leader], let core = node.core,
             clients.allSatisfy({ $0.current == nil && $0.issued >= $0.quota })

@@ -1,0 +1,37 @@
+import BanyanRaft
+import Testing
+
+/// Found by the whole-node soak (seed 52697): a learner admitted without a known incarnation,
+/// then promoted with it, that holds its promotion entry but missed its commit before the leader
+/// failed, must still vote; otherwise voters {1,2,3,4} with 3 wiped and 4 refusing have no quorum.
+@Suite struct PromotedBeforeCommitTests {
+    static let incarnation: UInt64 = 0xF00D
+
+    @Test("a node holding an uncommitted configuration that names its own incarnation may vote; one naming another incarnation gives nothing")
+    func votesOnceNamed() throws {
+        var configuration = RaftConfiguration(id: 4, seed: 9)
+        configuration.incarnation = Self.incarnation
+        var node = try RaftNode(configuration: configuration, restoring: .blank)
+        #expect(!node.mayVote)
+        let founding = RaftNode.bootstrapState(members: [1, 2, 3]).entries
+        let learner = LogEntry(index: 2, term: 1, kind: .config(Membership(voters: [1, 2, 3], learners: [4])))
+        let promoted = LogEntry(
+            index: 3, term: 1, kind: .config(Membership(voters: [1, 2, 3, 4], incarnations: [4: Self.incarnation])))
+        // The leader's append: the learner entry is committed, the promotion not yet.
+        node.step(Message(from: 1, to: 4, term: 1, body: .append(prevIndex: 0, prevTerm: 0, entries: founding + [learner, promoted], commit: 2)))
+        #expect(node.commitIndex == 2)
+        #expect(node.mayVote)
+        // The leader falls silent; a candidate of term 2 with an up-to-date log gets the vote.
+        node.advance(node.ready())
+        for _ in 0..<(2 * configuration.electionTicks) { node.tick() }
+        node.step(Message(from: 2, to: 4, term: 2, body: .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false)))
+        let rd = node.ready()
+        #expect(rd.messages.contains { $0.to == 2 && $0.body == .voteResponse(granted: true) })
+
+        // The same append naming another incarnation of id 4 (a wiped node replaying history).
+        var wiped = try RaftNode(configuration: configuration, restoring: .blank)
+        let other = LogEntry(index: 3, term: 1, kind: .config(Membership(voters: [1, 2, 3, 4], incarnations: [4: 0xBEEF])))
+        wiped.step(Message(from: 1, to: 4, term: 1, body: .append(prevIndex: 0, prevTerm: 0, entries: founding + [learner, other], commit: 3)))
+        #expect(!wiped.mayVote)
+    }
+}
