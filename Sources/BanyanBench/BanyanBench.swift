@@ -61,15 +61,15 @@ enum BanyanBench {
         (0..<fanout).map { ChildKey(unchecked: "l\(level)k\($0)") }
     }
 
-    static func buildTree() -> Node {
+    static func buildTree() -> Tree {
         let k = (0..<4).map(keys)
-        var level3: [Node] = []
+        var level3: [Tree] = []
         for i in 0..<fanout {
             _ = i
-            level3.append(Node(sortedChildren: k[3].sorted().enumerated().map { ($0.element, Node(.int(Int64($0.offset)))) }))
+            level3.append(Tree(sortedChildren: k[3].sorted().enumerated().map { ($0.element, Tree(.int(Int64($0.offset)))) }))
         }
-        func level(_ depth: Int, _ below: Node) -> Node {
-            Node(sortedChildren: k[depth].sorted().map { ($0, below) })
+        func level(_ depth: Int, _ below: Tree) -> Tree {
+            Tree(sortedChildren: k[depth].sorted().map { ($0, below) })
         }
         // Children share structure at first; the benchmark's writes make paths unique as they go.
         return level(0, level(1, level(2, level3[0])))
@@ -77,15 +77,15 @@ enum BanyanBench {
 
     static func treeSets() {
         print("\n== sets at depth 4 on a tree of 1,048,576 leaves (32^4) ==")
-        var tree = Node.empty
+        var tree = Tree.empty
         let k = (0..<4).map(keys)
         let build = seconds {
             // Build with real, unshared storage: one set per leaf.
-            var t = Node.empty
+            var t = Tree.empty
             for a in k[0] {
                 for b in k[1] {
                     for c in k[2] {
-                        for d in k[3] { t.set(Node(.int(1)), at: Path(segments: [a, b, c, d])) }
+                        for d in k[3] { t.set(Tree(.int(1)), at: Path(segments: [a, b, c, d])) }
                     }
                 }
             }
@@ -100,14 +100,14 @@ enum BanyanBench {
         for _ in 0..<count {
             paths.append(Path(segments: [k[0][rng.below(fanout)], k[1][rng.below(fanout)], k[2][rng.below(fanout)], k[3][rng.below(fanout)]]))
         }
-        let values = (0..<1024).map { Node(.int(Int64($0))) }
+        let values = (0..<1024).map { Tree(.int(Int64($0))) }
 
         let inPlace = seconds {
             for i in 0..<count { tree.set(values[i & 1023], at: paths[i]) }
         }
         print("sets, tree not shared (in place): \(Int(Double(count) / inPlace)) sets/s (\(format(inPlace * 1e9 / Double(count))) ns/set)")
 
-        var versions: [Node] = []
+        var versions: [Tree] = []
         versions.reserveCapacity(16)
         let persistentCount = 500_000
         let persistent = seconds {
@@ -143,11 +143,11 @@ enum BanyanBench {
         var rng = SeededRandom(seed: UInt64(size))
         let scoreKey = ChildKey(unchecked: "score")
         let keys = (0..<size).map { ChildKey(unchecked: "item\($0)") }
-        var children: [(ChildKey, Node)] = keys.map { key in
-            (key, Node(sortedChildren: [(scoreKey, Node(.int(Int64(rng.below(1_000_000)))))]))
+        var children: [(ChildKey, Tree)] = keys.map { key in
+            (key, Tree(sortedChildren: [(scoreKey, Tree(.int(Int64(rng.below(1_000_000)))))]))
         }
         children.sort { $0.0 < $1.0 }
-        var node = Node(sortedChildren: children)
+        var node = Tree(sortedChildren: children)
         var query = Query()
         do {
             query = try query.orderByChild("score")
@@ -165,7 +165,7 @@ enum BanyanBench {
             let key = keys[rng.below(size)]
             // Half the updates land near the window's edge so that children enter and leave it.
             let score = rng.below(2) == 0 ? rng.below(1_000_000) : (last ? 1_000_000 - rng.below(2_000) : rng.below(2_000))
-            node.set(Node(.int(Int64(score))), at: Path(segments: [key, scoreKey]))
+            node.set(Tree(.int(Int64(score))), at: Path(segments: [key, scoreKey]))
             let start = ContinuousClock.now
             let produced = view.apply(node, changes: .keys([key]))
             let d = ContinuousClock.now - start
@@ -191,12 +191,12 @@ enum BanyanBench {
         let mb = Double(bytes.count) / 1_000_000
         print("document: \(format(mb)) MB, \(root.leafCount) leaves")
         print("encode: \(format(mb / best)) MB/s")
-        var decoded = Node.empty
+        var decoded = Tree.empty
         best = Double.infinity
         for _ in 0..<3 {
             decoded = .empty  // free the previous result outside the timed section
             best = min(best, seconds {
-                do { decoded = try NodeReader.read(bytes) } catch { print("decode error: \(error)") }
+                do { decoded = try TreeReader.read(bytes) } catch { print("decode error: \(error)") }
             })
         }
         print("decode: \(format(mb / best)) MB/s (round trip equal: \(decoded == root))")
@@ -210,18 +210,18 @@ enum BanyanBench {
     }
 
     /// The JSON benchmark's document: 200,000 users with 5 leaves each (1M leaves).
-    static func document() -> Node {
+    static func document() -> Tree {
         var rng = SeededRandom(seed: 3)
-        var root = Node.empty
+        var root = Tree.empty
         let words = ["alpha", "beta", "gamma", "delta", "Ünïcödé", "line\nbreak", "quote\"d", "a longer string value used as a description field"]
         for i in 0..<200_000 {
             let id = ChildKey(unchecked: "user\(i)")
-            var user = Node.empty
-            user.set(Node(.string(words[rng.below(words.count)])), at: Path(segments: [ChildKey(unchecked: "name")]))
-            user.set(Node(.int(Int64(rng.below(100_000)))), at: Path(segments: [ChildKey(unchecked: "score")]))
-            user.set(Node(.double(Double(rng.below(100_000)) / 7)), at: Path(segments: [ChildKey(unchecked: "ratio")]))
-            user.set(Node(.bool(rng.below(2) == 0)), at: Path(segments: [ChildKey(unchecked: "active")]))
-            user.set(Node(.string("2026-11-\(10 + rng.below(20))T12:00:00Z")), at: Path(segments: [ChildKey(unchecked: "joined"), ChildKey(unchecked: "at")]))
+            var user = Tree.empty
+            user.set(Tree(.string(words[rng.below(words.count)])), at: Path(segments: [ChildKey(unchecked: "name")]))
+            user.set(Tree(.int(Int64(rng.below(100_000)))), at: Path(segments: [ChildKey(unchecked: "score")]))
+            user.set(Tree(.double(Double(rng.below(100_000)) / 7)), at: Path(segments: [ChildKey(unchecked: "ratio")]))
+            user.set(Tree(.bool(rng.below(2) == 0)), at: Path(segments: [ChildKey(unchecked: "active")]))
+            user.set(Tree(.string("2026-11-\(10 + rng.below(20))T12:00:00Z")), at: Path(segments: [ChildKey(unchecked: "joined"), ChildKey(unchecked: "at")]))
             root.set(user, at: Path(segments: [ChildKey(unchecked: "users"), id]))
         }
         return root
@@ -363,7 +363,7 @@ enum BanyanBench {
                     }
                 }
                 let file = try fs.readAll(dir + "/" + SnapshotFormat.fileName(lastIndex: UInt64(run))).count
-                var loaded = Node.empty
+                var loaded = Tree.empty
                 let loadTime = try timed { loaded = try load(store).tree }
                 let mb = Double(imageBytes) / 1_000_000
                 print("run \(run): image \(format(mb)) MB (JSON export \(format(json)) MB) -> file \(format(Double(file) / 1_000_000)) MB; write (stream + compress + fsync + install) \(format(mb / writeTime)) MB/s; load (read + inflate + verify + parse) \(format(mb / loadTime)) MB/s; in JSON-equivalent MB/s: write \(format(json / writeTime)), load \(format(json / loadTime)); equal: \(loaded == root)")
@@ -410,7 +410,7 @@ enum BanyanBench {
     /// A snapshot load as a node does it (`NodeStorage.load`): the state machine image streams
     /// from the file through inflate into the state machine's and tree's readers (no copy of the
     /// whole image), checked against its length and checksum.
-    static func load(_ store: SnapshotStore) throws -> (tree: Node, imageBytes: UInt64) {
+    static func load(_ store: SnapshotStore) throws -> (tree: Tree, imageBytes: UInt64) {
         try store.readImage { image in
             let machine = try StateMachine(limits: .snapshot, maxLength: Int(clamping: image.imageLength)) { try image.read(into: $0) }
             return (machine.tree(""), image.imageLength)
@@ -427,7 +427,7 @@ enum BanyanBench {
             var before = rusage()
             getrusage(Int32(RUSAGE_SELF.rawValue), &before)
             let store = try SnapshotStore(directory: directory, fileSystem: PosixFileSystem())
-            var loaded = (tree: Node.empty, imageBytes: UInt64(0))
+            var loaded = (tree: Tree.empty, imageBytes: UInt64(0))
             let loadTime = try timed { loaded = try load(store) }
             var after = rusage()
             getrusage(Int32(RUSAGE_SELF.rawValue), &after)

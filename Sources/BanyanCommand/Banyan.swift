@@ -35,7 +35,7 @@ struct InputOptions: ParsableArguments {
         guard maxInputMib > 0 && maxInputMib <= 1 << 20 else { throw ValidationError("--max-input-mib must be between 1 and 1048576") }
     }
 
-    func read() throws -> (root: Node, node: Node, location: Path) {
+    func read() throws -> (root: Tree, node: Tree, location: Path) {
         let bytes: [UInt8]
         if file == "-" {
             bytes = Array(FileHandle.standardInput.readDataToEndOfFile())
@@ -50,7 +50,7 @@ struct InputOptions: ParsableArguments {
         limits.maxBytes = maxInputMib * 1024 * 1024
         // Scale the node budget with the byte budget (about one node per 8 input bytes at most).
         limits.maxNodes = Swift.max(limits.maxNodes, limits.maxBytes / 8)
-        let root = try NodeReader.read(bytes, limits: limits)
+        let root = try TreeReader.read(bytes, limits: limits)
         return (root, root.child(at: location), location)
     }
 }

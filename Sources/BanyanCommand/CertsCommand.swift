@@ -27,7 +27,7 @@ struct CertsNode: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "node", abstract: "Issue a node certificate signed by the cluster CA, for every host peers dial it by.")
     @Option(name: .long, help: "Directory holding ca.pem and ca.key.") var caDir: String
-    @Option(name: .long, help: "Node name; files are <name>.pem and <name>.key.") var name: String
+    @Option(name: .long, help: "Tree name; files are <name>.pem and <name>.key.") var name: String
     @Option(name: .long, help: "A DNS name or IP address peers use to reach this node (repeat).") var host: [String] = []
     @Option(name: .long, help: "Output directory.") var dir: String
     @Option(name: .long, help: "Validity in days.") var days: Int = 825

@@ -19,7 +19,7 @@ struct ClusterLocal: ParsableCommand {
         commandName: "local",
         abstract: "Start an N-node cluster on loopback for development and failover testing.",
         discussion: """
-            Node i (from 1) keeps its data in <dir>/node<i>, serves clients on 127.0.0.1:<client-port + i - 1> \
+            Tree i (from 1) keeps its data in <dir>/node<i>, serves clients on 127.0.0.1:<client-port + i - 1> \
             and peers on 127.0.0.1:<peer-port + i - 1>. Each node is its own process: kill -9 one to \
             watch the cluster fail over, then start it again with the command this prints.
             """)

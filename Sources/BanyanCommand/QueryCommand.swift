@@ -47,9 +47,9 @@ struct QueryCommand: ParsableCommand {
     @Flag(name: .long, help: "Indent JSON output.")
     var pretty = false
 
-    func value(_ text: String, _ option: String) throws -> Node {
+    func value(_ text: String, _ option: String) throws -> Tree {
         do {
-            let value = try NodeReader.read(text)
+            let value = try TreeReader.read(text)
             if value.hasChildren { throw CommandError("--\(option) must be a JSON primitive (quote strings: '\"ada\"')") }
             return value
         } catch let error as TreeError {

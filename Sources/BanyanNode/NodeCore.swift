@@ -12,10 +12,10 @@ public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
 public enum WatchEvent: Sendable {
     /// The tree when the watch started (after a ReadIndex round, so it includes every write
     /// acknowledged before the watch was opened).
-    case start(Node)
-    case applied(StateMachine.Applied, tree: Node)
+    case start(Tree)
+    case applied(StateMachine.Applied, tree: Tree)
     /// The state was replaced (a snapshot from the leader, or a reload from disk).
-    case restored(Node)
+    case restored(Tree)
 }
 
 /// Something worth a log line or a metric (the core itself logs nothing that decides anything).
@@ -40,7 +40,7 @@ public enum NodeAction: Sendable {
     /// proposals and read requests) come before its persist; the rest after it.
     case send([Message])
     case wrote(RequestID, WriteResult)
-    case read(RequestID, Result<Node, ReplicaError>)
+    case read(RequestID, Result<Tree, ReplicaError>)
     case membership(RequestID, Result<Membership, ReplicaError>)
     case watch(UInt64, WatchEvent)
     /// Peer addresses from the replicated `$cluster/peers` tree (id → "host:port" as stored).
@@ -178,7 +178,7 @@ public final class NodeCore {
     /// `.membership`.
     public func addMember(_ id: RequestID, node: NodeID, address: String) {
         guard !stopped else { return output(.membership(id, .failure(.timedOut(write: true)))) }
-        let json = JSONWriter.bytes(Node(.string(address)))
+        let json = JSONWriter.bytes(Tree(.string(address)))
         start(id, .addMember(node, address: address)) {
             $0.write(id, namespace: Self.clusterNamespace, command: .set(path: "/peers/\(node)", json: json))
         }
@@ -464,7 +464,7 @@ public final class NodeCore {
         }
     }
 
-    private func learnPeers(from tree: Node, announce: Bool) {
+    private func learnPeers(from tree: Tree, announce: Bool) {
         guard let peersPath = try? Path(parsing: "/peers") else { return }
         var changed = false
         for (key, node) in tree.child(at: peersPath).children.elements() {

@@ -3,7 +3,7 @@ public import BanyanTree
 extension QueryParams {
     /// The positions of `index` the query selects: the range, then the anchored limit.
     /// O(log n) with the index's order statistics.
-    public func window(in index: NodeIndex) -> Range<Int> {
+    public func window(in index: TreeIndex) -> Range<Int> {
         var lo = 0
         var hi = index.count
         if let start {
@@ -25,18 +25,18 @@ extension QueryParams {
 
     /// True when the query's filtering applies to a non-leaf only (ranges and limits turn a leaf
     /// location into null, as Firebase's ranged and limited filters do).
-    func filteredLeaf(_ node: Node) -> Node {
+    func filteredLeaf(_ node: Tree) -> Tree {
         loadsAllData ? (isDefault ? node : node.withPriority(.none)) : .empty
     }
 
     /// The children the query selects, in index order. O(log n + k) given an index over `node`;
     /// when `index` is nil one is built (O(n log n)).
-    public func orderedChildren(of node: Node, index: NodeIndex? = nil) -> [(key: ChildKey, node: Node)] {
+    public func orderedChildren(of node: Tree, index: TreeIndex? = nil) -> [(key: ChildKey, node: Tree)] {
         guard node.hasChildren else { return [] }
-        let idx = index ?? NodeIndex(kind: self.index, node: node)
+        let idx = index ?? TreeIndex(kind: self.index, node: node)
         precondition(idx.kind == self.index, "QueryParams.orderedChildren: the index must match the query's ordering")
         let range = window(in: idx)
-        var result: [(key: ChildKey, node: Node)] = []
+        var result: [(key: ChildKey, node: Tree)] = []
         result.reserveCapacity(range.count)
         for (entry, _) in idx.entries.elements(from: range.lowerBound).prefix(range.count) {
             result.append((entry.key, node.child(entry.key)))
@@ -46,7 +46,7 @@ extension QueryParams {
 
     /// The node the query yields: the selected children (without the location's priority, since
     /// queries carry none), or the location itself for the default query.
-    public func evaluate(_ node: Node, index: NodeIndex? = nil) -> Node {
+    public func evaluate(_ node: Tree, index: TreeIndex? = nil) -> Tree {
         if !node.hasChildren { return filteredLeaf(node) }
         if isDefault { return node }
         if loadsAllData { return node.withPriority(.none) }
@@ -54,6 +54,6 @@ extension QueryParams {
         if self.index != .key {
             children.sort { $0.0 < $1.0 }
         }
-        return Node(sortedChildren: children)
+        return Tree(sortedChildren: children)
     }
 }

@@ -101,27 +101,27 @@ public struct Query: Sendable, Equatable {
 
     // MARK: Range
 
-    public func startAt(_ value: Node = .empty, key: String? = nil) throws(QueryError) -> Query {
+    public func startAt(_ value: Tree = .empty, key: String? = nil) throws(QueryError) -> Query {
         guard !startSet else { throw QueryError("startAt: Starting point was already set (by another call to startAt, startAfter, or equalTo).") }
         return try settingStart(value, key: key, inclusive: true, function: "startAt")
     }
 
-    public func startAfter(_ value: Node = .empty, key: String? = nil) throws(QueryError) -> Query {
+    public func startAfter(_ value: Tree = .empty, key: String? = nil) throws(QueryError) -> Query {
         guard !startSet else { throw QueryError("startAfter: Starting point was already set (by another call to startAt, startAfter, or equalTo).") }
         return try settingStart(value, key: key, inclusive: false, function: "startAfter")
     }
 
-    public func endAt(_ value: Node = .empty, key: String? = nil) throws(QueryError) -> Query {
+    public func endAt(_ value: Tree = .empty, key: String? = nil) throws(QueryError) -> Query {
         guard !endSet else { throw QueryError("endAt: Ending point was already set (by another call to endAt, endBefore, or equalTo).") }
         return try settingEnd(value, key: key, inclusive: true, function: "endAt")
     }
 
-    public func endBefore(_ value: Node = .empty, key: String? = nil) throws(QueryError) -> Query {
+    public func endBefore(_ value: Tree = .empty, key: String? = nil) throws(QueryError) -> Query {
         guard !endSet else { throw QueryError("endBefore: Ending point was already set (by another call to endAt, endBefore, or equalTo).") }
         return try settingEnd(value, key: key, inclusive: false, function: "endBefore")
     }
 
-    public func equalTo(_ value: Node = .empty, key: String? = nil) throws(QueryError) -> Query {
+    public func equalTo(_ value: Tree = .empty, key: String? = nil) throws(QueryError) -> Query {
         guard !startSet else { throw QueryError("equalTo: Starting point was already set (by another call to startAt/startAfter or equalTo).") }
         guard !endSet else { throw QueryError("equalTo: Ending point was already set (by another call to endAt/endBefore or equalTo).") }
         let q = try settingStart(value, key: key, inclusive: true, function: "equalTo")
@@ -136,13 +136,13 @@ public struct Query: Sendable, Equatable {
         return .key(ChildKey(unchecked: key))
     }
 
-    private func checkedValue(_ value: Node, function: String) throws(QueryError) {
+    private func checkedValue(_ value: Tree, function: String) throws(QueryError) {
         if case .double(let d)? = value.leaf, !d.isFinite {
             throw QueryError("\(function): First argument contains NaN or Infinity")
         }
     }
 
-    private func settingStart(_ value: Node, key: String?, inclusive: Bool, function: String) throws(QueryError) -> Query {
+    private func settingStart(_ value: Tree, key: String?, inclusive: Bool, function: String) throws(QueryError) -> Query {
         try checkedValue(value, function: function)
         let name = try checkedKey(key, function: function)
         var q = self
@@ -155,7 +155,7 @@ public struct Query: Sendable, Equatable {
         return q
     }
 
-    private func settingEnd(_ value: Node, key: String?, inclusive: Bool, function: String) throws(QueryError) -> Query {
+    private func settingEnd(_ value: Tree, key: String?, inclusive: Bool, function: String) throws(QueryError) -> Query {
         try checkedValue(value, function: function)
         let name = try checkedKey(key, function: function)
         var q = self
@@ -169,10 +169,10 @@ public struct Query: Sendable, Equatable {
     }
 
     // Raw endpoint arguments, kept so that a later orderBy call re-derives the posts.
-    private var startValue: Node = .empty
+    private var startValue: Tree = .empty
     private var startName: KeyBound?
     private var startInclusive = true
-    private var endValue: Node = .empty
+    private var endValue: Tree = .empty
     private var endName: KeyBound?
     private var endInclusive = true
 
@@ -190,7 +190,7 @@ public struct Query: Sendable, Equatable {
         }
     }
 
-    static func post(index: IndexKind, value: Node, name: KeyBound) -> IndexPost {
+    static func post(index: IndexKind, value: Tree, name: KeyBound) -> IndexPost {
         switch index {
         case .key:
             if case .string(let s)? = value.leaf { return IndexPost(value: .empty, name: .key(ChildKey(unchecked: s))) }

@@ -14,12 +14,12 @@ public struct ViewEvent: Sendable, Equatable, CustomStringConvertible {
     /// The child's key (nil for `value`).
     public let key: ChildKey?
     /// The child's node (the old node for `child_removed`), or the view's node for `value`.
-    public let node: Node
+    public let node: Tree
     /// The key of the previous sibling in the view's order (added, moved, changed), or nil when
     /// the child is first.
     public let previousKey: ChildKey?
 
-    public init(_ kind: Kind, key: ChildKey?, node: Node, previousKey: ChildKey? = nil) {
+    public init(_ kind: Kind, key: ChildKey?, node: Tree, previousKey: ChildKey? = nil) {
         self.kind = kind
         self.key = key
         self.node = node
@@ -67,16 +67,16 @@ public enum ChildChanges: Sendable, Equatable {
 public struct QueryView: Sendable {
     public let params: QueryParams
     /// The location's complete data.
-    public private(set) var node: Node
+    public private(set) var node: Tree
     /// The location's children in the query's order.
-    public private(set) var index: NodeIndex
+    public private(set) var index: TreeIndex
     /// What the view shows: the selected children (or the leaf), Firebase's "event cache".
-    public private(set) var viewNode: Node
+    public private(set) var viewNode: Tree
 
-    public init(params: QueryParams, node: Node) {
+    public init(params: QueryParams, node: Tree) {
         self.params = params
         self.node = node
-        self.index = NodeIndex(kind: params.index, node: node)
+        self.index = TreeIndex(kind: params.index, node: node)
         self.viewNode = params.evaluate(node, index: index)
     }
 
@@ -97,7 +97,7 @@ public struct QueryView: Sendable {
     }
 
     /// The selected children in the query's order.
-    public var orderedChildren: [(key: ChildKey, node: Node)] {
+    public var orderedChildren: [(key: ChildKey, node: Tree)] {
         params.orderedChildren(of: node, index: index)
     }
 
@@ -105,7 +105,7 @@ public struct QueryView: Sendable {
     ///
     /// - Parameter changes: which children may differ from the current node; `.all` diffs every
     ///   child (use it when the location itself was replaced).
-    public mutating func apply(_ newNode: Node, changes: ChildChanges = .all) -> [ViewEvent] {
+    public mutating func apply(_ newNode: Tree, changes: ChildChanges = .all) -> [ViewEvent] {
         let oldNode = node
         let oldViewNode = viewNode
         var changedKeys: [ChildKey]
@@ -218,7 +218,7 @@ public struct QueryView: Sendable {
         } else if params.loadsAllData {
             viewNode = params.isDefault ? node : node.withPriority(.none)
         } else {
-            viewNode = Node(children: viewChildren)
+            viewNode = Tree(children: viewChildren)
         }
 
         var events: [ViewEvent] = []
@@ -240,10 +240,10 @@ public struct QueryView: Sendable {
     /// same). So the old and new positions of `k`, which the index reports while moving its entry,
     /// decide everything; the entries at the new window's edges are consulted only when `k`
     /// crossed. About four descents per change instead of about nine.
-    private mutating func applySingleChange(_ newNode: Node, _ changedKeys: [ChildKey]) -> [ViewEvent]? {
+    private mutating func applySingleChange(_ newNode: Tree, _ changedKeys: [ChildKey]) -> [ViewEvent]? {
         let oldNode = node
         guard oldNode.hasChildren, newNode.hasChildren, oldNode.priority == newNode.priority else { return nil }
-        var single: (key: ChildKey, old: Node, new: Node)?
+        var single: (key: ChildKey, old: Tree, new: Tree)?
         var seen: Set<ChildKey> = []
         for key in changedKeys where changedKeys.count == 1 || seen.insert(key).inserted {
             let old = oldNode.child(key)
@@ -323,7 +323,7 @@ public struct QueryView: Sendable {
         if params.loadsAllData {
             viewNode = params.isDefault ? node : node.withPriority(.none)
         } else {
-            viewNode = Node(children: viewChildren)
+            viewNode = Tree(children: viewChildren)
         }
         if !events.isEmpty || oldViewNode != viewNode {
             events.append(ViewEvent(.value, key: nil, node: viewNode))
@@ -337,14 +337,14 @@ public struct QueryView: Sendable {
         var wasIn: Bool
         /// True for children the change modified (false for window-edge entries).
         var changed: Bool
-        var old: Node?
-        var new: Node?
+        var old: Tree?
+        var new: Tree?
         /// The child's entry in the updated index (nil when it no longer exists).
         var entry: IndexEntry?
     }
 
     /// Keys whose children differ between two nodes, by a merge walk in key order (O(n + m)).
-    static func diffKeys(_ a: Node, _ b: Node) -> [ChildKey] {
+    static func diffKeys(_ a: Tree, _ b: Tree) -> [ChildKey] {
         var keys: [ChildKey] = []
         var ia = a.children.elements()
         var ib = b.children.elements()

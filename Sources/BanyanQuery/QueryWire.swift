@@ -64,13 +64,13 @@ extension QueryParams {
     }
 
     static func wirePost(index: IndexKind, value: JSONValue, name: JSONValue?, defaultName: KeyBound) throws(QueryError) -> IndexPost {
-        let node: Node
+        let node: Tree
         switch value {
         case .null: node = .empty
-        case .bool(let b): node = Node(.bool(b))
-        case .int(let i): node = Node(.int(i))
-        case .double(let d): node = Node(.double(d))
-        case .string(let s): node = Node(.string(s))
+        case .bool(let b): node = Tree(.bool(b))
+        case .int(let i): node = Tree(.int(i))
+        case .double(let d): node = Tree(.double(d))
+        case .string(let s): node = Tree(.string(s))
         case .array, .object: throw QueryError("Query start and end values can't be objects")
         }
         let bound: KeyBound

@@ -33,7 +33,7 @@ public enum RESTRender {
 
     /// `{\n  "error" : "…"\n}`, as the Firebase server formats errors.
     public static func errorBody(_ message: String) -> [UInt8] {
-        Array("{\n  \"error\" : ".utf8) + JSONWriter.bytes(Node(.string(message))) + Array("\n}".utf8)
+        Array("{\n  \"error\" : ".utf8) + JSONWriter.bytes(Tree(.string(message))) + Array("\n}".utf8)
     }
 
     public static func options(_ request: RESTRequest) -> RESTResponse {
@@ -52,30 +52,30 @@ public enum RESTRender {
 
     /// The value a GET (or an event stream) shows: the location, filtered by the query, shallow,
     /// as it would be written.
-    public static func value(_ request: RESTRequest, tree: Node) -> Node {
+    public static func value(_ request: RESTRequest, tree: Tree) -> Tree {
         let node = tree.child(at: request.path)
         if request.isPriority { return node.priority.node }
         if request.shallow {
             guard node.hasChildren else { return node.withPriority(.none) }
-            let children: [(ChildKey, Node)]
+            let children: [(ChildKey, Tree)]
             if let query = request.query {
-                children = query.orderedChildren(of: node).map { ($0.key, Node(.bool(true))) }
+                children = query.orderedChildren(of: node).map { ($0.key, Tree(.bool(true))) }
             } else {
-                var all: [(ChildKey, Node)] = []
-                node.children.forEach { key, _ in all.append((key, Node(.bool(true)))) }
+                var all: [(ChildKey, Tree)] = []
+                node.children.forEach { key, _ in all.append((key, Tree(.bool(true)))) }
                 children = all
             }
-            return Node(sortedChildren: children.sorted { $0.0 < $1.0 })
+            return Tree(sortedChildren: children.sorted { $0.0 < $1.0 })
         }
         if let query = request.query { return query.evaluate(node) }
         return node
     }
 
-    static func json(_ node: Node, _ request: RESTRequest) -> [UInt8] {
+    static func json(_ node: Tree, _ request: RESTRequest) -> [UInt8] {
         JSONWriter.bytes(node, format: request.export ? .export : .plain, pretty: request.print == .pretty)
     }
 
-    public static func read(_ request: RESTRequest, tree: Node) -> RESTResponse {
+    public static func read(_ request: RESTRequest, tree: Tree) -> RESTResponse {
         let location = tree.child(at: request.path)
         var headers = [jsonType, cors]
         if request.wantsETag || request.ifNoneMatch != nil {
@@ -109,7 +109,7 @@ public enum RESTRender {
             let body: [UInt8]
             switch request.operation {
             case .post:
-                body = Array("{\"name\":".utf8) + JSONWriter.bytes(Node(.string(pushID ?? ""))) + [UInt8(ascii: "}")]
+                body = Array("{\"name\":".utf8) + JSONWriter.bytes(Tree(.string(pushID ?? ""))) + [UInt8(ascii: "}")]
             case .delete:
                 body = Array("null".utf8)
             case .patch:

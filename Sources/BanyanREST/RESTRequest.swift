@@ -286,7 +286,7 @@ public struct RESTRequest: Sendable {
     }
 
     /// The ETag of a value: its Firebase hash, or `null_etag` for no data.
-    public static func etag(_ node: Node) -> String { node.isEmpty ? "null_etag" : node.hashString }
+    public static func etag(_ node: Tree) -> String { node.isEmpty ? "null_etag" : node.hashString }
 
     static func expectedHash(_ etag: String) -> String { etag == "null_etag" ? "" : etag }
 
@@ -307,16 +307,16 @@ public struct RESTRequest: Sendable {
                         throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(error.message)")
                     }
                     let target = request.path.appending(relative.path)
-                    _ = try NodeReader.read(Array(value.jsonString.utf8), at: target, serverValues: context)
+                    _ = try TreeReader.read(Array(value.jsonString.utf8), at: target, serverValues: context)
                     if let clash = seen.first(where: { $0.contains(relative.path) || relative.path.contains($0) }) {
                         throw RESTError.badRequest("Invalid data; PATCH paths \"\(clash)\" and \"\(relative.path)\" overlap.")
                     }
                     seen.append(relative.path)
                 }
             case .post:
-                _ = try NodeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)
+                _ = try TreeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)
             default:
-                _ = try NodeReader.read(body, at: request.path, serverValues: context)
+                _ = try TreeReader.read(body, at: request.path, serverValues: context)
             }
         } catch let e as RESTError {
             throw e
@@ -513,7 +513,7 @@ public struct RESTRequest: Sendable {
 
     /// A range bound: a JSON primitive, optionally followed by `,"<key>"` (the JS REST client's
     /// key tie-breaker).
-    static func bound(_ text: String, _ name: String) throws(RESTError) -> (Node, String?) {
+    static func bound(_ text: String, _ name: String) throws(RESTError) -> (Tree, String?) {
         if let node = primitive(text) { return (node, nil) }
         // Split at the first comma outside a string.
         var inString = false
@@ -538,14 +538,14 @@ public struct RESTRequest: Sendable {
         throw .badRequest("\(name) must be a JSON primitive (quote strings), optionally followed by ,\"key\"")
     }
 
-    static func primitive(_ text: String) -> Node? {
+    static func primitive(_ text: String) -> Tree? {
         guard let value = try? JSONValue(parsing: text, maxDepth: 1) else { return nil }
         switch value {
         case .null: return .empty
-        case .bool(let b): return Node(.bool(b))
-        case .int(let i): return Node(.int(i))
-        case .double(let d): return Node(.double(d))
-        case .string(let s): return Node(.string(s))
+        case .bool(let b): return Tree(.bool(b))
+        case .int(let i): return Tree(.int(i))
+        case .double(let d): return Tree(.double(d))
+        case .string(let s): return Tree(.string(s))
         case .array, .object: return nil
         }
     }

@@ -11,7 +11,7 @@ public import BanyanTree
 public struct SSEStream: Sendable {
     public let request: RESTRequest
     /// The window last sent, for query streams.
-    private var window: Node = .empty
+    private var window: Tree = .empty
 
     public init(request: RESTRequest) {
         self.request = request
@@ -22,29 +22,29 @@ public struct SSEStream: Sendable {
     }
 
     static func payload(path: String, data: [UInt8]) -> [UInt8] {
-        Array("{\"path\":".utf8) + JSONWriter.bytes(Node(.string(path))) + Array(",\"data\":".utf8) + data + [UInt8(ascii: "}")]
+        Array("{\"path\":".utf8) + JSONWriter.bytes(Tree(.string(path))) + Array(",\"data\":".utf8) + data + [UInt8(ascii: "}")]
     }
 
-    func json(_ node: Node) -> [UInt8] { JSONWriter.bytes(node, format: request.export ? .export : .plain) }
+    func json(_ node: Tree) -> [UInt8] { JSONWriter.bytes(node, format: request.export ? .export : .plain) }
 
     public static func keepAlive() -> [UInt8] { event("keep-alive", Array("null".utf8)) }
 
-    public static func cancel(_ reason: String) -> [UInt8] { event("cancel", JSONWriter.bytes(Node(.string(reason)))) }
+    public static func cancel(_ reason: String) -> [UInt8] { event("cancel", JSONWriter.bytes(Tree(.string(reason)))) }
 
     public static func authRevoked() -> [UInt8] { event("auth_revoked", Array("credential is no longer valid".utf8)) }
 
     /// The first event: the whole value.
-    public mutating func start(tree: Node) -> [UInt8] {
+    public mutating func start(tree: Tree) -> [UInt8] {
         let value = RESTRender.value(request, tree: tree)
         window = value
         return Self.event("put", Self.payload(path: "/", data: json(value)))
     }
 
     /// After the state was replaced wholesale (a snapshot from the leader).
-    public mutating func restart(tree: Node) -> [UInt8] { start(tree: tree) }
+    public mutating func restart(tree: Tree) -> [UInt8] { start(tree: tree) }
 
     /// The events one applied write causes (none when it does not touch the stream).
-    public mutating func applied(_ applied: StateMachine.Applied, tree: Node) -> [UInt8] {
+    public mutating func applied(_ applied: StateMachine.Applied, tree: Tree) -> [UInt8] {
         guard applied.namespace == request.namespace, applied.outcome == .ok else { return [] }
         let location = request.path
         let touching = applied.written.filter { location.contains($0) || $0.contains(location) }
@@ -59,7 +59,7 @@ public struct SSEStream: Sendable {
         if touching.count > 1, let parent = touching[0].parent, touching.allSatisfy({ $0.parent == parent }),
             let relative = location.relative(parent)
         {
-            var children: [(ChildKey, Node)] = []
+            var children: [(ChildKey, Tree)] = []
             for path in touching {
                 guard let key = path.last else { continue }
                 children.append((key, tree.child(at: path)))
@@ -68,7 +68,7 @@ public struct SSEStream: Sendable {
             var data: [UInt8] = [UInt8(ascii: "{")]
             for (i, (key, node)) in children.sorted(by: { $0.0 < $1.0 }).enumerated() {
                 if i > 0 { data.append(UInt8(ascii: ",")) }
-                data += JSONWriter.bytes(Node(.string(key.string))) + [UInt8(ascii: ":")] + json(node)
+                data += JSONWriter.bytes(Tree(.string(key.string))) + [UInt8(ascii: ":")] + json(node)
             }
             data.append(UInt8(ascii: "}"))
             return Self.event("patch", Self.payload(path: relative.description, data: data))
@@ -82,7 +82,7 @@ public struct SSEStream: Sendable {
     }
 
     /// Query, shallow and priority streams: compare the new window with the last one sent.
-    private mutating func windowEvents(tree: Node) -> [UInt8] {
+    private mutating func windowEvents(tree: Tree) -> [UInt8] {
         let next = RESTRender.value(request, tree: tree)
         defer { window = next }
         if next == window { return [] }

@@ -55,7 +55,7 @@ public enum ReplicaEvent: Sendable {
     /// client issued it. `tree` is the namespace's tree right after this command, for live views:
     /// set only for namespaces in `Replica.treesFor` (else `.empty`), because a kept version
     /// makes the next write copy its path instead of changing the tree in place.
-    case applied(StateMachine.Applied, tree: Node, request: RequestID?)
+    case applied(StateMachine.Applied, tree: Tree, request: RequestID?)
     /// These reads may now be served from `Replica.machine` (linearizable at this moment).
     case readsReady([RequestID])
     case failed(RequestID, ReplicaError)

@@ -64,7 +64,7 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Completions by request id (the ids this driver hands the core).
     private var nextRequest: RequestID = 1
     private var writeCompletions: [RequestID: Completion<WriteResult>] = [:]
-    private var readCompletions: [RequestID: Completion<Result<Node, ReplicaError>>] = [:]
+    private var readCompletions: [RequestID: Completion<Result<Tree, ReplicaError>>] = [:]
     private var memberCompletions: [RequestID: EventLoopPromise<Result<Membership, ReplicaError>>] = [:]
     private var nextWatch: UInt64 = 1
     private var watchHandlers: [UInt64: @Sendable (WatchEvent) -> Void] = [:]
@@ -240,7 +240,7 @@ public final class NodeRuntime: @unchecked Sendable {
     /// node's state (`stale`: possibly behind the leader). `done` runs on the caller's event
     /// loop `on` (requests and answers batched like `write`'s).
     public func read(
-        namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Node, ReplicaError>) -> Void
+        namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Tree, ReplicaError>) -> Void
     ) {
         submit {
             let id = self.newRequest()

@@ -59,7 +59,7 @@ public struct KVMachine: Sendable, Equatable {
         }
     }
 
-    public private(set) var tree: Node = .empty
+    public private(set) var tree: Tree = .empty
     /// Highest sequence number applied per client.
     public private(set) var sessions: [UInt32: UInt32] = [:]
     public private(set) var appliedIndex: UInt64 = 0
@@ -80,11 +80,11 @@ public struct KVMachine: Sendable, Equatable {
         sessions[envelope.client] = envelope.seq
         switch envelope.command {
         case let .put(key, value):
-            tree.set(Node(.int(value)), at: Self.path(key))
+            tree.set(Tree(.int(value)), at: Self.path(key))
             return .written
         case let .cas(key, expected, new):
-            let expectedNode = expected.map { Node(.int($0)) } ?? .empty
-            switch tree.compareAndSet(Node(.int(new)), at: Self.path(key), expectedHash: expectedNode.hashString) {
+            let expectedNode = expected.map { Tree(.int($0)) } ?? .empty
+            switch tree.compareAndSet(Tree(.int(new)), at: Self.path(key), expectedHash: expectedNode.hashString) {
             case .applied: return .swapped(true)
             case .mismatch: return .swapped(false)
             }

@@ -856,7 +856,7 @@ public struct WholeNodeSimulator {
         case let .set(key, value):
             core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)))
         case let .cas(key, expected, new):
-            let hash = expected.map { Node(.int(Int64($0))).hashString } ?? ""
+            let hash = expected.map { Tree(.int(Int64($0))).hashString } ?? ""
             core.write(id, namespace: Self.namespace, command: .compareAndSet(path: "/k\(key)", expectedHash: hash, json: Array("\(new)".utf8)))
         case let .update(keys, values):
             let items = zip(keys, values).map { Command.UpdateItem(path: "k\($0.0)", json: Array("\($0.1)".utf8)) }
@@ -902,7 +902,7 @@ public struct WholeNodeSimulator {
         next(c)
     }
 
-    private mutating func completeRead(_ c: Int, _ result: Result<Node, ReplicaError>) {
+    private mutating func completeRead(_ c: Int, _ result: Result<Tree, ReplicaError>) {
         guard let op = clients[c].current, case .read(let key) = operations[op].kind else { return }
         switch result {
         case .success(let tree):
@@ -953,7 +953,7 @@ public struct WholeNodeSimulator {
 
     // MARK: - Checkers
 
-    private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Node, on node: SimulatedNode) {
+    private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
         guard applied.namespace == Self.namespace, applied.outcome == .ok else { return }
         for path in applied.written {
             guard path.segments.count == 1 else { continue }

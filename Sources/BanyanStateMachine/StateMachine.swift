@@ -76,7 +76,7 @@ public struct StateMachine: Sendable {
         case ok
         /// A compare-and-set found another value (Firebase's `datastale`); `current` lets the
         /// client retry its transaction.
-        case datastale(current: Node)
+        case datastale(current: Tree)
         /// The write was invalid for the tree it applies to (for example a path or depth limit, or
         /// a priority on an empty location). Nothing changed.
         case rejected(TreeError)
@@ -96,11 +96,11 @@ public struct StateMachine: Sendable {
         public var written: [Path]
         /// For an applied set or compare-and-set: the node written, server values resolved (the
         /// REST echo). For an update: the node at the update's location afterwards. Nil otherwise.
-        public var value: Node? = nil
+        public var value: Tree? = nil
     }
 
     /// The trees by namespace (an absent namespace is an empty tree).
-    public private(set) var namespaces: [String: Node]
+    public private(set) var namespaces: [String: Tree]
     public private(set) var appliedIndex: UInt64
     public private(set) var sessions: [UInt64: SessionRecord]
     /// The largest timestamp applied so far. Server timestamps never go backwards in log order,
@@ -109,7 +109,7 @@ public struct StateMachine: Sendable {
     public private(set) var lastTimestamp: Int64
 
     public init(
-        namespaces: [String: Node] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
+        namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
         lastTimestamp: Int64 = 0
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
@@ -119,7 +119,7 @@ public struct StateMachine: Sendable {
     }
 
     /// The tree of `namespace`.
-    public func tree(_ namespace: String) -> Node { namespaces[namespace] ?? .empty }
+    public func tree(_ namespace: String) -> Tree { namespaces[namespace] ?? .empty }
 
     /// Marks an index applied that carries no command (Raft no-ops and configuration entries).
     public mutating func skip(index: UInt64) {
@@ -145,7 +145,7 @@ public struct StateMachine: Sendable {
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         var written: [Path] = []
-        var value: Node?
+        var value: Tree?
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
         let outcome: Outcome
         do throws(TreeError) {
@@ -160,13 +160,13 @@ public struct StateMachine: Sendable {
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value)
     }
 
-    private func execute(_ command: Command, on tree: inout Node, timestamp: Int64, written: inout [Path], value: inout Node?) throws(TreeError) -> Outcome {
+    private func execute(_ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?) throws(TreeError) -> Outcome {
         switch command {
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
-            let node = try NodeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
+            let node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
             if location.isPriority, let priority = Priority(node: node) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
@@ -184,7 +184,7 @@ public struct StateMachine: Sendable {
                 let relative = try WritePath(parsing: item.path)
                 let target = location.appending(relative.path)
                 let context = ServerValueContext(timestamp: timestamp, existing: tree)
-                let node = try NodeReader.read(item.json, at: target, serverValues: context)
+                let node = try TreeReader.read(item.json, at: target, serverValues: context)
                 entries.append(UpdateEntry(path: relative, node: node))
             }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
@@ -198,7 +198,7 @@ public struct StateMachine: Sendable {
         case let .compareAndSet(pathText, expectedHash, json):
             let location = try Path(parsing: pathText)
             let context = ServerValueContext(timestamp: timestamp, existing: tree)
-            let node = try NodeReader.read(json, at: location, serverValues: context)
+            let node = try TreeReader.read(json, at: location, serverValues: context)
             try node.checkFits(at: location)
             switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {
             case .applied:
@@ -299,7 +299,7 @@ public struct StateMachine: Sendable {
 
     private static func read(
         from source: ImageSource, limits: TreeReadLimits, maxLength: Int
-    ) throws -> (namespaces: [String: Node], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64) {
+    ) throws -> (namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64) {
         guard let header = try source.take(Self.magic.count), header == Self.magic else { throw ImageError.badHeader }
         let bound = UInt64(Swift.max(0, maxLength))
         guard let applied = try source.u64(), let stamp = try source.u64(), let count = try source.u64(), count <= bound / 24 else {
@@ -318,7 +318,7 @@ public struct StateMachine: Sendable {
             sessions[s] = SessionRecord(contiguous: contiguous, above: above)
         }
         guard let namespaceCount = try source.u64(), namespaceCount <= bound else { throw ImageError.truncated }
-        var namespaces: [String: Node] = [:]
+        var namespaces: [String: Tree] = [:]
         for _ in 0..<namespaceCount {
             // Names are short (validated like Firebase namespaces); a length beyond any real one
             // is damage, refused before anything is allocated for it.
@@ -329,7 +329,7 @@ public struct StateMachine: Sendable {
             // empty frame; the tree reader pulls through them.
             var frameLeft = 0
             var ended = false
-            let tree: Node
+            let tree: Tree
             do {
                 tree = try TreeImage.read(limits: limits, maxLength: maxLength) { buffer in
                     while frameLeft == 0 {

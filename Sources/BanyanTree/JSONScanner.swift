@@ -1,4 +1,4 @@
-/// A strict RFC 8259 tokenizer over UTF-8 bytes, shared by the `JSONValue` and `Node` readers.
+/// A strict RFC 8259 tokenizer over UTF-8 bytes, shared by the `JSONValue` and `Tree` readers.
 ///
 /// Rejects (with a byte offset): a byte-order mark, comments, single quotes, trailing commas,
 /// leading zeros, lone or unpaired surrogate escapes, invalid UTF-8, unescaped control characters,

@@ -13,21 +13,21 @@ public enum JSONWriter {
         case export
     }
 
-    public static func bytes(_ node: Node, format: Format = .plain, pretty: Bool = false) -> [UInt8] {
+    public static func bytes(_ node: Tree, format: Format = .plain, pretty: Bool = false) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(64)
         write(node, format: format, pretty: pretty ? 0 : nil, to: &out)
         return out
     }
 
-    public static func string(_ node: Node, format: Format = .plain, pretty: Bool = false) -> String {
+    public static func string(_ node: Tree, format: Format = .plain, pretty: Bool = false) -> String {
         String(decoding: bytes(node, format: format, pretty: pretty), as: UTF8.self)
     }
 
     /// Writes `node` in chunks of about `chunkBytes`, handing each to `emit` as it fills, so a
     /// large tree never needs its whole JSON in memory (snapshot images).
     public static func stream(
-        _ node: Node, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
+        _ node: Tree, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
     ) throws {
         var out: [UInt8] = []
         out.reserveCapacity(Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
@@ -46,7 +46,7 @@ public enum JSONWriter {
     /// Appends `node`; `pretty` is the current indent level, or `nil` for compact output.
     /// `flush`, when given, is offered the buffer after each child (streaming output).
     public static func write(
-        _ node: Node, format: Format, pretty: Int? = nil, to out: inout [UInt8],
+        _ node: Tree, format: Format, pretty: Int? = nil, to out: inout [UInt8],
         flush: ((inout [UInt8]) -> Void)? = nil
     ) {
         switch node.storage {

@@ -1,6 +1,6 @@
 /// Firebase's orderings: node (value) comparison, the four indexes, and index entries.
 
-extension Node {
+extension Tree {
     /// Type rank for value ordering: null < booleans < numbers < strings < children nodes.
     @inline(__always)
     var typeRank: Int {
@@ -16,7 +16,7 @@ extension Node {
     /// Compares two nodes as index values (orderByValue / orderByChild / priority):
     /// null < false < true < numbers (numerically) < strings (UTF-16 order) < children nodes (all
     /// equal). Returns negative, zero or positive. Ties are broken by key elsewhere.
-    public static func compareValues(_ a: Node, _ b: Node) -> Int {
+    public static func compareValues(_ a: Tree, _ b: Tree) -> Int {
         let ra = a.typeRank
         let rb = b.typeRank
         if ra != rb { return ra < rb ? -1 : 1 }
@@ -51,7 +51,7 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
 
     /// The value a child is ordered by under this index.
     @inline(__always)
-    public func indexValue(of child: Node) -> Node {
+    public func indexValue(of child: Tree) -> Tree {
         switch self {
         case .key: return .empty
         case .priority: return child.priority.node
@@ -64,10 +64,10 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
 
     /// True when changing `old` to `new` moves the child under this index (Firebase's
     /// `indexedValueChanged`).
-    public func indexedValueChanged(_ old: Node, _ new: Node) -> Bool {
+    public func indexedValueChanged(_ old: Tree, _ new: Tree) -> Bool {
         switch self {
         case .key: return false
-        default: return Node.compareValues(indexValue(of: old), indexValue(of: new)) != 0
+        default: return Tree.compareValues(indexValue(of: old), indexValue(of: new)) != 0
         }
     }
 
@@ -95,11 +95,11 @@ public enum IndexValue: Sendable, CustomStringConvertible {
 
     /// The compact form of `node` as an index value.
     @inline(__always)
-    public init(_ node: Node) {
+    public init(_ node: Tree) {
         switch node.storage {
         case .empty: self = .null
         case .leaf(.bool(let b), _): self = .bool(b)
-        // Numbers compare as IEEE doubles, as in `Node.compareValues`.
+        // Numbers compare as IEEE doubles, as in `Tree.compareValues`.
         case .leaf(.int(let i), _): self = .number(Double(i))
         case .leaf(.double(let d), _): self = .number(d)
         case .leaf(.string(let s), _): self = .string(s)
@@ -118,7 +118,7 @@ public enum IndexValue: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The same order as `Node.compareValues` on the nodes these came from.
+    /// The same order as `Tree.compareValues` on the nodes these came from.
     @inline(__always)
     public static func compare(_ a: IndexValue, _ b: IndexValue) -> Int {
         switch (a, b) {
@@ -151,8 +151,8 @@ public enum IndexValue: Sendable, CustomStringConvertible {
         switch self {
         case .null: return "null"
         case .bool(let b): return String(b)
-        case .number(let d): return Node(.double(d)).description
-        case .string(let s): return Node(.string(s)).description
+        case .number(let d): return Tree(.double(d)).description
+        case .string(let s): return Tree(.string(s)).description
         case .children: return "{...}"
         }
     }
@@ -163,7 +163,7 @@ public struct IndexEntry: SortKey, Sendable, CustomStringConvertible {
     public let key: ChildKey
     public let value: IndexValue
 
-    public init(value: Node, key: ChildKey) {
+    public init(value: Tree, key: ChildKey) {
         self.key = key
         self.value = IndexValue(value)
     }
@@ -212,12 +212,12 @@ public enum KeyBound: Sendable, Equatable, CustomStringConvertible {
 
 /// A position in index order: a value and a key bound (a query's start or end point).
 public struct IndexPost: Sendable, Equatable {
-    public let value: Node
+    public let value: Tree
     public let name: KeyBound
     /// `value` in the form index entries hold.
     private let compact: IndexValue
 
-    public init(value: Node, name: KeyBound) {
+    public init(value: Tree, name: KeyBound) {
         self.value = value
         self.name = name
         self.compact = IndexValue(value)
@@ -244,12 +244,12 @@ public struct IndexPost: Sendable, Equatable {
 ///
 /// For `.key` the children map itself is the index; for the other kinds this holds one entry per
 /// child. Maintained incrementally by views (`update(key:old:new:)`), O(log n) per change.
-public struct NodeIndex: Sendable {
+public struct TreeIndex: Sendable {
     public let kind: IndexKind
     public private(set) var entries: SortedTree<IndexEntry, Void>
 
     /// Builds the index over `node`'s children: O(n log n).
-    public init(kind: IndexKind, node: Node) {
+    public init(kind: IndexKind, node: Tree) {
         self.kind = kind
         var list: [(IndexEntry, Void)] = []
         list.reserveCapacity(node.childCount)
@@ -269,7 +269,7 @@ public struct NodeIndex: Sendable {
     /// Moves one child's entry after a change (`old` or `new` may be empty). Returns the old
     /// entry's position before the change and the new entry's position after it.
     @discardableResult
-    public mutating func update(key: ChildKey, old: Node, new: Node) -> (old: Int?, new: Int?) {
+    public mutating func update(key: ChildKey, old: Tree, new: Tree) -> (old: Int?, new: Int?) {
         var oldPosition: Int?
         var newPosition: Int?
         if !old.isEmpty { oldPosition = entries.removeReturningPosition(forKey: IndexEntry(value: kind.indexValue(of: old), key: key)) }
@@ -278,7 +278,7 @@ public struct NodeIndex: Sendable {
     }
 
     /// The entry for a child currently stored as `child` under `key`.
-    public func entry(key: ChildKey, child: Node) -> IndexEntry {
+    public func entry(key: ChildKey, child: Tree) -> IndexEntry {
         IndexEntry(value: kind.indexValue(of: child), key: key)
     }
 

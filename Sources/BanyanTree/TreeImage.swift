@@ -11,20 +11,20 @@ public enum TreeImage {
     public static let magic: [UInt8] = Array("BNYTREE1".utf8)
 
     /// Writes the image of `node` in chunks of about `chunkBytes`.
-    public static func stream(_ node: Node, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
+    public static func stream(_ node: Tree, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
         var out = magic
         out.reserveCapacity(Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
         try write(node, &out, chunkBytes, emit)
         if !out.isEmpty { try emit(out) }
     }
 
-    public static func bytes(_ node: Node) -> [UInt8] {
+    public static func bytes(_ node: Tree) -> [UInt8] {
         var all: [UInt8] = []
         try? stream(node, chunkBytes: Int.max) { all.append(contentsOf: $0) }
         return all
     }
 
-    private static func write(_ node: Node, _ out: inout [UInt8], _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
+    private static func write(_ node: Tree, _ out: inout [UInt8], _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
         switch node.storage {
         case .empty:
             out.append(0)
@@ -108,8 +108,8 @@ public enum TreeImage {
     // MARK: Reading
 
     /// Reads an image, validating it completely; damaged or hostile input gives a `TreeError`.
-    public static func read(_ bytes: [UInt8], limits: TreeReadLimits = .standard) throws(TreeError) -> Node {
-        let result: Result<Node, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+    public static func read(_ bytes: [UInt8], limits: TreeReadLimits = .standard) throws(TreeError) -> Tree {
+        let result: Result<Tree, TreeError> = bytes.withUnsafeBufferPointer { buffer in
             // The reader never writes to a window it cannot refill.
             var reader = ImageReader(window: UnsafeMutableBufferPointer(mutating: buffer), maxLength: buffer.count, limits: limits, fill: nil)
             do throws(TreeError) {
@@ -129,7 +129,7 @@ public enum TreeImage {
     /// for the image, or whatever `fill` threw.
     public static func read(
         limits: TreeReadLimits = .standard, maxLength: Int = .max, fill: (UnsafeMutableBufferPointer<UInt8>) throws -> Int
-    ) throws -> Node {
+    ) throws -> Tree {
         // The reader keeps `fill` only while this call runs.
         try withoutActuallyEscaping(fill) { fill in
             let window = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 128 * 1024)
@@ -185,7 +185,7 @@ private struct ImageReader {
         TreeError(.invalidJSON, path: pathText, "Invalid tree image: \(message)", offset: base + position)
     }
 
-    mutating func readImage() throws(TreeError) -> Node {
+    mutating func readImage() throws(TreeError) -> Tree {
         try ensure(TreeImage.magic.count, or: "not a Banyan tree image")
         guard UnsafeBufferPointer(rebasing: window[position..<(position + TreeImage.magic.count)]).elementsEqual(TreeImage.magic) else {
             throw fail("not a Banyan tree image")
@@ -317,7 +317,7 @@ private struct ImageReader {
         return d == 0 ? 0 : d  // -0.0 becomes 0.0, as in the JSON reader
     }
 
-    mutating func readNode(depth: Int) throws(TreeError) -> Node {
+    mutating func readNode(depth: Int) throws(TreeError) -> Tree {
         nodes += 1
         if nodes > limits.maxNodes { throw TreeError(.inputTooLarge, path: "/", "Image has more than \(limits.maxNodes) nodes") }
         let tag = try byte()
@@ -333,11 +333,11 @@ private struct ImageReader {
         case 0:
             guard case .none = priority else { throw fail("priority on an empty node") }
             return .empty
-        case 1: return Node(.bool(false), priority: priority)
-        case 2: return Node(.bool(true), priority: priority)
-        case 3: return Node(.int(Int64(bitPattern: try u64())), priority: priority)
-        case 4: return Node(.double(try double()), priority: priority)
-        case 5: return Node(.string(try string(maxBytes: limits.maxStringBytes)), priority: priority)
+        case 1: return Tree(.bool(false), priority: priority)
+        case 2: return Tree(.bool(true), priority: priority)
+        case 3: return Tree(.int(Int64(bitPattern: try u64())), priority: priority)
+        case 4: return Tree(.double(try double()), priority: priority)
+        case 5: return Tree(.string(try string(maxBytes: limits.maxStringBytes)), priority: priority)
         case 6:
             let count = try varint()
             guard count > 0 else { throw fail("children node without children") }
@@ -347,14 +347,14 @@ private struct ImageReader {
             // beyond what is left of the image fails when the children run out.
             let map = try ChildMap(sortedCount: count) { () throws(TreeError) in try child(after: &previous, depth: depth) }
             // Children are never empty (checked in `child`), so the map is stored as it is.
-            return Node(storage: .children(map, priority))
+            return Tree(storage: .children(map, priority))
         default:
             throw fail("unknown node type \(type)")
         }
     }
 
     /// One (key, child) pair of a children node: the key must follow `previous`.
-    mutating func child(after previous: inout ChildKey?, depth: Int) throws(TreeError) -> (ChildKey, Node) {
+    mutating func child(after previous: inout ChildKey?, depth: Int) throws(TreeError) -> (ChildKey, Tree) {
         let key = try key()
         if let previous, !(previous < key) { throw fail("keys out of order at \"\(key.string.prefix(40))\"") }
         previous = key

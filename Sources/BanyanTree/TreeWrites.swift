@@ -5,18 +5,18 @@
 /// One entry of a multi-path update: a relative path (possibly ending in `.priority`) and its data.
 public struct UpdateEntry: Sendable, Equatable {
     public let path: WritePath
-    public let node: Node
+    public let node: Tree
 
-    public init(path: WritePath, node: Node) {
+    public init(path: WritePath, node: Tree) {
         self.path = path
         self.node = node
     }
 }
 
-extension Node {
+extension Tree {
     /// Firebase `set`: replaces the node at `location` (data without `.priority` clears the
     /// priority). Writing to `x/.priority` sets the priority of `x` instead.
-    public mutating func apply(set node: Node, at location: WritePath) throws(TreeError) {
+    public mutating func apply(set node: Tree, at location: WritePath) throws(TreeError) {
         try node.checkFits(at: location.path)
         if location.isPriority {
             guard let priority = Priority(node: node) else {
@@ -32,7 +32,7 @@ extension Node {
     /// atomically. Rejects the whole update when one entry's path is an ancestor of (or equal to)
     /// another's, or when a resulting path exceeds the limits. A merge keeps `location`'s priority.
     public mutating func apply(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
-        try Node.validate(update: entries, at: location)
+        try Tree.validate(update: entries, at: location)
         // Data first, then priorities (as Firebase's compound writes do), so that the result does
         // not depend on the order of the entries: {"a/.priority": 5, "a/b": 1} on an empty `a`
         // leaves `a` with priority 5 whichever entry comes first.
@@ -81,7 +81,7 @@ extension Node {
     }
 
     /// Throws unless this node, written at `location`, stays within the depth (32 levels) and
-    /// key-path (768 bytes) limits at every leaf. O(size of the node); `NodeReader` already
+    /// key-path (768 bytes) limits at every leaf. O(size of the node); `TreeReader` already
     /// guarantees it for data it read at the same location.
     public func checkFits(at location: Path) throws(TreeError) {
         try location.checkLimits()
@@ -129,7 +129,7 @@ extension Node {
 
     /// Compare-by-hash (transactions): sets `node` at `path` only when the current node there has
     /// hash `expectedHash`. Returns the current node when the comparison fails (for the retry).
-    public mutating func compareAndSet(_ node: Node, at path: Path, expectedHash: String) -> CompareAndSetResult {
+    public mutating func compareAndSet(_ node: Tree, at path: Path, expectedHash: String) -> CompareAndSetResult {
         let current = child(at: path)
         guard current.hashString == expectedHash else { return .mismatch(current: current) }
         set(node, at: path)
@@ -139,5 +139,5 @@ extension Node {
 
 public enum CompareAndSetResult: Sendable, Equatable {
     case applied
-    case mismatch(current: Node)
+    case mismatch(current: Tree)
 }

@@ -2,8 +2,8 @@ import BanyanQuery
 import BanyanTree
 import Testing
 
-private func node(_ json: String) -> Node {
-    do { return try Node(json: json) } catch {
+private func node(_ json: String) -> Tree {
+    do { return try Tree(json: json) } catch {
         Issue.record("bad JSON \(json): \(error)")
         return .empty
     }

@@ -9,7 +9,7 @@ import Glibc
 /// diffs whole windows. Written independently of the indexed implementation (its own value
 /// comparison), so the property tests compare two different derivations of Firebase's rules.
 enum Reference {
-    static func rank(_ n: Node) -> Int {
+    static func rank(_ n: Tree) -> Int {
         if n.isEmpty { return 0 }
         switch n.leaf {
         case .bool?: return 1
@@ -19,7 +19,7 @@ enum Reference {
         }
     }
 
-    static func compareValues(_ a: Node, _ b: Node) -> Int {
+    static func compareValues(_ a: Tree, _ b: Tree) -> Int {
         let ra = rank(a)
         let rb = rank(b)
         if ra != rb { return ra < rb ? -1 : 1 }
@@ -58,15 +58,15 @@ enum Reference {
         return ua.lexicographicallyPrecedes(ub) ? -1 : (ub.lexicographicallyPrecedes(ua) ? 1 : 0)
     }
 
-    static func indexValue(_ index: IndexKind, _ child: Node) -> Node {
+    static func indexValue(_ index: IndexKind, _ child: Tree) -> Tree {
         switch index {
         case .key: return .empty
         case .value: return child
         case .priority:
             switch child.priority {
             case .none: return .empty
-            case .number(let d): return Node(.double(d))
-            case .string(let s): return Node(.string(s))
+            case .number(let d): return Tree(.double(d))
+            case .string(let s): return Tree(.string(s))
             }
         case .child(let path, let priorityLeaf):
             var n = child
@@ -74,20 +74,20 @@ enum Reference {
             if priorityLeaf {
                 switch n.priority {
                 case .none: return .empty
-                case .number(let d): return Node(.double(d))
-                case .string(let s): return Node(.string(s))
+                case .number(let d): return Tree(.double(d))
+                case .string(let s): return Tree(.string(s))
                 }
             }
             return n
         }
     }
 
-    static func compareEntries(_ index: IndexKind, _ a: (String, Node), _ b: (String, Node)) -> Int {
+    static func compareEntries(_ index: IndexKind, _ a: (String, Tree), _ b: (String, Tree)) -> Int {
         let c = compareValues(indexValue(index, a.1), indexValue(index, b.1))
         return c != 0 ? c : nameCompare(a.0, b.0)
     }
 
-    static func comparePost(_ index: IndexKind, _ entry: (String, Node), _ post: IndexPost) -> Int {
+    static func comparePost(_ index: IndexKind, _ entry: (String, Tree), _ post: IndexPost) -> Int {
         let c = compareValues(indexValue(index, entry.1), post.value)
         if c != 0 { return c }
         switch post.name {
@@ -98,7 +98,7 @@ enum Reference {
     }
 
     /// The window in query order.
-    static func window(_ params: QueryParams, _ node: Node) -> [(String, Node)] {
+    static func window(_ params: QueryParams, _ node: Tree) -> [(String, Tree)] {
         guard node.hasChildren else { return [] }
         var all = node.children.elements().map { ($0.key.string, $0.value) }
         all.sort { compareEntries(params.index, $0, $1) < 0 }
@@ -119,16 +119,16 @@ enum Reference {
         return selected
     }
 
-    static func viewNode(_ params: QueryParams, _ node: Node) -> Node {
+    static func viewNode(_ params: QueryParams, _ node: Tree) -> Tree {
         if !node.hasChildren {
             return params.loadsAllData ? (params.isDefault ? node : node.withPriority(.none)) : .empty
         }
         if params.isDefault { return node }
         let children = window(params, node).map { (ChildKey(unchecked: $0.0), $0.1) }.sorted { nameCompare($0.0.string, $1.0.string) < 0 }
-        return Node(sortedChildren: children)
+        return Tree(sortedChildren: children)
     }
 
-    static func events(_ params: QueryParams, old: Node, new: Node) -> [ViewEvent] {
+    static func events(_ params: QueryParams, old: Tree, new: Tree) -> [ViewEvent] {
         let before = window(params, old)
         let after = window(params, new)
         // Keys compare by bytes: Swift's String equality would merge "é" and "e\u{301}".
@@ -140,8 +140,8 @@ enum Reference {
         }
         let removed = before.filter { !afterKeys.contains(Array($0.0.utf8)) }
         let added = after.filter { !beforeKeys.contains(Array($0.0.utf8)) }
-        var moved: [(String, Node)] = []
-        var changed: [(String, Node)] = []
+        var moved: [(String, Tree)] = []
+        var changed: [(String, Tree)] = []
         for (key, newChild) in after where beforeKeys.contains(Array(key.utf8)) {
             guard let oldChild = before.first(where: { $0.0.utf8.elementsEqual(key.utf8) })?.1, oldChild != newChild else { continue }
             if params.index != .key, compareValues(indexValue(params.index, oldChild), indexValue(params.index, newChild)) != 0 {
@@ -203,25 +203,25 @@ struct Generator {
     }
 
     /// A child: a leaf or an object with an `a` (and maybe `a/b`) value, with a random priority.
-    mutating func child() -> Node {
-        let base: Node
+    mutating func child() -> Tree {
+        let base: Tree
         switch rng.below(4) {
-        case 0: base = Node(leaf())
+        case 0: base = Tree(leaf())
         case 1:
-            base = Node.empty.setting(Node(leaf()), at: Path(segments: [ChildKey(unchecked: "a")]))
+            base = Tree.empty.setting(Tree(leaf()), at: Path(segments: [ChildKey(unchecked: "a")]))
         case 2:
-            base = Node.empty.setting(Node(leaf()), at: Path(segments: [ChildKey(unchecked: "a"), ChildKey(unchecked: "b")]))
-                .setting(Node(leaf()), at: Path(segments: [ChildKey(unchecked: "x")]))
+            base = Tree.empty.setting(Tree(leaf()), at: Path(segments: [ChildKey(unchecked: "a"), ChildKey(unchecked: "b")]))
+                .setting(Tree(leaf()), at: Path(segments: [ChildKey(unchecked: "x")]))
         default:
-            base = Node.empty.setting(Node(leaf(), priority: priority()), at: Path(segments: [ChildKey(unchecked: "a")]))
+            base = Tree.empty.setting(Tree(leaf(), priority: priority()), at: Path(segments: [ChildKey(unchecked: "a")]))
         }
         return base.withPriority(priority())
     }
 
-    mutating func location() -> Node {
-        var node = Node.empty
+    mutating func location() -> Tree {
+        var node = Tree.empty
         for _ in 0..<rng.below(14) { node.set(child(), at: Path(segments: [key()])) }
-        if rng.below(10) == 0 { return Node(leaf()) }
+        if rng.below(10) == 0 { return Tree(leaf()) }
         return node.withPriority(priority())
     }
 
@@ -243,11 +243,11 @@ struct Generator {
         case .priority:
             switch priority() {
             case .none: return IndexPost(value: .empty, name: name)
-            case .number(let d): return IndexPost(value: Node(.double(d)), name: name)
-            case .string(let s): return IndexPost(value: Node(.string(s)), name: name)
+            case .number(let d): return IndexPost(value: Tree(.double(d)), name: name)
+            case .string(let s): return IndexPost(value: Tree(.string(s)), name: name)
             }
         default:
-            return IndexPost(value: rng.below(5) == 0 ? .empty : Node(leaf()), name: name)
+            return IndexPost(value: rng.below(5) == 0 ? .empty : Tree(leaf()), name: name)
         }
     }
 
@@ -264,7 +264,7 @@ struct Generator {
     }
 
     /// A random change to `node`: the new node and the change description a tree would report.
-    mutating func change(_ node: Node) -> (Node, ChildChanges) {
+    mutating func change(_ node: Tree) -> (Tree, ChildChanges) {
         var new = node
         switch rng.below(12) {
         case 0:
@@ -276,7 +276,7 @@ struct Generator {
         case 2, 3:
             let k = key()
             let sub = pick([[ChildKey(unchecked: "a")], [ChildKey(unchecked: "a"), ChildKey(unchecked: "b")], [ChildKey(unchecked: "x")]])
-            new.set(rng.below(5) == 0 ? .empty : Node(leaf()), at: Path(segments: [k] + sub))
+            new.set(rng.below(5) == 0 ? .empty : Tree(leaf()), at: Path(segments: [k] + sub))
             return (new, .keys([k]))
         case 4:
             let k = key()

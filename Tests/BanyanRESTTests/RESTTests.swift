@@ -16,7 +16,7 @@ func request(_ method: String, _ uri: String, body: String = "", headers: [(Stri
     try parse(method, uri, body: body, headers: headers).get()
 }
 
-func tree(_ json: String) throws -> Node { try Node(json: json) }
+func tree(_ json: String) throws -> Tree { try Tree(json: json) }
 
 /// Applies a request's command to a state machine, as a node does.
 func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String = "-PUSHID0000000000001", seq: UInt64 = 1) throws -> StateMachine.Applied {
@@ -78,7 +78,7 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(set.operation == .put && set.print == .silent && set.namespace == "foo" && set.authorization == .owner)
         let q = try request("GET", "/x.json?endAt=10&limitToFirst=2&orderBy=%22c%22&startAt=1&ns=foo")
         var expected = Query()
-        expected = try expected.orderByChild("c").startAt(Node(.int(1))).endAt(Node(.int(10))).limitToFirst(2)
+        expected = try expected.orderByChild("c").startAt(Tree(.int(1))).endAt(Tree(.int(10))).limitToFirst(2)
         #expect(q.query == expected.params)
         let key = try request("GET", "/x.json?orderBy=%22%24key%22&limitToLast=3&ns=foo")
         #expect(key.query == (try Query().orderByKey().limitToLast(3)).params)
@@ -96,11 +96,11 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
 
     @Test("query parameters: every ordering and bound, key tie-breakers, shallow paging, and their errors")
     func queries() throws {
-        #expect(try request("GET", "/x.json?orderBy=%22%24value%22&equalTo=%22a%22").query == (try Query().orderByValue().equalTo(Node(.string("a")))).params)
-        #expect(try request("GET", "/x.json?orderBy=%22%24priority%22&startAt=5,%22k%22").query == (try Query().orderByPriority().startAt(Node(.int(5)), key: "k")).params)
-        #expect(try request("GET", "/x.json?orderBy=%22a/b%22&startAfter=1&endBefore=9").query == (try Query().orderByChild("a/b").startAfter(Node(.int(1))).endBefore(Node(.int(9)))).params)
+        #expect(try request("GET", "/x.json?orderBy=%22%24value%22&equalTo=%22a%22").query == (try Query().orderByValue().equalTo(Tree(.string("a")))).params)
+        #expect(try request("GET", "/x.json?orderBy=%22%24priority%22&startAt=5,%22k%22").query == (try Query().orderByPriority().startAt(Tree(.int(5)), key: "k")).params)
+        #expect(try request("GET", "/x.json?orderBy=%22a/b%22&startAfter=1&endBefore=9").query == (try Query().orderByChild("a/b").startAfter(Tree(.int(1))).endBefore(Tree(.int(9)))).params)
         let shallowPage = try request("GET", "/x.json?shallow=true&limitToFirst=2&startAfter=%22b%22")
-        #expect(shallowPage.query == (try Query().orderByKey().startAfter(Node(.string("b"))).limitToFirst(2)).params)
+        #expect(shallowPage.query == (try Query().orderByKey().startAfter(Tree(.string("b"))).limitToFirst(2)).params)
         let bad: [String] = [
             "/x.json?limitToFirst=2",  // orderBy missing
             "/x.json?orderBy=%22a%22&limitToFirst=-1", "/x.json?orderBy=%22a%22&limitToFirst=x",
@@ -193,13 +193,13 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         var m = StateMachine()
         let first = try request("PUT", "/c.json?ns=n", body: "1", headers: [("if-match", "null_etag")])
         let ok = RESTRender.write(first, applied: try applyWrite(first, to: &m, seq: 1), pushID: nil)
-        #expect(ok.status == 200 && ok.header("ETag") == Node(.int(1)).hashString)
+        #expect(ok.status == 200 && ok.header("ETag") == Tree(.int(1)).hashString)
         let stale = try request("PUT", "/c.json?ns=n", body: "2", headers: [("if-match", "null_etag")])
         let refused = RESTRender.write(stale, applied: try applyWrite(stale, to: &m, seq: 2), pushID: nil)
-        #expect(refused.status == 412 && refused.text == "1" && refused.header("ETag") == Node(.int(1)).hashString)
-        let good = try request("PUT", "/c.json?ns=n", body: "3", headers: [("if-match", Node(.int(1)).hashString)])
+        #expect(refused.status == 412 && refused.text == "1" && refused.header("ETag") == Tree(.int(1)).hashString)
+        let good = try request("PUT", "/c.json?ns=n", body: "3", headers: [("if-match", Tree(.int(1)).hashString)])
         #expect(RESTRender.write(good, applied: try applyWrite(good, to: &m, seq: 3), pushID: nil).status == 200)
-        let delete = try request("DELETE", "/c.json?ns=n", headers: [("if-match", Node(.int(1)).hashString)])
+        let delete = try request("DELETE", "/c.json?ns=n", headers: [("if-match", Tree(.int(1)).hashString)])
         #expect(RESTRender.write(delete, applied: try applyWrite(delete, to: &m, seq: 4), pushID: nil).status == 412)
     }
 

@@ -20,8 +20,8 @@ import Testing
         ("none", { _, _ in 0 }), ("all", { _, n in n }), ("half", { _, n in n / 2 }),
     ]
 
-    static func tree(_ text: String) throws -> Node {
-        try NodeReader.read(Array(text.utf8), at: .root)
+    static func tree(_ text: String) throws -> Tree {
+        try TreeReader.read(Array(text.utf8), at: .root)
     }
 
     /// A node with entries 1...12 (term 1) durable, and the raw snapshot file a leader would send

@@ -99,13 +99,13 @@ final class Inbox: Sendable {
 }
 
 @Suite(.serialized) struct PeerTransportTests {
-    struct Node {
+    struct Tree {
         let transport: PeerTransport
         let inbox: Inbox
         let port: Int
     }
 
-    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup) throws -> Node {
+    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup) throws -> Tree {
         let files = try DevCertificates.ensureDevelopmentCertificates(directory: certDir, nodeName: name ?? "node\(id)", hosts: ["localhost", "127.0.0.1"])
         let inbox = Inbox()
         let t = try PeerTransport(
@@ -114,7 +114,7 @@ final class Inbox: Sendable {
             logger: Logger(label: "test")
         ) { _, _, messages in inbox.add(messages) }
         let bound = try t.listen(on: HostPort(host: "127.0.0.1", port: 0))
-        return Node(transport: t, inbox: inbox, port: bound?.port ?? 0)
+        return Tree(transport: t, inbox: inbox, port: bound?.port ?? 0)
     }
 
     func heartbeat(from: UInt64, to: UInt64) -> Message { Message(from: from, to: to, term: 3, body: .heartbeat(commit: 7, readSeq: 1)) }

@@ -47,7 +47,7 @@ import Testing
         let hash = m.tree("").child(at: try Path(parsing: "/users/bob")).hashString
         #expect(m.apply(envelope(3, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""C""#))), index: 3)?.outcome == .ok)
         let stale = m.apply(envelope(4, .compareAndSet(path: "/users/bob", expectedHash: hash, json: json(#""D""#))), index: 4)
-        #expect(stale?.outcome == .datastale(current: try Node(json: #""C""#)))
+        #expect(stale?.outcome == .datastale(current: try Tree(json: #""C""#)))
         #expect(try value(m, "/users/bob") == #""C""#)
         // Setting null removes.
         #expect(m.apply(envelope(5, .set(path: "/users/bob", json: json("null"))), index: 5)?.outcome == .ok)

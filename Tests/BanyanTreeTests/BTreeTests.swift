@@ -226,12 +226,12 @@ private struct CoarseKey: SortKey, CustomStringConvertible {
     @Test("search words agree with index order: IndexEntry", arguments: seeds(3))
     func indexEntryWords(seed: UInt64) {
         var rng = SeededRandom(seed: seed)
-        let values: [Node] = [
-            .empty, Node(.bool(false)), Node(.bool(true)), Node(.int(0)), Node(.double(-0.0)), Node(.int(-1)),
-            Node(.int(Int64.max)), Node(.int(Int64.min)), Node(.double(1.5)), Node(.double(-1e300)), Node(.double(1e-300)),
-            Node(.int(9_007_199_254_740_993)), Node(.double(9_007_199_254_740_992)), Node(.string("")), Node(.string("a")),
-            Node(.string("a\u{0}")), Node(.string("abcdefghij")), Node(.string("abcdefghik")), Node(.string("\u{FFFF}")),
-            Node(.string("😀")), Node(.string("é")), Node(sortedChildren: [(ChildKey(unchecked: "x"), Node(.int(1)))]),
+        let values: [Tree] = [
+            .empty, Tree(.bool(false)), Tree(.bool(true)), Tree(.int(0)), Tree(.double(-0.0)), Tree(.int(-1)),
+            Tree(.int(Int64.max)), Tree(.int(Int64.min)), Tree(.double(1.5)), Tree(.double(-1e300)), Tree(.double(1e-300)),
+            Tree(.int(9_007_199_254_740_993)), Tree(.double(9_007_199_254_740_992)), Tree(.string("")), Tree(.string("a")),
+            Tree(.string("a\u{0}")), Tree(.string("abcdefghij")), Tree(.string("abcdefghik")), Tree(.string("\u{FFFF}")),
+            Tree(.string("😀")), Tree(.string("é")), Tree(sortedChildren: [(ChildKey(unchecked: "x"), Tree(.int(1)))]),
         ]
         let keys = ["a", "b", "1", "2"].map { ChildKey(unchecked: $0) }
         var entries: [IndexEntry] = []

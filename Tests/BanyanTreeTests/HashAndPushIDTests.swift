@@ -27,7 +27,7 @@ import Testing
         ("{\"a\":{\".value\":1,\".priority\":\"z\"},\"b\":{\".value\":2,\".priority\":5},\"c\":3}", "4gMtNj5TgaZMS3GkFYOyjjBrGQA="),
     ])
     func vectors(json: String, hash: String) throws {
-        #expect(try Node(json: json).hashString == hash)
+        #expect(try Tree(json: json).hashString == hash)
     }
 }
 

@@ -28,11 +28,11 @@ let repositoryRoot: String = {
         for name in files where name.hasSuffix(".json") {
             let bytes = try readFile(JSONCorpusTests.corpus + "/" + name)
             let plain = Result { () throws(TreeError) in try JSONValue(parsing: bytes) }
-            let tree = Result { () throws(TreeError) in try NodeReader.read(bytes) }
+            let tree = Result { () throws(TreeError) in try TreeReader.read(bytes) }
             if name.hasPrefix("n_") {
                 checkedN += 1
                 if case .success = plain { Issue.record("\(name) accepted by JSONValue") }
-                if case .success = tree { Issue.record("\(name) accepted by NodeReader") }
+                if case .success = tree { Issue.record("\(name) accepted by TreeReader") }
                 if case .failure(let e) = tree { #expect(!e.message.isEmpty) }
             } else if name.hasPrefix("y_") {
                 checkedY += 1
@@ -58,34 +58,34 @@ let repositoryRoot: String = {
 @Suite struct JSONTests {
     @Test("integers stay exact, other numbers are doubles, -0 is 0")
     func numbers() throws {
-        #expect(try Node(json: "5").leaf == .int(5))
-        #expect(try Node(json: "9007199254740993").leaf.map { if case .int(9_007_199_254_740_993) = $0 { true } else { false } } == true)
-        #expect(try Node(json: "9223372036854775807").leaf.map { if case .int(Int64.max) = $0 { true } else { false } } == true)
-        if case .double(let d)? = try Node(json: "9223372036854775808").leaf {
+        #expect(try Tree(json: "5").leaf == .int(5))
+        #expect(try Tree(json: "9007199254740993").leaf.map { if case .int(9_007_199_254_740_993) = $0 { true } else { false } } == true)
+        #expect(try Tree(json: "9223372036854775807").leaf.map { if case .int(Int64.max) = $0 { true } else { false } } == true)
+        if case .double(let d)? = try Tree(json: "9223372036854775808").leaf {
             #expect(d == 9_223_372_036_854_775_808.0)
         } else {
             Issue.record("int64 overflow should become a double")
         }
-        if case .double(let d)? = try Node(json: "-0.0").leaf { #expect(d.sign == .plus) } else { Issue.record("-0.0") }
-        #expect(try Node(json: "-0").leaf == .int(0))
-        #expect(try Node(json: "1E2").leaf == .double(100))
+        if case .double(let d)? = try Tree(json: "-0.0").leaf { #expect(d.sign == .plus) } else { Issue.record("-0.0") }
+        #expect(try Tree(json: "-0").leaf == .int(0))
+        #expect(try Tree(json: "1E2").leaf == .double(100))
         for bad in ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"] {
             do {
-                _ = try Node(json: bad)
+                _ = try Tree(json: bad)
                 Issue.record("\(bad) accepted")
             } catch {
                 #expect(error.code == .invalidNumber, "\(bad): \(error)")
             }
         }
-        #expect(try Node(json: "1e-400").leaf == .double(0))
-        #expect(JSONWriter.string(try Node(json: "[5.0, 5, 0.1, 1e21, -3]")) == "[5.0,5,0.1,1e+21,-3]")
+        #expect(try Tree(json: "1e-400").leaf == .double(0))
+        #expect(JSONWriter.string(try Tree(json: "[5.0, 5, 0.1, 1e21, -3]")) == "[5.0,5,0.1,1e+21,-3]")
     }
 
     @Test("deep input is rejected before it can exhaust the stack")
     func depth() {
         let deep = String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)
         do {
-            _ = try NodeReader.read(deep)
+            _ = try TreeReader.read(deep)
             Issue.record("accepted")
         } catch {
             #expect(error.code == .depthExceeded)
@@ -97,18 +97,18 @@ let repositoryRoot: String = {
             #expect(error.code == .depthExceeded)
         }
         let objects = String(repeating: "{\"a\":", count: 50_000) + "1" + String(repeating: "}", count: 50_000)
-        #expect(throws: TreeError.self) { try NodeReader.read(objects) }
+        #expect(throws: TreeError.self) { try TreeReader.read(objects) }
     }
 
     @Test("32 levels including the location are allowed, 33 are not")
     func depthLimit() throws {
         func nested(_ n: Int) -> String { String(repeating: "{\"a\":", count: n) + "1" + String(repeating: "}", count: n) }
-        _ = try NodeReader.read(nested(32))
-        #expect(throws: TreeError.self) { try NodeReader.read(nested(33)) }
+        _ = try TreeReader.read(nested(32))
+        #expect(throws: TreeError.self) { try TreeReader.read(nested(33)) }
         let location = try Path(parsing: "x/y")
-        _ = try NodeReader.read(nested(30), at: location)
+        _ = try TreeReader.read(nested(30), at: location)
         do {
-            _ = try NodeReader.read(nested(31), at: location)
+            _ = try TreeReader.read(nested(31), at: location)
             Issue.record("accepted")
         } catch {
             #expect(error.code == .depthExceeded)
@@ -132,7 +132,7 @@ let repositoryRoot: String = {
         ]
         for (json, code, path) in cases {
             do {
-                _ = try NodeReader.read(json)
+                _ = try TreeReader.read(json)
                 Issue.record("accepted: \(json)")
             } catch {
                 #expect(error.code == code, "\(json): \(error)")
@@ -144,31 +144,31 @@ let repositoryRoot: String = {
     @Test("key paths longer than 768 bytes are rejected")
     func pathBytes() {
         let key = String(repeating: "k", count: 400)
-        #expect(throws: TreeError.self) { try NodeReader.read("{\"\(key)\":{\"\(key)\":1}}") }
+        #expect(throws: TreeError.self) { try TreeReader.read("{\"\(key)\":{\"\(key)\":1}}") }
     }
 
     @Test("strings over the size limit are rejected")
     func stringLimit() {
         var limits = TreeReadLimits()
         limits.maxStringBytes = 10
-        #expect(throws: TreeError.self) { try NodeReader.read("\"01234567890\"", limits: limits) }
-        #expect(throws: TreeError.self) { try NodeReader.read("\"0123456789\\n\"", limits: limits) }
-        #expect((try? NodeReader.read("\"0123456789\"", limits: limits)) != nil)
+        #expect(throws: TreeError.self) { try TreeReader.read("\"01234567890\"", limits: limits) }
+        #expect(throws: TreeError.self) { try TreeReader.read("\"0123456789\\n\"", limits: limits) }
+        #expect((try? TreeReader.read("\"0123456789\"", limits: limits)) != nil)
     }
 
     @Test("escapes decode, including surrogate pairs; lone surrogates are rejected")
     func escapes() throws {
-        #expect(try Node(json: "\"a\\u00e9\\ud83d\\ude00\\n\\\"\"").leaf == .string("aé😀\n\""))
-        #expect(throws: TreeError.self) { try Node(json: "\"\\ud800\"") }
-        #expect(throws: TreeError.self) { try Node(json: "\"\\udc00x\"") }
-        #expect(throws: TreeError.self) { try NodeReader.read([0x22, 0xC3, 0x28, 0x22]) }
+        #expect(try Tree(json: "\"a\\u00e9\\ud83d\\ude00\\n\\\"\"").leaf == .string("aé😀\n\""))
+        #expect(throws: TreeError.self) { try Tree(json: "\"\\ud800\"") }
+        #expect(throws: TreeError.self) { try Tree(json: "\"\\udc00x\"") }
+        #expect(throws: TreeError.self) { try TreeReader.read([0x22, 0xC3, 0x28, 0x22]) }
     }
 
     @Test("empty objects and nulls vanish; arrays become index-keyed objects")
     func emptiness() throws {
-        #expect(try Node(json: "{\"a\":{},\"b\":null,\"c\":{\"d\":{}}}").isEmpty)
-        #expect(try Node(json: "{\".priority\":5}").isEmpty)
-        let array = try Node(json: "[\"x\",null,\"z\"]")
+        #expect(try Tree(json: "{\"a\":{},\"b\":null,\"c\":{\"d\":{}}}").isEmpty)
+        #expect(try Tree(json: "{\".priority\":5}").isEmpty)
+        let array = try Tree(json: "[\"x\",null,\"z\"]")
         #expect(array.childCount == 2)
         #expect(array.child(ChildKey(unchecked: "2")).leaf == .string("z"))
         #expect(JSONWriter.string(array) == "[\"x\",null,\"z\"]")
@@ -177,39 +177,39 @@ let repositoryRoot: String = {
 
     @Test("array rendering follows Firebase's rule (all index keys, max < 2 * count)")
     func arrays() throws {
-        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"1\":2}")) == "[1,2]")
-        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"3\":2}")) == "[1,null,null,2]")
-        #expect(JSONWriter.string(try Node(json: "{\"0\":1,\"4\":2}")) == "{\"0\":1,\"4\":2}")
-        #expect(JSONWriter.string(try Node(json: "{\"00\":1,\"1\":2}")) == "{\"00\":1,\"1\":2}")
-        #expect(JSONWriter.string(try Node(json: "{\"1\":1,\"a\":2}")) == "{\"1\":1,\"a\":2}")
+        #expect(JSONWriter.string(try Tree(json: "{\"0\":1,\"1\":2}")) == "[1,2]")
+        #expect(JSONWriter.string(try Tree(json: "{\"0\":1,\"3\":2}")) == "[1,null,null,2]")
+        #expect(JSONWriter.string(try Tree(json: "{\"0\":1,\"4\":2}")) == "{\"0\":1,\"4\":2}")
+        #expect(JSONWriter.string(try Tree(json: "{\"00\":1,\"1\":2}")) == "{\"00\":1,\"1\":2}")
+        #expect(JSONWriter.string(try Tree(json: "{\"1\":1,\"a\":2}")) == "{\"1\":1,\"a\":2}")
     }
 
     @Test("the export format round-trips priorities and writes keys in Firebase order")
     func exportRoundTrip() throws {
         let text = "{\".priority\":\"top\",\"10\":{\".value\":true,\".priority\":2.5},\"9\":\"x\",\"b\":{\"c\":null,\"d\":-7},\"a\":\"q\\u0001\"}"
-        let node = try Node(json: text)
+        let node = try Tree(json: text)
         let export = JSONWriter.string(node, format: .export)
         #expect(export == "{\".priority\":\"top\",\"9\":\"x\",\"10\":{\".value\":true,\".priority\":2.5},\"a\":\"q\\u0001\",\"b\":{\"d\":-7}}")
-        #expect(try Node(json: export) == node)
+        #expect(try Tree(json: export) == node)
         #expect(JSONWriter.string(node) == "{\"9\":\"x\",\"10\":true,\"a\":\"q\\u0001\",\"b\":{\"d\":-7}}")
         let pretty = JSONWriter.string(node, format: .export, pretty: true)
-        #expect(try Node(json: pretty) == node)
+        #expect(try Tree(json: pretty) == node)
     }
 
     @Test("nested .value wrappers cannot exhaust the stack")
     func nestedDotValue() {
         let deep = String(repeating: "{\".value\":", count: 100_000) + "1" + String(repeating: "}", count: 100_000)
-        #expect(throws: TreeError.self) { try NodeReader.read(deep) }
+        #expect(throws: TreeError.self) { try TreeReader.read(deep) }
         let mixed = String(repeating: "{\"a\":{\".value\":", count: 20_000) + "1" + String(repeating: "}}", count: 20_000)
-        #expect(throws: TreeError.self) { try NodeReader.read(mixed) }
+        #expect(throws: TreeError.self) { try TreeReader.read(mixed) }
     }
 
     @Test(".value may hold a server value, resolved like any other")
     func dotValueServerValue() throws {
-        let node = try NodeReader.read(
+        let node = try TreeReader.read(
             "{\".value\":{\".sv\":\"timestamp\"},\".priority\":1}", serverValues: ServerValueContext(timestamp: 77))
-        #expect(node == Node(.int(77), priority: .number(1)))
-        #expect(throws: TreeError.self) { try NodeReader.read("{\".value\":{\"a\":1}}") }
+        #expect(node == Tree(.int(77), priority: .number(1)))
+        #expect(throws: TreeError.self) { try TreeReader.read("{\".value\":{\"a\":1}}") }
     }
 
     @Test("inputs over the byte limit are rejected before parsing")
@@ -217,23 +217,23 @@ let repositoryRoot: String = {
         var limits = TreeReadLimits()
         limits.maxBytes = 8
         do {
-            _ = try NodeReader.read("[1,2,3,4,5]", limits: limits)
+            _ = try TreeReader.read("[1,2,3,4,5]", limits: limits)
             Issue.record("accepted")
         } catch {
             #expect(error.code == .inputTooLarge)
         }
         limits.maxBytes = 100
         limits.maxNodes = 4
-        #expect(throws: TreeError.self) { try NodeReader.read("[1,2,3,4,5]", limits: limits) }
+        #expect(throws: TreeError.self) { try TreeReader.read("[1,2,3,4,5]", limits: limits) }
     }
 
     @Test("numbers beyond 2^53 order and compare as doubles, consistently")
     func bigNumbers() throws {
         // 2^53 + 1 (int) and 2^53 (double and int) are the same double: equal, ordered by key.
-        let node = try Node(json: "{\"a\":9007199254740993,\"b\":9007199254740992.0,\"c\":9007199254740992}")
+        let node = try Tree(json: "{\"a\":9007199254740993,\"b\":9007199254740992.0,\"c\":9007199254740992}")
         let values = node.children.elements().map(\.value)
         for x in values {
-            for y in values { #expect(Node.compareValues(x, y) == 0) }
+            for y in values { #expect(Tree.compareValues(x, y) == 0) }
         }
         #expect(values[0] == values[2])
         #expect(values[0].hashString == values[2].hashString)
@@ -243,9 +243,9 @@ let repositoryRoot: String = {
 @Suite struct JSONStreamTests {
     @Test("streamed output equals the one-shot output, in chunks near the requested size")
     func stream() throws {
-        var node = Node.empty
+        var node = Tree.empty
         for i in 0..<3_000 {
-            node.set(Node(.string("value \(i) with some text")), at: Path(segments: [ChildKey(unchecked: "k\(i % 37)"), ChildKey(unchecked: "item\(i)")]))
+            node.set(Tree(.string("value \(i) with some text")), at: Path(segments: [ChildKey(unchecked: "k\(i % 37)"), ChildKey(unchecked: "item\(i)")]))
         }
         var chunks: [[UInt8]] = []
         try JSONWriter.stream(node, format: .export, chunkBytes: 4_096) { chunks.append($0) }

@@ -2,7 +2,7 @@ import BanyanBasics
 import BanyanTree
 import Testing
 
-private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
+private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Tree {
     func priority() -> Priority {
         switch rng.below(4) {
         case 0: return .number(Double(rng.below(100)) / 4)
@@ -18,9 +18,9 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
         case 2: leaf = .double(Double(rng.below(1_000_000)) / 7)
         default: leaf = .string(["", "text", "é\u{301}", "line\nbreak", "😀 astral", String(repeating: "x", count: 300)][rng.below(6)])
         }
-        return Node(leaf, priority: priority())
+        return Tree(leaf, priority: priority())
     }
-    var node = Node.empty
+    var node = Tree.empty
     for _ in 0..<(1 + rng.below(6)) {
         let key = ChildKey(unchecked: ["a", "b", "7", "007", "-1", "é", "😀", "long-key-\(rng.below(50))"][rng.below(8)])
         node.set(randomNode(&rng, depth: depth + 1), at: Path(segments: [key]))
@@ -45,7 +45,7 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
     @Test("truncated or damaged images give typed errors, never a crash")
     func damaged() throws {
         var rng = SeededRandom(seed: 99)
-        let node = randomNode(&rng, depth: 0).setting(Node(.string("x")), at: Path(segments: [ChildKey(unchecked: "z")]))
+        let node = randomNode(&rng, depth: 0).setting(Tree(.string("x")), at: Path(segments: [ChildKey(unchecked: "z")]))
         let image = TreeImage.bytes(node)
         for cut in 0..<image.count {
             #expect(throws: TreeError.self, "cut at \(cut)") { try TreeImage.read(Array(image.prefix(cut))) }
@@ -71,7 +71,7 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
     @Test("streamed image equals the one-shot image")
     func streamed() throws {
         var rng = SeededRandom(seed: 5)
-        var node = Node.empty
+        var node = Tree.empty
         for i in 0..<2_000 { node.set(randomNode(&rng, depth: 2), at: Path(segments: [ChildKey(unchecked: "k\(i)")])) }
         var chunks: [[UInt8]] = []
         try TreeImage.stream(node, chunkBytes: 8_192) { chunks.append($0) }
@@ -80,7 +80,7 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
     }
 
     /// Reads `image` through the streaming reader, handing out at most `step(call)` bytes per call.
-    private func streamedRead(_ image: [UInt8], step: (Int) -> Int) throws -> Node {
+    private func streamedRead(_ image: [UInt8], step: (Int) -> Int) throws -> Tree {
         var offset = 0
         var calls = 0
         return try TreeImage.read(maxLength: image.count) { buffer in
@@ -95,11 +95,11 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
     @Test("the streaming reader gives what the in-memory reader gives, however the bytes arrive", arguments: seeds(10))
     func streamingRead(seed: UInt64) throws {
         var rng = SeededRandom(seed: seed)
-        var node = Node.empty
+        var node = Tree.empty
         // Wide maps (built straight into tree nodes), small ones, and a string longer than the
         // reader's first window.
         for i in 0..<(40 + rng.below(300)) { node.set(randomNode(&rng, depth: 1), at: Path(segments: [ChildKey(unchecked: "k\(i)")])) }
-        node.set(Node(.string(String(repeating: "long ", count: 60_000))), at: Path(segments: [ChildKey(unchecked: "big")]))
+        node.set(Tree(.string(String(repeating: "long ", count: 60_000))), at: Path(segments: [ChildKey(unchecked: "big")]))
         let image = TreeImage.bytes(node)
         for steps in [{ (_: Int) in 1 }, { (_: Int) in 7 }, { (_: Int) in Int.max }, { (call: Int) in 1 + (call * 7_919) % 20_000 }] {
             let back = try streamedRead(image, step: steps)
@@ -113,7 +113,7 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
     @Test("a streamed image that is cut, damaged or whose source fails gives an error, never a crash")
     func streamingDamage() throws {
         var rng = SeededRandom(seed: 7)
-        var node = Node.empty
+        var node = Tree.empty
         for i in 0..<60 { node.set(randomNode(&rng, depth: 2), at: Path(segments: [ChildKey(unchecked: "item\(i)")])) }
         let image = TreeImage.bytes(node)
         for cut in stride(from: 0, to: image.count, by: 37) {
@@ -146,8 +146,8 @@ private func randomNode(_ rng: inout SeededRandom, depth: Int) -> Node {
 
     @Test("-0.0 in an image reads back as 0.0, as JSON input does")
     func negativeZero() throws {
-        let node = Node(.double(-0.0), priority: .number(-0.0))
+        let node = Tree(.double(-0.0), priority: .number(-0.0))
         let back = try TreeImage.read(TreeImage.bytes(node))
-        #expect(back.hashString == Node(.double(0), priority: .number(0)).hashString)
+        #expect(back.hashString == Tree(.double(0), priority: .number(0)).hashString)
     }
 }

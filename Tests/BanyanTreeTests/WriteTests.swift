@@ -1,9 +1,9 @@
 import BanyanTree
 import Testing
 
-func node(_ json: String) -> Node {
+func node(_ json: String) -> Tree {
     do {
-        return try Node(json: json)
+        return try Tree(json: json)
     } catch {
         Issue.record("bad test JSON \(json): \(error)")
         return .empty
@@ -81,7 +81,7 @@ func path(_ text: String) -> Path {
 
     @Test("sibling paths that share a prefix string do not overlap")
     func prefixNotAncestor() throws {
-        var tree = Node.empty
+        var tree = Tree.empty
         try tree.apply(update: [
             UpdateEntry(path: try WritePath(parsing: "ab"), node: node("1")),
             UpdateEntry(path: try WritePath(parsing: "a"), node: node("2")),
@@ -108,7 +108,7 @@ func path(_ text: String) -> Path {
     @Test("server timestamps resolve once per write, at any depth and as priorities")
     func timestamps() throws {
         let context = ServerValueContext(timestamp: 1_700_000_000_123)
-        let value = try NodeReader.read(
+        let value = try TreeReader.read(
             "{\"t\":{\".sv\":\"timestamp\"},\"n\":{\"m\":{\".sv\":\"timestamp\"}},\".priority\":{\".sv\":\"timestamp\"}}",
             serverValues: context)
         #expect(value.child(at: path("t")).leaf == .int(1_700_000_000_123))
@@ -128,7 +128,7 @@ func path(_ text: String) -> Path {
     ])
     func increments(existing: String, delta: String, expected: String) throws {
         let tree = node(existing)
-        let value = try NodeReader.read(
+        let value = try TreeReader.read(
             "{\".sv\":{\"increment\":\(delta)}}", at: path("c"),
             serverValues: ServerValueContext(timestamp: 0, existing: tree))
         #expect(JSONWriter.string(value) == expected)
@@ -138,7 +138,7 @@ func path(_ text: String) -> Path {
     func unknownServerValue() {
         for bad in ["{\".sv\":\"now\"}", "{\".sv\":{\"increment\":\"x\"}}", "{\".sv\":{\"decrement\":1}}", "{\".sv\":1,\"a\":1}"] {
             #expect(throws: TreeError.self, "\(bad)") {
-                try NodeReader.read(bad, serverValues: ServerValueContext(timestamp: 1))
+                try TreeReader.read(bad, serverValues: ServerValueContext(timestamp: 1))
             }
         }
     }
@@ -156,7 +156,7 @@ func path(_ text: String) -> Path {
     @Test("priority entries apply after data entries, whatever their order in the update")
     func updatePriorityOrder() throws {
         for order in [["a/.priority", "a/b"], ["a/b", "a/.priority"]] {
-            var tree = Node.empty
+            var tree = Tree.empty
             try tree.apply(update: try order.map { text in
                 UpdateEntry(path: try WritePath(parsing: text), node: text.hasSuffix(".priority") ? node("5") : node("1"))
             }, at: .root)
@@ -166,9 +166,9 @@ func path(_ text: String) -> Path {
 
     @Test("writes check depth and key-path length against their location")
     func writeLimits() throws {
-        let deepData = try Node(json: String(repeating: "{\"k\":", count: 15) + "1" + String(repeating: "}", count: 15))
+        let deepData = try Tree(json: String(repeating: "{\"k\":", count: 15) + "1" + String(repeating: "}", count: 15))
         let location = try Path(parsing: (0..<20).map { "p\($0)" }.joined(separator: "/"))
-        var tree = Node.empty
+        var tree = Tree.empty
         do {
             try tree.apply(set: deepData, at: WritePath(path: location))
             Issue.record("accepted 35 levels")
@@ -183,7 +183,7 @@ func path(_ text: String) -> Path {
         }
         #expect(tree.isEmpty)
         let longKey = String(repeating: "q", count: 500)
-        let wide = try Node(json: "{\"\(longKey)\":1}")
+        let wide = try Tree(json: "{\"\(longKey)\":1}")
         #expect(throws: TreeError.self) { try tree.apply(set: wide, at: WritePath(path: try Path(parsing: longKey))) }
         try tree.apply(set: deepData, at: WritePath(path: try Path(parsing: "ok")))
         #expect(!tree.isEmpty)

@@ -57,16 +57,16 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// The priority as a node, for ordering (`.none` is the empty node).
-    public var node: Node {
+    public var node: Tree {
         switch self {
         case .none: return .empty
-        case .number(let d): return Node(.double(d))
-        case .string(let s): return Node(.string(s))
+        case .number(let d): return Tree(.double(d))
+        case .string(let s): return Tree(.string(s))
         }
     }
 
     /// The priority a leaf node denotes, when it is a valid priority (null, number or string).
-    public init?(node: Node) {
+    public init?(node: Tree) {
         if node.isEmpty {
             self = .none
             return
@@ -89,14 +89,15 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// The children of a node: an ordered persistent map in Firebase key order.
-public typealias ChildMap = SortedTree<ChildKey, Node>
+public typealias ChildMap = SortedTree<ChildKey, Tree>
 
-/// A node of the tree: empty (null), a leaf with a priority, or children with a priority.
+/// The value at one location of the JSON tree (Firebase's SDKs call it a "node"; Banyan keeps
+/// that word for cluster members): empty (null), a leaf with a priority, or children with a priority.
 ///
-/// Invariants: a children node has at least one child and no child is empty; an empty node has no
-/// priority. Nodes are immutable values with structural sharing: a write copies only the path it
+/// Invariants: a children value has at least one child and no child is empty; an empty value has no
+/// priority. Trees are immutable values with structural sharing: a write copies only the path it
 /// touches (and mutates in place when nothing else shares that path).
-public struct Node: Sendable {
+public struct Tree: Sendable {
     @usableFromInline
     enum Storage: Sendable {
         case empty
@@ -106,7 +107,7 @@ public struct Node: Sendable {
 
     @usableFromInline var storage: Storage
 
-    public static let empty = Node(storage: .empty)
+    public static let empty = Tree(storage: .empty)
 
     @usableFromInline init(storage: Storage) { self.storage = storage }
 
@@ -116,7 +117,7 @@ public struct Node: Sendable {
     }
 
     /// A node from children already in key order with no duplicates; empty children are dropped.
-    public init(sortedChildren: [(ChildKey, Node)], priority: Priority = .none) {
+    public init(sortedChildren: [(ChildKey, Tree)], priority: Priority = .none) {
         let kept = sortedChildren.contains { $0.1.isEmpty } ? sortedChildren.filter { !$0.1.isEmpty } : sortedChildren
         if kept.isEmpty {
             storage = .empty
@@ -171,13 +172,13 @@ public struct Node: Sendable {
     }
 
     /// The child under `key` (the empty node when absent or when this is a leaf).
-    public func child(_ key: ChildKey) -> Node {
+    public func child(_ key: ChildKey) -> Tree {
         if case .children(let map, _) = storage { return map[key] ?? .empty }
         return .empty
     }
 
     /// The node at `path` below this one.
-    public func child(at path: Path) -> Node {
+    public func child(at path: Path) -> Tree {
         var node = self
         for key in path.segments {
             guard case .children(let map, _) = node.storage, let next = map[key] else { return .empty }
@@ -187,11 +188,11 @@ public struct Node: Sendable {
     }
 
     /// The same node with another priority (priorities on the empty node are dropped).
-    public func withPriority(_ priority: Priority) -> Node {
+    public func withPriority(_ priority: Priority) -> Tree {
         switch storage {
         case .empty: return self
-        case .leaf(let l, _): return Node(storage: .leaf(l, priority))
-        case .children(let m, _): return Node(storage: .children(m, priority))
+        case .leaf(let l, _): return Tree(storage: .leaf(l, priority))
+        case .children(let m, _): return Tree(storage: .children(m, priority))
         }
     }
 
@@ -223,19 +224,19 @@ public struct Node: Sendable {
 
     /// Replaces the node at `path` (the empty node removes it). Parents that become empty vanish,
     /// with their priorities; a leaf on the way is replaced by a children node keeping its priority.
-    public mutating func set(_ node: Node, at path: Path) {
+    public mutating func set(_ node: Tree, at path: Path) {
         set(node, at: path.segments[...])
     }
 
     /// The tree with `node` at `path`.
-    public func setting(_ node: Node, at path: Path) -> Node {
+    public func setting(_ node: Tree, at path: Path) -> Tree {
         var copy = self
         copy.set(node, at: path)
         return copy
     }
 
     @usableFromInline
-    mutating func set(_ node: Node, at path: ArraySlice<ChildKey>) {
+    mutating func set(_ node: Tree, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
             self = node
             return
@@ -244,10 +245,10 @@ public struct Node: Sendable {
         switch storage {
         case .empty:
             guard !node.isEmpty else { return }
-            storage = .children(Node.singleton(key, Node.empty.setting(node, at: rest)), .none)
+            storage = .children(Tree.singleton(key, Tree.empty.setting(node, at: rest)), .none)
         case .leaf(_, let priority):
             guard !node.isEmpty else { return }
-            storage = .children(Node.singleton(key, Node.empty.setting(node, at: rest)), priority)
+            storage = .children(Tree.singleton(key, Tree.empty.setting(node, at: rest)), priority)
         case .children(var map, let priority):
             // Drop this node's reference first so `map` is uniquely referenced and can be
             // mutated in place.
@@ -259,7 +260,7 @@ public struct Node: Sendable {
             }
             if found == nil {
                 // Known absent: insert with one descent (`updateValue` would look again first).
-                if !node.isEmpty { map.insertNew(Node.empty.setting(node, at: rest), forKey: key) }
+                if !node.isEmpty { map.insertNew(Tree.empty.setting(node, at: rest), forKey: key) }
             } else if becameEmpty {
                 map.removeValue(forKey: key)
             }
@@ -267,13 +268,13 @@ public struct Node: Sendable {
         }
     }
 
-    private func setting(_ node: Node, at path: ArraySlice<ChildKey>) -> Node {
+    private func setting(_ node: Tree, at path: ArraySlice<ChildKey>) -> Tree {
         var copy = self
         copy.set(node, at: path)
         return copy
     }
 
-    private static func singleton(_ key: ChildKey, _ node: Node) -> ChildMap {
+    private static func singleton(_ key: ChildKey, _ node: Tree) -> ChildMap {
         var map = ChildMap()
         map.updateValue(node, forKey: key)
         return map
@@ -289,9 +290,9 @@ public struct Node: Sendable {
     }
 }
 
-extension Node: Equatable {
+extension Tree: Equatable {
     /// Firebase equality: same shape, leaves equal by value (numbers as doubles), same priorities.
-    public static func == (a: Node, b: Node) -> Bool {
+    public static func == (a: Tree, b: Tree) -> Bool {
         switch (a.storage, b.storage) {
         case (.empty, .empty):
             return true
@@ -312,6 +313,6 @@ extension Node: Equatable {
     }
 }
 
-extension Node: CustomStringConvertible {
+extension Tree: CustomStringConvertible {
     public var description: String { JSONWriter.string(self, format: .export) }
 }

@@ -1,17 +1,17 @@
 /// Firebase's node hash (the `h` of transactions and listens): base64 of SHA-1 over a canonical
 /// text form of the node. Bit-for-bit compatible with the Firebase SDKs (spec section 3.9).
-extension Node {
+extension Tree {
     /// The hash: `""` for the empty node, otherwise 28 characters of base64.
     public var hashString: String {
         switch storage {
         case .empty:
             return ""
         case .leaf(let leaf, let priority):
-            var text = Node.priorityPrefix(priority)
+            var text = Tree.priorityPrefix(priority)
             switch leaf {
             case .bool(let b): text += "boolean:" + (b ? "true" : "false")
-            case .int(let i): text += "number:" + Node.hex16(Double(i))
-            case .double(let d): text += "number:" + Node.hex16(d)
+            case .int(let i): text += "number:" + Tree.hex16(Double(i))
+            case .double(let d): text += "number:" + Tree.hex16(d)
             case .string(let s): text += "string:" + s
             }
             var sha = SHA1()
@@ -19,7 +19,7 @@ extension Node {
             return Base64.encode(sha.finalize())
         case .children(let map, let priority):
             var sha = SHA1()
-            sha.update(Node.priorityPrefix(priority))
+            sha.update(Tree.priorityPrefix(priority))
             var anyPriority = false
             for (_, child) in map.elements() where child.priority != .none {
                 anyPriority = true
@@ -29,15 +29,15 @@ extension Node {
                 // Priority order: by priority, then key.
                 var ordered = Array(map.elements())
                 ordered.sort { IndexEntry(value: $0.value.priority.node, key: $0.key) < IndexEntry(value: $1.value.priority.node, key: $1.key) }
-                for (key, child) in ordered { Node.hashChild(key, child, into: &sha) }
+                for (key, child) in ordered { Tree.hashChild(key, child, into: &sha) }
             } else {
-                map.forEach { key, child in Node.hashChild(key, child, into: &sha) }
+                map.forEach { key, child in Tree.hashChild(key, child, into: &sha) }
             }
             return Base64.encode(sha.finalize())
         }
     }
 
-    private static func hashChild(_ key: ChildKey, _ child: Node, into sha: inout SHA1) {
+    private static func hashChild(_ key: ChildKey, _ child: Tree, into sha: inout SHA1) {
         let childHash = child.hashString
         guard !childHash.isEmpty else { return }
         sha.update(":" + key.string + ":" + childHash)

@@ -5,9 +5,9 @@
 /// their exact path in it.
 public struct ServerValueContext: Sendable {
     public let timestamp: Int64
-    public let existing: Node
+    public let existing: Tree
 
-    public init(timestamp: Int64, existing: Node = .empty) {
+    public init(timestamp: Int64, existing: Tree = .empty) {
         self.timestamp = timestamp
         self.existing = existing
     }
@@ -36,9 +36,9 @@ public struct TreeReadLimits: Sendable {
 }
 
 /// Reads Firebase tree data (plain JSON or the export format with `.priority` / `.value` / `.sv`)
-/// straight into a `Node`, validating as it goes: keys, depth (location depth plus data nesting at
+/// straight into a `Tree`, validating as it goes: keys, depth (location depth plus data nesting at
 /// most 32), key-path length (768 bytes), duplicate keys, numbers, priorities and metadata.
-public enum NodeReader {
+public enum TreeReader {
     /// Reads `bytes` as the value to be stored at `location`.
     ///
     /// - Parameter serverValues: how to resolve `.sv` placeholders; `nil` rejects them (plain data
@@ -46,11 +46,11 @@ public enum NodeReader {
     public static func read(
         _ bytes: [UInt8], at location: Path = .root,
         serverValues: ServerValueContext? = nil, limits: TreeReadLimits = .standard
-    ) throws(TreeError) -> Node {
+    ) throws(TreeError) -> Tree {
         if bytes.count > limits.maxBytes {
             throw TreeError(.inputTooLarge, path: location.description, "Input is \(bytes.count) bytes; the limit is \(limits.maxBytes)")
         }
-        let result: Result<Node, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+        let result: Result<Tree, TreeError> = bytes.withUnsafeBufferPointer { buffer in
             var state = ReaderState(
                 scanner: JSONScanner(bytes: buffer), location: location,
                 serverValues: serverValues, limits: limits)
@@ -68,15 +68,15 @@ public enum NodeReader {
     public static func read(
         _ text: String, at location: Path = .root, serverValues: ServerValueContext? = nil,
         limits: TreeReadLimits = .standard
-    ) throws(TreeError) -> Node {
+    ) throws(TreeError) -> Tree {
         try read(Array(text.utf8), at: location, serverValues: serverValues, limits: limits)
     }
 }
 
-extension Node {
+extension Tree {
     /// Parses JSON tree data (export format accepted) with no server values allowed.
     public init(json: String) throws(TreeError) {
-        self = try NodeReader.read(json)
+        self = try TreeReader.read(json)
     }
 }
 
@@ -132,7 +132,7 @@ private struct ReaderState {
         if nodes > limits.maxNodes { throw fail(.inputTooLarge, "Input has more than \(limits.maxNodes) nodes") }
     }
 
-    mutating func readValue() throws(TreeError) -> Node {
+    mutating func readValue() throws(TreeError) -> Tree {
         let b = try scanner.peek()
         switch b {
         case UInt8(ascii: "{"): return try readObject()
@@ -140,7 +140,7 @@ private struct ReaderState {
         default:
             guard let leaf = try readPrimitive() else { return .empty }
             try count()
-            return Node(leaf)
+            return Tree(leaf)
         }
     }
 
@@ -190,11 +190,11 @@ private struct ReaderState {
         }
     }
 
-    mutating func readArray() throws(TreeError) -> Node {
+    mutating func readArray() throws(TreeError) -> Tree {
         try enter()
         defer { nesting -= 1 }
         scanner.position += 1
-        var children: [(ChildKey, Node)] = []
+        var children: [(ChildKey, Tree)] = []
         if try scanner.peek() == UInt8(ascii: "]") {
             scanner.position += 1
             return .empty
@@ -217,15 +217,15 @@ private struct ReaderState {
         // Index keys are produced in numeric order, which is Firebase key order.
         guard !children.isEmpty else { return .empty }
         try count()
-        return Node(sortedChildren: children)
+        return Tree(sortedChildren: children)
     }
 
-    mutating func readObject() throws(TreeError) -> Node {
+    mutating func readObject() throws(TreeError) -> Tree {
         try enter()
         defer { nesting -= 1 }
         let objectStart = scanner.position
         scanner.position += 1
-        var children: [(ChildKey, Node)] = []
+        var children: [(ChildKey, Tree)] = []
         // Keys whose value was null: kept only for the duplicate-key check.
         var nullKeys: [ChildKey] = []
         var allKeysInOrder = true
@@ -305,7 +305,7 @@ private struct ReaderState {
             }
             let leaf = try resolve(spec, at: objectStart)
             try count()
-            return Node(leaf, priority: priority ?? .none)
+            return Tree(leaf, priority: priority ?? .none)
         }
         if let value = dotValue {
             guard realKeys == 0 else {
@@ -313,7 +313,7 @@ private struct ReaderState {
             }
             guard let leaf = value else { return .empty }
             try count()
-            return Node(leaf, priority: priority ?? .none)
+            return Tree(leaf, priority: priority ?? .none)
         }
         if !allKeysInOrder {
             children.sort { $0.0 < $1.0 }
@@ -327,7 +327,7 @@ private struct ReaderState {
                 throw fail(.duplicateKey, "Duplicate key \"\(ChildKey.printable(all[i].string))\" in object", at: objectStart)
             }
         }
-        let node = Node(sortedChildren: children, priority: priority ?? .none)
+        let node = Tree(sortedChildren: children, priority: priority ?? .none)
         if !node.isEmpty { try count() }
         return node
     }
