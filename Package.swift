@@ -52,13 +52,13 @@ let package = Package(
     targets: [
         // MARK: - Layer 0 (pure cores)
 
-        // Small shared helpers: the seeded random source.
+        // Small shared helpers: the seeded random source, the byte codec of every binary format.
         .target(name: "BanyanBasics", swiftSettings: strictSettings),
         // The Firebase data model: keys, paths, nodes, ordering, JSON, hash, push ids, writes.
         .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // Operation log format: records, CRC32C, segment scanning and recovery rules, hard state.
-        .target(name: "BanyanOpLog", swiftSettings: optimisedCoreSettings),
+        .target(name: "BanyanOpLog", dependencies: ["BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // Linearizability checking of client histories (test support for the simulator and the
         // multi-process tests; pure).
@@ -76,14 +76,14 @@ let package = Package(
 
         // The replicated state machine: client write commands in the log, applied to the tree
         // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
-        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree"], swiftSettings: optimisedCoreSettings),
+        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // MARK: - Layer 2 (pure cores)
 
         // The replica loop's core: Raft + state machine + waiting client requests, leader
         // timestamps, forwarding, retries, ReadIndex reads, snapshot scheduling (docs/replica.md).
         .target(
-            name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree"], swiftSettings: optimisedCoreSettings
+            name: "BanyanReplica", dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"], swiftSettings: optimisedCoreSettings
         ),
 
         // The Firebase REST API and its event streams: request parsing, response rendering, SSE
@@ -121,7 +121,7 @@ let package = Package(
         .target(
             name: "BanyanNode",
             dependencies: [
-                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree",
+                "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanBasics",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: optimisedDriverSettings
@@ -189,7 +189,7 @@ let package = Package(
         // `swift run -c release banyan-sim`: the seeded cluster simulator (docs/simulator.md).
         .executableTarget(
             name: "BanyanSim",
-            dependencies: ["BanyanSimulation", "BanyanNode", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            dependencies: ["BanyanSimulation", "BanyanBasics", .product(name: "ArgumentParser", package: "swift-argument-parser")],
             swiftSettings: strictSettings
         ),
         // `swift run -c release banyan-bench`: prints benchmark figures (docs/benchmarks.md).
@@ -214,11 +214,11 @@ let package = Package(
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanRaftTests",
-            dependencies: ["BanyanRaft", "BanyanSimulation", "BanyanCheckers", "BanyanBasics"],
+            dependencies: ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
             swiftSettings: strictSettings
         ),
         .testTarget(
-            name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanTree"], swiftSettings: strictSettings
+            name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings
         ),
         .testTarget(
             name: "BanyanReplicaTests",
@@ -242,7 +242,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
-        .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode", "BanyanBasics", "BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",
             dependencies: ["BanyanOpLogFiles", "BanyanOpLog", "BanyanBasics", .product(name: "Logging", package: "swift-log")],

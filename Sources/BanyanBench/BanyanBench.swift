@@ -9,7 +9,7 @@ import Foundation
 import Glibc
 #endif
 
-/// `swift run -c release banyan-bench [tree|window|json|all]`: prints the figures recorded in
+/// `swift run -c release banyan-bench [tree|window|json|oplog|snapshot|raft|sim|codec|all]`: prints the figures recorded in
 /// docs/benchmarks.md. Deterministic inputs (seeded); wall-clock timing on one core.
 @main
 enum BanyanBench {
@@ -30,6 +30,7 @@ enum BanyanBench {
         if all || which.contains("snapshot") { snapshot() }
         if all || which.contains("raft") { raft() }
         if all || which.contains("sim") { simulation() }
+        if all || which.contains("codec") { codec() }
     }
 
     static func machine() -> String {

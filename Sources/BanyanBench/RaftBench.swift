@@ -81,30 +81,25 @@ extension BanyanBench {
     // MARK: The simulator
 
     static func simulation() {
-        print("\n== simulator: 5 nodes, 1,000 client operations per seed, one core ==")
+        print("\n== whole-node simulator: 300 client operations per seed, one core ==")
         for faults in [false, true] {
-            var options = SimulationOptions(seed: 1)
-            options.nodes = 5
-            options.faults = faults
             var events = 0
             var simulatedMillis = 0
             var failed = 0
-            let count = 60
+            let count = 40
             let elapsed = seconds {
                 for seed in UInt64(1)...UInt64(count) {
-                    options.seed = seed
-                    let r = Simulator.run(options)
+                    var options = WholeNodeOptions(seed: seed)
+                    options.faults = faults
+                    let r = WholeNodeSimulator.run(options)
                     events += r.stats.events
                     simulatedMillis += r.stats.simulatedMillis
                     if !r.passed { failed += 1 }
                 }
             }
-            // Every node ticks every 10 simulated ms.
-            let nodeTicks = Double(simulatedMillis) / 10 * 5
             print(
                 "\(faults ? "with faults" : "no faults  "): \(format(Double(count) / elapsed)) seeds/s, \(Int(Double(events) / elapsed)) events/s,"
-                    + " \(Int(nodeTicks / elapsed)) node ticks/s, \(format(Double(simulatedMillis) / 1000 / elapsed)) simulated s per s"
-                    + " (\(count) seeds, \(failed) failed)"
+                    + " \(format(Double(simulatedMillis) / 1000 / elapsed)) simulated s per s (\(count) seeds, \(failed) failed)"
             )
         }
     }

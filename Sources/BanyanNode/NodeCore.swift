@@ -1,3 +1,4 @@
+public import BanyanBasics
 public import BanyanRaft
 public import BanyanReplica
 public import BanyanStateMachine
@@ -68,8 +69,8 @@ public final class NodeCore {
         public var roundIntervalNanoseconds: UInt64 = 0
         /// Replication rounds per `process()` pass before it yields (`processAgain`).
         public var roundsPerPass = 64
-        /// Simulator self-tests only (`NodeSabotage`).
-        public var sabotage: NodeSabotage = .none
+        /// Simulator self-tests only (`Sabotage`).
+        public var sabotage: Sabotage = .none
 
         public init(replica: ReplicaConfiguration) { self.replica = replica }
     }
@@ -126,7 +127,8 @@ public final class NodeCore {
             try storage.bootstrap(members: members)
             logger.notice("bootstrapped a new cluster", metadata: ["members": "\(members)"])
         }
-        let loaded = try storage.load(progress: progress)
+        var loaded = try storage.load(progress: progress)
+        if settings.sabotage == .forgetVote { loaded.persisted.hardState.vote = 0 }
         pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
         replica = try Replica(
             configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
@@ -147,7 +149,7 @@ public final class NodeCore {
     /// state (`stale`: possibly behind the leader).
     public func read(_ id: RequestID, namespace: String, stale: Bool) {
         guard !stopped else { return output(.read(id, .failure(.timedOut(write: false)))) }
-        if stale { return output(.read(id, .success(replica.machine.tree(namespace)))) }
+        if stale || settings.sabotage == .localReads { return output(.read(id, .success(replica.machine.tree(namespace)))) }
         start(id, .read(namespace: namespace, watch: nil)) { $0.read(id) }
     }
 
@@ -240,7 +242,8 @@ public final class NodeCore {
             }
             // A leader's appends go out while it writes the same entries (Raft §10.2.1), and a
             // follower's forwarded proposals and read-index requests while it persists.
-            if rd.sendBeforePersist > 0 { output(.send(Array(rd.messages.prefix(rd.sendBeforePersist)))) }
+            let early = settings.sabotage == .sendBeforePersist ? rd.messages.count : rd.sendBeforePersist
+            if early > 0 { output(.send(Array(rd.messages.prefix(early)))) }
             let started = monotonicNanoseconds()
             let installed: StateMachine?
             do {
@@ -255,7 +258,7 @@ public final class NodeCore {
                 return fail("\(error)")
             }
             output(.note(.persisted(nanoseconds: monotonicNanoseconds() &- started)))
-            if rd.messages.count > rd.sendBeforePersist { output(.send(Array(rd.messages.dropFirst(rd.sendBeforePersist)))) }
+            if rd.messages.count > early { output(.send(Array(rd.messages.dropFirst(early)))) }
             for request in rd.snapshotReads { serveSnapshotChunk(request) }
             if let meta = rd.snapshot, installed != nil { output(.note(.snapshotInstalled(meta))) }
             replica.advance(rd, installed: installed)

@@ -1,3 +1,4 @@
+public import BanyanBasics
 public import BanyanOpLog
 public import BanyanOpLogFiles
 public import BanyanRaft
@@ -23,8 +24,8 @@ public final class NodeStorage {
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
     private var savedHardState: BanyanRaft.HardState
-    /// Simulator self-tests only (`NodeSabotage`); the server never sets it.
-    public var sabotage: NodeSabotage = .none
+    /// Simulator self-tests only (`Sabotage`); the server never sets it.
+    public var sabotage: Sabotage = .none
     /// The core's latest hard state, as its last `Ready` that carried one reported it.
     private var latestHardState: BanyanRaft.HardState
     /// This data directory's incarnation (`RaftConfiguration.incarnation`; 0: legacy, a
@@ -58,7 +59,7 @@ public final class NodeStorage {
     /// adds it back (it refetches what it lost from the leader meanwhile, without voting).
     public init(
         directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, newIncarnation: UInt64 = 0,
-        salvageDamagedLog: Bool = false, sabotage: NodeSabotage = .none, progress: @escaping (String) -> Void
+        salvageDamagedLog: Bool = false, sabotage: Sabotage = .none, progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
@@ -71,6 +72,7 @@ public final class NodeStorage {
         var logOptions = SegmentedLog.Options()
         logOptions.salvageDamagedTail = salvageDamagedLog
         logOptions.sabotageReadThroughCache = sabotage == .readThroughPageCache
+        logOptions.sabotageCutAnyDamage = sabotage == .cutAnyDamage
         self.sabotage = sabotage
         log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, options: logOptions, logger: logger) { done, total in
             progress("log recovery: \(done)/\(total) segments scanned")
@@ -123,23 +125,24 @@ public final class NodeStorage {
     static let incarnationMagic: [UInt8] = Array("BNYINCR1".utf8)
 
     /// `"BNYINCR1" | incarnation u64 | CRC32C of the 16 bytes before it, u32` (little-endian).
+    /// Written and read with the shared byte codec (docs/internals/byte-codec.md).
     static func encodeIncarnation(_ incarnation: UInt64) -> [UInt8] {
-        var out = incarnationMagic
-        for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: incarnation >> UInt64(s))) }
-        let crc = CRC32C.checksum(out)
-        for s in stride(from: 0, to: 32, by: 8) { out.append(UInt8(truncatingIfNeeded: crc >> UInt32(s))) }
-        return out
+        var w = ByteWriter(capacity: 20)
+        w.raw(incarnationMagic)
+        w.u64(incarnation)
+        w.u32(CRC32C.checksum(w.out))
+        return w.finish()
     }
 
-    /// The incarnation in `bytes`, or nil when they are not a valid incarnation file.
+    /// The incarnation in `bytes`, or nil when they are not a valid incarnation file (exactly 20
+    /// bytes, the magic, a checksum that matches, a nonzero value).
     static func decodeIncarnation(_ bytes: [UInt8]) -> UInt64? {
-        guard bytes.count == 20, bytes.starts(with: incarnationMagic) else { return nil }
-        var crc: UInt32 = 0
-        for i in 0..<4 { crc |= UInt32(bytes[16 + i]) << UInt32(8 * i) }
-        guard CRC32C.checksum(Array(bytes[0..<16])) == crc else { return nil }
-        var value: UInt64 = 0
-        for i in 0..<8 { value |= UInt64(bytes[8 + i]) << UInt64(8 * i) }
-        return value == 0 ? nil : value
+        let fields = try? ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
+            try r.magic(incarnationMagic, "incarnation magic")
+            return (value: try r.u64("incarnation"), crc: try r.u32("incarnation checksum"))
+        }
+        guard let fields, CRC32C.checksum(Array(bytes[0..<16])) == fields.crc, fields.value != 0 else { return nil }
+        return fields.value
     }
 
     private static func writeIncarnation(_ incarnation: UInt64, directory: String, _ fileSystem: any FileSystem) throws(OpLogError) {
@@ -391,55 +394,46 @@ public final class NodeStorage {
     /// A membership without incarnations has exactly the bytes it had before they existed, and
     /// older readers skip the pairs.
     public static func encodeMembership(_ m: Membership) -> [UInt8] {
-        var out: [UInt8] = []
-        func u64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
-        u64(UInt64(m.voters.count))
-        m.voters.forEach(u64)
-        u64(UInt64(m.learners.count))
-        m.learners.forEach(u64)
+        var w = ByteWriter(capacity: 16 + 8 * (m.voters.count + m.learners.count) + 8 + 16 * m.incarnations.count)
+        w.u64s(m.voters)
+        w.u64s(m.learners)
         if !m.incarnations.isEmpty {
             let ids = m.incarnations.keys.sorted()
-            u64(UInt64(ids.count))
+            w.u64(UInt64(ids.count))
             for id in ids {
-                u64(id)
-                u64(m.incarnation(of: id))
+                w.u64(id)
+                w.u64(m.incarnation(of: id))
             }
         }
-        return out
+        return w.finish()
     }
 
+    /// Decodes `encodeMembership`'s bytes (empty bytes: the empty membership); anything else,
+    /// including an incarnation for a non-member, a zero or repeated one, or trailing bytes, is
+    /// `.corrupt`, naming the field.
     public static func decodeMembership(_ bytes: [UInt8]) throws -> Membership {
-        var at = 0
-        func u64() throws -> UInt64 {
-            guard at + 8 <= bytes.count else { throw OpLogError(.corrupt, "membership record is truncated") }
-            var v: UInt64 = 0
-            for i in 0..<8 { v |= UInt64(bytes[at + i]) << UInt64(8 * i) }
-            at += 8
-            return v
-        }
-        func list() throws -> [UInt64] {
-            let n = try u64()
-            guard n <= UInt64(bytes.count / 8) else { throw OpLogError(.corrupt, "membership record has a bad count") }
-            return try (0..<n).map { _ in try u64() }
-        }
         if bytes.isEmpty { return .empty }
-        let voters = try list()
-        let learners = try list()
-        guard at < bytes.count else { return Membership(voters: voters, learners: learners) }
-        let n = try u64()
-        guard n <= UInt64(bytes.count / 16) else { throw OpLogError(.corrupt, "membership record has a bad incarnation count") }
-        let members = Set(voters).union(learners)
-        var incarnations: [NodeID: UInt64] = [:]
-        for _ in 0..<n {
-            let id = try u64()
-            let incarnation = try u64()
-            guard members.contains(id), incarnation != 0, incarnations[id] == nil else {
-                throw OpLogError(.corrupt, "membership record has a bad incarnation for node \(id)")
+        do throws(ByteCodecError) {
+            return try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
+                let voters = try r.u64s("voters")
+                let learners = try r.u64s("learners")
+                guard !r.atEnd else { return Membership(voters: voters, learners: learners) }
+                let n = try r.count("incarnations", itemBytes: 16)
+                let members = Set(voters).union(learners)
+                var incarnations: [NodeID: UInt64] = [:]
+                for _ in 0..<n {
+                    let id = try r.u64("incarnation id")
+                    let incarnation = try r.u64("incarnation")
+                    guard members.contains(id), incarnation != 0, incarnations[id] == nil else {
+                        throw .badValue(field: "incarnation of node \(id)")
+                    }
+                    incarnations[id] = incarnation
+                }
+                return Membership(voters: voters, learners: learners, incarnations: incarnations)
             }
-            incarnations[id] = incarnation
+        } catch {
+            throw OpLogError(.corrupt, "membership record is malformed: \(error)")
         }
-        guard at == bytes.count else { throw OpLogError(.corrupt, "membership record has \(bytes.count - at) trailing bytes") }
-        return Membership(voters: voters, learners: learners, incarnations: incarnations)
     }
 }
 

@@ -1,3 +1,5 @@
+import BanyanBasics
+
 /// What a snapshot stands for, as its file stores it: the log prefix it replaces and the cluster
 /// membership then (the on-disk form of `BanyanRaft.SnapshotMeta`, converted by `NodeStorage`).
 public struct SnapshotMetaRecord: Sendable, Equatable {
@@ -39,18 +41,20 @@ public enum SnapshotFormat {
     }
 
     public static func encode(_ trailer: Trailer) -> [UInt8] {
-        var fields: [UInt8] = []
-        LogFormat.appendLE(trailer.metadata.lastIndex, &fields)
-        LogFormat.appendLE(trailer.metadata.lastTerm, &fields)
-        LogFormat.appendLE(UInt32(trailer.metadata.membership.count), &fields)
-        fields.append(contentsOf: trailer.metadata.membership)
-        LogFormat.appendLE(trailer.imageLength, &fields)
-        LogFormat.appendLE(trailer.imageChecksum, &fields)
-        var out = fields
-        LogFormat.appendLE(UInt32(fields.count), &out)
-        LogFormat.appendLE(CRC32C.checksum(fields), &out)
-        out.append(contentsOf: footer)
-        return out
+        var fields = ByteWriter(capacity: 32 + trailer.metadata.membership.count)
+        fields.u64(trailer.metadata.lastIndex)
+        fields.u64(trailer.metadata.lastTerm)
+        fields.u32(UInt32(trailer.metadata.membership.count))
+        fields.raw(trailer.metadata.membership)
+        fields.u64(trailer.imageLength)
+        fields.u32(trailer.imageChecksum)
+        let checksum = CRC32C.checksum(fields.out)
+        let length = UInt32(fields.count)
+        var w = ByteWriter(continuing: &fields.out)
+        w.u32(length)
+        w.u32(checksum)
+        w.raw(footer)
+        return w.finish()
     }
 
     /// Splits a snapshot file into its compressed body and trailer; nil when the file is not a
@@ -64,7 +68,11 @@ public enum SnapshotFormat {
     /// reader fetch the trailer without reading the body.
     public static func trailerBytes(last16: [UInt8]) -> Int? {
         guard last16.count == footer.count + 8, Array(last16[8...]) == footer else { return nil }
-        return last16.withUnsafeBufferPointer { Int(LogFormat.readLE($0, 0, as: UInt32.self)) } + 8 + footer.count
+        let length: UInt32? = last16.withUnsafeBytes { raw in
+            var r = ByteReader(raw)
+            return try? r.u32("trailer length")
+        }
+        return length.map { Int($0) + 8 + footer.count }
     }
 
     /// As `parse`, from the file's first bytes (`head`, at least the header) and its last
@@ -77,22 +85,25 @@ public enum SnapshotFormat {
         // Offsets below are within `tail`; `skipped` converts them to file offsets.
         let skipped = n - t
         return tail.withUnsafeBufferPointer { b -> (Range<Int>, Trailer)? in
+            let raw = UnsafeRawBufferPointer(b)
             let crcAt = t - footer.count - 4
             let lengthAt = crcAt - 4
-            let length = Int(LogFormat.readLE(b, lengthAt, as: UInt32.self))
-            let stored = LogFormat.readLE(b, crcAt, as: UInt32.self)
+            var frame = ByteReader(raw, at: lengthAt)
+            guard let length32 = try? frame.u32("trailer length"), let stored = try? frame.u32("trailer checksum") else { return nil }
+            let length = Int(length32)
             guard length >= 32, length <= lengthAt, length <= skipped + lengthAt - header.count else { return nil }
             let start = lengthAt - length
             guard CRC32C.checksum(UnsafeBufferPointer(rebasing: b[start..<lengthAt])) == stored else { return nil }
-            let membershipLength = Int(LogFormat.readLE(b, start + 16, as: UInt32.self))
-            guard 20 + membershipLength + 12 == length else { return nil }
-            let metadata = SnapshotMetaRecord(
-                lastIndex: LogFormat.readLE(b, start, as: UInt64.self), lastTerm: LogFormat.readLE(b, start + 8, as: UInt64.self),
-                membership: Array(b[(start + 20)..<(start + 20 + membershipLength)]))
-            let after = start + 20 + membershipLength
-            let trailer = Trailer(
-                metadata: metadata, imageLength: LogFormat.readLE(b, after, as: UInt64.self),
-                imageChecksum: LogFormat.readLE(b, after + 8, as: UInt32.self))
+            let fields = UnsafeRawBufferPointer(rebasing: raw[start..<lengthAt])
+            let trailer: Trailer? = try? ByteReader.readAll(fields) { (r: inout ByteReader) throws(ByteCodecError) -> Trailer in
+                let lastIndex = try r.u64("snapshot last index")
+                let lastTerm = try r.u64("snapshot last term")
+                let membershipLength = Int(try r.u32("membership length"))
+                let membership = Array(try r.raw("membership", count: membershipLength))
+                let metadata = SnapshotMetaRecord(lastIndex: lastIndex, lastTerm: lastTerm, membership: membership)
+                return Trailer(metadata: metadata, imageLength: try r.u64("image length"), imageChecksum: try r.u32("image checksum"))
+            }
+            guard let trailer else { return nil }
             return (header.count..<(skipped + start), trailer)
         }
     }

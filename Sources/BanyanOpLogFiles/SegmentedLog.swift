@@ -69,6 +69,9 @@ public final class SegmentedLog {
         /// Simulator self-tests only: recovery reads through the page cache (item 7 of issue 14
         /// undone). The server never sets it.
         public var sabotageReadThroughCache = false
+        /// Simulator self-tests only: damage in the last segment is cut in place whatever
+        /// follows it, as before item 4 of issue 14 was fixed. The server never sets it.
+        public var sabotageCutAnyDamage = false
         public init() {}
     }
 
@@ -116,6 +119,10 @@ public final class SegmentedLog {
         var offsets: [Int] = []
         var terms: [UInt64] = []
         var size: Int
+        /// No more write batches may go into this segment (a version-1 segment, or one whose
+        /// data ends inside a batch: see `SegmentScan.endsInsideBatch`); the next append starts a
+        /// new segment.
+        var sealed = false
         var lastIndex: UInt64 { firstIndex + UInt64(offsets.count) - 1 }
     }
 
@@ -127,6 +134,12 @@ public final class SegmentedLog {
     private var active: FileID?
     /// The active segment's file size: its records, then preallocated zeros.
     private var activeAllocated = 0
+    /// How far the active segment is known durable: its size at its last successful sync (0 for
+    /// a new segment). Every write batch's synced-through markers carry it.
+    private var activeSynced = 0
+    /// Records were written to the active segment since its last sync: the next `sync` records
+    /// its reach in an empty batch after them.
+    private var recordsSinceSync = false
     /// Zeros for preallocation (one buffer of at most 64 KiB, reused: a step is several writes).
     private lazy var zeros = [UInt8](repeating: 0, count: Swift.min(options.preallocationBytes, 64 << 10))
     private var directoryDirty = false
@@ -207,6 +220,12 @@ public final class SegmentedLog {
             case .zeroTail(let offset):
                 size = offset  // preallocated space, kept for the next records
                 zeroTail = (path(name), offset, bytes.count - offset)
+            case .corrupt(let offset, _) where isLast && options.sabotageCutAnyDamage && !options.salvageDamagedTail
+                && offset >= LogFormat.segmentHeader.count:
+                // The old recovery: the damage is taken for a torn tail and the file truncated.
+                _ = try cutTail(name, bytes, at: offset, removingSegment: false)
+                recovery.truncatedTail = (path(name), offset, bytes.count - offset)
+                cut = offset
             case .corrupt(let offset, let reason):
                 guard isLast, options.salvageDamagedTail else { throw refusal(name, scan, offset: offset, reason: reason) }
                 let saved = try cutTail(name, bytes, at: offset, removingSegment: offset < LogFormat.segmentHeader.count)
@@ -234,22 +253,28 @@ public final class SegmentedLog {
                     recovery.removedEmptySegment = name
                     var metadata: Logger.Metadata = ["file": "\(path(name))"]
                     if let saved { metadata["saved_to"] = "\(saved)" }
+                    if case .found(let a, let b, _)? = scan.recordsAfterDamage { metadata["unsynced_records_after_damage"] = "\(a)...\(b)" }
                     logger.notice("removed a segment without a complete header (crash right after creating it)", metadata: metadata)
                     progress?(i + 1, names.count)
                     continue
                 }
                 let saved = try cutTail(name, bytes, at: offset, removingSegment: false)
                 recovery.truncatedTail = (path(name), offset, bytes.count - offset)
-                logger.warning(
-                    "truncated a torn tail (a write interrupted by a crash)",
-                    metadata: [
-                        "file": "\(path(name))", "offset": "\(offset)", "dropped_bytes": "\(bytes.count - offset)",
-                        "saved_to": "\(saved ?? "nothing (zeros)")",
-                    ])
+                var metadata: Logger.Metadata = [
+                    "file": "\(path(name))", "offset": "\(offset)", "dropped_bytes": "\(bytes.count - offset)",
+                    "saved_to": "\(saved ?? "nothing (zeros)")",
+                ]
+                if case .found(let a, let b, _)? = scan.recordsAfterDamage, case .neverSynced(let through)? = scan.syncEvidence {
+                    // Write-back kept later sectors of the unsynced batch and lost an earlier one.
+                    metadata["unsynced_records_after_damage"] = "\(a)...\(b)"
+                    metadata["synced_through"] = "\(through)"
+                }
+                logger.warning("truncated a torn tail (a write interrupted by a crash)", metadata: metadata)
                 cut = offset
             }
             if let cut { size = cut }
             var segment = Segment(name: name, firstIndex: first, size: size)
+            segment.sealed = scan.version < LogFormat.version || scan.endsInsideBatch
             segment.offsets = scan.offsets
             segment.terms = scan.entries.map(\.term)
             segments.append(segment)
@@ -265,6 +290,7 @@ public final class SegmentedLog {
             try fileSystem.sync(file)
             active = file
             activeAllocated = try fileSystem.size(file)
+            activeSynced = last.size
         }
         // What we read may be only in the page cache (the process died, the machine did not):
         // the last segment was synced above, earlier ones at their roll; the directory entries
@@ -290,6 +316,17 @@ public final class SegmentedLog {
             message += "; valid records \(first) to \(last) follow the damage (from byte \(at)), so it is not a torn tail"
         case .unknown:
             message += "; valid records may follow the damage, so it is not a torn tail"
+        case nil:
+            break
+        }
+        switch scan.syncEvidence {
+        case .syncedBeyondDamage(let through, let at)?:
+            metadata["synced_through"] = "\(through)"
+            message += "; a synced-through marker at byte \(at) says the segment was synced through byte \(through), beyond the damage"
+        case .recordsWithoutMarkers(let at)?:
+            message += "; no synced-through marker vouches for the record at byte \(at) (a segment written before format version 2, or its batch's markers are damaged too)"
+        case .neverSynced?:
+            message += "; the markers say nothing after it was synced, but the damaged bytes hold no all-zero sector (not a sector a power loss left unwritten)"
         case nil:
             break
         }
@@ -363,10 +400,12 @@ public final class SegmentedLog {
         do {
             var buffer: [UInt8] = []
             for entry in entries {
-                if active == nil || (segments.last?.size ?? 0) >= options.segmentBytes {
+                if active == nil || segments.last?.sealed != false || (segments.last?.size ?? 0) >= options.segmentBytes {
                     try flush(&buffer)
                     try roll(firstIndex: entry.index)
                 }
+                // A batch starts with its leading marker (filled in by `flush`).
+                if buffer.isEmpty { buffer.append(contentsOf: repeatElement(0, count: LogFormat.markerBytes)) }
                 guard var segment = segments.popLast() else { throw OpLogError(.io, "no active segment") }
                 segment.offsets.append(segment.size + buffer.count)
                 segment.terms.append(entry.term)
@@ -376,16 +415,18 @@ public final class SegmentedLog {
                 if options.syncEveryRecord, let file = active {
                     try flush(&buffer)
                     try fileSystem.sync(file)
+                    activeSynced = segments.last?.size ?? 0
                     if directoryDirty {
                         try fileSystem.syncDirectory(directory)
                         directoryDirty = false
                     }
                     durableIndex = lastIndex
-                } else if segment.size + buffer.count >= options.segmentBytes {
+                } else if segment.size + buffer.count + LogFormat.markerBytes >= options.segmentBytes {
                     try flush(&buffer)
                 }
             }
             try flush(&buffer)
+            recordsSinceSync = !options.syncEveryRecord
         } catch let error as FileSystemError {
             throw stop(OpLogError(error))
         } catch let error as OpLogError {
@@ -404,9 +445,15 @@ public final class SegmentedLog {
         return error
     }
 
+    /// Writes one batch: `buffer` holds a placeholder for the leading marker, then records; both
+    /// markers say where the batch lies and how far the segment was synced before it.
     private func flush(_ buffer: inout [UInt8]) throws {
         guard !buffer.isEmpty, let file = active, var segment = segments.popLast() else { return }
         defer { segments.append(segment) }
+        let marker = LogFormat.encode(
+            SyncMarker(syncedThrough: activeSynced, spanStart: segment.size, spanEnd: segment.size + buffer.count + LogFormat.markerBytes))
+        buffer.replaceSubrange(0..<LogFormat.markerBytes, with: marker)
+        buffer.append(contentsOf: marker)
         let step = options.preallocationBytes
         if step > 0 {
             // Grow by whole steps of zeros before the records go over them: one size change per
@@ -437,11 +484,16 @@ public final class SegmentedLog {
             fileSystem.close(file)
             active = nil
         }
+        if let last = segments.last, last.offsets.isEmpty {
+            // A sealed segment without records has the new one's name: it is started afresh.
+            segments.removeLast()
+        }
         let name = LogFormat.segmentName(firstIndex: firstIndex)
         let file = try fileSystem.create(path(name))
         try fileSystem.append(file, LogFormat.segmentHeader)
         active = file
         activeAllocated = LogFormat.segmentHeader.count
+        activeSynced = 0
         directoryDirty = true
         segments.append(Segment(name: name, firstIndex: firstIndex, size: LogFormat.segmentHeader.count))
     }
@@ -452,13 +504,29 @@ public final class SegmentedLog {
     public func sync() throws(OpLogError) -> UInt64 {
         if let failure { throw failure }
         do {
-            if let file = active { try fileSystem.sync(file) }
+            if let file = active {
+                try fileSystem.sync(file)
+                activeSynced = segments.last?.size ?? 0
+            }
             if directoryDirty {
                 try fileSystem.syncDirectory(directory)
                 directoryDirty = false
             }
-        } catch {
+            if recordsSinceSync, segments.last?.sealed == false {
+                // Record the sync itself: an empty batch whose markers say how far the segment
+                // is now durable. It is not synced (no extra fdatasync): write-back or the next
+                // sync persists it, and from then on damage inside the batch just synced is told
+                // from a torn write (docs/internals/oplog-format.md, the marker rule).
+                recordsSinceSync = false
+                var empty = [UInt8](repeating: 0, count: LogFormat.markerBytes)
+                try flush(&empty)
+            }
+        } catch let error as FileSystemError {
             throw stop(OpLogError(error))
+        } catch let error as OpLogError {
+            throw stop(error)
+        } catch {
+            throw stop(OpLogError(.io, "\(error)"))
         }
         durableIndex = lastIndex
         return durableIndex
@@ -495,13 +563,17 @@ public final class SegmentedLog {
                     last.offsets.removeLast(last.offsets.count - keep)
                     last.terms.removeLast(last.terms.count - keep)
                     last.size = cut
+                    // The cut lies inside a write batch: later batches go to a new segment.
+                    last.sealed = true
                     segments[segments.count - 1] = last
                     active = file
                     activeAllocated = cut
+                    activeSynced = cut
                 } else {
                     let file = try fileSystem.open(path(last.name))
                     active = file
                     activeAllocated = try fileSystem.size(file)
+                    activeSynced = last.size
                 }
             }
         } catch {
@@ -509,6 +581,7 @@ public final class SegmentedLog {
         }
         lastIndex = index
         durableIndex = Swift.min(durableIndex, index)
+        recordsSinceSync = false
     }
 
     /// Discards the whole log so that the next append starts at `index + 1` (a snapshot at
@@ -532,6 +605,7 @@ public final class SegmentedLog {
         }
         lastIndex = index
         durableIndex = index
+        recordsSinceSync = false
     }
 
     /// Removes leading segments (never the last) while `covered(segment's last index)` holds.

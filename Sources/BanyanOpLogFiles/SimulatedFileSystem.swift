@@ -364,6 +364,23 @@ public final class SimulatedFileSystem: FileSystem {
     }
 
     /// Flips one byte of a file (durable and written images), for corruption tests.
+    /// How many bytes of `path` are durable (0 for an unknown path).
+    public func durableSize(_ path: String) -> Int {
+        guard let id = names[path], let node = inodes[id] else { return 0 }
+        return node.durable.count
+    }
+
+    /// Zeroes `count` bytes at `offset` in what is written and what is durable: a sector the disk
+    /// lost after it was synced (a media error, a misdirected write).
+    public func zero(_ path: String, at offset: Int, count: Int) {
+        guard let id = names[path], var node = inodes[id], offset >= 0, count > 0 else { return }
+        for i in offset..<(offset + count) {
+            if i < node.data.count { node.data[i] = 0 }
+            if i < node.durable.count { node.durable[i] = 0 }
+        }
+        inodes[id] = node
+    }
+
     public func corrupt(_ path: String, at offset: Int) {
         guard let id = names[path], var node = inodes[id], offset < node.data.count else { return }
         node.data[offset] ^= 0xFF

@@ -1,6 +1,10 @@
+import BanyanBasics
+
 /// The peer wire format of Raft messages, the connection hello and stream framing (docs/raft.md,
-/// "Wire format"). Little-endian throughout; every count and length is checked against the bytes
-/// that remain before anything is allocated, so hostile or damaged input is a typed error.
+/// "Wire format"), written and read with the shared byte codec (`ByteWriter`, `ByteReader`;
+/// docs/internals/byte-codec.md). Little-endian throughout; every count and length is checked
+/// against the bytes that remain before anything is allocated, so hostile or damaged input is a
+/// typed error: the codec's `ByteCodecError`s arrive as the matching cases here.
 public enum WireError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The input ended inside `field`.
     case truncated(field: String)
@@ -31,118 +35,34 @@ public enum WireError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// Appends little-endian fields to a byte array.
-struct WireWriter {
-    var out: [UInt8]
-    init(capacity: Int = 64) {
-        out = []
-        out.reserveCapacity(capacity)
-    }
-    /// Continues `out` in place (the caller's buffer is moved in, not copied; give it back with
-    /// `out = writer.out`).
-    init(continuing out: inout [UInt8]) {
-        self.out = out
-        out = []
-    }
-    mutating func u8(_ v: UInt8) { out.append(v) }
-    mutating func bool(_ v: Bool) { out.append(v ? 1 : 0) }
-    mutating func u16(_ v: UInt16) {
-        out.append(UInt8(truncatingIfNeeded: v))
-        out.append(UInt8(truncatingIfNeeded: v >> 8))
-    }
-    mutating func u64(_ v: UInt64) {
-        for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) }
-    }
-    mutating func bytes(_ b: [UInt8]) {
-        u64(UInt64(b.count))
-        out.append(contentsOf: b)
-    }
-    mutating func string(_ s: String) {
-        u64(UInt64(s.utf8.count))
-        out.append(contentsOf: s.utf8)
-    }
-    mutating func ids(_ list: [UInt64]) {
-        u64(UInt64(list.count))
-        for id in list { u64(id) }
+extension WireError {
+    /// The peer format's error for a failure of the shared byte codec: the same field names,
+    /// the same cases.
+    init(_ error: ByteCodecError) {
+        switch error {
+        case .truncated(let field): self = .truncated(field: field)
+        case let .tooLarge(field, count): self = .tooLarge(field: field, count: count)
+        case .trailingBytes(let n): self = .trailingBytes(n)
+        case .badValue(let field): self = .badValue(field: field)
+        case .badMagic: self = .badMagic
+        }
     }
 }
 
-/// Reads little-endian fields from borrowed bytes. Every read checks what remains first, and
-/// every count is checked against what remains before anything is allocated, so no input can
-/// trap or make the reader allocate more than the input's size.
-struct WireReader {
-    let b: UnsafeRawBufferPointer
-    var at: Int
-    init(_ b: UnsafeRawBufferPointer, at: Int = 0) {
-        self.b = b
-        self.at = at
-    }
-    var remaining: Int { b.count - at }
-    mutating func u8(_ f: String) throws(WireError) -> UInt8 {
-        guard remaining >= 1 else { throw .truncated(field: f) }
-        defer { at += 1 }
-        return b[at]
-    }
-    mutating func bool(_ f: String) throws(WireError) -> Bool {
-        switch try u8(f) {
-        case 0: return false
-        case 1: return true
-        default: throw .badValue(field: f)
-        }
-    }
-    mutating func u16(_ f: String) throws(WireError) -> UInt16 {
-        guard remaining >= 2 else { throw .truncated(field: f) }
-        defer { at += 2 }
-        return UInt16(littleEndian: b.loadUnaligned(fromByteOffset: at, as: UInt16.self))
-    }
-    mutating func u64(_ f: String) throws(WireError) -> UInt64 {
-        guard remaining >= 8 else { throw .truncated(field: f) }
-        defer { at += 8 }
-        return UInt64(littleEndian: b.loadUnaligned(fromByteOffset: at, as: UInt64.self))
-    }
-    /// A count of items of at least `itemBytes` each, checked against what remains.
-    mutating func count(_ f: String, itemBytes: Int) throws(WireError) -> Int {
-        let n = try u64(f)
-        guard n <= UInt64(remaining / max(1, itemBytes)) else { throw .tooLarge(field: f, count: n) }
-        return Int(n)
-    }
-    /// A length-prefixed run of bytes, borrowed.
-    mutating func span(_ f: String) throws(WireError) -> UnsafeRawBufferPointer {
-        let n = try count(f, itemBytes: 1)
-        defer { at += n }
-        return UnsafeRawBufferPointer(rebasing: b[at..<at + n])
-    }
-    mutating func bytes(_ f: String) throws(WireError) -> [UInt8] { Array(try span(f)) }
-    mutating func string(_ f: String) throws(WireError) -> String {
-        guard let s = String(validating: try span(f), as: UTF8.self) else { throw .badValue(field: f) }
-        return s
-    }
-    mutating func ids(_ f: String) throws(WireError) -> [UInt64] {
-        let n = try count(f, itemBytes: 8)
-        var out: [UInt64] = []
-        out.reserveCapacity(n)
-        for _ in 0..<n { out.append(try u64(f)) }
-        return out
-    }
-    /// Skips `magic`, or throws `.badMagic`.
-    mutating func magic(_ magic: [UInt8]) throws(WireError) {
-        guard remaining >= magic.count, UnsafeRawBufferPointer(rebasing: b[at..<at + magic.count]).elementsEqual(magic) else {
-            throw .badMagic
-        }
-        at += magic.count
-    }
-    /// Runs `read` over exactly `raw`: the whole input must be consumed.
-    static func readAll<T>(_ raw: UnsafeRawBufferPointer, _ read: (inout WireReader) throws(WireError) -> T) throws(WireError) -> T {
-        var r = WireReader(raw)
+extension ByteReader {
+    /// Runs `read` over exactly `raw` (the whole input must be consumed), with the peer
+    /// format's errors.
+    static func readWire<T>(_ raw: UnsafeRawBufferPointer, _ read: (inout ByteReader) throws(WireError) -> T) throws(WireError) -> T {
+        var r = ByteReader(raw)
         let value = try read(&r)
-        guard r.remaining == 0 else { throw .trailingBytes(r.remaining) }
+        guard r.atEnd else { throw .trailingBytes(r.remaining) }
         return value
     }
 
-    /// `readAll` over an array slice's storage, without copying it.
-    static func readAll<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout WireReader) throws(WireError) -> T) throws(WireError) -> T {
+    /// `readWire` over an array slice's storage, without copying it.
+    static func readWire<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout ByteReader) throws(WireError) -> T) throws(WireError) -> T {
         // `withUnsafeBytes` only rethrows untyped errors; carry the typed one out in a Result.
-        let result = bytes.withUnsafeBytes { raw in Result { () throws(WireError) in try readAll(raw, read) } }
+        let result = bytes.withUnsafeBytes { raw in Result { () throws(WireError) in try readWire(raw, read) } }
         return try result.get()
     }
 }
@@ -179,20 +99,20 @@ public enum MessageCodec {
 
     /// One message's bytes.
     public static func encode(_ m: Message) -> [UInt8] {
-        var w = WireWriter(capacity: m.size + 16)
+        var w = ByteWriter(capacity: m.size + 16)
         encode(m, into: &w)
         return w.out
     }
 
     /// Appends one message's bytes to `out` (for batching several frames into one write).
     public static func encode(_ m: Message, into out: inout [UInt8]) {
-        var w = WireWriter(continuing: &out)
+        var w = ByteWriter(continuing: &out)
         w.out.reserveCapacity(w.out.count + m.size + 16)
         encode(m, into: &w)
         out = w.out
     }
 
-    static func encode(_ m: Message, into w: inout WireWriter) {
+    static func encode(_ m: Message, into w: inout ByteWriter) {
         w.u8(version)
         w.u8(kind(of: m.body))
         w.u64(m.from)
@@ -266,7 +186,7 @@ public enum MessageCodec {
         }
     }
 
-    static func encode(_ e: LogEntry, into w: inout WireWriter) {
+    static func encode(_ e: LogEntry, into w: inout ByteWriter) {
         w.u64(e.index)
         w.u64(e.term)
         switch e.kind {
@@ -279,9 +199,9 @@ public enum MessageCodec {
         w.bytes(e.data)
     }
 
-    static func encode(_ m: Membership, into w: inout WireWriter) {
-        w.ids(m.voters)
-        w.ids(m.learners)
+    static func encode(_ m: Membership, into w: inout ByteWriter) {
+        w.u64s(m.voters)
+        w.u64s(m.learners)
         let recorded = m.incarnations.keys.sorted()
         w.u64(UInt64(recorded.count))
         for id in recorded {
@@ -290,7 +210,7 @@ public enum MessageCodec {
         }
     }
 
-    static func encode(_ meta: SnapshotMeta, into w: inout WireWriter) {
+    static func encode(_ meta: SnapshotMeta, into w: inout ByteWriter) {
         w.u64(meta.index)
         w.u64(meta.term)
         encode(meta.membership, into: &w)
@@ -298,27 +218,46 @@ public enum MessageCodec {
 
     /// Decodes one message; the bytes must hold exactly one.
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> Message {
-        try WireReader.readAll(bytes[...], decodeMessage)
+        try ByteReader.readWire(bytes[...], decodeMessage)
     }
 
     /// Decodes one message from part of a buffer (a frame's payload), without copying it.
     public static func decode(_ bytes: ArraySlice<UInt8>) throws(WireError) -> Message {
-        try WireReader.readAll(bytes, decodeMessage)
+        try ByteReader.readWire(bytes, decodeMessage)
     }
 
     /// Decodes one message from borrowed bytes (such as a network buffer's readable bytes),
     /// without copying them; the message owns copies of its byte fields.
     public static func decode(_ bytes: UnsafeRawBufferPointer) throws(WireError) -> Message {
-        try WireReader.readAll(bytes, decodeMessage)
+        try ByteReader.readWire(bytes, decodeMessage)
     }
 
-    static func decodeMessage(_ r: inout WireReader) throws(WireError) -> Message {
-        let v = try r.u8("version")
+    static func decodeMessage(_ r: inout ByteReader) throws(WireError) -> Message {
+        // Three steps, so that an unknown version or kind is reported as such (the peer
+        // format's own errors) and every codec failure as the matching `WireError`.
+        let v: UInt8
+        do throws(ByteCodecError) { v = try r.u8("version") } catch { throw WireError(error) }
         guard v >= oldestVersion && v <= version else { throw .unknownVersion(v) }
-        let kind = try r.u8("kind")
-        let from = try r.u64("from")
-        let to = try r.u64("to")
-        let term = try r.u64("term")
+        let kind: UInt8, from: NodeID, to: NodeID, term: UInt64
+        do throws(ByteCodecError) {
+            kind = try r.u8("kind")
+            from = try r.u64("from")
+            to = try r.u64("to")
+            term = try r.u64("term")
+        } catch {
+            throw WireError(error)
+        }
+        guard kind >= 1 && kind <= 15 else { throw .unknownKind(kind) }
+        do throws(ByteCodecError) {
+            return Message(from: from, to: to, term: term, body: try decodeBody(&r, kind: kind, version: v))
+        } catch {
+            throw WireError(error)
+        }
+    }
+
+    /// The body of a message of `kind` (one of 1...15).
+    @inline(__always)
+    static func decodeBody(_ r: inout ByteReader, kind: UInt8, version v: UInt8) throws(ByteCodecError) -> Message.Body {
         let body: Message.Body
         switch kind {
         case 1: body = .preVote(lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"))
@@ -326,7 +265,7 @@ public enum MessageCodec {
         case 3: body = .vote(lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"), leaderTransfer: try r.bool("leaderTransfer"))
         case 4: body = .voteResponse(granted: try r.bool("granted"))
         case 5:
-            let prevIndex = try r.u64("prevIndex")
+        let prevIndex = try r.u64("prevIndex")
             let prevTerm = try r.u64("prevTerm")
             let commit = try r.u64("commit")
             // An entry takes at least 25 bytes (index, term, kind, data length).
@@ -352,12 +291,16 @@ public enum MessageCodec {
         case 13: body = .readIndex(context: try r.u64("context"))
         case 14: body = .readIndexResponse(context: try r.u64("context"), index: try r.u64("index"))
         case 15: body = .timeoutNow
-        default: throw .unknownKind(kind)
+        // `decodeMessage` checked the kind first.
+        default: throw .badValue(field: "kind")
         }
-        return Message(from: from, to: to, term: term, body: body)
+        return body
     }
 
-    static func decodeEntry(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> LogEntry {
+    // Inlined into the append loop, as the hand-written reader's was: a call per entry made
+    // appends decode measurably slower (banyan-bench codec).
+    @inline(__always)
+    static func decodeEntry(_ r: inout ByteReader, version: UInt8 = MessageCodec.version) throws(ByteCodecError) -> LogEntry {
         let index = try r.u64("entry index")
         let term = try r.u64("entry term")
         let kind: LogEntry.Kind
@@ -370,9 +313,9 @@ public enum MessageCodec {
         return LogEntry(index: index, term: term, kind: kind, data: try r.bytes("entry data"))
     }
 
-    static func decodeMembership(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> Membership {
-        let voters = try r.ids("voters")
-        let learners = try r.ids("learners")
+    static func decodeMembership(_ r: inout ByteReader, version: UInt8 = MessageCodec.version) throws(ByteCodecError) -> Membership {
+        let voters = try r.u64s("voters")
+        let learners = try r.u64s("learners")
         guard version >= 2 else { return Membership(voters: voters, learners: learners) }
         let n = try r.count("incarnations", itemBytes: 16)
         let members = Set(voters).union(learners)
@@ -391,7 +334,7 @@ public enum MessageCodec {
         return Membership(voters: voters, learners: learners, incarnations: incarnations)
     }
 
-    static func decodeMeta(_ r: inout WireReader, version: UInt8 = MessageCodec.version) throws(WireError) -> SnapshotMeta {
+    static func decodeMeta(_ r: inout ByteReader, version: UInt8 = MessageCodec.version) throws(ByteCodecError) -> SnapshotMeta {
         SnapshotMeta(
             index: try r.u64("snapshot index"), term: try r.u64("snapshot term"), membership: try decodeMembership(&r, version: version))
     }
@@ -434,8 +377,8 @@ public struct PeerHello: Sendable, Equatable {
     /// UTF-8). A version-1 hello still decodes (incarnation 0), so its receiver can refuse it
     /// with the version as the reason.
     public func encode() -> [UInt8] {
-        var w = WireWriter()
-        w.out.append(contentsOf: Self.magic)
+        var w = ByteWriter()
+        w.raw(Self.magic)
         w.u16(protocolVersion)
         w.string(clusterID)
         w.u64(from)
@@ -446,16 +389,20 @@ public struct PeerHello: Sendable, Equatable {
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> PeerHello {
-        try WireReader.readAll(bytes[...]) { (r) throws(WireError) in
-            try r.magic(magic)
-            let version = try r.u16("protocol version")
-            let cluster = try r.string("cluster id")
-            let from = try r.u64("from")
-            let to = try r.u64("to")
-            let address = try r.string("address")
-            let incarnation = version >= 2 ? try r.u64("incarnation") : 0
-            return PeerHello(
-                clusterID: cluster, from: from, to: to, protocolVersion: version, address: address, incarnation: incarnation)
+        do throws(ByteCodecError) {
+            return try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
+                try r.magic(magic, "peer hello")
+                let version = try r.u16("protocol version")
+                let cluster = try r.string("cluster id")
+                let from = try r.u64("from")
+                let to = try r.u64("to")
+                let address = try r.string("address")
+                let incarnation = version >= 2 ? try r.u64("incarnation") : 0
+                return PeerHello(
+                    clusterID: cluster, from: from, to: to, protocolVersion: version, address: address, incarnation: incarnation)
+            }
+        } catch {
+            throw WireError(error)
         }
     }
 }
@@ -476,8 +423,8 @@ public struct PeerHelloReply: Sendable, Equatable {
 
     /// `magic | protocolVersion u16 | accepted u8 | reason`.
     public func encode() -> [UInt8] {
-        var w = WireWriter()
-        w.out.append(contentsOf: Self.magic)
+        var w = ByteWriter()
+        w.raw(Self.magic)
         w.u16(protocolVersion)
         w.bool(accepted)
         w.string(reason)
@@ -485,11 +432,15 @@ public struct PeerHelloReply: Sendable, Equatable {
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> PeerHelloReply {
-        try WireReader.readAll(bytes[...]) { (r) throws(WireError) in
-            try r.magic(magic)
-            let version = try r.u16("protocol version")
-            let accepted = try r.bool("accepted")
-            return PeerHelloReply(accepted: accepted, reason: try r.string("reason"), protocolVersion: version)
+        do throws(ByteCodecError) {
+            return try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
+                try r.magic(magic, "peer hello reply")
+                let version = try r.u16("protocol version")
+                let accepted = try r.bool("accepted")
+                return PeerHelloReply(accepted: accepted, reason: try r.string("reason"), protocolVersion: version)
+            }
+        } catch {
+            throw WireError(error)
         }
     }
 }
@@ -520,19 +471,24 @@ public enum Framing {
 
     /// Appends one message as a frame to `out`, encoding it in place (no intermediate array).
     public static func appendFrame(_ m: Message, to out: inout [UInt8]) {
-        let start = out.count
-        appendLength(0, to: &out)
-        MessageCodec.encode(m, into: &out)
-        let length = UInt32(truncatingIfNeeded: out.count - start - prefixBytes)
-        for i in 0..<prefixBytes { out[start + i] = UInt8(truncatingIfNeeded: length >> UInt32(8 * i)) }
+        var w = ByteWriter(continuing: &out)
+        let start = w.count
+        w.u32(0)
+        w.out.reserveCapacity(w.count + m.size + 16)
+        MessageCodec.encode(m, into: &w)
+        // The length is known once the message is written (no message comes near 4 GiB: see
+        // `maxFrameBytes`).
+        w.patch(UInt32(truncatingIfNeeded: w.count - start - prefixBytes), at: start)
+        out = w.out
     }
 
     private static func appendLength(_ count: Int, to out: inout [UInt8]) {
         // A payload the u32 prefix cannot describe would desynchronise the stream; no message
         // comes near it (see `maxFrameBytes`).
         precondition(count <= Int(UInt32.max), "Framing: a \(count)-byte payload does not fit a frame")
-        let length = UInt32(count)
-        for i in 0..<prefixBytes { out.append(UInt8(truncatingIfNeeded: length >> UInt32(8 * i))) }
+        var w = ByteWriter(continuing: &out)
+        w.u32(UInt32(count))
+        out = w.out
     }
 
     /// The next complete frame in `buffer` starting at `offset`: its payload's range and the
@@ -542,8 +498,12 @@ public enum Framing {
     public static func nextFrame(in buffer: [UInt8], from offset: Int) throws(WireError) -> (payload: Range<Int>, next: Int)? {
         precondition(offset >= 0 && offset <= buffer.count, "Framing.nextFrame: offset \(offset) outside the buffer")
         guard buffer.count - offset >= prefixBytes else { return nil }
-        var length: UInt64 = 0
-        for i in 0..<prefixBytes { length |= UInt64(buffer[offset + i]) << UInt64(8 * i) }
+        let prefix: Result<UInt32, ByteCodecError> = buffer.withUnsafeBytes { raw in
+            var r = ByteReader(raw, at: offset)
+            return Result { () throws(ByteCodecError) in try r.u32("frame length") }
+        }
+        let length: UInt64
+        do throws(ByteCodecError) { length = UInt64(try prefix.get()) } catch { throw WireError(error) }
         guard length <= UInt64(maxFrameBytes) else { throw .tooLarge(field: "frame", count: length) }
         let start = offset + prefixBytes
         guard buffer.count - start >= Int(length) else { return nil }

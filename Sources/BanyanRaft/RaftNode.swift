@@ -121,6 +121,17 @@ public struct RaftNode: Sendable {
         configScannedThrough = persisted.snapshot.index
         pendingConfigIndex = lastConfigIndex()
         applyCommittedConfigurations()
+        // A restart must not forget an admission the node had before it (whole-node seed 317):
+        // the hard state that recorded `mayVote` is saved after the entries that gave it, so a
+        // crash between the two leaves the entry on disk and the vote off. Held entries (and an
+        // installed snapshot's membership) naming this incarnation give the vote back, as when
+        // they were received.
+        if !mayVote, configuration.incarnation != 0, persisted.snapshot.membership.contains(id),
+            persisted.snapshot.membership.incarnation(of: id) == configuration.incarnation
+        {
+            mayVote = true
+        }
+        admitIfNamedWithThisIncarnation(persisted.entries)
         resetRandomizedElectionTimeout()
     }
 
@@ -169,8 +180,13 @@ public struct RaftNode: Sendable {
     public func term(at index: UInt64) -> UInt64? { log.term(at: index) }
     public var hardState: HardState { HardState(term: term, vote: vote, commit: log.committed, mayVote: mayVote) }
     /// The highest index the driver made durable that is still part of this log (an entry
-    /// replaced in memory by a leader's conflicting suffix lowers it until the new one is durable).
+    /// replaced in memory by a leader's conflicting suffix lowers it until the new one is durable),
+    /// or the index of a received snapshot restored in memory (see `durableIndex`).
     public var stableIndex: UInt64 { log.stable }
+    /// A lower bound of the last index the disk holds: `stableIndex`, except while a received
+    /// snapshot is installed in memory but not yet persisted (then `log.stable` already names the
+    /// snapshot's index), when it is the durable commit from before the install.
+    public var durableIndex: UInt64 { durableBeforeInstall?.commit ?? log.stable }
     /// The hard state to save outside the Ready contract (at shutdown, after a snapshot): its
     /// commit never covers an entry that is not durable in this log (item 2 of issue 14), so a
     /// restart never applies an entry the disk holds only in an older, divergent version.
@@ -762,7 +778,7 @@ public struct RaftNode: Sendable {
         case let .readIndexResponse(context, index):
             // Only the leader of this term answers reads for this node (step dropped older
             // terms); a delayed answer from anyone else is no evidence about this term.
-            guard m.from == leader else { return }
+            guard m.from == leader || configuration.sabotage == .reusedReadContexts else { return }
             readStates.append(ReadState(context: context, index: index))
         case .timeoutNow:
             if canCampaign { campaign(transfer: true) }
@@ -1222,7 +1238,7 @@ public struct RaftNode: Sendable {
     /// another stays `isVoterWithAmnesia`. Legacy (incarnation 0): any configuration naming it
     /// as a learner, as before incarnations existed.
     private func admitsThisIncarnation(_ m: Membership) -> Bool {
-        if configuration.incarnation == 0 { return m.isLearner(id) }
+        if configuration.incarnation == 0 || configuration.sabotage == .replayedAdmission { return m.isLearner(id) }
         return m.contains(id) && m.incarnation(of: id) == configuration.incarnation
     }
 

@@ -1,3 +1,4 @@
+public import BanyanBasics
 /// Value types shared by the Raft core, its drivers and the simulator. See docs/raft.md.
 
 /// A node's identity in the cluster. `0` means "nobody" (no vote, no known leader).
@@ -410,6 +411,9 @@ public struct RaftConfiguration: Sendable {
     /// as before incarnations existed, and as a leader it promotes learners whose incarnation it
     /// does not know.
     public var incarnation: UInt64 = 0
+    /// Simulator self-tests only (`Sabotage`: `.replayedAdmission`, `.reusedReadContexts`);
+    /// the server never sets it.
+    public var sabotage: Sabotage = .none
 
     public init(id: NodeID, seed: UInt64) {
         self.id = id

@@ -1,3 +1,4 @@
+import BanyanBasics
 public import BanyanRaft
 public import BanyanStateMachine
 public import BanyanTree
@@ -150,7 +151,7 @@ public struct Replica: Sendable {
         self.raft = try RaftNode(configuration: configuration.raft, restoring: persisted)
         self.machine = machine
         self.session = session
-        self.nextReadContext = session
+        self.nextReadContext = configuration.raft.sabotage == .reusedReadContexts ? 1 : session
         self.wallClock = now
     }
 

@@ -1,5 +1,5 @@
 import ArgumentParser
-import BanyanNode
+import BanyanBasics
 import BanyanSimulation
 
 /// `banyan-sim`: runs the deterministic cluster simulator over seeds (docs/simulator.md).
@@ -7,7 +7,7 @@ import BanyanSimulation
 struct BanyanSim: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "banyan-sim",
-        abstract: "Run seeded simulations of a Banyan Raft cluster under faults and check safety, liveness and linearizability.",
+        abstract: "Run seeded simulations of a Banyan cluster (whole nodes over simulated disks and network) under faults and check safety, liveness and linearizability.",
         discussion: """
             Every run is a pure function of its seed: a failure prints its seed, and `--seed N` replays it
             exactly (add `--trace` for one line per event). Without `--seed`, runs `--count` seeds starting at
@@ -20,17 +20,12 @@ struct BanyanSim: ParsableCommand {
     @Option(help: "Number of seeds to run.") var count: Int = 100
     @Option(help: "Keep running seeds from --first until this many seconds have passed (long-run mode).")
     var timeBudget: Double?
-    @Option(help: "Client operations per run (default 1000; 300 with --whole-node).") var operations: Int?
-    @Flag(help: "Run whole nodes (NodeCore, Replica, StateMachine and NodeStorage over simulated disks) instead of the Raft core with a model state machine.")
-    var wholeNode = false
+    @Option(help: "Client operations per run (default 300).") var operations: Int?
     @Option(help: "Founding voters (default: the seed picks 3 or 5).") var nodes: Int?
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
-    @Option(
-        help:
-            "A deliberate bug, to see the checkers catch it: forget-vote, lazy-fsync, local-reads, lease-with-pauses; with --whole-node: configuration-before-commit, in-memory-commit."
-    )
+    @Option(help: "A deliberate bug in the real code, to see the checkers catch it (docs/simulator.md, \"Self-tests\"): \(Sabotage.allCases.filter { $0 != .none }.map(\.rawValue).joined(separator: ", ")).")
     var sabotage: String?
 
     func validate() throws {
@@ -38,30 +33,12 @@ struct BanyanSim: ParsableCommand {
         guard (operations ?? 0) >= 0 else { throw ValidationError("--operations must not be negative") }
         guard count >= 0 else { throw ValidationError("--count must not be negative") }
         if let timeBudget, !(timeBudget > 0) { throw ValidationError("--time-budget must be a positive number of seconds") }
-        if wholeNode, let sabotage {
-            let known = NodeSabotage.allCases.filter { $0 != .none }.map(\.rawValue)
+        if let sabotage {
+            let known = Sabotage.allCases.filter { $0 != .none }.map(\.rawValue)
             guard known.contains(sabotage) else {
-                throw ValidationError("unknown --sabotage \"\(sabotage)\" with --whole-node (\(known.joined(separator: ", ")))")
+                throw ValidationError("unknown --sabotage \"\(sabotage)\" (\(known.joined(separator: ", ")))")
             }
-        } else if let sabotage, !["forget-vote", "lazy-fsync", "local-reads", "lease-with-pauses"].contains(sabotage) {
-            throw ValidationError("unknown --sabotage \"\(sabotage)\" (forget-vote, lazy-fsync, local-reads, lease-with-pauses)")
         }
-    }
-
-    func options(_ s: UInt64) -> SimulationOptions {
-        var o = SimulationOptions(seed: s)
-        o.operations = operations ?? 1000
-        o.nodes = nodes
-        o.faults = !noFaults
-        o.trace = trace
-        switch sabotage {
-        case "forget-vote": o.sabotage = .forgetVoteOnRestart
-        case "lazy-fsync": o.sabotage = .lazyFsync
-        case "local-reads": o.sabotage = .localReads
-        case "lease-with-pauses": o.sabotage = .leaseWithPauses
-        default: o.sabotage = .none
-        }
-        return o
     }
 
     func wholeNodeOptions(_ s: UInt64) -> WholeNodeOptions {
@@ -70,17 +47,13 @@ struct BanyanSim: ParsableCommand {
         o.nodes = nodes
         o.faults = !noFaults
         o.trace = trace
-        o.sabotage = sabotage.flatMap(NodeSabotage.init(rawValue:)) ?? .none
+        o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none
         return o
     }
 
     /// One seed: whether it passed, its summary, its event count, its trace and trace hash.
     func runSeed(_ s: UInt64) -> (passed: Bool, summary: String, events: Int, trace: [String], hash: UInt64) {
-        if wholeNode {
-            let r = WholeNodeSimulator.run(wholeNodeOptions(s))
-            return (r.passed, r.summary, r.stats.events, r.trace, r.traceHash)
-        }
-        let r = Simulator.run(options(s))
+        let r = WholeNodeSimulator.run(wholeNodeOptions(s))
         return (r.passed, r.summary, r.stats.events, r.trace, r.traceHash)
     }
 
@@ -111,8 +84,7 @@ struct BanyanSim: ParsableCommand {
             if !report.passed {
                 failures.append(s)
                 print(report.summary)
-                let mode = wholeNode ? " --whole-node" : ""
-                print("replay: swift run -c release banyan-sim\(mode) --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")\(operations.map { " --operations \($0)" } ?? "")")
+                print("replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")\(operations.map { " --operations \($0)" } ?? "")")
             } else if verbose {
                 print(report.summary)
             }

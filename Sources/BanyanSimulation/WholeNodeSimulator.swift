@@ -1,4 +1,4 @@
-import BanyanBasics
+public import BanyanBasics
 public import BanyanCheckers
 public import BanyanNode
 import BanyanOpLogFiles
@@ -22,7 +22,7 @@ public struct WholeNodeOptions: Sendable {
     public var faults = true
     public var trace = false
     /// A fix of issue 14 undone in the real code (checker self-tests only).
-    public var sabotage: NodeSabotage = .none
+    public var sabotage: Sabotage = .none
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -36,11 +36,26 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
     public var lossPercent: Int
     public var duplicatePercent: Int
     public var maxDelayMillis: Int
+    /// Some messages are held up to 500 ms (reordered, delivered stale).
+    public var longDelays: Bool
+    /// In-flight append window of each leader's progress (1–64 messages).
+    public var inflightWindow: Int
     public var crashes: Bool
     /// Crashes at a file-system operation (a power loss then: unsynced bytes partly lost).
     public var diskCrashes: Bool
     public var powerLoss: Bool
     public var partitions: Bool
+    /// Some partitions cut traffic one way only.
+    public var oneWayPartitions: Bool
+    /// A node's process is stopped (SIGSTOP) and resumed later, its inbound traffic queued.
+    public var pauses: Bool
+    /// Lease-based linearizable reads (only in runs without pauses: a paused leader breaks the
+    /// lease's clock assumption by design, `ReadMode.leaseBased`).
+    public var leaseReads: Bool
+    /// An operator replaces a node's data (a lost disk): it restarts blank under its id.
+    public var dataLoss: Bool
+    /// A synced sector of a stopped node's log reads back as zeros (a media error).
+    public var badSectors: Bool
     public var membershipChanges: Bool
     public var transfers: Bool
     /// Take a snapshot every this many applied entries (0: never).
@@ -56,16 +71,26 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
         let chunk = [64, 512, 4096, 65_536]
         guard faults else {
             return WholeNodeSwarm(
-                nodes: n, lossPercent: 0, duplicatePercent: 0, maxDelayMillis: 3, crashes: false, diskCrashes: false, powerLoss: false,
-                partitions: false, membershipChanges: false, transfers: false, snapshotEntries: snapshot[r.below(4)],
+                nodes: n, lossPercent: 0, duplicatePercent: 0, maxDelayMillis: 3, longDelays: false, inflightWindow: 64, crashes: false, diskCrashes: false, powerLoss: false,
+                partitions: false, oneWayPartitions: false, pauses: false, leaseReads: false, dataLoss: false, badSectors: false,
+                membershipChanges: false, transfers: false, snapshotEntries: snapshot[r.below(4)],
                 snapshotChunkBytes: chunk[r.below(4)], pacingMillis: r.below(3), nemesisMeanMillis: 400)
         }
-        return WholeNodeSwarm(
+        var swarm = WholeNodeSwarm(
             nodes: n, lossPercent: r.below(3) == 0 ? 0 : r.below(12), duplicatePercent: r.below(3) == 0 ? 0 : r.below(15),
-            maxDelayMillis: 2 + r.below(40), crashes: r.chance(3, in: 4), diskCrashes: r.chance(2, in: 3), powerLoss: r.chance(1, in: 3),
-            partitions: r.chance(1, in: 2), membershipChanges: r.chance(1, in: 2), transfers: r.chance(1, in: 3),
+            maxDelayMillis: 2 + r.below(40), longDelays: false, inflightWindow: 64, crashes: r.chance(3, in: 4), diskCrashes: r.chance(2, in: 3), powerLoss: r.chance(1, in: 3),
+            partitions: r.chance(1, in: 2), oneWayPartitions: false, pauses: false, leaseReads: false, dataLoss: false, badSectors: false,
+            membershipChanges: r.chance(1, in: 2), transfers: r.chance(1, in: 3),
             snapshotEntries: snapshot[r.below(4)], snapshotChunkBytes: chunk[r.below(4)], pacingMillis: r.below(3),
             nemesisMeanMillis: 150 + r.below(500))
+        swarm.oneWayPartitions = swarm.partitions && r.chance(1, in: 2)
+        swarm.pauses = r.chance(1, in: 3)
+        swarm.leaseReads = !swarm.pauses && r.chance(1, in: 3)
+        swarm.dataLoss = r.chance(1, in: 4)
+        swarm.longDelays = r.chance(1, in: 4)
+        swarm.inflightWindow = [1, 4, 64][r.below(3)]
+        swarm.badSectors = r.chance(1, in: 4)
+        return swarm
     }
 
     public var description: String {
@@ -73,10 +98,14 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
         if crashes { faults.append("crash") }
         if diskCrashes { faults.append("disk-crash") }
         if powerLoss { faults.append("power-loss") }
-        if partitions { faults.append("partition") }
+        if partitions { faults.append(oneWayPartitions ? "partition(+one-way)" : "partition") }
+        if pauses { faults.append("pause") }
+        if dataLoss { faults.append("data-loss") }
+        if badSectors { faults.append("bad-sector") }
+        if leaseReads { faults.append("lease-reads") }
         if membershipChanges { faults.append("membership") }
         if transfers { faults.append("transfer") }
-        return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay≤\(maxDelayMillis)ms snapshotEvery=\(snapshotEntries)"
+        return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay≤\(maxDelayMillis)ms\(longDelays ? "(+500ms)" : "") inflight=\(inflightWindow) snapshotEvery=\(snapshotEntries)"
             + " chunk=\(snapshotChunkBytes) pacing=\(pacingMillis)ms nemesis~\(nemesisMeanMillis)ms faults=[\(faults.joined(separator: ","))]"
     }
 }
@@ -124,6 +153,10 @@ public struct WholeNodeReport: Sendable {
         public var gracefulRestarts = 0
         /// Failed fsyncs injected (the node exits and restarts without a power loss).
         public var syncFailures = 0
+        public var pauses = 0
+        /// Disks an operator replaced after losing them (the data-loss fault).
+        public var disksLost = 0
+        public var badSectors = 0
 
         public init() {}
     }
@@ -136,7 +169,7 @@ public struct WholeNodeReport: Sendable {
         s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
         s += "  writes ok \(stats.writesOK) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
-        s += " power losses \(stats.powerLosses), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
+        s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
         s += "  linearizability: \(linearizability) (\(stats.writesPatched) unknown writes resolved)"
         if !nonLinearizableKeys.isEmpty { s += " (keys \(nonLinearizableKeys))" }
@@ -185,6 +218,9 @@ public struct WholeNodeSimulator {
         case nemesis
         case heal
         case restart(NodeID)
+        case resume(NodeID, life: Int)
+        /// A sender's transport reconnected a link: what it kept goes out first, in order.
+        case reopen(from: NodeID, to: NodeID)
         case check
     }
 
@@ -212,6 +248,17 @@ public struct WholeNodeSimulator {
         var syncFailureArmed = false
         /// A graceful restart waits for the node's next delivery (see the nemesis).
         var stopRequested = false
+        /// The process is stopped (SIGSTOP): no ticks, no passes; messages wait in `backlog`.
+        var paused = false
+        var backlog: [(Message, UInt64)] = []
+        /// Client requests that reached the stopped process (request id, operation).
+        var waitingRequests: [(RequestID, Int)] = []
+        var processWanted = false
+        /// The last index this life of the node held durably (`durableIndex`) before it went
+        /// down: whatever it restarts from its disk must reach it.
+        var durableBeforeDown: UInt64?
+        /// When the node last went down (peers' redial back-off grows with the outage).
+        var downSince = 0
 
         init(id: NodeID, skew: Int64) {
             self.id = id
@@ -260,6 +307,13 @@ public struct WholeNodeSimulator {
     private var ids: [NodeID] = []
     private var nextNodeID: NodeID
     private var cut: Set<UInt64> = []
+    /// Messages to a peer that is down, kept by the sender's transport until it reconnects
+    /// (`PeerTransport`'s bounded backlog), by link; the sender's incarnation with each.
+    private var parked: [UInt64: [(Message, UInt64)]] = [:]
+    /// Links whose transport is still redialling a restarted peer: messages keep queueing
+    /// behind the parked ones until the reconnection (one TCP stream: first in, first out).
+    private var reconnecting: Set<UInt64> = []
+    private let parkedLimit = 1_024
     private var clients: [Client] = []
     private var operations: [Operation] = []
     private var networkRandom: SeededRandom
@@ -282,6 +336,12 @@ public struct WholeNodeSimulator {
     private var pendingAdds: [NodeID: Int] = [:]
     /// Nodes whose data was replaced: the operator removes each and adds it back (R22).
     private var pendingRepair: [NodeID] = []
+    /// Nodes whose data was replaced and that the operator has not yet added back: they must not
+    /// vote (R22, item 3 of issue 14).
+    private var awaitingReadd: Set<NodeID> = []
+    /// Operators are not instant: the blank node runs under its old id for a while (the leader
+    /// may replay the whole log to it) before the repair starts.
+    private var repairNotBefore = 0
     private var lastRepairAttempt = -1_000
     private var faultsActive: Bool
     private var healedAt: Int?
@@ -299,6 +359,11 @@ public struct WholeNodeSimulator {
         clientRandom = SeededRandom(seed: root.next())
         seedRandom = SeededRandom(seed: root.next())
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
+        if options.sabotage == .leaseWithPauses {
+            // Lease reads where the lease's clock assumption cannot hold (R18).
+            swarm.pauses = true
+            swarm.leaseReads = true
+        }
         report = WholeNodeReport(seed: options.seed, swarm: swarm)
         tracer = TraceRecorder(keepLines: options.trace)
         faultsActive = options.faults
@@ -361,6 +426,8 @@ public struct WholeNodeSimulator {
         case let .tick(id, life):
             guard let node = nodes[id], let core = node.core, node.life == life else { return }
             schedule(after: tickMillis, .tick(id, life: life))
+            // A stopped process misses its timers (they do not pile up: one tick on resume).
+            guard !node.paused else { return }
             core.tick(now: wallClock(node))
             traceLine("tick \(id)", 1, id)
             // As the server's driver does: the pass runs as a separate task after the tick.
@@ -369,11 +436,19 @@ public struct WholeNodeSimulator {
         case let .process(id, life):
             guard let node = nodes[id], node.core != nil, node.life == life else { return }
             node.processScheduled = false
+            if node.paused {
+                node.processWanted = true
+                return
+            }
             node.core?.woke()
             run(node)
         case let .deliver(m, incarnation):
             deliver(m, from: incarnation)
         case let .snapshot(id, life, machine, meta):
+            if let node = nodes[id], node.paused, node.life == life {
+                schedule(after: 50, .snapshot(id, life: life, machine, meta))
+                return
+            }
             writeSnapshot(id, life: life, machine, meta)
         case .clientNext(let c):
             issue(c)
@@ -391,6 +466,10 @@ public struct WholeNodeSimulator {
             healAll()
         case .restart(let id):
             if let node = nodes[id], node.core == nil, !node.retired { restart(node) }
+        case let .resume(id, life):
+            if let node = nodes[id], node.life == life { resume(node) }
+        case let .reopen(from, to):
+            reopen(from, to)
         case .check:
             periodicCheck()
             if !finished { schedule(after: 100, .check) }
@@ -429,6 +508,9 @@ public struct WholeNodeSimulator {
         settings.replica.raft.heartbeatTicks = 1
         settings.replica.raft.snapshotChunkBytes = swarm.snapshotChunkBytes
         settings.replica.raft.promotionLag = 16
+        settings.replica.raft.sabotage = options.sabotage
+        settings.replica.raft.maxInflightMessages = swarm.inflightWindow
+        if swarm.leaseReads { settings.replica.raft.readMode = .leaseBased }
         node.life += 1
         node.box.actions = []
         node.requests = [:]
@@ -448,11 +530,21 @@ public struct WholeNodeSimulator {
             let box = node.box
             core.output = { box.actions.append($0) }
             node.core = core
+            let restored = core.replica.raft
+            traceLine(
+                "opened \(node.id): snapshot \(restored.snapshotMeta.index), last \(restored.lastIndex), commit \(restored.commitIndex)"
+                    + "\(restored.mayVote ? "" : ", no vote"), incarnation \(String(storage.incarnation, radix: 16))", 28, restored.lastIndex)
             node.checkedThrough = core.replica.raft.snapshotMeta.index
             checkRestoredConfiguration(node.id, core.replica.raft)
+            if let durable = node.durableBeforeDown, core.replica.raft.lastIndex < durable {
+                report.violations.append(
+                    "t=\(now) durability: node \(node.id) restarted with its log ending at \(core.replica.raft.lastIndex), below index \(durable) that it held durably before it went down")
+            }
+            node.durableBeforeDown = nil
             core.watch(0, watch: 1, namespace: Self.namespace, stale: true)
             _ = takeActions(node)
             incrementsApplied[node.id] = []
+            flushParked(to: node)
         } catch {
             if node.fs.isCrashed {
                 // The machine crashed while the node opened its disk (an injected crash point):
@@ -476,7 +568,9 @@ public struct WholeNodeSimulator {
                 report.stats.replacements += 1
                 traceLine("replace-data \(node.id)", 15, node.id)
                 node.fs = SimulatedFileSystem(durableDirectories: ["/"])
+                node.durableBeforeDown = nil
                 if !pendingRepair.contains(node.id) { pendingRepair.append(node.id) }
+                awaitingReadd.insert(node.id)
                 schedule(after: 100, .restart(node.id))
                 return
             }
@@ -608,6 +702,16 @@ public struct WholeNodeSimulator {
 
     /// The node stops: its memory is gone, its waiting clients learn nothing (unknown outcomes).
     private mutating func down(_ node: SimulatedNode) {
+        if let raft = node.core?.replica.raft { node.durableBeforeDown = raft.durableIndex }
+        node.paused = false
+        node.backlog = []
+        node.waitingRequests = []
+        node.processWanted = false
+        for id in ids {
+            parked[link(node.id, id)] = nil
+            reconnecting.remove(link(node.id, id))
+        }
+        if node.core != nil { node.downSince = now }
         node.core = nil
         node.life += 1
         for (_, c) in node.requests.sorted(by: { $0.key < $1.key }) { abandon(c) }
@@ -625,7 +729,16 @@ public struct WholeNodeSimulator {
             return
         }
         let incarnation = nodes[m.from]?.incarnation ?? 0
-        schedule(after: 1 + networkRandom.below(swarm.maxDelayMillis), .deliver(m, incarnation))
+        if let target = nodes[m.to], (target.core == nil && !target.retired) || reconnecting.contains(link(m.from, m.to)) {
+            // The peer is down: the transport keeps the message for the next connection, and
+            // delivers it to whatever process answers there (a restarted node's new life).
+            if parked[link(m.from, m.to), default: []].count < parkedLimit { parked[link(m.from, m.to), default: []].append((m, incarnation)) }
+            return
+        }
+        // Peer links are TLS streams: a long delay holds one message (a retransmission, a
+        // reconnect) and lets later ones pass, as reconnections after a stall do.
+        let delay = swarm.longDelays && networkRandom.below(100) < 2 ? 50 + networkRandom.below(450) : 1 + networkRandom.below(swarm.maxDelayMillis)
+        schedule(after: delay, .deliver(m, incarnation))
         if networkRandom.below(100) < swarm.duplicatePercent {
             schedule(after: 1 + networkRandom.below(swarm.maxDelayMillis * 2), .deliver(m, incarnation))
         }
@@ -633,6 +746,11 @@ public struct WholeNodeSimulator {
 
     private mutating func deliver(_ m: Message, from incarnation: UInt64) {
         guard let node = nodes[m.to], let core = node.core, !cut.contains(link(m.from, m.to)) else { return }
+        if node.paused {
+            // The kernel keeps accepting bytes for a stopped process (up to its buffers).
+            if node.backlog.count < 4_096 { node.backlog.append((m, incarnation)) }
+            return
+        }
         traceLine("deliver \(m.from)->\(m.to)", 4, m.from << 32 | m.to)
         // The first message of a connection comes after its hello, which names the sender's
         // incarnation (a message from an earlier incarnation still names that one).
@@ -670,11 +788,14 @@ public struct WholeNodeSimulator {
         if swarm.crashes { actions += [0, 0] }
         if swarm.diskCrashes { actions += [1, 1] }
         if swarm.powerLoss { actions.append(2) }
-        if swarm.partitions { actions += [3, 4] }
+        if swarm.partitions { actions += [3, 4, 12] }
         if swarm.membershipChanges { actions.append(5) }
         if swarm.transfers { actions.append(6) }
         if swarm.crashes { actions += [7, 9] }
         if swarm.diskCrashes { actions.append(8) }
+        if swarm.pauses { actions += [10, 10] }
+        if swarm.dataLoss { actions.append(11) }
+        if swarm.badSectors { actions.append(13) }
         guard !actions.isEmpty else { return }
         report.stats.faults += 1
         let live = liveIDs
@@ -708,10 +829,16 @@ public struct WholeNodeSimulator {
             let shuffled = shuffle(ids)
             let k = 1 + nemesisRandom.below(max(1, shuffled.count - 1))
             let a = Set(shuffled.prefix(k))
+            // A one-way partition: traffic from the first group to the second is lost, the
+            // other way flows (a half-broken link, a firewall rule on one side).
+            let oneWay = swarm.oneWayPartitions && nemesisRandom.chance(1, in: 2)
             for x in ids {
-                for y in ids where x != y && a.contains(x) != a.contains(y) { cut.insert(link(x, y)) }
+                for y in ids where x != y && a.contains(x) && !a.contains(y) {
+                    cut.insert(link(x, y))
+                    if !oneWay { cut.insert(link(y, x)) }
+                }
             }
-            traceLine("partition", 8, UInt64(k))
+            traceLine(oneWay ? "partition-one-way" : "partition", 8, UInt64(k))
             schedule(after: 300 + nemesisRandom.below(1_500), .heal)
         case 4:
             // Isolate the leader.
@@ -721,6 +848,51 @@ public struct WholeNodeSimulator {
                 cut.insert(link(y, leader))
             }
             traceLine("isolate \(leader)", 9, leader)
+            schedule(after: 300 + nemesisRandom.below(1_500), .heal)
+        case 13:
+            // A node stops and a synced sector in the middle of its last log segment reads back
+            // as zeros: the log must refuse to open (valid synced records follow the damage),
+            // and the runbook's replacement follows. Drawn under the same conditions as a lost
+            // disk, which is what it becomes.
+            guard pendingRepair.isEmpty, pendingAdds.isEmpty, let leader = currentLeader,
+                let raft = nodes[leader]?.core?.replica.raft, raft.membership.voters.count >= 3,
+                raft.membership.voters.allSatisfy({ nodes[$0]?.core?.replica.raft.mayVote == true }),
+                let id = pick(raft.membership.voters.filter { $0 != leader && live.contains($0) }), let node = nodes[id],
+                let segment = (try? node.fs.list("/data/raft/log"))?.filter({ $0.hasSuffix(".seg") }).sorted().last
+            else { return }
+            let path = "/data/raft/log/" + segment
+            // The records' end: segments are preallocated, so zeros follow the last record.
+            let bytes = (try? node.fs.readAll(path)) ?? []
+            let written = (bytes.lastIndex(where: { $0 != 0 }) ?? 0) + 1
+            let durable = min(node.fs.durableSize(path), written)
+            let sector = node.fs.sectorBytes
+            // A whole sector, after the header's and before the last synced one.
+            guard durable >= 4 * sector else { return }
+            let at = (1 + nemesisRandom.below(durable / sector - 2)) * sector
+            traceLine("bad-sector \(id) at \(at)", 29, id)
+            report.stats.badSectors += 1
+            down(node)
+            node.fs.restartProcess()
+            node.fs.zero(path, at: at, count: sector)
+            schedule(after: 100 + nemesisRandom.below(400), .restart(id))
+        case 12:
+            if ids.count >= 5 && nemesisRandom.chance(1, in: 2) {
+                // A ring of majorities (five nodes): each node reaches only its neighbour on
+                // either side, so every node sees a majority and no two neighbourhoods agree.
+                let ring = shuffle(ids)
+                for (i, x) in ring.enumerated() {
+                    for (j, y) in ring.enumerated() where x != y {
+                        let d = abs(i - j)
+                        if min(d, ring.count - d) > 1 { cut.insert(link(x, y)) }
+                    }
+                }
+                traceLine("partition-ring", 26, 0)
+            } else {
+                // Cut a node's inbound links: it speaks and is not heard back.
+                guard let id = pick(ids) else { return }
+                for y in ids where y != id { cut.insert(link(y, id)) }
+                traceLine("cut-inbound \(id)", 27, id)
+            }
             schedule(after: 300 + nemesisRandom.below(1_500), .heal)
         case 5:
             changeMembership()
@@ -741,6 +913,38 @@ public struct WholeNodeSimulator {
         case 9:
             guard let id = pick(live), let node = nodes[id] else { return }
             node.stopRequested = true
+        case 10:
+            // Stop a process (SIGSTOP, a long GC pause, a frozen VM), the leader half the time.
+            guard let id = nemesisRandom.chance(1, in: 2) ? currentLeader ?? pick(live) : pick(live), let node = nodes[id], !node.paused
+            else { return }
+            report.stats.pauses += 1
+            node.paused = true
+            traceLine("pause \(id)", 23, id)
+            schedule(after: 100 + nemesisRandom.below(1_900), .resume(id, life: node.life))
+        case 11:
+            // A node's disk is lost: the operator gives it a blank one under the same id
+            // (docs/runbook.md), then removes the id and adds it back through the leader.
+            // Only while the cluster can afford it: no other repair or add in progress, at
+            // least three voters, every one of them able to vote (losing two disks of three is
+            // beyond any quorum system).
+            guard pendingRepair.isEmpty, pendingAdds.isEmpty, let leader = currentLeader,
+                let raft = nodes[leader]?.core?.replica.raft, raft.membership.voters.count >= 3,
+                raft.membership.voters.allSatisfy({ nodes[$0]?.core?.replica.raft.mayVote == true }),
+                case let candidates = raft.membership.voters.filter({ $0 != leader && live.contains($0) }),
+                // Half the time a voter that joined by an add, when there is one: its learner
+                // entry is in the log, the history a wiped node must not replay into a vote.
+                case let joined = candidates.filter({ $0 > NodeID(swarm.nodes) }),
+                let id = !joined.isEmpty && nemesisRandom.chance(1, in: 2) ? pick(joined) : pick(candidates), let node = nodes[id]
+            else { return }
+            report.stats.disksLost += 1
+            traceLine("lose-disk \(id)", 24, id)
+            down(node)
+            node.durableBeforeDown = nil
+            node.fs = SimulatedFileSystem(durableDirectories: ["/"])
+            pendingRepair.append(id)
+            awaitingReadd.insert(id)
+            repairNotBefore = now + 500 + nemesisRandom.below(3_000)
+            schedule(after: 100 + nemesisRandom.below(400), .restart(id))
         default:
             guard let leader = currentLeader, let core = nodes[leader]?.core else { return }
             let voters = core.replica.raft.membership.voters.filter { $0 != leader && nodes[$0]?.core != nil }
@@ -762,6 +966,54 @@ public struct WholeNodeSimulator {
         down(node)
         node.fs.restartProcess()
         schedule(after: 20 + nemesisRandom.below(300), .restart(node.id))
+    }
+
+    /// The senders' transports reconnect to a restarted node and flush what they kept, in order.
+    private mutating func flushParked(to node: SimulatedNode) {
+        for from in ids {
+            guard let queued = parked.removeValue(forKey: link(from, node.id)), !queued.isEmpty, !reconnecting.contains(link(from, node.id))
+            else { continue }
+            // Redials back off exponentially (to 2 s) while the peer is away, so the flush
+            // comes anywhere up to about one outage (at most 2 s) after the restart.
+            parked[link(from, node.id)] = queued
+            reconnecting.insert(link(from, node.id))
+            let delay = 10 + networkRandom.below(min(2_000, max(10, now - node.downSince)))
+            schedule(after: delay, .reopen(from: from, to: node.id))
+        }
+    }
+
+    private mutating func reopen(_ from: NodeID, _ to: NodeID) {
+        guard reconnecting.remove(link(from, to)) != nil, let queued = parked.removeValue(forKey: link(from, to)) else { return }
+        // Delivered in order at the next millisecond (later sends take at least that long).
+        for (m, incarnation) in queued { schedule(after: 1, .deliver(m, incarnation)) }
+    }
+
+    /// SIGCONT: the process runs again; what reached its socket meanwhile is read in order.
+    private mutating func resume(_ node: SimulatedNode) {
+        guard node.paused, node.core != nil else { return }
+        node.paused = false
+        traceLine("resume \(node.id)", 25, node.id)
+        let backlog = node.backlog
+        let waiting = node.waitingRequests
+        node.backlog = []
+        node.waitingRequests = []
+        // Which socket the resumed process reads first is up to the event loop: clients' or
+        // peers' (a resumed leader may serve requests before it hears of a newer term).
+        let clientsFirst = nemesisRandom.chance(1, in: 2)
+        if clientsFirst {
+            for (id, op) in waiting { submit(id, op, to: node) }
+        }
+        for (m, incarnation) in backlog {
+            guard node.core != nil, !node.paused else { break }
+            deliver(m, from: incarnation)
+        }
+        if !clientsFirst {
+            for (id, op) in waiting { submit(id, op, to: node) }
+        }
+        if node.processWanted {
+            node.processWanted = false
+            scheduleProcess(node, after: 0)
+        }
     }
 
     private mutating func pick(_ list: [NodeID]) -> NodeID? {
@@ -812,6 +1064,7 @@ public struct WholeNodeSimulator {
             node.fs.crashAtOperation = nil
             node.fs.failNextSync = false
             node.syncFailureArmed = false
+            if node.paused { resume(node) }
             if node.core == nil && !node.retired && !node.fs.isCrashed { schedule(after: 10, .restart(id)) }
         }
     }
@@ -822,7 +1075,7 @@ public struct WholeNodeSimulator {
         guard clients[c].current == nil, clients[c].issued < clients[c].quota else { return }
         clients[c].issued += 1
         let live = liveIDs
-        guard let target = live.isEmpty ? nil : live[clientRandom.below(live.count)], let node = nodes[target], let core = node.core else {
+        guard let target = live.isEmpty ? nil : live[clientRandom.below(live.count)], let node = nodes[target], node.core != nil else {
             // No node up: a definite failure; try again later.
             report.stats.writesRefused += 1
             schedule(after: 50, .clientNext(c))
@@ -850,7 +1103,20 @@ public struct WholeNodeSimulator {
         let id = node.nextRequest
         node.nextRequest += 1
         node.requests[id] = c
-        switch kind {
+        traceLine("client \(c) op \(op) at \(target)", 14, UInt64(op))
+        schedule(after: requestTimeoutMillis, .clientTimeout(c, op: op))
+        if node.paused {
+            // The request waits in the stopped process's socket.
+            node.waitingRequests.append((id, op))
+            return
+        }
+        submit(id, op, to: node)
+    }
+
+    /// Hands a client's request to the node's core.
+    private mutating func submit(_ id: RequestID, _ op: Int, to node: SimulatedNode) {
+        guard let core = node.core, node.requests[id] != nil else { return }
+        switch operations[op].kind {
         case .read:
             core.read(id, namespace: Self.namespace, stale: false)
         case let .set(key, value):
@@ -866,8 +1132,6 @@ public struct WholeNodeSimulator {
                 id, namespace: Self.namespace,
                 command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)))
         }
-        traceLine("client \(c) op \(op) at \(target)", 14, UInt64(op))
-        schedule(after: requestTimeoutMillis, .clientTimeout(c, op: op))
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
     }
@@ -985,6 +1249,9 @@ public struct WholeNodeSimulator {
             }
         }
         for v in raft.invariantViolations { report.violations.append("t=\(now) node \(node.id): \(v)") }
+        if awaitingReadd.contains(node.id) && raft.mayVote {
+            report.violations.append("t=\(now) node \(node.id), whose data was replaced, regained its vote before the operator added it back")
+        }
         let commit = raft.commitIndex
         guard commit > node.checkedThrough else { return }
         var i = max(node.checkedThrough + 1, raft.snapshotMeta.index + 1)
@@ -1052,8 +1319,8 @@ public struct WholeNodeSimulator {
     /// its id, then add it back (it returns as a learner with its new incarnation and is
     /// promoted once caught up).
     private mutating func repairReplacedNodes() {
-        guard let id = pendingRepair.first, now - lastRepairAttempt >= 500, let leader = currentLeader, let node = nodes[leader],
-            let core = node.core
+        guard let id = pendingRepair.first, now - lastRepairAttempt >= 500, now >= repairNotBefore, let leader = currentLeader,
+            let node = nodes[leader], let core = node.core
         else { return }
         lastRepairAttempt = now
         let membership = core.replica.raft.membership
@@ -1064,6 +1331,7 @@ public struct WholeNodeSimulator {
             core.changeMembership(node.nextRequest, .remove(id))
         } else {
             pendingRepair.removeFirst()
+            awaitingReadd.remove(id)
             pendingAdds[id] = now
             traceLine("repair-add \(id)", 19, id)
             core.addMember(node.nextRequest, node: id, address: "node\(id):7000")
@@ -1118,7 +1386,7 @@ public struct WholeNodeSimulator {
             guard let node = nodes[id] else { return "" }
             guard let core = node.core else { return "[\(id) down\(node.retired ? " retired" : "")]" }
             let r = core.replica.raft
-            return "[\(id) \(r.role) t\(r.term) commit \(r.commitIndex) applied \(core.replica.machine.appliedIndex) last \(r.lastIndex) voters \(r.membership.voters)]"
+            return "[\(id) \(r.role)\(r.mayVote ? "" : " (no vote)") t\(r.term) commit \(r.commitIndex) applied \(core.replica.machine.appliedIndex) last \(r.lastIndex) voters \(r.membership.voters)]"
         }.joined(separator: " ")
     }
 

@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanTree
 
 /// A client write as it travels through the replicated log (docs/internals/state-machine.md).
@@ -56,19 +57,19 @@ public struct CommandEnvelope: Sendable, Equatable {
     static let version: UInt8 = 3
 
     /// The log entry payload: version, kind, session, seq, timestamp, settledBelow, namespace,
-    /// then length-prefixed fields.
+    /// then length-prefixed fields (the shared byte codec's conventions: little-endian, u64
+    /// lengths; docs/internals/byte-codec.md).
     public func encoded() -> [UInt8] {
-        var w = ByteWriter()
-        w.out.reserveCapacity(byteCount)
-        w.byte(Self.version)
+        var w = ByteWriter(capacity: byteCount)
+        w.u8(Self.version)
         switch command {
-        case .set: w.byte(1)
-        case .update: w.byte(2)
-        case .compareAndSet: w.byte(3)
+        case .set: w.u8(1)
+        case .update: w.u8(2)
+        case .compareAndSet: w.u8(3)
         }
         w.u64(session)
         w.u64(seq)
-        w.u64(UInt64(bitPattern: timestamp))
+        w.i64(timestamp)
         w.u64(settledBelow)
         w.string(namespace)
         switch command {
@@ -87,7 +88,7 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string(expectedHash)
             w.bytes(json)
         }
-        return w.out
+        return w.finish()
     }
 
     /// The exact length of `encoded()`.
@@ -105,38 +106,45 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// Decodes a payload; nil when it is not a well-formed command of a known version.
     public init?(decoding bytes: [UInt8]) {
-        var r = ByteReader(bytes)
-        guard let version = r.byte(), version == 2 || version == Self.version, let kind = r.byte(), let session = r.u64(),
-            let seq = r.u64(), let stamp = r.u64()
-        else { return nil }
-        var settled: UInt64 = 0
-        if version >= 3 {
-            guard let s = r.u64() else { return nil }
-            settled = s
-        }
-        guard let namespace = r.string(), let path = r.string() else { return nil }
-        let command: Command
-        switch kind {
-        case 1:
-            guard let json = r.bytes() else { return nil }
-            command = .set(path: path, json: json)
-        case 2:
-            guard let count = r.u64(), count <= UInt64(bytes.count) else { return nil }
-            var entries: [Command.UpdateItem] = []
-            for _ in 0..<count {
-                guard let p = r.string(), let json = r.bytes() else { return nil }
-                entries.append(Command.UpdateItem(path: p, json: json))
+        guard let envelope = try? Self.decode(bytes) else { return nil }
+        self = envelope
+    }
+
+    /// Decodes a payload, or says which field is malformed: the whole payload must be one
+    /// command of a known version (2 or 3).
+    static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
+        try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
+            let version = try r.u8("command version")
+            guard version == 2 || version == Self.version else { throw .badValue(field: "command version") }
+            let kind = try r.u8("command kind")
+            let session = try r.u64("session")
+            let seq = try r.u64("seq")
+            let stamp = try r.i64("timestamp")
+            let settled = version >= 3 ? try r.u64("settledBelow") : 0
+            let namespace = try r.string("namespace")
+            let path = try r.string("path")
+            let command: Command
+            switch kind {
+            case 1:
+                command = .set(path: path, json: try r.bytes("json"))
+            case 2:
+                // An item takes at least 16 bytes (its path's and its JSON's lengths).
+                let count = try r.count("update items", itemBytes: 16)
+                var entries: [Command.UpdateItem] = []
+                entries.reserveCapacity(count)
+                for _ in 0..<count {
+                    let p = try r.string("update path")
+                    entries.append(Command.UpdateItem(path: p, json: try r.bytes("update json")))
+                }
+                command = .update(path: path, entries: entries)
+            case 3:
+                let hash = try r.string("expected hash")
+                command = .compareAndSet(path: path, expectedHash: hash, json: try r.bytes("json"))
+            default:
+                throw .badValue(field: "command kind")
             }
-            command = .update(path: path, entries: entries)
-        case 3:
-            guard let hash = r.string(), let json = r.bytes() else { return nil }
-            command = .compareAndSet(path: path, expectedHash: hash, json: json)
-        default:
-            return nil
+            return CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, command: command)
         }
-        guard r.atEnd else { return nil }
-        self.init(
-            namespace: namespace, session: session, seq: seq, timestamp: Int64(bitPattern: stamp), settledBelow: settled, command: command)
     }
 
     /// The same payload with another timestamp (the leader stamps every proposal it appends);
@@ -146,51 +154,8 @@ public struct CommandEnvelope: Sendable, Equatable {
         // The timestamp sits at a fixed offset (version, kind, session, seq precede it).
         guard payload.count >= 26, payload[0] == 2 || payload[0] == version else { return nil }
         var out = payload
-        let v = UInt64(bitPattern: timestamp)
-        for i in 0..<8 { out[18 + i] = UInt8(truncatingIfNeeded: v >> UInt64(8 * i)) }
-        return out
-    }
-}
-
-struct ByteWriter {
-    var out: [UInt8] = []
-    mutating func byte(_ b: UInt8) { out.append(b) }
-    mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.littleEndian) { out.append(contentsOf: $0) } }
-    mutating func bytes(_ b: [UInt8]) {
-        u64(UInt64(b.count))
-        out.append(contentsOf: b)
-    }
-    mutating func string(_ s: String) {
-        u64(UInt64(s.utf8.count))
-        out.append(contentsOf: s.utf8)
-    }
-}
-
-struct ByteReader {
-    let b: [UInt8]
-    var at = 0
-    init(_ b: [UInt8]) { self.b = b }
-    var atEnd: Bool { at == b.count }
-    mutating func byte() -> UInt8? {
-        guard at < b.count else { return nil }
-        defer { at += 1 }
-        return b[at]
-    }
-    mutating func u64() -> UInt64? {
-        guard at + 8 <= b.count else { return nil }
-        var v: UInt64 = 0
-        for i in 0..<8 { v |= UInt64(b[at + i]) << UInt64(8 * i) }
-        at += 8
-        return v
-    }
-    mutating func bytes() -> [UInt8]? {
-        guard let n = u64(), n <= UInt64(b.count - at) else { return nil }
-        defer { at += Int(n) }
-        return Array(b[at..<at + Int(n)])
-    }
-    mutating func string() -> String? {
-        guard let n = u64(), n <= UInt64(b.count - at) else { return nil }
-        defer { at += Int(n) }
-        return String(validating: b[at..<at + Int(n)], as: UTF8.self)
+        var w = ByteWriter(continuing: &out)
+        w.patch(timestamp, at: 18)
+        return w.finish()
     }
 }

@@ -1,3 +1,4 @@
+import BanyanBasics
 public import BanyanTree
 
 /// What the state machine remembers of one client session, to apply each of its commands once.
@@ -408,9 +409,7 @@ private final class ImageSource {
 
     func u64() throws -> UInt64? {
         guard let b = try take(8) else { return nil }
-        var v: UInt64 = 0
-        for i in 0..<8 { v |= UInt64(b[i]) << UInt64(8 * i) }
-        return v
+        return try? ByteReader.readAll(b) { (r) throws(ByteCodecError) in try r.u64("image field") }
     }
 
     func atEnd() throws -> Bool { try !refill() }

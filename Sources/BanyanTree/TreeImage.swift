@@ -1,3 +1,5 @@
+import BanyanBasics
+
 /// A compact binary image of a tree, for snapshots: faster to write and to load than JSON, and
 /// validated on load as strictly as JSON input (keys, order, depth, UTF-8, sizes).
 ///
@@ -12,10 +14,10 @@ public enum TreeImage {
 
     /// Writes the image of `node` in chunks of about `chunkBytes`.
     public static func stream(_ node: Tree, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
-        var out = magic
-        out.reserveCapacity(Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
-        try write(node, &out, chunkBytes, emit)
-        if !out.isEmpty { try emit(out) }
+        var w = ByteWriter(capacity: Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
+        w.raw(magic)
+        try write(node, &w, chunkBytes, emit)
+        if w.count > 0 { try emit(w.out) }
     }
 
     public static func bytes(_ node: Tree) -> [UInt8] {
@@ -24,10 +26,12 @@ public enum TreeImage {
         return all
     }
 
-    private static func write(_ node: Tree, _ out: inout [UInt8], _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
+    /// Writes with the shared byte codec (docs/internals/byte-codec.md): numbers little-endian,
+    /// lengths and counts as varints.
+    private static func write(_ node: Tree, _ w: inout ByteWriter, _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
         switch node.storage {
         case .empty:
-            out.append(0)
+            w.u8(0)
         case .leaf(let leaf, let priority):
             let type: UInt8
             switch leaf {
@@ -36,27 +40,27 @@ public enum TreeImage {
             case .double: type = 4
             case .string: type = 5
             }
-            out.append(type | priorityKind(priority) << 3)
-            writePriority(priority, &out)
+            w.u8(type | priorityKind(priority) << 3)
+            writePriority(priority, &w)
             switch leaf {
             case .bool: break
-            case .int(let i): appendLE(UInt64(bitPattern: i), &out)
-            case .double(let d): appendLE(d.bitPattern, &out)
-            case .string(let s): writeString(s, &out)
+            case .int(let i): w.i64(i)
+            case .double(let d): w.f64(d)
+            case .string(let s): writeString(s, &w)
             }
         case .children(let map, let priority):
-            out.append(6 | priorityKind(priority) << 3)
-            writePriority(priority, &out)
-            writeVarint(UInt64(map.count), &out)
+            w.u8(6 | priorityKind(priority) << 3)
+            writePriority(priority, &w)
+            w.varint(UInt64(map.count))
             var failure: (any Error)?
             map.forEach { key, child in
                 guard failure == nil else { return }
-                writeString(key.string, &out)
+                writeString(key.string, &w)
                 do {
-                    try write(child, &out, chunkBytes, emit)
-                    if out.count >= chunkBytes {
-                        try emit(out)
-                        out.removeAll(keepingCapacity: true)
+                    try write(child, &w, chunkBytes, emit)
+                    if w.count >= chunkBytes {
+                        try emit(w.out)
+                        w.out.removeAll(keepingCapacity: true)
                     }
                 } catch {
                     failure = error
@@ -74,34 +78,19 @@ public enum TreeImage {
         }
     }
 
-    private static func writePriority(_ p: Priority, _ out: inout [UInt8]) {
+    private static func writePriority(_ p: Priority, _ w: inout ByteWriter) {
         switch p {
         case .none: break
-        case .number(let d): appendLE(d.bitPattern, &out)
-        case .string(let s): writeString(s, &out)
+        case .number(let d): w.f64(d)
+        case .string(let s): writeString(s, &w)
         }
     }
 
-    @inline(__always)
-    private static func appendLE(_ v: UInt64, _ out: inout [UInt8]) {
-        for i in 0..<8 { out.append(UInt8(truncatingIfNeeded: v >> (8 * UInt64(i)))) }
-    }
-
-    @inline(__always)
-    private static func writeVarint(_ v: UInt64, _ out: inout [UInt8]) {
-        var v = v
-        while v >= 0x80 {
-            out.append(UInt8(v & 0x7F) | 0x80)
-            v >>= 7
-        }
-        out.append(UInt8(v))
-    }
-
-    private static func writeString(_ s: String, _ out: inout [UInt8]) {
+    private static func writeString(_ s: String, _ w: inout ByteWriter) {
         var s = s
         s.withUTF8 { bytes in
-            writeVarint(UInt64(bytes.count), &out)
-            out.append(contentsOf: bytes)
+            w.varint(UInt64(bytes.count))
+            w.raw(bytes)
         }
     }
 

@@ -82,4 +82,41 @@ import Testing
         let length = try ByteReader.readAll(Array(bytes[0..<4])) { (r) throws(ByteCodecError) in try r.u32("length") }
         #expect(Int(length) == bytes.count - 4)
     }
+
+    @Test("varints: LEB128 bytes, every width round-trips, overlong and truncated ones are typed errors")
+    func varints() throws {
+        let cases: [(UInt64, [UInt8])] = [
+            (0, [0]), (1, [1]), (127, [0x7F]), (128, [0x80, 0x01]), (300, [0xAC, 0x02]),
+            (UInt64.max, [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]),
+        ]
+        for (value, expected) in cases {
+            var w = ByteWriter()
+            w.varint(value)
+            let bytes = w.finish()
+            #expect(bytes == expected, "\(value)")
+            #expect(try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in try r.varint("n") } == value)
+            for cut in 0..<bytes.count {
+                #expect(throws: ByteCodecError.truncated(field: "n")) {
+                    _ = try ByteReader.readAll(Array(bytes[0..<cut])) { (r) throws(ByteCodecError) in try r.varint("n") }
+                }
+            }
+        }
+        for shift in stride(from: 0, to: 64, by: 7) {
+            let value = UInt64(1) << UInt64(shift)
+            var w = ByteWriter()
+            w.varint(value - 1); w.varint(value); w.u8(9)
+            let bytes = w.finish()
+            let read = try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in (try r.varint("a"), try r.varint("b"), try r.u8("c")) }
+            #expect(read.0 == value - 1 && read.1 == value && read.2 == 9)
+        }
+        // Beyond 64 bits: a tenth byte above 1, or an eleventh byte.
+        let tooWide: [UInt8] = Array(repeating: 0xFF, count: 9) + [0x02]
+        #expect(throws: ByteCodecError.badValue(field: "n")) {
+            _ = try ByteReader.readAll(tooWide) { (r) throws(ByteCodecError) in try r.varint("n") }
+        }
+        let tooLong: [UInt8] = Array(repeating: 0x80, count: 10) + [0x00]
+        #expect(throws: ByteCodecError.badValue(field: "n")) {
+            _ = try ByteReader.readAll(tooLong) { (r) throws(ByteCodecError) in try r.varint("n") }
+        }
+    }
 }

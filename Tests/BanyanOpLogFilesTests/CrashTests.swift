@@ -167,7 +167,10 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         // Never two segment removals pending at once: a power loss could keep either (a gap).
         #expect(probe.mostUnsyncedRemovals <= 1, "\(probe.mostUnsyncedRemovals) removals unsynced at once")
         var outcomes: Set<String> = []
-        for crashAt in 1...span {
+        // The rewrite goes to a new segment (a cut inside a write batch seals the segment), whose
+        // name is durable only at the last operation, the directory fsync: `span + 1` is the run
+        // that gets past it (no crash during the operation, a power loss after it).
+        for crashAt in 1...(span + 1) {
             for (policy, keep, keepSector) in rebootPolicies {
                 let fs = freshFS()
                 let log = try setUp(fs)
@@ -377,8 +380,11 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         try log.sync()
         let file = dir + "/" + LogFormat.segmentName(firstIndex: 1)
         let recordBytes = LogFormat.frameBytes + LogFormat.bodyFixedBytes + entry(1, "w").payload.count
-        #expect(try fs.readAll(file).count == (preallocate == 0 ? LogFormat.segmentHeader.count + 5 * recordBytes : preallocate))
-        fs.corrupt(file, at: LogFormat.segmentHeader.count + recordBytes + 2)  // record 2's length
+        // One batch (its leading marker, five records, its trailing marker), then the empty batch
+        // that records the sync (two markers).
+        let batchStart = LogFormat.segmentHeader.count + LogFormat.markerBytes
+        #expect(try fs.readAll(file).count == (preallocate == 0 ? batchStart + 5 * recordBytes + 3 * LogFormat.markerBytes : preallocate))
+        fs.corrupt(file, at: batchStart + recordBytes + 2)  // record 2's length
         do {
             _ = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
             Issue.record("acknowledged records 2-5 silently cut off")

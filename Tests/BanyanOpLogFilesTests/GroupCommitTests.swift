@@ -32,8 +32,9 @@ import Testing
     @Test("a storage failure fails the batch and every later proposal")
     func failure() async throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
-        // Room for the segment header and one small record (34 bytes), not for a 125-byte one.
-        fs.capacity = 150
+        // Room for the segment header, one small record in its batch (26 + 64 bytes) and the empty
+        // batch recording its sync (64), and for another small batch, not for a 125-byte record.
+        fs.capacity = 260
         var plain = SegmentedLog.Options()
         plain.preallocationBytes = 0
         let group = GroupCommitLog(log: try SegmentedLog(directory: "/data/log", fileSystem: fs, options: plain))

@@ -87,29 +87,105 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         #expect(try again.sync() == salvaged.cutAt)
     }
 
-    @Test("out-of-order write-back of an unsynced tail (a later record kept, an earlier sector lost) is refused by default; salvage keeps every durable record")
-    func outOfOrderUnsyncedTail() throws {
+    // Changed rule (issue 14, item 4's open gap; seed 67023): this used to be refused, because
+    // nothing told the torn batch from damage to synced records. Each batch's synced-through
+    // markers now say that the segment was synced only up to the batch's start.
+    @Test("out-of-order write-back of an unsynced batch (a later sector kept, the one where it starts lost) is cut as a torn tail: the log opens with every acknowledged record and goes on")
+    func tornUnsyncedBatchOpens() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
         let log = try SegmentedLog(directory: dir, fileSystem: fs)
         try log.append((1...10).map(entry))
         #expect(try log.sync() == 10)
         try log.append((11...20).map(entry))
-        // Power loss: write-back reached every sector of the unsynced records but the one where
+        let written = SegmentScan.scan(try fs.readAll(segment), expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        #expect(written.entries.count == 20)
+        // Power loss: write-back reached every sector of the unsynced batch but the one where
         // record 11 starts.
-        let recordBytes = LogFormat.encode([entry(11)]).count
-        let lostSector = (LogFormat.segmentHeader.count + 10 * recordBytes) / 512
+        let lostSector = written.offsets[10] / 512
         fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, n in n != lostSector })
+        let logs = CapturedLogs()
+        let reopened = try SegmentedLog(directory: dir, fileSystem: fs, logger: logs.logger)
+        #expect(reopened.lastIndex == 10 && reopened.salvaged == nil)
+        #expect(try reopened.entries(from: 1, through: 10) == (1...10).map(entry))
+        let cut = try #require(reopened.recovery.truncatedTail)
+        #expect(cut.offset <= written.offsets[10] && cut.offset > written.offsets[9])
+        // The cut bytes were saved, and the log line names the unsynced records it dropped.
+        let saved = try #require(reopened.recovery.savedCutBytes)
+        #expect(try fs.readAll(saved).count > 0)
+        #expect(logs.records.withLock { $0.contains { $0.2["unsynced_records_after_damage"].map { "\($0)".hasSuffix("...20") } ?? false } })
+        // It takes the next records, and they survive the next power loss.
+        try reopened.append((11...15).map(entry))
+        #expect(try reopened.sync() == 15)
+        fs.reboot()
+        let again = try SegmentedLog(directory: dir, fileSystem: fs)
+        #expect(again.lastIndex == 15)
+        #expect(try again.entries(from: 1, through: 15) == (1...15).map(entry))
+    }
+
+    @Test("damage to a synced batch, with a later batch whose markers say it was synced, is still refused (and salvage keeps every record before it)")
+    func syncedBatchDamageRefused() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let log = try SegmentedLog(directory: dir, fileSystem: fs)
+        for batch in 0..<3 {
+            try log.append((UInt64(batch * 10 + 1)...UInt64(batch * 10 + 10)).map(entry))
+            try log.sync()
+        }
+        try log.append((31...40).map(entry))  // not synced
+        fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, _ in true })
+        let layout = SegmentScan.scan(try fs.readAll(segment), expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        #expect(layout.entries.count == 40)
+        // The disk hands back zeros for the sector after the one where record 12 starts: inside
+        // the second batch, which was synced (and acknowledged) before the third was written.
+        let damage = (layout.offsets[11] / 512 + 1) * 512
+        try zero(fs, segment, at: damage, count: 512)
         do {
-            _ = try SegmentedLog(directory: dir, fileSystem: fs)
-            Issue.record("a damaged tail with valid records after it was cut without the operator's consent")
+            let opened = try SegmentedLog(directory: dir, fileSystem: fs)
+            Issue.record("opened with \(opened.lastIndex) of 30 acknowledged records")
         } catch {
-            #expect(error.code == .corrupt && error.message.contains("runbook"), "\(error)")
+            #expect(error.code == .corrupt && error.file == segment, "\(error)")
+            #expect(error.message.contains("synced through byte") && error.message.contains("runbook"), "\(error.message)")
+            let offset = try #require(error.offset)
+            #expect(offset <= damage && offset > layout.offsets[10])
         }
         var options = SegmentedLog.Options()
         options.salvageDamagedTail = true
         let salvaged = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
-        #expect(salvaged.lastIndex == 10 && salvaged.salvaged?.cutAt == 11 && salvaged.salvaged?.highestIndexAfterDamage == 20)
-        #expect(try salvaged.entries(from: 1, through: 10) == (1...10).map(entry))
+        #expect(salvaged.lastIndex >= 11 && salvaged.lastIndex < 20 && salvaged.salvaged?.highestIndexAfterDamage == 40)
+    }
+
+    @Test("a log written before synced-through markers (segment version 1) with damage followed by valid records is still refused; undamaged, it opens and continues in a new version-2 segment")
+    func oldFormatDamageRefused() throws {
+        func oldLog() throws -> SimulatedFileSystem {
+            let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+            try fs.makeDirectory(dir)
+            try fs.syncDirectory("/data")
+            let file = try fs.create(segment)
+            var bytes = LogFormat.segmentHeaderV1
+            for index in 1...40 { LogFormat.encode(entry(UInt64(index)), into: &bytes) }
+            try fs.append(file, bytes + [UInt8](repeating: 0, count: 4096))  // preallocated
+            try fs.sync(file)
+            fs.close(file)
+            try fs.syncDirectory(dir)
+            return fs
+        }
+        let damaged = try oldLog()
+        try zero(damaged, segment, at: 4096, count: 512)
+        do {
+            let opened = try SegmentedLog(directory: dir, fileSystem: damaged)
+            Issue.record("opened with \(opened.lastIndex) of 40 records")
+        } catch {
+            #expect(error.code == .corrupt && error.message.contains("no synced-through marker"), "\(error.message)")
+        }
+        let fs = try oldLog()
+        let log = try SegmentedLog(directory: dir, fileSystem: fs)
+        #expect(log.lastIndex == 40)
+        try log.append((41...45).map(entry))
+        #expect(try log.sync() == 45)
+        let next = dir + "/" + LogFormat.segmentName(firstIndex: 41)
+        #expect(try fs.readAll(next).starts(with: LogFormat.segmentHeader) && LogFormat.segmentHeader != LogFormat.segmentHeaderV1)
+        fs.reboot()
+        let again = try SegmentedLog(directory: dir, fileSystem: fs)
+        #expect(try again.entries(from: 1, through: 45) == (1...45).map(entry))
     }
 
     @Test("a torn tail is moved aside before the cut; a cut of zeros saves nothing; saved files are not segments")
@@ -123,9 +199,11 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         try log.append([entry(6)])
         // Power loss keeping 30 bytes of record 6.
         let size = try fs.fileSize(segment)
-        fs.reboot(keepUnsynced: { _, _ in 30 })
+        // Power loss keeping the empty batch that recorded the sync, record 6's leading marker
+        // and 30 bytes of the record.
+        fs.reboot(keepUnsynced: { _, _ in 3 * LogFormat.markerBytes + 30 })
         let torn = try fs.readAll(segment)
-        #expect(torn.count == size - LogFormat.encode([entry(6)]).count + 30)
+        #expect(torn.count == size - LogFormat.encode([entry(6)]).count - LogFormat.markerBytes + 30)
         let reopened = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
         #expect(reopened.lastIndex == 5)
         let offset = torn.count - 30

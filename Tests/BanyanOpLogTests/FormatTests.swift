@@ -16,6 +16,47 @@ private func segment(_ list: [LogRecord]) -> (bytes: [UInt8], offsets: [Int]) {
     return (bytes, offsets)
 }
 
+
+/// A version-2 segment as the log writes it: every batch framed by synced-through markers, the
+/// segment synced after each batch before `unsyncedFrom` (the first batch says 0: a new
+/// segment's header is synced with its first batch). Record offsets and batch spans too.
+private func batchedSegment(_ batches: [[LogRecord]], unsyncedFrom: Int) -> (bytes: [UInt8], offsets: [Int], spans: [Range<Int>]) {
+    var bytes = LogFormat.segmentHeader
+    var offsets: [Int] = []
+    var spans: [Range<Int>] = []
+    var synced = 0
+    for (i, batch) in batches.enumerated() {
+        let start = bytes.count
+        var body: [UInt8] = []
+        for record in batch {
+            offsets.append(start + LogFormat.markerBytes + body.count)
+            LogFormat.encode(record, into: &body)
+        }
+        let end = start + body.count + 2 * LogFormat.markerBytes
+        let marker = LogFormat.encode(SyncMarker(syncedThrough: synced, spanStart: start, spanEnd: end))
+        bytes += marker + body + marker
+        spans.append(start..<end)
+        if i < unsyncedFrom { synced = bytes.count }
+    }
+    return (bytes, offsets, spans)
+}
+
+/// `count` batches of ten records: 1-10, 11-20, …
+private func tenPerBatch(_ count: Int) -> [[LogRecord]] {
+    var batches: [[LogRecord]] = []
+    for b in 0..<count {
+        let first = UInt64(10 * b + 1)
+        batches.append(entries(first...(first + 9), tag: "batch\(b)"))
+    }
+    return batches
+}
+
+/// Zeros from `start` to the end of its sector (a sector write-back never reached: before `start`
+/// it held synced bytes, which stay).
+private func zeroSector(_ bytes: inout [UInt8], at start: Int, sector: Int) {
+    for i in start..<Swift.min(bytes.count, (start / sector + 1) * sector) { bytes[i] = 0 }
+}
+
 @Suite struct FormatTests {
     @Test("CRC32C matches the RFC 3720 test vectors, in one shot and incrementally")
     func crc() {
@@ -209,6 +250,131 @@ private func segment(_ list: [LogRecord]) -> (bytes: [UInt8], offsets: [Int]) {
         }
         scan = SegmentScan.scan(forged, expectedFirstIndex: 1, isLast: true, keepPayloads: false)
         #expect(scan.outcome == .corrupt(offset: start, reason: "checksum mismatch") && scan.recordsAfterDamage == .unknown)
+    }
+
+    // Issue 14, item 4's open gap (seed 67023): each batch carries how far its segment was synced
+    // when it was written, so a batch torn by a power loss is told from damage to synced records.
+    @Test("a batch torn by a power loss (a later sector kept, an earlier one lost) is a torn tail: its markers prove nothing from the damage on was synced")
+    func tornUnsyncedBatchIsCut() {
+        let sector = 64
+        let batches = tenPerBatch(4)
+        var (bytes, offsets, spans) = batchedSegment(batches, unsyncedFrom: 3)
+        bytes += [UInt8](repeating: 0, count: 512)  // preallocated
+        // A sector inside the unsynced batch (records 31-40) never reached the disk; later ones did.
+        var torn = bytes
+        let lost = (offsets[32] / sector + 1) * sector
+        zeroSector(&torn, at: lost, sector: sector)
+        let damaged = offsets.last { $0 <= lost } ?? 0
+        var scan = SegmentScan.scan(torn, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        #expect(scan.outcome == .tornTail(offset: damaged))
+        #expect(scan.entries == Array(batches.joined().prefix(offsets.firstIndex(of: damaged) ?? 0)))
+        #expect(scan.syncEvidence == .neverSynced(syncedThrough: spans[2].upperBound))
+        if case .found(_, let last, _)? = scan.recordsAfterDamage { #expect(last == 40) } else { Issue.record("records after the damage not found") }
+        #expect(scan.endsInsideBatch, "the cut lies inside the batch: the writer must start a new segment")
+
+        // The batch's leading marker is what was lost (the rest of its sector holds synced bytes
+        // of the batch before): its trailing marker vouches for the records after the damage.
+        var leadLost = bytes
+        zeroSector(&leadLost, at: spans[3].lowerBound, sector: sector)
+        scan = SegmentScan.scan(leadLost, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        #expect(scan.outcome == .tornTail(offset: spans[3].lowerBound) && scan.entries.count == 30)
+        #expect(!scan.endsInsideBatch)
+
+        // Both markers of an unsynced batch lost, a later unsynced batch intact: the later
+        // batch's markers vouch for the records before them (the synced-through offset only grows).
+        let five = tenPerBatch(5)
+        let (later, _, laterSpans) = batchedSegment(five, unsyncedFrom: 3)
+        var middleLost = later + [UInt8](repeating: 0, count: 512)
+        zeroSector(&middleLost, at: laterSpans[3].lowerBound, sector: sector)
+        for i in (laterSpans[3].upperBound - LogFormat.markerBytes)..<laterSpans[3].upperBound { middleLost[i] = 0 }
+        scan = SegmentScan.scan(middleLost, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        #expect(scan.outcome == .tornTail(offset: laterSpans[3].lowerBound) && scan.entries.count == 30)
+
+        // A header sector lost in a new segment whose first batch is unsynced: removed as torn.
+        let fresh = batchedSegment([entries(1...10)], unsyncedFrom: 0).bytes + [UInt8](repeating: 0, count: 512)
+        var headless = fresh
+        zeroSector(&headless, at: 0, sector: sector)
+        scan = SegmentScan.scan(headless, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        #expect(scan.headerMissing && scan.outcome == .tornTail(offset: 0) && scan.syncEvidence == .neverSynced(syncedThrough: 0))
+    }
+
+    @Test("damage to synced records is refused when a later batch's marker says the segment was synced beyond it, or when no marker vouches for the records after it")
+    func syncedDamageIsRefused() {
+        let sector = 64
+        let batches = tenPerBatch(4)
+        var (bytes, offsets, spans) = batchedSegment(batches, unsyncedFrom: 3)
+        bytes += [UInt8](repeating: 0, count: 512)
+        // The same kind of zero sector, in the third batch (records 21-30), which was synced
+        // before the fourth was written: the fourth's markers say so.
+        var damagedSynced = bytes
+        let lost = (offsets[22] / sector + 1) * sector
+        zeroSector(&damagedSynced, at: lost, sector: sector)
+        let damaged = offsets.last { $0 <= lost } ?? 0
+        var scan = SegmentScan.scan(damagedSynced, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        if case .corrupt(let offset, let reason) = scan.outcome {
+            #expect(offset == damaged && reason.contains("synced through byte \(spans[2].upperBound)"), "\(reason)")
+        } else {
+            Issue.record("damage to synced records was cut: \(scan.outcome)")
+        }
+        #expect(scan.syncEvidence == .syncedBeyondDamage(syncedThrough: spans[2].upperBound, markerOffset: spans[3].lowerBound))
+        if case .found(_, let last, _)? = scan.recordsAfterDamage { #expect(last == 40) } else { Issue.record("records after the damage not found") }
+
+        // A marker saying so is enough even when no valid record follows the damage: the last
+        // record of the third batch and its trailing marker read as zeros, the fourth batch's
+        // leading marker survived (its records did not).
+        var onlyMarker = Array(bytes.prefix(spans[3].lowerBound + LogFormat.markerBytes)) + [UInt8](repeating: 0, count: 512)
+        for i in offsets[29]..<spans[2].upperBound { onlyMarker[i] = 0 }
+        scan = SegmentScan.scan(onlyMarker, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        if case .corrupt = scan.outcome {} else { Issue.record("a marker after the damage says it was synced: \(scan.outcome)") }
+
+        // Both markers of the unsynced batch lost, a record between them kept: nothing vouches
+        // for that record (its batch's marker may have said the damage was synced), so refuse.
+        var bothLost = bytes
+        zeroSector(&bothLost, at: spans[3].lowerBound, sector: sector)
+        for i in (spans[3].upperBound - LogFormat.markerBytes)..<spans[3].upperBound { bothLost[i] = 0 }
+        scan = SegmentScan.scan(bothLost, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        if case .corrupt = scan.outcome {} else { Issue.record("records without a marker were cut: \(scan.outcome)") }
+        if case .recordsWithoutMarkers? = scan.syncEvidence {} else { Issue.record("\(String(describing: scan.syncEvidence))") }
+
+        // The documented limit: damage inside the last batch, when no later batch records that
+        // it was synced, looks exactly like a torn write of that batch, and is cut.
+        let allSynced = batchedSegment(batches, unsyncedFrom: 4).bytes + [UInt8](repeating: 0, count: 512)
+        var lastBatch = allSynced
+        zeroSector(&lastBatch, at: (offsets[32] / sector + 1) * sector, sector: sector)
+        if case .tornTail = SegmentScan.scan(lastBatch, expectedFirstIndex: 1, isLast: true, sectorBytes: sector).outcome {} else {
+            Issue.record("the last batch")
+        }
+    }
+
+    @Test("a version-1 segment (no markers) with damage followed by valid records is still refused; markers are not read in it")
+    func oldFormatDamageRefused() {
+        let sector = 64
+        let list = entries(1...40)
+        var bytes = LogFormat.segmentHeaderV1
+        var offsets: [Int] = []
+        for record in list {
+            offsets.append(bytes.count)
+            LogFormat.encode(record, into: &bytes)
+        }
+        bytes += [UInt8](repeating: 0, count: 512)
+        let clean = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        #expect(clean.outcome == .zeroTail(offset: bytes.count - 512) && clean.entries == list && clean.version == 1)
+        var damaged = bytes
+        let lost = (offsets[32] / sector + 1) * sector
+        zeroSector(&damaged, at: lost, sector: sector)
+        let scan = SegmentScan.scan(damaged, expectedFirstIndex: 1, isLast: true, sectorBytes: sector)
+        if case .corrupt(let offset, _) = scan.outcome { #expect(offset == offsets.last { $0 <= lost }) } else { Issue.record("\(scan.outcome)") }
+        if case .recordsWithoutMarkers? = scan.syncEvidence {} else { Issue.record("\(String(describing: scan.syncEvidence))") }
+        // A marker inside a version-1 segment is not one: corruption.
+        var withMarker = Array(bytes.prefix(offsets[5]))
+        withMarker += LogFormat.encode(SyncMarker(syncedThrough: 0, spanStart: offsets[5], spanEnd: offsets[5] + 64))
+        if case .corrupt = SegmentScan.scan(withMarker, expectedFirstIndex: 1, isLast: false).outcome {} else { Issue.record("marker in v1") }
+        // Markers are read in version 2, in any segment, and a segment ending inside a batch
+        // (truncated there) is still clean when it is not the last.
+        let (v2, v2offsets, _) = batchedSegment([entries(1...5), entries(6...9)], unsyncedFrom: 2)
+        #expect(SegmentScan.scan(v2, expectedFirstIndex: 1, isLast: false).outcome == .clean)
+        let cutInside = SegmentScan.scan(Array(v2.prefix(v2offsets[7])), expectedFirstIndex: 1, isLast: false)
+        #expect(cutInside.outcome == .clean && cutInside.entries.count == 7 && cutInside.endsInsideBatch)
     }
 
     @Test("segment names sort by first index and parse back")

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Pre-vote and check-quorum (R15, R16), after etcd's checkquorum.txt, prevote*.txt and

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Raft paper §5.1 (terms) and §5.2 (leader election), after etcd's raft_paper_test.go.

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Flow control (R25), after etcd's raft_flow_control_test.go and TestUncommittedEntryLimit.

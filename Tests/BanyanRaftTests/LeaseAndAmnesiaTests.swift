@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Regressions from the review of issue 4: lease reads that outlived the lease, and a wiped

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Single-server membership changes (R20–R23), after etcd's TestNewLeaderPendingConfig,

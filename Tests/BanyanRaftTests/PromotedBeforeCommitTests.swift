@@ -34,4 +34,38 @@ import Testing
         wiped.step(Message(from: 1, to: 4, term: 1, body: .append(prevIndex: 0, prevTerm: 0, entries: founding + [learner, other], commit: 3)))
         #expect(!wiped.mayVote)
     }
+
+    @Test("a restart keeps that admission: the entry naming this incarnation is on disk, the hard state that recorded the vote is not")
+    func admissionSurvivesARestart() throws {
+        var configuration = RaftConfiguration(id: 4, seed: 9)
+        configuration.incarnation = Self.incarnation
+        let founding = RaftNode.bootstrapState(members: [1, 2, 3]).entries
+        let learner = LogEntry(index: 2, term: 1, kind: .config(Membership(voters: [1, 2, 3], learners: [4])))
+        let promoted = LogEntry(
+            index: 3, term: 1, kind: .config(Membership(voters: [1, 2, 3, 4], incarnations: [4: Self.incarnation])))
+        // The entries reached the disk; the crash came before the hard state's `mayVote` did.
+        let persisted = PersistedState(
+            hardState: HardState(term: 1, vote: 0, commit: 2, mayVote: false), snapshot: .none, entries: founding + [learner, promoted])
+        var node = try RaftNode(configuration: configuration, restoring: persisted)
+        #expect(node.mayVote)
+        // The vote goes to disk with the next Ready.
+        #expect(node.ready().hardState?.mayVote == true)
+        // A restored log naming another incarnation of the id gives nothing.
+        let other = LogEntry(index: 3, term: 1, kind: .config(Membership(voters: [1, 2, 3, 4], incarnations: [4: 0xBEEF])))
+        let stranger = try RaftNode(
+            configuration: configuration,
+            restoring: PersistedState(hardState: HardState(term: 1, vote: 0, commit: 2, mayVote: false), snapshot: .none, entries: founding + [learner, other]))
+        #expect(!stranger.mayVote)
+        // Nor does a snapshot naming another incarnation; one naming this incarnation does.
+        let snapshotOther = SnapshotMeta(index: 3, term: 1, membership: Membership(voters: [1, 2, 3, 4], incarnations: [4: 0xBEEF]))
+        let fromOther = try RaftNode(
+            configuration: configuration,
+            restoring: PersistedState(hardState: HardState(term: 1, vote: 0, commit: 3, mayVote: false), snapshot: snapshotOther, entries: []))
+        #expect(!fromOther.mayVote)
+        let snapshotOwn = SnapshotMeta(index: 3, term: 1, membership: Membership(voters: [1, 2, 3, 4], incarnations: [4: Self.incarnation]))
+        let fromOwn = try RaftNode(
+            configuration: configuration,
+            restoring: PersistedState(hardState: HardState(term: 1, vote: 0, commit: 3, mayVote: false), snapshot: snapshotOwn, entries: []))
+        #expect(fromOwn.mayVote)
+    }
 }

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// ReadIndex reads (R17, R18), after etcd's TestReadOnlyOptionSafe and TestReadOnlyForNewLeader.

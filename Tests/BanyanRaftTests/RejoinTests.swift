@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Two operator stories from the issue: a node whose disk was wiped comes back, and a leader is

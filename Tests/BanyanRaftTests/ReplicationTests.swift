@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Raft paper §5.3 (log replication), after etcd's raft_paper_test.go and raft_test.go.

@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Regression from the second review: a lease-holding follower moved to a newer term by a delayed

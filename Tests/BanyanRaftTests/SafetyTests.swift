@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 import Testing
 
 /// Raft paper §5.4 (safety): the election restriction and the commit rule.

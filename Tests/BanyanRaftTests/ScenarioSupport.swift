@@ -1,5 +1,4 @@
 import BanyanRaft
-import BanyanSimulation
 
 /// Shared builders for the scenario tests: hand-made disks (term-labelled logs, as in the Raft
 /// paper's figures) and small message predicates.

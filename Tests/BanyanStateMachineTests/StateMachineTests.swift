@@ -1,3 +1,4 @@
+import BanyanBasics
 @testable import BanyanStateMachine
 import BanyanTree
 import Testing
@@ -31,6 +32,30 @@ import Testing
             }
             #expect(CommandEnvelope(decoding: bytes + [0]) == nil)
         }
+    }
+
+    @Test("command payloads keep their bytes (they are in logs on disk): golden layout, version 2, restamping, named errors")
+    func goldenBytes() throws {
+        func le(_ v: UInt64) -> [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: v >> UInt64(8 * $0)) } }
+        func str(_ s: String) -> [UInt8] { le(UInt64(s.utf8.count)) + Array(s.utf8) }
+        let e = CommandEnvelope(
+            namespace: "ns", session: 0x0102, seq: 3, timestamp: -2, settledBelow: 2,
+            command: .update(path: "/a", entries: [.init(path: "b", json: json("1"))]))
+        let golden: [UInt8] = [3, 2] + le(0x0102) + le(3) + le(UInt64(bitPattern: -2)) + le(2) + str("ns") + str("/a") + le(1) + str("b") + str("1")
+        #expect(e.encoded() == golden)
+        // A version-2 payload (no settledBelow) still decodes.
+        let v2: [UInt8] = [2, 1] + le(9) + le(4) + le(5) + str("") + str("/x") + str("true")
+        #expect(CommandEnvelope(decoding: v2) == CommandEnvelope(session: 9, seq: 4, timestamp: 5, command: .set(path: "/x", json: json("true"))))
+        // The leader's stamp lands on the timestamp's bytes only.
+        let restamped = try #require(CommandEnvelope.restamped(golden, timestamp: 0x0A0B))
+        #expect(Array(restamped[18..<26]) == le(0x0A0B))
+        #expect(Array(restamped[0..<18]) == Array(golden[0..<18]) && Array(restamped[26...]) == Array(golden[26...]))
+        // Damage names the field; a hostile item count is refused before anything is allocated.
+        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([4] + golden.dropFirst()) }
+        #expect(throws: ByteCodecError.badValue(field: "command kind")) { try CommandEnvelope.decode([3, 9] + golden.dropFirst(2)) }
+        let countAt = 2 + 32 + 10 + 10
+        let hostile = Array(golden[0..<countAt]) + le(.max) + Array(golden[(countAt + 8)...])
+        #expect(throws: ByteCodecError.tooLarge(field: "update items", count: .max)) { try CommandEnvelope.decode(hostile) }
     }
 
     @Test("set, update and compare-and-set change the tree as Firebase does, and report the written paths")

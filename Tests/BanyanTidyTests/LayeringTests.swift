@@ -13,13 +13,13 @@ import Testing
         "BanyanBasics": (true, []),
         "BanyanTree": (true, ["BanyanBasics"]),
         "BanyanQuery": (true, ["BanyanTree", "BanyanBasics"]),
-        "BanyanOpLog": (true, []),
+        "BanyanOpLog": (true, ["BanyanBasics"]),
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
-        "BanyanStateMachine": (true, ["BanyanTree"]),
+        "BanyanStateMachine": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"]),
-        "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree"]),
-        "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "Logging"]),
+        "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
+        "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanBasics", "Logging"]),
         "BanyanServer": (
             false,
             [
@@ -35,7 +35,7 @@ import Testing
                 "BanyanOpLogFiles", "Logging",
             ]
         ),
-        "BanyanOpLogFiles": (false, ["BanyanOpLog", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
+        "BanyanOpLogFiles": (false, ["BanyanOpLog", "BanyanBasics", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
         "BanyanCommand": (
             false,
             [
@@ -45,7 +45,7 @@ import Testing
         ),
         "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
-        "BanyanSim": (false, ["BanyanSimulation", "BanyanNode", "ArgumentParser"]),
+        "BanyanSim": (false, ["BanyanSimulation", "BanyanBasics", "ArgumentParser"]),
         "BanyanBench": (
             false,
             [

@@ -1,20 +1,20 @@
-public import BanyanRaft
+import BanyanRaft
 
 /// What a simulated node has made durable: hard state, the installed snapshot and the log
 /// after it. Everything else is lost when the node crashes.
-public struct SimDisk: Sendable, Equatable {
+struct SimDisk: Sendable, Equatable {
     /// A blank disk: the node may not vote until it is added as a learner (R22).
-    public var hardState = PersistedState.blank.hardState
-    public var snapshot: SnapshotMeta = .none
-    public var snapshotBytes: [UInt8] = []
+    var hardState = PersistedState.blank.hardState
+    var snapshot: SnapshotMeta = .none
+    var snapshotBytes: [UInt8] = []
     /// Entries after `snapshot.index`, contiguous.
-    public var entries: [LogEntry] = []
+    var entries: [LogEntry] = []
 
-    public init() {}
+    init() {}
 
-    public var lastIndex: UInt64 { snapshot.index + UInt64(entries.count) }
+    var lastIndex: UInt64 { snapshot.index + UInt64(entries.count) }
 
-    public func term(at index: UInt64) -> UInt64? {
+    func term(at index: UInt64) -> UInt64? {
         if index == snapshot.index { return snapshot.term }
         guard index > snapshot.index, index <= lastIndex else { return nil }
         return entries[Int(index - snapshot.index - 1)].term
@@ -38,81 +38,62 @@ public struct SimDisk: Sendable, Equatable {
         snapshotBytes = bytes
     }
 
-    public var persisted: PersistedState {
+    var persisted: PersistedState {
         PersistedState(hardState: hardState, snapshot: snapshot, entries: entries)
     }
-}
-
-/// Deliberate driver bugs, used only to prove that the simulator's checkers catch what they
-/// claim to catch (each must make some seed fail).
-public enum Sabotage: Sendable, Equatable, CaseIterable {
-    case none
-    /// The vote is not persisted: a restarted node can vote twice in one term (R3).
-    case forgetVoteOnRestart
-    /// Writes are fsynced only once per tick, but messages go out at once: a crash loses state
-    /// that was already acknowledged (R26; etcd #14370).
-    case lazyFsync
-    /// Reads are served from the local state machine without ReadIndex (R17).
-    case localReads
-    /// Lease reads while leaders get paused: breaks the lease's documented clock assumption (R18).
-    case leaseWithPauses
 }
 
 /// The simulator's driver for one node: it runs the core's `Ready` loop in the documented order
 /// (persist, then send, then apply), keeps the state machine, takes snapshots, and checks that
 /// nothing is sent before the state it depends on is durable.
-public struct SimNode: Sendable {
-    public let id: NodeID
-    public private(set) var raft: RaftNode
-    public private(set) var disk: SimDisk
-    public private(set) var machine: KVMachine
-    public private(set) var incarnation: Int = 0
-    public var configuration: RaftConfiguration
+struct SimNode: Sendable {
+    let id: NodeID
+    private(set) var raft: RaftNode
+    private(set) var disk: SimDisk
+    private(set) var machine: KVMachine
+    private(set) var incarnation: Int = 0
+    var configuration: RaftConfiguration
     /// Take a snapshot and compact once this many entries were applied since the last one
     /// (0: never).
-    public var snapshotEvery: UInt64
+    var snapshotEvery: UInt64
     /// Record the state machine's digest after applying every index divisible by this (0: never).
-    public var digestEvery: UInt64 = 0
+    var digestEvery: UInt64 = 0
 
-    public var sabotage: Sabotage = .none
-    /// With `.lazyFsync`: what a crash leaves (the disk as of the previous batch).
-    private var synced = SimDisk()
     private var incoming: [UInt8] = []
     private var incomingMeta: SnapshotMeta?
     private var pendingReads: [ReadState] = []
 
     /// Everything one `process` call produced.
-    public struct Output: Sendable {
-        public var messages: [Message] = []
+    struct Output: Sendable {
+        var messages: [Message] = []
         /// Entries applied to the state machine (commands, no-ops and configurations).
-        public var applied: [LogEntry] = []
+        var applied: [LogEntry] = []
         /// Commands applied with their outcome (nil outcome: a duplicate that was skipped).
-        public var outcomes: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)] = []
+        var outcomes: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)] = []
         /// ReadIndex reads whose index the state machine has reached: serve them now.
-        public var readsReady: [ReadState] = []
+        var readsReady: [ReadState] = []
         /// State-machine digests at indexes divisible by `digestEvery`.
-        public var digests: [(index: UInt64, digest: String)] = []
+        var digests: [(index: UInt64, digest: String)] = []
         /// Snapshots this node installed from its leader.
-        public var installedSnapshots = 0
+        var installedSnapshots = 0
         /// Breaches of the persist-before-send rule or of the core's invariants.
-        public var violations: [String] = []
-        public var roleChanged: Bool = false
+        var violations: [String] = []
+        var roleChanged: Bool = false
         /// The node crashed part-way through persisting (see `process(persistBudget:)`).
-        public var crashed = false
+        var crashed = false
     }
 
-    public init(configuration: RaftConfiguration, disk: SimDisk, snapshotEvery: UInt64 = 0) throws(RaftError) {
+    init(configuration: RaftConfiguration, disk: SimDisk, snapshotEvery: UInt64 = 0) throws(RaftError) {
         id = configuration.id
         self.configuration = configuration
         self.disk = disk
         self.snapshotEvery = snapshotEvery
-        synced = disk
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
         machine = (try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine()
     }
 
     /// A founding member of a new cluster (the bootstrap state is written to disk first).
-    public static func founding(configuration: RaftConfiguration, members: [NodeID], snapshotEvery: UInt64 = 0) throws(RaftError) -> SimNode {
+    static func founding(configuration: RaftConfiguration, members: [NodeID], snapshotEvery: UInt64 = 0) throws(RaftError) -> SimNode {
         var disk = SimDisk()
         let state = RaftNode.bootstrapState(members: members)
         disk.hardState = state.hardState
@@ -122,11 +103,9 @@ public struct SimNode: Sendable {
 
     /// Restarts from the disk after a crash: memory, the incoming snapshot and pending reads are
     /// gone. `seed` re-seeds the election timer.
-    public mutating func restart(seed: UInt64) throws(RaftError) {
+    mutating func restart(seed: UInt64) throws(RaftError) {
         incarnation += 1
         configuration.seed = seed
-        if sabotage == .lazyFsync { disk = synced }
-        if sabotage == .forgetVoteOnRestart { disk.hardState.vote = 0 }
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
         machine = disk.snapshotBytes.isEmpty ? KVMachine() : ((try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine())
         incoming = []
@@ -136,36 +115,37 @@ public struct SimNode: Sendable {
 
     // MARK: - Inputs
 
-    public mutating func tick() {
-        if sabotage == .lazyFsync { synced = disk }  // the buggy driver fsyncs once per tick
+    mutating func tick() {
         raft.tick()
     }
-    public mutating func step(_ m: Message) { raft.step(m) }
-    public mutating func campaign() { raft.campaign() }
+    mutating func step(_ m: Message) { raft.step(m) }
+    mutating func campaign() { raft.campaign() }
+    /// A peer's hello told this node's driver the peer's incarnation.
+    mutating func noteIncarnation(of peer: NodeID, _ incarnation: UInt64) { raft.noteIncarnation(of: peer, incarnation) }
 
     @discardableResult
-    public mutating func propose(_ commands: [[UInt8]]) throws(RaftError) -> RaftNode.ProposalOutcome {
+    mutating func propose(_ commands: [[UInt8]]) throws(RaftError) -> RaftNode.ProposalOutcome {
         try raft.propose(commands)
     }
 
     @discardableResult
-    public mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome {
+    mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome {
         try raft.proposeMembershipChange(change)
     }
 
-    public mutating func transferLeadership(to target: NodeID) throws(RaftError) {
+    mutating func transferLeadership(to target: NodeID) throws(RaftError) {
         try raft.transferLeadership(to: target)
     }
 
     @discardableResult
-    public mutating func readIndex(context: UInt64) -> Bool { raft.readIndex(context: context) }
+    mutating func readIndex(context: UInt64) -> Bool { raft.readIndex(context: context) }
 
     // MARK: - The Ready loop
 
     /// Runs ready/advance until the core is quiet. With `persistBudget`, the node crashes after
     /// that many durable writes of a batch (a snapshot, an entry and the hard state each count):
     /// nothing of that batch is sent or applied, and the caller must `restart` it.
-    public mutating func process(persistBudget: Int? = nil) -> Output {
+    mutating func process(persistBudget: Int? = nil) -> Output {
         var out = Output()
         var budget = persistBudget
         var rounds = 0

@@ -1,58 +1,61 @@
-public import BanyanRaft
+import BanyanRaft
 
-/// A synchronous, step-by-step cluster for scenario tests (etcd's `network` harness, in Swift):
+/// The Raft core's unit-test fixture (not a simulator: the one simulator is `WholeNodeSimulator`). A synchronous, step-by-step cluster for scenario tests (etcd's `network` harness, in Swift):
 /// messages are delivered immediately and in order unless a test drops, holds or redirects them.
 /// Nothing here is random except each node's seeded election timer.
-public struct TestCluster: Sendable {
-    public private(set) var nodes: [NodeID: SimNode] = [:]
+struct TestCluster: Sendable {
+    private(set) var nodes: [NodeID: SimNode] = [:]
     /// Nodes that are down (crashed and not restarted).
-    public private(set) var down: Set<NodeID> = []
+    private(set) var down: Set<NodeID> = []
     /// Directed links that drop everything.
-    public var cutLinks: Set<Link> = []
+    var cutLinks: Set<Link> = []
     /// Messages held back by `hold` filters, in send order.
-    public private(set) var held: [Message] = []
+    private(set) var held: [Message] = []
     /// Every message delivered, in order (for assertions).
-    public private(set) var delivered: [Message] = []
+    private(set) var delivered: [Message] = []
     /// Everything applied per node, in order.
-    public private(set) var applied: [NodeID: [LogEntry]] = [:]
-    public private(set) var outcomes: [NodeID: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)]] = [:]
-    public private(set) var reads: [NodeID: [ReadState]] = [:]
+    private(set) var applied: [NodeID: [LogEntry]] = [:]
+    private(set) var outcomes: [NodeID: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)]] = [:]
+    private(set) var reads: [NodeID: [ReadState]] = [:]
     /// Persist-before-send and core invariant breaches seen so far (tests assert it stays empty).
-    public private(set) var violations: [String] = []
+    private(set) var violations: [String] = []
     private var dropFilter: (@Sendable (Message) -> Bool)?
     private var holdFilter: (@Sendable (Message) -> Bool)?
     private var restarts: UInt64 = 0
 
-    public struct Link: Hashable, Sendable {
-        public var from: NodeID
-        public var to: NodeID
-        public init(from: NodeID, to: NodeID) {
+    struct Link: Hashable, Sendable {
+        var from: NodeID
+        var to: NodeID
+        init(from: NodeID, to: NodeID) {
             self.from = from
             self.to = to
         }
     }
 
+    /// The election-timer seed node `id` starts with (before `configure`; `restart` re-seeds).
+    static func seed(_ id: NodeID) -> UInt64 { id &* 0x9E37_79B9 }
+
     /// A cluster of `count` founding voters with ids 1…count.
-    public init(voters count: Int, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+    init(voters count: Int, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
         let ids = (1...UInt64(count)).map { $0 }
         for id in ids {
-            var config = RaftConfiguration(id: id, seed: id &* 0x9E37_79B9)
+            var config = RaftConfiguration(id: id, seed: Self.seed(id))
             configure(&config)
             nodes[id] = try SimNode.founding(configuration: config, members: ids)
         }
     }
 
     /// Adds a blank node (it joins when the leader adds it as a learner).
-    public mutating func addBlankNode(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
-        var config = RaftConfiguration(id: id, seed: id &* 0x9E37_79B9)
+    mutating func addBlankNode(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+        var config = RaftConfiguration(id: id, seed: Self.seed(id))
         configure(&config)
         nodes[id] = try SimNode(configuration: config, disk: SimDisk())
     }
 
-    public func node(_ id: NodeID) -> SimNode? { nodes[id] }
-    public func raft(_ id: NodeID) -> RaftNode? { nodes[id]?.raft }
+    func node(_ id: NodeID) -> SimNode? { nodes[id] }
+    func raft(_ id: NodeID) -> RaftNode? { nodes[id]?.raft }
 
-    public mutating func withNode<R>(_ id: NodeID, _ body: (inout SimNode) throws(RaftError) -> R) throws(RaftError) -> R? {
+    mutating func withNode<R>(_ id: NodeID, _ body: (inout SimNode) throws(RaftError) -> R) throws(RaftError) -> R? {
         guard var n = nodes[id] else { return nil }
         let r = try body(&n)
         nodes[id] = n
@@ -61,7 +64,7 @@ public struct TestCluster: Sendable {
 
     // MARK: - Faults
 
-    public mutating func isolate(_ id: NodeID) {
+    mutating func isolate(_ id: NodeID) {
         for other in nodes.keys where other != id {
             cutLinks.insert(Link(from: id, to: other))
             cutLinks.insert(Link(from: other, to: id))
@@ -69,7 +72,7 @@ public struct TestCluster: Sendable {
     }
 
     /// Splits the cluster into groups that cannot talk to each other.
-    public mutating func partition(_ groups: [[NodeID]]) {
+    mutating func partition(_ groups: [[NodeID]]) {
         for (i, a) in groups.enumerated() {
             for (j, b) in groups.enumerated() where i != j {
                 for x in a { for y in b { cutLinks.insert(Link(from: x, to: y)) } }
@@ -77,43 +80,53 @@ public struct TestCluster: Sendable {
         }
     }
 
-    public mutating func heal() { cutLinks = [] }
+    mutating func heal() { cutLinks = [] }
 
     /// Drops every message for which `filter` is true (nil: drop nothing).
-    public mutating func drop(where filter: (@Sendable (Message) -> Bool)?) { dropFilter = filter }
+    mutating func drop(where filter: (@Sendable (Message) -> Bool)?) { dropFilter = filter }
 
     /// Holds back every message for which `filter` is true, to deliver later with `release`.
-    public mutating func hold(where filter: (@Sendable (Message) -> Bool)?) { holdFilter = filter }
+    mutating func hold(where filter: (@Sendable (Message) -> Bool)?) { holdFilter = filter }
 
     /// Delivers held messages (optionally a subset, in the given order) and stabilises. Held
     /// messages that are not chosen are discarded (lost). The chosen ones are not held again by
     /// an active `hold` filter, but what they cause is.
-    public mutating func release(_ select: (([Message]) -> [Message])? = nil) {
+    mutating func release(_ select: (([Message]) -> [Message])? = nil) {
         let chosen = select?(held) ?? held
         held = []
         for m in chosen { deliver(m, holding: false) }
         stabilize()
     }
 
-    public mutating func crash(_ id: NodeID) { down.insert(id) }
+    mutating func crash(_ id: NodeID) { down.insert(id) }
 
-    public mutating func restart(_ id: NodeID) throws(RaftError) {
+    mutating func restart(_ id: NodeID) throws(RaftError) {
         restarts += 1
         down.remove(id)
         let seed = id &* 7919 &+ restarts
         _ = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.restart(seed: seed) }
     }
 
-    /// Replaces a node's disk with a blank one and restarts it (a wiped disk, R22).
-    public mutating func wipe(_ id: NodeID) throws(RaftError) {
+    /// Replaces a node's disk with a blank one and restarts it (a wiped disk, R22). `configure`
+    /// changes the configuration it comes back with (a wiped node's new incarnation).
+    mutating func wipe(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
         guard let n = nodes[id] else { return }
-        nodes[id] = try SimNode(configuration: n.configuration, disk: SimDisk())
+        var config = n.configuration
+        configure(&config)
+        nodes[id] = try SimNode(configuration: config, disk: SimDisk())
         down.remove(id)
     }
 
+    /// Stops a node without losing its memory: it neither ticks nor sends nor receives until
+    /// `resume` (a stalled process, not a crash).
+    mutating func pause(_ id: NodeID) { down.insert(id) }
+
+    /// Lets a paused node run again as it was.
+    mutating func resume(_ id: NodeID) { down.remove(id) }
+
     /// Replaces a node with one restored from `disk` (a hand-built log for scenario tests); the
     /// node keeps its configuration and snapshot interval and is up afterwards.
-    public mutating func replace(_ id: NodeID, disk: SimDisk) throws(RaftError) {
+    mutating func replace(_ id: NodeID, disk: SimDisk) throws(RaftError) {
         guard let n = nodes[id] else { return }
         nodes[id] = try SimNode(configuration: n.configuration, disk: disk, snapshotEvery: n.snapshotEvery)
         down.remove(id)
@@ -121,7 +134,7 @@ public struct TestCluster: Sendable {
 
     // MARK: - Driving
 
-    public mutating func tick(_ id: NodeID, times: Int = 1) {
+    mutating func tick(_ id: NodeID, times: Int = 1) {
         for _ in 0..<times {
             guard !down.contains(id) else { return }
             nodes[id]?.tick()
@@ -129,20 +142,20 @@ public struct TestCluster: Sendable {
         }
     }
 
-    public mutating func tickAll(times: Int = 1) {
+    mutating func tickAll(times: Int = 1) {
         for _ in 0..<times {
             for id in nodes.keys.sorted() where !down.contains(id) { nodes[id]?.tick() }
             stabilize()
         }
     }
 
-    public mutating func campaign(_ id: NodeID) {
+    mutating func campaign(_ id: NodeID) {
         nodes[id]?.campaign()
         stabilize()
     }
 
     @discardableResult
-    public mutating func propose(_ id: NodeID, _ data: [UInt8]) throws(RaftError) -> RaftNode.ProposalOutcome? {
+    mutating func propose(_ id: NodeID, _ data: [UInt8]) throws(RaftError) -> RaftNode.ProposalOutcome? {
         let r = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.propose([data]) }
         stabilize()
         return r
@@ -150,31 +163,31 @@ public struct TestCluster: Sendable {
 
     /// Proposes a put through `id` (client 1, increasing sequence numbers).
     @discardableResult
-    public mutating func put(_ id: NodeID, key: Int, value: Int64, client: UInt32 = 1, seq: UInt32) throws(RaftError) -> RaftNode.ProposalOutcome? {
+    mutating func put(_ id: NodeID, key: Int, value: Int64, client: UInt32 = 1, seq: UInt32) throws(RaftError) -> RaftNode.ProposalOutcome? {
         try propose(id, KVMachine.Envelope(client: client, seq: seq, command: .put(key: key, value: value)).encoded())
     }
 
     @discardableResult
-    public mutating func changeMembership(_ id: NodeID, _ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome? {
+    mutating func changeMembership(_ id: NodeID, _ change: MembershipChange) throws(RaftError) -> RaftNode.ProposalOutcome? {
         let r = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.proposeMembershipChange(change) }
         stabilize()
         return r
     }
 
-    public mutating func transfer(_ id: NodeID, to target: NodeID) throws(RaftError) {
+    mutating func transfer(_ id: NodeID, to target: NodeID) throws(RaftError) {
         _ = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.transferLeadership(to: target) }
         stabilize()
     }
 
     @discardableResult
-    public mutating func readIndex(_ id: NodeID, context: UInt64) -> Bool {
+    mutating func readIndex(_ id: NodeID, context: UInt64) -> Bool {
         let ok = nodes[id]?.readIndex(context: context) ?? false
         stabilize()
         return ok
     }
 
     /// Processes every node and delivers messages until nothing moves (bounded).
-    public mutating func stabilize(maxRounds: Int = 10_000) {
+    mutating func stabilize(maxRounds: Int = 10_000) {
         var rounds = 0
         while rounds < maxRounds {
             rounds += 1
@@ -205,8 +218,18 @@ public struct TestCluster: Sendable {
         nodes[m.to]?.step(m)
     }
 
+    /// What a driver does when `id` connects and says hello to every peer it can reach: each
+    /// live peer's core learns `id`'s incarnation (`noteIncarnation`).
+    mutating func hello(from id: NodeID) {
+        guard let incarnation = nodes[id]?.raft.incarnation, !down.contains(id) else { return }
+        for other in nodes.keys.sorted() where other != id && !down.contains(other) && !cutLinks.contains(Link(from: id, to: other)) {
+            nodes[other]?.noteIncarnation(of: id, incarnation)
+        }
+        stabilize()
+    }
+
     /// Steps a message directly (for hand-made, stale or duplicated messages).
-    public mutating func inject(_ m: Message) {
+    mutating func inject(_ m: Message) {
         nodes[m.to]?.step(m)
         stabilize()
     }
@@ -214,12 +237,31 @@ public struct TestCluster: Sendable {
     // MARK: - Queries
 
     /// The leader with the highest term among live nodes, if any.
-    public var leader: NodeID? {
+    var leader: NodeID? {
         nodes.values.filter { $0.raft.role == .leader && !down.contains($0.id) }.max { $0.raft.term < $1.raft.term }?.id
     }
 
+    /// A live leader of the highest term any live node is in (not a stale one).
+    var settledLeader: NodeID? {
+        let live = nodes.values.filter { !down.contains($0.id) }
+        let top = live.map(\.raft.term).max() ?? 0
+        return live.first { $0.raft.role == .leader && $0.raft.term == top }?.id
+    }
+
+    /// Vote and pre-vote grants `from` sent that were delivered since position `mark` of
+    /// `delivered`.
+    func grants(from: NodeID, since mark: Int) -> [Message] {
+        delivered[mark...].filter { m in
+            guard m.from == from else { return false }
+            switch m.body {
+            case .voteResponse(let granted), .preVoteResponse(let granted): return granted
+            default: return false
+            }
+        }
+    }
+
     /// Entries of `id`'s log (after its snapshot) as (index, term) pairs.
-    public func logTerms(_ id: NodeID) -> [UInt64] {
+    func logTerms(_ id: NodeID) -> [UInt64] {
         guard let r = nodes[id]?.raft else { return [] }
         guard r.lastIndex >= r.firstIndex else { return [] }
         return (r.firstIndex...r.lastIndex).compactMap { r.term(at: $0) }

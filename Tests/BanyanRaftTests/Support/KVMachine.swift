@@ -1,32 +1,32 @@
-public import BanyanTree
+import BanyanTree
 
 /// The simulator's replicated state machine: integer registers `k0`, `k1`, … held in a real
 /// `BanyanTree` node, written by put and compare-and-set (compare by Firebase node hash, as
 /// transactions do), with per-client de-duplication of retried or duplicated commands (R29).
-public struct KVMachine: Sendable, Equatable {
-    public enum Command: Sendable, Equatable {
+struct KVMachine: Sendable, Equatable {
+    enum Command: Sendable, Equatable {
         case put(key: Int, value: Int64)
         case cas(key: Int, expected: Int64?, new: Int64)
     }
 
-    public enum Outcome: Sendable, Equatable {
+    enum Outcome: Sendable, Equatable {
         case written
         case swapped(Bool)
     }
 
     /// A command with the identity used for de-duplication.
-    public struct Envelope: Sendable, Equatable {
-        public var client: UInt32
-        public var seq: UInt32
-        public var command: Command
+    struct Envelope: Sendable, Equatable {
+        var client: UInt32
+        var seq: UInt32
+        var command: Command
 
-        public init(client: UInt32, seq: UInt32, command: Command) {
+        init(client: UInt32, seq: UInt32, command: Command) {
             self.client = client
             self.seq = seq
             self.command = command
         }
 
-        public func encoded() -> [UInt8] {
+        func encoded() -> [UInt8] {
             var out: [UInt8] = []
             out.reserveCapacity(32)
             func put32(_ v: UInt32) { for s in stride(from: 0, to: 32, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt32(s))) } }
@@ -43,7 +43,7 @@ public struct KVMachine: Sendable, Equatable {
             return out
         }
 
-        public init?(decoding b: [UInt8]) {
+        init?(decoding b: [UInt8]) {
             func u32(_ at: Int) -> UInt32 { (0..<4).reduce(UInt32(0)) { $0 | UInt32(b[at + $1]) << UInt32(8 * $1) } }
             func i64(_ at: Int) -> Int64 { Int64(bitPattern: (0..<8).reduce(UInt64(0)) { $0 | UInt64(b[at + $1]) << UInt64(8 * $1) }) }
             guard let kind = b.first else { return nil }
@@ -59,22 +59,22 @@ public struct KVMachine: Sendable, Equatable {
         }
     }
 
-    public private(set) var tree: Tree = .empty
+    private(set) var tree: Tree = .empty
     /// Highest sequence number applied per client.
-    public private(set) var sessions: [UInt32: UInt32] = [:]
-    public private(set) var appliedIndex: UInt64 = 0
+    private(set) var sessions: [UInt32: UInt32] = [:]
+    private(set) var appliedIndex: UInt64 = 0
 
-    public init() {}
+    init() {}
 
     static func path(_ key: Int) -> Path { Path(segments: [ChildKey(unchecked: "k\(key)")]) }
 
-    public func value(_ key: Int) -> Int64? {
+    func value(_ key: Int) -> Int64? {
         if case .int(let v) = tree.child(at: Self.path(key)).leaf { return v }
         return nil
     }
 
     /// Applies one committed entry's command. Returns nil for a duplicate (already applied).
-    public mutating func apply(_ envelope: Envelope, index: UInt64) -> Outcome? {
+    mutating func apply(_ envelope: Envelope, index: UInt64) -> Outcome? {
         appliedIndex = index
         if let last = sessions[envelope.client], envelope.seq <= last { return nil }
         sessions[envelope.client] = envelope.seq
@@ -91,10 +91,10 @@ public struct KVMachine: Sendable, Equatable {
         }
     }
 
-    public mutating func skip(index: UInt64) { appliedIndex = index }
+    mutating func skip(index: UInt64) { appliedIndex = index }
 
     /// A canonical image: applied index, sessions (sorted), then the tree image.
-    public func snapshotBytes() -> [UInt8] {
+    func snapshotBytes() -> [UInt8] {
         var out: [UInt8] = []
         func put64(_ v: UInt64) { for s in stride(from: 0, to: 64, by: 8) { out.append(UInt8(truncatingIfNeeded: v >> UInt64(s))) } }
         put64(appliedIndex)
@@ -107,9 +107,9 @@ public struct KVMachine: Sendable, Equatable {
         return out
     }
 
-    public enum ImageError: Error, Sendable { case truncated, tree(TreeError) }
+    enum ImageError: Error, Sendable { case truncated, tree(TreeError) }
 
-    public init(snapshot b: [UInt8]) throws(ImageError) {
+    init(snapshot b: [UInt8]) throws(ImageError) {
         var at = 0
         func get64() throws(ImageError) -> UInt64 {
             guard at + 8 <= b.count else { throw .truncated }
@@ -132,7 +132,7 @@ public struct KVMachine: Sendable, Equatable {
     }
 
     /// A digest of the whole state for cross-node comparison.
-    public var digest: String {
+    var digest: String {
         let s = sessions.sorted(by: { $0.key < $1.key }).map { "\($0.key):\($0.value)" }.joined(separator: ",")
         return "\(tree.hashString)|\(s)"
     }

@@ -1,0 +1,36 @@
+/// Deliberate bugs the whole-node simulator reintroduces into the real code to prove its checkers
+/// catch them (docs/simulator.md, "Self-tests"). Each undoes one fix or breaks one assumption the
+/// checklist in docs/raft.md names. Never set by the server: `NodeRuntime` always runs with
+/// `.none`, and nothing reads it from configuration files or flags other than `banyan-sim`'s.
+public enum Sabotage: String, Sendable, Equatable, CaseIterable {
+    case none
+    /// Issue 14, item 1: a configuration entry becomes durable before the commit covering the
+    /// one before it (the batch is written in one piece and the commit saved after it, lazily).
+    case configurationBeforeCommit = "configuration-before-commit"
+    /// Issue 14, item 2: shutdown and the step after a snapshot save the in-memory commit index,
+    /// which may cover entries that are not durable or that replaced a divergent suffix only in
+    /// memory.
+    case inMemoryCommit = "in-memory-commit"
+    /// Issue 14, item 3: any committed configuration naming this id as a learner gives the node
+    /// its vote back, whatever incarnation it names (a wiped node replaying its own history).
+    case replayedAdmission = "replayed-admission"
+    /// Issue 14, item 4: damage in the last log segment is cut in place as a torn tail, even
+    /// when records the markers prove synced follow it.
+    case cutAnyDamage = "cut-any-damage"
+    /// Issue 14, item 5: read-index contexts restart at 1 in every replica, and a follower takes
+    /// an answer from any peer of its term.
+    case reusedReadContexts = "reused-read-contexts"
+    /// Issue 14, item 7: after a failed fsync the restarted node reads its log through the page
+    /// cache, where the bytes whose write failed still look written.
+    case readThroughPageCache = "read-through-page-cache"
+    /// R3: the vote is not kept across a restart, so a node can vote twice in one term.
+    case forgetVote = "forget-vote"
+    /// R26 (etcd #14370): messages that depend on new entries go out before those entries are
+    /// durable, so a crash loses what a leader already counted.
+    case sendBeforePersist = "send-before-persist"
+    /// R17: linearizable reads are served from the local state, without a read-index round.
+    case localReads = "local-reads"
+    /// R18: lease-based reads while leaders get paused (SIGSTOP), which breaks the lease's
+    /// clock assumption. Not a code change: the simulator turns on both.
+    case leaseWithPauses = "lease-with-pauses"
+}
