@@ -376,8 +376,9 @@ public struct HardStateRecord: Sendable, Equatable {
     public var commit: UInt64
     public var mayVote: Bool
 
-    /// The zero value is a blank node's: no term, no vote, and no right to vote.
-    public init(term: UInt64 = 0, vote: UInt64 = 0, commit: UInt64 = 0, mayVote: Bool = false) {
+    /// `mayVote` has no default, here or in `BanyanRaft.HardState` (they once had opposite ones):
+    /// every caller says whether the node may vote. A blank node's is `mayVote: false`.
+    public init(term: UInt64 = 0, vote: UInt64 = 0, commit: UInt64 = 0, mayVote: Bool) {
         self.term = term
         self.vote = vote
         self.commit = commit

@@ -715,7 +715,7 @@ public final class HardStateStore {
     /// it is returned: after a process crash between the rename and the directory fsync, the
     /// new value is visible but not yet durable, and acting on it (a vote) would be unsafe.
     public func load() throws(OpLogError) -> HardStateRecord {
-        guard fileSystem.exists(path) else { return HardStateRecord() }
+        guard fileSystem.exists(path) else { return HardStateRecord(mayVote: false) }
         let bytes: [UInt8]
         do {
             bytes = try fileSystem.readAll(path)

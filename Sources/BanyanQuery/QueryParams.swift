@@ -196,7 +196,7 @@ public struct Query: Sendable, Equatable {
             if case .string(let s)? = value.leaf { return IndexPost(value: .empty, name: .key(ChildKey(unchecked: s))) }
             return IndexPost(value: .empty, name: name)
         case .priority:
-            return IndexPost(value: Priority(node: value)?.node ?? value, name: name)
+            return IndexPost(value: Priority(tree: value)?.tree ?? value, name: name)
         case .value, .child:
             return IndexPost(value: value, name: name)
         }
@@ -217,7 +217,7 @@ public struct Query: Sendable, Equatable {
                 guard case .string? = endValue.leaf else { throw QueryError(wrongType) }
             }
         case .priority:
-            if (startSet && Priority(node: startValue) == nil) || (endSet && Priority(node: endValue) == nil) {
+            if (startSet && Priority(tree: startValue) == nil) || (endSet && Priority(tree: endValue) == nil) {
                 throw QueryError("Query: When ordering by priority, the first argument passed to startAt(), startAfter() endAt(), endBefore(), or equalTo() must be a valid priority value (null, a number, or a string).")
             }
         case .value, .child:

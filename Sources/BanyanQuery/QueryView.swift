@@ -13,23 +13,23 @@ public struct ViewEvent: Sendable, Equatable, CustomStringConvertible {
     public let kind: Kind
     /// The child's key (nil for `value`).
     public let key: ChildKey?
-    /// The child's node (the old node for `child_removed`), or the view's node for `value`.
-    public let node: Tree
+    /// The child's tree (the old one for `child_removed`), or the view's tree for `value`.
+    public let tree: Tree
     /// The key of the previous sibling in the view's order (added, moved, changed), or nil when
     /// the child is first.
     public let previousKey: ChildKey?
 
-    public init(_ kind: Kind, key: ChildKey?, node: Tree, previousKey: ChildKey? = nil) {
+    public init(_ kind: Kind, key: ChildKey?, tree: Tree, previousKey: ChildKey? = nil) {
         self.kind = kind
         self.key = key
-        self.node = node
+        self.tree = tree
         self.previousKey = previousKey
     }
 
     public var description: String {
         var text = kind.rawValue
         if let key { text += " \(key)" }
-        text += " " + JSONWriter.string(node, format: .export)
+        text += " " + JSONWriter.string(tree, format: .export)
         if kind != .value && kind != .childRemoved { text += " prev=\(previousKey?.string ?? "nil")" }
         return text
     }
@@ -71,13 +71,13 @@ public struct QueryView: Sendable {
     /// The location's children in the query's order.
     public private(set) var index: TreeIndex
     /// What the view shows: the selected children (or the leaf), Firebase's "event cache".
-    public private(set) var viewNode: Tree
+    public private(set) var viewTree: Tree
 
     public init(params: QueryParams, node: Tree) {
         self.params = params
         self.node = node
         self.index = TreeIndex(kind: params.index, node: node)
-        self.viewNode = params.evaluate(node, index: index)
+        self.viewTree = params.evaluate(node, index: index)
     }
 
     /// The events a newly attached listener receives: child_added for each child in order, then
@@ -88,11 +88,11 @@ public struct QueryView: Sendable {
         if node.hasChildren {
             let range = params.window(in: index)
             for (entry, _) in index.entries.elements(from: range.lowerBound).prefix(range.count) {
-                events.append(ViewEvent(.childAdded, key: entry.key, node: node.child(entry.key), previousKey: previous))
+                events.append(ViewEvent(.childAdded, key: entry.key, tree: node.child(entry.key), previousKey: previous))
                 previous = entry.key
             }
         }
-        events.append(ViewEvent(.value, key: nil, node: viewNode))
+        events.append(ViewEvent(.value, key: nil, tree: viewTree))
         return events
     }
 
@@ -107,7 +107,7 @@ public struct QueryView: Sendable {
     ///   child (use it when the location itself was replaced).
     public mutating func apply(_ newNode: Tree, changes: ChildChanges = .all) -> [ViewEvent] {
         let oldNode = node
-        let oldViewNode = viewNode
+        let oldViewTree = viewTree
         var changedKeys: [ChildKey]
         switch changes {
         case .none:
@@ -185,7 +185,7 @@ public struct QueryView: Sendable {
         var added: [(IndexEntry, ViewEvent)] = []
         var moved: [(IndexEntry, ViewEvent)] = []
         var changed: [(IndexEntry, ViewEvent)] = []
-        var viewChildren = viewNode.children
+        var viewChildren = viewTree.children
         let childrenView = node.hasChildren
         for key in order {
             guard let t = touched[key] else { continue }
@@ -193,20 +193,20 @@ public struct QueryView: Sendable {
             switch (t.wasIn, nowIn) {
             case (true, false):
                 let old = t.changed ? (t.old ?? .empty) : oldNode.child(key)
-                removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, node: old)))
+                removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, tree: old)))
                 viewChildren.removeValue(forKey: key)
             case (false, true):
                 guard let entry = t.entry else { continue }
                 let new = t.changed ? (t.new ?? .empty) : newNode.child(key)
-                added.append((entry, ViewEvent(.childAdded, key: key, node: new, previousKey: previous(entry))))
+                added.append((entry, ViewEvent(.childAdded, key: key, tree: new, previousKey: previous(entry))))
                 viewChildren.updateValue(new, forKey: key)
             case (true, true):
                 guard t.changed, let old = t.old, let new = t.new, let entry = t.entry, old != new else { continue }
                 let prev = previous(entry)
                 if params.index.indexedValueChanged(old, new) {
-                    moved.append((entry, ViewEvent(.childMoved, key: key, node: new, previousKey: prev)))
+                    moved.append((entry, ViewEvent(.childMoved, key: key, tree: new, previousKey: prev)))
                 }
-                changed.append((entry, ViewEvent(.childChanged, key: key, node: new, previousKey: prev)))
+                changed.append((entry, ViewEvent(.childChanged, key: key, tree: new, previousKey: prev)))
                 viewChildren.updateValue(new, forKey: key)
             case (false, false):
                 continue
@@ -214,19 +214,19 @@ public struct QueryView: Sendable {
         }
 
         if !node.hasChildren {
-            viewNode = params.filteredLeaf(node)
+            viewTree = params.filteredLeaf(node)
         } else if params.loadsAllData {
-            viewNode = params.isDefault ? node : node.withPriority(.none)
+            viewTree = params.isDefault ? node : node.withPriority(.none)
         } else {
-            viewNode = Tree(children: viewChildren)
+            viewTree = Tree(children: viewChildren)
         }
 
         var events: [ViewEvent] = []
         for group in [removed, added, moved, changed] {
             events.append(contentsOf: group.sorted { $0.0 < $1.0 }.map(\.1))
         }
-        if !events.isEmpty || oldViewNode != viewNode {
-            events.append(ViewEvent(.value, key: nil, node: viewNode))
+        if !events.isEmpty || oldViewTree != viewTree {
+            events.append(ViewEvent(.value, key: nil, tree: viewTree))
         }
         return events
     }
@@ -270,14 +270,14 @@ public struct QueryView: Sendable {
         var removed: [(IndexEntry, ViewEvent)] = []
         var added: [(IndexEntry, ViewEvent)] = []
         var events: [ViewEvent] = []
-        var viewChildren = viewNode.children
+        var viewChildren = viewTree.children
         switch (wasIn, isIn) {
         case (true, false):
-            removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, node: old)))
+            removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, tree: old)))
             viewChildren.removeValue(forKey: key)
         case (false, true):
             if let p = newPosition {
-                added.append((index.entry(key: key, child: new), ViewEvent(.childAdded, key: key, node: new, previousKey: previous(p))))
+                added.append((index.entry(key: key, child: new), ViewEvent(.childAdded, key: key, tree: new, previousKey: previous(p))))
             }
             viewChildren.updateValue(new, forKey: key)
         case (true, true):
@@ -300,11 +300,11 @@ public struct QueryView: Sendable {
                 let now = newRange.contains(p)
                 if was && !now {
                     let child = newNode.child(entry.key)
-                    removed.append((entry, ViewEvent(.childRemoved, key: entry.key, node: child)))
+                    removed.append((entry, ViewEvent(.childRemoved, key: entry.key, tree: child)))
                     viewChildren.removeValue(forKey: entry.key)
                 } else if !was && now {
                     let child = newNode.child(entry.key)
-                    added.append((entry, ViewEvent(.childAdded, key: entry.key, node: child, previousKey: previous(p))))
+                    added.append((entry, ViewEvent(.childAdded, key: entry.key, tree: child, previousKey: previous(p))))
                     viewChildren.updateValue(child, forKey: entry.key)
                 }
             }
@@ -314,19 +314,19 @@ public struct QueryView: Sendable {
         if wasIn && isIn, let p = newPosition {
             let prev = previous(p)
             if params.index.indexedValueChanged(old, new) {
-                events.append(ViewEvent(.childMoved, key: key, node: new, previousKey: prev))
+                events.append(ViewEvent(.childMoved, key: key, tree: new, previousKey: prev))
             }
-            events.append(ViewEvent(.childChanged, key: key, node: new, previousKey: prev))
+            events.append(ViewEvent(.childChanged, key: key, tree: new, previousKey: prev))
         }
 
-        let oldViewNode = viewNode
+        let oldViewTree = viewTree
         if params.loadsAllData {
-            viewNode = params.isDefault ? node : node.withPriority(.none)
+            viewTree = params.isDefault ? node : node.withPriority(.none)
         } else {
-            viewNode = Tree(children: viewChildren)
+            viewTree = Tree(children: viewChildren)
         }
-        if !events.isEmpty || oldViewNode != viewNode {
-            events.append(ViewEvent(.value, key: nil, node: viewNode))
+        if !events.isEmpty || oldViewTree != viewTree {
+            events.append(ViewEvent(.value, key: nil, tree: viewTree))
         }
         return events
     }

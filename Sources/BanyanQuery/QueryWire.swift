@@ -86,8 +86,8 @@ extension QueryParams {
             guard case .string(let s) = value else { throw QueryError("When ordering by key, start and end values must be strings") }
             return IndexPost(value: .empty, name: .key(ChildKey(unchecked: s)))
         case .priority:
-            guard let priority = Priority(node: node) else { throw QueryError("When ordering by priority, start and end values must be null, numbers or strings") }
-            return IndexPost(value: priority.node, name: bound)
+            guard let priority = Priority(tree: node) else { throw QueryError("When ordering by priority, start and end values must be null, numbers or strings") }
+            return IndexPost(value: priority.tree, name: bound)
         case .value, .child:
             return IndexPost(value: node, name: bound)
         }

@@ -54,7 +54,7 @@ public enum RESTRender {
     /// as it would be written.
     public static func value(_ request: RESTRequest, tree: Tree) -> Tree {
         let node = tree.child(at: request.path)
-        if request.isPriority { return node.priority.node }
+        if request.isPriority { return node.priority.tree }
         if request.shallow {
             guard node.hasChildren else { return node.withPriority(.none) }
             let children: [(ChildKey, Tree)]
@@ -120,7 +120,7 @@ public enum RESTRender {
             }
             return RESTResponse(status: 200, headers: headers, body: body)
         case .datastale(let current):
-            let node = request.isPriority ? current.priority.node : current
+            let node = request.isPriority ? current.priority.tree : current
             return RESTResponse(
                 status: 412, headers: [jsonType, cors, ("ETag", RESTRequest.etag(current))], body: JSONWriter.bytes(node, format: request.export ? .export : .plain))
         case .rejected(let e):

@@ -165,7 +165,7 @@ public struct RaftNode: Sendable {
     /// entry at index 1, term 1. Every founding member starts from the same value.
     public static func bootstrapState(members: [NodeID]) -> PersistedState {
         let config = LogEntry(index: 1, term: 1, kind: .config(Membership(voters: members)))
-        return PersistedState(hardState: HardState(term: 1, vote: 0, commit: 1), snapshot: .none, entries: [config])
+        return PersistedState(hardState: HardState(term: 1, vote: 0, commit: 1, mayVote: true), snapshot: .none, entries: [config])
     }
 
     // MARK: - Observing (drivers, simulator checkers)

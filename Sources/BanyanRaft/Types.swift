@@ -136,7 +136,8 @@ public struct HardState: Sendable, Equatable {
     /// missing hard-state file loads as `mayVote == false`).
     public var mayVote: Bool
 
-    public init(term: UInt64 = 0, vote: NodeID = 0, commit: UInt64 = 0, mayVote: Bool = true) {
+    /// `mayVote` has no default (see `HardStateRecord`): every caller says whether the node may vote.
+    public init(term: UInt64 = 0, vote: NodeID = 0, commit: UInt64 = 0, mayVote: Bool) {
         self.term = term
         self.vote = vote
         self.commit = commit
@@ -166,7 +167,7 @@ public struct PersistedState: Sendable, Equatable {
     /// The entries after `snapshot.index`, contiguous.
     public var entries: [LogEntry]
 
-    public init(hardState: HardState = HardState(), snapshot: SnapshotMeta = .none, entries: [LogEntry] = []) {
+    public init(hardState: HardState = HardState(mayVote: true), snapshot: SnapshotMeta = .none, entries: [LogEntry] = []) {
         self.hardState = hardState
         self.snapshot = snapshot
         self.entries = entries

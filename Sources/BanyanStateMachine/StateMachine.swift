@@ -168,7 +168,7 @@ public struct StateMachine: Sendable {
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
-            if location.isPriority, let priority = Priority(node: node) {
+            if location.isPriority, let priority = Priority(tree: node) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
             } else {
@@ -186,7 +186,7 @@ public struct StateMachine: Sendable {
                 let target = location.appending(relative.path)
                 let context = ServerValueContext(timestamp: timestamp, existing: tree)
                 let node = try TreeReader.read(item.json, at: target, serverValues: context)
-                entries.append(UpdateEntry(path: relative, node: node))
+                entries.append(UpdateEntry(path: relative, value: node))
             }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
             var next = tree

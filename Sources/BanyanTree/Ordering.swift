@@ -54,11 +54,11 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
     public func indexValue(of child: Tree) -> Tree {
         switch self {
         case .key: return .empty
-        case .priority: return child.priority.node
+        case .priority: return child.priority.tree
         case .value: return child
         case .child(let path, let priorityLeaf):
             let target = child.child(at: path)
-            return priorityLeaf ? target.priority.node : target
+            return priorityLeaf ? target.priority.tree : target
         }
     }
 

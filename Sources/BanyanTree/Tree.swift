@@ -56,8 +56,8 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// The priority as a node, for ordering (`.none` is the empty node).
-    public var node: Tree {
+    /// The priority as a tree, for ordering (`.none` is the empty tree).
+    public var tree: Tree {
         switch self {
         case .none: return .empty
         case .number(let d): return Tree(.double(d))
@@ -65,8 +65,8 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// The priority a leaf node denotes, when it is a valid priority (null, number or string).
-    public init?(node: Tree) {
+    /// The priority a leaf denotes, when it is a valid priority (null, number or string).
+    public init?(tree node: Tree) {
         if node.isEmpty {
             self = .none
             return

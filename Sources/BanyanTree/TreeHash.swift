@@ -28,7 +28,7 @@ extension Tree {
             if anyPriority {
                 // Priority order: by priority, then key.
                 var ordered = Array(map.elements())
-                ordered.sort { IndexEntry(value: $0.value.priority.node, key: $0.key) < IndexEntry(value: $1.value.priority.node, key: $1.key) }
+                ordered.sort { IndexEntry(value: $0.value.priority.tree, key: $0.key) < IndexEntry(value: $1.value.priority.tree, key: $1.key) }
                 for (key, child) in ordered { Tree.hashChild(key, child, into: &sha) }
             } else {
                 map.forEach { key, child in Tree.hashChild(key, child, into: &sha) }

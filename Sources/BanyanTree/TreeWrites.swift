@@ -5,11 +5,11 @@
 /// One entry of a multi-path update: a relative path (possibly ending in `.priority`) and its data.
 public struct UpdateEntry: Sendable, Equatable {
     public let path: WritePath
-    public let node: Tree
+    public let value: Tree
 
-    public init(path: WritePath, node: Tree) {
+    public init(path: WritePath, value: Tree) {
         self.path = path
-        self.node = node
+        self.value = value
     }
 }
 
@@ -19,7 +19,7 @@ extension Tree {
     public mutating func apply(set node: Tree, at location: WritePath) throws(TreeError) {
         try node.checkFits(at: location.path)
         if location.isPriority {
-            guard let priority = Priority(node: node) else {
+            guard let priority = Priority(tree: node) else {
                 throw TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string")
             }
             setPriority(priority, at: location.path)
@@ -37,10 +37,10 @@ extension Tree {
         // not depend on the order of the entries: {"a/.priority": 5, "a/b": 1} on an empty `a`
         // leaves `a` with priority 5 whichever entry comes first.
         for entry in entries where !entry.path.isPriority {
-            set(entry.node, at: location.appending(entry.path.path))
+            set(entry.value, at: location.appending(entry.path.path))
         }
         for entry in entries where entry.path.isPriority {
-            if let priority = Priority(node: entry.node) { setPriority(priority, at: location.appending(entry.path.path)) }
+            if let priority = Priority(tree: entry.value) { setPriority(priority, at: location.appending(entry.path.path)) }
         }
     }
 
@@ -54,8 +54,8 @@ extension Tree {
             if target.count > Path.maxDepth || target.byteCount > Path.maxBytes {
                 try target.checkLimits()
             }
-            try entry.node.checkFits(at: target)
-            if entry.path.isPriority, Priority(node: entry.node) == nil {
+            try entry.value.checkFits(at: target)
+            if entry.path.isPriority, Priority(tree: entry.value) == nil {
                 throw TreeError(.invalidPriority, path: entry.path.description, "A priority must be null, a number or a string")
             }
             var segments = entry.path.path.segments.map(\.string)

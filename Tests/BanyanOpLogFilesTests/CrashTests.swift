@@ -217,8 +217,8 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
 
     @Test("hard state is never torn: after a crash at any point of a save it is the old or the new value")
     func hardStateCrashes() throws {
-        let old = HardStateRecord(term: 3, vote: 2, commit: 10)
-        let new = HardStateRecord(term: 4, vote: 1, commit: 12)
+        let old = HardStateRecord(term: 3, vote: 2, commit: 10, mayVote: false)
+        let new = HardStateRecord(term: 4, vote: 1, commit: 12, mayVote: false)
         for crashAt in 1...6 {
             for (policy, keep) in keepPolicies {
                 let fs = freshFS()
@@ -237,7 +237,7 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
             }
         }
         let fs = freshFS()
-        #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardStateRecord())
+        #expect(try HardStateStore(directory: "/data", fileSystem: fs).load() == HardStateRecord(mayVote: false))
     }
 
     @Test("a full disk gives a clear error and corrupts nothing", arguments: [0, 64])
@@ -265,19 +265,19 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         #expect(try reopened.entries(from: 1, through: reopened.lastIndex) == (0..<Int(reopened.lastIndex)).map { entry(UInt64($0) + 1, "w") })
 
         let store = try HardStateStore(directory: "/data", fileSystem: fs)
-        try store.save(HardStateRecord(term: 1, vote: 1, commit: 1))
+        try store.save(HardStateRecord(term: 1, vote: 1, commit: 1, mayVote: false))
         fs.capacity = 1
         do {
-            try store.save(HardStateRecord(term: 2, vote: 2, commit: 2))
+            try store.save(HardStateRecord(term: 2, vote: 2, commit: 2, mayVote: false))
             Issue.record("save on a full disk succeeded")
         } catch {
             #expect(error.code == .noSpace)
         }
-        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1))
+        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1, mayVote: false))
         fs.capacity = nil
         fs.failRenames = true
-        #expect(throws: OpLogError.self) { try store.save(HardStateRecord(term: 3, vote: 3, commit: 3)) }
-        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1))
+        #expect(throws: OpLogError.self) { try store.save(HardStateRecord(term: 3, vote: 3, commit: 3, mayVote: false)) }
+        #expect(try store.load() == HardStateRecord(term: 1, vote: 1, commit: 1, mayVote: false))
     }
 
     @Test("corruption before the tail refuses to start, naming the file and offset")
@@ -359,9 +359,9 @@ private let rebootPolicies: [(String, @Sendable (String, Int) -> Int, @Sendable 
         for crashAt in 1...6 {
             let fs = freshFS()
             let store = try HardStateStore(directory: "/data", fileSystem: fs)
-            try store.save(HardStateRecord(term: 1, vote: 1, commit: 0))
+            try store.save(HardStateRecord(term: 1, vote: 1, commit: 0, mayVote: false))
             fs.crashAtOperation = fs.operations + crashAt
-            try? store.save(HardStateRecord(term: 5, vote: 2, commit: 0))
+            try? store.save(HardStateRecord(term: 5, vote: 2, commit: 0, mayVote: false))
             fs.restartProcess()
             let seen = try HardStateStore(directory: "/data", fileSystem: fs).load()
             fs.reboot()

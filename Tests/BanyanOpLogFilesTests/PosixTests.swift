@@ -64,7 +64,7 @@ import Testing
         #expect(third.lastIndex == 401 && third.term(at: 401) == 2)
 
         let store = try HardStateStore(directory: root, fileSystem: fs)
-        try store.save(HardStateRecord(term: 9, vote: 2, commit: 124))
-        #expect(try HardStateStore(directory: root, fileSystem: fs).load() == HardStateRecord(term: 9, vote: 2, commit: 124))
+        try store.save(HardStateRecord(term: 9, vote: 2, commit: 124, mayVote: false))
+        #expect(try HardStateStore(directory: root, fileSystem: fs).load() == HardStateRecord(term: 9, vote: 2, commit: 124, mayVote: false))
     }
 }

@@ -387,7 +387,7 @@ private func zeroSector(_ bytes: inout [UInt8], at start: Int, sector: Int) {
 
     @Test("hard state round-trips and any damaged byte is detected")
     func hardState() {
-        let state = HardStateRecord(term: 7, vote: 3, commit: 12_345)
+        let state = HardStateRecord(term: 7, vote: 3, commit: 12_345, mayVote: false)
         let bytes = state.encoded
         #expect(HardStateRecord(encoded: bytes) == state)
         for i in bytes.indices {
@@ -411,7 +411,7 @@ private func zeroSector(_ bytes: inout [UInt8], at start: Int, sector: Int) {
         let crc = CRC32C.checksum(v1)
         for s in stride(from: 0, to: 32, by: 8) { v1.append(UInt8(truncatingIfNeeded: crc >> UInt32(s))) }
         #expect(HardStateRecord(encoded: v1) == HardStateRecord(term: 5, vote: 3, commit: 40, mayVote: true))
-        #expect(HardStateRecord().mayVote == false)
+        #expect(HardStateRecord(mayVote: false).mayVote == false)
         // A flags byte other than 0 or 1 is damage even with a matching checksum.
         var odd = Array(HardStateRecord(term: 1, mayVote: true).encoded.prefix(31))
         odd[30] = 2

@@ -30,9 +30,9 @@ import Testing
             var view = QueryView(params: params, node: node)
             let initial = view.initialEvents()
             let expectedInitial = Reference.window(params, node).enumerated().map { i, entry in
-                ViewEvent(.childAdded, key: ChildKey(unchecked: entry.0), node: entry.1,
+                ViewEvent(.childAdded, key: ChildKey(unchecked: entry.0), tree: entry.1,
                           previousKey: i == 0 ? nil : ChildKey(unchecked: Reference.window(params, node)[i - 1].0))
-            } + [ViewEvent(.value, key: nil, node: Reference.viewNode(params, node))]
+            } + [ViewEvent(.value, key: nil, tree: Reference.viewNode(params, node))]
             #expect(initial == expectedInitial, "seed \(seed) round \(round) initial")
             for step in 0..<40 {
                 let (new, changes) = gen.change(node)
@@ -49,7 +49,7 @@ import Testing
                         """)
                     return
                 }
-                #expect(view.viewNode == Reference.viewNode(params, new), "seed \(seed) round \(round) step \(step)")
+                #expect(view.viewTree == Reference.viewNode(params, new), "seed \(seed) round \(round) step \(step)")
                 node = new
             }
         }

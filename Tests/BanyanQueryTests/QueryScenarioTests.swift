@@ -15,7 +15,7 @@ private func key(_ s: String) -> ChildKey { ChildKey(unchecked: s) }
 private func trace(_ events: [ViewEvent]) -> [String] {
     events.map { e in
         switch e.kind {
-        case .value: return "value " + JSONWriter.string(e.node)
+        case .value: return "value " + JSONWriter.string(e.tree)
         case .childRemoved: return "child_removed \(e.key?.string ?? "?")"
         default: return "\(e.kind.rawValue) \(e.key?.string ?? "?") prev=\(e.previousKey?.string ?? "nil")"
         }
@@ -64,10 +64,10 @@ private func trace(_ events: [ViewEvent]) -> [String] {
         var view = QueryView(params: .default, node: node("{\"a\":1,\"b\":2,\"c\":3}"))
         var tree = node("{\"a\":1,\"b\":2,\"c\":3}")
         try tree.apply(update: [
-            UpdateEntry(path: try WritePath(parsing: "a"), node: .empty),
-            UpdateEntry(path: try WritePath(parsing: "c"), node: node("30")),
-            UpdateEntry(path: try WritePath(parsing: "d"), node: node("4")),
-            UpdateEntry(path: try WritePath(parsing: "b"), node: node("2")),
+            UpdateEntry(path: try WritePath(parsing: "a"), value: .empty),
+            UpdateEntry(path: try WritePath(parsing: "c"), value: node("30")),
+            UpdateEntry(path: try WritePath(parsing: "d"), value: node("4")),
+            UpdateEntry(path: try WritePath(parsing: "b"), value: node("2")),
         ], at: .root)
         let events = view.apply(tree, changes: .keys([key("a"), key("c"), key("d"), key("b")]))
         #expect(trace(events) == ["child_removed a", "child_added d prev=c", "child_changed c prev=b", "value {\"b\":2,\"c\":30,\"d\":4}"])

@@ -149,14 +149,14 @@ enum Reference {
             }
             changed.append((key, newChild))
         }
-        var events = removed.map { ViewEvent(.childRemoved, key: ChildKey(unchecked: $0.0), node: $0.1) }
-        events += added.map { ViewEvent(.childAdded, key: ChildKey(unchecked: $0.0), node: $0.1, previousKey: previous($0.0)) }
-        events += moved.sorted { compareEntries(params.index, $0, $1) < 0 }.map { ViewEvent(.childMoved, key: ChildKey(unchecked: $0.0), node: $0.1, previousKey: previous($0.0)) }
-        events += changed.map { ViewEvent(.childChanged, key: ChildKey(unchecked: $0.0), node: $0.1, previousKey: previous($0.0)) }
+        var events = removed.map { ViewEvent(.childRemoved, key: ChildKey(unchecked: $0.0), tree: $0.1) }
+        events += added.map { ViewEvent(.childAdded, key: ChildKey(unchecked: $0.0), tree: $0.1, previousKey: previous($0.0)) }
+        events += moved.sorted { compareEntries(params.index, $0, $1) < 0 }.map { ViewEvent(.childMoved, key: ChildKey(unchecked: $0.0), tree: $0.1, previousKey: previous($0.0)) }
+        events += changed.map { ViewEvent(.childChanged, key: ChildKey(unchecked: $0.0), tree: $0.1, previousKey: previous($0.0)) }
         let oldView = viewNode(params, old)
         let newView = viewNode(params, new)
         if !events.isEmpty || oldView != newView {
-            events.append(ViewEvent(.value, key: nil, node: newView))
+            events.append(ViewEvent(.value, key: nil, tree: newView))
         }
         return events
     }

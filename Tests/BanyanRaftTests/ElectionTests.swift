@@ -125,7 +125,7 @@ import Testing
         #expect(c.raft(2)?.role == .candidate)
         #expect(c.raft(2)?.term == 2)
         #expect(c.raft(2)?.vote == 2)
-        #expect(c.node(2)?.disk.hardState == HardState(term: 2, vote: 2, commit: 1))
+        #expect(c.node(2)?.disk.hardState == HardState(term: 2, vote: 2, commit: 1, mayVote: true))
         #expect(c.violations.isEmpty)
     }
 
@@ -194,7 +194,7 @@ import Testing
     func voteSurvivesRestart() throws {
         var c = try TestCluster(voters: 3) { $0.preVote = false }
         c.inject(Message(from: 2, to: 1, term: 2, body: .vote(lastIndex: 1, lastTerm: 1, leaderTransfer: false)))
-        #expect(c.node(1)?.disk.hardState == HardState(term: 2, vote: 2, commit: 1))
+        #expect(c.node(1)?.disk.hardState == HardState(term: 2, vote: 2, commit: 1, mayVote: true))
         c.crash(1)
         try c.restart(1)
         #expect(c.raft(1)?.vote == 2)

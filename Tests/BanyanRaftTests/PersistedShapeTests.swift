@@ -22,24 +22,24 @@ import Testing
 
     @Test("a log without a snapshot must start at index 1")
     func logStartsAtOne() {
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 1), entries: [Self.entry(2, 1), Self.entry(3, 1)])))
-        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 1), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 1, mayVote: true), entries: [Self.entry(2, 1), Self.entry(3, 1)])))
+        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 1, mayVote: true), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
     }
 
     @Test("entries must continue the snapshot, be consecutive, and never go down in term")
     func shape() {
         let snapshot = SnapshotMeta(index: 10, term: 2, membership: Membership(voters: [1, 2, 3]))
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 2), snapshot: snapshot, entries: [Self.entry(12, 2)])))
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 2), snapshot: snapshot, entries: [Self.entry(11, 2), Self.entry(13, 2)])))
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 3), snapshot: snapshot, entries: [Self.entry(11, 3), Self.entry(12, 2)])))
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 3), snapshot: snapshot, entries: [Self.entry(11, 1)])))
-        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 3), snapshot: snapshot, entries: [Self.entry(11, 2), Self.entry(12, 3)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 2, mayVote: true), snapshot: snapshot, entries: [Self.entry(12, 2)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 2, mayVote: true), snapshot: snapshot, entries: [Self.entry(11, 2), Self.entry(13, 2)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 3, mayVote: true), snapshot: snapshot, entries: [Self.entry(11, 3), Self.entry(12, 2)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 3, mayVote: true), snapshot: snapshot, entries: [Self.entry(11, 1)])))
+        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 3, mayVote: true), snapshot: snapshot, entries: [Self.entry(11, 2), Self.entry(12, 3)])))
     }
 
     @Test("the commit index must lie inside the log")
     func commitInsideLog() {
-        #expect(Self.refuses(PersistedState(hardState: HardState(term: 1, commit: 3), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
-        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 1, commit: 2), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
+        #expect(Self.refuses(PersistedState(hardState: HardState(term: 1, commit: 3, mayVote: true), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
+        #expect(!Self.refuses(PersistedState(hardState: HardState(term: 1, commit: 2, mayVote: true), entries: [Self.entry(1, 1), Self.entry(2, 1)])))
     }
 
     @Test("an append whose entries are out of order is dropped, counted, and changes nothing", arguments: [[3, 2], [2, 4], [2, 2], [5]])

@@ -10,7 +10,7 @@ enum Scenario {
         terms: [UInt64], term: UInt64, vote: NodeID = 0, commit: UInt64 = 1, members: [NodeID] = [1, 2, 3]
     ) -> SimDisk {
         var d = SimDisk()
-        d.hardState = HardState(term: term, vote: vote, commit: commit)
+        d.hardState = HardState(term: term, vote: vote, commit: commit, mayVote: true)
         d.entries = terms.enumerated().map { i, t in
             let index = UInt64(i + 1)
             if i == 0 { return LogEntry(index: index, term: t, kind: .config(Membership(voters: members))) }

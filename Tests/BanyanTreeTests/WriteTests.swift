@@ -54,10 +54,10 @@ func path(_ text: String) -> Path {
     func update() throws {
         var tree = node("{\"u\":{\".priority\":7,\"a\":1,\"b\":{\"c\":1,\"d\":2}}}")
         let entries = [
-            UpdateEntry(path: try WritePath(parsing: "a"), node: node("10")),
-            UpdateEntry(path: try WritePath(parsing: "b/c"), node: .empty),
-            UpdateEntry(path: try WritePath(parsing: "e/f"), node: node("\"new\"")),
-            UpdateEntry(path: try WritePath(parsing: "b/.priority"), node: node("3")),
+            UpdateEntry(path: try WritePath(parsing: "a"), value: node("10")),
+            UpdateEntry(path: try WritePath(parsing: "b/c"), value: .empty),
+            UpdateEntry(path: try WritePath(parsing: "e/f"), value: node("\"new\"")),
+            UpdateEntry(path: try WritePath(parsing: "b/.priority"), value: node("3")),
         ]
         try tree.apply(update: entries, at: path("u"))
         #expect(tree == node("{\"u\":{\".priority\":7,\"a\":10,\"b\":{\".priority\":3,\"d\":2},\"e\":{\"f\":\"new\"}}}"))
@@ -69,7 +69,7 @@ func path(_ text: String) -> Path {
     func overlapping(paths: [String]) throws {
         let original = node("{\"a\":{\"b\":1}}")
         var tree = original
-        let entries = try paths.map { UpdateEntry(path: try WritePath(parsing: $0), node: node("1")) }
+        let entries = try paths.map { UpdateEntry(path: try WritePath(parsing: $0), value: node("1")) }
         do {
             try tree.apply(update: entries, at: .root)
             Issue.record("accepted \(paths)")
@@ -83,9 +83,9 @@ func path(_ text: String) -> Path {
     func prefixNotAncestor() throws {
         var tree = Tree.empty
         try tree.apply(update: [
-            UpdateEntry(path: try WritePath(parsing: "ab"), node: node("1")),
-            UpdateEntry(path: try WritePath(parsing: "a"), node: node("2")),
-            UpdateEntry(path: try WritePath(parsing: "a-b/c"), node: node("3")),
+            UpdateEntry(path: try WritePath(parsing: "ab"), value: node("1")),
+            UpdateEntry(path: try WritePath(parsing: "a"), value: node("2")),
+            UpdateEntry(path: try WritePath(parsing: "a-b/c"), value: node("3")),
         ], at: .root)
         #expect(tree == node("{\"a\":2,\"ab\":1,\"a-b\":{\"c\":3}}"))
     }
@@ -158,7 +158,7 @@ func path(_ text: String) -> Path {
         for order in [["a/.priority", "a/b"], ["a/b", "a/.priority"]] {
             var tree = Tree.empty
             try tree.apply(update: try order.map { text in
-                UpdateEntry(path: try WritePath(parsing: text), node: text.hasSuffix(".priority") ? node("5") : node("1"))
+                UpdateEntry(path: try WritePath(parsing: text), value: text.hasSuffix(".priority") ? node("5") : node("1"))
             }, at: .root)
             #expect(tree == node("{\"a\":{\".priority\":5,\"b\":1}}"), "order \(order)")
         }
@@ -176,7 +176,7 @@ func path(_ text: String) -> Path {
             #expect(error.code == .depthExceeded)
         }
         do {
-            try tree.apply(update: [UpdateEntry(path: try WritePath(parsing: "x"), node: deepData)], at: location)
+            try tree.apply(update: [UpdateEntry(path: try WritePath(parsing: "x"), value: deepData)], at: location)
             Issue.record("accepted 36 levels")
         } catch {
             #expect(error.code == .depthExceeded)
