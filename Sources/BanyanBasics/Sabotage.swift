@@ -23,11 +23,18 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Issue 14, item 7: after a failed fsync the restarted node reads its log through the page
     /// cache, where the bytes whose write failed still look written.
     case readThroughPageCache = "read-through-page-cache"
+    /// A vote request gives a node without its vote the vote whatever incarnation the
+    /// candidate's configuration records for it (not only its own), so a wiped node votes with
+    /// amnesia as soon as a candidate names its previous incarnation.
+    case anyVoterIncarnation = "any-voter-incarnation"
     /// R3: the vote is not kept across a restart, so a node can vote twice in one term.
     case forgetVote = "forget-vote"
     /// R26 (etcd #14370): messages that depend on new entries go out before those entries are
     /// durable, so a crash loses what a leader already counted.
     case sendBeforePersist = "send-before-persist"
+    /// Log matching (Raft §5.3): a follower appends after `prevIndex` without checking that its
+    /// entry there has `prevTerm`, so it can keep a stale entry under a leader's newer ones.
+    case skipConsistencyCheck = "skip-consistency-check"
     /// R17: linearizable reads are served from the local state, without a read-index round.
     case localReads = "local-reads"
     /// R18: lease-based reads while leaders get paused (SIGSTOP), which breaks the lease's

@@ -157,7 +157,7 @@ enum BanyanBench {
             print("query error: \(error)")
             return
         }
-        var view = QueryView(params: query.params, node: node)
+        var view = QueryView(params: query.params, tree: node)
         let changes = 200_000
         var total = Duration.zero
         var events = 0

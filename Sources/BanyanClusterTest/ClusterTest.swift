@@ -311,7 +311,10 @@ struct ClusterTest: AsyncParsableCommand {
     /// `initial_members` still configured but no `--new-cluster`). It must come back voteless: with
     /// the leader then killed, the one intact voter and the amnesiac cannot elect anyone (an
     /// election there could lose acknowledged writes). The operator's procedure (remove the id, add
-    /// it back) then makes it a voter again, and no acknowledged write is lost.
+    /// it back) then makes it a voter again, and no acknowledged write is lost. Then issue 14 item
+    /// 3 as reported: the node, now joined by an add, is wiped again and started with `--join`,
+    /// and must stay voteless through two leadership transfers (leaders replay its old add and
+    /// promotion to it) until it is removed and added back once more.
     func wipedMember(_ cluster: LocalCluster, live: LiveSet, workload: RegisterWorkload) async throws {
         async let load: Void = workload.run(clients: clients, seconds: seconds * 5, nodes: { live.nodes })
         try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
@@ -341,16 +344,36 @@ struct ClusterTest: AsyncParsableCommand {
         live.add(leader)
         _ = try await cluster.waitForLeader(timeout: 30)
         print("remove node \(wiped) and add it back as a learner")
-        try await leaderCall(cluster, [leader, intact], .DELETE, "/.banyan/members/\(wiped)")
-        try await leaderCall(
-            cluster, [leader, intact], .POST, "/.banyan/members", body: #"{"id":\#(wiped),"peer_address":"127.0.0.1:\#(cluster.peerPort(wiped))"}"#)
-        try await waitUntil("node \(wiped) is a voter again and may vote", timeout: 30) {
-            guard let l = try? await cluster.waitForLeader(among: [leader, intact], timeout: 5), let s = await cluster.status(l),
-                (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(wiped) == true
-            else { return false }
-            return (await cluster.status(wiped)?["may_vote"] as? Bool) == true
+        try await removeAndAddBack(cluster, wiped, through: [leader, intact])
+        // Issue 14 item 3 as reported: the node now joined by an add (its learner and promote
+        // entries are in the log). Wiped again and started with --join under the same id, it must
+        // stay voteless while leaders replay that history to it, until it is removed and added
+        // back under its new incarnation.
+        print("kill -9 node \(wiped) again, delete its data directory, start it with --join")
+        live.remove(wiped)
+        cluster.kill9(wiped)
+        try FileManager.default.removeItem(atPath: cluster.dataDirectory(wiped))
+        try cluster.start(wiped, join: true)
+        try await waitUntil("node \(wiped) answers status", timeout: 20) { await cluster.status(wiped) != nil }
+        live.add(wiped)
+        for round in 1...2 {
+            let current = try await cluster.waitForLeader(among: [leader, intact], timeout: 20)
+            let target = current == leader ? intact : leader
+            print("transfer leadership \(current) -> \(target) (round \(round)); node \(wiped) must stay voteless")
+            // Asked again while waiting: a target that lags is refused until it catches up.
+            try await waitUntil("node \(target) leads", timeout: 20) {
+                if let now = try? await cluster.waitForLeader(among: [leader, intact], timeout: 2), now != target {
+                    _ = try? await cluster.request(now, .POST, "/.banyan/transfer?to=\(target)")
+                }
+                return (try? await cluster.waitForLeader(among: [leader, intact], timeout: 2)) == target
+            }
+            try await Task.sleep(nanoseconds: 1_500_000_000)
+            guard let s = await cluster.status(wiped), (s["may_vote"] as? Bool) == false else {
+                throw Failure("the re-wiped node regained its vote by replaying its history: \(String(describing: await cluster.status(wiped)))")
+            }
         }
-        print("node \(wiped) is a voter again")
+        print("node \(wiped) stayed voteless through two leader changes; remove it and add it back")
+        try await removeAndAddBack(cluster, wiped, through: [leader, intact])
         await load
         print("restart every node (SIGTERM) after these membership changes")
         cluster.stopAll()
@@ -361,6 +384,22 @@ struct ClusterTest: AsyncParsableCommand {
         else { throw Failure("after a restart the membership is \(String(describing: await cluster.status(after)?["voters"]))") }
         print("after the restart: leader \(after), voters 1, 2, 3")
         await workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
+    }
+
+    /// The runbook's procedure for a member that lost its data: remove the id through the
+    /// leader, add it back (a learner, promoted once caught up), and wait until it is a voter
+    /// that may vote.
+    func removeAndAddBack(_ cluster: LocalCluster, _ id: UInt64, through nodes: [UInt64]) async throws {
+        try await leaderCall(cluster, nodes, .DELETE, "/.banyan/members/\(id)")
+        try await leaderCall(
+            cluster, nodes, .POST, "/.banyan/members", body: #"{"id":\#(id),"peer_address":"127.0.0.1:\#(cluster.peerPort(id))"}"#)
+        try await waitUntil("node \(id) is a voter again and may vote", timeout: 30) {
+            guard let l = try? await cluster.waitForLeader(among: nodes, timeout: 5), let s = await cluster.status(l),
+                (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(id) == true
+            else { return false }
+            return (await cluster.status(id)?["may_vote"] as? Bool) == true
+        }
+        print("node \(id) is a voter again")
     }
 
     /// Bad input and abusive clients under load: oversize bodies, invalid JSON and paths,

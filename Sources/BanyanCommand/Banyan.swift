@@ -48,8 +48,8 @@ struct InputOptions: ParsableArguments {
         let location = try Path(parsing: path)
         var limits = TreeReadLimits()
         limits.maxBytes = maxInputMib * 1024 * 1024
-        // Scale the node budget with the byte budget (about one node per 8 input bytes at most).
-        limits.maxNodes = Swift.max(limits.maxNodes, limits.maxBytes / 8)
+        // Scale the value budget with the byte budget (about one value per 8 input bytes at most).
+        limits.maxValues = Swift.max(limits.maxValues, limits.maxBytes / 8)
         let root = try TreeReader.read(bytes, limits: limits)
         return (root, root.child(at: location), location)
     }
@@ -89,7 +89,7 @@ struct Validate: ParsableCommand {
     func run() throws {
         try runTool {
             let (_, node, location) = try input.read()
-            writeLine("valid: \(node.nodeCount) nodes, \(node.leafCount) leaves at \(location)")
+            writeLine("valid: \(node.valueCount) values, \(node.leafCount) leaves at \(location)")
             writeLine("hash: \(node.hashString.isEmpty ? "\"\" (empty)" : node.hashString)")
         }
     }

@@ -12,7 +12,8 @@ public import Logging
 ///
 ///     <data>/raft/log/*.seg        the log after the newest snapshot
 ///     <data>/raft/hardstate        term, vote, commit, mayVote (replaced atomically)
-///     <data>/raft/incarnation      this data directory's random identity (R22; written once)
+///     <data>/raft/incarnation      this data directory's random identity (R22; written when blank)
+///     <data>/raft/pristine         present only while the directory has stored nothing else
 ///     <data>/snapshots/*.snap      the newest snapshot (raw bytes are what peers transfer)
 public final class NodeStorage {
     public let directory: String
@@ -31,6 +32,9 @@ public final class NodeStorage {
     /// This data directory's incarnation (`RaftConfiguration.incarnation`; 0: legacy, a
     /// directory written before incarnations existed). See `init`.
     public let incarnation: UInt64
+    /// The directory has stored nothing since its incarnation was written (the `raft/pristine`
+    /// marker exists). Cleared, durably, before the first log record, hard state or snapshot.
+    private var pristine = false
 
     public struct Loaded {
         public var persisted: PersistedState
@@ -43,12 +47,19 @@ public final class NodeStorage {
     /// so simulations stay deterministic). When the directory is blank (no log, no hard state, no
     /// snapshot) it becomes this directory's incarnation: written to `raft/incarnation.tmp`,
     /// fsynced, renamed to `raft/incarnation`, and the directory fsynced, all before this
-    /// returns and so before anything else is stored. A blank directory that already has the
-    /// file (a start that stored nothing, or a partial wipe) is given the new value: nothing it
-    /// ever acknowledged can depend on the old one. A directory that holds state keeps the
-    /// value in its file; without the file it is a legacy directory (incarnation 0, see
-    /// `RaftConfiguration.incarnation`); a malformed file is `.corrupt`. With the default 0
-    /// nothing is written (legacy behaviour for callers that do not use incarnations).
+    /// returns and so before anything else is stored; then the `raft/pristine` marker is
+    /// created. A blank directory that still has the marker beside a valid incarnation file
+    /// stored nothing since that incarnation was written (the marker is removed, and the removal
+    /// made durable, before the first record, hard state or snapshot is written): it never voted
+    /// or acknowledged anything, so it keeps its incarnation, and a node re-added under it after
+    /// a lost disk keeps its admission across restarts that come before its first write
+    /// (otherwise every such restart would need another remove and add). A blank directory
+    /// without the marker (a partial wipe, or a crash between the marker's removal and the first
+    /// write) is given the new value: nothing it ever acknowledged can depend on the old one. A
+    /// directory that holds state keeps the value in its file; without the file it is a legacy
+    /// directory (incarnation 0, see `RaftConfiguration.incarnation`); a malformed file is
+    /// `.corrupt`. With the default 0 nothing is written (legacy behaviour for callers that do not
+    /// use incarnations).
     ///
     /// `salvageDamagedLog` (`banyan serve --salvage-log`, docs/runbook.md): when the last log
     /// segment is damaged before valid records (the log refuses to open otherwise), cut it at the
@@ -84,9 +95,20 @@ public final class NodeStorage {
         latestHardState = savedHardState
         let latestSnapshot = try snapshots.latest()
         let blank = savedHardState == BanyanRaft.HardState(mayVote: false) && log.lastIndex == 0 && latestSnapshot == nil
-        if blank && newIncarnation != 0 {
-            try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
+        let raftDirectory = directory + "/raft"
+        if blank && newIncarnation != 0, fileSystem.exists(raftDirectory + "/" + Self.pristineMarker),
+            let kept = try? Self.readIncarnation(directory: raftDirectory, fileSystem), kept != 0
+        {
+            incarnation = kept
+            pristine = true
+        } else if blank && newIncarnation != 0 {
+            // The marker goes first: a crash between the two leaves no marker, so the next start
+            // draws again (it never keeps a value it did not write as pristine).
+            try Self.removePristineMarker(directory: raftDirectory, fileSystem)
+            try Self.writeIncarnation(newIncarnation, directory: raftDirectory, fileSystem)
+            try Self.createPristineMarker(directory: raftDirectory, fileSystem)
             incarnation = newIncarnation
+            pristine = true
         } else if salvageDamagedLog,
             log.salvaged != nil || savedHardState.commit > max(log.lastIndex, latestSnapshot?.lastIndex ?? 0)
         {
@@ -97,6 +119,7 @@ public final class NodeStorage {
             }
             // Leave the old identity before anything else: the new incarnation first (a crash
             // after it and before the hard state only makes the node stricter), then no vote.
+            try Self.removePristineMarker(directory: raftDirectory, fileSystem)
             try Self.writeIncarnation(newIncarnation, directory: directory + "/raft", fileSystem)
             incarnation = newIncarnation
             var hs = savedHardState
@@ -113,7 +136,16 @@ public final class NodeStorage {
                     "incarnation": "\(String(newIncarnation, radix: 16))",
                 ])
         } else {
-            incarnation = try Self.readIncarnation(directory: directory + "/raft", fileSystem)
+            incarnation = try Self.readIncarnation(directory: raftDirectory, fileSystem)
+            // Whatever the caller passed, the marker must never stay beside stored state: a
+            // blank directory keeps it until its first write; any other loses it now, durably.
+            if fileSystem.exists(raftDirectory + "/" + Self.pristineMarker) {
+                if blank && incarnation != 0 {
+                    pristine = true
+                } else {
+                    try Self.removePristineMarker(directory: raftDirectory, fileSystem)
+                }
+            }
         }
     }
 
@@ -160,6 +192,41 @@ public final class NodeStorage {
         }
     }
 
+    static let pristineMarker = "pristine"
+
+    /// An empty file whose presence says the directory stored nothing since its incarnation was
+    /// written; created and its name made durable.
+    private static func createPristineMarker(directory: String, _ fileSystem: any FileSystem) throws(OpLogError) {
+        let path = directory + "/" + pristineMarker
+        do {
+            let file = try fileSystem.create(path)
+            fileSystem.close(file)
+            try fileSystem.syncDirectory(directory)
+        } catch {
+            throw OpLogError(error.code == .noSpace ? .noSpace : .io, "cannot write the pristine marker: \(error.message)", file: path)
+        }
+    }
+
+    /// Removes the marker, if there, and makes the removal durable.
+    private static func removePristineMarker(directory: String, _ fileSystem: any FileSystem) throws(OpLogError) {
+        let path = directory + "/" + pristineMarker
+        guard fileSystem.exists(path) else { return }
+        do {
+            try fileSystem.remove(path)
+            try fileSystem.syncDirectory(directory)
+        } catch {
+            throw OpLogError(.io, "cannot remove the pristine marker: \(error.message)", file: path)
+        }
+    }
+
+    /// Before the first write of anything else: the directory stops being pristine, durably, so
+    /// a later blank start can never keep an incarnation under which something was stored.
+    private func leavePristine() throws(OpLogError) {
+        guard pristine else { return }
+        try Self.removePristineMarker(directory: directory + "/raft", fileSystem)
+        pristine = false
+    }
+
     private static func readIncarnation(directory: String, _ fileSystem: any FileSystem) throws(OpLogError) -> UInt64 {
         let path = directory + "/incarnation"
         guard fileSystem.exists(path) else { return 0 }
@@ -191,6 +258,10 @@ public final class NodeStorage {
         }
         try fileSystem.syncDirectory(directory)
     }
+
+    /// Whether the last hard state written gives this node a vote: what a crash now would
+    /// leave it (a restart also gives the vote back for an admission its durable log holds).
+    public var savedMayVote: Bool { savedHardState.mayVote }
 
     /// True when nothing was ever stored here (a new node).
     public var isBlank: Bool {
@@ -282,6 +353,7 @@ public final class NodeStorage {
                 snapshots.discardIncoming()
                 throw DamagedIncomingSnapshot(index: meta.index, reason: "\(error)")
             }
+            try leavePristine()
             _ = try snapshots.installIncoming(lastIndex: meta.index)
             if log.term(at: meta.index) == meta.term {
                 try log.compact(through: meta.index)
@@ -322,6 +394,7 @@ public final class NodeStorage {
     /// entries are rare; the extra fsync is paid only for them.
     private func persistEntries(_ entries: [BanyanRaft.LogEntry], hardState: BanyanRaft.HardState? = nil) throws {
         guard let first = entries.first else { return }
+        try leavePristine()
         if first.index <= log.lastIndex {
             try log.truncate(after: first.index - 1)
         } else if first.index > log.lastIndex + 1 {
@@ -349,6 +422,7 @@ public final class NodeStorage {
     }
 
     private func saveHardState(_ hs: BanyanRaft.HardState) throws {
+        try leavePristine()
         try hardStates.save(HardStateRecord(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote))
         savedHardState = hs
     }

@@ -31,12 +31,12 @@ extension QueryParams {
 
     /// The children the query selects, in index order. O(log n + k) given an index over `node`;
     /// when `index` is nil one is built (O(n log n)).
-    public func orderedChildren(of node: Tree, index: TreeIndex? = nil) -> [(key: ChildKey, node: Tree)] {
+    public func orderedChildren(of node: Tree, index: TreeIndex? = nil) -> [(key: ChildKey, tree: Tree)] {
         guard node.hasChildren else { return [] }
-        let idx = index ?? TreeIndex(kind: self.index, node: node)
+        let idx = index ?? TreeIndex(kind: self.index, tree: node)
         precondition(idx.kind == self.index, "QueryParams.orderedChildren: the index must match the query's ordering")
         let range = window(in: idx)
-        var result: [(key: ChildKey, node: Tree)] = []
+        var result: [(key: ChildKey, tree: Tree)] = []
         result.reserveCapacity(range.count)
         for (entry, _) in idx.entries.elements(from: range.lowerBound).prefix(range.count) {
             result.append((entry.key, node.child(entry.key)))
@@ -44,13 +44,13 @@ extension QueryParams {
         return result
     }
 
-    /// The node the query yields: the selected children (without the location's priority, since
+    /// The tree the query yields: the selected children (without the location's priority, since
     /// queries carry none), or the location itself for the default query.
     public func evaluate(_ node: Tree, index: TreeIndex? = nil) -> Tree {
         if !node.hasChildren { return filteredLeaf(node) }
         if isDefault { return node }
         if loadsAllData { return node.withPriority(.none) }
-        var children = orderedChildren(of: node, index: index).map { ($0.key, $0.node) }
+        var children = orderedChildren(of: node, index: index).map { ($0.key, $0.tree) }
         if self.index != .key {
             children.sort { $0.0 < $1.0 }
         }

@@ -63,21 +63,21 @@ public enum ChildChanges: Sendable, Equatable {
 /// Cost per change is O(m log n) for m changed children (independent of the window's and the
 /// list's size), except when the whole location is replaced, which diffs all children.
 ///
-/// Pure: no clock, no I/O; the caller passes each new location node.
+/// Pure: no clock, no I/O; the caller passes each new tree at the location.
 public struct QueryView: Sendable {
     public let params: QueryParams
     /// The location's complete data.
-    public private(set) var node: Tree
+    public private(set) var locationTree: Tree
     /// The location's children in the query's order.
     public private(set) var index: TreeIndex
     /// What the view shows: the selected children (or the leaf), Firebase's "event cache".
     public private(set) var viewTree: Tree
 
-    public init(params: QueryParams, node: Tree) {
+    public init(params: QueryParams, tree: Tree) {
         self.params = params
-        self.node = node
-        self.index = TreeIndex(kind: params.index, node: node)
-        self.viewTree = params.evaluate(node, index: index)
+        self.locationTree = tree
+        self.index = TreeIndex(kind: params.index, tree: tree)
+        self.viewTree = params.evaluate(tree, index: index)
     }
 
     /// The events a newly attached listener receives: child_added for each child in order, then
@@ -85,10 +85,10 @@ public struct QueryView: Sendable {
     public func initialEvents() -> [ViewEvent] {
         var events: [ViewEvent] = []
         var previous: ChildKey?
-        if node.hasChildren {
+        if locationTree.hasChildren {
             let range = params.window(in: index)
             for (entry, _) in index.entries.elements(from: range.lowerBound).prefix(range.count) {
-                events.append(ViewEvent(.childAdded, key: entry.key, tree: node.child(entry.key), previousKey: previous))
+                events.append(ViewEvent(.childAdded, key: entry.key, tree: locationTree.child(entry.key), previousKey: previous))
                 previous = entry.key
             }
         }
@@ -97,16 +97,16 @@ public struct QueryView: Sendable {
     }
 
     /// The selected children in the query's order.
-    public var orderedChildren: [(key: ChildKey, node: Tree)] {
-        params.orderedChildren(of: node, index: index)
+    public var orderedChildren: [(key: ChildKey, tree: Tree)] {
+        params.orderedChildren(of: locationTree, index: index)
     }
 
-    /// Moves the view to `newNode` and returns the events for the change.
+    /// Moves the view to `newTree` and returns the events for the change.
     ///
-    /// - Parameter changes: which children may differ from the current node; `.all` diffs every
+    /// - Parameter changes: which children may differ from the current tree; `.all` diffs every
     ///   child (use it when the location itself was replaced).
-    public mutating func apply(_ newNode: Tree, changes: ChildChanges = .all) -> [ViewEvent] {
-        let oldNode = node
+    public mutating func apply(_ newTree: Tree, changes: ChildChanges = .all) -> [ViewEvent] {
+        let oldTree = locationTree
         let oldViewTree = viewTree
         var changedKeys: [ChildKey]
         switch changes {
@@ -115,12 +115,12 @@ public struct QueryView: Sendable {
         case .keys(let keys):
             changedKeys = keys
         case .all:
-            changedKeys = QueryView.diffKeys(oldNode, newNode)
+            changedKeys = QueryView.diffKeys(oldTree, newTree)
         }
-        if oldNode.isLeaf || newNode.isLeaf {
+        if oldTree.isLeaf || newTree.isLeaf {
             // A leaf has no children; every child on either side changed.
-            changedKeys = oldNode.children.keys + newNode.children.keys
-        } else if let events = applySingleChange(newNode, changedKeys) {
+            changedKeys = oldTree.children.keys + newTree.children.keys
+        } else if let events = applySingleChange(newTree, changedKeys) {
             return events
         }
 
@@ -131,8 +131,8 @@ public struct QueryView: Sendable {
         var order: [ChildKey] = []
         var seen = Set<ChildKey>()
         for key in changedKeys where seen.insert(key).inserted {
-            let old = oldNode.child(key)
-            let new = newNode.child(key)
+            let old = oldTree.child(key)
+            let new = newTree.child(key)
             if old == new { continue }
             let range = params.window(in: index)
             let oldEntry = old.isEmpty ? nil : index.entry(key: key, child: old)
@@ -165,8 +165,8 @@ public struct QueryView: Sendable {
             }
             index.update(key: key, old: old, new: new)
         }
-        node = newNode
-        guard !order.isEmpty || oldNode.isLeaf || newNode.isLeaf || oldNode.priority != newNode.priority else { return [] }
+        locationTree = newTree
+        guard !order.isEmpty || oldTree.isLeaf || newTree.isLeaf || oldTree.priority != newTree.priority else { return [] }
 
         // Final membership: an entry is in the window iff it lies between the window's first and
         // last entries (two descents instead of one position lookup per touched child).
@@ -186,18 +186,18 @@ public struct QueryView: Sendable {
         var moved: [(IndexEntry, ViewEvent)] = []
         var changed: [(IndexEntry, ViewEvent)] = []
         var viewChildren = viewTree.children
-        let childrenView = node.hasChildren
+        let childrenView = locationTree.hasChildren
         for key in order {
             guard let t = touched[key] else { continue }
             let nowIn = childrenView && isIn(t.entry)
             switch (t.wasIn, nowIn) {
             case (true, false):
-                let old = t.changed ? (t.old ?? .empty) : oldNode.child(key)
+                let old = t.changed ? (t.old ?? .empty) : oldTree.child(key)
                 removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, tree: old)))
                 viewChildren.removeValue(forKey: key)
             case (false, true):
                 guard let entry = t.entry else { continue }
-                let new = t.changed ? (t.new ?? .empty) : newNode.child(key)
+                let new = t.changed ? (t.new ?? .empty) : newTree.child(key)
                 added.append((entry, ViewEvent(.childAdded, key: key, tree: new, previousKey: previous(entry))))
                 viewChildren.updateValue(new, forKey: key)
             case (true, true):
@@ -213,10 +213,10 @@ public struct QueryView: Sendable {
             }
         }
 
-        if !node.hasChildren {
-            viewTree = params.filteredLeaf(node)
+        if !locationTree.hasChildren {
+            viewTree = params.filteredLeaf(locationTree)
         } else if params.loadsAllData {
-            viewTree = params.isDefault ? node : node.withPriority(.none)
+            viewTree = params.isDefault ? locationTree : locationTree.withPriority(.none)
         } else {
             viewTree = Tree(children: viewChildren)
         }
@@ -240,26 +240,26 @@ public struct QueryView: Sendable {
     /// same). So the old and new positions of `k`, which the index reports while moving its entry,
     /// decide everything; the entries at the new window's edges are consulted only when `k`
     /// crossed. About four descents per change instead of about nine.
-    private mutating func applySingleChange(_ newNode: Tree, _ changedKeys: [ChildKey]) -> [ViewEvent]? {
-        let oldNode = node
-        guard oldNode.hasChildren, newNode.hasChildren, oldNode.priority == newNode.priority else { return nil }
+    private mutating func applySingleChange(_ newTree: Tree, _ changedKeys: [ChildKey]) -> [ViewEvent]? {
+        let oldTree = locationTree
+        guard oldTree.hasChildren, newTree.hasChildren, oldTree.priority == newTree.priority else { return nil }
         var single: (key: ChildKey, old: Tree, new: Tree)?
         var seen: Set<ChildKey> = []
         for key in changedKeys where changedKeys.count == 1 || seen.insert(key).inserted {
-            let old = oldNode.child(key)
-            let new = newNode.child(key)
+            let old = oldTree.child(key)
+            let new = newTree.child(key)
             if old == new { continue }
             if single != nil { return nil }
             single = (key, old, new)
         }
         guard let (key, old, new) = single else {
-            node = newNode
+            locationTree = newTree
             return []
         }
 
         let oldRange = params.window(in: index)
         let (oldPosition, newPosition) = index.update(key: key, old: old, new: new)
-        node = newNode
+        locationTree = newTree
         let newRange = params.window(in: index)
         let wasIn = oldPosition.map { oldRange.contains($0) } ?? false
         let isIn = newPosition.map { newRange.contains($0) } ?? false
@@ -299,11 +299,11 @@ public struct QueryView: Sendable {
                 let was = oldRange.contains(q)
                 let now = newRange.contains(p)
                 if was && !now {
-                    let child = newNode.child(entry.key)
+                    let child = newTree.child(entry.key)
                     removed.append((entry, ViewEvent(.childRemoved, key: entry.key, tree: child)))
                     viewChildren.removeValue(forKey: entry.key)
                 } else if !was && now {
-                    let child = newNode.child(entry.key)
+                    let child = newTree.child(entry.key)
                     added.append((entry, ViewEvent(.childAdded, key: entry.key, tree: child, previousKey: previous(p))))
                     viewChildren.updateValue(child, forKey: entry.key)
                 }
@@ -321,7 +321,7 @@ public struct QueryView: Sendable {
 
         let oldViewTree = viewTree
         if params.loadsAllData {
-            viewTree = params.isDefault ? node : node.withPriority(.none)
+            viewTree = params.isDefault ? locationTree : locationTree.withPriority(.none)
         } else {
             viewTree = Tree(children: viewChildren)
         }

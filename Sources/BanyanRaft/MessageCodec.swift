@@ -71,7 +71,7 @@ extension ByteReader {
 ///
 /// | kind | body |
 /// | --- | --- |
-/// | 1 preVote, 3 vote | lastIndex, lastTerm (vote: + leaderTransfer bool) |
+/// | 1 preVote, 3 vote | lastIndex, lastTerm (vote: + leaderTransfer bool), then (version 3) voterIncarnation |
 /// | 2 preVoteResponse, 4 voteResponse | granted bool |
 /// | 5 append | prevIndex, prevTerm, commit, entry count, entries |
 /// | 6 appendAccepted | index |
@@ -91,9 +91,10 @@ extension ByteReader {
 /// and each incarnation nonzero. A snapshot meta is index, term, membership.
 ///
 /// Version 1 (before incarnations, R22) is the same without the incarnation list; it still
-/// decodes, as memberships that record no incarnation. Senders always write `version`.
+/// decodes, as memberships that record no incarnation. Version 2 is version 3 without the vote
+/// requests' `voterIncarnation`; it still decodes, as 0. Senders always write `version`.
 public enum MessageCodec {
-    public static let version: UInt8 = 2
+    public static let version: UInt8 = 3
     /// The oldest version `decode` accepts.
     public static let oldestVersion: UInt8 = 1
 
@@ -119,15 +120,17 @@ public enum MessageCodec {
         w.u64(m.to)
         w.u64(m.term)
         switch m.body {
-        case let .preVote(lastIndex, lastTerm):
+        case let .preVote(lastIndex, lastTerm, voterIncarnation):
             w.u64(lastIndex)
             w.u64(lastTerm)
+            w.u64(voterIncarnation)
         case .preVoteResponse(let granted), .voteResponse(let granted):
             w.bool(granted)
-        case let .vote(lastIndex, lastTerm, transfer):
+        case let .vote(lastIndex, lastTerm, transfer, voterIncarnation):
             w.u64(lastIndex)
             w.u64(lastTerm)
             w.bool(transfer)
+            w.u64(voterIncarnation)
         case let .append(prevIndex, prevTerm, entries, commit):
             w.u64(prevIndex)
             w.u64(prevTerm)
@@ -260,9 +263,14 @@ public enum MessageCodec {
     static func decodeBody(_ r: inout ByteReader, kind: UInt8, version v: UInt8) throws(ByteCodecError) -> Message.Body {
         let body: Message.Body
         switch kind {
-        case 1: body = .preVote(lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"))
+        case 1:
+            body = .preVote(
+                lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"), voterIncarnation: v >= 3 ? try r.u64("voterIncarnation") : 0)
         case 2: body = .preVoteResponse(granted: try r.bool("granted"))
-        case 3: body = .vote(lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"), leaderTransfer: try r.bool("leaderTransfer"))
+        case 3:
+            body = .vote(
+                lastIndex: try r.u64("lastIndex"), lastTerm: try r.u64("lastTerm"), leaderTransfer: try r.bool("leaderTransfer"),
+                voterIncarnation: v >= 3 ? try r.u64("voterIncarnation") : 0)
         case 4: body = .voteResponse(granted: try r.bool("granted"))
         case 5:
         let prevIndex = try r.u64("prevIndex")

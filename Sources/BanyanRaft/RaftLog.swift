@@ -79,10 +79,12 @@ struct RaftLog: Sendable {
     /// Follower path: appends after a successful consistency check at (prevIndex, prevTerm).
     /// Returns the index of the last new entry, or nil when the check fails. A conflicting suffix
     /// is truncated; committed entries are never truncated (a conflict there is reported).
-    mutating func maybeAppend(prevIndex: UInt64, prevTerm: UInt64, commit: UInt64, entries new: [LogEntry])
+    /// `checkPrevTerm` is false only under `Sabotage.skipConsistencyCheck` (the index is still
+    /// checked).
+    mutating func maybeAppend(prevIndex: UInt64, prevTerm: UInt64, commit: UInt64, entries new: [LogEntry], checkPrevTerm: Bool = true)
         -> (lastNew: UInt64, truncatedCommitted: Bool)?
     {
-        guard matchTerm(prevIndex, prevTerm) else { return nil }
+        guard checkPrevTerm ? matchTerm(prevIndex, prevTerm) : term(at: prevIndex) != nil else { return nil }
         // Peer input: entries must be numbered prevIndex+1, prevIndex+2, … (the node drops a
         // malformed append before it gets here; this keeps the log safe on its own, since the
         // arithmetic below relies on it).

@@ -663,7 +663,7 @@ public struct RaftNode: Sendable {
             switch m.body {
             case .preVote, .vote:
                 var transfer = false
-                if case .vote(_, _, let t) = m.body { transfer = t }
+                if case .vote(_, _, let t, _) = m.body { transfer = t }
                 // A follower that heard from a leader within the election timeout ignores
                 // campaigns (check-quorum lease), unless the leader asked for the transfer.
                 let inLease = configuration.checkQuorum && leader != 0 && electionElapsed < configuration.electionTicks
@@ -697,11 +697,11 @@ public struct RaftNode: Sendable {
         }
 
         switch m.body {
-        case .preVote(let lastIndex, let lastTerm):
-            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: true)
+        case .preVote(let lastIndex, let lastTerm, let voterIncarnation):
+            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: true, voterIncarnation: voterIncarnation)
             return
-        case .vote(let lastIndex, let lastTerm, _):
-            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: false)
+        case .vote(let lastIndex, let lastTerm, _, let voterIncarnation):
+            handleVoteRequest(m, lastIndex: lastIndex, lastTerm: lastTerm, preVote: false, voterIncarnation: voterIncarnation)
             return
         default:
             break
@@ -714,13 +714,27 @@ public struct RaftNode: Sendable {
         }
     }
 
-    private mutating func handleVoteRequest(_ m: Message, lastIndex: UInt64, lastTerm: UInt64, preVote: Bool) {
+    private mutating func handleVoteRequest(_ m: Message, lastIndex: UInt64, lastTerm: UInt64, preVote: Bool, voterIncarnation: UInt64) {
         // A node that started blank (new, or wiped) has no vote until it was added as a
-        // learner (R22).
+        // learner (R22). A candidate whose configuration names this node with this node's own
+        // incarnation holds an entry that admits it (a promoted node that has not heard of its
+        // promotion yet: the entry committed on others, and the leader that would send it is
+        // gone). That entry exists only because a leader heard this incarnation's hello, after
+        // any removal of an earlier voting incarnation of the id had committed (a learner's
+        // incarnation may be replaced without one: a learner's acknowledgements and votes count
+        // in no quorum), and this incarnation has forgotten nothing it acknowledged: the same admission `admitIfNamedWithThisIncarnation`
+        // takes from an entry, without which such a node could refuse the very votes every new
+        // leader needs (soak seed 108021). A wiped node's new incarnation never matches the one
+        // its old entries record, so a replayed history still gives nothing (item 3 of issue 14).
+        if !mayVote, configuration.incarnation != 0,
+            voterIncarnation == configuration.incarnation || (configuration.sabotage == .anyVoterIncarnation && voterIncarnation != 0)
+        {
+            mayVote = true
+        }
         let canVote =
             vote == m.from || (vote == 0 && leader == 0) || (preVote && m.term > term)
         var transfer = false
-        if case .vote(_, _, let t) = m.body { transfer = t }
+        if case .vote(_, _, let t, _) = m.body { transfer = t }
         if inFollowerLease && !transfer {
             if preVote {
                 send(to: m.from, .preVoteResponse(granted: false))
@@ -908,7 +922,10 @@ public struct RaftNode: Sendable {
             send(to: from, .appendAccepted(index: log.committed))
             return
         }
-        if let result = log.maybeAppend(prevIndex: prevIndex, prevTerm: prevTerm, commit: commit, entries: entries) {
+        if let result = log.maybeAppend(
+            prevIndex: prevIndex, prevTerm: prevTerm, commit: commit, entries: entries,
+            checkPrevTerm: configuration.sabotage != .skipConsistencyCheck)
+        {
             // `truncatedCommitted` would mean a leader contradicts a committed entry: refuse the
             // append rather than lose committed data (it cannot happen if Raft's invariants hold).
             guard !result.truncatedCommitted else {
@@ -1030,7 +1047,7 @@ public struct RaftNode: Sendable {
             return
         }
         for peer in membership.voters where peer != id {
-            send(to: peer, .vote(lastIndex: log.lastIndex, lastTerm: log.lastTerm, leaderTransfer: transfer))
+            send(to: peer, .vote(lastIndex: log.lastIndex, lastTerm: log.lastTerm, leaderTransfer: transfer, voterIncarnation: membership.incarnation(of: peer)))
         }
     }
 
@@ -1043,7 +1060,7 @@ public struct RaftNode: Sendable {
                 return
             }
             for peer in membership.voters where peer != id {
-                send(to: peer, term: term + 1, .preVote(lastIndex: log.lastIndex, lastTerm: log.lastTerm))
+                send(to: peer, term: term + 1, .preVote(lastIndex: log.lastIndex, lastTerm: log.lastTerm, voterIncarnation: membership.incarnation(of: peer)))
             }
         } else {
             becomeCandidate(transfer: transfer)

@@ -129,9 +129,9 @@ public struct HardState: Sendable, Equatable {
     public var term: UInt64
     public var vote: NodeID
     public var commit: UInt64
-    /// False for a node that started from a blank disk until it sees itself added as a learner:
-    /// a wiped node that comes back under an id that is still a voter must never vote or campaign
-    /// with amnesia (R22). Operators remove that id and add the node back as a learner. Drivers
+    /// False for a node that started from a blank disk until a configuration admits its
+    /// incarnation (see `RaftConfiguration.incarnation`): a wiped node that comes back under an id
+    /// that is still a voter must never vote or campaign with amnesia (R22). Operators remove that id and add the node back as a learner. Drivers
     /// must persist it with the term and vote (`HardStateRecord` version 2 stores it, and a
     /// missing hard-state file loads as `mayVote == false`).
     public var mayVote: Bool
@@ -199,9 +199,13 @@ public enum RaftRole: Sendable, Equatable, CustomStringConvertible {
 /// sender would campaign in.
 public struct Message: Sendable, Equatable {
     public enum Body: Sendable, Equatable {
-        case preVote(lastIndex: UInt64, lastTerm: UInt64)
+        /// `voterIncarnation`: the incarnation the candidate's configuration records for the
+        /// recipient (0: none recorded, or a version-2 peer). A recipient without its vote only for
+        /// want of an admission (R22) takes it from a match with its own (`RaftNode`, "a promoted
+        /// node that has not heard of its promotion"); for any other recipient it changes nothing.
+        case preVote(lastIndex: UInt64, lastTerm: UInt64, voterIncarnation: UInt64 = 0)
         case preVoteResponse(granted: Bool)
-        case vote(lastIndex: UInt64, lastTerm: UInt64, leaderTransfer: Bool)
+        case vote(lastIndex: UInt64, lastTerm: UInt64, leaderTransfer: Bool, voterIncarnation: UInt64 = 0)
         case voteResponse(granted: Bool)
         /// Log replication with the consistency check on (prevIndex, prevTerm).
         case append(prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64)
@@ -406,8 +410,9 @@ public struct RaftConfiguration: Sendable {
     public var seed: UInt64
     /// This node's incarnation: a random nonzero identity its driver created when the data
     /// directory was blank (`NodeStorage.incarnation`), the same at every restart from that
-    /// directory. A node whose `mayVote` is false regains its vote only from a committed
-    /// configuration that names its id with this incarnation (R22). 0 means unknown (legacy):
+    /// directory. A node whose `mayVote` is false regains its vote only from a configuration that
+    /// names its id with this incarnation (R22): one it holds, committed or not, or the one a
+    /// candidate's vote request reports (`Message.Body.vote`'s `voterIncarnation`). 0 means unknown (legacy):
     /// the node then regains its vote from any committed configuration naming it as a learner,
     /// as before incarnations existed, and as a leader it promotes learners whose incarnation it
     /// does not know.

@@ -13,12 +13,14 @@ import Synchronization
 /// while a peer is unreachable, or its connection has too many bytes queued, messages to it are
 /// dropped (Raft retries: that is the backpressure).
 ///
-/// Protocol version 2 (R22): the hello carries the sender's incarnation, and Raft messages are
-/// `MessageCodec` version 2 (memberships with incarnations). Peers of version 1 are refused, so
-/// every node of a cluster must run a version-2 binary before they can talk again (restart them
-/// all with the new binary; docs/runbook.md).
+/// Protocol version 3: Raft messages are `MessageCodec` version 3 (vote requests carry the
+/// incarnation the candidate's configuration records for the recipient). Version 2 (R22) added
+/// the sender's incarnation to the hello and incarnations to memberships. Peers of another
+/// version are refused at the hello, naming both versions, so every node of a cluster must run
+/// the same protocol before they can talk again (restart them all with the new binary;
+/// docs/runbook.md).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 2
+    static let protocolVersion: UInt16 = 3
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

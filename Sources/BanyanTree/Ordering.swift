@@ -248,8 +248,8 @@ public struct TreeIndex: Sendable {
     public let kind: IndexKind
     public private(set) var entries: SortedTree<IndexEntry, Void>
 
-    /// Builds the index over `node`'s children: O(n log n).
-    public init(kind: IndexKind, node: Tree) {
+    /// Builds the index over `tree`'s children: O(n log n).
+    public init(kind: IndexKind, tree node: Tree) {
         self.kind = kind
         var list: [(IndexEntry, Void)] = []
         list.reserveCapacity(node.childCount)

@@ -196,14 +196,15 @@ public struct Tree: Sendable {
         }
     }
 
-    /// Total number of nodes (leaves and inner nodes), for limits and statistics.
-    public var nodeCount: Int {
+    /// The number of values in this tree (leaves and objects, itself included), for limits and
+    /// statistics.
+    public var valueCount: Int {
         switch storage {
         case .empty: return 0
         case .leaf: return 1
         case .children(let map, _):
             var total = 1
-            map.forEach { _, child in total += child.nodeCount }
+            map.forEach { _, child in total += child.valueCount }
             return total
         }
     }

@@ -308,7 +308,7 @@ private struct ImageReader {
 
     mutating func readNode(depth: Int) throws(TreeError) -> Tree {
         nodes += 1
-        if nodes > limits.maxNodes { throw TreeError(.inputTooLarge, path: "/", "Image has more than \(limits.maxNodes) nodes") }
+        if nodes > limits.maxValues { throw TreeError(.inputTooLarge, path: "/", "Image has more than \(limits.maxValues) values") }
         let tag = try byte()
         let type = tag & 7
         let priority: Priority

@@ -19,9 +19,10 @@ public struct TreeReadLimits: Sendable {
     public var maxStringBytes: Int = 10 * 1024 * 1024
     /// Maximum input size in bytes (Firebase REST writes: 256 MB).
     public var maxBytes: Int = 256 * 1024 * 1024
-    /// Maximum number of nodes in one input. A node costs roughly 100 to 250 bytes in memory, so
-    /// the default bounds one input's tree to a few GB even when every byte is a tiny leaf.
-    public var maxNodes: Int = 10_000_000
+    /// Maximum number of values (leaves and objects) in one input. One costs roughly 100 to 250
+    /// bytes in memory, so the default bounds one input's tree to a few GB even when every byte
+    /// is a tiny leaf.
+    public var maxValues: Int = 10_000_000
 
     public init() {}
     public static let standard = TreeReadLimits()
@@ -30,7 +31,7 @@ public struct TreeReadLimits: Sendable {
     public static let snapshot: TreeReadLimits = {
         var limits = TreeReadLimits()
         limits.maxBytes = Int.max
-        limits.maxNodes = Int.max
+        limits.maxValues = Int.max
         return limits
     }()
 }
@@ -129,7 +130,7 @@ private struct ReaderState {
 
     mutating func count() throws(TreeError) {
         nodes += 1
-        if nodes > limits.maxNodes { throw fail(.inputTooLarge, "Input has more than \(limits.maxNodes) nodes") }
+        if nodes > limits.maxValues { throw fail(.inputTooLarge, "Input has more than \(limits.maxValues) values") }
     }
 
     mutating func readValue() throws(TreeError) -> Tree {

@@ -27,7 +27,7 @@ import Testing
         for round in 0..<8 {
             let params = gen.params()
             var node = gen.location()
-            var view = QueryView(params: params, node: node)
+            var view = QueryView(params: params, tree: node)
             let initial = view.initialEvents()
             let expectedInitial = Reference.window(params, node).enumerated().map { i, entry in
                 ViewEvent(.childAdded, key: ChildKey(unchecked: entry.0), tree: entry.1,

@@ -26,7 +26,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
     @Test("a limitToFirst window: a child entering pushes the last one out")
     func limitEnter() throws {
         let params = try Query().orderByChild("score").limitToFirst(2).params
-        var view = QueryView(params: params, node: node("{\"a\":{\"score\":1},\"b\":{\"score\":2},\"c\":{\"score\":3}}"))
+        var view = QueryView(params: params, tree: node("{\"a\":{\"score\":1},\"b\":{\"score\":2},\"c\":{\"score\":3}}"))
         #expect(trace(view.initialEvents()) == ["child_added a prev=nil", "child_added b prev=a", "value {\"a\":{\"score\":1},\"b\":{\"score\":2}}"])
         let events = view.apply(node("{\"a\":{\"score\":1},\"b\":{\"score\":2},\"c\":{\"score\":3},\"d\":{\"score\":0}}"), changes: .keys([key("d")]))
         #expect(trace(events) == ["child_removed b", "child_added d prev=nil", "value {\"a\":{\"score\":1},\"d\":{\"score\":0}}"])
@@ -35,7 +35,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
     @Test("a child leaving a limited window pulls the next one in")
     func limitLeave() throws {
         let params = try Query().orderByKey().limitToLast(2).params
-        var view = QueryView(params: params, node: node("{\"a\":1,\"b\":2,\"c\":3}"))
+        var view = QueryView(params: params, tree: node("{\"a\":1,\"b\":2,\"c\":3}"))
         let events = view.apply(node("{\"a\":1,\"b\":2}"), changes: .keys([key("c")]))
         #expect(trace(events) == ["child_removed c", "child_added a prev=nil", "value {\"a\":1,\"b\":2}"])
     }
@@ -44,7 +44,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
     func deepMove() throws {
         let params = try Query().orderByChild("meta/rank").params
         let before = node("{\"x\":{\"meta\":{\"rank\":1}},\"y\":{\"meta\":{\"rank\":2}}}")
-        var view = QueryView(params: params, node: before)
+        var view = QueryView(params: params, tree: before)
         let after = before.setting(node("3"), at: try Path(parsing: "x/meta/rank"))
         let events = view.apply(after, changes: ChildChanges.at(.root, written: [try Path(parsing: "x/meta/rank")]))
         #expect(trace(events) == ["child_moved x prev=y", "child_changed x prev=y", "value {\"x\":{\"meta\":{\"rank\":3}},\"y\":{\"meta\":{\"rank\":2}}}"])
@@ -52,7 +52,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
 
     @Test("a priority change moves a child in the default (priority) order")
     func priorityMove() throws {
-        var view = QueryView(params: .default, node: node("{\"a\":1,\"b\":2}"))
+        var view = QueryView(params: .default, tree: node("{\"a\":1,\"b\":2}"))
         var tree = node("{\"a\":1,\"b\":2}")
         try tree.apply(setPriority: .number(1), at: try Path(parsing: "a"))
         let events = view.apply(tree, changes: .keys([key("a")]))
@@ -61,7 +61,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
 
     @Test("a merge touching many children raises each kind in Firebase's order")
     func merge() throws {
-        var view = QueryView(params: .default, node: node("{\"a\":1,\"b\":2,\"c\":3}"))
+        var view = QueryView(params: .default, tree: node("{\"a\":1,\"b\":2,\"c\":3}"))
         var tree = node("{\"a\":1,\"b\":2,\"c\":3}")
         try tree.apply(update: [
             UpdateEntry(path: try WritePath(parsing: "a"), value: .empty),
@@ -75,7 +75,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
 
     @Test("no change, no events; a leaf location raises only value")
     func leafAndNoop() {
-        var view = QueryView(params: .default, node: node("5"))
+        var view = QueryView(params: .default, tree: node("5"))
         #expect(view.apply(node("5")).isEmpty)
         #expect(trace(view.apply(node("6"))) == ["value 6"])
         #expect(trace(view.apply(node("{\"k\":1}"))) == ["child_added k prev=nil", "value {\"k\":1}"])
@@ -112,7 +112,7 @@ private func trace(_ events: [ViewEvent]) -> [String] {
         #expect(last.orderedChildren(of: data).map(\.key.string) == ["a", "b"])
         let wire = try QueryParams(wire: JSONValue(parsing: "{\"i\":\".key\",\"sp\":\"a\",\"sin\":false,\"l\":9223372036854775807,\"vf\":\"l\"}"))
         #expect(wire.orderedChildren(of: data).map(\.key.string) == ["b", "c"])
-        var view = QueryView(params: first, node: data)
+        var view = QueryView(params: first, tree: data)
         #expect(view.apply(node("{\"a\":1,\"b\":2,\"c\":3,\"d\":4}"), changes: .keys([key("d")])).count == 2)
     }
 

@@ -65,8 +65,8 @@ import Testing
     @Test("the header is version, kind, then from, to and term little-endian")
     func headerLayout() {
         let bytes = MessageCodec.encode(Message(from: 0x0102, to: UInt64.max, term: 1 << 56, body: .timeoutNow))
-        #expect(MessageCodec.version == 2)
-        #expect(bytes == [2, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
+        #expect(MessageCodec.version == 3)
+        #expect(bytes == [3, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
     }
 
     /// Overwrites the u64 at `offset` (a count or length field) with `value`.
@@ -122,8 +122,8 @@ import Testing
         kind[1] = 0
         #expect(throws: WireError.unknownKind(0)) { try MessageCodec.decode(kind) }
         var version = vote
-        version[0] = 3
-        #expect(throws: WireError.unknownVersion(3)) { try MessageCodec.decode(version) }
+        version[0] = 4
+        #expect(throws: WireError.unknownVersion(4)) { try MessageCodec.decode(version) }
         version[0] = 0
         #expect(throws: WireError.unknownVersion(0)) { try MessageCodec.decode(version) }
         #expect(throws: WireError.truncated(field: "version")) { try MessageCodec.decode([]) }
@@ -155,9 +155,9 @@ import Testing
     static func randomMessage(_ rng: inout SeededRandom) -> Message {
         let body: Message.Body
         switch rng.below(15) {
-        case 0: body = .preVote(lastIndex: value(&rng), lastTerm: value(&rng))
+        case 0: body = .preVote(lastIndex: value(&rng), lastTerm: value(&rng), voterIncarnation: value(&rng))
         case 1: body = .preVoteResponse(granted: rng.chance(1, in: 2))
-        case 2: body = .vote(lastIndex: value(&rng), lastTerm: value(&rng), leaderTransfer: rng.chance(1, in: 2))
+        case 2: body = .vote(lastIndex: value(&rng), lastTerm: value(&rng), leaderTransfer: rng.chance(1, in: 2), voterIncarnation: value(&rng))
         case 3: body = .voteResponse(granted: rng.chance(1, in: 2))
         case 4:
             let entries = (0..<rng.below(5)).map { _ in entry(&rng) }
@@ -332,15 +332,31 @@ import Testing
         #expect(throws: WireError.self) { try MessageCodec.decode(asTwo) }
     }
 
-    @Test("version 2 writes the incarnation list in id order after the learners")
+    @Test("versions 2 and 3 write the incarnation list in id order after the learners")
     func versionTwoLayout() throws {
         let membership = Membership(voters: [1, 4], learners: [9], incarnations: [9: 99, 4: 44])
         let m = Message(from: 1, to: 2, term: 3, body: .snapshotChunk(meta: SnapshotMeta(index: 40, term: 3, membership: membership), offset: 0, data: [], last: true))
         let bytes = MessageCodec.encode(m)
-        let expected: [UInt8] = [2, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
+        let expected: [UInt8] = [3, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
             + Self.u64(2) + Self.u64(4) + Self.u64(44) + Self.u64(9) + Self.u64(99) + Self.u64(0) + Self.u64(0) + [1]
         #expect(bytes == expected)
         #expect(try MessageCodec.decode(bytes) == m)
+    }
+
+    @Test("version 3 vote requests end with the voter's incarnation; version-2 ones (without it) decode with 0, and a version-3 one without it is refused")
+    func voteRequestIncarnation() throws {
+        let vote = Message(from: 1, to: 4, term: 9, body: .vote(lastIndex: 7, lastTerm: 8, leaderTransfer: true, voterIncarnation: 0xF00D))
+        let header: [UInt8] = Self.u64(1) + Self.u64(4) + Self.u64(9)
+        #expect(MessageCodec.encode(vote) == [3, 3] + header + Self.u64(7) + Self.u64(8) + [1] + Self.u64(0xF00D))
+        let preVote = Message(from: 1, to: 4, term: 9, body: .preVote(lastIndex: 7, lastTerm: 8, voterIncarnation: 5))
+        #expect(MessageCodec.encode(preVote) == [3, 1] + header + Self.u64(7) + Self.u64(8) + Self.u64(5))
+        let oldVote = [2, 3] + header + Self.u64(7) + Self.u64(8) + [1]
+        #expect(try MessageCodec.decode(oldVote) == Message(from: 1, to: 4, term: 9, body: .vote(lastIndex: 7, lastTerm: 8, leaderTransfer: true)))
+        let oldPreVote = [2, 1] + header + Self.u64(7) + Self.u64(8)
+        #expect(try MessageCodec.decode(oldPreVote) == Message(from: 1, to: 4, term: 9, body: .preVote(lastIndex: 7, lastTerm: 8)))
+        var truncated = oldVote
+        truncated[0] = 3
+        #expect(throws: WireError.self) { try MessageCodec.decode(truncated) }
     }
 
     @Test("an incarnation list naming a non-member, a zero incarnation, or ids out of order is refused")

@@ -35,6 +35,64 @@ import Testing
         #expect(!wiped.mayVote)
     }
 
+    /// Found by the whole-node soak (seed 108021): the promotion committed on two voters of
+    /// {1,2,3,4} before node 4 received it, node 2 lost its disk, and the leader went down. Nodes
+    /// 1 and 3 need a third vote; node 2 has none until re-added (which needs a leader), and node
+    /// 4 would have one only from an entry no leader is left to send. The candidate's vote
+    /// request names the incarnation its configuration records for node 4.
+    @Test("a node that has not heard of its promotion votes for a candidate whose configuration names its incarnation; another incarnation gives nothing")
+    func votesWhenTheCandidateNamesItsIncarnation() throws {
+        var configuration = RaftConfiguration(id: 4, seed: 9)
+        configuration.incarnation = Self.incarnation
+        let founding = RaftNode.bootstrapState(members: [1, 2, 3]).entries
+        // Added before the leader heard its hello: the learner entry names no incarnation.
+        let learner = LogEntry(index: 2, term: 1, kind: .config(Membership(voters: [1, 2, 3], learners: [4])))
+        func caughtUp() throws -> RaftNode {
+            var node = try RaftNode(configuration: configuration, restoring: .blank)
+            node.step(Message(from: 1, to: 4, term: 1, body: .append(prevIndex: 0, prevTerm: 0, entries: founding + [learner], commit: 2)))
+            #expect(!node.mayVote)
+            node.advance(node.ready())
+            for _ in 0..<(2 * configuration.electionTicks) { node.tick() }
+            _ = node.ready()
+            return node
+        }
+        // A candidate that holds the promotion (index 3) asks; it records this incarnation.
+        var node = try caughtUp()
+        node.step(Message(from: 3, to: 4, term: 2, body: .preVote(lastIndex: 3, lastTerm: 1, voterIncarnation: Self.incarnation)))
+        #expect(node.ready().messages.contains { $0.to == 3 && $0.body == .preVoteResponse(granted: true) })
+        node.step(Message(from: 3, to: 4, term: 2, body: .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false, voterIncarnation: Self.incarnation)))
+        let rd = node.ready()
+        #expect(rd.messages.contains { $0.to == 3 && $0.body == .voteResponse(granted: true) })
+        // The vote and the admission are durable before the response goes out (R3).
+        #expect(rd.hardState?.mayVote == true && rd.hardState?.vote == 3)
+        #expect(node.mayVote)
+
+        // A candidate recording another incarnation of id 4 (this directory was wiped since), or
+        // none, gets nothing, and the node stays without a vote.
+        for other: UInt64 in [0xBEEF, 0] {
+            var wiped = try caughtUp()
+            wiped.step(Message(from: 3, to: 4, term: 2, body: .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false, voterIncarnation: other)))
+            #expect(wiped.ready().messages.contains { $0.to == 3 && $0.body == .voteResponse(granted: false) })
+            #expect(!wiped.mayVote)
+        }
+        // A pre-vote naming another incarnation gives nothing either; nor does a request of an
+        // older term, even one naming this incarnation (it is answered before any admission).
+        var prevoted = try caughtUp()
+        prevoted.step(Message(from: 3, to: 4, term: 2, body: .preVote(lastIndex: 3, lastTerm: 1, voterIncarnation: 0xBEEF)))
+        #expect(prevoted.ready().messages.contains { $0.to == 3 && $0.body == .preVoteResponse(granted: false) })
+        #expect(!prevoted.mayVote)
+        var stale = try caughtUp()
+        stale.step(Message(from: 3, to: 4, term: 1, body: .append(prevIndex: 2, prevTerm: 1, entries: [], commit: 2)))
+        stale.step(Message(from: 3, to: 4, term: 2, body: .heartbeat(commit: 2, readSeq: 0)))
+        _ = stale.ready()
+        stale.step(Message(from: 2, to: 4, term: 1, body: .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false, voterIncarnation: Self.incarnation)))
+        #expect(!stale.mayVote)
+        // A legacy node (incarnation 0) takes nothing from a request naming 0.
+        var legacy = try RaftNode(configuration: RaftConfiguration(id: 4, seed: 9), restoring: .blank)
+        legacy.step(Message(from: 3, to: 4, term: 2, body: .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false, voterIncarnation: 0)))
+        #expect(!legacy.mayVote)
+    }
+
     @Test("a restart keeps that admission: the entry naming this incarnation is on disk, the hard state that recorded the vote is not")
     func admissionSurvivesARestart() throws {
         var configuration = RaftConfiguration(id: 4, seed: 9)

@@ -18,10 +18,10 @@ import Testing
             #expect(!requests.isEmpty)
             for m in requests {
                 switch m.body {
-                case let .vote(lastIndex, lastTerm, transfer):
+                case let .vote(lastIndex, lastTerm, transfer, _):
                     #expect(lastIndex == 4 && lastTerm == 2 && !transfer)
                     #expect(m.term == 3)
-                case let .preVote(lastIndex, lastTerm):
+                case let .preVote(lastIndex, lastTerm, _):
                     #expect(lastIndex == 4 && lastTerm == 2)
                     #expect(m.term == 3)
                 default: break

@@ -31,15 +31,97 @@ import Testing
         }
     }
 
-    @Test("a directory still blank at the next start (nothing was stored) takes the new value: nothing can depend on the old one")
-    func blankAgainTakesNewValue() throws {
+    @Test("a directory still blank at the next start (nothing was stored since its incarnation was written) keeps it; without the pristine marker it takes the new value")
+    func blankAgainKeepsPristineIncarnation() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/"])
         #expect(try Self.open(fs, 0xA).incarnation == 0xA)
+        #expect(fs.exists("/node/raft/pristine"))
         fs.reboot()
-        #expect(try Self.open(fs, 0xB).incarnation == 0xB)
+        // It stored nothing: no vote, no record, no acknowledgement can depend on it, and a
+        // leader that heard 0xA and added it under 0xA still names this directory.
+        #expect(try Self.open(fs, 0xB).incarnation == 0xA)
         fs.reboot()
-        // With 0 (a caller without incarnations) the file is read, not replaced.
-        #expect(try Self.open(fs, 0).incarnation == 0xB)
+        #expect(try Self.open(fs, 0).incarnation == 0xA)
+        // Without the marker (an operator's partial wipe, or a crash after its removal) the
+        // directory cannot prove it stored nothing: a new value.
+        try fs.remove("/node/raft/pristine")
+        try fs.syncDirectory("/node/raft")
+        fs.reboot()
+        #expect(try Self.open(fs, 0xC).incarnation == 0xC)
+        fs.reboot()
+        #expect(try Self.open(fs, 0xD).incarnation == 0xC)
+        // A malformed incarnation file beside the marker: a new value, never a refusal.
+        fs.corrupt("/node/raft/incarnation", at: 9)
+        fs.reboot()
+        #expect(try Self.open(fs, 0xE).incarnation == 0xE)
+    }
+
+    @Test("the first write of a pristine directory removes its marker durably first; a partial wipe after that takes a new incarnation")
+    func firstWriteLeavesPristine() throws {
+        let fs = SimulatedFileSystem(durableDirectories: ["/"])
+        let storage = try Self.open(fs, 0xA)
+        try storage.bootstrap(members: [1, 2, 3])
+        #expect(!fs.exists("/node/raft/pristine"))
+        fs.reboot()
+        #expect(try Self.open(fs, 0xB).incarnation == 0xA)
+        // An open by a caller without incarnations (0) of a pristine directory keeps the marker
+        // only until the first write.
+        let other = SimulatedFileSystem(durableDirectories: ["/"])
+        _ = try Self.open(other, 0xA)
+        other.reboot()
+        let legacyCaller = try Self.open(other, 0)
+        #expect(legacyCaller.incarnation == 0xA)
+        try legacyCaller.bootstrap(members: [1])
+        #expect(!other.exists("/node/raft/pristine"))
+        // A marker left beside stored state (copied in by hand) is removed at the next open.
+        let stray = try other.create("/node/raft/pristine")
+        other.close(stray)
+        try other.syncDirectory("/node/raft")
+        other.reboot()
+        #expect(try Self.open(other, 0xB).incarnation == 0xA)
+        #expect(!other.exists("/node/raft/pristine"))
+
+        // The operator deletes the log and hard state but not the incarnation file.
+        for name in try fs.list("/node/raft/log") { try fs.remove("/node/raft/log/" + name) }
+        try fs.remove("/node/raft/hardstate")
+        try fs.syncDirectory("/node/raft/log")
+        try fs.syncDirectory("/node/raft")
+        fs.reboot()
+        let wiped = try Self.open(fs, 0xC)
+        #expect(wiped.isBlank)
+        #expect(wiped.incarnation == 0xC)
+
+        // A crash at every operation of the first write of a pristine directory: whenever the
+        // restart finds state, the marker is gone (it never keeps an incarnation it wrote to).
+        let probe = SimulatedFileSystem(durableDirectories: ["/"])
+        _ = try Self.open(probe, 0xA)
+        let opened = probe.operations
+        try Self.open(probe, 0xA).bootstrap(members: [1])
+        let span = probe.operations - opened
+        var outcomes: Set<String> = []
+        for crashAt in 1...(span + 1) {
+            for keepAll in [false, true] {
+                let fs = SimulatedFileSystem(durableDirectories: ["/"])
+                _ = try Self.open(fs, 0xA)
+                fs.reboot()
+                let start = fs.operations
+                fs.crashAtOperation = start + crashAt
+                do { try Self.open(fs, 0xB).bootstrap(members: [1]) } catch {}
+                fs.reboot(keepUnsynced: keepAll ? { _, n in n } : { _, _ in 0 })
+                let context = "crash at \(crashAt) of \(span), keep \(keepAll ? "all" : "none")"
+                let marker = fs.exists("/node/raft/pristine")
+                let reopened = try Self.open(fs, 0xC)
+                if reopened.isBlank {
+                    #expect(reopened.incarnation == (marker ? 0xA : 0xC), "\(context)")
+                    outcomes.insert(marker ? "blank, kept" : "blank, new")
+                } else {
+                    #expect(!marker, "\(context): state stored beside the pristine marker")
+                    #expect(reopened.incarnation == 0xA, "\(context)")
+                    outcomes.insert("state")
+                }
+            }
+        }
+        #expect(outcomes.contains("blank, kept") && outcomes.contains("state"), "\(outcomes)")
     }
 
     @Test("a directory that holds state but no incarnation file is legacy (0); a malformed file is refused as corrupt")
@@ -96,6 +178,7 @@ import Testing
                 } catch {}
                 fs.reboot(keepUnsynced: keepAll ? { _, n in n } : { _, _ in 0 })
                 let context = "crash at \(crashAt) of \(span), keep \(keepAll ? "all" : "none")"
+                let markerBefore = fs.exists("/node/raft/pristine")
                 let reopened: NodeStorage
                 do {
                     reopened = try Self.open(fs, 0xB)
@@ -106,7 +189,8 @@ import Testing
                 }
                 if reopened.isBlank {
                     #expect(!finished, "\(context)")
-                    #expect(reopened.incarnation == 0xB, "\(context)")
+                    // Kept only when the first start got as far as the marker (it was pristine).
+                    #expect(reopened.incarnation == (markerBefore ? 0xA : 0xB), "\(context)")
                     outcomes["blank", default: 0] += 1
                 } else {
                     #expect(reopened.incarnation == 0xA, "\(context): state without its incarnation")

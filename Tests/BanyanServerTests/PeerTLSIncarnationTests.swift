@@ -7,12 +7,12 @@ import NIOPosix
 import Synchronization
 import Testing
 
-/// The peer hello carries the sender's incarnation (protocol version 2, R22): the accepting side
+/// The peer hello carries the sender's incarnation (since protocol version 2, R22): the accepting side
 /// hands it to its hook before any message of the connection is delivered.
 @Suite(.serialized) struct PeerTLSIncarnationTests {
     @Test("an accepted hello's incarnation reaches the receiver's hook before the connection's first message")
     func helloIncarnationReachesHook() async throws {
-        #expect(PeerTransport.protocolVersion == 2)
+        #expect(PeerTransport.protocolVersion == 3)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         let dir = try temporaryDirectory("ca-incarnation")
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -18,11 +18,17 @@ import Testing
     @Test("1,000 whole-node seeds keep every safety check, converge, and stay linearizable", arguments: 0..<10)
     func seeds(part: Int) {
         var failures: [String] = []
+        var excused: [String] = []
         for seed in UInt64(part * 100 + 1)...UInt64(part * 100 + 100) {
             let report = WholeNodeSimulator.run(Self.options(seed))
             if !report.passed { failures.append(report.summary) }
+            if report.livenessNotRequired { excused.append(report.summary) }
         }
         #expect(failures.isEmpty, "\(failures.count) seeds failed:\n\(failures.prefix(3).joined(separator: "\n"))")
+        // Seeds beyond the fault budget pass without converging (docs/simulator.md, "The fault
+        // budget"); they are rare (4 in 65,000 soak seeds), so more than one in a part of 100
+        // means refused logs became common: a storage regression, not bad luck.
+        #expect(excused.count <= 1, "\(excused.count) seeds beyond the fault budget:\n\(excused.prefix(3).joined(separator: "\n"))")
     }
 
     @Test("a seed replays exactly: the same events, in the same order, with the same outcome")
@@ -83,12 +89,14 @@ import Testing
         (Sabotage.inMemoryCommit, "commit permanence", 400),
         (Sabotage.configurationBeforeCommit, "below the configuration entry before it", 1_000),
         (Sabotage.replayedAdmission, "regained its vote", 600),
+        (Sabotage.anyVoterIncarnation, "regained its vote", 600),
         (Sabotage.cutAnyDamage, "durability", 400),
         (Sabotage.reusedReadContexts, "linearizable", 600),
         // Item 7: the restarted node serves records whose fsync failed; a later power loss takes
         // them, and the damage shows as lost commits or a cluster that cannot recover.
         (Sabotage.readThroughPageCache, "", 400),
         (Sabotage.forgetVote, "election safety", 400),
+        (Sabotage.skipConsistencyCheck, "log matching", 400),
         (Sabotage.sendBeforePersist, "", 400),
         (Sabotage.localReads, "linearizable", 400),
         (Sabotage.leaseWithPauses, "linearizable", 400),
@@ -118,7 +126,7 @@ import Testing
 
     /// Seeds that found bugs, replayed with the soak's settings (docs/simulator.md, "Seeds that
     /// found bugs").
-    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100] as [UInt64])
+    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100, 108021, 310515, 414080] as [UInt64])
     func regressionSeed(_ seed: UInt64) {
         let report = WholeNodeSimulator.run(Self.options(seed, operations: 300))
         #expect(report.passed, "\(report.summary)")

@@ -223,7 +223,7 @@ let repositoryRoot: String = {
             #expect(error.code == .inputTooLarge)
         }
         limits.maxBytes = 100
-        limits.maxNodes = 4
+        limits.maxValues = 4
         #expect(throws: TreeError.self) { try TreeReader.read("[1,2,3,4,5]", limits: limits) }
     }
 
