@@ -90,6 +90,9 @@ let package = Package(
         // events (docs/rest.md). Pure: the server's HTTP layer feeds it.
         .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
 
+        // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
+        .target(name: "BanyanSession", swiftSettings: coreSettings),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -242,6 +245,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode", "BanyanBasics", "BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",

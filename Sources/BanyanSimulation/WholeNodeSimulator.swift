@@ -342,6 +342,12 @@ public struct WholeNodeSimulator {
     /// Increments applied by each node since its state last started from a snapshot (a start, a
     /// restart, an installed snapshot): each (session, seq) at most once.
     private var incrementsApplied: [NodeID: Set<UInt64>] = [:]
+    /// Every session write decided in each node's current state lineage (exactly once).
+    private var writesDecided: [NodeID: Set<SessionWrite>] = [:]
+    private struct SessionWrite: Hashable {
+        var session: UInt64
+        var seq: UInt64
+    }
     /// Blank nodes started for an add that has not yet shown up in the leader's membership, with
     /// when the add was asked for.
     private var pendingAdds: [NodeID: Int] = [:]
@@ -558,6 +564,7 @@ public struct WholeNodeSimulator {
             core.watch(0, watch: 1, namespace: Self.namespace, stale: true)
             _ = takeActions(node)
             incrementsApplied[node.id] = []
+            writesDecided[node.id] = []
             flushParked(to: node)
         } catch {
             if node.fs.isCrashed {
@@ -633,7 +640,9 @@ public struct WholeNodeSimulator {
                 switch event {
                 case let .applied(applied, tree): observeApplied(applied, tree: tree, on: node)
                 // A new lineage of applications: replayed over a snapshot from here on.
-                case .restored, .start: incrementsApplied[node.id] = []
+                case .restored, .start:
+                    incrementsApplied[node.id] = []
+                    writesDecided[node.id] = []
                 }
             case .peerAddresses:
                 break
@@ -1235,7 +1244,20 @@ public struct WholeNodeSimulator {
     // MARK: - Checkers
 
     private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
-        guard applied.namespace == Self.namespace, applied.outcome == .ok else { return }
+        guard applied.namespace == Self.namespace else { return }
+        // Exactly once per session write, whatever the command: every decision (applied,
+        // datastale, rejected) is taken once per state lineage; a retry must come back as
+        // `.duplicate`, never be decided again.
+        switch applied.outcome {
+        case .duplicate, .malformed: break
+        case .ok, .datastale, .rejected:
+            if applied.session != 0,
+                writesDecided[node.id, default: []].insert(SessionWrite(session: applied.session, seq: applied.seq)).inserted == false
+            {
+                report.violations.append("t=\(now) node \(node.id) decided write (session \(applied.session), seq \(applied.seq)) twice")
+            }
+        }
+        guard applied.outcome == .ok else { return }
         for path in applied.written {
             guard path.segments.count == 1 else { continue }
             let key = path.segments[0].string
