@@ -420,7 +420,24 @@ public struct RaftNode: Sendable {
     /// only for this.
     public mutating func noteIncarnation(of node: NodeID, _ incarnation: UInt64) {
         guard node != 0, node != id, incarnation != 0 else { return }
+        let previous = knownIncarnations[node]
         knownIncarnations[node] = incarnation
+        if let previous, previous != incarnation, role == .leader, progress[node] != nil {
+            // Another data directory behind the id (a wiped or replaced node): what the leader
+            // holds of its progress came from acknowledgements of the old one, which are gone.
+            // Kept, the stale match would count towards commits and send the new directory a
+            // commit index covering entries it never received from this leader (whole-node soak
+            // seed 506651: it committed a stale entry a parked message had given it). Its peer
+            // hello comes before any message of its new life, so from here its progress is
+            // rebuilt from its own answers.
+            var pr = Progress(
+                next: log.lastIndex + 1, maxInflightMessages: configuration.maxInflightMessages,
+                maxInflightBytes: configuration.maxInflightBytes)
+            pr.recentActive = progress[node]?.recentActive ?? false
+            progress[node] = pr
+            if transferTarget == node { transferTarget = 0 }
+            sendAppend(to: node, sendIfEmpty: true)
+        }
         if role == .leader { maybePromoteLearner(node) }
     }
 

@@ -1283,7 +1283,8 @@ public struct WholeNodeSimulator {
         if let entry = ledger.last(where: { if case .config = $0.kind { return true } else { return false } }), case .config(let m) = entry.kind {
             configurations.append(m)
         }
-        for id in ids { if let raft = nodes[id]?.core?.replica.raft { configurations.append(raft.membership) } }
+        // A blank node's empty configuration says nothing about the cluster.
+        for id in ids { if let raft = nodes[id]?.core?.replica.raft, !raft.membership.voters.isEmpty { configurations.append(raft.membership) } }
         guard !configurations.isEmpty else { return nil }
         var described: [String] = []
         for m in configurations {
@@ -1292,6 +1293,24 @@ public struct WholeNodeSimulator {
             described.append("\(lost) of \(m.voters)")
         }
         return "t=\(now) voters whose data was lost and not yet re-added leave no quorum with data: \(Array(Set(described)).sorted().joined(separator: ", "))"
+    }
+
+    /// Whether any running node holds a configuration (in force, in its snapshot or in its log)
+    /// that names `id` with `incarnation` (nonzero): only a leader that heard that incarnation's
+    /// hello writes one, so it is a legitimate admission (R22).
+    private func admitted(_ id: NodeID, incarnation: UInt64) -> Bool {
+        guard incarnation != 0 else { return false }
+        let names = { (m: Membership) in m.contains(id) && m.incarnation(of: id) == incarnation }
+        for other in ids {
+            guard let raft = nodes[other]?.core?.replica.raft else { continue }
+            if names(raft.membership) || names(raft.snapshotMeta.membership) { return true }
+            var i = raft.snapshotMeta.index + 1
+            while i <= raft.lastIndex {
+                if let e = raft.entry(at: i), case .config(let m) = e.kind, names(m) { return true }
+                i += 1
+            }
+        }
+        return false
     }
 
     /// A voter that is running and would still have its vote after a crash now: its admission
@@ -1352,7 +1371,14 @@ public struct WholeNodeSimulator {
         }
         for v in raft.invariantViolations { report.violations.append("t=\(now) node \(node.id): \(v)") }
         if awaitingReadd.contains(node.id) && raft.mayVote {
-            report.violations.append("t=\(now) node \(node.id), whose data was replaced, regained its vote before the operator added it back")
+            if admitted(node.id, incarnation: raft.incarnation) {
+                // A configuration names this incarnation: a leader heard it and admitted it (a
+                // replaced learner, never counted in any quorum, may be promoted as its new
+                // self without a removal). R22 holds; the operator's repair is moot.
+                awaitingReadd.remove(node.id)
+            } else {
+                report.violations.append("t=\(now) node \(node.id), whose data was replaced, regained its vote before the operator added it back")
+            }
         }
         let commit = raft.commitIndex
         guard commit > node.checkedThrough else { return }

@@ -126,7 +126,7 @@ import Testing
 
     /// Seeds that found bugs, replayed with the soak's settings (docs/simulator.md, "Seeds that
     /// found bugs").
-    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100, 108021, 310515, 414080] as [UInt64])
+    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100, 108021, 310515, 414080, 500316, 506651] as [UInt64])
     func regressionSeed(_ seed: UInt64) {
         let report = WholeNodeSimulator.run(Self.options(seed, operations: 300))
         #expect(report.passed, "\(report.summary)")
