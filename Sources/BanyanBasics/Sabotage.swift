@@ -23,6 +23,10 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Issue 14, item 7: after a failed fsync the restarted node reads its log through the page
     /// cache, where the bytes whose write failed still look written.
     case readThroughPageCache = "read-through-page-cache"
+    /// Recovery syncs the records it recovered without recording that sync on disk (no empty
+    /// batch, no new segment after a sealed one), so a bad sector found at a later start in
+    /// the last batch reads as a torn unsynced write and is cut (soak seed 1002241).
+    case unrecordedRecoverySync = "unrecorded-recovery-sync"
     /// A vote request gives a node without its vote the vote whatever incarnation the
     /// candidate's configuration records for it (not only its own), so a wiped node votes with
     /// amnesia as soon as a candidate names its previous incarnation.

@@ -69,6 +69,10 @@ public struct SegmentScan: Sendable, Equatable {
     /// `truncate`): the writer must not add batches to this segment, or a stale span could
     /// later vouch for bytes it never covered. It starts a new segment instead.
     public var endsInsideBatch = false
+    /// The last valid synced-through marker before the end of the valid data (nil: none, or a
+    /// version-1 segment). Recovery reads it to tell whether the disk already records a sync
+    /// covering every record (an empty batch ending the data).
+    public var lastMarker: SyncMarker?
 
     /// Checks a segment. `expectedFirstIndex`, when given, is the index the first record must
     /// carry (the segment's name); records must then be consecutive. With `isLast` false, any
@@ -131,9 +135,10 @@ public struct SegmentScan: Sendable, Equatable {
         func finish(_ outcome: Outcome, end: Int) {
             result.outcome = outcome
             result.endsInsideBatch = lastMarker.map { end < $0.spanEnd } ?? false
+            result.lastMarker = lastMarker
         }
         while offset < bytes.count {
-            if isLast, bytes[offset] == 0, UnsafeBufferPointer(rebasing: bytes[offset...]).allSatisfy({ $0 == 0 }) {
+            if isLast, bytes[offset] == 0, SegmentScan.allZero(UnsafeBufferPointer(rebasing: bytes[offset...])) {
                 finish(.zeroTail(offset: offset), end: offset)
                 return result
             }
@@ -219,6 +224,22 @@ public struct SegmentScan: Sendable, Equatable {
 }
 
 extension SegmentScan {
+    /// Whether every byte is zero, eight at a time (a segment's preallocated tail is up to
+    /// `preallocationBytes` of zeros, checked at every recovery).
+    static func allZero(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        let raw = UnsafeRawBufferPointer(bytes)
+        var i = 0
+        while i + 8 <= raw.count {
+            if raw.loadUnaligned(fromByteOffset: i, as: UInt64.self) != 0 { return false }
+            i += 8
+        }
+        while i < raw.count {
+            if raw[i] != 0 { return false }
+            i += 1
+        }
+        return true
+    }
+
     /// Where the first stretch of a sector the last write-back never reached starts, looking from
     /// `start` to `end`: `start` itself when the bytes from it to the end of its sector are all
     /// zero, else the first later sector beginning before `end` that is all zero (up to the end of
@@ -229,7 +250,7 @@ extension SegmentScan {
         var low = start
         while low < stop {
             let high = Swift.min(bytes.count, (low / sector + 1) * sector)
-            if UnsafeBufferPointer(rebasing: bytes[low..<high]).allSatisfy({ $0 == 0 }) { return low }
+            if allZero(UnsafeBufferPointer(rebasing: bytes[low..<high])) { return low }
             low = high
         }
         return nil

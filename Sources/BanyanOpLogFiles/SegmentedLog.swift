@@ -72,6 +72,9 @@ public final class SegmentedLog {
         /// Simulator self-tests only: damage in the last segment is cut in place whatever
         /// follows it, as before item 4 of issue 14 was fixed. The server never sets it.
         public var sabotageCutAnyDamage = false
+        /// Simulator self-tests only: recovery syncs what it recovered without recording the sync
+        /// on disk (soak seed 1002241 undone). The server never sets it.
+        public var sabotageUnrecordedRecoverySync = false
         public init() {}
     }
 
@@ -106,6 +109,18 @@ public final class SegmentedLog {
         /// The file the bytes of a cut tail (or removed segment) were saved to before the cut;
         /// nil when nothing was cut or the cut bytes were all zeros.
         public var savedCutBytes: String?
+        /// How recovery recorded on disk the sync it made of the last segment's records (nil:
+        /// the segment already ended in an empty batch recording a sync of all of them, or held
+        /// no records).
+        public var recordedSync: RecordedSync?
+
+        public enum RecordedSync: Sendable, Equatable {
+            /// An empty batch appended and synced: its markers say the records before it are durable.
+            case emptyBatch
+            /// The last segment was sealed (it takes no more batches): a new segment was started
+            /// after it, so it is no longer the last and damage in it is refused.
+            case newSegment
+        }
 
         public static func == (a: RecoveryReport, b: RecoveryReport) -> Bool {
             a.segments == b.segments && a.records == b.records && a.removedEmptySegment == b.removedEmptySegment
@@ -205,6 +220,7 @@ public final class SegmentedLog {
         }
         var expected: UInt64?
         var zeroTail: (file: String, offset: Int, bytes: Int)?
+        var lastScanMarker: SyncMarker?
         for (i, (name, first)) in names.enumerated() {
             let isLast = i == names.count - 1
             let bytes = try fileSystem.readAll(path(name))
@@ -277,6 +293,7 @@ public final class SegmentedLog {
             segment.sealed = scan.version < LogFormat.version || scan.endsInsideBatch
             segment.offsets = scan.offsets
             segment.terms = scan.entries.map(\.term)
+            lastScanMarker = cut == nil ? scan.lastMarker : nil
             segments.append(segment)
             recovery.segments += 1
             recovery.records += scan.entries.count
@@ -291,11 +308,36 @@ public final class SegmentedLog {
             active = file
             activeAllocated = try fileSystem.size(file)
             activeSynced = last.size
+            // The sync just made covers records that no marker on disk may say were synced (they
+            // were written before it). Unrecorded, a sector going bad later in the last batch
+            // would read as a torn write of an unsynced batch and be cut (the marker rule's limit;
+            // simulator seed 1002241: recovery synced records, the node wrote nothing more, and
+            // damage found at its next start cut 14 records it held durably). So the sync is
+            // recorded durably before anything is reported durable: an empty batch, synced (one
+            // more fdatasync per start), or, in a sealed segment that takes no more batches, a
+            // new segment, after which damage in this one is refused like any synced segment's.
+            if !last.offsets.isEmpty, !options.sabotageUnrecordedRecoverySync {
+                if last.sealed {
+                    try roll(firstIndex: lastIndex + 1)
+                    recovery.recordedSync = .newSegment
+                } else if !(lastScanMarker.map { m in
+                    m.spanEnd == last.size && m.spanEnd - m.spanStart == 2 * LogFormat.markerBytes && m.syncedThrough == m.spanStart
+                } ?? false) {
+                    var empty = [UInt8](repeating: 0, count: LogFormat.markerBytes)
+                    try flush(&empty)
+                    recovery.recordedSync = .emptyBatch
+                }
+                if recovery.recordedSync != nil, let active {
+                    try fileSystem.sync(active)
+                    activeSynced = segments.last?.size ?? 0
+                }
+            }
         }
         // What we read may be only in the page cache (the process died, the machine did not):
         // the last segment was synced above, earlier ones at their roll; the directory entries
         // must be made durable too before anything is reported durable.
         try fileSystem.syncDirectory(directory)
+        directoryDirty = false
         durableIndex = lastIndex
         var metadata: Logger.Metadata = ["segments": "\(recovery.segments)", "records": "\(recovery.records)", "last_index": "\(lastIndex)"]
         if let zeroTail {

@@ -21,6 +21,31 @@ public final class SimulatedFileSystem: FileSystem {
         /// holds the durable bytes there (zeros past the durable end), and no later sync writes
         /// them (Linux marked their pages clean). A later write over them makes them dirty again.
         var lost: [Range<Int>] = []
+        /// Covers every byte written (or zero-filled by a size change) since the last successful
+        /// sync: outside it (and past `durable`'s end), `data` equals `durable` except in `lost`.
+        /// Lets a sync copy and a reboot compare only what changed, not the whole file.
+        var dirty: Range<Int>?
+
+        mutating func touch(_ range: Range<Int>) {
+            guard !range.isEmpty else { return }
+            dirty = dirty.map { Swift.min($0.lowerBound, range.lowerBound)..<Swift.max($0.upperBound, range.upperBound) } ?? range
+        }
+
+        /// `durable` becomes the disk image after a successful sync, copying only what changed.
+        mutating func syncDurable() {
+            if !lost.isEmpty {
+                durable = diskImage()
+            } else {
+                if durable.count > data.count { durable.removeLast(durable.count - data.count) }
+                if let d = dirty {
+                    let low = Swift.min(d.lowerBound, durable.count)
+                    let high = Swift.min(d.upperBound, durable.count)
+                    if low < high { durable.replaceSubrange(low..<high, with: data[low..<high]) }
+                }
+                if durable.count < data.count { durable.append(contentsOf: data[durable.count...]) }
+            }
+            dirty = nil
+        }
 
         /// What the disk holds for `data` after a sync: `data` except in the lost ranges.
         func diskImage() -> [UInt8] {
@@ -118,6 +143,7 @@ public final class SimulatedFileSystem: FileSystem {
         guard directories.contains(parent(path)) else { throw FileSystemError(.notFound, path: path, "no such directory") }
         if let existing = names[path] {
             inodes[existing]?.data = []
+            if let n = inodes[existing]?.durable.count { inodes[existing]?.touch(0..<n) }
         } else {
             names[path] = nextInode
             inodes[nextInode] = Inode()
@@ -174,6 +200,7 @@ public final class SimulatedFileSystem: FileSystem {
         }
         if var node = inodes[id] {
             inodes[id] = nil  // unique storage: the writes below go in place
+            node.touch(Swift.min(offset, node.data.count)..<(offset + bytes.count))
             if node.data.count < offset { node.data.append(contentsOf: repeatElement(0, count: offset - node.data.count)) }
             let overlap = Swift.min(bytes.count, node.data.count - offset)
             if overlap > 0 {
@@ -212,7 +239,8 @@ public final class SimulatedFileSystem: FileSystem {
             inodes[id] = node
             throw FileSystemError(.io, path: path, "fdatasync failed: input/output error (injected)")
         }
-        node.durable = node.diskImage()
+        inodes[id] = nil  // unique storage: the copy below goes in place
+        node.syncDurable()
         node.overwritten = false
         inodes[id] = node
     }
@@ -225,6 +253,7 @@ public final class SimulatedFileSystem: FileSystem {
         if var node = inodes[id] {
             node.data = node.durable
             node.lost = []
+            node.dirty = nil
             inodes[id] = node
         }
     }
@@ -244,6 +273,7 @@ public final class SimulatedFileSystem: FileSystem {
         if let count = inodes[id]?.data.count {
             let lost = inodes[id]?.lost ?? []
             inodes[id]?.lost = lost.compactMap { $0.lowerBound < size ? $0.lowerBound..<Swift.min(size, $0.upperBound) : nil }
+            inodes[id]?.touch(Swift.min(size, count)..<Swift.max(size, count))
             if size < count { inodes[id]?.data.removeLast(count - size) }
             if size > count { inodes[id]?.data.append(contentsOf: repeatElement(0, count: size - count)) }
         }
@@ -320,27 +350,39 @@ public final class SimulatedFileSystem: FileSystem {
         // not depend on the process's hash seed.
         for (path, id) in names.sorted(by: { $0.key < $1.key }) {
             guard var node = inodes[id] else { continue }
+            inodes[id] = nil  // unique storage: the changes below go in place
             if !node.lost.isEmpty {
                 // The cache goes with the power: the bytes a failed sync lost read as the disk has them.
                 node.data = node.diskImage()
                 node.lost = []
                 node.overwritten = true
             }
-            if !node.overwritten, node.data.count >= node.durable.count, node.data.starts(with: node.durable) {
+            let appendedOnly = node.dirty.map { $0.lowerBound >= node.durable.count } ?? (node.data.count == node.durable.count)
+            if !node.overwritten, node.data.count >= node.durable.count, appendedOnly || node.data.starts(with: node.durable) {
                 let extra = node.data.count - node.durable.count
                 let keep = Swift.max(0, Swift.min(extra, keepUnsynced(path, extra)))
-                node.data = node.durable + node.data[node.durable.count..<(node.durable.count + keep)]
+                node.data.removeLast(extra - keep)
             } else {
-                let growth = Swift.max(0, node.data.count - node.durable.count)
-                let length = node.durable.count + Swift.max(0, Swift.min(growth, keepUnsynced(path, growth)))
-                let old = node.durable + repeatElement(0, count: length - node.durable.count)
-                var result = old
-                var start = 0
+                let durableCount = node.durable.count
+                let growth = Swift.max(0, node.data.count - durableCount)
+                let length = durableCount + Swift.max(0, Swift.min(growth, keepUnsynced(path, growth)))
+                var result = node.durable
+                result.append(contentsOf: repeatElement(0, count: length - durableCount))
+                // Each sector that changed keeps its new bytes or its old ones (zeros past the
+                // durable end). Only sectors overlapping the bytes written since the last sync,
+                // or past the durable end, can differ: the others are skipped.
+                let dirtyEnd = Swift.min(length, node.dirty?.upperBound ?? 0)
+                var start = Swift.min(node.dirty?.lowerBound ?? length, durableCount) / sectorBytes * sectorBytes
+                let data = node.data
                 while start < length {
                     let end = Swift.min(length, start + sectorBytes)
-                    let fresh = (start..<end).map { $0 < node.data.count ? node.data[$0] : old[$0] }
-                    if !fresh.elementsEqual(old[start..<end]), keepSector(path, start / sectorBytes) {
-                        result.replaceSubrange(start..<end, with: fresh)
+                    if start >= dirtyEnd, end <= durableCount {
+                        start = Swift.max(end, durableCount / sectorBytes * sectorBytes)
+                        continue
+                    }
+                    let written = start..<Swift.max(start, Swift.min(end, data.count))
+                    if written.contains(where: { data[$0] != result[$0] }), keepSector(path, start / sectorBytes) {
+                        for i in written { result[i] = data[i] }
                     }
                     start = end
                 }
@@ -348,6 +390,7 @@ public final class SimulatedFileSystem: FileSystem {
             }
             node.durable = node.data
             node.overwritten = false
+            node.dirty = nil
             inodes[id] = node
         }
         let live = Set(names.values)

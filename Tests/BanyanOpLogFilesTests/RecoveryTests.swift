@@ -122,6 +122,85 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         #expect(try again.entries(from: 1, through: 15) == (1...15).map(entry))
     }
 
+    @Test("recovery records the sync it makes: a bad sector found later in records it made durable is refused, not cut (simulator seed 1002241)")
+    func recoverySyncRecorded() throws {
+        try recoverySyncScenario(sabotaged: false)
+        // The same with the recorded sync left out: the damage is cut as a torn tail.
+        try recoverySyncScenario(sabotaged: true)
+    }
+
+    private func recoverySyncScenario(sabotaged: Bool) throws {
+        var options = SegmentedLog.Options()
+        options.sabotageUnrecordedRecoverySync = sabotaged
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        try log.append((1...10).map(entry))
+        #expect(try log.sync() == 10)
+        // Written, never synced: the process stopped (its fsync failed), and write-back reached
+        // every sector before the machine went down.
+        try log.append((11...20).map(entry))
+        fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, _ in true })
+        let recovered = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        #expect(recovered.lastIndex == 20 && recovered.durableIndex == 20)
+        #expect(recovered.recovery.recordedSync == (sabotaged ? nil : .emptyBatch))
+        // The node writes nothing more and loses power; at its next start the disk hands back
+        // zeros for a sector inside the batch of 11...20, which recovery made durable.
+        fs.reboot()
+        let size = try fs.readAll(segment).count
+        let again = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        #expect(again.lastIndex == 20 && again.recovery.recordedSync == nil, "a start after a recorded sync adds nothing")
+        #expect(try fs.readAll(segment).count == size)
+        fs.reboot()
+        let layout = SegmentScan.scan(try fs.readAll(segment), expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        let damage = layout.offsets[14] / 512 * 512
+        #expect(damage > layout.offsets[10])
+        try zero(fs, segment, at: damage, count: 512)
+        do {
+            let opened = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+            #expect(sabotaged, "opened with \(opened.lastIndex) of 20 durable records")
+            #expect(opened.lastIndex < 15 && opened.recovery.truncatedTail != nil)
+        } catch {
+            #expect(!sabotaged, "\(error)")
+            #expect(error.code == .corrupt && error.file == segment, "\(error)")
+            #expect(error.message.contains("synced through byte"), "\(error.message)")
+        }
+    }
+
+    @Test("recovery that leaves the last segment sealed starts a new one, so damage found later in the records it made durable is refused (sabotaged: cut)", arguments: [false, true])
+    func recoverySyncRecordedInSealedSegment(sabotaged: Bool) throws {
+        var options = SegmentedLog.Options()
+        options.sabotageUnrecordedRecoverySync = sabotaged
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        try log.append((1...10).map(entry))
+        #expect(try log.sync() == 10)
+        try log.append((11...20).map(entry))
+        try log.append((21...30).map(entry))  // two batches, neither synced
+        let written = SegmentScan.scan(try fs.readAll(segment), expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        let lostSector = written.offsets[23] / 512
+        #expect(lostSector * 512 > written.offsets[20])
+        fs.reboot(keepUnsynced: { _, n in n }, keepSector: { _, n in n != lostSector })
+        let recovered = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        // The torn tail is cut inside the third batch: the segment takes no more batches.
+        #expect(recovered.lastIndex >= 20 && recovered.lastIndex <= 23 && recovered.recovery.truncatedTail != nil)
+        #expect(recovered.recovery.recordedSync == (sabotaged ? nil : .newSegment))
+        #expect(try fs.list(dir).contains(LogFormat.segmentName(firstIndex: recovered.lastIndex + 1)) == !sabotaged)
+        let durable = recovered.lastIndex
+        fs.reboot()
+        // A bad sector inside the batch of 11...20, which recovery made durable.
+        let damage = written.offsets[14] / 512 * 512
+        #expect(damage > written.offsets[10] && damage + 512 < written.offsets[19])
+        try zero(fs, segment, at: damage, count: 512)
+        do {
+            let opened = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+            #expect(sabotaged, "opened with \(opened.lastIndex) of \(durable) durable records")
+            #expect(opened.lastIndex < 15)
+        } catch {
+            #expect(!sabotaged, "\(error)")
+            #expect(error.code == .corrupt && error.file == segment, "\(error)")
+        }
+    }
+
     @Test("damage to a synced batch, with a later batch whose markers say it was synced, is still refused (and salvage keeps every record before it)")
     func syncedBatchDamageRefused() throws {
         let fs = SimulatedFileSystem(durableDirectories: ["/data"])
@@ -210,28 +289,49 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         #expect(reopened.recovery.truncatedTail?.offset == offset)
         #expect(reopened.recovery.savedCutBytes == segment + ".cut-\(offset)")
         #expect(try fs.readAll(segment + ".cut-\(offset)") == Array(torn[offset...]))
-        // The same cut again (a crash after saving, before the cut): the saved file is reused.
+        // The cut ended inside record 6's batch, so the segment is sealed: recovery recorded its
+        // sync by starting the next segment.
+        #expect(reopened.recovery.recordedSync == .newSegment)
+        let next = dir + "/" + LogFormat.segmentName(firstIndex: 6)
+        #expect(try fs.readAll(next) == LogFormat.segmentHeader)
+        // A reboot keeps all of it (the new segment and its name were synced); the next start
+        // adds nothing.
         fs.reboot()
-        #expect(try SegmentedLog(directory: dir, fileSystem: fs, options: plain).lastIndex == 5)
-        #expect(try fs.list(dir) == [LogFormat.segmentName(firstIndex: 1), LogFormat.segmentName(firstIndex: 1) + ".cut-\(offset)"])
+        let second = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        #expect(second.lastIndex == 5 && second.recovery.recordedSync == nil)
+        #expect(try fs.list(dir) == [LogFormat.segmentName(firstIndex: 1), LogFormat.segmentName(firstIndex: 1) + ".cut-\(offset)", LogFormat.segmentName(firstIndex: 6)])
+
+        // The same cut again (a crash after saving, before the cut): the saved file is reused.
+        let first = try fs.open(segment)
+        try fs.write(first, at: offset, Array(torn[offset...]))
+        try fs.sync(first)
+        fs.close(first)
+        try fs.remove(next)
+        try fs.syncDirectory(dir)
+        let recut = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
+        #expect(recut.lastIndex == 5 && recut.recovery.savedCutBytes == segment + ".cut-\(offset)")
+        #expect(try fs.list(dir) == [LogFormat.segmentName(firstIndex: 1), LogFormat.segmentName(firstIndex: 1) + ".cut-\(offset)", LogFormat.segmentName(firstIndex: 6)])
 
         // A torn tail of zeros followed by one stray byte saves the byte's span; a header that
         // never reached the disk saves nothing.
-        let file = try fs.open(segment)
+        let file = try fs.open(next)
         try fs.append(file, [0, 0, 0, 9])
         try fs.sync(file)
         fs.close(file)
+        let headerBytes = LogFormat.segmentHeader.count
         let again = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
-        #expect(again.lastIndex == 5 && again.recovery.savedCutBytes == segment + ".cut-\(offset)-2")
-        #expect(try fs.readAll(segment + ".cut-\(offset)-2") == [0, 0, 0, 9])
-        let next = dir + "/" + LogFormat.segmentName(firstIndex: 6)
+        #expect(again.lastIndex == 5 && again.recovery.savedCutBytes == next + ".cut-\(headerBytes)")
+        #expect(try fs.readAll(next + ".cut-\(headerBytes)") == [0, 0, 0, 9])
         let empty = try fs.create(next)
         try fs.append(empty, [0, 0, 0, 0])
         try fs.sync(empty)
         try fs.syncDirectory(dir)
         let third = try SegmentedLog(directory: dir, fileSystem: fs, options: plain)
         #expect(third.recovery.removedEmptySegment == LogFormat.segmentName(firstIndex: 6) && third.recovery.savedCutBytes == nil)
-        #expect(!(try fs.list(dir).contains { $0.hasPrefix(LogFormat.segmentName(firstIndex: 6)) }))
+        #expect(!(try fs.list(dir).contains { $0.hasPrefix(LogFormat.segmentName(firstIndex: 6) + ".cut") && $0 != LogFormat.segmentName(firstIndex: 6) + ".cut-\(headerBytes)" }))
+        // Segment 1 was the last again (sealed, with records), so it was started afresh.
+        #expect(third.recovery.recordedSync == .newSegment)
+        #expect(try fs.readAll(next) == LogFormat.segmentHeader)
     }
 
     @Test("a restart after a failed fsync (the process exits, the machine does not) reads the disk, not the page cache: the records whose sync failed are gone", arguments: ["sync", "roll"])
