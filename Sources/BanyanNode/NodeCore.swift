@@ -31,7 +31,6 @@ public enum NodeNote: Sendable {
     case persisted(nanoseconds: UInt64)
     /// A snapshot from the leader failed verification; the core reloaded its state from disk.
     case reloadedAfterDamagedSnapshot(String)
-    case compactionFailed(String)
     case snapshotChunkUnavailable(follower: NodeID, index: UInt64, error: String)
 }
 
@@ -307,7 +306,11 @@ public final class NodeCore {
             try storage.compact(through: meta.index)
             try storage.saveCommit(hardStateToSave)
         } catch {
-            output(.note(.compactionFailed("\(error)")))
+            // A storage error (a failed fsync, a removal or a save that did not happen): memory
+            // may no longer match the disk, so the node stops and restarts from what the disk
+            // holds, as after any other storage error (item 7 of issue 14).
+            fail("storage error after writing the snapshot at \(meta.index): \(error)")
+            return
         }
         replica.snapshotWritten(meta)
         output(.note(.snapshotWritten(meta)))

@@ -167,7 +167,7 @@ public struct PersistedState: Sendable, Equatable {
     /// The entries after `snapshot.index`, contiguous.
     public var entries: [LogEntry]
 
-    public init(hardState: HardState = HardState(mayVote: true), snapshot: SnapshotMeta = .none, entries: [LogEntry] = []) {
+    public init(hardState: HardState, snapshot: SnapshotMeta = .none, entries: [LogEntry] = []) {
         self.hardState = hardState
         self.snapshot = snapshot
         self.entries = entries

@@ -480,8 +480,6 @@ public final class NodeRuntime: @unchecked Sendable {
             persistTimer.recordNanoseconds(Int64(clamping: nanoseconds))
         case .reloadedAfterDamagedSnapshot(let why):
             logger.error("refused a damaged snapshot from the leader; reloading state from disk", metadata: ["error": "\(why)"])
-        case .compactionFailed(let why):
-            logger.error("log compaction after a snapshot failed", metadata: ["error": "\(why)"])
         case let .snapshotChunkUnavailable(follower, index, error):
             logger.warning(
                 "cannot read the snapshot a follower needs (a newer one may have replaced it)",

@@ -17,8 +17,8 @@ struct BanyanSim: ParsableCommand {
 
     @Option(help: "Replay exactly this seed.") var seed: UInt64?
     @Option(help: "First seed of a range.") var first: UInt64 = 1
-    @Option(help: "Number of seeds to run.") var count: Int = 100
-    @Option(help: "Keep running seeds from --first until this many seconds have passed (long-run mode).")
+    @Option(help: "Number of seeds to run (default 100; with --time-budget, no limit unless given).") var count: Int?
+    @Option(help: "Keep running seeds from --first until this many seconds have passed (long-run mode); with --count, stop at whichever comes first.")
     var timeBudget: Double?
     @Option(help: "Client operations per run (default 300).") var operations: Int?
     @Option(help: "Founding voters (default: the seed picks 3 or 5).") var nodes: Int?
@@ -31,7 +31,7 @@ struct BanyanSim: ParsableCommand {
     func validate() throws {
         if let nodes, !(1...9).contains(nodes) { throw ValidationError("--nodes must be between 1 and 9") }
         guard (operations ?? 0) >= 0 else { throw ValidationError("--operations must not be negative") }
-        guard count >= 0 else { throw ValidationError("--count must not be negative") }
+        guard (count ?? 0) >= 0 else { throw ValidationError("--count must not be negative") }
         if let timeBudget, !(timeBudget > 0) { throw ValidationError("--time-budget must be a positive number of seconds") }
         if let sabotage {
             let known = Sabotage.allCases.filter { $0 != .none }.map(\.rawValue)
@@ -74,18 +74,17 @@ struct BanyanSim: ParsableCommand {
         var s = first
         var events = 0
         while true {
-            if let budget = timeBudget {
-                if clock.now - start > .milliseconds(Int(budget * 1000)) { break }
-            } else if ran >= count {
-                break
-            }
+            if let budget = timeBudget, clock.now - start > .milliseconds(Int(budget * 1000)) { break }
+            if let limit = count ?? (timeBudget == nil ? 100 : nil), ran >= limit { break }
             let report = runSeed(s)
             ran += 1
             events += report.events
             if !report.passed {
                 failures.append(s)
                 print(report.summary)
-                print("replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")\(operations.map { " --operations \($0)" } ?? "")")
+                print(
+                    "replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")"
+                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sabotage.map { " --sabotage \($0)" } ?? "")")
             } else if report.excused {
                 // Printed too: such seeds are counted apart, never silently.
                 excused.append(s)
