@@ -91,7 +91,7 @@ let package = Package(
         .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
 
         // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
-        .target(name: "BanyanSession", swiftSettings: coreSettings),
+        .target(name: "BanyanSession", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
 
         // MARK: - Test support (pure)
 
@@ -245,7 +245,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
-        .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanBasics"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode", "BanyanBasics", "BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",

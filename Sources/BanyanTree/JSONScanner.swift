@@ -87,6 +87,68 @@ struct JSONScanner {
         }
     }
 
+    // MARK: Skipping
+
+    /// Moves past one value without decoding it: strings are matched quote to quote (escapes
+    /// stepped over), brackets counted, other tokens run to the next delimiter. It only
+    /// delimits the value (iteratively, so depth costs no stack): whoever uses the bytes reads
+    /// them with a full reader, which reports what is wrong inside.
+    mutating func skipValue() throws(TreeError) {
+        var depth = 0
+        while true {
+            let b = try peek()
+            switch b {
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                depth += 1
+                position += 1
+                continue
+            case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                guard depth > 0 else { throw unexpected(b, expecting: "a JSON value") }
+                depth -= 1
+                position += 1
+            case UInt8(ascii: "\""):
+                try skipString()
+            case UInt8(ascii: ","), UInt8(ascii: ":"):
+                guard depth > 0 else { throw unexpected(b, expecting: "a JSON value") }
+                position += 1
+                continue
+            default:
+                let start = position
+                while position < bytes.count {
+                    switch bytes[position] {
+                    case 0x20, 0x09, 0x0A, 0x0D, UInt8(ascii: ","), UInt8(ascii: ":"), UInt8(ascii: "}"), UInt8(ascii: "]"),
+                        UInt8(ascii: "{"), UInt8(ascii: "["), UInt8(ascii: "\""):
+                        break
+                    default:
+                        position += 1
+                        continue
+                    }
+                    break
+                }
+                if position == start { throw unexpected(b, expecting: "a JSON value") }
+            }
+            if depth == 0 { return }
+        }
+    }
+
+    /// Moves past a string starting at its opening quote, without decoding it.
+    mutating func skipString() throws(TreeError) {
+        let start = position
+        position += 1
+        while position < bytes.count {
+            switch bytes[position] {
+            case UInt8(ascii: "\""):
+                position += 1
+                return
+            case UInt8(ascii: "\\"):
+                position += 2
+            default:
+                position += 1
+            }
+        }
+        throw error("Unterminated string", at: start)
+    }
+
     // MARK: Strings
 
     /// Reads a string starting at the opening quote. `maxBytes` bounds the UTF-8 length.

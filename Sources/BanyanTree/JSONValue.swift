@@ -50,6 +50,76 @@ public enum JSONValue: Sendable, Equatable {
         try self.init(parsing: Array(text.utf8), maxDepth: maxDepth)
     }
 
+    /// Parses JSON text whose member at `rawPath` (object keys from the root) is not decoded:
+    /// that value is only delimited, stands as `.null` in the result, and its byte range is
+    /// returned, for a caller that reads it once with another reader and its own limits (tree
+    /// data inside a wire envelope, read by `TreeReader`). Everything else is read as by
+    /// `init(parsing:)`, duplicate keys rejected; nil range when the member is absent.
+    public static func parse(
+        _ bytes: [UInt8], leavingRaw rawPath: [String], maxDepth: Int = 64
+    ) throws(TreeError) -> (value: JSONValue, raw: Range<Int>?) {
+        let result: Result<(JSONValue, Range<Int>?), TreeError> = bytes.withUnsafeBufferPointer { buffer in
+            var scanner = JSONScanner(bytes: buffer)
+            var raw: Range<Int>?
+            do throws(TreeError) {
+                let value = try JSONValue.read(&scanner, leavingRaw: rawPath[...], raw: &raw, depth: 0, maxDepth: maxDepth)
+                try scanner.expectEnd()
+                return .success((value, raw))
+            } catch {
+                return .failure(error)
+            }
+        }
+        let (value, raw) = try result.get()
+        return (value, raw)
+    }
+
+    static func read(
+        _ s: inout JSONScanner, leavingRaw path: ArraySlice<String>, raw: inout Range<Int>?, depth: Int, maxDepth: Int
+    ) throws(TreeError) -> JSONValue {
+        guard let wanted = path.first, try s.peek() == UInt8(ascii: "{") else { return try read(&s, depth: depth, maxDepth: maxDepth) }
+        guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
+        s.position += 1
+        var members: [(String, JSONValue)] = []
+        var seen = Set<ChildKeyBytes>()
+        if try s.peek() == UInt8(ascii: "}") {
+            s.position += 1
+            return .object([])
+        }
+        while true {
+            let q = try s.peek()
+            guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
+            let keyOffset = s.position
+            let key = try s.readString()
+            if !seen.insert(ChildKeyBytes(key)).inserted {
+                throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
+            }
+            try s.expect(UInt8(ascii: ":"))
+            if key.utf8.elementsEqual(wanted.utf8) {
+                if path.count == 1 {
+                    _ = try s.peek()
+                    let start = s.position
+                    try s.skipValue()
+                    raw = start..<s.position
+                    members.append((key, .null))
+                } else {
+                    members.append((key, try read(&s, leavingRaw: path.dropFirst(), raw: &raw, depth: depth + 1, maxDepth: maxDepth)))
+                }
+            } else {
+                members.append((key, try read(&s, depth: depth + 1, maxDepth: maxDepth)))
+            }
+            let sep = try s.peek()
+            s.position += 1
+            if sep == UInt8(ascii: "}") { return .object(members) }
+            guard sep == UInt8(ascii: ",") else {
+                s.position -= 1
+                throw s.unexpected(sep, expecting: "',' or '}'")
+            }
+        }
+    }
+
+    /// Appends the compact serialisation (as `jsonString`) to `out`.
+    public func appendJSON(to out: inout [UInt8]) { write(to: &out) }
+
     static func read(_ s: inout JSONScanner, depth: Int, maxDepth: Int) throws(TreeError) -> JSONValue {
         let b = try s.peek()
         switch b {

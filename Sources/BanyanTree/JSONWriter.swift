@@ -169,7 +169,7 @@ public enum JSONWriter {
         }
     }
 
-    static func appendInt(_ value: Int64, to out: inout [UInt8]) {
+    public static func appendInt(_ value: Int64, to out: inout [UInt8]) {
         if value == 0 {
             out.append(UInt8(ascii: "0"))
             return
@@ -190,13 +190,13 @@ public enum JSONWriter {
         }
     }
 
-    static func appendDouble(_ value: Double, to out: inout [UInt8]) {
+    public static func appendDouble(_ value: Double, to out: inout [UInt8]) {
         // Swift's description is the shortest round-trip form and always has "." or "e" for
         // finite values ("5.0", "1e-07", "1.5e+300"), all valid JSON.
         out.append(contentsOf: value.description.utf8)
     }
 
-    static func appendString(_ s: String, to out: inout [UInt8]) {
+    public static func appendString(_ s: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         var s = s
         s.withUTF8 { bytes in
