@@ -340,6 +340,11 @@ public final class SegmentedLog {
         directoryDirty = false
         durableIndex = lastIndex
         var metadata: Logger.Metadata = ["segments": "\(recovery.segments)", "records": "\(recovery.records)", "last_index": "\(lastIndex)"]
+        switch recovery.recordedSync {
+        case .emptyBatch?: metadata["recorded_sync"] = "empty batch"
+        case .newSegment?: metadata["recorded_sync"] = "new segment"
+        case nil: break
+        }
         if let zeroTail {
             // The preallocated zeros after the last record (normal; named so that a disk handing
             // back zeros where records were would leave a trace).

@@ -276,10 +276,11 @@ public struct RESTRequest: Sendable {
             if let ifMatch { return .success(.compareAndSet(path: location, expectedHash: Self.expectedHash(ifMatch), json: Array("null".utf8))) }
             return .success(.set(path: location, json: Array("null".utf8)))
         case .patch:
-            guard case .object(let members)? = try? JSONValue(parsing: body, maxDepth: Path.maxDepth + 2) else {
+            // The validated body: each value's own bytes go into the command (no re-encoding).
+            guard case let members?? = try? JSONValue.members(rawIn: body) else {
                 return .failure(.badRequest("PATCH needs a JSON object whose keys are paths."))
             }
-            return .success(.update(path: path.description, entries: members.map { Command.UpdateItem(path: $0.0, json: Array($0.1.jsonString.utf8)) }))
+            return .success(.update(path: path.description, entries: members.map { Command.UpdateItem(path: $0.key, json: Array(body[$0.value])) }))
         case .get, .stream, .options:
             return .failure(RESTError(500, "not a write"))
         }
@@ -297,21 +298,26 @@ public struct RESTRequest: Sendable {
         do {
             switch request.operation {
             case .patch:
-                let parsed: JSONValue
-                do { parsed = try JSONValue(parsing: body, maxDepth: Path.maxDepth + 2) } catch { throw RESTError.invalidJSON }
-                guard case .object(let members) = parsed else { throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.") }
-                var seen: [Path] = []
+                // Each value is delimited, not decoded, here and read once by the tree reader; the
+                // overlap check sorts the paths (an ancestor sorts right before its descendants,
+                // so comparing neighbours finds every overlap): O(n log n) in the number of keys.
+                let members: [(key: String, value: Range<Int>)]?
+                do { members = try JSONValue.members(rawIn: body) } catch { throw RESTError.invalidJSON }
+                guard let members else { throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.") }
+                var paths: [Path] = []
+                paths.reserveCapacity(members.count)
                 for (key, value) in members {
                     let relative: WritePath
                     do { relative = try WritePath(parsing: key) } catch {
                         throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(error.message)")
                     }
                     let target = request.path.appending(relative.path)
-                    _ = try TreeReader.read(Array(value.jsonString.utf8), at: target, serverValues: context)
-                    if let clash = seen.first(where: { $0.contains(relative.path) || relative.path.contains($0) }) {
-                        throw RESTError.badRequest("Invalid data; PATCH paths \"\(clash)\" and \"\(relative.path)\" overlap.")
-                    }
-                    seen.append(relative.path)
+                    _ = try TreeReader.read(Array(body[value]), at: target, serverValues: context)
+                    paths.append(relative.path)
+                }
+                paths.sort()
+                for (a, b) in zip(paths, paths.dropFirst()) where a.contains(b) {
+                    throw RESTError.badRequest("Invalid data; PATCH paths \"\(a)\" and \"\(b)\" overlap.")
                 }
             case .post:
                 _ = try TreeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)

@@ -117,6 +117,56 @@ public enum JSONValue: Sendable, Equatable {
         }
     }
 
+    /// Reads a JSON object's keys and delimits each member's value without decoding it (as
+    /// `parse(_:leavingRaw:)` does for one member): nil when the text is not an object. For a
+    /// body whose values another reader reads once each (the paths of a multi-path update).
+    /// Duplicate keys are rejected.
+    public static func members(rawIn bytes: [UInt8]) throws(TreeError) -> [(key: String, value: Range<Int>)]? {
+        let result: Result<[(key: String, value: Range<Int>)]?, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+            var s = JSONScanner(bytes: buffer)
+            do throws(TreeError) {
+                guard try s.peek() == UInt8(ascii: "{") else {
+                    try s.skipValue()
+                    try s.expectEnd()
+                    return .success(nil)
+                }
+                s.position += 1
+                var members: [(key: String, value: Range<Int>)] = []
+                var seen = Set<ChildKeyBytes>()
+                if try s.peek() == UInt8(ascii: "}") {
+                    s.position += 1
+                } else {
+                    while true {
+                        let q = try s.peek()
+                        guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
+                        let keyOffset = s.position
+                        let key = try s.readString()
+                        if !seen.insert(ChildKeyBytes(key)).inserted {
+                            throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
+                        }
+                        try s.expect(UInt8(ascii: ":"))
+                        _ = try s.peek()
+                        let start = s.position
+                        try s.skipValue()
+                        members.append((key, start..<s.position))
+                        let sep = try s.peek()
+                        s.position += 1
+                        if sep == UInt8(ascii: "}") { break }
+                        guard sep == UInt8(ascii: ",") else {
+                            s.position -= 1
+                            throw s.unexpected(sep, expecting: "',' or '}'")
+                        }
+                    }
+                }
+                try s.expectEnd()
+                return .success(members)
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
+    }
+
     /// Appends the compact serialisation (as `jsonString`) to `out`.
     public func appendJSON(to out: inout [UInt8]) { write(to: &out) }
 

@@ -115,6 +115,21 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(try request("GET", "/x.json?timeout=15min").timeoutMilliseconds == 900_000)
     }
 
+    @Test("a multi-path update of 20,000 paths: the overlap of its first and last is found, and without it the command carries each value's own bytes")
+    func manyPaths() throws {
+        var keys = (0..<20_000).map { "\"k\($0)\": {\"v\" : \($0)}" }
+        keys.append(#""k0/v": 1"#)
+        #expect(parse("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}").failure?.message == #"Invalid data; PATCH paths "/k0" and "/k0/v" overlap."#)
+        keys.removeLast()
+        let patch = try request("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}")
+        guard case .success(.update(let path, let entries)) = patch.command(pushID: "") else {
+            Issue.record("not an update")
+            return
+        }
+        #expect(path == "/x" && entries.count == 20_000)
+        #expect(entries.last.map { $0.path == "k19999" && String(decoding: $0.json, as: UTF8.self) == #"{"v" : 19999}"# } == true)
+    }
+
     @Test("bad writes get 400 with Firebase's messages and never reach the log")
     func badWrites() throws {
         #expect(parse("PUT", "/x.json", body: "").failure?.message == "Invalid data; couldn't parse JSON object, array, or value.")
@@ -126,6 +141,9 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(parse("PUT", "/x.json", body: deep).failureStatus == 400)
         #expect(parse("PATCH", "/x.json", body: "[1]").failureStatus == 400)
         #expect(parse("PATCH", "/x.json", body: #"{"a":1,"a/b":2}"#).failureStatus == 400)  // overlapping paths
+        #expect(parse("PATCH", "/x.json", body: #"{"a/b/c":1,"x":2,"/a/b/":2}"#).failure?.message == #"Invalid data; PATCH paths "/a/b" and "/a/b/c" overlap."#)
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1,"b":{"c":]}}"#).failureStatus == 400)  // a value that is not JSON
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1} x"#).failureStatus == 400)
         #expect(parse("PATCH", "/x.json", body: #"{"a":1}"#, headers: [("if-match", "x")]).failureStatus == 400)
         #expect(parse("POST", "/x.json", body: "1", headers: [("if-match", "x")]).failureStatus == 400)
         #expect(parse("PUT", "/x.json?writeSizeLimit=tiny", body: "\"" + String(repeating: "a", count: 70_000) + "\"").failureStatus == 400)

@@ -256,3 +256,35 @@ let repositoryRoot: String = {
         #expect(throws: Stop.self) { try JSONWriter.stream(node, chunkBytes: 1_000) { _ in throw Stop() } }
     }
 }
+
+/// Values delimited, not decoded: the members of a multi-path update, the data inside a wire
+/// envelope.
+@Suite struct RawJSONTests {
+    @Test("an object's members are delimited with strings and brackets inside them; not an object is nil; bad text is an error")
+    func members() throws {
+        let text = #" { "a" : [1, {"x": "]}\""}] , "b/c":"}" ,"d":-1.5e3,"e":{} } "#
+        let bytes = Array(text.utf8)
+        let members = try #require(try JSONValue.members(rawIn: bytes))
+        #expect(members.map(\.key) == ["a", "b/c", "d", "e"])
+        #expect(members.map { String(decoding: bytes[$0.value], as: UTF8.self) } == [#"[1, {"x": "]}\""}]"#, #""}""#, "-1.5e3", "{}"])
+        #expect(try JSONValue.members(rawIn: Array("{}".utf8))?.isEmpty == true)
+        #expect(try JSONValue.members(rawIn: Array("[1,2]".utf8)) == nil)
+        #expect(try JSONValue.members(rawIn: Array(#""x""#.utf8)) == nil)
+        for bad in [#"{"a":1,"a":2}"#, #"{"a":1"#, #"{"a" 1}"#, #"{a:1}"#, #"{"a":"x}"#, #"{"a":1,}"#, #"{"a":1} 2"#, "", #"{"a":}"#] {
+            #expect(throws: TreeError.self, "\(bad)") { try JSONValue.members(rawIn: Array(bad.utf8)) }
+        }
+    }
+
+    @Test("one member left raw in an envelope, at any depth and in any order; absent is nil")
+    func leavingRaw() throws {
+        let text = #"{"d":{"b":{"d":{"deep":[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]},"p":"/a"},"r":3},"t":"d"}"#
+        let (value, raw) = try JSONValue.parse(Array(text.utf8), leavingRaw: ["d", "b", "d"], maxDepth: 8)
+        let range = try #require(raw)
+        #expect(String(decoding: Array(text.utf8)[range], as: UTF8.self).hasPrefix(#"{"deep":[[["#))
+        #expect(value["d"]?["r"] == .int(3) && value["d"]?["b"]?["d"] == .null && value["d"]?["b"]?["p"] == .string("/a"))
+        #expect(try JSONValue.parse(Array(#"{"d":{"r":1}}"#.utf8), leavingRaw: ["d", "b", "d"]).raw == nil)
+        // The envelope's own depth stays bounded.
+        #expect(throws: TreeError.self) { try JSONValue.parse(Array(#"{"x":[[[[[[[[[[1]]]]]]]]]]}"#.utf8), leavingRaw: ["d"], maxDepth: 8) }
+    }
+}
+
