@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanTree
 import Testing
 
@@ -288,3 +289,90 @@ let repositoryRoot: String = {
     }
 }
 
+
+/// The queued onDisconnect writes of one connection, as the SDKs model them (reference §2.9).
+@Suite struct OnDisconnectTreeTests {
+    static func json(_ text: String) throws -> JSONValue { try JSONValue(parsing: text) }
+    static func rendered(_ tree: OnDisconnectTree) -> [String] {
+        tree.entries.map { "/" + $0.path.joined(separator: "/") + "=" + $0.value.jsonString }
+    }
+
+    @Test("a set replaces what is queued at or below it; a set below a queued value updates that value")
+    func sets() throws {
+        var t = OnDisconnectTree()
+        #expect(t.isEmpty)
+        t.set(["users", "ada", "online"], .bool(false))
+        t.set(["users", "bob"], try Self.json(#"{"online":false}"#))
+        #expect(Self.rendered(t) == [#"/users/ada/online=false"#, #"/users/bob={"online":false}"#])
+        // A set at the parent replaces both.
+        t.set(["users"], try Self.json(#"{"x":1}"#))
+        #expect(Self.rendered(t) == [#"/users={"x":1}"#])
+        // Sets below it update the queued value: add a child, replace one, remove one with null.
+        t.set(["users", "y", "z"], .int(2))
+        t.set(["users", "x"], .string("one"))
+        #expect(Self.rendered(t) == [#"/users={"y":{"z":2},"x":"one"}"#])
+        t.set(["users", "x"], .null)
+        t.set(["users", "y", "z"], .null)
+        // Nothing left in it: it fires as a delete.
+        #expect(Self.rendered(t) == [#"/users=null"#])
+        // Under a leaf: the leaf becomes an object holding the child, keeping its priority.
+        var u = OnDisconnectTree()
+        u.set(["a"], try Self.json(#"{".value":5,".priority":2}"#))
+        u.set(["a", "b"], .bool(true))
+        #expect(Self.rendered(u) == [#"/a={"b":true,".priority":2}"#])
+        // A server value stays a placeholder until the writes fire.
+        u.set(["t"], try Self.json(#"{".sv":"timestamp"}"#))
+        #expect(Self.rendered(u).last == #"/t={".sv":"timestamp"}"#)
+    }
+
+    @Test("om is a set per child; oc forgets at or below a path, splitting a queued ancestor into its children (its priority dropped), never a leaf")
+    func updatesAndCancels() throws {
+        var t = OnDisconnectTree()
+        t.update(["p"], [(["a"], .int(1)), (["b", "c"], .int(2))])
+        #expect(Self.rendered(t) == ["/p/a=1", "/p/b/c=2"])
+        t.cancel(["p", "b"])
+        #expect(Self.rendered(t) == ["/p/a=1"])
+        t.cancel(["nothing", "here"])
+        #expect(Self.rendered(t) == ["/p/a=1"])
+        // Split: an object queued at /q loses only its child x.
+        t.set(["q"], try Self.json(#"{"x":{"deep":1},"y":2,"z":[3,4],".priority":9}"#))
+        t.cancel(["q", "x", "deep"])
+        #expect(Self.rendered(t) == ["/p/a=1", "/q/y=2", "/q/z=[3,4]"])
+        t.cancel(["q", "z", "0"])
+        #expect(Self.rendered(t) == ["/p/a=1", "/q/y=2", "/q/z/1=4"])
+        // A leaf keeps its value: there is nothing under it to forget.
+        t.set(["r"], .string("leaf"))
+        t.cancel(["r", "s"])
+        #expect(Self.rendered(t).last == "/r=\"leaf\"")
+        t.cancel([])
+        #expect(t.isEmpty && t.entries.isEmpty)
+    }
+
+    @Test("after any sequence of sets, updates and cancels, no queued path lies at or below another (they fire as one update); copies are independent")
+    func neverOverlaps() {
+        var random = SeededRandom(seed: 9)
+        let keys = ["a", "b", "c"]
+        func path() -> [String] { (0..<Int(random.next() % 4)).map { _ in keys[Int(random.next() % 3)] } }
+        for _ in 0..<300 {
+            var t = OnDisconnectTree()
+            var snapshot: (OnDisconnectTree, [String])?
+            for step in 0..<30 {
+                switch random.next() % 4 {
+                case 0, 1:
+                    let value: JSONValue = random.next() % 3 == 0 ? .object([("a", .int(1)), ("b", .object([("c", .int(2))]))]) : .int(Int64(step))
+                    t.set(path(), value)
+                case 2: t.update(path(), [([keys[Int(random.next() % 3)]], .int(7)), ([keys[Int(random.next() % 3)], "x"], .null)])
+                default: t.cancel(path())
+                }
+                if step == 10 { snapshot = (t, OnDisconnectTreeTests.rendered(t)) }
+            }
+            let paths = t.entries.map(\.path)
+            for (i, p) in paths.enumerated() {
+                for (j, q) in paths.enumerated() where i != j {
+                    #expect(!(p.count <= q.count && Array(q.prefix(p.count)) == p), "\(p) and \(q) overlap")
+                }
+            }
+            if let (copy, then) = snapshot { #expect(OnDisconnectTreeTests.rendered(copy) == then) }
+        }
+    }
+}

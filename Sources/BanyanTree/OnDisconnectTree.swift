@@ -1,0 +1,165 @@
+/// The writes a connection queued to run when it ends (`o`, `om`, `oc` of the protocol v5), as
+/// the SDKs model them locally (reference §2.9; docs/realtime.md, "onDisconnect"): a sparse tree
+/// of values, at most one on any path from the root, so the entries never overlap and fire
+/// together as one multi-path update.
+///
+/// Values are client JSON (`JSONValue`), kept unresolved: server values (`{".sv": …}`) resolve
+/// when the writes fire, not when they were queued. Pure and deterministic; entries list in path
+/// order (keys compared by their UTF-8 bytes).
+public struct OnDisconnectTree: Sendable, Equatable {
+    private final class Node: @unchecked Sendable {
+        var value: JSONValue?
+        var children: [String: Node] = [:]
+        init(value: JSONValue? = nil) { self.value = value }
+
+        func copy() -> Node {
+            let n = Node(value: value)
+            n.children = children.mapValues { $0.copy() }
+            return n
+        }
+    }
+
+    private var root = Node()
+
+    public init() {}
+
+    public static func == (a: OnDisconnectTree, b: OnDisconnectTree) -> Bool {
+        a.entries.count == b.entries.count && zip(a.entries, b.entries).allSatisfy { $0.path == $1.path && $0.value == $1.value }
+    }
+
+    private mutating func unique() {
+        if !isKnownUniquelyReferenced(&root) { root = root.copy() }
+    }
+
+    public var isEmpty: Bool { root.value == nil && root.children.isEmpty }
+
+    /// `o path value`: the value is written at `path` when the connection ends. An entry at an
+    /// ancestor takes it into its value (as a child update); otherwise it replaces every entry at
+    /// or below `path`.
+    public mutating func set(_ path: [String], _ value: JSONValue) {
+        unique()
+        var node = root
+        var i = 0
+        while true {
+            if let existing = node.value {
+                node.value = existing.updatingChild(Array(path[i...]), with: value)
+                return
+            }
+            if i == path.count {
+                node.value = value
+                node.children = [:]
+                return
+            }
+            let next = node.children[path[i]] ?? Node()
+            node.children[path[i]] = next
+            node = next
+            i += 1
+        }
+    }
+
+    /// `om path {k: v}`: `set(path + k, v)` for each member, in order.
+    public mutating func update(_ path: [String], _ children: [([String], JSONValue)]) {
+        for (relative, value) in children { set(path + relative, value) }
+    }
+
+    /// `oc path`: forgets what is queued at or below `path`. An entry at an ancestor whose value
+    /// has children is first split into one entry per child (its priority is dropped, as the
+    /// SDKs do), and the split is followed down; an ancestor whose value is a leaf keeps it.
+    public mutating func cancel(_ path: [String]) {
+        unique()
+        _ = Self.forget(root, path[...])
+    }
+
+    /// Returns whether `node` holds nothing any more (its parent may drop it).
+    private static func forget(_ node: Node, _ path: ArraySlice<String>) -> Bool {
+        guard let first = path.first else {
+            node.value = nil
+            node.children = [:]
+            return true
+        }
+        if let value = node.value {
+            guard let members = value.childMembers else { return false }  // a leaf: nothing under it to forget
+            node.value = nil
+            for (key, child) in members {
+                let n = Node(value: child)
+                node.children[key] = n
+            }
+            return forget(node, path)
+        }
+        if let child = node.children[first], forget(child, path.dropFirst()) {
+            node.children[first] = nil
+        }
+        return node.children.isEmpty
+    }
+
+    /// Every queued write, in path order: what fires, as one multi-path update.
+    public var entries: [(path: [String], value: JSONValue)] {
+        var out: [(path: [String], value: JSONValue)] = []
+        var path: [String] = []
+        Self.collect(root, &path, &out)
+        return out
+    }
+
+    private static func collect(_ node: Node, _ path: inout [String], _ out: inout [(path: [String], value: JSONValue)]) {
+        if let value = node.value {
+            out.append((path, value))
+            return
+        }
+        for key in node.children.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+            guard let child = node.children[key] else { continue }
+            path.append(key)
+            collect(child, &path, &out)
+            path.removeLast()
+        }
+    }
+}
+
+extension JSONValue {
+    /// Whether this JSON stands for no data (null, or an object or array with nothing in it).
+    var isEmptyData: Bool {
+        switch self {
+        case .null: return true
+        case .object(let members): return members.allSatisfy { $0.0 == ".priority" || $0.1.isEmptyData }
+        case .array(let items): return items.allSatisfy(\.isEmptyData)
+        default: return false
+        }
+    }
+
+    /// The children of this value as data (arrays as objects keyed by index; `.priority` and
+    /// `.sv` objects are not children), or nil for a leaf.
+    var childMembers: [(String, JSONValue)]? {
+        switch self {
+        case .object(let members):
+            if members.contains(where: { $0.0 == ".sv" || $0.0 == ".value" }) { return nil }
+            return members.filter { $0.0 != ".priority" }
+        case .array(let items):
+            return items.enumerated().map { (String($0.offset), $0.element) }
+        default:
+            return nil
+        }
+    }
+
+    /// The value with `path` (relative, non-empty) set to `value`, as a Firebase update of one
+    /// child: a leaf becomes an object holding the child (keeping its priority), a null child
+    /// is removed, and an object left with no data is null.
+    func updatingChild(_ path: [String], with value: JSONValue) -> JSONValue {
+        guard let key = path.first else { return value }
+        var members: [(String, JSONValue)]
+        var priority: JSONValue?
+        if case .object(let all) = self {
+            priority = all.first { $0.0 == ".priority" }?.1
+        }
+        if let children = childMembers {
+            members = children
+        } else {
+            members = []
+        }
+        let current = members.first { $0.0 == key }?.1 ?? .null
+        let updated = current.updatingChild(Array(path.dropFirst()), with: value)
+        members.removeAll { $0.0 == key }
+        if !updated.isEmptyData { members.append((key, updated)) }
+        if members.isEmpty { return .null }
+        if let priority { members.append((".priority", priority)) }
+        return .object(members)
+    }
+}
