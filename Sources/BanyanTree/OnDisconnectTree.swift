@@ -7,16 +7,9 @@
 /// when the writes fire, not when they were queued. Pure and deterministic; entries list in path
 /// order (keys compared by their UTF-8 bytes).
 public struct OnDisconnectTree: Sendable, Equatable {
-    private final class Node: @unchecked Sendable {
+    private struct Node: Sendable {
         var value: JSONValue?
         var children: [String: Node] = [:]
-        init(value: JSONValue? = nil) { self.value = value }
-
-        func copy() -> Node {
-            let n = Node(value: value)
-            n.children = children.mapValues { $0.copy() }
-            return n
-        }
     }
 
     private var root = Node()
@@ -27,34 +20,28 @@ public struct OnDisconnectTree: Sendable, Equatable {
         a.entries.count == b.entries.count && zip(a.entries, b.entries).allSatisfy { $0.path == $1.path && $0.value == $1.value }
     }
 
-    private mutating func unique() {
-        if !isKnownUniquelyReferenced(&root) { root = root.copy() }
-    }
-
     public var isEmpty: Bool { root.value == nil && root.children.isEmpty }
 
     /// `o path value`: the value is written at `path` when the connection ends. An entry at an
     /// ancestor takes it into its value (as a child update); otherwise it replaces every entry at
-    /// or below `path`.
+    /// or below `path`. Recursion is as deep as `path` (client paths have at most 32 keys).
     public mutating func set(_ path: [String], _ value: JSONValue) {
-        unique()
-        var node = root
-        var i = 0
-        while true {
-            if let existing = node.value {
-                node.value = existing.updatingChild(Array(path[i...]), with: value)
-                return
-            }
-            if i == path.count {
-                node.value = value
-                node.children = [:]
-                return
-            }
-            let next = node.children[path[i]] ?? Node()
-            node.children[path[i]] = next
-            node = next
-            i += 1
+        Self.set(&root, path[...], value)
+    }
+
+    private static func set(_ node: inout Node, _ path: ArraySlice<String>, _ value: JSONValue) {
+        if let existing = node.value {
+            node.value = existing.updatingChild(Array(path), with: value)
+            return
         }
+        guard let first = path.first else {
+            node.value = value
+            node.children = [:]
+            return
+        }
+        var child = node.children.removeValue(forKey: first) ?? Node()
+        set(&child, path.dropFirst(), value)
+        node.children[first] = child
     }
 
     /// `om path {k: v}`: `set(path + k, v)` for each member, in order.
@@ -66,12 +53,11 @@ public struct OnDisconnectTree: Sendable, Equatable {
     /// has children is first split into one entry per child (its priority is dropped, as the
     /// SDKs do), and the split is followed down; an ancestor whose value is a leaf keeps it.
     public mutating func cancel(_ path: [String]) {
-        unique()
-        _ = Self.forget(root, path[...])
+        _ = Self.forget(&root, path[...])
     }
 
     /// Returns whether `node` holds nothing any more (its parent may drop it).
-    private static func forget(_ node: Node, _ path: ArraySlice<String>) -> Bool {
+    private static func forget(_ node: inout Node, _ path: ArraySlice<String>) -> Bool {
         guard let first = path.first else {
             node.value = nil
             node.children = [:]
@@ -80,14 +66,11 @@ public struct OnDisconnectTree: Sendable, Equatable {
         if let value = node.value {
             guard let members = value.childMembers else { return false }  // a leaf: nothing under it to forget
             node.value = nil
-            for (key, child) in members {
-                let n = Node(value: child)
-                node.children[key] = n
-            }
-            return forget(node, path)
+            for (key, child) in members { node.children[key] = Node(value: child) }
+            return forget(&node, path)
         }
-        if let child = node.children[first], forget(child, path.dropFirst()) {
-            node.children[first] = nil
+        if var child = node.children.removeValue(forKey: first) {
+            if !forget(&child, path.dropFirst()) { node.children[first] = child }
         }
         return node.children.isEmpty
     }
