@@ -63,9 +63,12 @@ func httpExchange(port: Int, _ method: String, _ path: String, body: String = ""
         let dir = try temporaryDirectory("pacing")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var c = singleNodeConfig(dir)
+        // A long interval (1 s, at most half the 2 s heartbeat interval), so that the test's own
+        // waits for a wave of writes (polling, on a loaded machine) stay well inside it.
         c.raft.tickMilliseconds = 100
-        c.raft.heartbeatTicks = 4
-        c.raft.roundIntervalMicroseconds = 200_000  // at most half the 400 ms heartbeat interval
+        c.raft.heartbeatTicks = 20
+        c.raft.electionTicks = 40
+        c.raft.roundIntervalMicroseconds = 1_000_000
         try c.validate()
         let runtime = try NodeRuntime(config: c, logger: Logger(label: "test")) { _ in }
         defer { runtime.shutdown() }
@@ -90,8 +93,13 @@ func httpExchange(port: Int, _ method: String, _ path: String, body: String = ""
         // Three writes handed over in one task go out as one round of three entries.
         let wave = try runtime.loop.submit { [write("/a"), write("/b"), write("/c")] }.wait()
         for f in wave { #expect(await outcome(f).ok) }
-        // The next write waits for the rest of the interval.
-        let held = await outcome(write("/held"))
+        // The next write waits for the rest of the interval: not proposed in the next two passes.
+        let beforeFirstHeld = try runtime.status().wait().lastIndex
+        let heldWrite = write("/held")
+        try runtime.loop.submit {}.wait()
+        try runtime.loop.submit {}.wait()
+        #expect(try runtime.status().wait().lastIndex == beforeFirstHeld, "proposed before the interval ended")
+        let held = await outcome(heldWrite)
         #expect(held.ok)
         #expect(held.seconds >= 0.1, "held \(held.seconds) s")
         // Its round carried one entry: the following write is proposed in the very next pass
