@@ -299,17 +299,31 @@ public enum MessageReader {
     }
 
     /// The request number of a message known only by its first bytes (one over the size limit,
-    /// `FrameAssembler.TooLarge.prefix`, or one that is not valid JSON): the digits after the
-    /// first `"r":`, which every SDK writes before the body. Nil when there is none.
+    /// `FrameAssembler.TooLarge.prefix`, or one that is not valid JSON): the integer of the
+    /// member `"r"` of the object at depth two (`{"t":"d","d":{"r":N,…`), found by a scan that
+    /// steps over strings, so an `"r"` inside the data never counts. Nil when there is none.
     public static func requestNumber(inPrefix bytes: [UInt8]) -> Int64? {
-        let key = Array("\"r\"".utf8)
-        guard bytes.count > key.count else { return nil }
+        var depth = 0
         var i = 0
-        while i + key.count <= bytes.count {
-            if bytes[i..<(i + key.count)].elementsEqual(key) {
-                var j = i + key.count
+        while i < bytes.count {
+            switch bytes[i] {
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                depth += 1
+                i += 1
+            case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                depth -= 1
+                i += 1
+            case UInt8(ascii: "\""):
+                let start = i + 1
+                i += 1
+                while i < bytes.count, bytes[i] != UInt8(ascii: "\"") { i += bytes[i] == UInt8(ascii: "\\") ? 2 : 1 }
+                guard i < bytes.count else { return nil }
+                let isR = depth == 2 && i == start + 1 && bytes[start] == UInt8(ascii: "r")
+                i += 1
+                guard isR else { continue }
+                var j = i
                 while j < bytes.count, bytes[j] == 0x20 { j += 1 }
-                guard j < bytes.count, bytes[j] == UInt8(ascii: ":") else { return nil }
+                guard j < bytes.count, bytes[j] == UInt8(ascii: ":") else { continue }  // a string value "r", not the key
                 j += 1
                 while j < bytes.count, bytes[j] == 0x20 { j += 1 }
                 var value: Int64 = 0
@@ -319,9 +333,12 @@ public enum MessageReader {
                     digits += 1
                     j += 1
                 }
-                return digits > 0 ? value : nil
+                // The number must be complete: the prefix may end inside it.
+                guard digits > 0, j < bytes.count, bytes[j] == UInt8(ascii: ",") || bytes[j] == UInt8(ascii: "}") || bytes[j] == 0x20 else { return nil }
+                return value
+            default:
+                i += 1
             }
-            i += 1
         }
         return nil
     }

@@ -10,12 +10,22 @@ public struct SessionCore: Sendable {
     public struct Limits: Sendable, Equatable {
         /// Listens one connection may hold (a further listen is refused with `failure`).
         public var maxListens: Int
-        /// Requests not yet answered: a client past it floods the node and is disconnected.
+        /// Unanswered requests at which the driver stops reading the connection
+        /// (`pauseReading`), until half of them are answered (`resumeReading`). The SDKs send
+        /// every write at once and resend all unacknowledged ones after a reconnect, so a busy
+        /// client is slowed, never disconnected, by this.
+        public var readPauseRequests: Int
+        /// Unanswered requests past which the connection closes: only a client that ignores the
+        /// pause (frames already in flight) can get there.
         public var maxPendingRequests: Int
         public var frames: FrameAssembler.Limits
 
-        public init(maxListens: Int = 10_000, maxPendingRequests: Int = 10_000, frames: FrameAssembler.Limits = FrameAssembler.Limits()) {
+        public init(
+            maxListens: Int = 10_000, readPauseRequests: Int = 1_000, maxPendingRequests: Int = 100_000,
+            frames: FrameAssembler.Limits = FrameAssembler.Limits()
+        ) {
             self.maxListens = maxListens
+            self.readPauseRequests = readPauseRequests
             self.maxPendingRequests = maxPendingRequests
             self.frames = frames
         }
@@ -55,6 +65,10 @@ public struct SessionCore: Sendable {
         case unauthenticate
         /// Counters the SDK reported (for metrics).
         case stats([(String, Int64)])
+        /// Stop reading the connection: too many of its requests are unanswered.
+        case pauseReading
+        /// Read it again.
+        case resumeReading
         /// Close the connection (after sending what was output before), for this reason.
         case close(reason: String)
 
@@ -66,7 +80,7 @@ public struct SessionCore: Sendable {
             case let (.get(r, p, q), .get(r2, p2, q2)): return r == r2 && p == p2 && q == q2
             case let (.write(r, w), .write(r2, w2)): return r == r2 && w == w2
             case let (.authenticate(r, c, g), .authenticate(r2, c2, g2)): return r == r2 && c == c2 && g == g2
-            case (.unauthenticate, .unauthenticate): return true
+            case (.unauthenticate, .unauthenticate), (.pauseReading, .pauseReading), (.resumeReading, .resumeReading): return true
             case let (.stats(x), .stats(y)): return x.count == y.count && zip(x, y).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
             case let (.close(x), .close(y)): return x == y
             default: return false
@@ -75,13 +89,15 @@ public struct SessionCore: Sendable {
     }
 
     /// A listen's key: its location and its query (the tag is per query; a default listen has
-    /// none). An unlisten names the same pair.
+    /// none). An unlisten names the same pair. The query is compared by its canonical bytes
+    /// (members sorted by their keys' bytes, as JS identifies queries), so the order a client
+    /// serialised it in does not matter and keys are never compared by canonical equivalence.
     struct ListenKey: Hashable {
         let path: Path
-        let query: String
+        let query: [UInt8]
         init(_ spec: ListenSpec) {
             path = spec.path
-            query = spec.query?.jsonString ?? ""
+            query = spec.query?.canonicalBytes ?? []
         }
     }
 
@@ -95,8 +111,12 @@ public struct SessionCore: Sendable {
     /// Where each unanswered request sits in `pending`.
     private var slots: [Int64: Int] = [:]
     private var listens: [ListenKey: ListenID] = [:]
+    private var listenSpecs: [ListenID: (key: ListenKey, spec: ListenSpec)] = [:]
     /// Listens whose initial data is not yet pushed: the request waiting for it.
     private var starting: [ListenID: Int64] = [:]
+    /// The requests of `starting`: answered only through `listenStarted` or `listenFailed`.
+    private var listenRequests: Set<Int64> = []
+    private var readingPaused = false
     private var nextListen = 1
 
     /// The session opens: the hello goes first (the client sends nothing before it).
@@ -132,9 +152,8 @@ public struct SessionCore: Sendable {
             guard let number = MessageReader.requestNumber(inPrefix: prefix) else {
                 return [.send(ServerMessage.error("message dropped: \(which)"))]
             }
-            if slots[number] != nil { return close("request number \(number) reused while unanswered") }
             var out: [Output] = []
-            enqueue(number, &out)
+            if let refusal = admit(number, &out) { return refusal }
             answer(number, ServerMessage.failure(number, status: "too_big", reason: "\(which)"), &out)
             return out
         case .message(let bytes):
@@ -161,9 +180,8 @@ public struct SessionCore: Sendable {
                 out += close(error.message)
                 return out
             }
-            if slots[number] != nil { return close("request number \(number) reused while unanswered") }
             var out: [Output] = []
-            enqueue(number, &out)
+            if let refusal = admit(number, &out) { return refusal }
             answer(number, ServerMessage.failure(number, status: error.status, reason: error.message), &out)
             return out
         }
@@ -180,14 +198,7 @@ public struct SessionCore: Sendable {
     private mutating func handle(_ request: Request) -> [Output] {
         let number = request.number
         var out: [Output] = []
-        if slots[number] != nil {
-            // A number still unanswered is used again: the client is broken; answers would be ambiguous.
-            return close("request number \(number) reused while unanswered")
-        }
-        if slots.count >= limits.maxPendingRequests {
-            return close("more than \(limits.maxPendingRequests) requests unanswered")
-        }
-        enqueue(number, &out)
+        if let refusal = admit(number, &out) { return refusal }
         switch request.action {
         case .stats(let counters):
             out.append(.stats(counters))
@@ -196,8 +207,9 @@ public struct SessionCore: Sendable {
             let key = ListenKey(spec)
             if let old = listens[key] {
                 // The same location and query again: the new listen replaces the old.
-                listens[key] = nil
+                forgetListen(old)
                 if let waiting = starting.removeValue(forKey: old) {
+                    listenRequests.remove(waiting)
                     answer(waiting, ServerMessage.failure(waiting, status: "failure", reason: "replaced by a later listen of the same query"), &out)
                 }
                 out.append(.unlisten(old))
@@ -209,11 +221,15 @@ public struct SessionCore: Sendable {
             let id = ListenID(raw: nextListen)
             nextListen += 1
             listens[key] = id
+            listenSpecs[id] = (key, spec)
             starting[id] = number
+            listenRequests.insert(number)
             out.append(.listen(id, spec))
         case .unlisten(let spec):
-            if let id = listens.removeValue(forKey: ListenKey(spec)) {
+            if let id = listens[ListenKey(spec)] {
+                forgetListen(id)
                 if let waiting = starting.removeValue(forKey: id) {
+                    listenRequests.remove(waiting)
                     answer(waiting, ServerMessage.failure(waiting, status: "failure", reason: "unlistened before it started"), &out)
                 }
                 out.append(.unlisten(id))
@@ -249,6 +265,7 @@ public struct SessionCore: Sendable {
     /// The listen's initial data has been pushed: its `ok` may go (in its turn).
     public mutating func listenStarted(_ id: ListenID) -> [Output] {
         guard !isClosed, let number = starting.removeValue(forKey: id) else { return [] }
+        listenRequests.remove(number)
         var out: [Output] = []
         answer(number, ServerMessage.ok(number, data: .object([])), &out)
         return out
@@ -258,16 +275,26 @@ public struct SessionCore: Sendable {
     /// pushed, and the listen is gone.
     public mutating func listenFailed(_ id: ListenID, status: String, reason: String) -> [Output] {
         guard !isClosed, let number = starting.removeValue(forKey: id) else { return [] }
-        if let key = listens.first(where: { $0.value == id })?.key { listens[key] = nil }
+        listenRequests.remove(number)
+        forgetListen(id)
         var out: [Output] = []
         answer(number, ServerMessage.failure(number, status: status, reason: reason), &out)
         return out
     }
 
+    /// A started listen is no longer allowed (rules changed, credentials revoked): the client
+    /// is told with a `c` push and drops it without an unlisten, so it is forgotten here.
+    public mutating func listenRevoked(_ id: ListenID) -> [Output] {
+        guard !isClosed, starting[id] == nil, let (_, spec) = listenSpecs[id] else { return [] }
+        forgetListen(id)
+        return [.unlisten(id), .send(ServerMessage.listenRevoked(path: spec.path, query: spec.query))]
+    }
+
     /// The answer to a get, write or authentication: `status` "ok" with its data (already
-    /// rendered JSON), or a failure status with a reason.
+    /// rendered JSON), or a failure status with a reason. A request already answered, or a
+    /// listen's (answered through `listenStarted`), is ignored.
     public mutating func answer(request number: Int64, status: String, data: [UInt8]) -> [Output] {
-        guard !isClosed, slots[number] != nil else { return [] }
+        guard !isClosed, slots[number] != nil, !listenRequests.contains(number) else { return [] }
         var out: [Output] = []
         answer(number, ServerMessage.response(number, status: status, data: data), &out)
         return out
@@ -275,14 +302,31 @@ public struct SessionCore: Sendable {
 
     // MARK: - Answer order
 
-    private mutating func enqueue(_ number: Int64, _ out: inout [Output]) {
+    /// Takes a request into the answer queue, or says why the connection closes instead.
+    private mutating func admit(_ number: Int64, _ out: inout [Output]) -> [Output]? {
+        if slots[number] != nil {
+            // A number still unanswered is used again: the client is broken; answers would be ambiguous.
+            return close("request number \(number) reused while unanswered")
+        }
+        if slots.count >= limits.maxPendingRequests {
+            return close("more than \(limits.maxPendingRequests) requests unanswered")
+        }
         slots[number] = pending.count
         pending.append((number, nil))
+        if !readingPaused, slots.count >= limits.readPauseRequests {
+            readingPaused = true
+            out.append(.pauseReading)
+        }
+        return nil
+    }
+
+    private mutating func forgetListen(_ id: ListenID) {
+        if let (key, _) = listenSpecs.removeValue(forKey: id), listens[key] == id { listens[key] = nil }
     }
 
     /// Records the answer to `number` and sends every answer now at the front, in order.
     private mutating func answer(_ number: Int64, _ message: [UInt8], _ out: inout [Output]) {
-        guard let slot = slots[number] else { return }
+        guard let slot = slots[number], pending[slot].answer == nil else { return }
         pending[slot].answer = message
         while pendingStart < pending.count, let ready = pending[pendingStart].answer {
             out.append(.send(ready))
@@ -297,6 +341,10 @@ public struct SessionCore: Sendable {
             pending.removeFirst(pendingStart)
             for (i, entry) in pending.enumerated() { slots[entry.request] = i }
             pendingStart = 0
+        }
+        if readingPaused, slots.count <= limits.readPauseRequests / 2 {
+            readingPaused = false
+            out.append(.resumeReading)
         }
     }
 

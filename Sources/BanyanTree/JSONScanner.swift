@@ -94,22 +94,25 @@ struct JSONScanner {
     /// delimits the value (iteratively, so depth costs no stack): whoever uses the bytes reads
     /// them with a full reader, which reports what is wrong inside.
     mutating func skipValue() throws(TreeError) {
-        var depth = 0
+        // The open brackets, innermost last: a closing bracket must match (so that the range
+        // found is the value's, even when nobody reads it).
+        var open: [UInt8] = []
         while true {
             let b = try peek()
             switch b {
             case UInt8(ascii: "{"), UInt8(ascii: "["):
-                depth += 1
+                open.append(b)
                 position += 1
                 continue
             case UInt8(ascii: "}"), UInt8(ascii: "]"):
-                guard depth > 0 else { throw unexpected(b, expecting: "a JSON value") }
-                depth -= 1
+                let opener = b == UInt8(ascii: "}") ? UInt8(ascii: "{") : UInt8(ascii: "[")
+                guard open.last == opener else { throw unexpected(b, expecting: "a JSON value") }
+                open.removeLast()
                 position += 1
             case UInt8(ascii: "\""):
                 try skipString()
             case UInt8(ascii: ","), UInt8(ascii: ":"):
-                guard depth > 0 else { throw unexpected(b, expecting: "a JSON value") }
+                guard !open.isEmpty else { throw unexpected(b, expecting: "a JSON value") }
                 position += 1
                 continue
             default:
@@ -127,7 +130,7 @@ struct JSONScanner {
                 }
                 if position == start { throw unexpected(b, expecting: "a JSON value") }
             }
-            if depth == 0 { return }
+            if open.isEmpty { return }
         }
     }
 

@@ -167,6 +167,25 @@ public enum JSONValue: Sendable, Equatable {
         return try result.get()
     }
 
+    /// The compact serialisation with every object's members sorted by their keys' UTF-8
+    /// bytes: equal for two values that differ only in member order (how JS identifies a query).
+    public var canonicalBytes: [UInt8] {
+        var out: [UInt8] = []
+        canonical().write(to: &out)
+        return out
+    }
+
+    private func canonical() -> JSONValue {
+        switch self {
+        case .object(let members):
+            return .object(members.map { ($0.0, $0.1.canonical()) }.sorted { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) })
+        case .array(let items):
+            return .array(items.map { $0.canonical() })
+        default:
+            return self
+        }
+    }
+
     /// Appends the compact serialisation (as `jsonString`) to `out`.
     public func appendJSON(to out: inout [UInt8]) { write(to: &out) }
 

@@ -55,9 +55,12 @@ import Testing
         // The raw bytes are what the tree reader takes.
         let tree = try TreeReader.read(Array(data.bytes))
         #expect(JSONWriter.string(tree) == #"{"x":"}]\"{","y":[1]}"#)
-        // Data is only delimited here: brackets that do not match are the tree reader's to
-        // refuse, where the write is validated (and answered with its request number).
-        guard case .put(_, let broken, nil) = try Self.action(#"{"t":"d","d":{"r":41,"a":"p","b":{"p":"/a","d":{"x":1]}}}"#) else {
+        // Data is only delimited here, but its brackets must match; the rest (keys, values)
+        // is the tree reader's to check where the write is validated.
+        #expect(throws: MessageError(request: 41, "Invalid message: Unexpected ']', expecting a JSON value")) {
+            try Self.read(#"{"t":"d","d":{"r":41,"a":"p","b":{"p":"/a","d":{"x":1]}}}"#)
+        }
+        guard case .put(_, let broken, nil) = try Self.action(#"{"t":"d","d":{"r":42,"a":"p","b":{"p":"/a","d":{"x.y":1}}}}"#) else {
             Issue.record("not a put")
             return
         }
@@ -137,7 +140,12 @@ import Testing
     @Test("the request number of a message known by its first bytes")
     func prefixNumbers() {
         #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"r":17,"a":"p","b":{"p":"/big","d":"xxxx"#.utf8)) == 17)
-        #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"r" : 3"#.utf8)) == 3)
+        #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"r" : 3,"a""#.utf8)) == 3)
+        // Cut inside the number: it may be longer than what is seen.
+        #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"r":17"#.utf8)) == nil)
+        // Only the member of the request object counts, not an "r" in the data or a string "r".
+        #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"b":{"r":5,"x":"\"r\":9"},"a":"r","r":6,"#.utf8)) == 6)
+        #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"b":{"d":{"r":5,"#.utf8)) == nil)
         #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"a":"p""#.utf8)) == nil)
         #expect(MessageReader.requestNumber(inPrefix: Array(#"{"t":"d","d":{"r":"#.utf8)) == nil)
         #expect(MessageReader.requestNumber(inPrefix: []) == nil)

@@ -151,6 +151,7 @@ import Testing
         _ = s.receive(frame: Self.request(2, "q", #"{"p":"/b","h":""}"#))
         let third = s.receive(frame: Self.request(3, "q", #"{"p":"/c","h":""}"#))
         #expect(Self.listenID(third) == nil && s.listenCount == 2)
+        #expect(Self.sent(s.answer(request: 3, status: "ok", data: [])).isEmpty, "already answered (failure), held behind 1 and 2")
         _ = s.receive(frame: Self.request(4, "g", #"{"p":"/x"}"#))
         let flood = s.receive(frame: Self.request(5, "g", #"{"p":"/y"}"#))
         #expect(flood.contains(.close(reason: "more than 4 requests unanswered")) && s.isClosed)
@@ -176,4 +177,48 @@ import Testing
         #expect(s.ended() == [.unlisten(a), .unlisten(b)])
         #expect(s.ended().isEmpty && s.listenStarted(a).isEmpty)
     }
+
+    @Test("a client with too many requests unanswered is paused, not disconnected, and resumed when half are answered; bad messages count too")
+    func backPressure() {
+        var s = SessionCore(timestamp: 1, host: "h", sessionID: "s", limits: SessionCore.Limits(readPauseRequests: 4, maxPendingRequests: 6))
+        var out: [Output] = []
+        for r in 1...3 { out += s.receive(frame: Self.request(Int64(r), "p", #"{"p":"/a","d":\#(r)}"#)) }
+        #expect(!out.contains(.pauseReading))
+        #expect(s.receive(frame: Self.request(4, "p", #"{"p":"/a","d":4}"#)).contains(.pauseReading))
+        #expect(!s.answer(request: 1, status: "ok", data: Array(#""""#.utf8)).contains(.resumeReading))
+        let resumed = s.answer(request: 2, status: "ok", data: Array(#""""#.utf8))
+        #expect(resumed.contains(.resumeReading) && Self.answered(resumed) == [2])
+        // Requests that cannot be read still take a place in the queue, and the ceiling holds for them.
+        var t = SessionCore(timestamp: 1, host: "h", sessionID: "s", limits: SessionCore.Limits(readPauseRequests: 100, maxPendingRequests: 3))
+        _ = t.receive(frame: Self.request(1, "q", #"{"p":"/a","h":""}"#))
+        _ = t.receive(frame: Self.frame(#"{"t":"d","d":{"r":2,"a":"#))
+        _ = t.receive(frame: Self.frame(#"{"t":"d","d":{"r":3,"a":"#))
+        #expect(t.receive(frame: Self.frame(#"{"t":"d","d":{"r":4,"a":"#)).contains(.close(reason: "more than 3 requests unanswered")))
+    }
+
+    @Test("each request is answered once: a second answer, or an answer to a listen's request, is ignored")
+    func answeredOnce() throws {
+        var s = SessionCore(timestamp: 1, host: "h", sessionID: "s")
+        let id = try #require(Self.listenID(s.receive(frame: Self.request(1, "q", #"{"p":"/a","h":""}"#))))
+        _ = s.receive(frame: Self.request(2, "p", #"{"p":"/a","d":1}"#))
+        #expect(s.answer(request: 1, status: "ok", data: Array("null".utf8)).isEmpty)
+        #expect(s.answer(request: 2, status: "ok", data: Array(#""""#.utf8)).isEmpty)
+        #expect(s.answer(request: 2, status: "datastale", data: Array(#""x""#.utf8)).isEmpty)
+        #expect(Self.sent(s.listenStarted(id)) == [#"{"t":"d","d":{"r":1,"b":{"s":"ok","d":{}}}}"#, #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":""}}}"#])
+    }
+
+    @Test("queries match by content, not member order; a revoked listen is pushed as c and forgotten")
+    func queryIdentityAndRevocation() throws {
+        var s = SessionCore(timestamp: 1, host: "h", sessionID: "s")
+        let id = try #require(Self.listenID(s.receive(frame: Self.request(1, "q", #"{"p":"/a","q":{"l":1,"vf":"l","i":"n"},"t":1,"h":""}"#))))
+        let stop = s.receive(frame: Self.request(2, "n", #"{"p":"/a","q":{"i":"n","vf":"l","l":1},"t":1}"#))
+        #expect(stop.contains(.unlisten(id)) && s.listenCount == 0)
+        let other = try #require(Self.listenID(s.receive(frame: Self.request(3, "q", #"{"p":"/b","q":{"l":2,"vf":"r"},"t":2,"h":""}"#))))
+        #expect(s.listenRevoked(other).isEmpty, "not started yet: listenFailed answers it")
+        _ = s.listenStarted(other)
+        let revoked = s.listenRevoked(other)
+        #expect(revoked.first == .unlisten(other) && Self.sent(revoked) == [#"{"t":"d","d":{"a":"c","b":{"p":"b","q":[{"l":2,"vf":"r"}]}}}"#])
+        #expect(s.listenCount == 0 && s.listenRevoked(other).isEmpty)
+    }
 }
+

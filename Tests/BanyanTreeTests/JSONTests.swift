@@ -271,7 +271,7 @@ let repositoryRoot: String = {
         #expect(try JSONValue.members(rawIn: Array("{}".utf8))?.isEmpty == true)
         #expect(try JSONValue.members(rawIn: Array("[1,2]".utf8)) == nil)
         #expect(try JSONValue.members(rawIn: Array(#""x""#.utf8)) == nil)
-        for bad in [#"{"a":1,"a":2}"#, #"{"a":1"#, #"{"a" 1}"#, #"{a:1}"#, #"{"a":"x}"#, #"{"a":1,}"#, #"{"a":1} 2"#, "", #"{"a":}"#] {
+        for bad in [#"{"a":[}]}"#, #"{"a":{"b":1]}"#, #"{"a":"x\"}"#, #"{"a":1,"a":2}"#, #"{"a":1"#, #"{"a" 1}"#, #"{a:1}"#, #"{"a":"x}"#, #"{"a":1,}"#, #"{"a":1} 2"#, "", #"{"a":}"#] {
             #expect(throws: TreeError.self, "\(bad)") { try JSONValue.members(rawIn: Array(bad.utf8)) }
         }
     }
@@ -284,6 +284,8 @@ let repositoryRoot: String = {
         #expect(String(decoding: Array(text.utf8)[range], as: UTF8.self).hasPrefix(#"{"deep":[[["#))
         #expect(value["d"]?["r"] == .int(3) && value["d"]?["b"]?["d"] == .null && value["d"]?["b"]?["p"] == .string("/a"))
         #expect(try JSONValue.parse(Array(#"{"d":{"r":1}}"#.utf8), leavingRaw: ["d", "b", "d"]).raw == nil)
+        // Brackets must match even in the part nobody decodes, or members after it could hide.
+        #expect(throws: TreeError.self) { try JSONValue.parse(Array(#"{"d":{"b":{"d":[}, "p":"/a"], "p":"/b"}}}"#.utf8), leavingRaw: ["d", "b", "d"]) }
         // The envelope's own depth stays bounded.
         #expect(throws: TreeError.self) { try JSONValue.parse(Array(#"{"x":[[[[[[[[[[1]]]]]]]]]]}"#.utf8), leavingRaw: ["d"], maxDepth: 8) }
     }
