@@ -9,7 +9,8 @@
 public struct OnDisconnectTree: Sendable, Equatable {
     private struct Node: Sendable {
         var value: JSONValue?
-        var children: [String: Node] = [:]
+        /// Keyed by the keys' bytes (never by canonical equivalence: "é" and "e\u{301}" differ).
+        var children: [ChildKeyBytes: Node] = [:]
     }
 
     private var root = Node()
@@ -39,9 +40,9 @@ public struct OnDisconnectTree: Sendable, Equatable {
             node.children = [:]
             return
         }
-        var child = node.children.removeValue(forKey: first) ?? Node()
+        var child = node.children.removeValue(forKey: ChildKeyBytes(first)) ?? Node()
         set(&child, path.dropFirst(), value)
-        node.children[first] = child
+        node.children[ChildKeyBytes(first)] = child
     }
 
     /// `om path {k: v}`: `set(path + k, v)` for each member, in order.
@@ -66,11 +67,11 @@ public struct OnDisconnectTree: Sendable, Equatable {
         if let value = node.value {
             guard let members = value.childMembers else { return false }  // a leaf: nothing under it to forget
             node.value = nil
-            for (key, child) in members { node.children[key] = Node(value: child) }
+            for (key, child) in members { node.children[ChildKeyBytes(key)] = Node(value: child) }
             return forget(&node, path)
         }
-        if var child = node.children.removeValue(forKey: first) {
-            if !forget(&child, path.dropFirst()) { node.children[first] = child }
+        if var child = node.children.removeValue(forKey: ChildKeyBytes(first)) {
+            if !forget(&child, path.dropFirst()) { node.children[ChildKeyBytes(first)] = child }
         }
         return node.children.isEmpty
     }
@@ -88,9 +89,9 @@ public struct OnDisconnectTree: Sendable, Equatable {
             out.append((path, value))
             return
         }
-        for key in node.children.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+        for key in node.children.keys.sorted(by: { $0.string.utf8.lexicographicallyPrecedes($1.string.utf8) }) {
             guard let child = node.children[key] else { continue }
-            path.append(key)
+            path.append(key.string)
             collect(child, &path, &out)
             path.removeLast()
         }
@@ -102,47 +103,79 @@ extension JSONValue {
     var isEmptyData: Bool {
         switch self {
         case .null: return true
-        case .object(let members): return members.allSatisfy { $0.0 == ".priority" || $0.1.isEmptyData }
+        case .object(let members):
+            if let inner = members.first(where: { $0.0 == ".value" })?.1 { return inner.isEmptyData }
+            return members.allSatisfy { $0.0 == ".priority" || $0.1.isEmptyData }
         case .array(let items): return items.allSatisfy(\.isEmptyData)
         default: return false
         }
     }
 
-    /// The children of this value as data (arrays as objects keyed by index; `.priority` and
-    /// `.sv` objects are not children), or nil for a leaf.
+    /// The `.priority` member of an object, if any.
+    var priorityMember: JSONValue? {
+        guard case .object(let members) = self else { return nil }
+        return members.first { $0.0 == ".priority" }?.1
+    }
+
+    /// The children of this value as data, or nil for a leaf: an object's members other than
+    /// `.priority` (the content of `.value` when that is an object or array), an array's items
+    /// keyed by index, children without data left out. A server value (`.sv`) is a leaf.
     var childMembers: [(String, JSONValue)]? {
         switch self {
         case .object(let members):
-            if members.contains(where: { $0.0 == ".sv" || $0.0 == ".value" }) { return nil }
-            return members.filter { $0.0 != ".priority" }
+            if members.contains(where: { $0.0 == ".sv" }) { return nil }
+            if let inner = members.first(where: { $0.0 == ".value" })?.1 {
+                switch inner {
+                case .object, .array: return inner.childMembers
+                default: return nil
+                }
+            }
+            return members.filter { $0.0 != ".priority" && !$0.1.isEmptyData }
         case .array(let items):
-            return items.enumerated().map { (String($0.offset), $0.element) }
+            return items.enumerated().compactMap { $0.element.isEmptyData ? nil : (String($0.offset), $0.element) }
         default:
             return nil
         }
     }
 
-    /// The value with `path` (relative, non-empty) set to `value`, as a Firebase update of one
-    /// child: a leaf becomes an object holding the child (keeping its priority), a null child
-    /// is removed, and an object left with no data is null.
+    /// The value with `path` (relative, non-empty) set to `value`, as Firebase updates one
+    /// child of a node: a leaf becomes an object holding the child (keeping its priority) unless
+    /// the child is empty (then the leaf stays), a child without data is removed, an object left
+    /// with no data is null, and `.priority` as the last key sets or removes the priority.
     func updatingChild(_ path: [String], with value: JSONValue) -> JSONValue {
         guard let key = path.first else { return value }
-        var members: [(String, JSONValue)]
-        var priority: JSONValue?
-        if case .object(let all) = self {
-            priority = all.first { $0.0 == ".priority" }?.1
+        if key == ".priority" {
+            return path.count == 1 ? settingPriority(value) : self
         }
+        let priority = priorityMember
+        var members: [(String, JSONValue)]
         if let children = childMembers {
             members = children
         } else {
+            // A leaf (or nothing): an empty child changes nothing.
+            if value.isEmptyData { return self }
             members = []
         }
-        let current = members.first { $0.0 == key }?.1 ?? .null
+        let index = members.firstIndex { $0.0.utf8.elementsEqual(key.utf8) }
+        let current = index.map { members[$0].1 } ?? .null
         let updated = current.updatingChild(Array(path.dropFirst()), with: value)
-        members.removeAll { $0.0 == key }
+        if let index { members.remove(at: index) }
         if !updated.isEmptyData { members.append((key, updated)) }
         if members.isEmpty { return .null }
         if let priority { members.append((".priority", priority)) }
         return .object(members)
+    }
+
+    /// The same data with `priority` (null removes it). Nothing has no priority.
+    func settingPriority(_ priority: JSONValue) -> JSONValue {
+        if isEmptyData { return .null }
+        let clear = priority.isEmptyData
+        if let children = childMembers {
+            return .object(clear ? children : children + [(".priority", priority)])
+        }
+        // A leaf: its bare value, wrapped with `.value` when it carries a priority.
+        var leaf = self
+        if case .object(let members) = self, let inner = members.first(where: { $0.0 == ".value" })?.1 { leaf = inner }
+        return clear ? leaf : .object([(".value", leaf), (".priority", priority)])
     }
 }

@@ -350,31 +350,36 @@ let repositoryRoot: String = {
         #expect(t.isEmpty && t.entries.isEmpty)
     }
 
-    @Test("after any sequence of sets, updates and cancels, no queued path lies at or below another (they fire as one update); copies are independent")
-    func neverOverlaps() {
-        var random = SeededRandom(seed: 9)
-        let keys = ["a", "b", "c"]
-        func path() -> [String] { (0..<Int(random.next() % 4)).map { _ in keys[Int(random.next() % 3)] } }
-        for _ in 0..<300 {
-            var t = OnDisconnectTree()
-            var snapshot: (OnDisconnectTree, [String])?
-            for step in 0..<30 {
-                switch random.next() % 4 {
-                case 0, 1:
-                    let value: JSONValue = random.next() % 3 == 0 ? .object([("a", .int(1)), ("b", .object([("c", .int(2))]))]) : .int(Int64(step))
-                    t.set(path(), value)
-                case 2: t.update(path(), [([keys[Int(random.next() % 3)]], .int(7)), ([keys[Int(random.next() % 3)], "x"], .null)])
-                default: t.cancel(path())
-                }
-                if step == 10 { snapshot = (t, OnDisconnectTreeTests.rendered(t)) }
-            }
-            let paths = t.entries.map(\.path)
-            for (i, p) in paths.enumerated() {
-                for (j, q) in paths.enumerated() where i != j {
-                    #expect(!(p.count <= q.count && Array(q.prefix(p.count)) == p), "\(p) and \(q) overlap")
-                }
-            }
-            if let (copy, then) = snapshot { #expect(OnDisconnectTreeTests.rendered(copy) == then) }
-        }
+    @Test("the SDK's node rules inside a queued value: an empty child under a leaf changes nothing, .priority sets or clears the priority, children without data do not count, .value wraps")
+    func nodeRules() throws {
+        var t = OnDisconnectTree()
+        t.set(["a"], .int(5))
+        t.set(["a", "x"], .null)
+        t.set(["a", "y", "z"], .null)
+        #expect(Self.rendered(t) == ["/a=5"], "a leaf stays when an empty child is written under it")
+        t.set(["a", ".priority"], .int(3))
+        #expect(Self.rendered(t) == [#"/a={".value":5,".priority":3}"#])
+        t.set(["a", ".priority"], .null)
+        #expect(Self.rendered(t) == ["/a=5"])
+        t.set(["b"], try Self.json(#"{"k":1,".priority":1}"#))
+        t.set(["b", ".priority"], .string("p"))
+        #expect(Self.rendered(t).last == #"/b={"k":1,".priority":"p"}"#, "one priority, replaced")
+        // Children without data are no children: a split leaves nothing for them.
+        t.set(["q"], try Self.json(#"{"a":null,"b":1,"c":{}}"#))
+        t.cancel(["q", "b"])
+        #expect(!Self.rendered(t).contains { $0.hasPrefix("/q") })
+        // A .value holding an object is that object's children, with the priority.
+        t.set(["v"], try Self.json(#"{".value":{"a":1},".priority":2}"#))
+        t.set(["v", "b"], .int(2))
+        #expect(Self.rendered(t).last == #"/v={"a":1,"b":2,".priority":2}"#)
+        t.cancel(["v", "a"])
+        #expect(Self.rendered(t).last == "/v/b=2")
+        // Keys compare by their bytes: precomposed and decomposed é are two keys.
+        var u = OnDisconnectTree()
+        u.set(["\u{E9}"], .int(1))
+        u.set(["e\u{301}"], .int(2))
+        #expect(u.entries.count == 2)
+        u.cancel(["e\u{301}"])
+        #expect(u.entries.map(\.path) == [["\u{E9}"]])
     }
 }
