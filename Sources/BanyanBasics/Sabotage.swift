@@ -27,10 +27,21 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// batch, no new segment after a sealed one), so a bad sector found at a later start in
     /// the last batch reads as a torn unsynced write and is cut (soak seed 1002241).
     case unrecordedRecoverySync = "unrecorded-recovery-sync"
+    /// Recovery ignores the record of the last sync that only the page cache shows (a failed
+    /// fsync kept it from the disk), so a bad sector later found in the batch it vouched for
+    /// reads as a torn write and synced records are cut (soak seed 1126036).
+    case ignoreCachedSyncRecord = "ignore-cached-sync-record"
     /// A vote request gives a node without its vote the vote whatever incarnation the
     /// candidate's configuration records for it (not only its own), so a wiped node votes with
     /// amnesia as soon as a candidate names its previous incarnation.
     case anyVoterIncarnation = "any-voter-incarnation"
+    /// A leader counts the acknowledgements of a voter that came back blank (it may not vote)
+    /// towards commits and reads, though it may have forgotten a newer term (soak seed 1116537).
+    case amnesiacAcknowledgements = "amnesiac-acknowledgements"
+    /// A follower takes a heartbeat's commit index without checking that its entry there is the
+    /// leader's (the term the heartbeat names), so a heartbeat computed for a wiped node's
+    /// earlier incarnation commits entries a stale leader gave the new one (soak seed 1116537).
+    case unverifiedHeartbeatCommit = "unverified-heartbeat-commit"
     /// R3: the vote is not kept across a restart, so a node can vote twice in one term.
     case forgetVote = "forget-vote"
     /// R26 (etcd #14370): messages that depend on new entries go out before those entries are

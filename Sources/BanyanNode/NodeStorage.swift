@@ -85,6 +85,7 @@ public final class NodeStorage {
         logOptions.sabotageReadThroughCache = sabotage == .readThroughPageCache
         logOptions.sabotageCutAnyDamage = sabotage == .cutAnyDamage
         logOptions.sabotageUnrecordedRecoverySync = sabotage == .unrecordedRecoverySync
+        logOptions.sabotageIgnoreCachedSyncRecord = sabotage == .ignoreCachedSyncRecord
         self.sabotage = sabotage
         log = try SegmentedLog(directory: directory + "/raft/log", fileSystem: fileSystem, options: logOptions, logger: logger) { done, total in
             progress("log recovery: \(done)/\(total) segments scanned")

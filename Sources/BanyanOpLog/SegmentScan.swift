@@ -74,6 +74,19 @@ public struct SegmentScan: Sendable, Equatable {
     /// covering every record (an empty batch ending the data).
     public var lastMarker: SyncMarker?
 
+    /// The largest offset any valid marker of the segment says it was synced through: the last
+    /// marker before the end of the valid data, or one the search after damage found (0: none).
+    /// Markers are written only after the sync they report, so the claim is true wherever the
+    /// marker is read from, the page cache included.
+    public var highestSyncClaim: Int {
+        var claim = lastMarker?.syncedThrough ?? 0
+        switch syncEvidence {
+        case .syncedBeyondDamage(let through, _)?, .neverSynced(let through)?: claim = Swift.max(claim, through)
+        default: break
+        }
+        return claim
+    }
+
     /// Checks a segment. `expectedFirstIndex`, when given, is the index the first record must
     /// carry (the segment's name); records must then be consecutive. With `isLast` false, any
     /// incomplete data is corruption (earlier segments were synced and cut to their records before

@@ -75,6 +75,9 @@ public final class SegmentedLog {
         /// Simulator self-tests only: recovery syncs what it recovered without recording the sync
         /// on disk (soak seed 1002241 undone). The server never sets it.
         public var sabotageUnrecordedRecoverySync = false
+        /// Simulator self-tests only: recovery ignores the record of the last sync that only the
+        /// page cache shows (soak seed 1126036 undone). The server never sets it.
+        public var sabotageIgnoreCachedSyncRecord = false
         public init() {}
     }
 
@@ -215,7 +218,22 @@ public final class SegmentedLog {
         // failed clean: the page cache shows bytes the disk does not hold. Read the segments
         // that may hold unsynced writes from the disk itself. Earlier segments were synced at
         // their roll, before the next segment was created.
+        //
+        // Before that, what the cache shows of the last segment is read for its markers: the
+        // empty batch recording the last sync is written after that sync and not synced itself,
+        // so a failed write-back (or the failed fsync of `dropCache`) keeps it from the disk and
+        // dropping the cache hides it. Its claim stays true (it was written after the sync it
+        // reports), so damage the disk shows below it lies in synced bytes and is refused, never
+        // cut as a torn write (simulator seed 1126036: a failed fsync at start lost the record, a
+        // bad sector in the batch it vouched for then read as a torn write of that batch).
+        var cachedSyncClaim = 0
         if !options.sabotageReadThroughCache {
+            if let (name, first) = names.last, !options.sabotageIgnoreCachedSyncRecord {
+                let cached = try fileSystem.readAll(path(name))
+                cachedSyncClaim = SegmentScan.scan(
+                    cached, expectedFirstIndex: first, isLast: true, keepPayloads: false, sectorBytes: options.sectorBytes
+                ).highestSyncClaim
+            }
             for (name, _) in names.suffix(2) { try fileSystem.dropCache(path(name)) }
         }
         var expected: UInt64?
@@ -227,7 +245,18 @@ public final class SegmentedLog {
             if let e = expected, first != e {
                 throw OpLogError(.corrupt, "segment starts at index \(first) where \(e) was expected", file: path(name), offset: 0)
             }
-            let scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false, sectorBytes: options.sectorBytes)
+            var scan = SegmentScan.scan(bytes, expectedFirstIndex: first, isLast: isLast, keepPayloads: false, sectorBytes: options.sectorBytes)
+            if isLast {
+                switch scan.outcome {
+                case .tornTail(let offset) where offset < cachedSyncClaim, .zeroTail(let offset) where offset < cachedSyncClaim:
+                    scan.outcome = .corrupt(
+                        offset: offset,
+                        reason: "the valid data ends at byte \(offset), but a synced-through marker the page cache showed (not on the disk) "
+                            + "says the segment was synced through byte \(cachedSyncClaim): synced bytes were lost, so it is not a torn tail")
+                default:
+                    break
+                }
+            }
             var size = bytes.count
             var cut: Int?
             switch scan.outcome {

@@ -67,17 +67,17 @@ extension ByteReader {
     }
 }
 
-/// Encodes and decodes `Message`s: version (2), kind, from, to, term, then the body's fields.
+/// Encodes and decodes `Message`s: version (4), kind, from, to, term, then the body's fields.
 ///
 /// | kind | body |
 /// | --- | --- |
 /// | 1 preVote, 3 vote | lastIndex, lastTerm (vote: + leaderTransfer bool), then (version 3) voterIncarnation |
 /// | 2 preVoteResponse, 4 voteResponse | granted bool |
 /// | 5 append | prevIndex, prevTerm, commit, entry count, entries |
-/// | 6 appendAccepted | index |
+/// | 6 appendAccepted | index, then (version 4) mayVote bool |
 /// | 7 appendRejected | rejectedIndex, hintIndex, hintTerm |
-/// | 8 heartbeat | commit, readSeq |
-/// | 9 heartbeatResponse | readSeq |
+/// | 8 heartbeat | commit, readSeq, then (version 4) commitTerm |
+/// | 9 heartbeatResponse | readSeq, then (version 4) mayVote bool |
 /// | 10 snapshotChunk | meta, offset, data, last |
 /// | 11 snapshotResponse | snapshotIndex, nextOffset |
 /// | 12 proposal | count, byte strings |
@@ -92,9 +92,11 @@ extension ByteReader {
 ///
 /// Version 1 (before incarnations, R22) is the same without the incarnation list; it still
 /// decodes, as memberships that record no incarnation. Version 2 is version 3 without the vote
-/// requests' `voterIncarnation`; it still decodes, as 0. Senders always write `version`.
+/// requests' `voterIncarnation`; it still decodes, as 0. Version 3 is version 4 without the
+/// acknowledgements' `mayVote` and the heartbeat's `commitTerm`; it still decodes, as `true`
+/// and 0 (a heartbeat that commits nothing). Senders always write `version`.
 public enum MessageCodec {
-    public static let version: UInt8 = 3
+    public static let version: UInt8 = 4
     /// The oldest version `decode` accepts.
     public static let oldestVersion: UInt8 = 1
 
@@ -137,17 +139,20 @@ public enum MessageCodec {
             w.u64(commit)
             w.u64(UInt64(entries.count))
             for e in entries { encode(e, into: &w) }
-        case .appendAccepted(let index):
+        case let .appendAccepted(index, mayVote):
             w.u64(index)
+            w.bool(mayVote)
         case let .appendRejected(rejectedIndex, hintIndex, hintTerm):
             w.u64(rejectedIndex)
             w.u64(hintIndex)
             w.u64(hintTerm)
-        case let .heartbeat(commit, readSeq):
+        case let .heartbeat(commit, readSeq, commitTerm):
             w.u64(commit)
             w.u64(readSeq)
-        case .heartbeatResponse(let readSeq):
+            w.u64(commitTerm)
+        case let .heartbeatResponse(readSeq, mayVote):
             w.u64(readSeq)
+            w.bool(mayVote)
         case let .snapshotChunk(meta, offset, data, last):
             encode(meta, into: &w)
             w.u64(offset)
@@ -282,10 +287,10 @@ public enum MessageCodec {
             entries.reserveCapacity(n)
             for _ in 0..<n { entries.append(try decodeEntry(&r, version: v)) }
             body = .append(prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: commit)
-        case 6: body = .appendAccepted(index: try r.u64("index"))
+        case 6: body = .appendAccepted(index: try r.u64("index"), mayVote: v >= 4 ? try r.bool("mayVote") : true)
         case 7: body = .appendRejected(rejectedIndex: try r.u64("rejectedIndex"), hintIndex: try r.u64("hintIndex"), hintTerm: try r.u64("hintTerm"))
-        case 8: body = .heartbeat(commit: try r.u64("commit"), readSeq: try r.u64("readSeq"))
-        case 9: body = .heartbeatResponse(readSeq: try r.u64("readSeq"))
+        case 8: body = .heartbeat(commit: try r.u64("commit"), readSeq: try r.u64("readSeq"), commitTerm: v >= 4 ? try r.u64("commitTerm") : 0)
+        case 9: body = .heartbeatResponse(readSeq: try r.u64("readSeq"), mayVote: v >= 4 ? try r.bool("mayVote") : true)
         case 10:
             let meta = try decodeMeta(&r, version: v)
             body = .snapshotChunk(meta: meta, offset: try r.u64("offset"), data: try r.bytes("data"), last: try r.bool("last"))

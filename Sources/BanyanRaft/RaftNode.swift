@@ -591,7 +591,7 @@ public struct RaftNode: Sendable {
     private func quorumAckedSeq() -> UInt64 {
         var acks: [UInt64] = []
         for v in membership.voters {
-            acks.append(v == id ? UInt64.max : progress[v]?.readAck ?? 0)
+            acks.append(v == id ? UInt64.max : countsInQuorum(v) ? progress[v]?.readAck ?? 0 : 0)
         }
         acks.sort(by: >)
         guard acks.count >= membership.quorum, membership.quorum > 0 else { return 0 }
@@ -791,13 +791,21 @@ public struct RaftNode: Sendable {
             ticksSinceLeaderContact = 0
             leader = m.from
             handleAppend(from: m.from, prevIndex: prevIndex, prevTerm: prevTerm, entries: entries, commit: commit)
-        case let .heartbeat(commit, seq):
+        case let .heartbeat(commit, seq, commitTerm):
             electionElapsed = 0
             ticksSinceLeaderContact = 0
             leader = m.from
-            log.commitTo(commit)
+            if configuration.sabotage == .unverifiedHeartbeatCommit {
+                log.commitTo(commit)
+            } else if commit > log.committed, commitTerm != 0, log.term(at: commit) == commitTerm {
+                // Our entry at `commit` is the leader's, so is everything before it (Log
+                // Matching). Otherwise the heartbeat commits nothing: it may have been computed
+                // for an earlier incarnation of this node (a wiped directory's progress) or
+                // before our log diverged; appends bring what is missing.
+                log.commitTo(commit)
+            }
             applyCommittedConfigurations()
-            send(to: m.from, .heartbeatResponse(readSeq: seq))
+            send(to: m.from, .heartbeatResponse(readSeq: seq, mayVote: mayVote))
         case let .snapshotChunk(meta, offset, data, last):
             electionElapsed = 0
             ticksSinceLeaderContact = 0
@@ -866,8 +874,10 @@ public struct RaftNode: Sendable {
         guard var pr = progress[m.from] else { return }
         pr.recentActive = true
         switch m.body {
-        case .appendAccepted(let index):
+        case let .appendAccepted(index, followerMayVote):
             let wasPaused = pr.isPaused
+            let regainedVote = followerMayVote && !pr.mayVote
+            pr.mayVote = followerMayVote
             if pr.maybeUpdate(index) {
                 switch pr.state {
                 case .probe: pr.becomeReplicate()
@@ -892,6 +902,8 @@ public struct RaftNode: Sendable {
                 maybePromoteLearner(m.from)
             } else {
                 progress[m.from] = pr
+                // A voter readmitted under its new incarnation: what it holds counts from now.
+                if regainedVote, maybeCommit() { broadcastAppend() }
             }
         case let .appendRejected(rejected, hintIndex, hintTerm):
             var next = hintIndex
@@ -905,11 +917,14 @@ public struct RaftNode: Sendable {
             } else {
                 progress[m.from] = pr
             }
-        case .heartbeatResponse(let seq):
+        case let .heartbeatResponse(seq, followerMayVote):
+            let regainedVote = followerMayVote && !pr.mayVote
+            pr.mayVote = followerMayVote
             pr.probeSent = false
             if pr.state == .replicate && pr.inflights.isFull { pr.inflights.freeFirst() }
             if seq > pr.readAck { pr.readAck = seq }
             progress[m.from] = pr
+            if regainedVote, maybeCommit() { broadcastAppend() }
             if pr.match < log.lastIndex { sendAppend(to: m.from, sendIfEmpty: true) }
             extendLease()
             confirmReads()
@@ -936,7 +951,7 @@ public struct RaftNode: Sendable {
 
     private mutating func handleAppend(from: NodeID, prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64) {
         if prevIndex < log.committed {
-            send(to: from, .appendAccepted(index: log.committed))
+            send(to: from, .appendAccepted(index: log.committed, mayVote: mayVote))
             return
         }
         if let result = log.maybeAppend(
@@ -954,7 +969,7 @@ public struct RaftNode: Sendable {
             if let c = lastConfigIndex(in: entries) { pendingConfigIndex = max(pendingConfigIndex, c) }
             admitIfNamedWithThisIncarnation(entries)
             applyCommittedConfigurations()
-            send(to: from, .appendAccepted(index: result.lastNew))
+            send(to: from, .appendAccepted(index: result.lastNew, mayVote: mayVote))
         } else {
             let hint = log.findConflictByTerm(index: min(prevIndex, log.lastIndex), term: prevTerm)
             send(to: from, .appendRejected(rejectedIndex: prevIndex, hintIndex: hint.index, hintTerm: hint.term))
@@ -969,7 +984,7 @@ public struct RaftNode: Sendable {
         if installedSnapshot != nil { return }
         if meta.index <= log.committed {
             incomingSnapshot = nil
-            send(to: from, .appendAccepted(index: log.committed))
+            send(to: from, .appendAccepted(index: log.committed, mayVote: mayVote))
             return
         }
         if log.matchTerm(meta.index, meta.term) {
@@ -982,7 +997,7 @@ public struct RaftNode: Sendable {
             incomingSnapshot = nil
             log.commitTo(meta.index)
             applyCommittedConfigurations()
-            send(to: from, .appendAccepted(index: log.committed))
+            send(to: from, .appendAccepted(index: log.committed, mayVote: mayVote))
             return
         }
         if incomingSnapshot?.meta != meta {
@@ -1008,7 +1023,7 @@ public struct RaftNode: Sendable {
             pendingConfigIndex = meta.index
             configScannedThrough = meta.index
             installedSnapshot = meta
-            send(to: from, .appendAccepted(index: meta.index))
+            send(to: from, .appendAccepted(index: meta.index, mayVote: mayVote))
         } else {
             incomingSnapshot = (meta, next)
             send(to: from, .snapshotResponse(snapshotIndex: meta.index, nextOffset: next))
@@ -1112,9 +1127,21 @@ public struct RaftNode: Sendable {
 
     // MARK: - Leader replication
 
+    /// Whether voter `v`'s acknowledgements count towards a quorum (commit, read index, lease,
+    /// check-quorum): the leader itself always; a follower unless its last answer said it may not
+    /// vote. A voter without its vote came back blank (R22): it may have forgotten a newer term
+    /// and the entries it acknowledged in it, so a stale leader could otherwise commit over them
+    /// with its help (whole-node soak seed 1116537: a term-2 leader paused through term 3 came
+    /// back and, with a wiped voter's acknowledgements, committed its own entries where term 3
+    /// had committed others). It counts again once a configuration naming its new incarnation
+    /// reaches it, as its vote comes back.
+    private func countsInQuorum(_ v: NodeID) -> Bool {
+        v == id || configuration.sabotage == .amnesiacAcknowledgements || progress[v]?.mayVote != false
+    }
+
     private func quorumActive() -> Bool {
         var active = 0
-        for v in membership.voters where v == id || progress[v]?.recentActive == true { active += 1 }
+        for v in membership.voters where v == id || (progress[v]?.recentActive == true && countsInQuorum(v)) { active += 1 }
         return active >= membership.quorum
     }
 
@@ -1133,8 +1160,10 @@ public struct RaftNode: Sendable {
             if heartbeatSentAt.count > 4 * configuration.electionTicks { heartbeatSentAt.removeFirst() }
         }
         for peer in membership.all where peer != id {
-            let match = progress[peer]?.match ?? 0
-            send(to: peer, .heartbeat(commit: min(match, log.committed), readSeq: readSeq))
+            let commit = min(progress[peer]?.match ?? 0, log.committed)
+            // With the term of our entry there, so the follower can check it holds that entry
+            // (0 when compacted away: the follower then learns the commit from appends).
+            send(to: peer, .heartbeat(commit: commit, readSeq: readSeq, commitTerm: log.term(at: commit) ?? 0))
         }
     }
 
@@ -1187,7 +1216,7 @@ public struct RaftNode: Sendable {
     private mutating func maybeCommit() -> Bool {
         var matches: [UInt64] = []
         matches.reserveCapacity(membership.voters.count)
-        for v in membership.voters { matches.append(progress[v]?.match ?? 0) }
+        for v in membership.voters { matches.append(countsInQuorum(v) ? progress[v]?.match ?? 0 : 0) }
         guard matches.count >= membership.quorum, !matches.isEmpty else { return false }
         matches.sort(by: >)
         let candidate = matches[membership.quorum - 1]

@@ -209,14 +209,26 @@ public struct Message: Sendable, Equatable {
         case voteResponse(granted: Bool)
         /// Log replication with the consistency check on (prevIndex, prevTerm).
         case append(prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64)
-        /// Accepted: the follower's log matches the leader's through `index`.
-        case appendAccepted(index: UInt64)
+        /// Accepted: the follower's log matches the leader's through `index`. `mayVote` is the
+        /// follower's own: false when it is a voter that came back blank (R22, `RaftNode.
+        /// isVoterWithAmnesia`) or a learner. A leader counts no acknowledgement of a voter that
+        /// may not vote towards any quorum (commit, read index, lease, check-quorum): it may have
+        /// forgotten a newer term and the entries it acknowledged in it (whole-node soak seed
+        /// 1116537). A version-3 peer decodes as `true`.
+        case appendAccepted(index: UInt64, mayVote: Bool = true)
         /// Rejected: no entry (`rejectedIndex`, prevTerm); the hint is where to probe next.
         case appendRejected(rejectedIndex: UInt64, hintIndex: UInt64, hintTerm: UInt64)
-        /// Leadership assertion; `commit` is capped at what the follower is known to have.
-        /// `readSeq` confirms ReadIndex requests queued up to that sequence number.
-        case heartbeat(commit: UInt64, readSeq: UInt64)
-        case heartbeatResponse(readSeq: UInt64)
+        /// Leadership assertion; `commit` is capped at what the follower is known to have, and
+        /// `commitTerm` is the term of the leader's entry there. A follower commits through
+        /// `commit` only when its own entry at `commit` has that term (Log Matching: then its log
+        /// equals the leader's through it): no append's consistency check covers a heartbeat, and
+        /// one computed for an earlier incarnation of the follower, or queued while it was away,
+        /// could otherwise commit entries the leader never sent it (whole-node soak seed 1116537).
+        /// `readSeq` confirms ReadIndex requests queued up to that sequence number. A version-3
+        /// peer's heartbeat decodes with `commitTerm` 0 and commits nothing.
+        case heartbeat(commit: UInt64, readSeq: UInt64, commitTerm: UInt64 = 0)
+        /// `mayVote`: as in `appendAccepted`.
+        case heartbeatResponse(readSeq: UInt64, mayVote: Bool = true)
         /// One chunk of the leader's snapshot, streamed in order.
         case snapshotChunk(meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool)
         /// The follower holds the snapshot's first `nextOffset` bytes.

@@ -13,14 +13,15 @@ import Synchronization
 /// while a peer is unreachable, or its connection has too many bytes queued, messages to it are
 /// dropped (Raft retries: that is the backpressure).
 ///
-/// Protocol version 3: Raft messages are `MessageCodec` version 3 (vote requests carry the
-/// incarnation the candidate's configuration records for the recipient). Version 2 (R22) added
+/// Protocol version 4: Raft messages are `MessageCodec` version 4 (acknowledgements say whether
+/// their sender may vote, so a leader counts no blank voter's in a quorum). Version 3 made vote
+/// requests carry the incarnation the candidate's configuration records for the recipient. Version 2 (R22) added
 /// the sender's incarnation to the hello and incarnations to memberships. Peers of another
 /// version are refused at the hello, naming both versions, so every node of a cluster must run
 /// the same protocol before they can talk again (restart them all with the new binary;
 /// docs/runbook.md).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 3
+    static let protocolVersion: UInt16 = 4
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

@@ -166,6 +166,43 @@ private func zero(_ fs: SimulatedFileSystem, _ path: String, at offset: Int, cou
         }
     }
 
+    /// Simulator seed 1126036: the empty batch recording the last sync was only in the page
+    /// cache when the fsync of the next start failed; the start after that read the disk, where
+    /// a bad sector in the synced batch looked like a torn write of it.
+    @Test("damage below what a sync record only the page cache still shows says was synced is refused, not cut (sabotaged: cut)", arguments: [false, true])
+    func cachedSyncRecordVouches(sabotaged: Bool) throws {
+        var options = SegmentedLog.Options()
+        options.sabotageIgnoreCachedSyncRecord = sabotaged
+        let fs = SimulatedFileSystem(durableDirectories: ["/data"])
+        let log = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+        try log.append((1...10).map(entry))
+        #expect(try log.sync() == 10)
+        try log.append((11...20).map(entry))
+        #expect(try log.sync() == 20)
+        // The process stops; the empty batch recording that sync is only in the page cache. A
+        // sector inside the synced batch of 11...20 goes bad.
+        fs.restartProcess()
+        let layout = SegmentScan.scan(try fs.readAll(segment), expectedFirstIndex: 1, isLast: true, keepPayloads: false)
+        #expect(layout.highestSyncClaim > layout.offsets[19])
+        let damage = layout.offsets[14] / 512 * 512
+        #expect(damage > layout.offsets[10])
+        fs.zero(segment, at: damage, count: 512)
+        // The next start's fsync fails: the record never reaches the disk, and the start after
+        // that reads the disk.
+        fs.failNextSync = true
+        #expect(throws: OpLogError.self) { try SegmentedLog(directory: dir, fileSystem: fs, options: options) }
+        fs.restartProcess()
+        do {
+            let opened = try SegmentedLog(directory: dir, fileSystem: fs, options: options)
+            #expect(sabotaged, "opened with \(opened.lastIndex) of 20 durable records")
+            #expect(opened.lastIndex < 15 && opened.recovery.truncatedTail != nil)
+        } catch {
+            #expect(!sabotaged, "\(error)")
+            #expect(error.code == .corrupt && error.file == segment, "\(error)")
+            #expect(error.message.contains("page cache") && error.message.contains("not a torn tail"), "\(error.message)")
+        }
+    }
+
     @Test("recovery that leaves the last segment sealed starts a new one, so damage found later in the records it made durable is refused (sabotaged: cut)", arguments: [false, true])
     func recoverySyncRecordedInSealedSegment(sabotaged: Bool) throws {
         var options = SegmentedLog.Options()

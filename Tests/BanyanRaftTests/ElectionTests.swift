@@ -64,7 +64,7 @@ import Testing
         let garbage = LogEntry(index: 4, term: 2, data: [0xEE, 4, 2])
         for to: NodeID in [2, 3] {
             c.inject(Message(from: 1, to: to, term: 2, body: .append(prevIndex: 3, prevTerm: 2, entries: [garbage], commit: 4)))
-            c.inject(Message(from: 1, to: to, term: 2, body: .heartbeat(commit: 4, readSeq: 0)))
+            c.inject(Message(from: 1, to: to, term: 2, body: .heartbeat(commit: 4, readSeq: 0, commitTerm: 2)))
         }
         #expect(c.logTerms(2) == before.0)
         #expect(c.logTerms(3) == before.1)

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanBasics
 import Testing
 
 /// Issue 14 item 3 (R22): a node that comes back blank under its old id must not regain its vote
@@ -49,6 +50,84 @@ import Testing
         net.hello(from: 2)
         #expect(net.raft(1)?.replicationStatus.first { $0.node == 2 }?.match == before)
         #expect(net.violations.isEmpty)
+    }
+
+    /// Whole-node soak seed 1116537, by hand. Run once as the code is and once with the
+    /// sabotage that counts such acknowledgements, which must commit over the newer term (so the
+    /// scenario does reach the danger).
+    @Test("a stale leader does not commit with the acknowledgements of a voter that came back blank: it may have forgotten the newer term that committed other entries there (soak seed 1116537)", arguments: [false, true])
+    func amnesiacAcknowledgementsDoNotCount(sabotaged: Bool) throws {
+        var net = try TestCluster(voters: 3, configure: { c in
+            Self.incarnation { 100 + $0 }(&c)
+            if sabotaged { c.sabotage = .amnesiacAcknowledgements }
+        })
+        for id: NodeID in [1, 2, 3] { net.hello(from: id) }
+        net.campaign(1)
+        #expect(net.leader == 1)
+        try net.propose(1, [1])
+        let base = try #require(net.raft(1)?.commitIndex)
+        let staleTerm = try #require(net.raft(1)?.term)
+        // Node 1 is cut off, appends two entries of its term that nobody receives, and stalls.
+        net.isolate(1)
+        try net.propose(1, [2])
+        try net.propose(1, [3])
+        net.pause(1)
+        net.heal()
+        // The other two elect one of them in a newer term and commit their own entries there.
+        let newer = try #require(Scenario.tickUntil(&net, limit: 300) { $0.settledLeader != nil }.flatMap { _ in net.settledLeader })
+        try net.propose(newer, [4])
+        try net.propose(newer, [5])
+        try net.propose(newer, [6])
+        let committed = try #require(net.raft(newer)?.commitIndex)
+        #expect(committed >= base + 3)
+        #expect(net.raft(newer)?.term(at: base + 1) != staleTerm)
+        // The new leader stalls; the other loses its data directory and comes back blank with a
+        // new incarnation: no vote, no memory of the newer term, still a voter of {1, 2, 3}.
+        let wiped: NodeID = newer == 2 ? 3 : 2
+        net.pause(newer)
+        try net.wipe(wiped, configure: Self.incarnation(Self.incarnationB))
+        #expect(net.raft(wiped)?.mayVote == false)
+        // The stale leader resumes, hears the blank node's hello and replicates its log to it.
+        net.resume(1)
+        net.hello(from: wiped)
+        net.tickAll(times: 30)
+        #expect(net.raft(wiped)?.lastIndex ?? 0 >= base + 2, "the blank node received the stale leader's log")
+        let staleCommit = max(net.raft(1)?.commitIndex ?? 0, net.raft(wiped)?.commitIndex ?? 0)
+        if sabotaged {
+            #expect(staleCommit > base, "the sabotage did not reach the danger")
+        } else {
+            #expect(staleCommit == base, "entries of term \(staleTerm) committed where a newer term had committed others")
+            #expect(net.violations.isEmpty)
+        }
+    }
+
+    @Test("a heartbeat commits only through an entry the follower holds with the term the heartbeat names (no append's consistency check covers it)")
+    func heartbeatCommitChecksTerm() throws {
+        var node = try RaftNode(configuration: RaftConfiguration(id: 2, seed: 3), restoring: RaftNode.bootstrapState(members: [1, 2, 3]))
+        let mine = [LogEntry(index: 2, term: 2, data: [2]), LogEntry(index: 3, term: 2, data: [3])]
+        node.step(Message(from: 1, to: 2, term: 2, body: .append(prevIndex: 1, prevTerm: 1, entries: mine, commit: 1)))
+        #expect(node.commitIndex == 1)
+        // Computed for another log (an earlier incarnation of this node, say): term 3 at index 3.
+        node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 3, readSeq: 0, commitTerm: 3)))
+        #expect(node.commitIndex == 1)
+        // Beyond this log, or without a term (a version-3 peer, or compacted at the leader).
+        node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 5, readSeq: 0, commitTerm: 2)))
+        node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 3, readSeq: 0)))
+        #expect(node.commitIndex == 1)
+        // Our entry at 3 is the leader's: commit through it.
+        node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 3, readSeq: 0, commitTerm: 2)))
+        #expect(node.commitIndex == 3)
+        // The leader's heartbeats name the term of its entry at the commit they carry.
+        var net = try TestCluster(voters: 3)
+        net.campaign(1)
+        try net.propose(1, [7])
+        let mark = net.delivered.count
+        net.tickAll(times: 3)
+        let beats = net.delivered[mark...].compactMap { m -> (UInt64, UInt64)? in
+            if case let .heartbeat(commit, _, commitTerm) = m.body, m.from == 1 { (commit, commitTerm) } else { nil }
+        }
+        #expect(!beats.isEmpty)
+        for (commit, commitTerm) in beats { #expect(net.raft(1)?.term(at: commit) == commitTerm) }
     }
 
     @Test("a wiped node back under its old id with a new incarnation keeps mayVote false when a leader replays its old addLearner and promote from index 1, never grants a vote, and votes again only once removed and re-added (R22, issue 14 item 3)")

@@ -21,8 +21,8 @@ import Testing
             .vote(lastIndex: 3, lastTerm: 1, leaderTransfer: false), .voteResponse(granted: false), .voteResponse(granted: true),
             .append(prevIndex: 4, prevTerm: 2, entries: entries, commit: 3), .append(prevIndex: 0, prevTerm: 0, entries: [], commit: 0),
             .append(prevIndex: UInt64.max, prevTerm: UInt64.max, entries: [LogEntry(index: 1, term: 1)], commit: UInt64.max),
-            .appendAccepted(index: UInt64.max), .appendAccepted(index: 0), .appendRejected(rejectedIndex: 9, hintIndex: 4, hintTerm: 1),
-            .heartbeat(commit: 8, readSeq: 12), .heartbeat(commit: 0, readSeq: UInt64.max), .heartbeatResponse(readSeq: 12),
+            .appendAccepted(index: UInt64.max), .appendAccepted(index: 0, mayVote: false), .appendRejected(rejectedIndex: 9, hintIndex: 4, hintTerm: 1),
+            .heartbeat(commit: 8, readSeq: 12, commitTerm: 3), .heartbeat(commit: 0, readSeq: UInt64.max), .heartbeatResponse(readSeq: 12), .heartbeatResponse(readSeq: 3, mayVote: false),
             .snapshotChunk(meta: meta, offset: 1 << 20, data: [1, 2, 3], last: true),
             .snapshotChunk(meta: SnapshotMeta(index: 1, term: 1, membership: .empty), offset: 0, data: [], last: false),
             .snapshotChunk(meta: SnapshotMeta(index: UInt64.max, term: 0, membership: learnersOnly), offset: UInt64.max, data: [0], last: true),
@@ -65,8 +65,8 @@ import Testing
     @Test("the header is version, kind, then from, to and term little-endian")
     func headerLayout() {
         let bytes = MessageCodec.encode(Message(from: 0x0102, to: UInt64.max, term: 1 << 56, body: .timeoutNow))
-        #expect(MessageCodec.version == 3)
-        #expect(bytes == [3, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
+        #expect(MessageCodec.version == 4)
+        #expect(bytes == [4, 15, 2, 1, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 255, count: 8) + [0, 0, 0, 0, 0, 0, 0, 1])
     }
 
     /// Overwrites the u64 at `offset` (a count or length field) with `value`.
@@ -122,8 +122,8 @@ import Testing
         kind[1] = 0
         #expect(throws: WireError.unknownKind(0)) { try MessageCodec.decode(kind) }
         var version = vote
-        version[0] = 4
-        #expect(throws: WireError.unknownVersion(4)) { try MessageCodec.decode(version) }
+        version[0] = MessageCodec.version + 1
+        #expect(throws: WireError.unknownVersion(MessageCodec.version + 1)) { try MessageCodec.decode(version) }
         version[0] = 0
         #expect(throws: WireError.unknownVersion(0)) { try MessageCodec.decode(version) }
         #expect(throws: WireError.truncated(field: "version")) { try MessageCodec.decode([]) }
@@ -162,10 +162,10 @@ import Testing
         case 4:
             let entries = (0..<rng.below(5)).map { _ in entry(&rng) }
             body = .append(prevIndex: value(&rng), prevTerm: value(&rng), entries: entries, commit: value(&rng))
-        case 5: body = .appendAccepted(index: value(&rng))
+        case 5: body = .appendAccepted(index: value(&rng), mayVote: rng.chance(1, in: 2))
         case 6: body = .appendRejected(rejectedIndex: value(&rng), hintIndex: value(&rng), hintTerm: value(&rng))
-        case 7: body = .heartbeat(commit: value(&rng), readSeq: value(&rng))
-        case 8: body = .heartbeatResponse(readSeq: value(&rng))
+        case 7: body = .heartbeat(commit: value(&rng), readSeq: value(&rng), commitTerm: value(&rng))
+        case 8: body = .heartbeatResponse(readSeq: value(&rng), mayVote: rng.chance(1, in: 2))
         case 9:
             let meta = SnapshotMeta(index: value(&rng), term: value(&rng), membership: membership(&rng))
             body = .snapshotChunk(meta: meta, offset: value(&rng), data: bytes(&rng, max: 64), last: rng.chance(1, in: 2))
@@ -337,7 +337,7 @@ import Testing
         let membership = Membership(voters: [1, 4], learners: [9], incarnations: [9: 99, 4: 44])
         let m = Message(from: 1, to: 2, term: 3, body: .snapshotChunk(meta: SnapshotMeta(index: 40, term: 3, membership: membership), offset: 0, data: [], last: true))
         let bytes = MessageCodec.encode(m)
-        let expected: [UInt8] = [3, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
+        let expected: [UInt8] = [4, 10] + Self.u64(1) + Self.u64(2) + Self.u64(3) + Self.u64(40) + Self.u64(3) + Self.ids([1, 4]) + Self.ids([9])
             + Self.u64(2) + Self.u64(4) + Self.u64(44) + Self.u64(9) + Self.u64(99) + Self.u64(0) + Self.u64(0) + [1]
         #expect(bytes == expected)
         #expect(try MessageCodec.decode(bytes) == m)
@@ -347,15 +347,35 @@ import Testing
     func voteRequestIncarnation() throws {
         let vote = Message(from: 1, to: 4, term: 9, body: .vote(lastIndex: 7, lastTerm: 8, leaderTransfer: true, voterIncarnation: 0xF00D))
         let header: [UInt8] = Self.u64(1) + Self.u64(4) + Self.u64(9)
-        #expect(MessageCodec.encode(vote) == [3, 3] + header + Self.u64(7) + Self.u64(8) + [1] + Self.u64(0xF00D))
+        #expect(MessageCodec.encode(vote) == [4, 3] + header + Self.u64(7) + Self.u64(8) + [1] + Self.u64(0xF00D))
         let preVote = Message(from: 1, to: 4, term: 9, body: .preVote(lastIndex: 7, lastTerm: 8, voterIncarnation: 5))
-        #expect(MessageCodec.encode(preVote) == [3, 1] + header + Self.u64(7) + Self.u64(8) + Self.u64(5))
+        #expect(MessageCodec.encode(preVote) == [4, 1] + header + Self.u64(7) + Self.u64(8) + Self.u64(5))
         let oldVote = [2, 3] + header + Self.u64(7) + Self.u64(8) + [1]
         #expect(try MessageCodec.decode(oldVote) == Message(from: 1, to: 4, term: 9, body: .vote(lastIndex: 7, lastTerm: 8, leaderTransfer: true)))
         let oldPreVote = [2, 1] + header + Self.u64(7) + Self.u64(8)
         #expect(try MessageCodec.decode(oldPreVote) == Message(from: 1, to: 4, term: 9, body: .preVote(lastIndex: 7, lastTerm: 8)))
         var truncated = oldVote
         truncated[0] = 3
+        #expect(throws: WireError.self) { try MessageCodec.decode(truncated) }
+    }
+
+    @Test("version 4 acknowledgements end with the sender's mayVote and heartbeats with the commit's term; version-3 ones (without them) decode as true and 0, and a version-4 one without them is refused")
+    func acknowledgementMayVote() throws {
+        let header: [UInt8] = Self.u64(3) + Self.u64(1) + Self.u64(9)
+        let accepted = Message(from: 3, to: 1, term: 9, body: .appendAccepted(index: 56, mayVote: false))
+        #expect(MessageCodec.encode(accepted) == [4, 6] + header + Self.u64(56) + [0])
+        let heartbeat = Message(from: 3, to: 1, term: 9, body: .heartbeatResponse(readSeq: 7, mayVote: true))
+        #expect(MessageCodec.encode(heartbeat) == [4, 9] + header + Self.u64(7) + [1])
+        let oldAccepted: [UInt8] = [3, 6] + header + Self.u64(56)
+        #expect(try MessageCodec.decode(oldAccepted) == Message(from: 3, to: 1, term: 9, body: .appendAccepted(index: 56, mayVote: true)))
+        let oldHeartbeat: [UInt8] = [3, 9] + header + Self.u64(7)
+        #expect(try MessageCodec.decode(oldHeartbeat) == Message(from: 3, to: 1, term: 9, body: .heartbeatResponse(readSeq: 7, mayVote: true)))
+        let beat = Message(from: 1, to: 3, term: 9, body: .heartbeat(commit: 68, readSeq: 2, commitTerm: 3))
+        #expect(MessageCodec.encode(beat) == [4, 8] + Self.u64(1) + Self.u64(3) + Self.u64(9) + Self.u64(68) + Self.u64(2) + Self.u64(3))
+        let oldBeat: [UInt8] = [3, 8] + Self.u64(1) + Self.u64(3) + Self.u64(9) + Self.u64(68) + Self.u64(2)
+        #expect(try MessageCodec.decode(oldBeat) == Message(from: 1, to: 3, term: 9, body: .heartbeat(commit: 68, readSeq: 2, commitTerm: 0)))
+        var truncated = oldAccepted
+        truncated[0] = 4
         #expect(throws: WireError.self) { try MessageCodec.decode(truncated) }
     }
 

@@ -134,7 +134,7 @@ import Testing
         #expect(appends.allSatisfy { if case let .append(_, _, _, commit) = $0.body { commit == 2 } else { false } })
         // Node 2's acknowledgements through 5 arrive (the rest are lost): 5 commits, and the
         // leader applies it and compacts there.
-        c.release { $0.filter { if case .appendAccepted(let i) = $0.body { $0.from == 2 && i <= 5 } else { false } } }
+        c.release { $0.filter { if case .appendAccepted(let i, _) = $0.body { $0.from == 2 && i <= 5 } else { false } } }
         #expect(c.raft(1)?.commitIndex == 5)
         let snapshot = try #require(c.raft(1)?.snapshotMeta)
         #expect(snapshot.index == 5)

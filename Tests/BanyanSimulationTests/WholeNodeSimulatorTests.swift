@@ -127,20 +127,21 @@ import Testing
 
     /// Seeds that found bugs, replayed with the soak's settings (docs/simulator.md, "Seeds that
     /// found bugs").
-    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100, 108021, 310515, 414080, 500316, 506651, 1002241, 103192, 110736, 114833, 212484, 312337, 402147, 411570] as [UInt64])
+    @Test("the seeds that found bugs pass", arguments: [52697, 50654, 60040, 67023, 317, 111100, 108021, 310515, 414080, 500316, 506651, 1002241, 103192, 110736, 114833, 212484, 312337, 402147, 411570, 1116537, 1126036, 1176258, 1180895] as [UInt64])
     func regressionSeed(_ seed: UInt64) {
         let report = WholeNodeSimulator.run(Self.options(seed, operations: 300))
         #expect(report.passed, "\(report.summary)")
     }
 
-    /// Seed 1002241 found recovery's unrecorded sync (a bad sector found at a later start cut
-    /// records the node held durably); with that fix undone it fails again, on the durability
-    /// check.
-    @Test("seed 1002241 fails when recovery's sync goes unrecorded")
-    func unrecordedRecoverySyncCaught() {
-        var o = Self.options(1_002_241, operations: 300)
-        o.sabotage = .unrecordedRecoverySync
+    /// Seed 1116537 found two ways a leader's word reached a wiped voter's new incarnation: a
+    /// stale leader counted its acknowledgements (it had forgotten the newer term), and a
+    /// heartbeat computed for the earlier incarnation committed what the stale leader had given
+    /// it. With either fix undone it fails again, on commit permanence.
+    @Test("seed 1116537 fails when a blank voter's acknowledgements count or a heartbeat's commit goes unchecked", arguments: [Sabotage.amnesiacAcknowledgements, .unverifiedHeartbeatCommit])
+    func amnesiacVoterCaught(_ sabotage: Sabotage) {
+        var o = Self.options(1_116_537, operations: 300)
+        o.sabotage = sabotage
         let report = WholeNodeSimulator.run(o)
-        #expect(!report.passed && report.summary.contains("durability"), "\(report.summary)")
+        #expect(!report.passed && report.violations.contains { $0.contains("commit permanence") }, "\(report.summary)")
     }
 }

@@ -286,7 +286,7 @@ struct SimNode: Sendable {
             if disk.hardState.term != m.term || disk.hardState.vote != m.to {
                 return "node \(id) granted a vote to \(m.to) in term \(m.term) before persisting it (disk: term \(disk.hardState.term) vote \(disk.hardState.vote))"
             }
-        case .appendAccepted(let index) where index > 0:
+        case .appendAccepted(let index, _) where index > 0:
             if disk.lastIndex < index || disk.hardState.term < m.term {
                 return "node \(id) acknowledged index \(index) in term \(m.term) with only \(disk.lastIndex) durable (term \(disk.hardState.term))"
             }
