@@ -93,6 +93,10 @@ let package = Package(
         // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
         .target(name: "BanyanSession", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
 
+        // Listens and the updates each applied write owes them, for v5 sessions and REST event
+        // streams alike (docs/realtime.md, "ListenCore").
+        .target(name: "BanyanListen", dependencies: ["BanyanTree", "BanyanQuery"], swiftSettings: coreSettings),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -245,6 +249,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanListenTests", dependencies: ["BanyanListen", "BanyanQuery", "BanyanTree"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode", "BanyanBasics", "BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(

@@ -19,6 +19,7 @@ import Testing
         "BanyanStateMachine": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanSession": (true, ["BanyanTree", "BanyanBasics"]),
+        "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
         "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanBasics", "Logging"]),
         "BanyanServer": (
