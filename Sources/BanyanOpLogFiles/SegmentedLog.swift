@@ -252,7 +252,8 @@ public final class SegmentedLog {
                     scan.outcome = .corrupt(
                         offset: offset,
                         reason: "the valid data ends at byte \(offset), but a synced-through marker the page cache showed (not on the disk) "
-                            + "says the segment was synced through byte \(cachedSyncClaim): synced bytes were lost, so it is not a torn tail")
+                            + "says the segment was synced through byte \(cachedSyncClaim): synced bytes were lost, so it is not a torn tail. "
+                            + "See docs/runbook.md, \"The log refuses to open: damage before valid records\"")
                 default:
                     break
                 }

@@ -127,6 +127,9 @@ public enum RESTRender {
             return error(.badRequest(e.message))
         case .malformed:
             return error(RESTError(500, "The write could not be decoded by the state machine."))
+        case .refused(let reason):
+            // Connection-level refusals concern realtime sessions; REST writes never get one.
+            return error(RESTError(409, reason))
         }
     }
 

@@ -20,8 +20,9 @@ struct Progress: Sendable {
     var recentActive = false
     /// Highest ReadIndex sequence this follower confirmed.
     var readAck: UInt64 = 0
-    /// The follower's last answer said it may vote (`Message.Body.appendAccepted`): false for a
-    /// voter that came back blank, whose acknowledgements then count in no quorum.
+    /// The follower's last answer said it may vote (`appendAccepted`, `heartbeatResponse`): false
+    /// for a voter that came back blank, whose acknowledgements then count in no quorum; false
+    /// too from a new incarnation's hello until its first answer.
     var mayVote = true
     /// Snapshot streaming: the next byte offset the follower wants, and ticks since progress.
     var snapshotOffset: UInt64 = 0

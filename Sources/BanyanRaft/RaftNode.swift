@@ -434,6 +434,9 @@ public struct RaftNode: Sendable {
                 next: log.lastIndex + 1, maxInflightMessages: configuration.maxInflightMessages,
                 maxInflightBytes: configuration.maxInflightBytes)
             pr.recentActive = progress[node]?.recentActive ?? false
+            // A new directory is blank until its own answers say otherwise: it counts in no
+            // quorum, check-quorum included, before then.
+            pr.mayVote = false
             progress[node] = pr
             if transferTarget == node { transferTarget = 0 }
             sendAppend(to: node, sendIfEmpty: true)
@@ -534,6 +537,10 @@ public struct RaftNode: Sendable {
         if target == id { transferTarget = 0; return }
         guard membership.isVoter(target), progress[target] != nil else {
             throw .invalidMembershipChange("node \(target) is not a voter")
+        }
+        // A voter that came back blank cannot campaign: the transfer would only stall proposals.
+        guard countsInQuorum(target) else {
+            throw .invalidMembershipChange("node \(target) has no vote (its data was replaced; remove it and add it back)")
         }
         if transferTarget == target { return }
         transferTarget = target
@@ -1133,10 +1140,17 @@ public struct RaftNode: Sendable {
     /// and the entries it acknowledged in it, so a stale leader could otherwise commit over them
     /// with its help (whole-node soak seed 1116537: a term-2 leader paused through term 3 came
     /// back and, with a wiped voter's acknowledgements, committed its own entries where term 3
-    /// had committed others). It counts again once a configuration naming its new incarnation
-    /// reaches it, as its vote comes back.
+    /// had committed others). It counts again once its vote comes back: a configuration naming
+    /// its new incarnation reaches it, or a vote request names that incarnation.
+    /// The leader also checks, without relying on the follower, that the incarnation it heard
+    /// from `v` is the one the configuration admitted (when both are known): another one is a
+    /// directory that may have forgotten what the admitted one acknowledged.
     private func countsInQuorum(_ v: NodeID) -> Bool {
-        v == id || configuration.sabotage == .amnesiacAcknowledgements || progress[v]?.mayVote != false
+        if v == id || configuration.sabotage == .amnesiacAcknowledgements { return true }
+        guard progress[v]?.mayVote != false else { return false }
+        let admitted = membership.incarnation(of: v)
+        let heard = knownIncarnations[v] ?? 0
+        return admitted == 0 || heard == 0 || admitted == heard
     }
 
     private func quorumActive() -> Bool {

@@ -210,8 +210,8 @@ public struct Message: Sendable, Equatable {
         /// Log replication with the consistency check on (prevIndex, prevTerm).
         case append(prevIndex: UInt64, prevTerm: UInt64, entries: [LogEntry], commit: UInt64)
         /// Accepted: the follower's log matches the leader's through `index`. `mayVote` is the
-        /// follower's own: false when it is a voter that came back blank (R22, `RaftNode.
-        /// isVoterWithAmnesia`) or a learner. A leader counts no acknowledgement of a voter that
+        /// follower's own: false for a node that came back blank and no configuration admitted
+        /// under its new incarnation yet (R22, `RaftNode.isVoterWithAmnesia`). A leader counts no acknowledgement of a voter that
         /// may not vote towards any quorum (commit, read index, lease, check-quorum): it may have
         /// forgotten a newer term and the entries it acknowledged in it (whole-node soak seed
         /// 1116537). A version-3 peer decodes as `true`.
@@ -429,8 +429,8 @@ public struct RaftConfiguration: Sendable {
     /// as before incarnations existed, and as a leader it promotes learners whose incarnation it
     /// does not know.
     public var incarnation: UInt64 = 0
-    /// Simulator self-tests only (`Sabotage`: `.replayedAdmission`, `.reusedReadContexts`);
-    /// the server never sets it.
+    /// Simulator self-tests only (`Sabotage`: the switches the Raft core reads, such as
+    /// `.replayedAdmission` or `.amnesiacAcknowledgements`); the server never sets it.
     public var sabotage: Sabotage = .none
 
     public init(id: NodeID, seed: UInt64) {

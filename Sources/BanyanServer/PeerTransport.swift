@@ -10,11 +10,15 @@ import Synchronization
 /// frames, a hello that names the cluster, both node ids and the protocol version, then Raft
 /// messages. Each node dials one outbound connection per peer for what it sends; inbound
 /// connections only receive. A connection that fails is redialled with exponential back-off;
-/// while a peer is unreachable, or its connection has too many bytes queued, messages to it are
-/// dropped (Raft retries: that is the backpressure).
+/// while it is down, messages wait in a bounded backlog (an eighth of `maxQueuedBytes`) that is
+/// flushed to whoever accepts the next connection, possibly a new incarnation of the peer
+/// (the Raft core copes: see `Message.Body.heartbeat`); past the backlog, or while a live
+/// connection has too many bytes queued, messages are dropped (Raft retries: that is the
+/// backpressure).
 ///
 /// Protocol version 4: Raft messages are `MessageCodec` version 4 (acknowledgements say whether
-/// their sender may vote, so a leader counts no blank voter's in a quorum). Version 3 made vote
+/// their sender may vote, so a leader counts no blank voter's in a quorum; heartbeats carry the
+/// term of the entry at their commit, so a follower commits only what it holds). Version 3 made vote
 /// requests carry the incarnation the candidate's configuration records for the recipient. Version 2 (R22) added
 /// the sender's incarnation to the hello and incarnations to memberships. Peers of another
 /// version are refused at the hello, naming both versions, so every node of a cluster must run

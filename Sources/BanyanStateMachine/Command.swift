@@ -14,6 +14,19 @@ public enum Command: Sendable, Equatable {
     /// A transaction's compare-and-set: applies `json` only if the current node hashes to
     /// `expectedHash` (Firebase's hash; the empty string for no data).
     case compareAndSet(path: String, expectedHash: String, json: [UInt8])
+    /// The issuing connection (the envelope's session) queues a set to run when it ends (v5 `o`).
+    /// `secret` is the connection's: the first registration records it, and only a
+    /// `connectionEnded` naming it fires the queue.
+    case onDisconnectSet(path: String, json: [UInt8], secret: UInt64)
+    /// Queues a multi-path update (v5 `om`): relative paths and their JSON values.
+    case onDisconnectUpdate(path: String, entries: [UpdateItem], secret: UInt64)
+    /// Forgets what the connection queued at or below the path (v5 `oc`).
+    case onDisconnectCancel(path: String, secret: UInt64)
+    /// Connection `connection` is over (a clean close, a lost socket, a keep-alive timeout, a
+    /// reconnect naming it, or its node's lease ran out): its queue fires as one atomic update,
+    /// once, and nothing it sends afterwards applies. Proposed by any session; `secret` must be
+    /// the one its queue recorded.
+    case connectionEnded(connection: UInt64, secret: UInt64)
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -66,6 +79,10 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .set: w.u8(1)
         case .update: w.u8(2)
         case .compareAndSet: w.u8(3)
+        case .onDisconnectSet: w.u8(4)
+        case .onDisconnectUpdate: w.u8(5)
+        case .onDisconnectCancel: w.u8(6)
+        case .connectionEnded: w.u8(7)
         }
         w.u64(session)
         w.u64(seq)
@@ -87,6 +104,26 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string(path)
             w.string(expectedHash)
             w.bytes(json)
+        case let .onDisconnectSet(path, json, secret):
+            w.string(path)
+            w.bytes(json)
+            w.u64(secret)
+        case let .onDisconnectUpdate(path, entries, secret):
+            w.string(path)
+            w.u64(UInt64(entries.count))
+            for e in entries {
+                w.string(e.path)
+                w.bytes(e.json)
+            }
+            w.u64(secret)
+        case let .onDisconnectCancel(path, secret):
+            w.string(path)
+            w.u64(secret)
+        case let .connectionEnded(connection, secret):
+            // The path field is empty: the connection names what it ends.
+            w.string("")
+            w.u64(connection)
+            w.u64(secret)
         }
         return w.finish()
     }
@@ -100,6 +137,12 @@ public struct CommandEnvelope: Sendable, Equatable {
             n += 16 + path.utf8.count
             for e in entries { n += 16 + e.path.utf8.count + e.json.count }
         case let .compareAndSet(path, expectedHash, json): n += 24 + path.utf8.count + expectedHash.utf8.count + json.count
+        case let .onDisconnectSet(path, json, _): n += 24 + path.utf8.count + json.count
+        case let .onDisconnectUpdate(path, entries, _):
+            n += 24 + path.utf8.count
+            for e in entries { n += 16 + e.path.utf8.count + e.json.count }
+        case let .onDisconnectCancel(path, _): n += 16 + path.utf8.count
+        case .connectionEnded: n += 24
         }
         return n
     }
@@ -128,23 +171,40 @@ public struct CommandEnvelope: Sendable, Equatable {
             case 1:
                 command = .set(path: path, json: try r.bytes("json"))
             case 2:
-                // An item takes at least 16 bytes (its path's and its JSON's lengths).
-                let count = try r.count("update items", itemBytes: 16)
-                var entries: [Command.UpdateItem] = []
-                entries.reserveCapacity(count)
-                for _ in 0..<count {
-                    let p = try r.string("update path")
-                    entries.append(Command.UpdateItem(path: p, json: try r.bytes("update json")))
-                }
-                command = .update(path: path, entries: entries)
+                command = .update(path: path, entries: try Self.updateItems(&r))
             case 3:
                 let hash = try r.string("expected hash")
                 command = .compareAndSet(path: path, expectedHash: hash, json: try r.bytes("json"))
+            case 4 where version >= 3:
+                let json = try r.bytes("json")
+                command = .onDisconnectSet(path: path, json: json, secret: try r.u64("secret"))
+            case 5 where version >= 3:
+                let entries = try Self.updateItems(&r)
+                command = .onDisconnectUpdate(path: path, entries: entries, secret: try r.u64("secret"))
+            case 6 where version >= 3:
+                command = .onDisconnectCancel(path: path, secret: try r.u64("secret"))
+            case 7 where version >= 3:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                let connection = try r.u64("connection")
+                command = .connectionEnded(connection: connection, secret: try r.u64("secret"))
             default:
                 throw .badValue(field: "command kind")
             }
             return CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, command: command)
         }
+    }
+
+    /// A multi-path update's items: a count, then each relative path and its JSON.
+    private static func updateItems(_ r: inout ByteReader) throws(ByteCodecError) -> [Command.UpdateItem] {
+        // An item takes at least 16 bytes (its path's and its JSON's lengths).
+        let count = try r.count("update items", itemBytes: 16)
+        var entries: [Command.UpdateItem] = []
+        entries.reserveCapacity(count)
+        for _ in 0..<count {
+            let p = try r.string("update path")
+            entries.append(Command.UpdateItem(path: p, json: try r.bytes("update json")))
+        }
+        return entries
     }
 
     /// The same payload with another timestamp (the leader stamps every proposal it appends);

@@ -11,10 +11,14 @@ public struct SessionRecord: Sendable, Equatable {
     public private(set) var contiguous: UInt64
     /// Sorted, all greater than `contiguous + 1`.
     public private(set) var above: [UInt64]
+    /// The session is a realtime connection that ended (`Command.connectionEnded` applied): its
+    /// onDisconnect writes ran, and nothing it sends afterwards applies.
+    public internal(set) var ended: Bool
 
-    public init(contiguous: UInt64 = 0, above: [UInt64] = []) {
+    public init(contiguous: UInt64 = 0, above: [UInt64] = [], ended: Bool = false) {
         self.contiguous = contiguous
         self.above = above.filter { $0 > contiguous }.sorted()
+        self.ended = ended
     }
 
     public func contains(_ seq: UInt64) -> Bool {
@@ -85,6 +89,9 @@ public struct StateMachine: Sendable {
         case duplicate
         /// The payload is not a command this version understands. Nothing changed.
         case malformed
+        /// A connection-level refusal (the connection ended, a secret that does not match, a
+        /// connection registering in a second namespace). Nothing changed.
+        case refused(String)
     }
 
     /// What applying an entry did.
@@ -101,22 +108,25 @@ public struct StateMachine: Sendable {
     }
 
     /// The trees by namespace (an absent namespace is an empty tree).
-    public private(set) var namespaces: [String: Tree]
+    public internal(set) var namespaces: [String: Tree]
     public private(set) var appliedIndex: UInt64
-    public private(set) var sessions: [UInt64: SessionRecord]
+    public internal(set) var sessions: [UInt64: SessionRecord]
     /// The largest timestamp applied so far. Server timestamps never go backwards in log order,
     /// even when a new leader's clock is behind its predecessor's: an entry stamped earlier than
     /// this applies with this timestamp.
     public private(set) var lastTimestamp: Int64
+    /// The onDisconnect writes each live connection queued (docs/realtime.md, "onDisconnect").
+    public internal(set) var disconnects: [UInt64: DisconnectQueue]
 
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
-        lastTimestamp: Int64 = 0
+        lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:]
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
         self.sessions = sessions
         self.lastTimestamp = lastTimestamp
+        self.disconnects = disconnects.filter { !$0.value.tree.isEmpty }
     }
 
     /// The tree of `namespace`.
@@ -138,6 +148,13 @@ public struct StateMachine: Sendable {
         if sessions[envelope.session]?.contains(envelope.seq) == true {
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
         }
+        if sessions[envelope.session]?.ended == true {
+            // Not recorded as applied: it never will be.
+            return Applied(
+                namespace: envelope.namespace, session: envelope.session, seq: envelope.seq,
+                outcome: .refused("connection \(envelope.session) has ended: its onDisconnect writes ran, and nothing it sends afterwards applies"),
+                written: [])
+        }
         // Moved out and back, so the record is changed in place (a copy would copy its `above`
         // list) without the dictionary's `_modify`, whose coroutine frame is heap-allocated.
         var record = sessions.removeValue(forKey: envelope.session) ?? SessionRecord()
@@ -145,6 +162,12 @@ public struct StateMachine: Sendable {
         if envelope.settledBelow > 0 { record.settle(below: envelope.settledBelow) }
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
+        switch envelope.command {
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded:
+            return applyConnectionCommand(envelope)
+        case .set, .update, .compareAndSet:
+            break
+        }
         var written: [Path] = []
         var value: Tree?
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
@@ -163,6 +186,8 @@ public struct StateMachine: Sendable {
 
     private func execute(_ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?) throws(TreeError) -> Outcome {
         switch command {
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded:
+            return .malformed  // handled by `applyConnectionCommand`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
@@ -214,7 +239,9 @@ public struct StateMachine: Sendable {
 
     // MARK: - Snapshot image
 
-    static let magic: [UInt8] = Array("BNYSM002".utf8)
+    static let magic: [UInt8] = Array("BNYSM003".utf8)
+    /// Images written before onDisconnect queues (no ended flags, no queues) still load.
+    static let magicVersion2: [UInt8] = Array("BNYSM002".utf8)
 
     public enum ImageError: Error, Sendable, Equatable {
         case badHeader
@@ -222,9 +249,10 @@ public struct StateMachine: Sendable {
         case tree(TreeError)
     }
 
-    /// Streams the image: header (magic, applied index, last timestamp, sessions sorted by id),
-    /// then each namespace (sorted by name): its name and its tree image in framed chunks ending
-    /// with an empty frame. No tree is ever copied whole.
+    /// Streams the image: header (magic, applied index, last timestamp, sessions sorted by id,
+    /// each with its ended flag), then each namespace (sorted by name): its name and its tree
+    /// image in framed chunks ending with an empty frame; then the onDisconnect queues (sorted
+    /// by connection). No tree is ever copied whole.
     public func writeImage(chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
         var w = ByteWriter()
         w.out.append(contentsOf: Self.magic)
@@ -236,6 +264,7 @@ public struct StateMachine: Sendable {
             w.u64(record.contiguous)
             w.u64(UInt64(record.above.count))
             for s in record.above { w.u64(s) }
+            w.u8(record.ended ? 1 : 0)
         }
         w.u64(UInt64(namespaces.count))
         try emit(w.out)
@@ -251,6 +280,26 @@ public struct StateMachine: Sendable {
             var end = ByteWriter()
             end.u64(0)
             try emit(end.out)
+        }
+        // Queues: connection, namespace, secret, entries (path keys, then the JSON).
+        var queues = ByteWriter()
+        queues.u64(UInt64(disconnects.count))
+        try emit(queues.out)
+        for (connection, queue) in disconnects.sorted(by: { $0.key < $1.key }) {
+            var w = ByteWriter()
+            w.u64(connection)
+            w.string(queue.namespace)
+            w.u64(queue.secret)
+            let entries = queue.tree.entries
+            w.u64(UInt64(entries.count))
+            for (path, value) in entries {
+                w.u64(UInt64(path.count))
+                for key in path { w.string(key) }
+                var json: [UInt8] = []
+                value.appendJSON(to: &json)
+                w.bytes(json)
+            }
+            try emit(w.out)
         }
     }
 
@@ -295,13 +344,16 @@ public struct StateMachine: Sendable {
             defer { source.release() }
             return try Self.read(from: source, limits: limits, maxLength: maxLength)
         }
-        self.init(namespaces: loaded.namespaces, appliedIndex: loaded.applied, sessions: loaded.sessions, lastTimestamp: loaded.stamp)
+        self.init(
+            namespaces: loaded.namespaces, appliedIndex: loaded.applied, sessions: loaded.sessions, lastTimestamp: loaded.stamp,
+            disconnects: loaded.disconnects)
     }
 
     private static func read(
         from source: ImageSource, limits: TreeReadLimits, maxLength: Int
-    ) throws -> (namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64) {
-        guard let header = try source.take(Self.magic.count), header == Self.magic else { throw ImageError.badHeader }
+    ) throws -> (namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64, disconnects: [UInt64: DisconnectQueue]) {
+        guard let header = try source.take(Self.magic.count), header == Self.magic || header == Self.magicVersion2 else { throw ImageError.badHeader }
+        let version3 = header == Self.magic
         let bound = UInt64(Swift.max(0, maxLength))
         guard let applied = try source.u64(), let stamp = try source.u64(), let count = try source.u64(), count <= bound / 24 else {
             throw ImageError.truncated
@@ -316,7 +368,12 @@ public struct StateMachine: Sendable {
                 guard let q = try source.u64() else { throw ImageError.truncated }
                 above.append(q)
             }
-            sessions[s] = SessionRecord(contiguous: contiguous, above: above)
+            var ended = false
+            if version3 {
+                guard let flag = try source.take(1), flag[0] <= 1 else { throw ImageError.truncated }
+                ended = flag[0] == 1
+            }
+            sessions[s] = SessionRecord(contiguous: contiguous, above: above, ended: ended)
         }
         guard let namespaceCount = try source.u64(), namespaceCount <= bound else { throw ImageError.truncated }
         var namespaces: [String: Tree] = [:]
@@ -353,8 +410,43 @@ public struct StateMachine: Sendable {
             guard ended else { throw ImageError.truncated }
             namespaces[name] = tree
         }
+        var disconnects: [UInt64: DisconnectQueue] = [:]
+        if version3 { disconnects = try readQueues(from: source, bound: bound) }
         guard try source.atEnd() else { throw ImageError.truncated }
-        return (namespaces, applied, sessions, Int64(bitPattern: stamp))
+        return (namespaces, applied, sessions, Int64(bitPattern: stamp), disconnects)
+    }
+
+    /// The onDisconnect queues of a version-3 image; every count and length is checked against
+    /// the image's bound before anything is allocated for it, and every key and value again.
+    private static func readQueues(from source: ImageSource, bound: UInt64) throws -> [UInt64: DisconnectQueue] {
+        func string() throws -> String {
+            guard let length = try source.u64(), length <= Swift.min(bound, 1 << 20), let raw = try source.take(Int(length)),
+                let text = String(validating: raw, as: UTF8.self)
+            else { throw ImageError.truncated }
+            return text
+        }
+        guard let count = try source.u64(), count <= bound / 24 else { throw ImageError.truncated }
+        var queues: [UInt64: DisconnectQueue] = [:]
+        for _ in 0..<count {
+            guard let connection = try source.u64() else { throw ImageError.truncated }
+            let namespace = try string()
+            guard let secret = try source.u64(), let entries = try source.u64(), entries <= bound / 16 else { throw ImageError.truncated }
+            var tree = OnDisconnectTree()
+            for _ in 0..<entries {
+                guard let depth = try source.u64(), depth <= UInt64(Path.maxDepth) else { throw ImageError.truncated }
+                var path: [String] = []
+                for _ in 0..<depth {
+                    let key = try string()
+                    do { _ = try ChildKey(validating: key) } catch { throw ImageError.tree(error) }
+                    path.append(key)
+                }
+                guard let length = try source.u64(), length <= bound, let json = try source.take(Int(length)) else { throw ImageError.truncated }
+                do { tree.set(path, try JSONValue(parsing: json)) } catch { throw ImageError.tree(error) }
+            }
+            guard queues[connection] == nil else { throw ImageError.truncated }
+            queues[connection] = DisconnectQueue(namespace: namespace, secret: secret, tree: tree)
+        }
+        return queues
     }
 }
 

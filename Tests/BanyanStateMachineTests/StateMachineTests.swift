@@ -21,6 +21,10 @@ import Testing
             .set(path: "/a/.priority", json: json("5")),
             .update(path: "/a", entries: [.init(path: "b/c", json: json("1")), .init(path: "d", json: json("null"))]),
             .compareAndSet(path: "/c", expectedHash: "abc=", json: json(#""v""#)),
+            .onDisconnectSet(path: "/p/online", json: json("false"), secret: 0xFEED),
+            .onDisconnectUpdate(path: "/p", entries: [.init(path: "seen", json: json(#"{".sv":"timestamp"}"#))], secret: 1),
+            .onDisconnectCancel(path: "/p", secret: .max),
+            .connectionEnded(connection: 42, secret: 0xFEED),
         ]
         for (i, c) in commands.enumerated() {
             let e = CommandEnvelope(namespace: i == 0 ? "" : "ns-é", session: 7, seq: UInt64(i + 1), timestamp: -5, command: c)
