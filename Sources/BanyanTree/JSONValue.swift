@@ -78,22 +78,8 @@ public enum JSONValue: Sendable, Equatable {
     ) throws(TreeError) -> JSONValue {
         guard let wanted = path.first, try s.peek() == UInt8(ascii: "{") else { return try read(&s, depth: depth, maxDepth: maxDepth) }
         guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
-        s.position += 1
         var members: [(String, JSONValue)] = []
-        var seen = Set<ChildKeyBytes>()
-        if try s.peek() == UInt8(ascii: "}") {
-            s.position += 1
-            return .object([])
-        }
-        while true {
-            let q = try s.peek()
-            guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
-            let keyOffset = s.position
-            let key = try s.readString()
-            if !seen.insert(ChildKeyBytes(key)).inserted {
-                throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
-            }
-            try s.expect(UInt8(ascii: ":"))
+        try readMembers(&s) { (key, s) throws(TreeError) in
             if key.utf8.elementsEqual(wanted.utf8) {
                 if path.count == 1 {
                     _ = try s.peek()
@@ -107,9 +93,35 @@ public enum JSONValue: Sendable, Equatable {
             } else {
                 members.append((key, try read(&s, depth: depth + 1, maxDepth: maxDepth)))
             }
+        }
+        return .object(members)
+    }
+
+    /// Reads the members of the object whose `{` is next (the caller checked it, and the depth):
+    /// each key, duplicates refused, then `member(key, &s)` reads its value; returns after the
+    /// closing `}`. The one object loop of `read`, `read(leavingRaw:)` and `members(rawIn:)`.
+    static func readMembers(
+        _ s: inout JSONScanner, _ member: (String, inout JSONScanner) throws(TreeError) -> Void
+    ) throws(TreeError) {
+        s.position += 1
+        var seen = Set<ChildKeyBytes>()
+        if try s.peek() == UInt8(ascii: "}") {
+            s.position += 1
+            return
+        }
+        while true {
+            let q = try s.peek()
+            guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
+            let keyOffset = s.position
+            let key = try s.readString()
+            if !seen.insert(ChildKeyBytes(key)).inserted {
+                throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
+            }
+            try s.expect(UInt8(ascii: ":"))
+            try member(key, &s)
             let sep = try s.peek()
             s.position += 1
-            if sep == UInt8(ascii: "}") { return .object(members) }
+            if sep == UInt8(ascii: "}") { return }
             guard sep == UInt8(ascii: ",") else {
                 s.position -= 1
                 throw s.unexpected(sep, expecting: "',' or '}'")
@@ -130,33 +142,12 @@ public enum JSONValue: Sendable, Equatable {
                     try s.expectEnd()
                     return .success(nil)
                 }
-                s.position += 1
                 var members: [(key: String, value: Range<Int>)] = []
-                var seen = Set<ChildKeyBytes>()
-                if try s.peek() == UInt8(ascii: "}") {
-                    s.position += 1
-                } else {
-                    while true {
-                        let q = try s.peek()
-                        guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
-                        let keyOffset = s.position
-                        let key = try s.readString()
-                        if !seen.insert(ChildKeyBytes(key)).inserted {
-                            throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
-                        }
-                        try s.expect(UInt8(ascii: ":"))
-                        _ = try s.peek()
-                        let start = s.position
-                        try s.skipValue()
-                        members.append((key, start..<s.position))
-                        let sep = try s.peek()
-                        s.position += 1
-                        if sep == UInt8(ascii: "}") { break }
-                        guard sep == UInt8(ascii: ",") else {
-                            s.position -= 1
-                            throw s.unexpected(sep, expecting: "',' or '}'")
-                        }
-                    }
+                try readMembers(&s) { (key, s) throws(TreeError) in
+                    _ = try s.peek()
+                    let start = s.position
+                    try s.skipValue()
+                    members.append((key, start..<s.position))
                 }
                 try s.expectEnd()
                 return .success(members)
@@ -194,31 +185,9 @@ public enum JSONValue: Sendable, Equatable {
         switch b {
         case UInt8(ascii: "{"):
             guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
-            s.position += 1
             var members: [(String, JSONValue)] = []
-            var seen = Set<ChildKeyBytes>()
-            if try s.peek() == UInt8(ascii: "}") {
-                s.position += 1
-                return .object([])
-            }
-            while true {
-                let q = try s.peek()
-                guard q == UInt8(ascii: "\"") else { throw s.unexpected(q, expecting: "a string key") }
-                let keyOffset = s.position
-                let key = try s.readString()
-                if !seen.insert(ChildKeyBytes(key)).inserted {
-                    throw TreeError(.duplicateKey, path: "/", "Duplicate key \"\(ChildKey.printable(key))\" in object", offset: keyOffset)
-                }
-                try s.expect(UInt8(ascii: ":"))
-                members.append((key, try read(&s, depth: depth + 1, maxDepth: maxDepth)))
-                let sep = try s.peek()
-                s.position += 1
-                if sep == UInt8(ascii: "}") { return .object(members) }
-                guard sep == UInt8(ascii: ",") else {
-                    s.position -= 1
-                    throw s.unexpected(sep, expecting: "',' or '}'")
-                }
-            }
+            try readMembers(&s) { (key, s) throws(TreeError) in members.append((key, try read(&s, depth: depth + 1, maxDepth: maxDepth))) }
+            return .object(members)
         case UInt8(ascii: "["):
             guard depth < maxDepth else { throw TreeError(.depthExceeded, path: "/", "JSON nesting exceeds \(maxDepth) levels", offset: s.position) }
             s.position += 1
