@@ -179,6 +179,15 @@ public final class NodeCore {
     /// `.membership`.
     public func addMember(_ id: RequestID, node: NodeID, address: String) {
         guard !stopped else { return output(.membership(id, .failure(.timedOut(write: true)))) }
+        // Validated before the address is stored: an add naming an existing member (a voter's id,
+        // say) would otherwise redirect that member's traffic to the new address, for good
+        // (issue 18). The change itself is checked again when it is proposed.
+        do throws(RaftError) {
+            _ = try replica.raft.checkMembershipChange(.addLearner(node))
+        } catch {
+            if case .notLeader(let leader) = error { return output(.membership(id, .failure(.notLeader(leader: leader)))) }
+            return output(.membership(id, .failure(.refused(error))))
+        }
         let json = JSONWriter.bytes(Tree(.string(address)))
         start(id, .addMember(node, address: address)) {
             $0.write(id, namespace: Self.clusterNamespace, command: .set(path: "/peers/\(node)", json: json))

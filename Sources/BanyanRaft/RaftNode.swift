@@ -495,9 +495,11 @@ public struct RaftNode: Sendable {
         broadcastAppend()
     }
 
-    /// Proposes one membership change (leader only; R20).
-    @discardableResult
-    public mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> ProposalOutcome {
+    /// Whether `proposeMembershipChange(change)` would be accepted now, and the configuration it
+    /// would lead to (before incarnations are recorded); nothing changes. For a driver that must
+    /// validate a change before it stores anything for it (issue 18: an add naming an existing
+    /// voter must not redirect that voter's traffic).
+    public func checkMembershipChange(_ change: MembershipChange) throws(RaftError) -> Membership {
         guard role == .leader else { throw .notLeader(leader: leader) }
         if transferTarget != 0 { throw .transferInProgress(to: transferTarget) }
         guard log.committed >= termStartIndex, pendingConfigIndex <= log.committed else {
@@ -508,11 +510,16 @@ public struct RaftNode: Sendable {
             // a voter that has never seen itself added and may not vote (R22).
             throw .invalidMembershipChange("learner \(node) has not caught up yet (match \(pr.match), needs \(pendingConfigIndex))")
         }
-        var next: Membership
         switch membership.applying(change) {
-        case .success(let m): next = m
+        case .success(let m): return m
         case .failure(let e): throw e
         }
+    }
+
+    /// Proposes one membership change (leader only; R20).
+    @discardableResult
+    public mutating func proposeMembershipChange(_ change: MembershipChange) throws(RaftError) -> ProposalOutcome {
+        var next = try checkMembershipChange(change)
         switch change {
         case .addLearner(let node), .promote(let node):
             // Record which incarnation of the node this configuration admits (R22). A voter
