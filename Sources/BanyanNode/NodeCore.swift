@@ -139,9 +139,21 @@ public final class NodeCore {
 
     // MARK: - Client inputs (the driver picks request ids, unique among those waiting)
 
-    public func write(_ id: RequestID, namespace: String, command: Command) {
+    public func write(_ id: RequestID, namespace: String, command: Command, session: UInt64? = nil) {
         guard !stopped else { return output(.wrote(id, .failure(.overloaded("the node is shutting down")))) }
-        start(id, .write) { $0.write(id, namespace: namespace, command: command) }
+        start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session) }
+    }
+
+    /// Opens a realtime connection's own client session (`Replica.openSession`): false when the
+    /// id is taken. Its writes then name it in `write(_:namespace:command:session:)`.
+    public func openSession(_ session: UInt64) -> Bool {
+        guard !stopped else { return false }
+        return replica.openSession(session)
+    }
+
+    /// Closes a connection's session (after proposing its `connectionEnded`).
+    public func closeSession(_ session: UInt64) {
+        replica.closeSession(session)
     }
 
     /// A read of `namespace`: after a ReadIndex round (linearizable), or at once from this node's

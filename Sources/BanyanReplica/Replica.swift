@@ -17,6 +17,8 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
     case notLeader(leader: NodeID)
     /// The consensus core refused the operation.
     case refused(RaftError)
+    /// A write named a client session this replica has not opened (or has closed).
+    case unknownSession(UInt64)
 
     public var description: String {
         switch self {
@@ -26,6 +28,7 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
                 ? "the write did not commit in time; it may still be applied" : "the read could not be confirmed in time"
         case .notLeader(let leader): return leader == 0 ? "no leader is known" : "not the leader (leader is node \(leader))"
         case .refused(let e): return e.description
+        case .unknownSession(let s): return "session \(String(s, radix: 16)) is not open on this node"
         }
     }
 }
@@ -83,7 +86,8 @@ public struct Replica: Sendable {
     public private(set) var machine: StateMachine
     /// This incarnation's client session (random per start, so sequence numbers never repeat).
     public let session: UInt64
-    public private(set) var nextSeq: UInt64 = 1
+    /// The next sequence number of this incarnation's own session.
+    public var nextSeq: UInt64 { counters[session]?.next ?? 1 }
     /// The wall clock (ms since the epoch) as of the last tick.
     public private(set) var wallClock: Int64
     /// The largest timestamp this node stamped as leader (never goes backwards).
@@ -99,14 +103,28 @@ public struct Replica: Sendable {
         /// reported as a failure (the write can still apply; only its deadline ends the wait).
         var proposed = false
     }
-    private var writes: [UInt64: PendingWrite] = [:]
-    /// No sequence number below this is still waiting (see `CommandEnvelope.settledBelow`);
-    /// advanced lazily, so finding it costs O(1) amortised.
-    private var lowestPending: UInt64 = 1
+    /// A write's identity in the log: its session and sequence number.
+    struct WriteKey: Hashable, Comparable, Sendable {
+        var session: UInt64
+        var seq: UInt64
+        static func < (a: WriteKey, b: WriteKey) -> Bool { (a.session, a.seq) < (b.session, b.seq) }
+    }
+    /// Per open session: the next sequence number, and no sequence number below `lowestPending`
+    /// is still waiting (see `CommandEnvelope.settledBelow`; advanced lazily, so finding it
+    /// costs O(1) amortised).
+    private struct SessionCounter: Sendable {
+        var next: UInt64 = 1
+        var lowestPending: UInt64 = 1
+    }
+    /// This incarnation's own session and the client sessions opened with `openSession` (a
+    /// realtime connection's writes and onDisconnect commands are its own session's, so the
+    /// state machine can tell them apart: docs/realtime.md).
+    private var counters: [UInt64: SessionCounter] = [:]
+    private var writes: [WriteKey: PendingWrite] = [:]
     /// Writes to propose at the next `ready()` (batched into one proposal).
-    private var toPropose: [UInt64] = []
-    /// The same numbers as `toPropose`, for O(1) membership in the retry scan.
-    private var queued: Set<UInt64> = []
+    private var toPropose: [WriteKey] = []
+    /// The same keys as `toPropose`, for O(1) membership in the retry scan.
+    private var queued: Set<WriteKey> = []
 
     /// A read and its own deadline (reads batched into one round keep their own deadlines).
     private struct WaitingRead: Sendable {
@@ -151,6 +169,7 @@ public struct Replica: Sendable {
         self.raft = try RaftNode(configuration: configuration.raft, restoring: persisted)
         self.machine = machine
         self.session = session
+        self.counters = [session: SessionCounter()]
         self.nextReadContext = configuration.raft.sabotage == .reusedReadContexts ? 1 : session
         self.wallClock = now
     }
@@ -165,15 +184,15 @@ public struct Replica: Sendable {
         self.wallClock = now
         ticks += 1
         raft.tick()
-        for (seq, w) in writes.sorted(by: { $0.key < $1.key }) {
+        for (key, w) in writes.sorted(by: { $0.key < $1.key }) {
             if ticks >= w.deadline {
-                writes[seq] = nil
+                writes[key] = nil
                 events.append(.failed(w.request, .timedOut(write: true)))
-            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(seq) {
+            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key) {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
-                toPropose.append(seq)
-                queued.insert(seq)
+                toPropose.append(key)
+                queued.insert(key)
             }
         }
         for (context, r) in reads.sorted(by: { $0.key < $1.key }) {
@@ -220,22 +239,48 @@ public struct Replica: Sendable {
         return lastStamp
     }
 
-    /// Submits a client write. The outcome arrives as `.applied` with this request id (or
-    /// `.failed`).
-    public mutating func write(_ request: RequestID, namespace: String, command: Command) {
+    /// Opens a client session on this node (a realtime connection's own; `id` random, as the
+    /// node's own session is). False when the id is in use, or names a session the state machine
+    /// already knows (an id must never be reused: its sequence numbers would be duplicates).
+    public mutating func openSession(_ id: UInt64) -> Bool {
+        guard counters[id] == nil, machine.sessions[id] == nil else { return false }
+        counters[id] = SessionCounter()
+        return true
+    }
+
+    /// Closes a session opened with `openSession`: no new write may name it; those waiting end
+    /// as usual (applied, or timed out). The node's own session cannot be closed.
+    public mutating func closeSession(_ id: UInt64) {
+        guard id != session else { return }
+        counters[id] = nil
+    }
+
+    /// Sessions open on this node, its own included.
+    public var openSessionCount: Int { counters.count }
+
+    /// Submits a client write, in the node's own session or in `session` (opened with
+    /// `openSession`). The outcome arrives as `.applied` with this request id (or `.failed`).
+    public mutating func write(_ request: RequestID, namespace: String, command: Command, session chosen: UInt64? = nil) {
         guard writes.count < configuration.maxPendingRequests else {
             events.append(.failed(request, .overloaded("\(writes.count) writes are waiting")))
             return
         }
-        let seq = nextSeq
-        nextSeq += 1
-        while lowestPending < seq, writes[lowestPending] == nil { lowestPending += 1 }
+        let owner = chosen ?? session
+        guard var counter = counters[owner] else {
+            events.append(.failed(request, .unknownSession(owner)))
+            return
+        }
+        let seq = counter.next
+        counter.next += 1
+        while counter.lowestPending < seq, writes[WriteKey(session: owner, seq: counter.lowestPending)] == nil { counter.lowestPending += 1 }
+        counters[owner] = counter
         let payload = CommandEnvelope(
-            namespace: namespace, session: session, seq: seq, timestamp: 0, settledBelow: lowestPending, command: command
+            namespace: namespace, session: owner, seq: seq, timestamp: 0, settledBelow: counter.lowestPending, command: command
         ).encoded()
-        writes[seq] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
-        toPropose.append(seq)
-        queued.insert(seq)
+        let key = WriteKey(session: owner, seq: seq)
+        writes[key] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
+        toPropose.append(key)
+        queued.insert(key)
     }
 
     /// Submits a linearizable read (ReadIndex). `.readsReady` says when to serve it.
@@ -321,7 +366,7 @@ public struct Replica: Sendable {
         let stamp = leader ? nextStamp() : 0
         // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
         // alone): a forwarded proposal is one peer frame, which must stay under its limit.
-        var batch: [UInt64] = []
+        var batch: [WriteKey] = []
         var payloads: [[UInt8]] = []
         var bytes = 0
         for seq in seqs {
@@ -339,7 +384,7 @@ public struct Replica: Sendable {
         if !payloads.isEmpty { propose(batch, payloads) }
     }
 
-    private mutating func propose(_ seqs: [UInt64], _ payloads: [[UInt8]]) {
+    private mutating func propose(_ seqs: [WriteKey], _ payloads: [[UInt8]]) {
         var proposed = false
         do {
             try raft.propose(payloads)
@@ -412,7 +457,7 @@ public struct Replica: Sendable {
             case .command:
                 guard let applied = machine.apply(entry.data, index: entry.index) else { continue }
                 var request: RequestID?
-                if applied.session == session, let w = writes.removeValue(forKey: applied.seq) {
+                if let w = writes.removeValue(forKey: WriteKey(session: applied.session, seq: applied.seq)) {
                     if applied.outcome == .duplicate {
                         // Applied earlier (its outcome arrived in a snapshot): the outcome is
                         // not known here, so it must not be reported as a success.
@@ -446,9 +491,8 @@ public struct Replica: Sendable {
     /// refused) inside the snapshot, whose outcome is not recorded, so they end now as unknown
     /// instead of waiting for their deadline.
     private mutating func settleWritesCoveredBySnapshot() {
-        guard let record = machine.sessions[session] else { return }
-        for seq in writes.keys.sorted() where record.contains(seq) {
-            if let w = writes.removeValue(forKey: seq) { events.append(.failed(w.request, .timedOut(write: true))) }
+        for key in writes.keys.sorted() where machine.sessions[key.session]?.contains(key.seq) == true {
+            if let w = writes.removeValue(forKey: key) { events.append(.failed(w.request, .timedOut(write: true))) }
         }
     }
 

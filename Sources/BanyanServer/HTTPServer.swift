@@ -470,7 +470,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
 
     static func unavailable(_ e: ReplicaError) -> HTTPReply {
         switch e {
-        case .notLeader, .refused, .overloaded: return .error(.serviceUnavailable, e.description)
+        case .notLeader, .refused, .overloaded, .unknownSession: return .error(.serviceUnavailable, e.description)
         // Not 503: clients such as firebase-admin resend on 503, and this write may still apply.
         case .timedOut(let write): return .error(write ? .gatewayTimeout : .serviceUnavailable, e.description)
         }
