@@ -91,7 +91,7 @@ let package = Package(
         .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
 
         // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
-        .target(name: "BanyanSession", dependencies: ["BanyanTree"], swiftSettings: coreSettings),
+        .target(name: "BanyanSession", dependencies: ["BanyanTree", "BanyanStateMachine"], swiftSettings: coreSettings),
 
         // Listens and the updates each applied write owes them, for v5 sessions and REST event
         // streams alike (docs/realtime.md, "ListenCore").
@@ -250,7 +250,7 @@ let package = Package(
         ),
         .testTarget(name: "BanyanCheckersTests", dependencies: ["BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanListenTests", dependencies: ["BanyanListen", "BanyanQuery", "BanyanTree"], swiftSettings: strictSettings),
-        .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+        .testTarget(name: "BanyanSessionTests", dependencies: ["BanyanSession", "BanyanStateMachine", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanSimulationTests", dependencies: ["BanyanSimulation", "BanyanNode", "BanyanBasics", "BanyanCheckers"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanOpLogFilesTests",

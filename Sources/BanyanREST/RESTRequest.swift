@@ -298,26 +298,18 @@ public struct RESTRequest: Sendable {
         do {
             switch request.operation {
             case .patch:
-                // Each value is delimited, not decoded, here and read once by the tree reader; the
-                // overlap check sorts the paths (an ancestor sorts right before its descendants,
-                // so comparing neighbours finds every overlap): O(n log n) in the number of keys.
-                let members: [(key: String, value: Range<Int>)]?
-                do { members = try JSONValue.members(rawIn: body) } catch { throw RESTError.invalidJSON }
-                guard let members else { throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.") }
-                var paths: [Path] = []
-                paths.reserveCapacity(members.count)
-                for (key, value) in members {
-                    let relative: WritePath
-                    do { relative = try WritePath(parsing: key) } catch {
-                        throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(error.message)")
+                // The shared check (WriteValidation): values delimited, not decoded, and read
+                // once each; the overlap check O(n log n) in the number of keys.
+                do throws(WriteValidation.Problem) {
+                    _ = try WriteValidation.updateItems(body, at: request.path)
+                } catch {
+                    switch error {
+                    case .invalidJSON: throw RESTError.invalidJSON
+                    case .notAnObject: throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.")
+                    case let .invalidKey(key, e): throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(e.message)")
+                    case let .overlappingPaths(a, b): throw RESTError.badRequest("Invalid data; PATCH paths \"\(a)\" and \"\(b)\" overlap.")
+                    case .invalidValue(let e): throw e
                     }
-                    let target = request.path.appending(relative.path)
-                    _ = try TreeReader.read(Array(body[value]), at: target, serverValues: context)
-                    paths.append(relative.path)
-                }
-                paths.sort()
-                for (a, b) in zip(paths, paths.dropFirst()) where a.contains(b) {
-                    throw RESTError.badRequest("Invalid data; PATCH paths \"\(a)\" and \"\(b)\" overlap.")
                 }
             case .post:
                 _ = try TreeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)

@@ -131,7 +131,7 @@ public struct ChildKey: Hashable, SortKey, Sendable, CustomStringConvertible {
     }
 
     /// The key with control characters escaped, for error messages.
-    static func printable(_ string: String) -> String {
+    public static func printable(_ string: String) -> String {
         var out = ""
         for scalar in string.unicodeScalars.prefix(100) {
             if scalar.value < 0x20 || scalar.value == 0x7F {

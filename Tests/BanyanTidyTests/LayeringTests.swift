@@ -18,7 +18,7 @@ import Testing
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"]),
-        "BanyanSession": (true, ["BanyanTree", "BanyanBasics"]),
+        "BanyanSession": (true, ["BanyanTree", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
         "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanBasics", "Logging"]),

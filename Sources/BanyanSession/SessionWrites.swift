@@ -1,0 +1,55 @@
+public import BanyanStateMachine
+public import BanyanTree
+
+/// From a v5 write request (`p`, `m`, `o`, `om`, `oc`) to the state machine's command, checked
+/// before it is proposed (`WriteValidation`, as REST checks), and from the outcome back to the
+/// protocol's answer (docs/realtime.md). Pure.
+public enum SessionWrites {
+    /// A write refused before it is proposed: the answer's status and message.
+    public struct Refusal: Error, Sendable, Equatable {
+        public var status: String
+        public var message: String
+    }
+
+    /// The command for `write`, issued by a connection whose secret is `secret` (its onDisconnect
+    /// commands carry it). Values keep the client's own bytes.
+    public static func command(for write: SessionCore.Write, secret: UInt64) -> Result<Command, Refusal> {
+        do throws(WriteValidation.Problem) {
+            switch write {
+            case let .put(path, value, hash):
+                let json = Array(value.bytes)
+                try WriteValidation.value(json, at: path.path)
+                guard let hash else { return .success(.set(path: path.description, json: json)) }
+                if path.isPriority { return .failure(refusal("A transaction cannot set a priority alone.")) }
+                return .success(.compareAndSet(path: path.path.description, expectedHash: hash, json: json))
+            case let .merge(path, value):
+                return .success(.update(path: path.description, entries: try WriteValidation.updateItems(Array(value.bytes), at: path)))
+            case let .onDisconnectPut(path, value):
+                if path.isPriority { return .failure(refusal("onDisconnect cannot set a priority alone; set the value with its priority.")) }
+                let json = Array(value.bytes)
+                try WriteValidation.value(json, at: path.path)
+                return .success(.onDisconnectSet(path: path.path.description, json: json, secret: secret))
+            case let .onDisconnectMerge(path, value):
+                let items = try WriteValidation.updateItems(Array(value.bytes), at: path)
+                return .success(.onDisconnectUpdate(path: path.description, entries: items, secret: secret))
+            case .onDisconnectCancel(let path):
+                return .success(.onDisconnectCancel(path: path.description, secret: secret))
+            }
+        } catch {
+            return .failure(refusal(error.description))
+        }
+    }
+
+    /// The answer for an applied write: status and data (JSON).
+    public static func answer(_ outcome: StateMachine.Outcome) -> (status: String, data: JSONValue) {
+        switch outcome {
+        case .ok, .duplicate: return ("ok", .string(""))
+        case .datastale: return ("datastale", .string("The transaction's hash does not match the current data."))
+        case .rejected(let e): return ("failure", .string(e.message))
+        case .refused(let reason): return ("failure", .string(reason))
+        case .malformed: return ("failure", .string("The write could not be decoded by the state machine."))
+        }
+    }
+
+    private static func refusal(_ message: String) -> Refusal { Refusal(status: "failure", message: message) }
+}

@@ -1,0 +1,70 @@
+public import BanyanTree
+
+/// The checks a node runs on a client write before proposing it, shared by REST and the realtime
+/// protocol (docs/realtime.md, "one write validation"): the state machine checks again when the
+/// write applies, but a write refused here never reaches the log. Every cost is bounded by the
+/// body's size: values are delimited, not decoded, and read once each by the tree reader; the
+/// overlap check of a multi-path update sorts its paths (O(n log n) in the number of keys).
+public enum WriteValidation {
+    /// Why a write is refused, for the protocol to put in its own words.
+    public enum Problem: Error, Sendable, Equatable, CustomStringConvertible {
+        /// The body is not JSON (or has a duplicate key).
+        case invalidJSON(TreeError)
+        /// A multi-path update's body is not an object.
+        case notAnObject
+        /// A multi-path update's key is not a valid relative path.
+        case invalidKey(String, TreeError)
+        /// Two paths of a multi-path update overlap (one is at or below the other).
+        case overlappingPaths(Path, Path)
+        /// A value would not make a valid tree at its location (depth, size, keys, server values…).
+        case invalidValue(TreeError)
+
+        public var description: String {
+            switch self {
+            case .invalidJSON(let e): return "Invalid data; couldn't parse JSON object, array, or value. \(e.message)"
+            case .notAnObject: return "A multi-path update needs a JSON object whose keys are paths."
+            case let .invalidKey(key, e): return "Invalid key \"\(ChildKey.printable(key))\" in a multi-path update: \(e.message)"
+            case let .overlappingPaths(a, b): return "Invalid data; update paths \"\(a)\" and \"\(b)\" overlap."
+            case .invalidValue(let e): return e.message
+            }
+        }
+    }
+
+    /// A set's value at `path` (server values are placeholders here; they resolve when the write
+    /// applies).
+    public static func value(_ json: [UInt8], at path: Path) throws(Problem) {
+        do {
+            _ = try TreeReader.read(json, at: path, serverValues: ServerValueContext(timestamp: 0))
+        } catch {
+            throw problem(error)
+        }
+    }
+
+    /// A multi-path update's body at `location`: its items, each value's own bytes (no
+    /// re-encoding), in the body's order.
+    public static func updateItems(_ body: [UInt8], at location: Path) throws(Problem) -> [Command.UpdateItem] {
+        let members: [(key: String, value: Range<Int>)]?
+        do { members = try JSONValue.members(rawIn: body) } catch { throw .invalidJSON(error) }
+        guard let members else { throw .notAnObject }
+        var items: [Command.UpdateItem] = []
+        var paths: [Path] = []
+        items.reserveCapacity(members.count)
+        paths.reserveCapacity(members.count)
+        for (key, range) in members {
+            let relative: WritePath
+            do { relative = try WritePath(parsing: key) } catch { throw .invalidKey(key, error) }
+            let json = Array(body[range])
+            try value(json, at: location.appending(relative.path))
+            items.append(Command.UpdateItem(path: key, json: json))
+            paths.append(relative.path)
+        }
+        // An ancestor sorts right before its descendants, so neighbours show every overlap.
+        paths.sort()
+        for (a, b) in zip(paths, paths.dropFirst()) where a.contains(b) { throw .overlappingPaths(a, b) }
+        return items
+    }
+
+    private static func problem(_ error: TreeError) -> Problem {
+        error.code == .invalidJSON || error.code == .duplicateKey ? .invalidJSON(error) : .invalidValue(error)
+    }
+}
