@@ -19,15 +19,27 @@ public struct SessionCore: Sendable {
         /// pause (frames already in flight) can get there.
         public var maxPendingRequests: Int
         public var frames: FrameAssembler.Limits
+        /// Keep-alive (docs/realtime.md): after this long with nothing heard from the client, the
+        /// driver sends WebSocket pings (every SDK's WebSocket layer answers them), one per
+        /// `pingIntervalMillis`; the connection ends when nothing at all is heard for
+        /// `pongTimeoutMillis` after the first of them. Silence alone never ends a connection
+        /// whose pongs come back.
+        public var keepAliveIdleMillis: Int64
+        public var pingIntervalMillis: Int64
+        public var pongTimeoutMillis: Int64
 
         public init(
             maxListens: Int = 10_000, readPauseRequests: Int = 1_000, maxPendingRequests: Int = 100_000,
-            frames: FrameAssembler.Limits = FrameAssembler.Limits()
+            frames: FrameAssembler.Limits = FrameAssembler.Limits(), keepAliveIdleMillis: Int64 = 45_000, pingIntervalMillis: Int64 = 15_000,
+            pongTimeoutMillis: Int64 = 60_000
         ) {
             self.maxListens = maxListens
             self.readPauseRequests = readPauseRequests
             self.maxPendingRequests = maxPendingRequests
             self.frames = frames
+            self.keepAliveIdleMillis = keepAliveIdleMillis
+            self.pingIntervalMillis = pingIntervalMillis
+            self.pongTimeoutMillis = pongTimeoutMillis
         }
     }
 
@@ -71,6 +83,8 @@ public struct SessionCore: Sendable {
         case resumeReading
         /// Close the connection (after sending what was output before), for this reason.
         case close(reason: String)
+        /// Send a WebSocket ping frame (keep-alive).
+        case ping
 
         public static func == (a: Output, b: Output) -> Bool {
             switch (a, b) {
@@ -80,7 +94,7 @@ public struct SessionCore: Sendable {
             case let (.get(r, p, q), .get(r2, p2, q2)): return r == r2 && p == p2 && q == q2
             case let (.write(r, w), .write(r2, w2)): return r == r2 && w == w2
             case let (.authenticate(r, c, g), .authenticate(r2, c2, g2)): return r == r2 && c == c2 && g == g2
-            case (.unauthenticate, .unauthenticate), (.pauseReading, .pauseReading), (.resumeReading, .resumeReading): return true
+            case (.unauthenticate, .unauthenticate), (.pauseReading, .pauseReading), (.resumeReading, .resumeReading), (.ping, .ping): return true
             case let (.stats(x), .stats(y)): return x.count == y.count && zip(x, y).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
             case let (.close(x), .close(y)): return x == y
             default: return false
@@ -118,6 +132,12 @@ public struct SessionCore: Sendable {
     private var listenRequests: Set<Int64> = []
     private var readingPaused = false
     private var nextListen = 1
+    /// Keep-alive: when anything (a frame, a pong) last came from the client, and when the first
+    /// ping of the current silence went out and the last one did.
+    /// Nil until the first `heard` or `tick` (the driver's clock starts there).
+    private var lastHeard: Int64?
+    private var silenceProbedSince: Int64?
+    private var lastPing: Int64?
 
     /// The session opens: the hello goes first (the client sends nothing before it).
     public init(timestamp: Int64, host: String, sessionID: String, limits: Limits = Limits()) {
@@ -133,6 +153,32 @@ public struct SessionCore: Sendable {
     public var listenCount: Int { listens.count }
     /// Requests received and not yet answered.
     public var unansweredCount: Int { slots.count }
+
+    // MARK: - Keep-alive
+
+    /// The driver heard from the client at `now` (ms, its monotonic clock): any frame, or a
+    /// WebSocket pong.
+    public mutating func heard(at now: Int64) {
+        lastHeard = max(lastHeard ?? now, now)
+        silenceProbedSince = nil
+    }
+
+    /// The driver's timer, at least once per `pingIntervalMillis`: pings while the client is
+    /// silent, and the end of the connection when even pongs have stopped.
+    public mutating func tick(now: Int64) -> [Output] {
+        guard let heard = lastHeard else {
+            lastHeard = now
+            return []
+        }
+        guard !isClosed, now &- heard >= limits.keepAliveIdleMillis else { return [] }
+        if let since = silenceProbedSince, now &- since >= limits.pongTimeoutMillis {
+            return close("keep-alive timeout: nothing heard for \(now &- heard) ms, pings unanswered")
+        }
+        if let last = lastPing, now &- last < limits.pingIntervalMillis { return [] }
+        if silenceProbedSince == nil { silenceProbedSince = now }
+        lastPing = now
+        return [.ping]
+    }
 
     // MARK: - From the client
 

@@ -222,3 +222,41 @@ import Testing
     }
 }
 
+
+/// Keep-alive: pings after 45 s of silence, the end only when even pongs stop for 60 s.
+@Suite struct SessionKeepAliveTests {
+    static func session() -> SessionCore { SessionCore(timestamp: 1_700_000_000_000, host: "h", sessionID: "1-2-3") }
+
+    @Test("a silent client is pinged every 15 s from 45 s on; its pong resets the clock; without any answer the connection ends 60 s after the first ping")
+    func keepAlive() {
+        var s = Self.session()
+        s.heard(at: 0)
+        #expect(s.tick(now: 44_999).isEmpty)
+        #expect(s.tick(now: 45_000) == [.ping])
+        #expect(s.tick(now: 50_000).isEmpty)
+        #expect(s.tick(now: 60_000) == [.ping])
+        // A pong: silence starts again from here.
+        s.heard(at: 61_000)
+        #expect(s.tick(now: 100_000).isEmpty)
+        #expect(s.tick(now: 106_000) == [.ping])
+        #expect(s.tick(now: 121_000) == [.ping])
+        #expect(s.tick(now: 136_000) == [.ping])
+        #expect(s.tick(now: 151_000) == [.ping])
+        let end = s.tick(now: 166_000)
+        #expect(end.contains { if case .close(let reason) = $0 { reason.contains("keep-alive") } else { false } })
+        #expect(s.isClosed && s.tick(now: 200_000).isEmpty)
+    }
+
+    @Test("a client that keeps sending is never pinged; the clock starts at the first tick when nothing was heard yet")
+    func busyClient() {
+        var s = Self.session()
+        #expect(s.tick(now: 1_000).isEmpty)
+        #expect(s.tick(now: 45_999).isEmpty)
+        #expect(s.tick(now: 46_000) == [.ping])
+        var busy = Self.session()
+        for t in stride(from: Int64(0), through: 600_000, by: 10_000) {
+            busy.heard(at: t)
+            #expect(busy.tick(now: t + 5_000).isEmpty)
+        }
+    }
+}
