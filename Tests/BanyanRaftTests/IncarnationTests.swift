@@ -101,6 +101,57 @@ import Testing
         }
     }
 
+    /// The other quorums the same rule guards (review of 27f675d): with one voter paused and
+    /// the third wiped, a leader may neither confirm a read nor keep its leadership on the wiped
+    /// voter's answers; once the wiped voter is readmitted under its new incarnation, what it
+    /// holds counts again.
+    @Test("a blank voter's answers confirm no read and keep no leader in office (check-quorum); readmitted, it counts again", arguments: [false, true])
+    func amnesiacAnswersInReadsAndCheckQuorum(sabotaged: Bool) throws {
+        var net = try TestCluster(voters: 3, configure: { c in
+            Self.incarnation { 100 + $0 }(&c)
+            if sabotaged { c.sabotage = .amnesiacAcknowledgements }
+        })
+        for id: NodeID in [1, 2, 3] { net.hello(from: id) }
+        net.campaign(1)
+        #expect(net.leader == 1)
+        try net.propose(1, [1])
+        net.tickAll(times: 2)
+        try net.wipe(3, configure: Self.incarnation(Self.incarnationB))
+        net.hello(from: 3)
+        net.tickAll(times: 3)
+        #expect(net.raft(3)?.mayVote == false)
+        #expect(net.raft(3)?.lastIndex == net.raft(1)?.lastIndex, "the wiped voter caught up on the log")
+        net.pause(2)
+        // A read needs a quorum of heartbeat answers: 1 and the wiped 3 are not one.
+        let asked = net.readIndex(1, context: 77)
+        #expect(asked)
+        net.tickAll(times: 3)
+        let confirmed = net.reads[1]?.contains { $0.context == 77 } == true
+        #expect(confirmed == sabotaged, "read confirmed with a blank voter's answers: \(confirmed)")
+        // Check-quorum: within two election timeouts the leader steps down.
+        let timeout = net.raft(1)?.configuration.electionTicks ?? 10
+        net.tickAll(times: 2 * timeout + 2)
+        #expect((net.raft(1)?.role == .leader) == sabotaged, "role \(String(describing: net.raft(1)?.role))")
+        guard !sabotaged else { return }
+        // The operator's repair: node 2 back, remove 3 and add it again under its new incarnation.
+        net.resume(2)
+        let leader = try #require(Scenario.tickUntil(&net, limit: 300) { $0.settledLeader != nil }.flatMap { _ in net.settledLeader })
+        try net.changeMembership(leader, .remove(3))
+        net.tickAll(times: 2)
+        try net.changeMembership(leader, .addLearner(3))
+        net.tickAll(times: 5)
+        #expect(net.raft(3)?.mayVote == true)
+        #expect(net.raft(leader)?.membership.voters == [1, 2, 3])
+        // Now node 3's answers count: with the other follower paused, the leader still commits.
+        let other: NodeID = leader == 1 ? 2 : 1
+        net.pause(other)
+        let before = net.raft(leader)?.commitIndex ?? 0
+        try net.propose(leader, [9])
+        net.tickAll(times: 3)
+        #expect((net.raft(leader)?.commitIndex ?? 0) > before)
+        #expect(net.violations.isEmpty)
+    }
+
     @Test("a heartbeat commits only through an entry the follower holds with the term the heartbeat names (no append's consistency check covers it)")
     func heartbeatCommitChecksTerm() throws {
         var node = try RaftNode(configuration: RaftConfiguration(id: 2, seed: 3), restoring: RaftNode.bootstrapState(members: [1, 2, 3]))
