@@ -48,6 +48,7 @@ final class HTTPServer: Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in AcceptErrorReporter.install(on: channel, listener: "client", logger: self.logger) }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 16)
             // Writability (checked by event streams) turns off past the stream buffer limit.
