@@ -58,12 +58,24 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let droppedMessages = Counter(label: "banyan_peer_dropped_messages_total")
     let refusedConnections = Counter(label: "banyan_peer_refused_connections_total")
 
+    /// Inbound connections whose TLS handshake and hello have not completed (issue 18): anyone
+    /// who reaches the peer port can open them, and their handshakes run on the replica loop. At
+    /// most `maxUnauthenticated` at once (more are closed on accept), each closed unless it
+    /// completes within `handshakeTimeout`; both refusals are logged (the first of a burst and
+    /// every hundredth) and counted in `banyan_peer_refused_connections_total`.
+    let maxUnauthenticated: Int
+    let handshakeTimeout: TimeAmount
+    let unauthenticated = Atomic<Int>(0)
+    private let refusals = Atomic<Int>(0)
+
     init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, serverTLS: TLSConfiguration,
         clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
-        peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil,
+        peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
         deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
+        self.maxUnauthenticated = maxUnauthenticated
+        self.handshakeTimeout = handshakeTimeout
         self.bindNodeIDs = bindNodeIDs
         self.incarnation = incarnation
         self.peerIncarnation = peerIncarnation
@@ -86,7 +98,13 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
             .serverChannelInitializer { channel in AcceptErrorReporter.install(on: channel, listener: "peer", logger: self.logger) }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+                let pending = self.unauthenticated.wrappingAdd(1, ordering: .relaxed).newValue
+                guard pending <= self.maxUnauthenticated else {
+                    self.unauthenticated.wrappingSubtract(1, ordering: .relaxed)
+                    self.refuse("too many peer connections without a completed handshake", remote: channel.remoteAddress)
+                    return channel.close()
+                }
+                return channel.eventLoop.makeCompletedFuture {
                     let tls = NIOSSLServerHandler(context: self.serverContext)
                     try channel.pipeline.syncOperations.addHandler(tls)
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
@@ -115,6 +133,16 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
             return refuse("node \(hello.from)'s hello came with the certificate of \(identity.map { "\($0)" } ?? "nobody"), which does not name node\(hello.from)")
         }
         return PeerHelloReply(accepted: true, reason: "", protocolVersion: Self.protocolVersion)
+    }
+
+    /// Counts and logs a refused inbound connection: the first of a burst and every hundredth
+    /// (a flood must not flood the log too).
+    fileprivate func refuse(_ reason: String, remote: SocketAddress?) {
+        refusedConnections.increment()
+        let n = refusals.wrappingAdd(1, ordering: .relaxed).newValue
+        if n == 1 || n % 100 == 0 {
+            logger.warning("refused a peer connection", metadata: ["reason": "\(reason)", "remote": "\(remote.map { "\($0)" } ?? "?")", "refused_so_far": "\(n)"])
+        }
     }
 
     /// An accepted hello named the sender's incarnation.
@@ -370,8 +398,35 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
     private var advertised: HostPort?
     private var batch: [Message] = []
     private var badFrames = 0
+    /// Counted in `PeerTransport.unauthenticated` until the hello is accepted or the channel closes.
+    private var counted = true
+    private var handshakeDeadline: Scheduled<Void>?
 
     init(transport: PeerTransport) { self.transport = transport }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        guard let transport else { return }
+        let channel = context.channel
+        handshakeDeadline = context.eventLoop.scheduleTask(in: transport.handshakeTimeout) { [weak self] in
+            guard let self, self.peer == nil else { return }
+            transport.refuse("no completed TLS handshake and hello within \(transport.handshakeTimeout)", remote: channel.remoteAddress)
+            channel.close(promise: nil)
+        }
+    }
+
+    private func authenticated() {
+        handshakeDeadline?.cancel()
+        handshakeDeadline = nil
+        if counted {
+            counted = false
+            transport?.unauthenticated.wrappingSubtract(1, ordering: .relaxed)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        authenticated()
+        context.fireChannelInactive()
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
@@ -383,6 +438,7 @@ final class InboundPeerHandler: ChannelInboundHandler, @unchecked Sendable {
                 let hello = try PeerHello.decode(bytes)
                 reply = transport.hello(hello, from: context.remoteAddress, identity: PeerTLS.peerIdentity(in: context.pipeline.syncOperations))
                 if reply.accepted {
+                    authenticated()
                     self.peer = hello.from
                     self.advertised = try? HostPort(parsing: hello.address)
                     transport.learned(incarnation: hello.incarnation, of: hello.from)
