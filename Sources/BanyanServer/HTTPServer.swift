@@ -27,6 +27,8 @@ final class HTTPServer: Sendable {
     private let channel = Mutex<(any Channel)?>(nil)
 
     let requests = Counter(label: "banyan_http_requests_total")
+    /// Answers written (for tests and status: how far a connection got).
+    let answers = Atomic<Int>(0)
     let refused = Counter(label: "banyan_http_refused_connections_total")
     let streamsOpen = Gauge(label: "banyan_sse_streams")
     let latency: Metrics.Timer = Metrics.Timer(label: "banyan_http_request_duration_seconds")
@@ -157,7 +159,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     /// A read the channel asked for while the queue was full (or the connection closing), issued
     /// once it is not.
     private var readHeld = false
-    private var holdsReads: Bool { closing || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes }
+    /// The client does not read its answers fast enough: more than the write buffer's high-water
+    /// mark (`StreamState.maxQueuedBytes`) is queued. No further request is answered, and nothing
+    /// more is read, until it drains below the low mark (issue 18: a client pipelining reads it
+    /// never reads made the node render and keep every answer).
+    private var unwritable = false
+    private var holdsReads: Bool {
+        closing || unwritable || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes
+    }
     /// A whole request body may wait behind the one being answered, and a little more.
     private var hardQueuedBytes: Int { server.config.http.maxBodyBytes + Self.maxQueuedBytes }
 
@@ -226,7 +235,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         // bad HTTP): a request arriving then must not apply.
         guard !closing else { return }
         let part = unwrapInboundIn(data)
-        if busy || queuedCount > 0 {
+        if busy || queuedCount > 0 || unwritable {
             if case .body(let chunk) = part { queuedBytes += chunk.readableBytes }
             queued.append(part)
             if queuedCount > Self.hardQueuedParts || queuedBytes > hardQueuedBytes {
@@ -256,7 +265,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         guard !resuming else { return }
         resuming = true
         defer { resuming = false }
-        while !busy, !closing, queuedCount > 0 {
+        while !busy, !closing, !unwritable, queuedCount > 0 {
             let part = queued[nextQueued]
             nextQueued += 1
             if case .body(let chunk) = part { queuedBytes -= chunk.readableBytes }
@@ -270,6 +279,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             readHeld = false
             context.read()
         }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        unwritable = !context.channel.isWritable
+        if !unwritable { resume(context: context) }
+        context.fireChannelWritabilityChanged()
     }
 
     private func handle(context: ChannelHandlerContext, _ part: HTTPServerRequestPart) {
@@ -484,7 +499,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         let buffer = encode(reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, context: context)
         // A promise only when the close must wait for the write (one allocation less per answer).
         let done = keepAlive ? nil : context.eventLoop.makePromise(of: Void.self)
+        server.answers.wrappingAdd(1, ordering: .relaxed)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
+        unwritable = !context.channel.isWritable
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
         if let done {

@@ -671,6 +671,48 @@ final class Inbox: Sendable {
         #expect(text.hasSuffix("\r\n\r\nnull"), "the late write applied: \(text.suffix(40))")
     }
 
+    /// Issue 18: a client that pipelines reads and never reads the answers made the node render
+    /// every answer and keep them all in memory. Now answers stop past the write buffer's
+    /// high-water mark and resume as the client reads.
+    @Test("a client that pipelines reads without reading the answers gets no more rendered than the write buffer holds; all come once it reads")
+    func pipelinedReadsWaitForTheClient() throws {
+        let dir = try temporaryDirectory("unread")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.join = false  // a one-node cluster: writes apply
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = clientPort(n)
+        let big = "\"" + String(repeating: "b", count: 3 << 20) + "\""
+        var stored = false
+        for _ in 0..<50 where !stored {
+            let setup = try Raw(port: port)
+            setup.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(big.utf8.count)\r\n\r\n" + big)
+            stored = setup.receive(until: "\r\n\r\n", seconds: 2).text.hasPrefix("HTTP/1.1 200")
+            if !stored { Thread.sleep(forTimeInterval: 0.2) }
+        }
+        #expect(stored, "no leader for the set-up write")
+        let before = n.http.answers.load(ordering: .relaxed)
+        let stuck = try Raw(port: port)
+        let count = 40
+        stuck.send(String(repeating: "GET /big.json?consistency=stale HTTP/1.1\r\nHost: a\r\n\r\n", count: count))
+        Thread.sleep(forTimeInterval: 3)
+        let rendered = n.http.answers.load(ordering: .relaxed) - before
+        // 16 MiB of write buffer and the kernel's socket buffers hold a few 3 MB answers; without
+        // the back-pressure all 40 (120 MB) were rendered at once.
+        #expect(rendered < 15, "\(rendered) of \(count) answers rendered for a client that reads nothing")
+        // Now it reads: every answer comes.
+        var bytes = 0
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline {
+            let (chunk, closed) = stuck.receive(until: "", seconds: 0.3)
+            bytes += chunk.utf8.count
+            if closed || (chunk.isEmpty && n.http.answers.load(ordering: .relaxed) - before == count) { break }
+        }
+        #expect(bytes >= count * (3 << 20), "\(bytes) bytes read")
+        #expect(n.http.answers.load(ordering: .relaxed) - before == count, "not every pipelined read was answered once the client read")
+    }
+
     @Test("Expect: 100-continue gets 100 before the body, or 413 at once for a body over the limit; HEAD of a stream is the head only")
     func continueAndHead() throws {
         let dir = try temporaryDirectory("continue")
