@@ -163,16 +163,19 @@ public struct ListenCore: Sendable {
         for path in written { trie.collect(touching: path.segments[...], into: &touched) }
         guard !touched.isEmpty else { return [] }
         var out: [ListenEvent] = []
-        // Untagged updates already queued in this call, by owner, kind and path: an owner
-        // listening at /a and /a/b gets a write at /a/b/c once. (Within one write, an update's
-        // kind and path determine its content, so the key is enough.)
+        // Default listens' updates already queued in this call, by owner, kind and path: an owner
+        // listening at /a and /a/b gets a write at /a/b/c once. (Within one write, a default
+        // listen's update is determined by its kind and path, so the key is enough. A window's is
+        // not: windowed listens, tagged or not, are never merged with others.)
         var sentUntagged = Set<SentKey>()
         for id in touched.sorted(by: { (entries[$0]?.sequence ?? 0) < (entries[$1]?.sequence ?? 0) }) {
             guard var entry = entries[id] else { continue }
             let updates = Self.updates(for: &entry, written: written, tree: tree)
             entries[id] = entry
             for update in updates {
-                if entry.listen.tag == nil, !sentUntagged.insert(SentKey(owner: entry.listen.owner, update: update)).inserted { continue }
+                if entry.listen.tag == nil, !entry.listen.isWindowed,
+                    !sentUntagged.insert(SentKey(owner: entry.listen.owner, update: update)).inserted
+                { continue }
                 out.append(ListenEvent(listen: id, owner: entry.listen.owner, tag: entry.listen.tag, update: update))
             }
         }

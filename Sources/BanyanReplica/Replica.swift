@@ -243,7 +243,7 @@ public struct Replica: Sendable {
     /// node's own session is). False when the id is in use, or names a session the state machine
     /// already knows (an id must never be reused: its sequence numbers would be duplicates).
     public mutating func openSession(_ id: UInt64) -> Bool {
-        guard counters[id] == nil, machine.sessions[id] == nil else { return false }
+        guard counters[id] == nil, machine.sessions[id] == nil, !writes.keys.contains(where: { $0.session == id }) else { return false }
         counters[id] = SessionCounter()
         return true
     }

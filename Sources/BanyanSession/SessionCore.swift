@@ -170,6 +170,13 @@ public struct SessionCore: Sendable {
             lastHeard = now
             return []
         }
+        // While reading is paused (too many unanswered requests) nothing the client sends, pongs
+        // included, is read: silence then proves nothing, and the clock starts again.
+        if readingPaused {
+            lastHeard = now
+            silenceProbedSince = nil
+            return []
+        }
         guard !isClosed, now &- heard >= limits.keepAliveIdleMillis else { return [] }
         if let since = silenceProbedSince, now &- since >= limits.pongTimeoutMillis {
             return close("keep-alive timeout: nothing heard for \(now &- heard) ms, pings unanswered")

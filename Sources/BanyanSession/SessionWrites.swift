@@ -43,7 +43,10 @@ public enum SessionWrites {
     /// The answer for an applied write: status and data (JSON).
     public static func answer(_ outcome: StateMachine.Outcome) -> (status: String, data: JSONValue) {
         switch outcome {
-        case .ok, .duplicate: return ("ok", .string(""))
+        case .ok: return ("ok", .string(""))
+        // Applied earlier, outcome not known here (a compare-and-set may have been datastale):
+        // never `ok` for a write that may not have applied.
+        case .duplicate: return ("failure", .string("The write was applied earlier; its outcome is not known here."))
         case .datastale: return ("datastale", .string("The transaction's hash does not match the current data."))
         case .rejected(let e): return ("failure", .string(e.message))
         case .refused(let reason): return ("failure", .string(reason))

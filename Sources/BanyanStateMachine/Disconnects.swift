@@ -57,11 +57,12 @@ extension StateMachine {
             case let .onDisconnectUpdate(pathText, items, secret):
                 let location = try Path(parsing: pathText)
                 var adding: [(Path, JSONValue)] = []
-                var bytes = pathText.utf8.count
+                var bytes = 0
                 for item in items {
                     let target = location.appending(try Path(parsing: item.path))
                     adding.append((target, try validated(item.json, at: target)))
-                    bytes += item.json.count + item.path.utf8.count
+                    // Each entry is stored with its whole path, as `DisconnectQueue.size` counts it.
+                    bytes += item.json.count + target.byteCount + 1
                 }
                 applied.outcome = try register(envelope, secret: secret, adding: adding, bytes: bytes)
             case let .onDisconnectCancel(pathText, secret):
@@ -73,6 +74,11 @@ extension StateMachine {
                     return applied
                 }
                 queue.tree.cancel(location.segments.map(\.string))
+                // A cancel below a queued value splits it into one entry per child: count exactly
+                // again (O(queue), bounded by the byte limit, which a split never raises).
+                let entries = queue.tree.entries
+                queue.sizeBound = entries.reduce(0) { $0 + DisconnectQueue.size($1.path, $1.value) }
+                queue.entryBound = entries.count
             case let .connectionEnded(connection, secret):
                 return connectionEnded(connection, secret: secret, envelope)
             case .set, .update, .compareAndSet:

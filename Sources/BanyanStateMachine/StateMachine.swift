@@ -440,7 +440,10 @@ public struct StateMachine: Sendable {
                     do { _ = try ChildKey(validating: key) } catch { throw ImageError.tree(error) }
                     path.append(key)
                 }
-                guard let length = try source.u64(), length <= bound, let json = try source.take(Int(length)) else { throw ImageError.truncated }
+                // No queued value is larger than a queue may be (registration enforces the limit).
+                guard let length = try source.u64(), length <= Swift.min(bound, UInt64(4 * maxQueuedBytes)), let json = try source.take(Int(length)) else {
+                    throw ImageError.truncated
+                }
                 do { tree.set(path, try JSONValue(parsing: json)) } catch { throw ImageError.tree(error) }
             }
             guard queues[connection] == nil else { throw ImageError.truncated }

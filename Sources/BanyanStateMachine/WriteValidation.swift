@@ -16,7 +16,8 @@ public enum WriteValidation {
         case invalidKey(String, TreeError)
         /// Two paths of a multi-path update overlap (one is at or below the other).
         case overlappingPaths(Path, Path)
-        /// A value would not make a valid tree at its location (depth, size, keys, server values…).
+        /// A value would not make a valid tree at its location (bad JSON inside it, depth, size,
+        /// keys, server values…).
         case invalidValue(TreeError)
 
         public var description: String {
@@ -25,7 +26,8 @@ public enum WriteValidation {
             case .notAnObject: return "A multi-path update needs a JSON object whose keys are paths."
             case let .invalidKey(key, e): return "Invalid key \"\(ChildKey.printable(key))\" in a multi-path update: \(e.message)"
             case let .overlappingPaths(a, b): return "Invalid data; update paths \"\(a)\" and \"\(b)\" overlap."
-            case .invalidValue(let e): return e.message
+            case .invalidValue(let e):
+                return e.code == .invalidJSON || e.code == .duplicateKey ? "Invalid data; couldn't parse JSON object, array, or value. \(e.message)" : e.message
             }
         }
     }
@@ -64,7 +66,5 @@ public enum WriteValidation {
         return items
     }
 
-    private static func problem(_ error: TreeError) -> Problem {
-        error.code == .invalidJSON || error.code == .duplicateKey ? .invalidJSON(error) : .invalidValue(error)
-    }
+    private static func problem(_ error: TreeError) -> Problem { .invalidValue(error) }
 }

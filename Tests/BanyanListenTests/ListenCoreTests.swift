@@ -82,6 +82,16 @@ private struct Fixture {
         #expect(f.set("/a/q", "1") == ["1 put /a/q 1", "4 #11 put /a {\"b\":9,\"q\":1}"])
     }
 
+    @Test("an owner's untagged window and default listen at one location both get their own update (a window is never merged with a default listen)")
+    func windowNotMergedWithDefault() throws {
+        var f = Fixture("{\"s\":{\"a\":1,\"b\":2,\"c\":3}}")
+        var params = QueryParams()
+        params.limit = 1
+        _ = try f.listen(1, owner: 5, at: "/s", params: params)
+        _ = try f.listen(2, owner: 5, at: "/s")
+        #expect(f.set("/s", "{\"x\":1,\"y\":2}") == ["1 put /s {\"x\":1}", "2 put /s {\"x\":1,\"y\":2}"])
+    }
+
     @Test("a limited window that gains or loses children is sent whole and tagged; a changed child inside it as a merge")
     func windowedListen() throws {
         var f = Fixture("{\"s\":{\"a\":{\"n\":1},\"b\":{\"n\":2},\"c\":{\"n\":3}}}")

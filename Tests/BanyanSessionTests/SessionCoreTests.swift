@@ -247,6 +247,17 @@ import Testing
         #expect(s.isClosed && s.tick(now: 200_000).isEmpty)
     }
 
+    @Test("while reading is paused (too many unanswered requests) silence proves nothing: no ping, no close")
+    func pausedReading() {
+        var s = SessionCore(timestamp: 0, host: "h", sessionID: "1-2-3", limits: SessionCore.Limits(readPauseRequests: 2))
+        s.heard(at: 0)
+        _ = s.receive(frame: Array(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/a","d":1}}}"#.utf8))
+        let paused = s.receive(frame: Array(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/b","d":2}}}"#.utf8))
+        #expect(paused.contains(.pauseReading))
+        for t in stride(from: Int64(10_000), through: 300_000, by: 10_000) { #expect(s.tick(now: t).isEmpty) }
+        #expect(!s.isClosed)
+    }
+
     @Test("a client that keeps sending is never pinged; the clock starts at the first tick when nothing was heard yet")
     func busyClient() {
         var s = Self.session()

@@ -43,10 +43,10 @@ import Testing
         #expect(refused(.onDisconnectPut(try Self.write("/a/.priority"), Self.raw("1"))) != nil)
     }
 
-    @Test("outcomes become answers: ok (and a duplicate) with an empty string, datastale, failures with the reason")
+    @Test("outcomes become answers: ok with an empty string, datastale, failures with the reason (a duplicate too: its outcome is not known)")
     func answers() {
         #expect(SessionWrites.answer(.ok).status == "ok" && SessionWrites.answer(.ok).data == .string(""))
-        #expect(SessionWrites.answer(.duplicate).status == "ok")
+        #expect(SessionWrites.answer(.duplicate).status == "failure")
         #expect(SessionWrites.answer(.datastale(current: .empty)).status == "datastale")
         #expect(SessionWrites.answer(.refused("connection 7 has ended")) == ("failure", .string("connection 7 has ended")))
         #expect(SessionWrites.answer(.malformed).status == "failure")

@@ -120,6 +120,33 @@ import Testing
         #expect(filled >= 8 && filled <= 10, "\(filled) more 100 kB values fit in 1 MiB")
     }
 
+    @Test("an update's entries count with their whole paths; a cancel that splits a queued value is counted exactly again")
+    func accounting() throws {
+        var log = Log()
+        // 1,000 values of 402 bytes under a 700-byte base: 400 kB of values, but each entry is
+        // stored with its whole path, 1.1 MB in all.
+        let base = "/" + String(repeating: "p", count: 700)
+        let value = Self.bytes("\"" + String(repeating: "v", count: 400) + "\"")
+        let items = (0..<1_000).map { Command.UpdateItem(path: "k\($0)", json: value) }
+        guard case .rejected(let e)? = log.apply(.onDisconnectUpdate(path: base, entries: items, secret: 1), session: 3)?.outcome else {
+            Issue.record("700 kB of paths were not counted")
+            return
+        }
+        #expect(e.code == .inputTooLarge)
+        // One queued object of 500 members, then a cancel below it: 499 entries, counted.
+        let members = (0..<500).map { "\"m\($0)\":\($0)" }.joined(separator: ",")
+        #expect(log.apply(.onDisconnectSet(path: "/o", json: Self.bytes("{" + members + "}"), secret: 1), session: 4)?.outcome == .ok)
+        #expect(log.apply(.onDisconnectCancel(path: "/o/m0", secret: 1), session: 4)?.outcome == .ok)
+        #expect(log.machine.disconnects[4]?.tree.entries.count == 499)
+        #expect(log.machine.disconnects[4]?.entryBound == 499)
+        // 501 more would pass 1,000 entries.
+        let more = (0..<502).map { Command.UpdateItem(path: "n\($0)", json: Self.bytes("1")) }
+        guard case .rejected? = log.apply(.onDisconnectUpdate(path: "/q", entries: more, secret: 1), session: 4)?.outcome else {
+            Issue.record("the split entries were not counted")
+            return
+        }
+    }
+
     @Test("queues and ended flags survive the snapshot image; a version-2 image (before queues) still loads")
     func image() throws {
         var log = Log()
@@ -141,5 +168,10 @@ import Testing
         let version2 = Array("BNYSM002".utf8) + plain[8..<(plain.count - 8)]
         let old = try StateMachine(image: Array(version2))
         #expect(old.tree("ns") == log.machine.tree("ns") && old.disconnects.isEmpty && old.appliedIndex == 4)
+        // A version-2 image with a session: no ended byte after it.
+        func le(_ v: UInt64) -> [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: v >> UInt64(8 * $0)) } }
+        let withSession = Array("BNYSM002".utf8) + le(9) + le(5) + le(1) + le(77) + le(3) + le(1) + le(5) + le(0)
+        let loaded = try StateMachine(image: withSession)
+        #expect(loaded.sessions[77] == SessionRecord(contiguous: 3, above: [5]) && loaded.appliedIndex == 9)
     }
 }
