@@ -214,12 +214,7 @@ public struct RESTRequest: Sendable {
         }
 
         // Credentials.
-        if let auth = head.header("Authorization") {
-            let token = auth.hasPrefix("Bearer ") ? String(auth.dropFirst(7)) : auth
-            request.authorization = token == "owner" ? .owner : .other(token)
-        } else if let token = param("auth") ?? param("access_token") {
-            request.authorization = token == "owner" ? .owner : .other(token)
-        }
+        request.authorization = Self.authorization(head, param)
 
         // Conditional requests.
         if let e = head.header("X-Firebase-ETag") { request.wantsETag = e.lowercased() == "true" }
@@ -359,6 +354,27 @@ public struct RESTRequest: Sendable {
         let path = Path(segments: segments)
         do { try path.checkLimits() } catch { throw .badRequest("Invalid path: \(error.message)") }
         return (path, isPriority)
+    }
+
+    /// The credentials a request head carries: the `Authorization` header, else `auth=` or
+    /// `access_token=`.
+    static func authorization(_ head: HTTPHead, _ param: (String) -> String?) -> Authorization {
+        if let auth = head.header("Authorization") {
+            let token = auth.hasPrefix("Bearer ") ? String(auth.dropFirst(7)) : auth
+            return token == "owner" ? .owner : .other(token)
+        } else if let token = param("auth") ?? param("access_token") {
+            return token == "owner" ? .owner : .other(token)
+        }
+        return .none
+    }
+
+    /// The credentials of a request from its head alone, before any body is read (so a request
+    /// that will be refused is refused without reading a body of up to `max_body_bytes`). A query
+    /// string that does not parse carries none.
+    public static func authorization(in head: HTTPHead) -> Authorization {
+        let (_, rawQuery) = splitURI(head.uri)
+        let params = (try? parseQuery(rawQuery)) ?? []
+        return authorization(head) { name in params.last { $0.0 == name }?.1 }
     }
 
     static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {

@@ -294,6 +294,18 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             body = []
             tooLarge = false
             started = DispatchTime.now().uptimeNanoseconds
+            // Data writes are authorised from the head, before their body is read: a refused
+            // write never costs a body of up to `max_body_bytes` (issue 18). The connection
+            // closes after the answer, so the unread body is never taken for a request.
+            if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE,
+                !h.uri.hasPrefix("/.banyan/"),
+                let denied = authorize(RESTRequest.authorization(in: HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) })))
+            {
+                head = nil
+                busy = true
+                respond(context: context, head: h, reply: denied, close: true)
+                return
+            }
             if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > server.config.http.maxBodyBytes {
                 tooLarge = true
             }
@@ -475,8 +487,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         return diff == 0
     }
 
-    private func authorize(_ request: RESTRequest) -> HTTPReply? {
-        switch request.authorization {
+    private func authorize(_ request: RESTRequest) -> HTTPReply? { authorize(request.authorization) }
+
+    private func authorize(_ authorization: RESTRequest.Authorization) -> HTTPReply? {
+        switch authorization {
         case .owner where server.config.development.acceptOwnerToken: return nil
         case .none where server.config.development.allowUnauthenticated: return nil
         case .other where server.config.development.allowUnauthenticated: return nil

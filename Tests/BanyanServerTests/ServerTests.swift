@@ -713,6 +713,29 @@ final class Inbox: Sendable {
         #expect(n.http.answers.load(ordering: .relaxed) - before == count, "not every pipelined read was answered once the client read")
     }
 
+    /// Issue 18: authorisation is decided from the head, before a body is read.
+    @Test("a write without credentials is refused from its head, before its body arrives; one with credentials waits for its body")
+    func authorisedFromTheHead() throws {
+        let dir = try temporaryDirectory("authhead")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.development.allowUnauthenticated = false
+        c.development.acceptOwnerToken = true
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = clientPort(n)
+        let started = Date()
+        let anonymous = try Raw(port: port)
+        anonymous.send("PUT /x.json HTTP/1.1\r\nHost: a\r\nContent-Length: 5000000\r\n\r\n")
+        let (text, closed) = anonymous.receive(until: "", seconds: 3)
+        #expect(text.hasPrefix("HTTP/1.1 401") && closed, "\(text.prefix(40))")
+        #expect(Date().timeIntervalSince(started) < 2.5)
+        // With the owner token the head is accepted and the node waits for the body.
+        let owner = try Raw(port: port)
+        owner.send("PUT /x.json?auth=owner HTTP/1.1\r\nHost: a\r\nContent-Length: 5000000\r\n\r\n")
+        #expect(owner.receive(until: "\r\n\r\n", seconds: 1).text.isEmpty)
+    }
+
     @Test("Expect: 100-continue gets 100 before the body, or 413 at once for a body over the limit; HEAD of a stream is the head only")
     func continueAndHead() throws {
         let dir = try temporaryDirectory("continue")
