@@ -86,6 +86,11 @@ public struct NodeConfig: Sendable, Equatable {
         /// At most 32 MiB: a write must fit in one log record and one peer frame (64 MiB each).
         public var maxBodyBytes: Int = 16 << 20
         public var maxConnections: Int = 20_000
+        /// Connections one client address may hold at once (more are closed on accept), so no
+        /// one client takes all `maxConnections` (issue 18).
+        public var maxConnectionsPerClient: Int = 2_000
+        /// Event streams one client address may hold at once (more get 429).
+        public var maxStreamsPerClient: Int = 500
         /// A whole request (head and body) must arrive within this many seconds of the connection
         /// opening or of the previous response, or it gets 408 and the connection closes; a
         /// connection with no request by then is simply closed. Event streams are exempt.
@@ -235,6 +240,9 @@ extension NodeConfig {
                     switch k {
                     case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(32 << 20))
                     case "max_connections": c.http.maxConnections = try r.int(v, "http.max_connections", 1...1_000_000)
+                    case "max_connections_per_client":
+                        c.http.maxConnectionsPerClient = try r.int(v, "http.max_connections_per_client", 1...1_000_000)
+                    case "max_streams_per_client": c.http.maxStreamsPerClient = try r.int(v, "http.max_streams_per_client", 1...1_000_000)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
                     default: throw ConfigError("\(source): unknown key http.\(k)")

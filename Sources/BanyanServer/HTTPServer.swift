@@ -33,6 +33,40 @@ final class HTTPServer: Sendable {
     let streamsOpen = Gauge(label: "banyan_sse_streams")
     let latency: Metrics.Timer = Metrics.Timer(label: "banyan_http_request_duration_seconds")
     private let openStreams = Atomic<Int>(0)
+    /// Connections and event streams by client address (the per-client caps, issue 18).
+    struct ClientLoad {
+        var connections = 0
+        var streams = 0
+    }
+    private let perClient = Mutex<[String: ClientLoad]>([:])
+    let refusedStreams = Counter(label: "banyan_http_refused_streams_total")
+
+    /// The client's address as the caps count it (its IP; one bucket for unknown ones).
+    static func clientKey(_ address: SocketAddress?) -> String { address?.ipAddress ?? "?" }
+
+    /// Counts one more of `what` for `client`; false (nothing counted) when it is at `cap`.
+    private func admit(_ client: String, _ what: WritableKeyPath<ClientLoad, Int>, cap: Int) -> Bool {
+        perClient.withLock { table in
+            var entry = table[client] ?? ClientLoad()
+            guard entry[keyPath: what] < cap else { return false }
+            entry[keyPath: what] += 1
+            table[client] = entry
+            return true
+        }
+    }
+
+    private func release(_ client: String, _ what: WritableKeyPath<ClientLoad, Int>) {
+        perClient.withLock { table in
+            guard var entry = table[client] else { return }
+            entry[keyPath: what] -= 1
+            table[client] = entry.connections <= 0 && entry.streams <= 0 ? nil : entry
+        }
+    }
+
+    func admitConnection(from client: String) -> Bool { admit(client, \.connections, cap: config.http.maxConnectionsPerClient) }
+    func connectionClosed(from client: String) { release(client, \.connections) }
+    func admitStream(from client: String) -> Bool { admit(client, \.streams, cap: config.http.maxStreamsPerClient) }
+    func streamEnded(from client: String) { release(client, \.streams) }
 
     /// The operator token (`admin_token_file`), if one is configured.
     let adminToken: String?
@@ -62,6 +96,12 @@ final class HTTPServer: Sendable {
                     self.refused.increment()
                     return channel.close()
                 }
+                let client = Self.clientKey(channel.remoteAddress)
+                guard self.admitConnection(from: client) else {
+                    self.refused.increment()
+                    return channel.close()
+                }
+                channel.closeFuture.whenComplete { _ in self.connectionClosed(from: client) }
                 return channel.eventLoop.makeCompletedFuture {
                     // Two handlers: NIO's request decoder (llhttp) and ours, which writes its
                     // answers as bytes (HTTPResponseWriter) and holds pipelined requests itself:
@@ -178,6 +218,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
     /// True once the connection is to close after the answer being written (nothing more is read).
     private var closing = false
     private var streaming: StreamState?
+    /// The client address an open stream is counted under (`HTTPServer.admitStream`).
+    private var streamClient: String?
     private var started: UInt64 = 0
     /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
     /// connection opening or of the previous response (a client dripping a byte at a time cannot
@@ -351,6 +393,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             streaming = nil
             s.close()
             server.streamClosed()
+            if let client = streamClient { server.streamEnded(from: client) }
+            streamClient = nil
         }
         context.fireChannelInactive()
     }
@@ -549,11 +593,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
 
     private func startStream(context: ChannelHandlerContext, head: HTTPRequestHead, request: RESTRequest, stale: Bool) {
         let channel = context.channel
+        let client = HTTPServer.clientKey(context.remoteAddress)
+        guard server.admitStream(from: client) else {
+            server.refusedStreams.increment()
+            respond(
+                context: context, head: head,
+                reply: .error(.tooManyRequests, "Too many event streams from this client (at most \(server.config.http.maxStreamsPerClient))."))
+            return
+        }
         // HTTP/1.1 streams go in chunks (as NIO's encoder sent them); HTTP/1.0 ones end with the
         // connection.
         let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
         let state = StreamState(request: request, channel: channel, chunked: chunked)
         streaming = state
+        streamClient = client
         server.streamOpened()
         var buffer = context.channel.allocator.buffer(capacity: 160)
         HTTPResponseWriter.writeHead(

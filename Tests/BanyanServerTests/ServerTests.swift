@@ -713,6 +713,40 @@ final class Inbox: Sendable {
         #expect(n.http.answers.load(ordering: .relaxed) - before == count, "not every pipelined read was answered once the client read")
     }
 
+    /// Issue 18: one client could hold every connection and every event stream.
+    @Test("a client address past its connection cap is closed on accept, past its stream cap answered 429; closing frees the slots")
+    func perClientCaps() throws {
+        let dir = try temporaryDirectory("perclient")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.http.maxConnectionsPerClient = 4
+        c.http.maxStreamsPerClient = 2
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = clientPort(n)
+        let stream = "GET /.json?consistency=stale HTTP/1.1\r\nHost: a\r\nAccept: text/event-stream\r\n\r\n"
+        var streams = [try Raw(port: port), try Raw(port: port)]
+        for s in streams {
+            s.send(stream)
+            #expect(s.receive(until: "\r\n\r\n", seconds: 3).text.hasPrefix("HTTP/1.1 200"))
+        }
+        let third = try Raw(port: port)
+        third.send(stream)
+        #expect(third.receive(until: "\r\n\r\n", seconds: 3).text.hasPrefix("HTTP/1.1 429"))
+        // Four connections now (two streams, the refused stream's, and this one); a fifth is closed.
+        let fourth = try Raw(port: port)
+        let fifth = try Raw(port: port)
+        let (nothing, closed) = fifth.receive(until: "", seconds: 2)
+        #expect(nothing.isEmpty && closed, "a fifth connection was kept")
+        // A stream ends: its slot (and its connection's) is free again.
+        streams.removeLast()
+        Thread.sleep(forTimeInterval: 0.3)
+        let again = try Raw(port: port)
+        again.send(stream)
+        #expect(again.receive(until: "\r\n\r\n", seconds: 3).text.hasPrefix("HTTP/1.1 200"))
+        _ = fourth
+    }
+
     /// Issue 18: authorisation is decided from the head, before a body is read.
     @Test("a write without credentials is refused from its head, before its body arrives; one with credentials waits for its body")
     func authorisedFromTheHead() throws {
