@@ -118,6 +118,8 @@ public struct ListenCore: Sendable {
 
     private var entries: [UInt64: Entry] = [:]
     private var tries: [String: ListenTrie] = [:]
+    /// Listen ids by owner, so a connection's end costs its own listens only.
+    private var byOwner: [UInt64: Set<UInt64>] = [:]
     private var nextSequence: UInt64 = 0
 
     public init() {}
@@ -138,6 +140,7 @@ public struct ListenCore: Sendable {
         entries[listen.id] = Entry(listen: listen, view: view, sequence: nextSequence)
         nextSequence += 1
         tries[listen.namespace, default: ListenTrie()].insert(listen.id, at: listen.path.segments[...])
+        byOwner[listen.owner, default: []].insert(listen.id)
         return ListenEvent(
             listen: listen.id, owner: listen.owner, tag: listen.tag, update: .put(path: listen.path, tree: view?.viewTree ?? location))
     }
@@ -147,20 +150,23 @@ public struct ListenCore: Sendable {
         guard let entry = entries.removeValue(forKey: id) else { return }
         tries[entry.listen.namespace]?.remove(id, at: entry.listen.path.segments[...])
         if tries[entry.listen.namespace]?.isEmpty == true { tries[entry.listen.namespace] = nil }
+        byOwner[entry.listen.owner]?.remove(id)
+        if byOwner[entry.listen.owner]?.isEmpty == true { byOwner[entry.listen.owner] = nil }
     }
 
-    /// Forgets every listen of a connection that ended. O(listens of the core).
+    /// Forgets every listen of a connection that ended: O(its listens × depth).
     public mutating func removeOwner(_ owner: UInt64) {
-        let ids = entries.values.filter { $0.listen.owner == owner }.map(\.listen.id)
-        for id in ids { unlisten(id) }
+        for id in (byOwner[owner] ?? []).sorted() { unlisten(id) }
     }
 
     /// The updates one applied command owes: `written` are the paths it wrote (a set: one; a
     /// multi-path update: each of its paths), `tree` the namespace's root after it.
     public mutating func applied(namespace: String, written: [Path], tree: Tree) -> [ListenEvent] {
         guard !written.isEmpty, let trie = tries[namespace] else { return [] }
-        var touched = Set<UInt64>()
-        for path in written { trie.collect(touching: path.segments[...], into: &touched) }
+        // One walk per written path, recording per listen what it must know: whether a path at
+        // or above it was written, and which paths below it: O(Σ (depth + listens touched)).
+        var touched: [UInt64: Touch] = [:]
+        for path in written { trie.collect(touching: path, from: 0, into: &touched) }
         guard !touched.isEmpty else { return [] }
         var out: [ListenEvent] = []
         // Default listens' updates already queued in this call, by owner, kind and path: an owner
@@ -168,9 +174,9 @@ public struct ListenCore: Sendable {
         // listen's update is determined by its kind and path, so the key is enough. A window's is
         // not: windowed listens, tagged or not, are never merged with others.)
         var sentUntagged = Set<SentKey>()
-        for id in touched.sorted(by: { (entries[$0]?.sequence ?? 0) < (entries[$1]?.sequence ?? 0) }) {
+        for (id, touch) in touched.sorted(by: { (entries[$0.key]?.sequence ?? 0) < (entries[$1.key]?.sequence ?? 0) }) {
             guard var entry = entries[id] else { continue }
-            let updates = Self.updates(for: &entry, written: written, tree: tree)
+            let updates = Self.updates(for: &entry, touch: touch, tree: tree)
             entries[id] = entry
             for update in updates {
                 if entry.listen.tag == nil, !entry.listen.isWindowed,
@@ -202,11 +208,18 @@ public struct ListenCore: Sendable {
         return out
     }
 
+    /// What one write did at a listen's location: a path at or above it was written (the
+    /// location replaced), and the written paths below it, in the write's order.
+    struct Touch {
+        var replaced = false
+        var below: [Path] = []
+    }
+
     /// What one write owes one listen it touches.
-    static func updates(for entry: inout Entry, written: [Path], tree: Tree) -> [ListenUpdate] {
+    static func updates(for entry: inout Entry, touch: Touch, tree: Tree) -> [ListenUpdate] {
         let location = entry.listen.path
         if var view = entry.view {
-            let changes = ChildChanges.at(location, written: written)
+            let changes: ChildChanges = touch.replaced ? .all : touch.below.isEmpty ? .none : .keys(touch.below.map { $0.segments[location.count] })
             let events = view.apply(tree.child(at: location), changes: changes)
             entry.view = view
             guard !events.isEmpty else { return [] }
@@ -228,10 +241,10 @@ public struct ListenCore: Sendable {
             return changed.isEmpty ? [.put(path: location, tree: view.viewTree)] : [.merge(path: location, children: changed)]
         }
         // The whole location: a write at or above it replaces it.
-        if written.contains(where: { $0.contains(location) }) {
+        if touch.replaced {
             return [.put(path: location, tree: tree.child(at: location))]
         }
-        let below = written.filter { location.contains($0) }
+        let below = touch.below
         guard let first = below.first else { return [] }
         if below.count == 1 { return [.put(path: first, tree: tree.child(at: first))] }
         // Several paths below it (a multi-path update): one merge at their deepest common
@@ -253,14 +266,14 @@ public struct ListenCore: Sendable {
 
 /// Listen ids by path: each node holds the listens at its location.
 struct ListenTrie: Sendable {
-    private var here: [UInt64] = []
+    private var here: Set<UInt64> = []
     private var children: [ChildKey: ListenTrie] = [:]
 
     var isEmpty: Bool { here.isEmpty && children.isEmpty }
 
     mutating func insert(_ id: UInt64, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
-            here.append(id)
+            here.insert(id)
             return
         }
         children[key, default: ListenTrie()].insert(id, at: path.dropFirst())
@@ -268,25 +281,27 @@ struct ListenTrie: Sendable {
 
     mutating func remove(_ id: UInt64, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
-            here.removeAll { $0 == id }
+            here.remove(id)
             return
         }
         children[key]?.remove(id, at: path.dropFirst())
         if children[key]?.isEmpty == true { children[key] = nil }
     }
 
-    /// The listens a write at `path` touches: those at `path` or above it, and every listen below it.
-    func collect(touching path: ArraySlice<ChildKey>, into out: inout Set<UInt64>) {
-        out.formUnion(here)
-        guard let key = path.first else {
-            for child in children.values { child.collectAll(into: &out) }
+    /// Records what a write at `path` does to the listens it touches: for those strictly above
+    /// it, one more path below them; for those at it or below it, their location replaced. This
+    /// node is at depth `depth` of `path`.
+    func collect(touching path: Path, from depth: Int, into out: inout [UInt64: ListenCore.Touch]) {
+        guard depth < path.count else {
+            collectReplaced(into: &out)
             return
         }
-        children[key]?.collect(touching: path.dropFirst(), into: &out)
+        for id in here { out[id, default: ListenCore.Touch()].below.append(path) }
+        children[path.segments[depth]]?.collect(touching: path, from: depth + 1, into: &out)
     }
 
-    private func collectAll(into out: inout Set<UInt64>) {
-        out.formUnion(here)
-        for child in children.values { child.collectAll(into: &out) }
+    private func collectReplaced(into out: inout [UInt64: ListenCore.Touch]) {
+        for id in here { out[id, default: ListenCore.Touch()].replaced = true }
+        for child in children.values { child.collectReplaced(into: &out) }
     }
 }
