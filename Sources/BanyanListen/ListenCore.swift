@@ -35,6 +35,18 @@ public enum ListenUpdate: Sendable, Equatable {
     /// Below `path` (absolute), each relative path now holds its tree (`Tree.empty`: deleted).
     case merge(path: Path, children: [(path: Path, tree: Tree)])
 
+    /// Where the update applies (absolute).
+    public var path: Path {
+        switch self {
+        case .put(let path, _), .merge(let path, _): return path
+        }
+    }
+
+    public var isMerge: Bool {
+        if case .merge = self { return true }
+        return false
+    }
+
     public static func == (a: ListenUpdate, b: ListenUpdate) -> Bool {
         switch (a, b) {
         case let (.put(p, t), .put(q, u)): return p == q && t == u
@@ -105,14 +117,8 @@ public struct ListenCore: Sendable {
 
         init(owner: UInt64, update: ListenUpdate) {
             self.owner = owner
-            switch update {
-            case .put(let path, _):
-                merge = false
-                self.path = path
-            case .merge(let path, _):
-                merge = true
-                self.path = path
-            }
+            merge = update.isMerge
+            path = update.path
         }
     }
 

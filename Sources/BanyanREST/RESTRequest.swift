@@ -377,7 +377,7 @@ public struct RESTRequest: Sendable {
         return authorization(head) { name in params.last { $0.0 == name }?.1 }
     }
 
-    static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {
+    public static func parseQuery(_ raw: Substring) throws(RESTError) -> [(String, String)] {
         var out: [(String, String)] = []
         let pairs = raw.splitting(atByte: UInt8(ascii: "&"), omittingEmpty: true)
         out.reserveCapacity(pairs.count)
@@ -422,7 +422,7 @@ public struct RESTRequest: Sendable {
     }
 
     /// The first DNS label of a Host header; nil for IP literals (they name no database).
-    static func hostLabel(_ host: String) -> String? {
+    public static func hostLabel(_ host: String) -> String? {
         var h = Substring(host)
         if h.hasPrefix("[") { return nil }  // IPv6 literal
         if let colon = h.lastIndex(of: ":") { h = h[..<colon] }
@@ -565,8 +565,8 @@ public struct RESTRequest: Sendable {
     }
 }
 
-extension String {
-    fileprivate func trimmingSpaces() -> Substring {
+extension StringProtocol {
+    func trimmingSpaces() -> Substring {
         var s = Substring(self)
         while s.first == " " || s.first == "\t" { s = s.dropFirst() }
         while s.last == " " || s.last == "\t" { s = s.dropLast() }

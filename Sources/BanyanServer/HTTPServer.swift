@@ -2,6 +2,7 @@ import BanyanBasics
 import BanyanRaft
 import BanyanNode
 import BanyanREST
+import BanyanSession
 import BanyanReplica
 import BanyanStateMachine
 import BanyanTree
@@ -11,6 +12,7 @@ import Metrics
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOWebSocket
 import Prometheus
 import Synchronization
 
@@ -107,8 +109,9 @@ final class HTTPServer: Sendable {
                     // answers as bytes (HTTPResponseWriter) and holds pipelined requests itself:
                     // no response encoder, pipelining or error handler to pass on every write.
                     // No idle-state handler: the request deadline closes idle connections too.
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)))
-                    try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self))
+                    try channel.pipeline.syncOperations.addHandler(
+                        ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)), name: HTTPConnectionHandler.decoderName)
+                    try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self), name: HTTPConnectionHandler.handlerName)
                 }
             }
         let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
@@ -124,6 +127,50 @@ final class HTTPServer: Sendable {
     func nextPushID() -> String {
         let now = NodeRuntime.wallClock()
         return pushIDs.withLock { $0.next(now: now) }
+    }
+
+    // MARK: - Realtime connections (docs/realtime.md)
+
+    /// One listen hub per event loop, made on first use.
+    private let hubs = Mutex<[ObjectIdentifier: RealtimeHub]>([:])
+    /// Open realtime connections by their client session (for `ls`: a reconnect closes the
+    /// previous connection when it is still open here).
+    private let realtime = Mutex<[UInt64: any Channel]>([:])
+    let realtimeOpen = Gauge(label: "banyan_realtime_connections")
+    private let realtimeCount = Atomic<Int>(0)
+    private let sessionIDs = Mutex(SeededRandom(seed: UInt64.random(in: 1...UInt64.max)))
+
+    func hub(for loop: any EventLoop) -> RealtimeHub {
+        hubs.withLock { table in
+            if let hub = table[ObjectIdentifier(loop)] { return hub }
+            let hub = RealtimeHub(loop: loop, runtime: runtime)
+            table[ObjectIdentifier(loop)] = hub
+            return hub
+        }
+    }
+
+    /// A fresh identity for a realtime connection: this node, a random client session, a random
+    /// secret (docs/realtime.md, "onDisconnect").
+    func newSessionIdentity() -> SessionIdentity {
+        sessionIDs.withLock { random in
+            SessionIdentity(node: config.nodeID, connection: random.next(), secret: random.next())
+        }
+    }
+
+    func realtimeOpened(_ handler: RealtimeSessionHandler, channel: any Channel) {
+        realtime.withLock { $0[handler.identity.connection] = channel }
+        realtimeOpen.record(realtimeCount.wrappingAdd(1, ordering: .relaxed).newValue)
+    }
+
+    func realtimeClosed(_ handler: RealtimeSessionHandler) {
+        realtime.withLock { $0[handler.identity.connection] = nil }
+        realtimeOpen.record(realtimeCount.wrappingSubtract(1, ordering: .relaxed).newValue)
+    }
+
+    /// Closes the realtime connection with this client session, if it is open on this node.
+    func closeRealtime(connection: UInt64) {
+        let channel = realtime.withLock { $0[connection] }
+        channel?.close(promise: nil)
     }
 
     func streamOpened() { streamsOpen.record(openStreams.wrappingAdd(1, ordering: .relaxed).newValue) }
@@ -176,7 +223,7 @@ final class Answered: @unchecked Sendable {
 /// drains; what one read cycle already brought in is still queued, up to `hardQueuedParts` or
 /// `hardQueuedBytes`, past which the client is far ahead of its answers and the connection is
 /// closed. Reads are not held otherwise: holding them costs two `epoll_ctl` calls per request.
-final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
+final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler, @unchecked Sendable {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
@@ -428,6 +475,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
             return
         }
+        if RealtimeUpgrade.isRealtimePath(head.uri) {
+            let restHead = HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+            switch Result(catching: { () throws(RESTError) in try RealtimeUpgrade.parse(restHead, defaultNamespace: server.config.defaultNamespace) }) {
+            case .success(let upgrade): switchToWebSocket(context: context, head: head, upgrade: upgrade)
+            case .failure(let e): respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)), close: true)
+            }
+            return
+        }
         if path.hasPrefix("/.banyan/") {
             if head.method != .GET, let denied = authorizeOperator(head) {
                 server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
@@ -584,6 +639,69 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, @unchecked Sendable {
         if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
         if !noBody { buffer.writeBytes(reply.body) }
         return buffer
+    }
+
+    // MARK: - Realtime (WebSocket) connections
+
+    static let decoderName = "http-decoder"
+    static let handlerName = "http-connection"
+
+    /// Answers `101 Switching Protocols` and replaces the HTTP handlers with the WebSocket ones
+    /// and the connection's `RealtimeSessionHandler` (docs/realtime.md). Anything the client
+    /// pipelined after its upgrade request is dropped (RFC 6455: it waits for the answer).
+    private func switchToWebSocket(context: ChannelHandlerContext, head: HTTPRequestHead, upgrade: RealtimeUpgrade) {
+        let client = HTTPServer.clientKey(context.remoteAddress)
+        guard server.admitStream(from: client) else {
+            server.refusedStreams.increment()
+            respond(
+                context: context, head: head,
+                reply: .error(.tooManyRequests, "Too many event streams and realtime connections from this client (at most \(server.config.http.maxStreamsPerClient))."),
+                close: true)
+            return
+        }
+        closing = true
+        dropQueue()
+        deadlineAt = nil
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
+        var buffer = context.channel.allocator.buffer(capacity: 160)
+        buffer.writeStaticString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ")
+        buffer.writeString(upgrade.accept)
+        buffer.writeStaticString("\r\n\r\n")
+        let server = self.server
+        let channel = context.channel
+        channel.closeFuture.whenComplete { _ in server.streamEnded(from: client) }
+        let limits = SessionCore.Limits()
+        context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { result in
+            guard case .success = result, channel.isActive else { return channel.close(promise: nil) }
+            // The HTTP handlers go first (this one holds reads while closing), then the
+            // WebSocket ones come, then reading resumes.
+            let removed = channel.pipeline.removeHandler(name: Self.decoderName).and(channel.pipeline.removeHandler(name: Self.handlerName))
+            removed.whenComplete { _ in
+                Self.installWebSocket(channel: channel, server: server, upgrade: upgrade, limits: limits)
+            }
+        }
+    }
+
+    private static func installWebSocket(channel: any Channel, server: HTTPServer, upgrade: RealtimeUpgrade, limits: SessionCore.Limits) {
+            guard channel.isActive else { return }
+            do {
+                let pipeline = channel.pipeline.syncOperations
+                let hub = server.hub(for: channel.eventLoop)
+                try pipeline.addHandlers([
+                    WebSocketFrameEncoder(),
+                    ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: limits.frames.maxFrameBytes)),
+                    WebSocketProtocolErrorHandler(),
+                    NIOWebSocketFrameAggregator(
+                        minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: limits.frames.maxFramesPerMessage,
+                        maxAccumulatedFrameSize: limits.frames.maxFrameBytes),
+                    RealtimeSessionHandler(server: server, hub: hub, upgrade: upgrade, identity: server.newSessionIdentity()),
+                ])
+                channel.read()
+            } catch {
+                server.logger.error("could not switch a connection to WebSocket", metadata: ["error": "\(error)"])
+                channel.close(promise: nil)
+            }
     }
 
     // MARK: - Event streams

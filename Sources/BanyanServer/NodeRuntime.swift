@@ -227,14 +227,31 @@ public final class NodeRuntime: @unchecked Sendable {
     /// As `write(namespace:command:)`, for a caller on event loop `on`: `done` runs there. Requests
     /// and answers are batched across threads (one wake-up covers many), which is what the
     /// per-request HTTP path wants.
-    public func write(namespace: String, command: Command, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void) {
+    public func write(
+        namespace: String, command: Command, session: UInt64? = nil, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void
+    ) {
         submit {
             let id = self.newRequest()
             self.writeCompletions[id] = Completion(loop: caller, done: done)
-            self.core.write(id, namespace: namespace, command: command)
+            self.core.write(id, namespace: namespace, command: command, session: session)
             self.scheduleProcess()
         }
     }
+
+    /// Opens a realtime connection's own client session (its writes and onDisconnect commands
+    /// name it: docs/realtime.md). Ordered with `write`: a write submitted after this names an
+    /// open session. `done` (on the replica loop) gets false when the id was taken.
+    public func openSession(_ session: UInt64, _ done: @escaping @Sendable (Bool) -> Void = { _ in }) {
+        submit { done(self.core.openSession(session)) }
+    }
+
+    /// Closes a connection's session once nothing more will be written in it.
+    public func closeSession(_ session: UInt64) {
+        submit { self.core.closeSession(session) }
+    }
+
+    /// This node's id (for realtime session ids).
+    public var nodeID: UInt64 { config.nodeID }
 
     /// The namespace's tree: after a ReadIndex round (linearizable), or at once from this
     /// node's state (`stale`: possibly behind the leader). `done` runs on the caller's event

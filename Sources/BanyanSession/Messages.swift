@@ -451,7 +451,7 @@ public enum ServerMessage {
 }
 
 extension JSONValue {
-    var bytes: [UInt8] {
+    public var bytes: [UInt8] {
         var out: [UInt8] = []
         appendJSON(to: &out)
         return out

@@ -27,6 +27,25 @@ func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
     return condition()
 }
 
+/// A blocking TCP connection to 127.0.0.1:`port` whose reads give up after the timeout.
+func loopbackSocket(port: Int, receiveTimeoutMicroseconds: Int) throws -> Int32 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_port = in_port_t(UInt16(port).bigEndian)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let ok = withUnsafePointer(to: &addr) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard ok == 0 else {
+        close(fd)
+        throw ChannelError.connectPending
+    }
+    var tv = timeval(tv_sec: 0, tv_usec: receiveTimeoutMicroseconds)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    return fd
+}
+
 /// The port of a running node's client API.
 func clientPort(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
 
@@ -440,17 +459,7 @@ final class Inbox: Sendable {
     final class Raw {
         let fd: Int32
         init(port: Int) throws {
-            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var addr = sockaddr_in()
-            addr.sin_family = sa_family_t(AF_INET)
-            addr.sin_port = in_port_t(UInt16(port).bigEndian)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let ok = withUnsafePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard ok == 0 else { throw ChannelError.connectPending }
-            var tv = timeval(tv_sec: 0, tv_usec: 100_000)
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+            fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000)
         }
         deinit { close(fd) }
         func send(_ text: String) { _ = text.withCString { Glibc.send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) } }

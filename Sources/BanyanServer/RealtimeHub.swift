@@ -1,0 +1,258 @@
+import BanyanListen
+import BanyanNode
+import BanyanQuery
+import BanyanReplica
+import BanyanSession
+import BanyanStateMachine
+import BanyanTree
+import Logging
+import NIOCore
+
+/// The listens of the realtime connections on one event loop (docs/realtime.md, "ListenCore",
+/// "Where it runs"): one `ListenCore`, fed by one live view per namespace that any of them
+/// listens to. The replica thread only hands each applied command over (trees are persistent, so
+/// a version is a pointer); matching, window updates and rendering run here, on the loop.
+/// Confined to `loop`: every method is called there.
+final class RealtimeHub: @unchecked Sendable {
+    let loop: any EventLoop
+    private let runtime: NodeRuntime
+    private var core = ListenCore()
+
+    /// One namespace's live view on this loop. `tree` is the version `core` has processed: a
+    /// listen starts from exactly it (never newer or older), so overlapping listens of one client
+    /// never see its cache move backwards.
+    private struct Feed {
+        var generation: UInt64
+        var watch: UInt64?
+        var tree: Tree?
+        /// Listens waiting for the view's first tree.
+        var waiting: [UInt64] = []
+        /// Listens of the namespace, started or not: the view closes when none is left.
+        var listens = 0
+    }
+    private var feeds: [String: Feed] = [:]
+    private var nextGeneration: UInt64 = 1
+
+    /// A listen not yet started: it waits for its namespace's view or for a ReadIndex round.
+    private struct Pending {
+        var listen: Listen
+        var done: (Result<ListenEvent, ListenStartError>) -> Void
+    }
+    private var pending: [UInt64: Pending] = [:]
+    private var namespaceOf: [UInt64: String] = [:]
+    private var nextListen: UInt64 = 1
+    /// Where each owner's updates go (a connection's handler).
+    private var owners: [UInt64: (ListenEvent, [UInt8]) -> Void] = [:]
+    private var flushes: [UInt64: () -> Void] = [:]
+
+    enum ListenStartError: Error, CustomStringConvertible {
+        case unavailable(ReplicaError)
+        case refused(ListenError)
+        var description: String {
+            switch self {
+            case .unavailable(let e): return e.description
+            case .refused(let e): return e.description
+            }
+        }
+    }
+
+    init(loop: any EventLoop, runtime: NodeRuntime) {
+        self.loop = loop
+        self.runtime = runtime
+    }
+
+    var listenCount: Int { core.count }
+
+    /// Registers where `owner`'s updates go: `push` gets each update and its message bytes,
+    /// `flush` is called once after each batch that pushed something.
+    func attach(owner: UInt64, push: @escaping (ListenEvent, [UInt8]) -> Void, flush: @escaping () -> Void) {
+        owners[owner] = push
+        flushes[owner] = flush
+    }
+
+    func detach(owner: UInt64) {
+        owners[owner] = nil
+        flushes[owner] = nil
+    }
+
+    /// An id for a listen (unique on this loop).
+    func newListenID() -> UInt64 {
+        defer { nextListen += 1 }
+        return nextListen
+    }
+
+    /// Starts a listen: `done` (on the loop) gets its first update, computed from a tree at least
+    /// as new as the leader's commit index when the listen was asked for (a ReadIndex round, or
+    /// the start of the namespace's view), or why it could not start. Nothing is delivered for
+    /// the listen before `done`.
+    func listen(_ listen: Listen, done: @escaping (Result<ListenEvent, ListenStartError>) -> Void) {
+        let id = listen.id
+        let ns = listen.namespace
+        pending[id] = Pending(listen: listen, done: done)
+        namespaceOf[id] = ns
+        var feed = feeds[ns] ?? openFeed(ns)
+        feed.listens += 1
+        if feed.tree == nil {
+            feed.waiting.append(id)
+            feeds[ns] = feed
+        } else {
+            feeds[ns] = feed
+            barrier(id, ns, generation: feed.generation)
+        }
+    }
+
+    /// Stops a listen, started or not (an unknown id is ignored).
+    func unlisten(_ id: UInt64) {
+        guard namespaceOf[id] != nil else { return }
+        if pending.removeValue(forKey: id) == nil { core.unlisten(id) }
+        forget(id)
+    }
+
+    private func openFeed(_ ns: String) -> Feed {
+        let generation = nextGeneration
+        nextGeneration += 1
+        let loop = self.loop
+        runtime.watch(namespace: ns, stale: false) { event in
+            // On the replica thread: hand the event over in order (one task per loop per event).
+            loop.execute { self.feedEvent(ns, generation, event) }
+        }
+        .hop(to: loop)
+        .whenSuccess { result in
+            switch result {
+            case .success(let watch):
+                if var feed = self.feeds[ns], feed.generation == generation {
+                    feed.watch = watch
+                    self.feeds[ns] = feed
+                } else {
+                    self.runtime.unwatch(watch)
+                }
+            case .failure(let e):
+                guard let feed = self.feeds[ns], feed.generation == generation else { return }
+                // The view could not start (no leader within the request timeout): every listen
+                // of the namespace that has not started fails; started ones cannot exist yet.
+                self.feeds[ns] = nil
+                for id in feed.waiting { self.fail(id, .unavailable(e)) }
+            }
+        }
+        return Feed(generation: generation)
+    }
+
+    private func feedEvent(_ ns: String, _ generation: UInt64, _ event: WatchEvent) {
+        guard var feed = feeds[ns], feed.generation == generation else { return }
+        switch event {
+        case .start(let tree):
+            feed.tree = tree
+            let waiting = feed.waiting
+            feed.waiting = []
+            feeds[ns] = feed
+            // The view started after these listens were asked for, at a linearizable point.
+            for id in waiting { start(id, tree: tree) }
+        case .applied(let applied, let tree):
+            guard feed.tree != nil else { return }
+            feed.tree = tree
+            feeds[ns] = feed
+            deliver(core.applied(namespace: ns, written: applied.written, tree: tree))
+        case .restored(let tree):
+            guard feed.tree != nil else { return }
+            feed.tree = tree
+            feeds[ns] = feed
+            deliver(core.restored(namespace: ns, tree: tree))
+        }
+    }
+
+    /// A ReadIndex round: once it completes, every write acknowledged (to anyone) before the
+    /// listen was asked for has been applied and handed to this loop before the answer (the
+    /// replica thread hands events over as it applies and answers at the end of its pass), so
+    /// the feed's tree then includes them.
+    private func barrier(_ id: UInt64, _ ns: String, generation: UInt64) {
+        runtime.read(namespace: ns, stale: false, on: loop) { result in
+            switch result {
+            case .success:
+                guard self.pending[id] != nil else { return }
+                guard let feed = self.feeds[ns], let tree = feed.tree else { return }
+                self.start(id, tree: tree)
+            case .failure(let e):
+                self.fail(id, .unavailable(e))
+            }
+        }
+    }
+
+    private func start(_ id: UInt64, tree: Tree) {
+        guard let p = pending.removeValue(forKey: id) else { return }
+        do {
+            let first = try core.listen(p.listen, tree: tree)
+            p.done(.success(first))
+        } catch {
+            forget(id)
+            p.done(.failure(.refused(error)))
+        }
+    }
+
+    private func fail(_ id: UInt64, _ error: ListenStartError) {
+        guard let p = pending.removeValue(forKey: id) else { return }
+        forget(id)
+        p.done(.failure(error))
+    }
+
+    /// Drops a listen from its namespace's count; the namespace's view closes with its last.
+    private func forget(_ id: UInt64) {
+        guard let ns = namespaceOf.removeValue(forKey: id), var feed = feeds[ns] else { return }
+        feed.listens -= 1
+        feed.waiting.removeAll { $0 == id }
+        if feed.listens <= 0 {
+            feeds[ns] = nil
+            if let watch = feed.watch { runtime.unwatch(watch) }
+        } else {
+            feeds[ns] = feed
+        }
+    }
+
+    /// Hands each update to its owner, rendered once per distinct untagged update (a thousand
+    /// default listens at one path get one rendering), then flushes each owner once.
+    private func deliver(_ events: [ListenEvent]) {
+        guard !events.isEmpty else { return }
+        var rendered: [RenderKey: [UInt8]] = [:]
+        var touched: [UInt64] = []
+        var seen = Set<UInt64>()
+        for event in events {
+            guard let push = owners[event.owner] else { continue }
+            let bytes: [UInt8]
+            if event.tag == nil, core.listen(event.listen)?.isWindowed == false {
+                let key = RenderKey(event.update)
+                if let cached = rendered[key] {
+                    bytes = cached
+                } else {
+                    bytes = Self.render(event)
+                    rendered[key] = bytes
+                }
+            } else {
+                bytes = Self.render(event)
+            }
+            push(event, bytes)
+            if seen.insert(event.owner).inserted { touched.append(event.owner) }
+        }
+        for owner in touched { flushes[owner]?() }
+    }
+
+    /// Within one applied command, an untagged default listen's update is determined by its kind
+    /// and path (ListenCore), so equal keys render equal messages.
+    private struct RenderKey: Hashable {
+        var merge: Bool
+        var path: Path
+        init(_ update: ListenUpdate) {
+            merge = update.isMerge
+            path = update.path
+        }
+    }
+
+    /// The v5 push for an update: `d` (put) or `m` (merge), data in export format.
+    static func render(_ event: ListenEvent) -> [UInt8] {
+        let tag = event.tag.map { Int64(truncatingIfNeeded: $0) }
+        switch event.update {
+        case let .put(path, tree):
+            return ServerMessage.data(path: path, data: JSONWriter.bytes(tree, format: .export), tag: tag)
+        case let .merge(path, children):
+            return ServerMessage.merge(path: path, children: children.map { ($0.path, JSONWriter.bytes($0.tree, format: .export)) }, tag: tag)
+        }
+    }
+}

@@ -1,0 +1,390 @@
+import BanyanListen
+import BanyanNode
+import BanyanQuery
+import BanyanREST
+import BanyanReplica
+import BanyanSession
+import BanyanStateMachine
+import BanyanTree
+import Foundation
+import Logging
+import NIOCore
+import NIOWebSocket
+
+/// One realtime connection (WebSocket, protocol v5) on its event loop: the driver of a
+/// `SessionCore` (docs/realtime.md). Frames in go to the core; its actions become listens on the
+/// loop's `RealtimeHub`, reads and writes on the node (in the connection's own client session),
+/// and frames out. Confined to the channel's event loop.
+final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = WebSocketFrame
+    typealias OutboundOut = WebSocketFrame
+
+    private let server: HTTPServer
+    private let hub: RealtimeHub
+    private let upgrade: RealtimeUpgrade
+    let identity: SessionIdentity
+    private var core: SessionCore
+    private var context: ChannelHandlerContext?
+    /// The session's listens and their ids in the hub.
+    private var hubIDs: [SessionCore.ListenID: UInt64] = [:]
+    /// Something was written in the connection's session (its end must then be recorded).
+    private var wrote = false
+    private var finished = false
+    private var closing = false
+    private var keepAlive: RepeatedTask?
+    /// Credentials: the emulator's `owner` (administrator), or an unsigned emulator token.
+    private var admin = false
+    private var claims: JSONValue?
+    private var dirty = false
+
+    static let tickInterval = TimeAmount.seconds(5)
+
+    init(server: HTTPServer, hub: RealtimeHub, upgrade: RealtimeUpgrade, identity: SessionIdentity) {
+        self.server = server
+        self.hub = hub
+        self.upgrade = upgrade
+        self.identity = identity
+        let host = upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
+        core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)
+    }
+
+    private var namespace: String { upgrade.namespace }
+    private var runtime: NodeRuntime { server.runtime }
+    private var owner: UInt64 { identity.connection }
+
+    /// Data access until access rules land: the development settings, as for REST.
+    private var authorized: Bool {
+        (admin && server.config.development.acceptOwnerToken) || server.config.development.allowUnauthenticated
+    }
+
+    static func now() -> Int64 { Int64(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        server.realtimeOpened(self, channel: context.channel)
+        hub.attach(
+            owner: owner,
+            push: { [weak self] event, bytes in self?.push(event, bytes) },
+            flush: { [weak self] in self?.flush() })
+        runtime.openSession(identity.connection)
+        // `ls`: the client's previous connection is over, wherever it was; its onDisconnect
+        // writes fire now, before anything this connection writes (the first command of its
+        // ordered stream). A previous connection still open on this node is closed.
+        if let last = upgrade.lastSession, let old = SessionIdentity(parsing: Substring(last)), old.connection != identity.connection {
+            server.closeRealtime(connection: old.connection)
+            wrote = true
+            endConnection(old, session: identity.connection, attempt: 0)
+        }
+        core.heard(at: Self.now())
+        send(core.hello)
+        flush()
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        keepAlive = context.eventLoop.scheduleRepeatedTask(initialDelay: Self.tickInterval, delay: Self.tickInterval) { _ in
+            let handler = bound.value
+            handler.perform(handler.core.tick(now: Self.now()))
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = unwrapInboundIn(data)
+        guard !finished else { return }
+        core.heard(at: Self.now())
+        switch frame.opcode {
+        case .text:
+            let payload = frame.unmaskedData
+            perform(core.receive(frame: Array(payload.readableBytesView)))
+        case .binary:
+            send(ServerMessage.error("binary frames are not part of the protocol; send text frames"))
+            close(code: .unacceptableData, reason: "binary frame")
+        case .ping:
+            guard !closing else { return }
+            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)), promise: nil)
+            dirty = true
+        case .connectionClose:
+            // Answer the client's close with ours (its code when it gave one), then end.
+            guard !closing else { return context.close(promise: nil) }
+            closing = true
+            var data = frame.unmaskedData
+            let code = data.readableBytes >= 2 ? data.readSlice(length: 2) : nil
+            var buffer = context.channel.allocator.buffer(capacity: 2)
+            if var code { buffer.writeBuffer(&code) }
+            let channel = context.channel
+            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: buffer))).whenComplete { _ in
+                channel.close(promise: nil)
+            }
+        default:
+            break
+        }
+        flush()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        flush()
+        context.fireChannelReadComplete()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        end()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        end()
+        self.context = nil
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        server.logger.debug("realtime connection error", metadata: ["error": "\(error)", "session": "\(identity)"])
+        context.close(promise: nil)
+    }
+
+    /// The connection is over (closed by either side, a socket error, a keep-alive timeout):
+    /// listens stop, and its end is recorded in the log, which fires its onDisconnect writes.
+    private func end() {
+        guard !finished else { return }
+        finished = true
+        keepAlive?.cancel()
+        keepAlive = nil
+        _ = core.ended()
+        for id in hubIDs.values { hub.unlisten(id) }
+        hubIDs = [:]
+        hub.detach(owner: owner)
+        server.realtimeClosed(self)
+        if wrote {
+            endConnection(identity, session: nil, attempt: 0)
+        } else {
+            runtime.closeSession(identity.connection)
+        }
+    }
+
+    /// Proposes `connectionEnded` for `connection` until it commits (retries back off to 10 s,
+    /// for at most an hour: a node without a leader that long has bigger problems, and the
+    /// leader's expiry of this node's connections covers the rest). The first try goes in
+    /// `session` (for `ls`, the new connection's own, so it precedes that connection's writes);
+    /// retries in the node's own session, since the connection's may be closed by then. Static:
+    /// a retry never needs the handler.
+    private func endConnection(_ connection: SessionIdentity, session: UInt64?, attempt: Int) {
+        Self.endConnection(
+            runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, own: identity.connection, connection: connection,
+            session: session, attempt: attempt)
+    }
+
+    private static func endConnection(
+        runtime: NodeRuntime, loop: any EventLoop, logger: Logger, ns: String, own: UInt64, connection: SessionIdentity, session: UInt64?,
+        attempt: Int
+    ) {
+        let command = Command.connectionEnded(connection: connection.connection, secret: connection.secret)
+        runtime.write(namespace: ns, command: command, session: session, on: loop) { result in
+            switch result {
+            case .success:
+                if connection.connection == own { runtime.closeSession(own) }
+            case .failure(let e):
+                guard attempt < 400 else {
+                    logger.error("gave up recording the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
+                    return
+                }
+                let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
+                loop.scheduleTask(in: delay) {
+                    endConnection(
+                        runtime: runtime, loop: loop, logger: logger, ns: ns, own: own, connection: connection, session: nil, attempt: attempt + 1)
+                }
+            }
+        }
+    }
+
+    /// Closes the connection from the server's side with a close frame.
+    func close(code: WebSocketErrorCode, reason: String) {
+        guard !closing, let context else { return }
+        closing = true
+        var buffer = context.channel.allocator.buffer(capacity: 2 + 123)
+        buffer.write(webSocketErrorCode: code)
+        buffer.writeBytes(Array(reason.utf8.prefix(120)))
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: buffer))).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+    }
+
+    // MARK: - The core's actions
+
+    private func perform(_ outputs: [SessionCore.Output]) {
+        for output in outputs {
+            switch output {
+            case .send(let bytes): send(bytes)
+            case let .listen(id, spec): startListen(id, spec)
+            case .unlisten(let id):
+                if let hubID = hubIDs.removeValue(forKey: id) { hub.unlisten(hubID) }
+            case let .get(request, path, query): get(request, path, query)
+            case let .write(request, write): self.write(request, write)
+            case let .authenticate(request, credential, _): authenticate(request, credential)
+            case .unauthenticate:
+                admin = false
+                claims = nil
+            case .stats: break
+            case .pauseReading:
+                context?.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+            case .resumeReading:
+                context?.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+                context?.read()
+            case .close(let reason):
+                server.logger.notice("closed a realtime connection", metadata: ["session": "\(identity)", "reason": "\(reason)"])
+                close(code: .policyViolation, reason: reason)
+            case .ping:
+                guard !closing, let context else { continue }
+                context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: context.channel.allocator.buffer(capacity: 0))), promise: nil)
+                dirty = true
+            }
+        }
+        flush()
+    }
+
+    /// One message, in as many frames as the SDKs expect (`FrameSplitter`). A client that does
+    /// not read what it is sent (more than the connection's write buffer queued) is cut off
+    /// rather than buffered without bound.
+    private func send(_ message: [UInt8]) {
+        guard !closing, let context else { return }
+        if !context.channel.isWritable {
+            server.logger.notice("closed a realtime connection that does not read its messages", metadata: ["session": "\(identity)"])
+            closing = true
+            context.close(promise: nil)
+            return
+        }
+        for chunk in FrameSplitter.frames(message) {
+            var buffer = context.channel.allocator.buffer(capacity: chunk.count)
+            buffer.writeBytes(chunk)
+            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: buffer)), promise: nil)
+        }
+        dirty = true
+    }
+
+    private func flush() {
+        guard dirty, let context else { return }
+        dirty = false
+        context.flush()
+    }
+
+    private func push(_ event: ListenEvent, _ bytes: [UInt8]) {
+        send(bytes)
+    }
+
+    private func startListen(_ id: SessionCore.ListenID, _ spec: ListenSpec) {
+        guard authorized else { return perform(core.listenFailed(id, status: "permission_denied", reason: "Permission denied")) }
+        var params: QueryParams?
+        if let query = spec.query {
+            do {
+                params = try QueryParams(wire: query)
+            } catch {
+                return perform(core.listenFailed(id, status: "failure", reason: error.description))
+            }
+        }
+        let hubID = hub.newListenID()
+        hubIDs[id] = hubID
+        let tag = spec.tag.flatMap { UInt64(exactly: $0) }
+        let listen = Listen(id: hubID, owner: owner, namespace: namespace, path: spec.path, params: params, tag: tag)
+        hub.listen(listen) { [weak self] result in
+            guard let self, !self.finished, self.hubIDs[id] == hubID else { return }
+            switch result {
+            case .success(let first):
+                self.send(RealtimeHub.render(first))
+                self.perform(self.core.listenStarted(id))
+            case .failure(let e):
+                self.hubIDs[id] = nil
+                let status: String
+                switch e {
+                case .unavailable: status = "unavailable"
+                case .refused: status = "failure"
+                }
+                self.perform(self.core.listenFailed(id, status: status, reason: e.description))
+            }
+        }
+    }
+
+    private func get(_ request: Int64, _ path: Path, _ query: JSONValue?) {
+        guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
+        var wanted: QueryParams?
+        if let query, case .object(let members) = query, !members.isEmpty {
+            do {
+                wanted = try QueryParams(wire: query)
+            } catch {
+                return perform(core.answer(request: request, status: "failure", data: JSONValue.string(error.description).bytes))
+            }
+        }
+        let params = wanted
+        runtime.read(namespace: namespace, stale: false, on: hub.loop) { [weak self] result in
+            guard let self, !self.finished else { return }
+            switch result {
+            case .success(let tree):
+                var value = tree.child(at: path)
+                if let params { value = params.evaluate(value) }
+                self.perform(self.core.answer(request: request, status: "ok", data: JSONWriter.bytes(value, format: .export)))
+            case .failure(let e):
+                self.perform(self.core.answer(request: request, status: "unavailable", data: JSONValue.string(e.description).bytes))
+            }
+        }
+    }
+
+    private func write(_ request: Int64, _ write: SessionCore.Write) {
+        guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
+        let command: Command
+        switch SessionWrites.command(for: write, secret: identity.secret) {
+        case .success(let c): command = c
+        case .failure(let refusal):
+            return perform(core.answer(request: request, status: refusal.status, data: JSONValue.string(refusal.message).bytes))
+        }
+        wrote = true
+        runtime.write(namespace: namespace, command: command, session: identity.connection, on: hub.loop) { [weak self] result in
+            guard let self, !self.finished else { return }
+            switch result {
+            case .success(let applied):
+                let (status, data) = SessionWrites.answer(applied.outcome)
+                self.perform(self.core.answer(request: request, status: status, data: data.bytes))
+            case .failure(let e):
+                // Not `ok`: a timed-out write may still apply (the client's listens then show it).
+                self.perform(self.core.answer(request: request, status: "unavailable", data: JSONValue.string(e.description).bytes))
+            }
+        }
+    }
+
+    /// Credentials under the development settings (until access rules land): the emulator's
+    /// `owner` is the administrator when `accept_owner_token` is on; an unsigned emulator token
+    /// (`mockUserToken`: `alg` `none`, empty signature) names its user; a signed token cannot be
+    /// verified yet and is refused as `invalid_token`.
+    private func authenticate(_ request: Int64, _ credential: Credential) {
+        if credential.token == "owner" {
+            guard server.config.development.acceptOwnerToken else {
+                return perform(core.answer(request: request, status: "invalid_token", data: JSONValue.string("The owner token is not accepted by this server.").bytes))
+            }
+            admin = true
+            claims = nil
+            return perform(core.answer(request: request, status: "ok", data: Array(#"{"auth":null,"expires":null}"#.utf8)))
+        }
+        guard let decoded = Self.unsignedClaims(credential.token) else {
+            return perform(
+                core.answer(
+                    request: request, status: "invalid_token",
+                    data: JSONValue.string("Only the emulator's owner and unsigned tokens are accepted until access rules are configured.").bytes))
+        }
+        admin = false
+        claims = decoded
+        var expires: JSONValue = .null
+        if case .object(let members) = decoded, let exp = members.first(where: { $0.0 == "exp" })?.1 { expires = exp }
+        perform(core.answer(request: request, status: "ok", data: JSONValue.object([("auth", decoded), ("expires", expires)]).bytes))
+    }
+
+    /// The claims of an unsigned JWT (`{"alg":"none"}`, empty signature), or nil.
+    static func unsignedClaims(_ token: String) -> JSONValue? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[2].isEmpty, token.utf8.count <= 16_384,
+            let header = base64URL(parts[0]).flatMap({ try? JSONValue(parsing: $0) }),
+            case .object(let h) = header, h.first(where: { $0.0 == "alg" })?.1 == .string("none"),
+            let body = base64URL(parts[1]).flatMap({ try? JSONValue(parsing: $0) }), case .object = body
+        else { return nil }
+        return body
+    }
+
+    static func base64URL(_ text: Substring) -> [UInt8]? {
+        var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while s.utf8.count % 4 != 0 { s += "=" }
+        return Data(base64Encoded: s).map { Array($0) }
+    }
+}

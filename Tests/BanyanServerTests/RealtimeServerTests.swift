@@ -1,0 +1,329 @@
+import BanyanNode
+@testable import BanyanServer
+import BanyanTree
+import Foundation
+import Logging
+import Testing
+
+/// The WebSocket protocol v5 on a real node, over raw sockets and hand-made frames
+/// (docs/realtime.md): the upgrade, the hello, the ordering rules, transactions, `ls`, and bad
+/// input answered in the protocol's own shape. Synchronous (blocking sockets with timeouts).
+@Suite struct RealtimeServerTests {
+    /// A blocking WebSocket client: masked frames out, frames in.
+    final class Client {
+        let fd: Int32
+        private var pending: [UInt8] = []
+        private(set) var closed = false
+
+        init(port: Int, target: String = "/.ws?v=5&ns=rt", host: String = "example.test:443", extraHeaders: String? = nil) throws {
+            fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 50_000)
+            let headers =
+                extraHeaders
+                ?? "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            sendRaw(Array("GET \(target) HTTP/1.1\r\nHost: \(host)\r\n\(headers)\r\n".utf8))
+        }
+        deinit { close(fd) }
+
+        func sendRaw(_ bytes: [UInt8]) {
+            _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        }
+
+        /// The HTTP answer to the upgrade (up to the blank line).
+        func head(seconds: Double = 10) -> String {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if let end = find([13, 10, 13, 10]) {
+                    let text = String(decoding: pending[..<end], as: UTF8.self)
+                    pending.removeFirst(end + 4)
+                    return text
+                }
+                if !fill() { break }
+            }
+            return String(decoding: pending, as: UTF8.self)
+        }
+
+        private func find(_ needle: [UInt8]) -> Int? {
+            guard pending.count >= needle.count else { return nil }
+            for i in 0...(pending.count - needle.count) where Array(pending[i..<(i + needle.count)]) == needle { return i }
+            return nil
+        }
+
+        /// Reads what is there; false once the peer closed.
+        @discardableResult
+        private func fill() -> Bool {
+            var buffer = [UInt8](repeating: 0, count: 65_536)
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n == 0 {
+                closed = true
+                return false
+            }
+            if n > 0 { pending += buffer[0..<n] }
+            return true
+        }
+
+        /// One client frame, masked (RFC 6455 §5.3).
+        func frame(opcode: UInt8, _ payload: [UInt8], fin: Bool = true) {
+            var out: [UInt8] = [(fin ? 0x80 : 0) | opcode]
+            let mask: [UInt8] = [0x12, 0x34, 0x56, 0x78]
+            if payload.count < 126 {
+                out.append(0x80 | UInt8(payload.count))
+            } else if payload.count <= 0xFFFF {
+                out += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+            } else {
+                out.append(0x80 | 127)
+                for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8((UInt64(payload.count) >> UInt64(shift)) & 0xFF)) }
+            }
+            out += mask
+            for (i, b) in payload.enumerated() { out.append(b ^ mask[i % 4]) }
+            sendRaw(out)
+        }
+
+        func text(_ s: String) { frame(opcode: 1, Array(s.utf8)) }
+
+        /// The next frame from the server: (opcode, payload), or nil after `seconds` or a close.
+        func next(seconds: Double = 10) -> (opcode: UInt8, payload: [UInt8])? {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if pending.count >= 2 {
+                    let opcode = pending[0] & 0x0F
+                    var length = Int(pending[1] & 0x7F)
+                    var offset = 2
+                    if length == 126, pending.count >= 4 {
+                        length = Int(pending[2]) << 8 | Int(pending[3])
+                        offset = 4
+                    } else if length == 127, pending.count >= 10 {
+                        length = (2..<10).reduce(0) { $0 << 8 | Int(pending[$1]) }
+                        offset = 10
+                    }
+                    if (length < 126 || offset > 2), pending.count >= offset + length {
+                        let payload = Array(pending[offset..<(offset + length)])
+                        pending.removeFirst(offset + length)
+                        return (opcode, payload)
+                    }
+                }
+                if !fill() && pending.isEmpty { return nil }
+            }
+            return nil
+        }
+
+        /// The next text message, reassembling the protocol's counted frames.
+        func message(seconds: Double = 10) -> String? {
+            guard let first = next(seconds: seconds) else { return nil }
+            guard first.opcode == 1 else { return "<opcode \(first.opcode)>" + String(decoding: first.payload, as: UTF8.self) }
+            let text = String(decoding: first.payload, as: UTF8.self)
+            if let count = Int(text), text.count <= 6 {
+                var whole = ""
+                for _ in 0..<count { whole += String(decoding: next(seconds: seconds)?.payload ?? [], as: UTF8.self) }
+                return whole
+            }
+            return text
+        }
+
+        /// Messages until one contains `marker` (inclusive), in order.
+        func messages(until marker: String, seconds: Double = 10) -> [String] {
+            var out: [String] = []
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline, let m = message(seconds: deadline.timeIntervalSinceNow) {
+                out.append(m)
+                if m.contains(marker) { break }
+            }
+            return out
+        }
+
+        /// Waits until the server closes the connection.
+        func waitClosed(seconds: Double = 10) -> Bool {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline, !closed {
+                pending = []
+                fill()
+            }
+            return closed
+        }
+    }
+
+    /// Runs `body` with the client port of a single-node cluster, removed afterwards.
+    func withNode(_ name: String, _ body: (Int) throws -> Void) throws {
+        let dir = try temporaryDirectory(name)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = NodeConfig()
+        c.dataDirectory = dir + "/data"
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        try body(clientPort(n))
+    }
+
+    /// Connects and reads the hello; returns the client and the hello's session id.
+    func open(_ port: Int, target: String = "/.ws?v=5&ns=rt") throws -> (Client, String) {
+        let c = try Client(port: port, target: target)
+        let head = c.head()
+        #expect(head.hasPrefix("HTTP/1.1 101"), "\(head)")
+        let hello = c.message() ?? ""
+        let session = (try? JSONValue(parsing: hello))?["d"]?["d"]?["s"]
+        guard case .string(let s)? = session else {
+            Issue.record("no session id in the hello: \(hello)")
+            return (c, "")
+        }
+        return (c, s)
+    }
+
+    @Test("the upgrade answers 101 with the RFC 6455 accept, then the hello: real ts, v 5, the client's Host, a session id")
+    func upgradeAndHello() throws {
+        try withNode("rt-hello") { port in
+            let c = try Client(port: port)
+            let head = c.head()
+            #expect(head.hasPrefix("HTTP/1.1 101"))
+            // The RFC's own example key and accept value.
+            #expect(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "\(head)")
+            let hello = try JSONValue(parsing: c.message() ?? "")
+            #expect(hello["t"] == .string("c") && hello["d"]?["t"] == .string("h"))
+            #expect(hello["d"]?["d"]?["v"] == .string("5") && hello["d"]?["d"]?["h"] == .string("example.test:443"))
+            guard case .int(let ts)? = hello["d"]?["d"]?["ts"] else {
+                Issue.record("ts is not an integer")
+                return
+            }
+            #expect(abs(ts - Int64(Date().timeIntervalSince1970 * 1000)) < 60_000)
+            // Keep-alive frame and ping: `0` is ignored, a ping answered with a pong.
+            c.text("0")
+            c.text(#"{"t":"c","d":{"t":"p","d":{}}}"#)
+            #expect(c.message() == #"{"t":"c","d":{"t":"o","d":null}}"#)
+        }
+    }
+
+    @Test("a listen's data comes before its ok; a write's echo before its ok; writes answered in order")
+    func orderingRules() throws {
+        try withNode("rt-order") { port in
+            let (c, _) = try open(port)
+            c.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/rooms/r1","h":""}}}"#)
+            let started = c.messages(until: #""r":1"#)
+            #expect(started == [#"{"t":"d","d":{"a":"d","b":{"p":"rooms/r1","d":null}}}"#, #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":{}}}}"#], "\(started)")
+            c.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/rooms/r1/title","d":"Hello"}}}"#)
+            c.text(#"{"t":"d","d":{"r":3,"a":"m","b":{"p":"/rooms/r1","d":{"n":{".sv":{"increment":1}},"meta/x":true}}}}"#)
+            let echoed = c.messages(until: #""r":3"#)
+            // Both writes may apply in one batch: each echo precedes its own ok, and the oks keep
+            // the request order.
+            let echo2 = echoed.firstIndex(of: #"{"t":"d","d":{"a":"d","b":{"p":"rooms/r1/title","d":"Hello"}}}"#)
+            let echo3 = echoed.firstIndex(of: #"{"t":"d","d":{"a":"m","b":{"p":"rooms/r1","d":{"n":1,"meta/x":true}}}}"#)
+            let ok2 = echoed.firstIndex(of: #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":""}}}"#)
+            let ok3 = echoed.firstIndex(of: #"{"t":"d","d":{"r":3,"b":{"s":"ok","d":""}}}"#)
+            #expect(echoed.count == 4 && echo2 != nil && echo3 != nil && ok2 != nil && ok3 != nil, "\(echoed)")
+            if let echo2, let echo3, let ok2, let ok3 { #expect(echo2 < ok2 && echo3 < ok3 && ok2 < ok3, "\(echoed)") }
+            // A tagged query: its pushes carry the tag.
+            c.text(#"{"t":"d","d":{"r":4,"a":"q","b":{"p":"/rooms","q":{"i":".key","l":1,"vf":"l"},"t":7,"h":""}}}"#)
+            let tagged = c.messages(until: #""r":4"#)
+            #expect(tagged.first?.contains(#""t":7"#) == true && tagged.count == 2, "\(tagged)")
+            // A get answers with the value, no push.
+            c.text(#"{"t":"d","d":{"r":5,"a":"g","b":{"p":"/rooms/r1/title","q":{}}}}"#)
+            #expect(c.message() == #"{"t":"d","d":{"r":5,"b":{"s":"ok","d":"Hello"}}}"#)
+        }
+    }
+
+    @Test("a compare-and-set put: datastale after the current value was pushed, ok when the hash matches")
+    func transactions() throws {
+        try withNode("rt-tx") { port in
+            let (c, _) = try open(port)
+            c.text(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/counter","d":5}}}"#)
+            #expect(c.message() == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            c.text(#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/counter","h":""}}}"#)
+            #expect(c.messages(until: #""r":2"#).count == 2)
+            let stale = Tree(.int(4)).hashString
+            c.text(#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/counter","d":6,"h":"\#(stale)"}}}"#)
+            let answer = c.message() ?? ""
+            #expect(answer.hasPrefix(#"{"t":"d","d":{"r":3,"b":{"s":"datastale""#), "\(answer)")
+            let current = Tree(.int(5)).hashString
+            c.text(#"{"t":"d","d":{"r":4,"a":"p","b":{"p":"/counter","d":6,"h":"\#(current)"}}}"#)
+            #expect(c.messages(until: #""r":4"#) == [#"{"t":"d","d":{"a":"d","b":{"p":"counter","d":6}}}"#, #"{"t":"d","d":{"r":4,"b":{"s":"ok","d":""}}}"#])
+        }
+    }
+
+    @Test("bad input gets an answer in the protocol's shape and the connection goes on; unanswerable input closes it")
+    func badInput() throws {
+        try withNode("rt-bad") { port in
+            let (c, _) = try open(port)
+            let cases: [(String, String)] = [
+                (#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/a","d":{"x":}}}}"#, #""r":1,"b":{"s":"failure""#),  // malformed JSON
+                (#"{"t":"d","d":{"r":2,"a":"zz","b":{}}}"#, #""r":2,"b":{"s":"failure""#),  // unknown action
+                (#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/a/b.c","d":1}}}"#, #""r":3,"b":{"s":"failure""#),  // invalid path
+                (#"{"t":"d","d":{"r":4,"a":"q","b":{"p":"/a","q":{"i":5},"t":1,"h":""}}}"#, #""r":4,"b":{"s":"failure""#),  // bad query
+                (#"{"t":"d","d":{"r":5,"a":"o","b":{"p":"/a","d":{".sv":"nope"}}}}"#, #""r":5,"b":{"s":"failure""#),  // bad server value
+            ]
+            for (input, expected) in cases {
+                c.text(input)
+                let answer = c.message() ?? "<nothing>"
+                #expect(answer.contains(expected), "\(input) → \(answer)")
+            }
+            // Still working.
+            c.text(#"{"t":"d","d":{"r":6,"a":"p","b":{"p":"/a","d":1}}}"#)
+            #expect(c.message() == #"{"t":"d","d":{"r":6,"b":{"s":"ok","d":""}}}"#)
+            // A message with no request number to answer: an `e` control message, then the close.
+            c.text("this is not json")
+            #expect(c.message()?.hasPrefix(#"{"t":"c","d":{"t":"e""#) == true)
+            #expect(c.waitClosed())
+
+            // A frame larger than the limit (announced by its header): closed with 1009.
+            let (big, _) = try open(port)
+            big.sendRaw([0x81, 0x80 | 127, 0, 0, 0, 0, 0x02, 0, 0, 0, 1, 2, 3, 4])  // 32 MiB announced
+            let close = big.next()
+            #expect(close?.opcode == 8 && close.map { Int($0.payload[0]) << 8 | Int($0.payload[1]) } == 1009, "\(String(describing: close))")
+            // A binary frame: closed with 1003 after an error message.
+            let (binary, _) = try open(port)
+            binary.frame(opcode: 2, [1, 2, 3])
+            #expect(binary.message()?.contains(#""t":"e""#) == true)
+            #expect(binary.waitClosed())
+            // The data is intact.
+            let (after, _) = try open(port)
+            after.text(#"{"t":"d","d":{"r":1,"a":"g","b":{"p":"/a","q":{}}}}"#)
+            #expect(after.message() == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":1}}}"#)
+        }
+    }
+
+    @Test("bad upgrades are refused with an HTTP status and a Firebase-shaped body")
+    func badUpgrades() throws {
+        try withNode("rt-upgrade") { port in
+            let v4 = try Client(port: port, target: "/.ws?v=4&ns=rt")
+            #expect(v4.head().hasPrefix("HTTP/1.1 400"))
+            let noUpgrade = try Client(port: port, target: "/.ws?v=5", extraHeaders: "")
+            #expect(noUpgrade.head().hasPrefix("HTTP/1.1 400"))
+            let longPoll = try Client(port: port, target: "/.lp?v=5&ns=rt")
+            #expect(longPoll.head().hasPrefix("HTTP/1.1 404"))
+            let badNamespace = try Client(port: port, target: "/.ws?v=5&ns=no.dots")
+            #expect(badNamespace.head().hasPrefix("HTTP/1.1 400"))
+        }
+    }
+
+    @Test("onDisconnect writes fire when the connection closes, and at once when a new connection names it with ls")
+    func onDisconnect() throws {
+        try withNode("rt-ondisconnect") { port in
+            let (watcher, _) = try open(port)
+            watcher.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/presence","h":""}}}"#)
+            #expect(watcher.messages(until: #""r":1"#).count == 2)
+
+            // Closed by the client: its queue fires once.
+            do {
+                let (a, _) = try open(port)
+                a.text(#"{"t":"d","d":{"r":1,"a":"o","b":{"p":"/presence/a","d":"offline"}}}"#)
+                a.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/presence/a","d":"online"}}}"#)
+                #expect(a.messages(until: #""r":2"#).last == #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":""}}}"#)
+                #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/a","d":"online"}}}"#)
+            }
+            #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/a","d":"offline"}}}"#)
+
+            // Still open, but the client reconnects naming it: the old queue fires first, and the old
+            // connection is closed.
+            let (b, session) = try open(port)
+            b.text(#"{"t":"d","d":{"r":1,"a":"o","b":{"p":"/presence/b","d":"offline"}}}"#)
+            b.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/presence/b","d":"online"}}}"#)
+            #expect(b.messages(until: #""r":2"#).count == 2)
+            #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/b","d":"online"}}}"#)
+            let (b2, _) = try open(port, target: "/.ws?v=5&ns=rt&ls=\(session)")
+            #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/b","d":"offline"}}}"#)
+            #expect(b.waitClosed())
+            b2.text(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/presence/b","d":"back"}}}"#)
+            #expect(b2.message() == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/b","d":"back"}}}"#)
+            // Nothing fires twice: the old connection's own close added nothing.
+            #expect(watcher.message(seconds: 1) == nil)
+        }
+    }
+}

@@ -1,0 +1,242 @@
+// The unmodified Firebase JavaScript SDK (vendored in firebase-js-11/) against a Banyan cluster
+// over the WebSocket protocol v5, as apps point it at the Firebase emulator. Run by .ci/run:
+//   node Tests/interop/firebase_js_interop.js 127.0.0.1:19500 127.0.0.1:19501 127.0.0.1:19502
+// Each check runs with its own deadline; the exit status is the number of failed checks.
+'use strict';
+const path = require('path');
+const { createRequire } = require('module');
+const req = createRequire(path.join(__dirname, 'firebase-js-11') + '/');
+const { initializeApp, deleteApp } = req('firebase/app');
+const fdb = req('firebase/database');
+const {
+  getDatabase, connectDatabaseEmulator, ref, set, update, push, get, remove, onValue, onChildAdded, off,
+  runTransaction, query, orderByChild, orderByKey, orderByPriority, limitToLast, limitToFirst, startAt, endAt,
+  onDisconnect, goOffline, goOnline, serverTimestamp, increment, setWithPriority, enableLogging,
+} = fdb;
+
+const nodes = process.argv.slice(2);
+if (nodes.length === 0) {
+  console.error('usage: node firebase_js_interop.js host:port [host:port ...]');
+  process.exit(64);
+}
+if (process.env.LOG) enableLogging(true);
+const ns = 'jsinterop' + Date.now().toString(36);
+let appCount = 0;
+const apps = [];
+
+function connect(nodeIndex) {
+  const [host, port] = nodes[nodeIndex % nodes.length].split(':');
+  const app = initializeApp({ projectId: 'demo', databaseURL: `http://${host}:${port}?ns=${ns}` }, `app${appCount++}`);
+  const db = getDatabase(app);
+  connectDatabaseEmulator(db, host, Number(port));
+  apps.push(app);
+  return db;
+}
+
+function deadline(ms, what) {
+  let timer;
+  const p = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`timed out: ${what}`)), ms); });
+  return { p, cancel: () => clearTimeout(timer) };
+}
+
+// Resolves with the first value of `q` for which `pred` holds.
+function waitFor(q, pred, ms, what) {
+  return new Promise((resolve, reject) => {
+    let last;
+    let done = false;
+    let unsub = null;
+    const finish = () => { done = true; clearTimeout(timer); if (unsub) unsub(); };
+    const timer = setTimeout(() => { finish(); reject(new Error(`timed out waiting for ${what}; last value ${short(last)}`)); }, ms);
+    // The first callback can come synchronously (a cached value), before `unsub` is known.
+    unsub = onValue(q, (snap) => {
+      last = snap.val();
+      if (!done && pred(last, snap)) { finish(); resolve(snap); }
+    }, (err) => { finish(); reject(err); });
+    if (done) unsub();
+  });
+}
+
+function short(v) {
+  const t = JSON.stringify(v) || String(v);
+  return t.length > 200 ? `${t.slice(0, 200)}… (${t.length} characters)` : t;
+}
+
+function assertEqual(actual, expected, what) {
+  const a = JSON.stringify(actual);
+  const e = JSON.stringify(expected);
+  if (a !== e) throw new Error(`${what}: expected ${short(expected)}, got ${short(actual)}`);
+}
+
+async function rest(nodeIndex, p) {
+  const res = await fetch(`http://${nodes[nodeIndex % nodes.length]}/${p}.json?ns=${ns}`);
+  return res.json();
+}
+
+const checks = [];
+function check(name, fn) { checks.push({ name, fn }); }
+
+const db0 = connect(0);
+const db1 = connect(1);
+const db2 = connect(2);
+
+check('connects: .info/connected and the hello\'s server time', async () => {
+  await waitFor(ref(db0, '.info/connected'), (v) => v === true, 10000, 'connected');
+  const offset = await waitFor(ref(db0, '.info/serverTimeOffset'), (v) => typeof v === 'number', 10000, 'serverTimeOffset');
+  if (Math.abs(offset.val()) > 10000) throw new Error(`server time offset ${offset.val()} ms`);
+});
+
+check('set, multi-path update, listen: every value event in order', async () => {
+  const r = ref(db0, 'rooms/r1');
+  const seen = [];
+  const unsub = onValue(r, (s) => seen.push(s.val()));
+  await set(r, { title: 'Hi', n: 1 });
+  await update(r, { n: 2, 'meta/at': 5 });
+  await update(ref(db0), { 'rooms/r1/n': 3, 'rooms/r2': { title: 'two' } });
+  unsub();
+  assertEqual(seen[seen.length - 1], { meta: { at: 5 }, n: 3, title: 'Hi' }, 'last value');
+  assertEqual(await rest(1, 'rooms'), { r1: { meta: { at: 5 }, n: 3, title: 'Hi' }, r2: { title: 'two' } }, 'REST read on another node');
+});
+
+check('a listen on one node sees pushes made on another, in order', async () => {
+  const keys = [];
+  const got = new Promise((resolve) => {
+    const unsub = onChildAdded(ref(db1, 'chat'), (s) => { keys.push([s.key, s.val().i]); if (keys.length === 5) { unsub(); resolve(); } });
+  });
+  const pushed = [];
+  for (let i = 0; i < 5; i++) pushed.push((await push(ref(db0, 'chat'), { i })).key);
+  const d = deadline(10000, 'five child_added events');
+  await Promise.race([got, d.p]);
+  d.cancel();
+  assertEqual(keys.map((k) => k[0]), pushed, 'keys in push order');
+  assertEqual(keys.map((k) => k[1]), [0, 1, 2, 3, 4], 'values');
+});
+
+check('get on a third node after an acknowledged write (read-your-writes across nodes)', async () => {
+  for (let i = 0; i < 10; i++) {
+    await set(ref(db0, 'ryw'), i);
+    const s = await get(ref(db2, 'ryw'));
+    assertEqual(s.val(), i, `get after write ${i}`);
+  }
+});
+
+check('ordered, limited query windows (orderByChild + limitToLast, limitToFirst on keys)', async () => {
+  const scores = {};
+  for (let i = 0; i < 10; i++) scores[`p${i}`] = { score: i * 10 };
+  await set(ref(db0, 'scores'), scores);
+  const top = query(ref(db1, 'scores'), orderByChild('score'), limitToLast(3));
+  let snap = await waitFor(top, (v) => v && Object.keys(v).length === 3, 10000, 'top 3');
+  const order = [];
+  snap.forEach((c) => { order.push(c.key); });
+  assertEqual(order, ['p7', 'p8', 'p9'], 'top three in order');
+  await update(ref(db0, 'scores/p0'), { score: 1000 });
+  snap = await waitFor(top, (v) => v && v.p0, 10000, 'p0 enters the window');
+  const order2 = [];
+  snap.forEach((c) => { order2.push(c.key); });
+  assertEqual(order2, ['p8', 'p9', 'p0'], 'window after p0 rose');
+  const first = await get(query(ref(db2, 'scores'), orderByKey(), limitToFirst(2)));
+  assertEqual(Object.keys(first.val()), ['p0', 'p1'], 'get with a query');
+  const range = await get(query(ref(db2, 'scores'), orderByChild('score'), startAt(20), endAt(40)));
+  assertEqual(Object.keys(range.val()).sort(), ['p2', 'p3', 'p4'], 'range query');
+});
+
+check('transactions from clients on all three nodes end at the exact total', async () => {
+  await set(ref(db0, 'counter'), 0);
+  const perClient = 15;
+  const runs = [db0, db1, db2].map(async (db) => {
+    for (let i = 0; i < perClient; i++) {
+      const r = await runTransaction(ref(db, 'counter'), (v) => (v || 0) + 1);
+      if (!r.committed) throw new Error('a transaction did not commit');
+    }
+  });
+  await Promise.all(runs);
+  const total = await rest(0, 'counter');
+  assertEqual(total, 3 * perClient, 'counter');
+});
+
+check('server values: timestamp and increment', async () => {
+  const before = Date.now();
+  await set(ref(db0, 'sv'), { at: serverTimestamp(), n: 5 });
+  await update(ref(db1, 'sv'), { n: increment(2) });
+  const v = (await get(ref(db2, 'sv'))).val();
+  if (typeof v.at !== 'number' || Math.abs(v.at - before) > 60000) throw new Error(`timestamp ${v.at}`);
+  assertEqual(v.n, 7, 'incremented');
+});
+
+check('priorities: setWithPriority and orderByPriority', async () => {
+  await setWithPriority(ref(db0, 'prio/a'), 'A', 3);
+  await setWithPriority(ref(db0, 'prio/b'), 'B', 1);
+  await setWithPriority(ref(db0, 'prio/c'), 'C', 2);
+  const s = await get(query(ref(db1, 'prio'), orderByPriority()));
+  const order = [];
+  s.forEach((c) => { order.push(c.key); });
+  assertEqual(order, ['b', 'c', 'a'], 'priority order');
+  const exported = await rest(2, 'prio/a');
+  assertEqual(exported, 'A', 'REST value');
+});
+
+// The SDK cuts its messages into 16,384 UTF-16 units, so a character outside the BMP that
+// straddles a cut reaches any server as two U+FFFD (reference §1.3; nothing a server can repair):
+// the large value uses 2- and 3-byte characters, and the small one below checks 4-byte ones.
+check('large values span many frames both ways (300 KB, multi-byte text)', async () => {
+  await set(ref(db0, 'emoji'), '😀 ok');
+  assertEqual((await get(ref(db1, 'emoji'))).val(), '😀 ok', 'a 4-byte character');
+  const big = 'äx€y'.repeat(75000);
+  const seen = waitFor(ref(db1, 'big'), (v) => v === big, 20000, 'the big value on another node');
+  await set(ref(db0, 'big'), big);
+  await seen;
+  assertEqual((await get(ref(db2, 'big'))).val().length, big.length, 'length read back');
+});
+
+check('onDisconnect set, update and cancel fire once when the connection ends', async () => {
+  const db3 = connect(2);
+  await set(ref(db3, 'presence/u1'), 'online');
+  await onDisconnect(ref(db3, 'presence/u1')).set('offline');
+  await onDisconnect(ref(db3, 'presence/meta')).update({ left: true, at: serverTimestamp() });
+  await onDisconnect(ref(db3, 'presence/cancelled')).set('should not appear');
+  await onDisconnect(ref(db3, 'presence/cancelled')).cancel();
+  const offline = waitFor(ref(db0, 'presence'), (v) => v && v.u1 === 'offline', 15000, 'offline after the disconnect');
+  goOffline(db3);
+  const snap = await offline;
+  const v = snap.val();
+  assertEqual(v.meta.left, true, 'onDisconnect update');
+  if (typeof v.meta.at !== 'number') throw new Error('server timestamp in onDisconnect not resolved');
+  if ('cancelled' in v) throw new Error('a cancelled onDisconnect write fired');
+});
+
+check('a reconnect (goOffline, goOnline) restores listens and writes queued offline', async () => {
+  const db4 = connect(1);
+  await set(ref(db4, 'offline/x'), 1);
+  goOffline(db4);
+  const written = set(ref(db4, 'offline/x'), 2);
+  goOnline(db4);
+  await written;
+  assertEqual(await rest(0, 'offline/x'), 2, 'the queued write applied');
+});
+
+check('remove deletes and listeners see null', async () => {
+  await set(ref(db0, 'gone'), { a: 1 });
+  const seenNull = waitFor(ref(db1, 'gone'), (v) => v === null, 10000, 'null after remove');
+  await remove(ref(db0, 'gone'));
+  await seenNull;
+});
+
+(async () => {
+  let failed = 0;
+  const started = Date.now();
+  for (const c of checks) {
+    const t = Date.now();
+    const d = deadline(60000, c.name);
+    try {
+      await Promise.race([c.fn(), d.p]);
+      console.log(`ok    ${c.name} (${Date.now() - t} ms)`);
+    } catch (e) {
+      failed++;
+      console.log(`FAIL  ${c.name}: ${short(e && e.message ? e.message : String(e))}`);
+    } finally {
+      d.cancel();
+    }
+  }
+  console.log(`${checks.length - failed}/${checks.length} checks passed in ${Date.now() - started} ms (namespace ${ns})`);
+  await Promise.all(apps.map((a) => deleteApp(a).catch(() => {})));
+  process.exit(failed);
+})();
