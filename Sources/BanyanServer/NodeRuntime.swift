@@ -33,6 +33,8 @@ public struct NodeStatus: Sendable, Codable {
     public var mayVote: Bool
     /// This data directory's incarnation, hexadecimal ("0": a directory from before incarnations).
     public var incarnation: String = "0"
+    /// The node's process id (for operators and failure tests).
+    public var pid: Int32? = nil
 
     public struct Progress: Sendable, Codable {
         public var node: UInt64
@@ -409,7 +411,8 @@ public final class NodeRuntime: @unchecked Sendable {
                     NodeStatus.Progress(node: $0.node, match: $0.match, next: $0.next, state: $0.state, recentlyActive: $0.recentlyActive)
                 } : [],
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
-            namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16))
+            namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16),
+            pid: getpid())
     }
 
     // MARK: - The loop

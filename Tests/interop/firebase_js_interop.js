@@ -3,6 +3,7 @@
 //   node Tests/interop/firebase_js_interop.js 127.0.0.1:19500 127.0.0.1:19501 127.0.0.1:19502
 // Each check runs with its own deadline; the exit status is the number of failed checks.
 'use strict';
+const net = require('net');
 const path = require('path');
 const { createRequire } = require('module');
 const req = createRequire(path.join(__dirname, 'firebase-js-11') + '/');
@@ -218,6 +219,94 @@ check('remove deletes and listeners see null', async () => {
   const seenNull = waitFor(ref(db1, 'gone'), (v) => v === null, 10000, 'null after remove');
   await remove(ref(db0, 'gone'));
   await seenNull;
+});
+
+// A loopback front: each new connection goes to the first node in `order` that accepts it, as
+// a load balancer in front of the cluster would (the SDK in emulator mode reconnects to the host
+// it was given, so failover needs one address for all nodes).
+function front(order) {
+  const server = net.createServer((client) => {
+    client.pause();
+    const attempt = (k) => {
+      if (k >= order.length) { client.destroy(); return; }
+      const [host, port] = nodes[order[k]].split(':');
+      const upstream = net.connect(Number(port), host);
+      upstream.once('error', () => attempt(k + 1));
+      upstream.once('connect', () => {
+        upstream.removeAllListeners('error');
+        const end = () => { client.destroy(); upstream.destroy(); };
+        upstream.on('error', end);
+        client.on('error', end);
+        upstream.on('close', end);
+        client.on('close', end);
+        client.pipe(upstream);
+        upstream.pipe(client);
+        client.resume();
+      });
+    };
+    attempt(0);
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+
+// Last: it leaves one node dead. A client behind the front is on the leader (the victim) when
+// that node is killed with SIGKILL; it reconnects through the front to another node and must see
+// every event once, in order, keep its writes, and its old connection's onDisconnect must fire
+// (the new node ends it, named by `ls`). The nodes of `banyan cluster local` have ids 1, 2, 3 in
+// the order of the addresses given.
+check('kill -9 of the leader a client is on: it reconnects elsewhere and sees every event once, in order', async () => {
+  if (nodes.length < 3) throw new Error('needs three nodes');
+  const leader = (await (await fetch(`http://${nodes[0]}/.banyan/status`)).json()).leader;
+  const victim = leader >= 1 && leader <= nodes.length ? leader - 1 : 1;
+  const status = await (await fetch(`http://${nodes[victim]}/.banyan/status`)).json();
+  if (!status.pid) throw new Error('no pid in the victim\'s status');
+  if (status.role !== 'leader') console.log(`      (the victim, node ${status.nodeID}, is a ${status.role})`);
+  const others = [0, 1, 2].filter((k) => k !== victim);
+  const proxy = await front([victim, ...others]);
+  const proxyPort = proxy.address().port;
+  const app = initializeApp({ projectId: 'demo', databaseURL: `http://127.0.0.1:${proxyPort}?ns=${ns}` }, `app${appCount++}`);
+  apps.push(app);
+  const client = getDatabase(app);
+  connectDatabaseEmulator(client, '127.0.0.1', proxyPort);
+  const writer = [db0, db1, db2][others[0]];  // never on the victim
+
+  const seen = [];
+  const counts = new Map();
+  onChildAdded(ref(client, 'failover/events'), (s) => {
+    seen.push(s.key);
+    counts.set(s.key, (counts.get(s.key) || 0) + 1);
+  });
+  await waitFor(ref(client, '.info/connected'), (v) => v === true, 10000, 'the client connected through the front');
+  await set(ref(client, 'failover/presence'), 'online');
+  await onDisconnect(ref(client, 'failover/presence')).set('offline');
+
+  const pushed = [];
+  const clientWrites = [];
+  let killedAt = -1;
+  for (let i = 0; i < 80; i++) {
+    pushed.push((await push(ref(writer, 'failover/events'), { i })).key);
+    clientWrites.push(set(ref(client, `failover/c/w${i}`), i));
+    if (i === 25) {
+      process.kill(status.pid, 'SIGKILL');
+      killedAt = i;
+    }
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  if (killedAt < 0) throw new Error('the victim was not killed');
+  await Promise.all(clientWrites);  // every write the client made is acknowledged in the end
+  const d = deadline(30000, 'every event at the client');
+  await Promise.race([new Promise((resolve) => {
+    const poll = setInterval(() => { if (seen.length >= pushed.length) { clearInterval(poll); resolve(); } }, 50);
+  }), d.p]);
+  d.cancel();
+  assertEqual(seen, pushed, 'events at the client, once each and in order');
+  const twice = [...counts.values()].filter((n) => n !== 1).length;
+  if (twice) throw new Error(`${twice} events delivered more than once`);
+  const stored = await rest(others[0], 'failover/c');
+  for (let i = 0; i < 80; i++) assertEqual(stored[`w${i}`], i, `the client's write ${i}`);
+  // The old connection (on the dead node) ended when the client reconnected naming it.
+  await waitFor(ref(writer, 'failover/presence'), (v) => v === 'offline', 20000, 'onDisconnect of the dead node\'s connection');
+  proxy.close();
 });
 
 (async () => {
