@@ -32,6 +32,9 @@ public enum NodeNote: Sendable {
     /// A snapshot from the leader failed verification; the core reloaded its state from disk.
     case reloadedAfterDamagedSnapshot(String)
     case snapshotChunkUnavailable(follower: NodeID, index: UInt64, error: String)
+    /// This leader proposed the expiry of a node lease holder (its connections' onDisconnect
+    /// writes fire when it applies).
+    case leaseExpiryProposed(holder: UInt64, namespace: String)
 }
 
 /// What the driver must do, in the order given (docs/node-core.md).
@@ -70,6 +73,10 @@ public final class NodeCore {
         public var roundsPerPass = 64
         /// Simulator self-tests only (`Sabotage`).
         public var sabotage: Sabotage = .none
+        /// Node leases of realtime connections (docs/realtime.md, "Node leases"): the leader
+        /// expires a holder silent this long. The same on every node.
+        public var leaseNanoseconds: UInt64 = Self.defaultLeaseNanoseconds
+        public static let defaultLeaseNanoseconds: UInt64 = 20_000_000_000
 
         public init(replica: ReplicaConfiguration) { self.replica = replica }
     }
@@ -91,6 +98,10 @@ public final class NodeCore {
     private let newSession: () -> UInt64
     private var pacer: RoundPacer
     private var wakePending = false
+    private var leaseKeeper: LeaseKeeper
+    /// Ids of the core's own proposals (lease expiries): a range no driver reaches, so their
+    /// outcomes, which no waiter claims, are dropped.
+    private var nextInternalRequest: RequestID = 1 << 63
 
     private enum Waiter {
         case write
@@ -129,6 +140,7 @@ public final class NodeCore {
         var loaded = try storage.load(progress: progress)
         if settings.sabotage == .forgetVote { loaded.persisted.hardState.vote = 0 }
         pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
+        leaseKeeper = LeaseKeeper(leaseNanoseconds: settings.leaseNanoseconds)
         replica = try Replica(
             configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
         replica.treesFor = [Self.clusterNamespace]
@@ -241,6 +253,12 @@ public final class NodeCore {
     public func tick(now: Int64) {
         guard !stopped else { return }
         replica.tick(now: now)
+        let expiries = leaseKeeper.check(now: monotonicNanoseconds(), isLeader: replica.raft.role == .leader, machine: replica.machine)
+        for e in expiries {
+            nextInternalRequest += 1
+            replica.write(nextInternalRequest, namespace: e.namespace, command: .expireHolder(holder: e.holder, lastRenewal: e.lastRenewal))
+            output(.note(.leaseExpiryProposed(holder: e.holder, namespace: e.namespace)))
+        }
         handle(replica.takeEvents())
     }
 

@@ -116,10 +116,12 @@ final class HTTPServer: Sendable {
             }
         let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
         channel.withLock { $0 = ch }
+        startLease(on: group.next())
         return ch.localAddress
     }
 
     func shutdown() {
+        stopLease()
         let ch = channel.withLock { $0 }
         try? ch?.close().wait()
     }
@@ -140,6 +142,63 @@ final class HTTPServer: Sendable {
     private let realtimeCount = Atomic<Int>(0)
     private let sessionIDs = Mutex(SeededRandom(seed: UInt64.random(in: 1...UInt64.max)))
 
+    /// This node's lease on its realtime connections (docs/realtime.md, "Node leases").
+    private let lease = Mutex<LeaseHolder?>(nil)
+    private let leaseTask = Mutex<RepeatedTask?>(nil)
+    /// The namespace lease commands are written in (no tree, no listeners).
+    static let leaseNamespace = "$leases"
+
+    /// The holder id new onDisconnect registrations name.
+    func leaseHolder() -> UInt64 { lease.withLock { $0?.holder ?? 0 } }
+
+    /// Starts renewing the lease (once a second: `LeaseHolder` decides when to renew or fence).
+    func startLease(on loop: any EventLoop) {
+        let now = RealtimeSessionHandler.now()
+        let holder = sessionIDs.withLock { $0.next() }
+        lease.withLock { $0 = LeaseHolder(holder: holder, now: now) }
+        let task = loop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in self.leaseTick(loop: loop) }
+        leaseTask.withLock { $0 = task }
+    }
+
+    private func leaseTick(loop: any EventLoop) {
+        let now = RealtimeSessionHandler.now()
+        let connections = realtimeCount.load(ordering: .relaxed)
+        let actions = lease.withLock { holder -> [LeaseHolder.Action] in
+            guard holder != nil else { return [] }
+            return holder?.tick(now: now, connections: connections) { self.sessionIDs.withLock { $0.next() } } ?? []
+        }
+        for action in actions { perform(action, loop: loop) }
+    }
+
+    private func perform(_ action: LeaseHolder.Action, loop: any EventLoop) {
+        switch action {
+        case let .renew(holder, number):
+            runtime.write(namespace: Self.leaseNamespace, command: .renewLease(holder: holder, node: config.nodeID), on: loop) { result in
+                guard case .success(let applied) = result else { return }  // lost: the next renewal follows
+                if applied.outcome == .ok {
+                    self.lease.withLock { $0?.renewed(holder: holder, number: number) }
+                } else if case .refused = applied.outcome {
+                    let now = RealtimeSessionHandler.now()
+                    let fence = self.lease.withLock { l in l?.refused(holder: holder, now: now) { self.sessionIDs.withLock { $0.next() } } }
+                    if let fence { self.perform(fence, loop: loop) }
+                }
+            }
+        case let .fence(reason, holder):
+            let channels = realtime.withLock { Array($0.values) }
+            logger.warning(
+                "closing every realtime connection: \(reason)",
+                metadata: ["connections": "\(channels.count)", "new_holder": "\(String(holder, radix: 16))"])
+            leaseFences.increment()
+            for channel in channels { channel.close(promise: nil) }
+        }
+    }
+
+    let leaseFences = Counter(label: "banyan_realtime_lease_fences_total")
+
+    func stopLease() {
+        leaseTask.withLock { $0?.cancel() }
+    }
+
     func hub(for loop: any EventLoop) -> RealtimeHub {
         hubs.withLock { table in
             if let hub = table[ObjectIdentifier(loop)] { return hub }
@@ -157,9 +216,13 @@ final class HTTPServer: Sendable {
         }
     }
 
-    func realtimeOpened(_ handler: RealtimeSessionHandler, channel: any Channel) {
+    /// Registers an open connection; false when the lease it was opened under was replaced
+    /// meanwhile (a fence: it must close). Registered first and checked second, so a fence either
+    /// sees it registered or it sees the fence's new holder.
+    func realtimeOpened(_ handler: RealtimeSessionHandler, channel: any Channel, holder: UInt64) -> Bool {
         realtime.withLock { $0[handler.identity.connection] = channel }
         realtimeOpen.record(realtimeCount.wrappingAdd(1, ordering: .relaxed).newValue)
+        return leaseHolder() == holder
     }
 
     func realtimeClosed(_ handler: RealtimeSessionHandler) {

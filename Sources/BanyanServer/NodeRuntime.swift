@@ -96,6 +96,7 @@ public final class NodeRuntime: @unchecked Sendable {
     private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
     private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
     private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
+    private let leaseExpiries = Counter(label: "banyan_realtime_lease_expiries_total")
 
     /// Writes the founding configuration into a blank data directory and returns (`banyan
     /// bootstrap`). Refuses a directory that already holds state.
@@ -504,6 +505,11 @@ public final class NodeRuntime: @unchecked Sendable {
             logger.warning(
                 "cannot read the snapshot a follower needs (a newer one may have replaced it)",
                 metadata: ["follower": "\(follower)", "index": "\(index)", "error": "\(error)"])
+        case let .leaseExpiryProposed(holder, namespace):
+            leaseExpiries.increment()
+            logger.notice(
+                "a node's lease on its realtime connections lapsed: ending them (their onDisconnect writes fire)",
+                metadata: ["holder": "\(String(holder, radix: 16))", "namespace": "\(namespace)"])
         }
     }
 

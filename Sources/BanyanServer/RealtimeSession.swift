@@ -36,6 +36,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     private var admin = false
     private var claims: JSONValue?
     private var dirty = false
+    /// The node's lease holder when the connection opened: its onDisconnect writes name it, and
+    /// if that lease lapses the connection is closed (docs/realtime.md, "Node leases").
+    private let holder: UInt64
 
     static let tickInterval = TimeAmount.seconds(5)
 
@@ -44,6 +47,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         self.hub = hub
         self.upgrade = upgrade
         self.identity = identity
+        holder = server.leaseHolder()
         let host = upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
         core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)
     }
@@ -61,7 +65,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        server.realtimeOpened(self, channel: context.channel)
+        guard server.realtimeOpened(self, channel: context.channel, holder: holder) else {
+            context.close(promise: nil)
+            return
+        }
         hub.attach(
             owner: owner,
             push: { [weak self] event, bytes in self?.push(event, bytes) },
@@ -326,7 +333,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     private func write(_ request: Int64, _ write: SessionCore.Write) {
         guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
         let command: Command
-        switch SessionWrites.command(for: write, secret: identity.secret) {
+        switch SessionWrites.command(for: write, secret: identity.secret, holder: holder) {
         case .success(let c): command = c
         case .failure(let refusal):
             return perform(core.answer(request: request, status: refusal.status, data: JSONValue.string(refusal.message).bytes))

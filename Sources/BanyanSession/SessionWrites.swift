@@ -11,9 +11,10 @@ public enum SessionWrites {
         public var message: String
     }
 
-    /// The command for `write`, issued by a connection whose secret is `secret` (its onDisconnect
-    /// commands carry it). Values keep the client's own bytes.
-    public static func command(for write: SessionCore.Write, secret: UInt64) -> Result<Command, Refusal> {
+    /// The command for `write`, issued by a connection whose secret is `secret`, held by its node
+    /// under lease `holder` (its onDisconnect commands carry both). Values keep the client's own
+    /// bytes.
+    public static func command(for write: SessionCore.Write, secret: UInt64, holder: UInt64 = 0) -> Result<Command, Refusal> {
         do throws(WriteValidation.Problem) {
             switch write {
             case let .put(path, value, hash):
@@ -28,10 +29,10 @@ public enum SessionWrites {
                 if path.isPriority { return .failure(refusal("onDisconnect cannot set a priority alone; set the value with its priority.")) }
                 let json = Array(value.bytes)
                 try WriteValidation.value(json, at: path.path)
-                return .success(.onDisconnectSet(path: path.path.description, json: json, secret: secret))
+                return .success(.onDisconnectSet(path: path.path.description, json: json, secret: secret, holder: holder))
             case let .onDisconnectMerge(path, value):
                 let items = try WriteValidation.updateItems(Array(value.bytes), at: path)
-                return .success(.onDisconnectUpdate(path: path.description, entries: items, secret: secret))
+                return .success(.onDisconnectUpdate(path: path.description, entries: items, secret: secret, holder: holder))
             case .onDisconnectCancel(let path):
                 return .success(.onDisconnectCancel(path: path.description, secret: secret))
             }

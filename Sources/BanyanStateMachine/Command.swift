@@ -17,9 +17,11 @@ public enum Command: Sendable, Equatable {
     /// The issuing connection (the envelope's session) queues a set to run when it ends (v5 `o`).
     /// `secret` is the connection's: the first registration records it, and only a
     /// `connectionEnded` naming it fires the queue.
-    case onDisconnectSet(path: String, json: [UInt8], secret: UInt64)
+    /// `holder` is the lease under which the connection's node holds it (docs/realtime.md,
+    /// "Node leases"): when the lease expires, the queue fires. 0: no lease (never expires).
+    case onDisconnectSet(path: String, json: [UInt8], secret: UInt64, holder: UInt64 = 0)
     /// Queues a multi-path update (v5 `om`): relative paths and their JSON values.
-    case onDisconnectUpdate(path: String, entries: [UpdateItem], secret: UInt64)
+    case onDisconnectUpdate(path: String, entries: [UpdateItem], secret: UInt64, holder: UInt64 = 0)
     /// Forgets what the connection queued at or below the path (v5 `oc`).
     case onDisconnectCancel(path: String, secret: UInt64)
     /// Connection `connection` is over (a clean close, a lost socket, a keep-alive timeout, a
@@ -27,6 +29,14 @@ public enum Command: Sendable, Equatable {
     /// once, and nothing it sends afterwards applies. Proposed by any session; `secret` must be
     /// the one its queue recorded.
     case connectionEnded(connection: UInt64, secret: UInt64)
+    /// Node `node` still holds its realtime connections under lease `holder` (a random id per
+    /// node process and fencing epoch), proposed every few seconds by that node.
+    case renewLease(holder: UInt64, node: UInt64)
+    /// The leader saw no renewal of `holder` for a whole lease since the one applied at
+    /// `lastRenewal` (0: none seen): the connections queued under it in this namespace end (their
+    /// queues fire) and the holder is over for good. Applies only if `lastRenewal` is still the
+    /// holder's latest renewal, or the holder already expired.
+    case expireHolder(holder: UInt64, lastRenewal: UInt64)
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -66,15 +76,25 @@ public struct CommandEnvelope: Sendable, Equatable {
         self.command = command
     }
 
-    /// Version 3 adds `settledBelow`; version 2 payloads (logs written before it) still decode.
-    static let version: UInt8 = 3
+    /// Version 3 adds `settledBelow`; version 4 the lease holder of `o`/`om` and the lease
+    /// commands. Version 2 and 3 payloads (logs written before) still decode (holder 0). Commands
+    /// that need nothing of version 4 are still written as version 3, byte for byte as before.
+    static let version: UInt8 = 4
+
+    /// The version this command is written in.
+    var writtenVersion: UInt8 {
+        switch command {
+        case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
+        case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
+        }
+    }
 
     /// The log entry payload: version, kind, session, seq, timestamp, settledBelow, namespace,
     /// then length-prefixed fields (the shared byte codec's conventions: little-endian, u64
     /// lengths; docs/internals/byte-codec.md).
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: byteCount)
-        w.u8(Self.version)
+        w.u8(writtenVersion)
         switch command {
         case .set: w.u8(1)
         case .update: w.u8(2)
@@ -83,6 +103,8 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .onDisconnectUpdate: w.u8(5)
         case .onDisconnectCancel: w.u8(6)
         case .connectionEnded: w.u8(7)
+        case .renewLease: w.u8(8)
+        case .expireHolder: w.u8(9)
         }
         w.u64(session)
         w.u64(seq)
@@ -104,11 +126,12 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string(path)
             w.string(expectedHash)
             w.bytes(json)
-        case let .onDisconnectSet(path, json, secret):
+        case let .onDisconnectSet(path, json, secret, holder):
             w.string(path)
             w.bytes(json)
             w.u64(secret)
-        case let .onDisconnectUpdate(path, entries, secret):
+            w.u64(holder)
+        case let .onDisconnectUpdate(path, entries, secret, holder):
             w.string(path)
             w.u64(UInt64(entries.count))
             for e in entries {
@@ -116,6 +139,7 @@ public struct CommandEnvelope: Sendable, Equatable {
                 w.bytes(e.json)
             }
             w.u64(secret)
+            w.u64(holder)
         case let .onDisconnectCancel(path, secret):
             w.string(path)
             w.u64(secret)
@@ -124,6 +148,14 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string("")
             w.u64(connection)
             w.u64(secret)
+        case let .renewLease(holder, node):
+            w.string("")
+            w.u64(holder)
+            w.u64(node)
+        case let .expireHolder(holder, lastRenewal):
+            w.string("")
+            w.u64(holder)
+            w.u64(lastRenewal)
         }
         return w.finish()
     }
@@ -137,12 +169,12 @@ public struct CommandEnvelope: Sendable, Equatable {
             n += 16 + path.utf8.count
             for e in entries { n += 16 + e.path.utf8.count + e.json.count }
         case let .compareAndSet(path, expectedHash, json): n += 24 + path.utf8.count + expectedHash.utf8.count + json.count
-        case let .onDisconnectSet(path, json, _): n += 24 + path.utf8.count + json.count
-        case let .onDisconnectUpdate(path, entries, _):
-            n += 24 + path.utf8.count
+        case let .onDisconnectSet(path, json, _, _): n += 32 + path.utf8.count + json.count
+        case let .onDisconnectUpdate(path, entries, _, _):
+            n += 32 + path.utf8.count
             for e in entries { n += 16 + e.path.utf8.count + e.json.count }
         case let .onDisconnectCancel(path, _): n += 16 + path.utf8.count
-        case .connectionEnded: n += 24
+        case .connectionEnded, .renewLease, .expireHolder: n += 24
         }
         return n
     }
@@ -158,7 +190,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
         try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
             let version = try r.u8("command version")
-            guard version == 2 || version == Self.version else { throw .badValue(field: "command version") }
+            guard (2...Self.version).contains(version) else { throw .badValue(field: "command version") }
             let kind = try r.u8("command kind")
             let session = try r.u64("session")
             let seq = try r.u64("seq")
@@ -177,16 +209,26 @@ public struct CommandEnvelope: Sendable, Equatable {
                 command = .compareAndSet(path: path, expectedHash: hash, json: try r.bytes("json"))
             case 4 where version >= 3:
                 let json = try r.bytes("json")
-                command = .onDisconnectSet(path: path, json: json, secret: try r.u64("secret"))
+                let secret = try r.u64("secret")
+                command = .onDisconnectSet(path: path, json: json, secret: secret, holder: version >= 4 ? try r.u64("holder") : 0)
             case 5 where version >= 3:
                 let entries = try Self.updateItems(&r)
-                command = .onDisconnectUpdate(path: path, entries: entries, secret: try r.u64("secret"))
+                let secret = try r.u64("secret")
+                command = .onDisconnectUpdate(path: path, entries: entries, secret: secret, holder: version >= 4 ? try r.u64("holder") : 0)
             case 6 where version >= 3:
                 command = .onDisconnectCancel(path: path, secret: try r.u64("secret"))
             case 7 where version >= 3:
                 guard path.isEmpty else { throw .badValue(field: "path") }
                 let connection = try r.u64("connection")
                 command = .connectionEnded(connection: connection, secret: try r.u64("secret"))
+            case 8 where version >= 4:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                let holder = try r.u64("holder")
+                command = .renewLease(holder: holder, node: try r.u64("node"))
+            case 9 where version >= 4:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                let holder = try r.u64("holder")
+                command = .expireHolder(holder: holder, lastRenewal: try r.u64("lastRenewal"))
             default:
                 throw .badValue(field: "command kind")
             }
@@ -212,7 +254,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// damaged payload still applies as `malformed`, identically on every replica.
     public static func restamped(_ payload: [UInt8], timestamp: Int64) -> [UInt8]? {
         // The timestamp sits at a fixed offset (version, kind, session, seq precede it).
-        guard payload.count >= 26, payload[0] == 2 || payload[0] == version else { return nil }
+        guard payload.count >= 26, (2...version).contains(payload[0]) else { return nil }
         var out = payload
         var w = ByteWriter(continuing: &out)
         w.patch(timestamp, at: 18)

@@ -10,6 +10,9 @@ public struct DisconnectQueue: Sendable, Equatable {
     /// The connection's secret, recorded at its first registration: only a `connectionEnded`
     /// naming it fires the queue.
     public var secret: UInt64
+    /// The lease under which the connection's node holds it (0: none): when the leader expires
+    /// it, the queue fires (docs/realtime.md, "Node leases").
+    public var holder: UInt64
     public var tree: OnDisconnectTree
     /// An upper bound of the queue's size in bytes (paths and JSON), recounted when it passes
     /// the limit.
@@ -17,9 +20,10 @@ public struct DisconnectQueue: Sendable, Equatable {
     /// An upper bound of the queue's entries, recounted likewise.
     var entryBound: Int
 
-    public init(namespace: String, secret: UInt64, tree: OnDisconnectTree = OnDisconnectTree()) {
+    public init(namespace: String, secret: UInt64, holder: UInt64 = 0, tree: OnDisconnectTree = OnDisconnectTree()) {
         self.namespace = namespace
         self.secret = secret
+        self.holder = holder
         self.tree = tree
         let entries = tree.entries
         sizeBound = entries.reduce(0) { $0 + Self.size($1.path, $1.value) }
@@ -27,7 +31,7 @@ public struct DisconnectQueue: Sendable, Equatable {
     }
 
     public static func == (a: DisconnectQueue, b: DisconnectQueue) -> Bool {
-        a.namespace == b.namespace && a.secret == b.secret && a.tree == b.tree
+        a.namespace == b.namespace && a.secret == b.secret && a.holder == b.holder && a.tree == b.tree
     }
 
     /// What one entry counts against `StateMachine.maxQueuedBytes`.
@@ -50,11 +54,12 @@ extension StateMachine {
         var applied = Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .ok, written: [])
         do throws(TreeError) {
             switch envelope.command {
-            case let .onDisconnectSet(pathText, json, secret):
+            case let .onDisconnectSet(pathText, json, secret, holder):
                 let location = try Path(parsing: pathText)
                 let value = try validated(json, at: location)
-                applied.outcome = try register(envelope, secret: secret, adding: [(location, value)], bytes: json.count + pathText.utf8.count)
-            case let .onDisconnectUpdate(pathText, items, secret):
+                applied.outcome = try register(
+                    envelope, secret: secret, holder: holder, adding: [(location, value)], bytes: json.count + pathText.utf8.count)
+            case let .onDisconnectUpdate(pathText, items, secret, holder):
                 let location = try Path(parsing: pathText)
                 var adding: [(Path, JSONValue)] = []
                 var bytes = 0
@@ -64,11 +69,11 @@ extension StateMachine {
                     // Each entry is stored with its whole path, as `DisconnectQueue.size` counts it.
                     bytes += item.json.count + target.byteCount + 1
                 }
-                applied.outcome = try register(envelope, secret: secret, adding: adding, bytes: bytes)
+                applied.outcome = try register(envelope, secret: secret, holder: holder, adding: adding, bytes: bytes)
             case let .onDisconnectCancel(pathText, secret):
                 let location = try Path(parsing: pathText)
-                guard var queue = disconnects.removeValue(forKey: envelope.session) else { return applied }
-                defer { if !queue.tree.isEmpty { disconnects[envelope.session] = queue } }
+                guard var queue = takeQueue(envelope.session) else { return applied }
+                defer { putQueue(envelope.session, queue) }
                 if let refusal = refusal(queue, envelope, secret) {
                     applied.outcome = refusal
                     return applied
@@ -81,6 +86,14 @@ extension StateMachine {
                 queue.entryBound = entries.count
             case let .connectionEnded(connection, secret):
                 return connectionEnded(connection, secret: secret, envelope)
+            case let .renewLease(holder, node):
+                if expiredHolders.contains(holder) {
+                    applied.outcome = .refused("lease holder \(holder) has expired: its connections ended")
+                } else {
+                    leases[holder] = Lease(node: node, renewedIndex: appliedIndex)
+                }
+            case let .expireHolder(holder, lastRenewal):
+                return expire(holder, lastRenewal: lastRenewal, envelope)
             case .set, .update, .compareAndSet:
                 applied.outcome = .malformed
             }
@@ -105,10 +118,16 @@ extension StateMachine {
         return nil
     }
 
-    private mutating func register(_ envelope: CommandEnvelope, secret: UInt64, adding: [(Path, JSONValue)], bytes: Int) throws(TreeError) -> Outcome {
-        var queue = disconnects.removeValue(forKey: envelope.session) ?? DisconnectQueue(namespace: envelope.namespace, secret: secret)
-        defer { if !queue.tree.isEmpty { disconnects[envelope.session] = queue } }
+    private mutating func register(
+        _ envelope: CommandEnvelope, secret: UInt64, holder: UInt64, adding: [(Path, JSONValue)], bytes: Int
+    ) throws(TreeError) -> Outcome {
+        if holder != 0, expiredHolders.contains(holder) {
+            return .refused("the lease of the connection's node (holder \(holder)) has expired")
+        }
+        var queue = takeQueue(envelope.session) ?? DisconnectQueue(namespace: envelope.namespace, secret: secret, holder: holder)
+        defer { putQueue(envelope.session, queue) }
         if let refusal = refusal(queue, envelope, secret) { return refusal }
+        if queue.holder != holder { return .refused("connection \(envelope.session) registered under another lease holder") }
         var next = queue.tree
         for (path, value) in adding { next.set(path.segments.map(\.string), value) }
         if queue.sizeBound + bytes > Self.maxQueuedBytes || queue.entryBound + adding.count > Self.maxQueuedEntries {
@@ -145,26 +164,93 @@ extension StateMachine {
         let already = record.ended
         record.ended = true
         sessions[connection] = record
-        guard !already, let queue = disconnects.removeValue(forKey: connection) else { return applied }
+        guard !already, let queue = takeQueue(connection) else { return applied }
         applied.namespace = queue.namespace
-        var tree = namespaces.removeValue(forKey: queue.namespace) ?? .empty
-        defer { if !tree.isEmpty { namespaces[queue.namespace] = tree } }
         do throws(TreeError) {
-            var entries: [UpdateEntry] = []
-            let context = ServerValueContext(timestamp: lastTimestamp, existing: tree)
-            for (segments, value) in queue.tree.entries {
-                let path = Path(segments: segments.map { ChildKey(unchecked: $0) })
-                var json: [UInt8] = []
-                value.appendJSON(to: &json)
-                entries.append(UpdateEntry(path: WritePath(path: path), value: try TreeReader.read(json, at: path, serverValues: context)))
-            }
-            var next = tree
-            try next.apply(update: entries, at: Path.root)
-            tree = next
-            applied.written = entries.map(\.path.path)
+            applied.written = try fire(queue)
         } catch {
             applied.outcome = .rejected(error)
         }
         return applied
+    }
+
+    /// Runs a queue as one atomic multi-path update at its namespace's root, server values
+    /// resolved now; returns the paths written (nothing is written when it fails).
+    private mutating func fire(_ queue: DisconnectQueue) throws(TreeError) -> [Path] {
+        var tree = namespaces.removeValue(forKey: queue.namespace) ?? .empty
+        defer { if !tree.isEmpty { namespaces[queue.namespace] = tree } }
+        var entries: [UpdateEntry] = []
+        let context = ServerValueContext(timestamp: lastTimestamp, existing: tree)
+        for (segments, value) in queue.tree.entries {
+            let path = Path(segments: segments.map { ChildKey(unchecked: $0) })
+            var json: [UInt8] = []
+            value.appendJSON(to: &json)
+            entries.append(UpdateEntry(path: WritePath(path: path), value: try TreeReader.read(json, at: path, serverValues: context)))
+        }
+        var next = tree
+        try next.apply(update: entries, at: Path.root)
+        tree = next
+        return entries.map(\.path.path)
+    }
+
+    /// The leader saw lease `holder` lapse: every connection queued under it in the envelope's
+    /// namespace ends, its queue fired (each queue atomically, in connection order; a queue that
+    /// no longer applies is dropped, as `connectionEnded` drops it), and the holder is over for
+    /// good (no renewal or registration under it applies again). Refused when the holder renewed
+    /// after the renewal the leader counted from.
+    private mutating func expire(_ holder: UInt64, lastRenewal: UInt64, _ envelope: CommandEnvelope) -> Applied {
+        var applied = Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .ok, written: [])
+        guard holder != 0 else {
+            applied.outcome = .refused("holder 0 is no lease")
+            return applied
+        }
+        if !expiredHolders.contains(holder) {
+            guard (leases[holder]?.renewedIndex ?? 0) == lastRenewal else {
+                applied.outcome = .refused("lease holder \(holder) renewed after index \(lastRenewal)")
+                return applied
+            }
+            expiredHolders.insert(holder)
+            leases[holder] = nil
+        }
+        guard queuedHolders[holder]?[envelope.namespace] != nil else { return applied }
+        let connections = disconnects.filter { $0.value.holder == holder && $0.value.namespace == envelope.namespace }.keys.sorted()
+        for connection in connections {
+            guard let queue = takeQueue(connection) else { continue }
+            var record = sessions.removeValue(forKey: connection) ?? SessionRecord()
+            record.ended = true
+            sessions[connection] = record
+            do throws(TreeError) {
+                applied.written += try fire(queue)
+            } catch {
+                // This queue no longer applies (say, a limit reached since): dropped, the rest run.
+            }
+        }
+        return applied
+    }
+
+    /// Removes a connection's queue (keeping `queuedHolders` in step).
+    mutating func takeQueue(_ connection: UInt64) -> DisconnectQueue? {
+        guard let queue = disconnects.removeValue(forKey: connection) else { return nil }
+        if var byNamespace = queuedHolders.removeValue(forKey: queue.holder) {
+            let left = (byNamespace[queue.namespace] ?? 1) - 1
+            byNamespace[queue.namespace] = left > 0 ? left : nil
+            if !byNamespace.isEmpty { queuedHolders[queue.holder] = byNamespace }
+        }
+        return queue
+    }
+
+    /// Stores a connection's queue unless it is empty (keeping `queuedHolders` in step).
+    mutating func putQueue(_ connection: UInt64, _ queue: DisconnectQueue) {
+        guard !queue.tree.isEmpty else { return }
+        if let old = takeQueue(connection) { _ = old }
+        disconnects[connection] = queue
+        queuedHolders[queue.holder, default: [:]][queue.namespace, default: 0] += 1
+    }
+
+    /// Holder → namespace → number of queues, derived from `disconnects`.
+    static func countHolders(_ disconnects: [UInt64: DisconnectQueue]) -> [UInt64: [String: Int]] {
+        var out: [UInt64: [String: Int]] = [:]
+        for queue in disconnects.values { out[queue.holder, default: [:]][queue.namespace, default: 0] += 1 }
+        return out
     }
 }

@@ -117,16 +117,38 @@ public struct StateMachine: Sendable {
     public private(set) var lastTimestamp: Int64
     /// The onDisconnect writes each live connection queued (docs/realtime.md, "onDisconnect").
     public internal(set) var disconnects: [UInt64: DisconnectQueue]
+    /// A node's lease on its realtime connections: the node and the log index of its latest
+    /// renewal (docs/realtime.md, "Node leases").
+    public struct Lease: Sendable, Equatable {
+        public var node: UInt64
+        public var renewedIndex: UInt64
+        public init(node: UInt64, renewedIndex: UInt64) {
+            self.node = node
+            self.renewedIndex = renewedIndex
+        }
+    }
+    /// Live lease holders.
+    public internal(set) var leases: [UInt64: Lease]
+    /// Holders the leader expired: nothing applies under them again.
+    public internal(set) var expiredHolders: Set<UInt64>
+    /// Holder → namespace → queues held under it (derived from `disconnects`, not in the image):
+    /// what the leader's lease keeper watches.
+    public internal(set) var queuedHolders: [UInt64: [String: Int]]
 
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
-        lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:]
+        lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:], leases: [UInt64: Lease] = [:],
+        expiredHolders: Set<UInt64> = []
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
         self.sessions = sessions
         self.lastTimestamp = lastTimestamp
-        self.disconnects = disconnects.filter { !$0.value.tree.isEmpty }
+        let queues = disconnects.filter { !$0.value.tree.isEmpty }
+        self.disconnects = queues
+        self.leases = leases
+        self.expiredHolders = expiredHolders
+        self.queuedHolders = Self.countHolders(queues)
     }
 
     /// The tree of `namespace`.
@@ -163,7 +185,7 @@ public struct StateMachine: Sendable {
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         switch envelope.command {
-        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded:
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
             return applyConnectionCommand(envelope)
         case .set, .update, .compareAndSet:
             break
@@ -186,7 +208,7 @@ public struct StateMachine: Sendable {
 
     private func execute(_ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?) throws(TreeError) -> Outcome {
         switch command {
-        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded:
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
             return .malformed  // handled by `applyConnectionCommand`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
@@ -239,7 +261,9 @@ public struct StateMachine: Sendable {
 
     // MARK: - Snapshot image
 
-    static let magic: [UInt8] = Array("BNYSM003".utf8)
+    static let magic: [UInt8] = Array("BNYSM004".utf8)
+    /// Images written before node leases (queues without holders, no leases) still load.
+    static let magicVersion3: [UInt8] = Array("BNYSM003".utf8)
     /// Images written before onDisconnect queues (no ended flags, no queues) still load.
     static let magicVersion2: [UInt8] = Array("BNYSM002".utf8)
 
@@ -290,6 +314,7 @@ public struct StateMachine: Sendable {
             w.u64(connection)
             w.string(queue.namespace)
             w.u64(queue.secret)
+            w.u64(queue.holder)
             let entries = queue.tree.entries
             w.u64(UInt64(entries.count))
             for (path, value) in entries {
@@ -301,6 +326,17 @@ public struct StateMachine: Sendable {
             }
             try emit(w.out)
         }
+        // Leases (holder, node, renewal index), then the expired holders, both sorted.
+        var tail = ByteWriter()
+        tail.u64(UInt64(leases.count))
+        for (holder, lease) in leases.sorted(by: { $0.key < $1.key }) {
+            tail.u64(holder)
+            tail.u64(lease.node)
+            tail.u64(lease.renewedIndex)
+        }
+        tail.u64(UInt64(expiredHolders.count))
+        for holder in expiredHolders.sorted() { tail.u64(holder) }
+        try emit(tail.out)
     }
 
     public func image() -> [UInt8] {
@@ -346,14 +382,20 @@ public struct StateMachine: Sendable {
         }
         self.init(
             namespaces: loaded.namespaces, appliedIndex: loaded.applied, sessions: loaded.sessions, lastTimestamp: loaded.stamp,
-            disconnects: loaded.disconnects)
+            disconnects: loaded.disconnects, leases: loaded.leases, expiredHolders: loaded.expired)
     }
 
     private static func read(
         from source: ImageSource, limits: TreeReadLimits, maxLength: Int
-    ) throws -> (namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64, disconnects: [UInt64: DisconnectQueue]) {
-        guard let header = try source.take(Self.magic.count), header == Self.magic || header == Self.magicVersion2 else { throw ImageError.badHeader }
-        let version3 = header == Self.magic
+    ) throws -> (
+        namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64, disconnects: [UInt64: DisconnectQueue],
+        leases: [UInt64: Lease], expired: Set<UInt64>
+    ) {
+        guard let header = try source.take(Self.magic.count), header == Self.magic || header == Self.magicVersion3 || header == Self.magicVersion2 else {
+            throw ImageError.badHeader
+        }
+        let version4 = header == Self.magic
+        let version3 = version4 || header == Self.magicVersion3
         let bound = UInt64(Swift.max(0, maxLength))
         guard let applied = try source.u64(), let stamp = try source.u64(), let count = try source.u64(), count <= bound / 24 else {
             throw ImageError.truncated
@@ -411,14 +453,30 @@ public struct StateMachine: Sendable {
             namespaces[name] = tree
         }
         var disconnects: [UInt64: DisconnectQueue] = [:]
-        if version3 { disconnects = try readQueues(from: source, bound: bound) }
+        if version3 { disconnects = try readQueues(from: source, bound: bound, holders: version4) }
+        var leases: [UInt64: Lease] = [:]
+        var expired = Set<UInt64>()
+        if version4 {
+            guard let count = try source.u64(), count <= bound / 24 else { throw ImageError.truncated }
+            for _ in 0..<count {
+                guard let holder = try source.u64(), let node = try source.u64(), let index = try source.u64(), leases[holder] == nil else {
+                    throw ImageError.truncated
+                }
+                leases[holder] = Lease(node: node, renewedIndex: index)
+            }
+            guard let gone = try source.u64(), gone <= bound / 8 else { throw ImageError.truncated }
+            for _ in 0..<gone {
+                guard let holder = try source.u64() else { throw ImageError.truncated }
+                expired.insert(holder)
+            }
+        }
         guard try source.atEnd() else { throw ImageError.truncated }
-        return (namespaces, applied, sessions, Int64(bitPattern: stamp), disconnects)
+        return (namespaces, applied, sessions, Int64(bitPattern: stamp), disconnects, leases, expired)
     }
 
     /// The onDisconnect queues of a version-3 image; every count and length is checked against
     /// the image's bound before anything is allocated for it, and every key and value again.
-    private static func readQueues(from source: ImageSource, bound: UInt64) throws -> [UInt64: DisconnectQueue] {
+    private static func readQueues(from source: ImageSource, bound: UInt64, holders: Bool) throws -> [UInt64: DisconnectQueue] {
         func string() throws -> String {
             guard let length = try source.u64(), length <= Swift.min(bound, 1 << 20), let raw = try source.take(Int(length)),
                 let text = String(validating: raw, as: UTF8.self)
@@ -430,7 +488,13 @@ public struct StateMachine: Sendable {
         for _ in 0..<count {
             guard let connection = try source.u64() else { throw ImageError.truncated }
             let namespace = try string()
-            guard let secret = try source.u64(), let entries = try source.u64(), entries <= bound / 16 else { throw ImageError.truncated }
+            guard let secret = try source.u64() else { throw ImageError.truncated }
+            var holder: UInt64 = 0
+            if holders {
+                guard let h = try source.u64() else { throw ImageError.truncated }
+                holder = h
+            }
+            guard let entries = try source.u64(), entries <= bound / 16 else { throw ImageError.truncated }
             var tree = OnDisconnectTree()
             for _ in 0..<entries {
                 guard let depth = try source.u64(), depth <= UInt64(Path.maxDepth) else { throw ImageError.truncated }
@@ -447,7 +511,7 @@ public struct StateMachine: Sendable {
                 do { tree.set(path, try JSONValue(parsing: json)) } catch { throw ImageError.tree(error) }
             }
             guard queues[connection] == nil else { throw ImageError.truncated }
-            queues[connection] = DisconnectQueue(namespace: namespace, secret: secret, tree: tree)
+            queues[connection] = DisconnectQueue(namespace: namespace, secret: secret, holder: holder, tree: tree)
         }
         return queues
     }

@@ -163,9 +163,10 @@ import Testing
         for cut in stride(from: 0, to: bytes.count, by: 5) {
             #expect(throws: StateMachine.ImageError.self) { try StateMachine(image: Array(bytes[0..<cut])) }
         }
-        // A version-2 image: no sessions, so the only differences are the magic and the queue count.
+        // A version-2 image: no sessions, so the only differences are the magic and the queue
+        // count, lease count and expired-holder count at the end.
         let plain = StateMachine(namespaces: ["ns": log.machine.tree("ns")], appliedIndex: 4).image()
-        let version2 = Array("BNYSM002".utf8) + plain[8..<(plain.count - 8)]
+        let version2 = Array("BNYSM002".utf8) + plain[8..<(plain.count - 24)]
         let old = try StateMachine(image: Array(version2))
         #expect(old.tree("ns") == log.machine.tree("ns") && old.disconnects.isEmpty && old.appliedIndex == 4)
         // A version-2 image with a session: no ended byte after it.
@@ -173,5 +174,68 @@ import Testing
         let withSession = Array("BNYSM002".utf8) + le(9) + le(5) + le(1) + le(77) + le(3) + le(1) + le(5) + le(0)
         let loaded = try StateMachine(image: withSession)
         #expect(loaded.sessions[77] == SessionRecord(contiguous: 3, above: [5]) && loaded.appliedIndex == 9)
+    }
+
+    @Test("node leases: a renewal records the holder; an expiry naming its latest renewal fires the holder's queues in that namespace and ends their connections; nothing applies under the holder afterwards")
+    func leases() throws {
+        var log = Log()
+        let holder: UInt64 = 0xAB
+        #expect(log.apply(.renewLease(holder: holder, node: 2), session: 900, namespace: "$leases")?.outcome == .ok)
+        #expect(log.machine.leases[holder] == StateMachine.Lease(node: 2, renewedIndex: 1))
+        #expect(log.apply(.onDisconnectSet(path: "/p/a", json: Self.bytes("\"off\""), secret: 1, holder: holder), session: 11)?.outcome == .ok)
+        #expect(log.apply(.onDisconnectSet(path: "/p/b", json: Self.bytes("\"off\""), secret: 2, holder: holder), session: 12)?.outcome == .ok)
+        #expect(log.apply(.onDisconnectSet(path: "/p/c", json: Self.bytes("\"off\""), secret: 3, holder: 0xCD), session: 13)?.outcome == .ok)
+        #expect(log.apply(.onDisconnectSet(path: "/q", json: Self.bytes("1"), secret: 4, holder: holder), session: 14, namespace: "other")?.outcome == .ok)
+        #expect(log.machine.queuedHolders[holder] == ["ns": 2, "other": 1] && log.machine.queuedHolders[0xCD] == ["ns": 1])
+        // A connection keeps the holder it registered under.
+        guard case .refused? = log.apply(.onDisconnectSet(path: "/p/a2", json: Self.bytes("1"), secret: 1, holder: 0xEE), session: 11)?.outcome else {
+            Issue.record("a connection's queue changed holder")
+            return
+        }
+        // The holder renewed again (index 7): an expiry counted from the first renewal is refused.
+        #expect(log.apply(.renewLease(holder: holder, node: 2), session: 900, namespace: "$leases")?.outcome == .ok)
+        guard case .refused? = log.apply(.expireHolder(holder: holder, lastRenewal: 1), session: 901)?.outcome else {
+            Issue.record("an expiry applied although the holder renewed since")
+            return
+        }
+        #expect(log.json("/p") == "null")
+        // Counted from the latest renewal: both queues of the holder in "ns" fire, the other
+        // holder's stays, the other namespace waits for its own expiry.
+        let expiry = log.apply(.expireHolder(holder: holder, lastRenewal: 7), session: 901)
+        let expired = try #require(expiry)
+        #expect(expired.outcome == .ok && expired.written.map(\.description) == ["/p/a", "/p/b"])
+        #expect(log.json("/p") == #"{"a":"off","b":"off"}"#)
+        #expect(log.machine.sessions[11]?.ended == true && log.machine.sessions[12]?.ended == true)
+        #expect(log.machine.expiredHolders == [holder] && log.machine.leases[holder] == nil)
+        #expect(log.machine.queuedHolders[holder] == ["other": 1] && log.machine.disconnects[13] != nil)
+        // The same holder in the other namespace: no renewal check any more.
+        #expect(log.apply(.expireHolder(holder: holder, lastRenewal: 0), session: 901, namespace: "other")?.written.map(\.description) == ["/q"])
+        #expect(log.machine.queuedHolders[holder] == nil)
+        // Nothing applies under the expired holder again: a renewal, a registration.
+        guard case .refused? = log.apply(.renewLease(holder: holder, node: 2), session: 900, namespace: "$leases")?.outcome,
+            case .refused? = log.apply(.onDisconnectSet(path: "/p/z", json: Self.bytes("1"), secret: 5, holder: holder), session: 15)?.outcome
+        else {
+            Issue.record("a command applied under an expired holder")
+            return
+        }
+        // Writes of an expired connection are refused (it ended), as after connectionEnded.
+        guard case .refused? = log.apply(.set(path: "/p/a", json: Self.bytes("\"on\"")), session: 11)?.outcome else {
+            Issue.record("a write of an expired connection applied")
+            return
+        }
+        // Leases, expired holders and queue holders survive the image; the derived counts are rebuilt.
+        let restored = try StateMachine(image: log.machine.image())
+        #expect(restored.leases == log.machine.leases && restored.expiredHolders == log.machine.expiredHolders)
+        #expect(restored.disconnects == log.machine.disconnects && restored.queuedHolders == log.machine.queuedHolders)
+        #expect(restored.disconnects[13]?.holder == 0xCD)
+        // A version-3 payload (before holders) still decodes, with holder 0.
+        var v3 = CommandEnvelope(namespace: "ns", session: 1, seq: 1, timestamp: 0, command: .onDisconnectSet(path: "/a", json: Self.bytes("1"), secret: 9)).encoded()
+        v3[0] = 3
+        v3.removeLast(8)
+        #expect(CommandEnvelope(decoding: v3)?.command == .onDisconnectSet(path: "/a", json: Self.bytes("1"), secret: 9, holder: 0))
+        for command in [Command.renewLease(holder: 5, node: 6), .expireHolder(holder: 5, lastRenewal: 77)] {
+            let e = CommandEnvelope(namespace: "$leases", session: 1, seq: 2, timestamp: 3, command: command)
+            #expect(CommandEnvelope(decoding: e.encoded()) == e && e.encoded().count == e.byteCount)
+        }
     }
 }

@@ -55,7 +55,7 @@ import Testing
         #expect(Array(restamped[18..<26]) == le(0x0A0B))
         #expect(Array(restamped[0..<18]) == Array(golden[0..<18]) && Array(restamped[26...]) == Array(golden[26...]))
         // Damage names the field; a hostile item count is refused before anything is allocated.
-        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([4] + golden.dropFirst()) }
+        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([5] + golden.dropFirst()) }
         #expect(throws: ByteCodecError.badValue(field: "command kind")) { try CommandEnvelope.decode([3, 9] + golden.dropFirst(2)) }
         let countAt = 2 + 32 + 10 + 10
         let hostile = Array(golden[0..<countAt]) + le(.max) + Array(golden[(countAt + 8)...])
