@@ -105,7 +105,7 @@ let package = Package(
             name: "BanyanSimulation",
             dependencies: [
                 "BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics", "BanyanNode", "BanyanReplica", "BanyanStateMachine",
-                "BanyanOpLog", "BanyanOpLogFiles", .product(name: "Logging", package: "swift-log"),
+                "BanyanOpLog", "BanyanOpLogFiles", "BanyanSession", .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: optimisedCoreSettings
         ),

@@ -42,6 +42,10 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// leader's (the term the heartbeat names), so a heartbeat computed for a wiped node's
     /// earlier incarnation commits entries a stale leader gave the new one (soak seed 1116537).
     case unverifiedHeartbeatCommit = "unverified-heartbeat-commit"
+    /// The leader's lease keeper counts a node lease from the moment it first sees the holder and
+    /// ignores its renewals, so a node still serving its connections has their onDisconnect
+    /// writes fired (issue 15).
+    case leaseIgnoresRenewals = "lease-ignores-renewals"
     /// R3: the vote is not kept across a restart, so a node can vote twice in one term.
     case forgetVote = "forget-vote"
     /// R26 (etcd #14370): messages that depend on new entries go out before those entries are

@@ -23,8 +23,15 @@ struct Bench: ParsableCommand {
     var portBase: Int = 19_700
     @Option(name: .long, parsing: .unconditionalSingleValue, help: "An extra argument for every node's `banyan serve` (repeat), e.g. --serve-arg=--threads --serve-arg=1.")
     var serveArg: [String] = []
+    @Flag(name: .long, help: "Measure WebSocket (v5) sessions instead: memory per idle session, CPU per write with idle listens, fan-out latency, deliveries per second.")
+    var realtime = false
+    @Option(name: .long, help: "With --realtime: sessions to open (spread over the 3 nodes).")
+    var sessions: Int = 10_000
+    @Option(name: .long, help: "With --realtime: listeners on the fan-out path.")
+    var fanOut: Int = 1_000
 
     func run() throws {
+        if realtime { return try runRealtime() }
         let counts = clients.split(separator: ",").compactMap { Int($0) }
         guard !counts.isEmpty, counts.allSatisfy({ (1...1024).contains($0) }) else { throw ValidationError("--clients must list numbers from 1 to 1024") }
         guard seconds > 0 && seconds <= 600, (0...100).contains(failoverTrials), (0...10_000_000).contains(keys) else {
@@ -37,15 +44,32 @@ struct Bench: ParsableCommand {
         bench.keys = keys
         bench.portBase = portBase
         bench.serveArguments = serveArg
+        let configured = bench
+        try runBenchmark { log in try await configured.run(log: log) }
+    }
+}
+
+extension Bench {
+    func runRealtime() throws {
+        guard (3...50_000).contains(sessions), (1...sessions).contains(fanOut), seconds > 0 && seconds <= 600 else {
+            throw ValidationError("--sessions 3-50000, --fan-out 1 to --sessions, --seconds 0-600")
+        }
+        var bench = RealtimeBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
+        bench.sessions = sessions
+        bench.fanOut = fanOut
+        bench.seconds = seconds
+        let configured = bench
+        try runBenchmark { log in try await configured.run(log: log) }
+    }
+
+    /// Runs an async benchmark from this synchronous command, printing its lines unbuffered
+    /// (progress shows as it happens even when piped to a file).
+    func runBenchmark(_ body: @escaping @Sendable (@escaping @Sendable (String) -> Void) async throws -> Void) throws {
         let done = DispatchSemaphore(value: 0)
         let outcome = OutcomeBox()
-        let configured = bench
         Task {
             do {
-                try await configured.run { line in
-                    // Unbuffered, so progress shows as it happens even when piped to a file.
-                    FileHandle.standardOutput.write(Data((line + "\n").utf8))
-                }
+                try await body { line in FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
             } catch {
                 outcome.set("\(error)")
             }

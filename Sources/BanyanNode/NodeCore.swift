@@ -140,7 +140,7 @@ public final class NodeCore {
         var loaded = try storage.load(progress: progress)
         if settings.sabotage == .forgetVote { loaded.persisted.hardState.vote = 0 }
         pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
-        leaseKeeper = LeaseKeeper(leaseNanoseconds: settings.leaseNanoseconds)
+        leaseKeeper = LeaseKeeper(leaseNanoseconds: settings.leaseNanoseconds, ignoreRenewals: settings.sabotage == .leaseIgnoresRenewals)
         replica = try Replica(
             configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
         replica.treesFor = [Self.clusterNamespace]

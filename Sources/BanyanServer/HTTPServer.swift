@@ -156,6 +156,7 @@ final class HTTPServer: Sendable {
         let now = RealtimeSessionHandler.now()
         let holder = sessionIDs.withLock { $0.next() }
         lease.withLock { $0 = LeaseHolder(holder: holder, now: now) }
+        leaseLoop.withLock { $0 = loop }
         let task = loop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in self.leaseTick(loop: loop) }
         leaseTask.withLock { $0 = task }
     }
@@ -194,6 +195,14 @@ final class HTTPServer: Sendable {
     }
 
     let leaseFences = Counter(label: "banyan_realtime_lease_fences_total")
+
+    /// Lets the current lease holder go (see `LeaseHolder.release`), on `loop` of the lease timer.
+    func releaseLease(reason: String) {
+        let now = RealtimeSessionHandler.now()
+        let action = lease.withLock { l in l?.release(reason: reason, now: now) { self.sessionIDs.withLock { $0.next() } } }
+        if let action, let loop = leaseLoop.withLock({ $0 }) { perform(action, loop: loop) }
+    }
+    private let leaseLoop = Mutex<(any EventLoop)?>(nil)
 
     func stopLease() {
         leaseTask.withLock { $0?.cancel() }

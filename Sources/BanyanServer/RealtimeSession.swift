@@ -164,21 +164,27 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
     }
 
-    /// Proposes `connectionEnded` for `connection` until it commits (retries back off to 10 s,
-    /// for at most an hour: a node without a leader that long has bigger problems, and the
-    /// leader's expiry of this node's connections covers the rest). The first try goes in
-    /// `session` (for `ls`, the new connection's own, so it precedes that connection's writes);
-    /// retries in the node's own session, since the connection's may be closed by then. Static:
-    /// a retry never needs the handler.
+    /// Proposes `connectionEnded` for `connection` until it commits, with a growing back-off
+    /// (0.25 s doubling to 10 s), `maxEndAttempts` times. The first try goes in `session` (for
+    /// `ls`, the new connection's own, so it precedes that connection's writes); retries in the
+    /// node's own session, since the connection's may be closed by then. Static: a retry never
+    /// needs the handler. If this node's own connection's end never commits, the node lets its
+    /// lease holder go (`LeaseHolder.release`: every connection closes, and the leader's expiry
+    /// fires the queue); the end of another node's connection (`ls`) is left to that node and
+    /// its lease.
     private func endConnection(_ connection: SessionIdentity, session: UInt64?, attempt: Int) {
+        let server = self.server
         Self.endConnection(
             runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, own: identity.connection, connection: connection,
-            session: session, attempt: attempt)
+            session: session, attempt: attempt
+        ) { server.releaseLease(reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
     }
+
+    static let maxEndAttempts = 8
 
     private static func endConnection(
         runtime: NodeRuntime, loop: any EventLoop, logger: Logger, ns: String, own: UInt64, connection: SessionIdentity, session: UInt64?,
-        attempt: Int
+        attempt: Int, giveUp: @escaping @Sendable () -> Void
     ) {
         let command = Command.connectionEnded(connection: connection.connection, secret: connection.secret)
         runtime.write(namespace: ns, command: command, session: session, on: loop) { result in
@@ -186,14 +192,16 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             case .success:
                 if connection.connection == own { runtime.closeSession(own) }
             case .failure(let e):
-                guard attempt < 400 else {
-                    logger.error("gave up recording the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
+                guard attempt + 1 < maxEndAttempts else {
+                    logger.error("could not record the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
+                    if connection.connection == own { giveUp() }
                     return
                 }
                 let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
                 loop.scheduleTask(in: delay) {
                     endConnection(
-                        runtime: runtime, loop: loop, logger: logger, ns: ns, own: own, connection: connection, session: nil, attempt: attempt + 1)
+                        runtime: runtime, loop: loop, logger: logger, ns: ns, own: own, connection: connection, session: nil, attempt: attempt + 1,
+                        giveUp: giveUp)
                 }
             }
         }

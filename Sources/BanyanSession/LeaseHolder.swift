@@ -75,6 +75,16 @@ public struct LeaseHolder: Sendable {
         return .fence(reason: "the leader expired this node's lease on its realtime connections", holder: holder)
     }
 
+    /// The driver could not record the end of a connection it closed (its `connectionEnded` did
+    /// not commit after every retry): the queue would wait for this holder's lease, which the
+    /// node's other connections keep renewing. So the node lets the holder go: it closes every
+    /// connection and takes a new holder; the leader then expires the old one, which fires every
+    /// queue under it (docs/realtime.md, "Node leases").
+    public mutating func release(reason: String, now: Int64, fresh: () -> UInt64) -> Action {
+        rotate(now: now, to: fresh())
+        return .fence(reason: reason, holder: holder)
+    }
+
     private mutating func rotate(now: Int64, to next: UInt64) {
         holder = next
         safeUntil = now + leaseMillis - marginMillis

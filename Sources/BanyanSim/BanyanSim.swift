@@ -23,6 +23,7 @@ struct BanyanSim: ParsableCommand {
     @Option(help: "Client operations per run (default 300).") var operations: Int?
     @Option(help: "Founding voters (default: the seed picks 3 or 5).") var nodes: Int?
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
+    @Flag(help: "Add realtime connections with onDisconnect writes, node leases and fencing (a presence workload).") var sessions = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
     @Option(help: "A deliberate bug in the real code, to see the checkers catch it (docs/simulator.md, \"Self-tests\"): \(Sabotage.allCases.filter { $0 != .none }.map(\.rawValue).joined(separator: ", ")).")
@@ -46,6 +47,7 @@ struct BanyanSim: ParsableCommand {
         o.operations = operations ?? 300
         o.nodes = nodes
         o.faults = !noFaults
+        o.sessions = sessions
         o.trace = trace
         o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none
         return o
@@ -84,7 +86,8 @@ struct BanyanSim: ParsableCommand {
                 print(report.summary)
                 print(
                     "replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")"
-                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sabotage.map { " --sabotage \($0)" } ?? "")")
+                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")"
+                        + "\(sabotage.map { " --sabotage \($0)" } ?? "")")
             } else if report.excused {
                 // Printed too: such seeds are counted apart, never silently.
                 excused.append(s)

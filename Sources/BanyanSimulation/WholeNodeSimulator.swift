@@ -5,6 +5,7 @@ import BanyanOpLogFiles
 import struct BanyanOpLog.SnapshotMetaRecord
 import BanyanRaft
 import BanyanReplica
+import BanyanSession
 import BanyanStateMachine
 import BanyanTree
 import Logging
@@ -23,6 +24,9 @@ public struct WholeNodeOptions: Sendable {
     public var trace = false
     /// A fix of issue 14 undone in the real code (checker self-tests only).
     public var sabotage: Sabotage = .none
+    /// Realtime connections with onDisconnect writes, node leases and their fencing (issue 15):
+    /// a presence workload beside the clients (off by default, so other seeds keep their runs).
+    public var sessions = false
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -163,6 +167,10 @@ public struct WholeNodeReport: Sendable {
         /// Disks an operator replaced after losing them (the data-loss fault).
         public var disksLost = 0
         public var badSectors = 0
+        /// Realtime connections opened (options.sessions), queues fired, lease fences.
+        public var presences = 0
+        public var presencesFired = 0
+        public var leaseFences = 0
 
         public init() {}
     }
@@ -181,6 +189,9 @@ public struct WholeNodeReport: Sendable {
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
+        if stats.presences > 0 {
+            s += "  realtime connections \(stats.presences), onDisconnect queues fired \(stats.presencesFired), lease fences \(stats.leaseFences)\n"
+        }
         s += "  linearizability: \(linearizability) (\(stats.writesPatched) unknown writes resolved)"
         if !nonLinearizableKeys.isEmpty { s += " (keys \(nonLinearizableKeys))" }
         if let l = livenessFailure { s += "\n  liveness\(beyondFaultBudget == nil ? "" : " (not required)"): \(l)" }
@@ -233,6 +244,9 @@ public struct WholeNodeSimulator {
         /// A sender's transport reconnected a link: what it kept goes out first, in order.
         case reopen(from: NodeID, to: NodeID)
         case check
+        case presenceNext
+        case presenceEnd(Int)
+        case presenceRetryEnd(Int, NodeID, life: Int)
     }
 
     private final class SimulatedNode {
@@ -270,6 +284,11 @@ public struct WholeNodeSimulator {
         var durableBeforeDown: UInt64?
         /// When the node last went down (peers' redial back-off grows with the outage).
         var downSince = 0
+        /// The session workload's own requests waiting on this node.
+        var sessionRequests: [RequestID: SessionRequest] = [:]
+        /// This life's lease on its realtime connections, and when its timer last ran.
+        var lease: LeaseHolder?
+        var leaseTickAt = 0
 
         init(id: NodeID, skew: Int64) {
             self.id = id
@@ -331,6 +350,7 @@ public struct WholeNodeSimulator {
     private var nemesisRandom: SeededRandom
     private var clientRandom: SeededRandom
     private var seedRandom: SeededRandom
+    private var presenceRandom: SeededRandom
     private var nextValue = 1
     // Checkers' ledgers.
     private var leaders: [UInt64: NodeID] = [:]
@@ -383,6 +403,7 @@ public struct WholeNodeSimulator {
         nemesisRandom = SeededRandom(seed: root.next())
         clientRandom = SeededRandom(seed: root.next())
         seedRandom = SeededRandom(seed: root.next())
+        presenceRandom = SeededRandom(seed: root.next())
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
         if options.sabotage == .leaseWithPauses {
             // Lease reads where the lease's clock assumption cannot hold (R18).
@@ -411,6 +432,7 @@ public struct WholeNodeSimulator {
     private mutating func execute() {
         for id in ids { schedule(after: 1 + networkRandom.below(tickMillis), .tick(id, life: nodes[id]?.life ?? 0)) }
         for c in clients.indices { schedule(after: 30 + clientRandom.below(50), .clientNext(c)) }
+        if options.sessions { schedule(after: 100, .presenceNext) }
         if faultsActive { schedule(after: swarm.nemesisMeanMillis, .nemesis) } else { healedAt = 0 }
         schedule(after: 100, .check)
         while !finished, let (time, event) = queue.pop() {
@@ -455,6 +477,7 @@ public struct WholeNodeSimulator {
             guard !node.paused else { return }
             core.tick(now: wallClock(node))
             traceLine("tick \(id)", 1, id)
+            if options.sessions { leaseTick(node) }
             // As the server's driver does: the pass runs as a separate task after the tick.
             perform(takeActions(node), on: node)
             scheduleProcess(node, after: networkRandom.below(2))
@@ -498,6 +521,12 @@ public struct WholeNodeSimulator {
         case .check:
             periodicCheck()
             if !finished { schedule(after: 100, .check) }
+        case .presenceNext:
+            openPresence()
+        case .presenceEnd(let p):
+            endPresence(p)
+        case let .presenceRetryEnd(p, id, life):
+            if let node = nodes[id], node.life == life, node.core != nil, !node.paused { proposeEnd(p, via: node) }
         }
     }
 
@@ -521,6 +550,7 @@ public struct WholeNodeSimulator {
         replica.requestTimeoutTicks = 250
         var s = NodeCore.Settings(replica: replica)
         s.sabotage = options.sabotage
+        s.leaseNanoseconds = UInt64(Self.leaseMillis) * 1_000_000
         s.roundIntervalNanoseconds = UInt64(swarm.pacingMillis) * 1_000_000
         return s
     }
@@ -567,9 +597,19 @@ public struct WholeNodeSimulator {
             }
             node.durableBeforeDown = nil
             core.watch(0, watch: 1, namespace: Self.namespace, stale: true)
+            if options.sessions {
+                core.watch(0, watch: 2, namespace: Self.presenceNamespace, stale: true)
+                node.lease = LeaseHolder(
+                    holder: presenceRandom.next() | 1, now: Int64(now), leaseMillis: Self.leaseMillis, renewMillis: Self.leaseMillis / 6,
+                    marginMillis: Self.leaseMillis / 3)
+                node.leaseTickAt = now
+                node.sessionRequests = [:]
+                presenceLost(on: node)
+            }
             _ = takeActions(node)
             incrementsApplied[node.id] = []
             writesDecided[node.id] = []
+            presenceFired[node.id] = []
             flushParked(to: node)
         } catch {
             if node.fs.isCrashed {
@@ -632,6 +672,10 @@ public struct WholeNodeSimulator {
             case .send(let messages):
                 for m in messages { send(m) }
             case let .wrote(id, result):
+                if let request = node.sessionRequests.removeValue(forKey: id) {
+                    sessionWrote(request, result, on: node)
+                    continue
+                }
                 guard let c = node.requests.removeValue(forKey: id) else {
                     if let fw = finalWrite, fw.node == node.id, fw.request == id, case .success = result { finalWrite?.done = true }
                     continue
@@ -644,11 +688,13 @@ public struct WholeNodeSimulator {
                 break
             case let .watch(_, event):
                 switch event {
-                case let .applied(applied, tree): observeApplied(applied, tree: tree, on: node)
+                case let .applied(applied, tree):
+                    if applied.namespace == Self.presenceNamespace { observePresence(applied, tree: tree, on: node) } else { observeApplied(applied, tree: tree, on: node) }
                 // A new lineage of applications: replayed over a snapshot from here on.
                 case .restored, .start:
                     incrementsApplied[node.id] = []
                     writesDecided[node.id] = []
+                    presenceFired[node.id] = []
                 }
             case .peerAddresses:
                 break
@@ -658,6 +704,8 @@ public struct WholeNodeSimulator {
                 switch note {
                 case .snapshotInstalled: report.stats.snapshotsInstalled += 1
                 case .snapshotWritten: report.stats.snapshotsWritten += 1
+                case let .leaseExpiryProposed(holder, namespace):
+                    traceLine("lease-expiry \(node.id): holder \(String(holder, radix: 16)) in '\(namespace)'", 44, holder)
                 default: break
                 }
             case .wake(let nanoseconds):
@@ -742,6 +790,9 @@ public struct WholeNodeSimulator {
         }
         if node.core != nil { node.downSince = now }
         node.core = nil
+        if options.sessions { presenceLost(on: node) }
+        node.lease = nil
+        node.sessionRequests = [:]
         node.life += 1
         for (_, c) in node.requests.sorted(by: { $0.key < $1.key }) { abandon(c) }
         node.requests = [:]
@@ -1266,6 +1317,230 @@ public struct WholeNodeSimulator {
         next(c)
     }
 
+    // MARK: - Realtime connections (options.sessions)
+
+    static let presenceNamespace = "presence"
+    /// The node lease in the simulator (20 s in the server): renewals every sixth of it, the
+    /// fence a third of it early.
+    static let leaseMillis: Int64 = 3_000
+    /// Tries of a connection's end before its node lets its lease holder go.
+    static let endAttempts = 4
+
+    enum SessionRequest {
+        case register(Int)
+        case renew(holder: UInt64, number: UInt64)
+        case end(Int)
+        case other
+    }
+
+    /// One realtime connection: it queues `off` at `/p/c<index>` and writes `on` there; it
+    /// ends by a close on its node, an `ls` from another node, a fence, or its node's death.
+    struct Presence {
+        var id: UInt64
+        var secret: UInt64
+        var node: NodeID
+        var life: Int
+        var holder: UInt64
+        /// Whether its onDisconnect registration applied (nil: unknown yet or never).
+        var registered: Bool?
+        /// Served by its node: not closed, the node's life not over.
+        var open = true
+        var endAcknowledged = false
+        var endAttempts = 0
+    }
+    private var presences: [Presence] = []
+    private var presenceByConnection: [UInt64: Int] = [:]
+    /// Queues fired in each node's current lineage of applications (exactly once).
+    private var presenceFired: [NodeID: Set<Int>] = [:]
+    /// Queues whose firing some node has applied.
+    private var presenceFiredAnywhere: Set<Int> = []
+
+    private mutating func sessionRequest(_ node: SimulatedNode, _ request: SessionRequest) -> RequestID {
+        let id = node.nextRequest
+        node.nextRequest += 1
+        node.sessionRequests[id] = request
+        return id
+    }
+
+    private mutating func openPresence() {
+        if issuedFraction() < 1 { schedule(after: 150 + presenceRandom.below(300), .presenceNext) }
+        // Clients reach nodes a load balancer finds ready: running and caught up with the
+        // leader (a node far behind could not serve their listens anyway).
+        let commit = currentLeader.flatMap { nodes[$0]?.core?.replica.raft.commitIndex } ?? 0
+        let live = ids.filter { id in
+            guard let node = nodes[id], let core = node.core, !node.paused, node.lease != nil else { return false }
+            return core.replica.machine.appliedIndex + 50 >= commit
+        }
+        guard !live.isEmpty, let node = nodes[live[presenceRandom.below(live.count)]], let core = node.core, let lease = node.lease else { return }
+        let connection = presenceRandom.next() | 1
+        guard core.openSession(connection) else { return }
+        let p = presences.count
+        presences.append(Presence(id: connection, secret: presenceRandom.next(), node: node.id, life: node.life, holder: lease.holder))
+        presenceByConnection[connection] = p
+        traceLine("presence \(p) opens on \(node.id)", 40, UInt64(p))
+        let path = "/p/c\(p)"
+        core.write(
+            sessionRequest(node, .register(p)), namespace: Self.presenceNamespace,
+            command: .onDisconnectSet(path: path, json: Array("\"off\"".utf8), secret: presences[p].secret, holder: lease.holder), session: connection)
+        core.write(sessionRequest(node, .other), namespace: Self.presenceNamespace, command: .set(path: path, json: Array("\"on\"".utf8)), session: connection)
+        perform(takeActions(node), on: node)
+        scheduleProcess(node, after: 0)
+        schedule(after: 300 + presenceRandom.below(3_000), .presenceEnd(p))
+    }
+
+    /// The client closes (70%), or reconnects to another node naming the connection (`ls`).
+    private mutating func endPresence(_ p: Int) {
+        guard presences[p].open, let node = nodes[presences[p].node], node.life == presences[p].life, node.core != nil else { return }
+        if node.paused {
+            schedule(after: 200, .presenceEnd(p))
+            return
+        }
+        let others = ids.filter { $0 != node.id && nodes[$0]?.core != nil && nodes[$0]?.paused == false }
+        let via = !others.isEmpty && presenceRandom.chance(3, in: 10) ? nodes[others[presenceRandom.below(others.count)]] ?? node : node
+        presences[p].open = false
+        traceLine("presence \(p) ends via \(via.id)", 41, UInt64(p))
+        proposeEnd(p, via: via)
+        node.core?.closeSession(presences[p].id)
+    }
+
+    private mutating func proposeEnd(_ p: Int, via node: SimulatedNode) {
+        guard let core = node.core else { return }
+        core.write(
+            sessionRequest(node, .end(p)), namespace: Self.presenceNamespace,
+            command: .connectionEnded(connection: presences[p].id, secret: presences[p].secret))
+        perform(takeActions(node), on: node)
+        scheduleProcess(node, after: 0)
+    }
+
+    /// A node's life ended (or began again): its connections are gone, with no end proposed.
+    private mutating func presenceLost(on node: SimulatedNode) {
+        for p in presences.indices where presences[p].node == node.id && presences[p].open {
+            presences[p].open = false
+            traceLine("presence \(p) lost with \(node.id)", 42, UInt64(p))
+        }
+    }
+
+    /// The node's lease timer (every 100 ms of its running time), as the server's driver runs it.
+    private mutating func leaseTick(_ node: SimulatedNode) {
+        guard var lease = node.lease, now - node.leaseTickAt >= 100, let core = node.core else { return }
+        node.leaseTickAt = now
+        let open = presences.indices.filter { presences[$0].node == node.id && presences[$0].open && presences[$0].life == node.life }
+        let actions = lease.tick(now: Int64(now), connections: open.count) { presenceRandom.next() | 1 }
+        node.lease = lease
+        for action in actions {
+            switch action {
+            case let .renew(holder, number):
+                core.write(
+                    sessionRequest(node, .renew(holder: holder, number: number)), namespace: "$leases",
+                    command: .renewLease(holder: holder, node: node.id))
+            case .fence:
+                fence(node, open)
+            }
+        }
+        perform(takeActions(node), on: node)
+        scheduleProcess(node, after: 0)
+    }
+
+    /// The node closes every connection (its lease may lapse), proposing their ends.
+    private mutating func fence(_ node: SimulatedNode, _ open: [Int]) {
+        report.stats.leaseFences += 1
+        traceLine("fence \(node.id): \(open.count) connections", 43, node.id)
+        for p in open {
+            presences[p].open = false
+            node.core?.closeSession(presences[p].id)
+            proposeEnd(p, via: node)
+        }
+    }
+
+    private mutating func sessionWrote(_ request: SessionRequest, _ result: WriteResult, on node: SimulatedNode) {
+        switch request {
+        case .register(let p):
+            if case .success(let applied) = result { presences[p].registered = applied.outcome == .ok }
+        case let .renew(holder, number):
+            guard case .success(let applied) = result, var lease = node.lease else { return }
+            if applied.outcome == .ok {
+                lease.renewed(holder: holder, number: number)
+                node.lease = lease
+            } else if case .refused = applied.outcome {
+                let fenced = lease.refused(holder: holder, now: Int64(now)) { presenceRandom.next() | 1 }
+                node.lease = lease
+                if fenced != nil {
+                    fence(node, presences.indices.filter { presences[$0].node == node.id && presences[$0].open && presences[$0].life == node.life })
+                }
+            }
+        case .end(let p):
+            // Retried until it commits, as the server does (the lease covers a node that dies).
+            // With a growing back-off, as the server retries (a lagging node learns the outcome
+            // only when it applies the entry; fixed retries would keep the log moving for ever).
+            // After a few, the node lets its lease holder go (`LeaseHolder.release`): the leader's
+            // expiry then fires the queue.
+            if case .success = result {
+                presences[p].endAcknowledged = true
+            } else if node.core != nil {
+                presences[p].endAttempts += 1
+                if presences[p].endAttempts < Self.endAttempts {
+                    schedule(after: 200 << presences[p].endAttempts, .presenceRetryEnd(p, node.id, life: node.life))
+                } else if var lease = node.lease {
+                    _ = lease.release(reason: "a connection's end did not commit", now: Int64(now)) { presenceRandom.next() | 1 }
+                    node.lease = lease
+                    fence(node, presences.indices.filter { presences[$0].node == node.id && presences[$0].open && presences[$0].life == node.life })
+                }
+            }
+        case .other:
+            break
+        }
+    }
+
+    /// Applied writes to `/p/c<i>`: a queue fires at most once per lineage, and never while its
+    /// connection is served by a running node.
+    private mutating func observePresence(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
+        guard applied.outcome == .ok else { return }
+        for path in applied.written {
+            guard path.segments.count == 2, path.segments[0].string == "p", path.segments[1].string.hasPrefix("c"),
+                let p = Int(path.segments[1].string.dropFirst()), p < presences.count, tree.child(at: path).leaf == .string("off")
+            else { continue }
+            if presenceFired[node.id, default: []].insert(p).inserted == false {
+                report.violations.append("t=\(now) node \(node.id) fired presence \(p)'s onDisconnect twice")
+            }
+            if presenceFiredAnywhere.insert(p).inserted {
+                let open = presences[p].open
+                traceLine("presence \(p) fired\(open ? " (connection open)" : "")", 45, UInt64(p))
+                report.stats.presencesFired += 1
+                let holder = nodes[presences[p].node]
+                if presences[p].open, let holder, holder.core != nil, !holder.paused, holder.life == presences[p].life {
+                    report.violations.append(
+                        "t=\(now) presence \(p)'s onDisconnect fired while node \(presences[p].node) still served its connection")
+                }
+            }
+        }
+    }
+
+    /// Every connection ended and every queue fired (the leader's state has none left).
+    private func presenceSettled() -> Bool {
+        guard presences.allSatisfy({ !$0.open }), let leader = currentLeader, let machine = nodes[leader]?.core?.replica.machine else { return false }
+        return !machine.disconnects.values.contains { $0.namespace == Self.presenceNamespace }
+    }
+
+    /// At the end of a run the clients close their connections (the rest go by leases).
+    private mutating func closeRemainingPresences() {
+        for p in presences.indices where presences[p].open { endPresence(p) }
+    }
+
+    /// Never lost: every registered queue fired; nothing is queued at the end.
+    private mutating func checkPresences(_ machine: StateMachine) {
+        guard options.sessions else { return }
+        for (p, presence) in presences.enumerated() where presence.registered == true {
+            let value = machine.tree(Self.presenceNamespace).child(at: Path(segments: [ChildKey(unchecked: "p"), ChildKey(unchecked: "c\(p)")]))
+            if value.leaf != .string("off") {
+                report.violations.append("t=\(now) presence \(p)'s onDisconnect never fired (value \(value))")
+            }
+        }
+        if machine.disconnects.values.contains(where: { $0.namespace == Self.presenceNamespace }) {
+            report.violations.append("t=\(now) onDisconnect queues left at the end of the run")
+        }
+        report.stats.presences = presences.count
+    }
+
     // MARK: - Checkers
 
     private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
@@ -1566,7 +1841,9 @@ public struct WholeNodeSimulator {
         } else if let fw = finalWrite, !fw.done, nodes[fw.node]?.core == nil || nodes[fw.node]?.core?.replica.raft.role != .leader {
             finalWrite = nil
         }
-        if finalWrite?.done == true && converged() {
+        let settled = !options.sessions || presenceSettled()
+        if !settled { closeRemainingPresences() }
+        if settled && finalWrite?.done == true && converged() {
             finished = true
             return
         }
@@ -1597,6 +1874,7 @@ public struct WholeNodeSimulator {
     /// Every member's state is the same, byte for byte, and every increment applied exactly once.
     private mutating func checkConvergedState() {
         guard let leader = currentLeader, let lr = nodes[leader]?.core else { return }
+        checkPresences(lr.replica.machine)
         let reference = lr.replica.machine.image()
         for id in lr.replica.raft.membership.all {
             guard let core = nodes[id]?.core else { continue }

@@ -51,4 +51,12 @@ import Testing
         #expect(h.refused(holder: 102, now: 31_000, fresh: ids.fresh) == .fence(reason: "the leader expired this node's lease on its realtime connections", holder: 103))
         #expect(h.refused(holder: 102, now: 31_000, fresh: ids.fresh) == nil, "already replaced")
     }
+
+    @Test("release: the node lets its holder go at once (a connection's end never committed)")
+    func release() {
+        let ids = Ids()
+        var h = LeaseHolder(holder: 1, now: 0)
+        #expect(h.release(reason: "stuck", now: 5_000, fresh: ids.fresh) == .fence(reason: "stuck", holder: 101))
+        #expect(h.holder == 101 && h.safeUntil == 17_000)
+    }
 }

@@ -15,6 +15,13 @@ import Testing
         return o
     }
 
+    /// With the presence workload (`banyan-sim --sessions`).
+    static func sessionOptions(_ seed: UInt64, operations: Int = 120) -> WholeNodeOptions {
+        var o = options(seed, operations: operations)
+        o.sessions = true
+        return o
+    }
+
     /// 1,000 seeds in ten parts (run in parallel by the test runner).
     @Test("1,000 whole-node seeds keep every safety check, converge, and stay linearizable", arguments: 0..<10)
     func seeds(part: Int) {
@@ -30,6 +37,44 @@ import Testing
         // budget"); they are rare (a handful in 100,000 soak seeds), so more than one in a part of 100
         // means refused logs became common: a storage regression, not bad luck.
         #expect(excused.count <= 1, "\(excused.count) seeds beyond the fault budget:\n\(excused.prefix(3).joined(separator: "\n"))")
+    }
+
+    /// Realtime connections (issue 15): presence with onDisconnect writes on nodes that crash,
+    /// pause, lose power and restart, ended by closes, by `ls` from other nodes, by fences and by
+    /// node leases.
+    @Test("200 seeds with realtime connections: every queue fires exactly once, never while its connection is served, none is lost", arguments: 0..<2)
+    func sessionSeeds(part: Int) {
+        var failures: [String] = []
+        var fired = 0
+        var fences = 0
+        for seed in UInt64(part * 100 + 1)...UInt64(part * 100 + 100) {
+            let report = WholeNodeSimulator.run(Self.sessionOptions(seed))
+            if !report.passed { failures.append(report.summary) }
+            fired += report.stats.presencesFired
+            fences += report.stats.leaseFences
+        }
+        #expect(failures.isEmpty, "\(failures.count) seeds failed:\n\(failures.prefix(3).joined(separator: "\n"))")
+        // The workload reaches what it is for: queues fire, and some nodes fence themselves.
+        #expect(fired > 1_000 && fences > 0, "fired \(fired), fences \(fences)")
+    }
+
+    @Test("the checker catches a lease keeper that ignores renewals (onDisconnect fired while the connection is served)")
+    func leaseSabotage() {
+        var caught: UInt64?
+        for seed in UInt64(1)...UInt64(100) {
+            // Longer runs (300 operations): a holder must outlive a lease while it serves.
+            var o = Self.sessionOptions(seed, operations: 300)
+            o.sabotage = .leaseIgnoresRenewals
+            let report = WholeNodeSimulator.run(o)
+            if report.violations.contains(where: { $0.contains("still served its connection") }) {
+                caught = seed
+                var clean = o
+                clean.sabotage = .none
+                #expect(WholeNodeSimulator.run(clean).passed, "seed \(seed) fails without the sabotage too")
+                break
+            }
+        }
+        #expect(caught != nil, "a lease keeper ignoring renewals went unnoticed in 100 seeds")
     }
 
     @Test("a seed replays exactly: the same events, in the same order, with the same outcome")

@@ -34,7 +34,7 @@ import Testing
             true,
             [
                 "BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics", "BanyanNode", "BanyanReplica", "BanyanStateMachine", "BanyanOpLog",
-                "BanyanOpLogFiles", "Logging",
+                "BanyanOpLogFiles", "BanyanSession", "Logging",
             ]
         ),
         "BanyanOpLogFiles": (false, ["BanyanOpLog", "BanyanBasics", "CZlib", "Logging", "Glibc", "Darwin", "Dispatch", "Synchronization"]),
