@@ -760,10 +760,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             do {
                 let pipeline = channel.pipeline.syncOperations
                 let hub = server.hub(for: channel.eventLoop)
+                // No frame encoder or protocol-error handler: the session encodes its own frames
+                // (shared across connections) and answers bad frames with the right close code.
                 try pipeline.addHandlers([
-                    WebSocketFrameEncoder(),
                     ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: limits.frames.maxFrameBytes)),
-                    WebSocketProtocolErrorHandler(),
                     NIOWebSocketFrameAggregator(
                         minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: limits.frames.maxFramesPerMessage,
                         maxAccumulatedFrameSize: limits.frames.maxFrameBytes),

@@ -40,9 +40,12 @@ final class RealtimeHub: @unchecked Sendable {
     }
     private var pending: [UInt64: Pending] = [:]
     private var namespaceOf: [UInt64: String] = [:]
+    /// Listens that hold a window (their updates are never shared with other listens').
+    private var windowed = Set<UInt64>()
     private var nextListen: UInt64 = 1
     /// Where each owner's updates go (a connection's handler).
-    private var owners: [UInt64: (ListenEvent, [UInt8]) -> Void] = [:]
+    private var owners: [UInt64: ([ByteBuffer]) -> Void] = [:]
+    private let allocator = ByteBufferAllocator()
     private var flushes: [UInt64: () -> Void] = [:]
 
     enum ListenStartError: Error, CustomStringConvertible {
@@ -63,9 +66,10 @@ final class RealtimeHub: @unchecked Sendable {
 
     var listenCount: Int { core.count }
 
-    /// Registers where `owner`'s updates go: `push` gets each update and its message bytes,
-    /// `flush` is called once after each batch that pushed something.
-    func attach(owner: UInt64, push: @escaping (ListenEvent, [UInt8]) -> Void, flush: @escaping () -> Void) {
+    /// Registers where `owner`'s updates go: `push` gets each update's frames, encoded once and
+    /// shared by every connection that receives them; `flush` is called once after each batch
+    /// that pushed something.
+    func attach(owner: UInt64, push: @escaping ([ByteBuffer]) -> Void, flush: @escaping () -> Void) {
         owners[owner] = push
         flushes[owner] = flush
     }
@@ -90,6 +94,7 @@ final class RealtimeHub: @unchecked Sendable {
         let ns = listen.namespace
         pending[id] = Pending(listen: listen, done: done)
         namespaceOf[id] = ns
+        if listen.isWindowed { windowed.insert(id) }
         var feed = feeds[ns] ?? openFeed(ns)
         feed.listens += 1
         if feed.tree == nil {
@@ -196,6 +201,7 @@ final class RealtimeHub: @unchecked Sendable {
 
     /// Drops a listen from its namespace's count; the namespace's view closes with its last.
     private func forget(_ id: UInt64) {
+        windowed.remove(id)
         guard let ns = namespaceOf.removeValue(forKey: id), var feed = feeds[ns] else { return }
         feed.listens -= 1
         feed.waiting.removeAll { $0 == id }
@@ -211,24 +217,24 @@ final class RealtimeHub: @unchecked Sendable {
     /// default listens at one path get one rendering), then flushes each owner once.
     private func deliver(_ events: [ListenEvent]) {
         guard !events.isEmpty else { return }
-        var rendered: [RenderKey: [UInt8]] = [:]
+        var rendered: [RenderKey: [ByteBuffer]] = [:]
         var touched: [UInt64] = []
         var seen = Set<UInt64>()
         for event in events {
             guard let push = owners[event.owner] else { continue }
-            let bytes: [UInt8]
-            if event.tag == nil, core.listen(event.listen)?.isWindowed == false {
+            let frames: [ByteBuffer]
+            if event.tag == nil, !windowed.contains(event.listen) {
                 let key = RenderKey(event.update)
                 if let cached = rendered[key] {
-                    bytes = cached
+                    frames = cached
                 } else {
-                    bytes = Self.render(event)
-                    rendered[key] = bytes
+                    frames = ServerFrames.text(Self.render(event), allocator: allocator)
+                    rendered[key] = frames
                 }
             } else {
-                bytes = Self.render(event)
+                frames = ServerFrames.text(Self.render(event), allocator: allocator)
             }
-            push(event, bytes)
+            push(frames)
             if seen.insert(event.owner).inserted { touched.append(event.owner) }
         }
         for owner in touched { flushes[owner]?() }

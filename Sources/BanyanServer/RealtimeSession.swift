@@ -17,7 +17,9 @@ import NIOWebSocket
 /// and frames out. Confined to the channel's event loop.
 final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     typealias InboundIn = WebSocketFrame
-    typealias OutboundOut = WebSocketFrame
+    /// Frames go out encoded here (`ServerFrames`), so one encoding of a push serves every
+    /// connection that receives it (no per-connection copy or encoder pass).
+    typealias OutboundOut = ByteBuffer
 
     private let server: HTTPServer
     private let hub: RealtimeHub
@@ -71,7 +73,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
         hub.attach(
             owner: owner,
-            push: { [weak self] event, bytes in self?.push(event, bytes) },
+            push: { [weak self] frames in self?.write(frames) },
             flush: { [weak self] in self?.flush() })
         runtime.openSession(identity.connection)
         // `ls`: the client's previous connection is over, wherever it was; its onDisconnect
@@ -105,7 +107,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             close(code: .unacceptableData, reason: "binary frame")
         case .ping:
             guard !closing else { return }
-            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)), promise: nil)
+            context.write(wrapOutboundOut(ServerFrames.encode(opcode: 0xA, frame.unmaskedData, allocator: context.channel.allocator)), promise: nil)
             dirty = true
         case .connectionClose:
             // Answer the client's close with ours (its code when it gave one), then end.
@@ -116,7 +118,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             var buffer = context.channel.allocator.buffer(capacity: 2)
             if var code { buffer.writeBuffer(&code) }
             let channel = context.channel
-            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: buffer))).whenComplete { _ in
+            context.writeAndFlush(wrapOutboundOut(ServerFrames.encode(opcode: 0x8, buffer, allocator: channel.allocator))).whenComplete { _ in
                 channel.close(promise: nil)
             }
         default:
@@ -140,9 +142,18 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         self.context = nil
     }
 
+    /// Bad frames (the decoder's and the aggregator's errors) close with the code RFC 6455
+    /// gives them (a frame over the size limit: 1009); anything else just closes.
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         server.logger.debug("realtime connection error", metadata: ["error": "\(error)", "session": "\(identity)"])
-        context.close(promise: nil)
+        switch error {
+        case NIOWebSocketError.invalidFrameLength, NIOWebSocketFrameAggregator.Error.accumulatedFrameSizeIsTooLarge:
+            close(code: .messageTooLarge, reason: "frame too large")
+        case is NIOWebSocketError, is NIOWebSocketFrameAggregator.Error:
+            close(code: .protocolError, reason: "WebSocket protocol error")
+        default:
+            context.close(promise: nil)
+        }
     }
 
     /// The connection is over (closed by either side, a socket error, a keep-alive timeout):
@@ -215,7 +226,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         buffer.write(webSocketErrorCode: code)
         buffer.writeBytes(Array(reason.utf8.prefix(120)))
         let channel = context.channel
-        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: buffer))).whenComplete { _ in
+        context.writeAndFlush(wrapOutboundOut(ServerFrames.encode(opcode: 0x8, buffer, allocator: channel.allocator))).whenComplete { _ in
             channel.close(promise: nil)
         }
     }
@@ -246,17 +257,23 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
                 close(code: .policyViolation, reason: reason)
             case .ping:
                 guard !closing, let context else { continue }
-                context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .ping, data: context.channel.allocator.buffer(capacity: 0))), promise: nil)
+                context.write(wrapOutboundOut(ServerFrames.encode(opcode: 0x9, ByteBuffer(), allocator: context.channel.allocator)), promise: nil)
                 dirty = true
             }
         }
         flush()
     }
 
-    /// One message, in as many frames as the SDKs expect (`FrameSplitter`). A client that does
-    /// not read what it is sent (more than the connection's write buffer queued) is cut off
-    /// rather than buffered without bound.
+    /// One message, in as many frames as the SDKs expect (`FrameSplitter`).
     private func send(_ message: [UInt8]) {
+        guard !closing, let context else { return }
+        write(ServerFrames.text(message, allocator: context.channel.allocator))
+    }
+
+    /// Frames already encoded (shared by every connection a push goes to). A client that does not
+    /// read what it is sent (more than the connection's write buffer queued) is cut off rather
+    /// than buffered without bound.
+    private func write(_ frames: [ByteBuffer]) {
         guard !closing, let context else { return }
         if !context.channel.isWritable {
             server.logger.notice("closed a realtime connection that does not read its messages", metadata: ["session": "\(identity)"])
@@ -264,11 +281,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             context.close(promise: nil)
             return
         }
-        for chunk in FrameSplitter.frames(message) {
-            var buffer = context.channel.allocator.buffer(capacity: chunk.count)
-            buffer.writeBytes(chunk)
-            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: buffer)), promise: nil)
-        }
+        for frame in frames { context.write(wrapOutboundOut(frame), promise: nil) }
         dirty = true
     }
 
@@ -278,9 +291,6 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         context.flush()
     }
 
-    private func push(_ event: ListenEvent, _ bytes: [UInt8]) {
-        send(bytes)
-    }
 
     private func startListen(_ id: SessionCore.ListenID, _ spec: ListenSpec) {
         guard authorized else { return perform(core.listenFailed(id, status: "permission_denied", reason: "Permission denied")) }
@@ -300,7 +310,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let self, !self.finished, self.hubIDs[id] == hubID else { return }
             switch result {
             case .success(let first):
-                self.send(RealtimeHub.render(first))
+                if let context = self.context { self.write(ServerFrames.text(RealtimeHub.render(first), allocator: context.channel.allocator)) }
                 self.perform(self.core.listenStarted(id))
             case .failure(let e):
                 self.hubIDs[id] = nil
@@ -401,5 +411,35 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         while s.utf8.count % 4 != 0 { s += "=" }
         return Data(base64Encoded: s).map { Array($0) }
+    }
+}
+
+/// Server frames, encoded once (RFC 6455 §5.2: FIN set, no mask, the length in 7, 16 or 64 bits).
+enum ServerFrames {
+    static func encode(opcode: UInt8, _ payload: ByteBuffer, allocator: ByteBufferAllocator) -> ByteBuffer {
+        let n = payload.readableBytes
+        var out = allocator.buffer(capacity: n + 10)
+        out.writeInteger(0x80 | opcode)
+        if n < 126 {
+            out.writeInteger(UInt8(n))
+        } else if n <= 0xFFFF {
+            out.writeInteger(UInt8(126))
+            out.writeInteger(UInt16(n))
+        } else {
+            out.writeInteger(UInt8(127))
+            out.writeInteger(UInt64(n))
+        }
+        var body = payload
+        out.writeBuffer(&body)
+        return out
+    }
+
+    /// One protocol message as text frames (`FrameSplitter`: a count frame and chunks when long).
+    static func text(_ message: [UInt8], allocator: ByteBufferAllocator) -> [ByteBuffer] {
+        FrameSplitter.frames(message).map { chunk in
+            var payload = allocator.buffer(capacity: chunk.count)
+            payload.writeBytes(chunk)
+            return encode(opcode: 0x1, payload, allocator: allocator)
+        }
     }
 }
