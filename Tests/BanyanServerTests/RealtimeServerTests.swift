@@ -326,4 +326,24 @@ import Testing
             #expect(watcher.message(seconds: 1) == nil)
         }
     }
+
+    @Test("a flood of listens: past 1,000 unanswered the node stops reading the connection, answers them all in order, reads again; the connection stays usable")
+    func listenFlood() throws {
+        try withNode("rt-flood") { port in
+            let (c, _) = try open(port)
+            let count = 1_500
+            // All sent before any answer is read (about 120 KB: the socket buffers hold it).
+            for r in 1...count { c.text(#"{"t":"d","d":{"r":\#(r),"a":"q","b":{"p":"/flood/l\#(r)","h":""}}}"#) }
+            var oks: [Int] = []
+            let deadline = Date().addingTimeInterval(60)
+            while oks.count < count, Date() < deadline, let m = c.message(seconds: 10) {
+                guard m.hasPrefix(#"{"t":"d","d":{"r":"#) else { continue }
+                let digits = m.dropFirst(18).prefix { $0.isNumber }
+                if let r = Int(digits), m.contains(#""s":"ok""#) { oks.append(r) }
+            }
+            #expect(oks == Array(1...count), "\(oks.count) answers, first out of order at \(String(describing: zip(oks, 1...count).first { $0 != $1 }))")
+            c.text(#"{"t":"c","d":{"t":"p","d":{}}}"#)
+            #expect(c.message() == #"{"t":"c","d":{"t":"o","d":null}}"#)
+        }
+    }
 }
