@@ -63,7 +63,12 @@ public struct LeaseKeeper: Sendable {
             watched.insert(holder)
             let namespaces = (machine.queuedHolders[holder] ?? [:]).keys.sorted()
             if machine.expiredHolders.contains(holder) {
-                // Expired in another namespace already: the rest go at once.
+                // Expired in another namespace already: the rest go at once (then every retry
+                // interval until applied, like any expiry).
+                var count = counts[holder] ?? Count(renewedIndex: 0, since: now)
+                if let at = count.proposedAt, now &- at < retryNanoseconds { continue }
+                count.proposedAt = now
+                counts[holder] = count
                 out += namespaces.map { Expiry(holder: holder, namespace: $0, lastRenewal: 0) }
                 continue
             }

@@ -114,9 +114,10 @@ final class HTTPServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self), name: HTTPConnectionHandler.handlerName)
                 }
             }
+        // The lease first: no connection may open under no holder.
+        startLease(on: group.next())
         let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
         channel.withLock { $0 = ch }
-        startLease(on: group.next())
         return ch.localAddress
     }
 
@@ -137,7 +138,7 @@ final class HTTPServer: Sendable {
     private let hubs = Mutex<[ObjectIdentifier: RealtimeHub]>([:])
     /// Open realtime connections by their client session (for `ls`: a reconnect closes the
     /// previous connection when it is still open here).
-    private let realtime = Mutex<[UInt64: any Channel]>([:])
+    private let realtime = Mutex<[UInt64: (channel: any Channel, holder: UInt64)]>([:])
     let realtimeOpen = Gauge(label: "banyan_realtime_connections")
     private let realtimeCount = Atomic<Int>(0)
     private let sessionIDs = Mutex(SeededRandom(seed: UInt64.random(in: 1...UInt64.max)))
@@ -169,6 +170,16 @@ final class HTTPServer: Sendable {
             return holder?.tick(now: now, connections: connections) { self.sessionIDs.withLock { $0.next() } } ?? []
         }
         for action in actions { perform(action, loop: loop) }
+        closeStale()
+    }
+
+    /// Closes every connection opened under another holder than the current one. Run after every
+    /// change of holder (a fence, an idle rotation, a release): with the registration check in
+    /// `realtimeOpened`, no connection stays open under a holder nothing renews.
+    private func closeStale() {
+        let current = leaseHolder()
+        let stale = realtime.withLock { table in table.values.filter { $0.holder != current }.map(\.channel) }
+        for channel in stale { channel.close(promise: nil) }
     }
 
     private func perform(_ action: LeaseHolder.Action, loop: any EventLoop) {
@@ -185,21 +196,25 @@ final class HTTPServer: Sendable {
                 }
             }
         case let .fence(reason, holder):
-            let channels = realtime.withLock { Array($0.values) }
+            let channels = realtime.withLock { $0.values.map(\.channel) }
             logger.warning(
                 "closing every realtime connection: \(reason)",
                 metadata: ["connections": "\(channels.count)", "new_holder": "\(String(holder, radix: 16))"])
             leaseFences.increment()
             for channel in channels { channel.close(promise: nil) }
+            closeStale()
         }
     }
 
     let leaseFences = Counter(label: "banyan_realtime_lease_fences_total")
 
-    /// Lets the current lease holder go (see `LeaseHolder.release`), on `loop` of the lease timer.
-    func releaseLease(reason: String) {
+    /// Lets lease holder `holder` go if it is still the current one (see `LeaseHolder.release`).
+    func releaseLease(_ holder: UInt64, reason: String) {
         let now = RealtimeSessionHandler.now()
-        let action = lease.withLock { l in l?.release(reason: reason, now: now) { self.sessionIDs.withLock { $0.next() } } }
+        let action = lease.withLock { l -> LeaseHolder.Action? in
+            guard l?.holder == holder else { return nil }
+            return l?.release(reason: reason, now: now) { self.sessionIDs.withLock { $0.next() } }
+        }
         if let action, let loop = leaseLoop.withLock({ $0 }) { perform(action, loop: loop) }
     }
     private let leaseLoop = Mutex<(any EventLoop)?>(nil)
@@ -229,7 +244,7 @@ final class HTTPServer: Sendable {
     /// meanwhile (a fence: it must close). Registered first and checked second, so a fence either
     /// sees it registered or it sees the fence's new holder.
     func realtimeOpened(_ handler: RealtimeSessionHandler, channel: any Channel, holder: UInt64) -> Bool {
-        realtime.withLock { $0[handler.identity.connection] = channel }
+        realtime.withLock { $0[handler.identity.connection] = (channel, holder) }
         realtimeOpen.record(realtimeCount.wrappingAdd(1, ordering: .relaxed).newValue)
         return leaseHolder() == holder
     }
@@ -241,8 +256,8 @@ final class HTTPServer: Sendable {
 
     /// Closes the realtime connection with this client session, if it is open on this node.
     func closeRealtime(connection: UInt64) {
-        let channel = realtime.withLock { $0[connection] }
-        channel?.close(promise: nil)
+        let entry = realtime.withLock { $0[connection] }
+        entry?.channel.close(promise: nil)
     }
 
     func streamOpened() { streamsOpen.record(openStreams.wrappingAdd(1, ordering: .relaxed).newValue) }

@@ -38,6 +38,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     private var admin = false
     private var claims: JSONValue?
     private var dirty = false
+    /// Writes held while the previous connection's end (`ls`) is being recorded, in order.
+    private var holdingWrites = false
+    private var heldWrites: [(request: Int64, write: SessionCore.Write)] = []
     /// The node's lease holder when the connection opened: its onDisconnect writes name it, and
     /// if that lease lapses the connection is closed (docs/realtime.md, "Node leases").
     private let holder: UInt64
@@ -82,7 +85,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         if let last = upgrade.lastSession, let old = SessionIdentity(parsing: Substring(last)), old.connection != identity.connection {
             server.closeRealtime(connection: old.connection)
             wrote = true
-            endConnection(old, session: identity.connection, attempt: 0)
+            // This connection's writes wait until the old connection's end has applied (or
+            // could not be recorded), so its `offline` never lands after this one's `online`.
+            holdingWrites = true
+            endPrevious(old, attempt: 0)
         }
         core.heard(at: Self.now())
         send(core.hello)
@@ -185,10 +191,11 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     /// its lease.
     private func endConnection(_ connection: SessionIdentity, session: UInt64?, attempt: Int) {
         let server = self.server
+        let holder = self.holder
         Self.endConnection(
             runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, own: identity.connection, connection: connection,
             session: session, attempt: attempt
-        ) { server.releaseLease(reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
+        ) { server.releaseLease(holder, reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
     }
 
     static let maxEndAttempts = 8
@@ -205,7 +212,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             case .failure(let e):
                 guard attempt + 1 < maxEndAttempts else {
                     logger.error("could not record the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
-                    if connection.connection == own { giveUp() }
+                    if connection.connection == own {
+                        runtime.closeSession(own)
+                        giveUp()
+                    }
                     return
                 }
                 let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
@@ -229,6 +239,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         context.writeAndFlush(wrapOutboundOut(ServerFrames.encode(opcode: 0x8, buffer, allocator: channel.allocator))).whenComplete { _ in
             channel.close(promise: nil)
         }
+        // A client that reads nothing never lets the close frame out: close anyway.
+        context.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
     }
 
     // MARK: - The core's actions
@@ -348,7 +360,33 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
     }
 
+    /// Records the end of the client's previous connection (`ls`), retried like any end; this
+    /// connection's writes are released when it applies or when the tries run out.
+    private func endPrevious(_ old: SessionIdentity, attempt: Int) {
+        let command = Command.connectionEnded(connection: old.connection, secret: old.secret)
+        runtime.write(namespace: namespace, command: command, session: identity.connection, on: hub.loop) { [weak self] result in
+            guard let self, !self.finished else { return }
+            if case .failure = result, attempt + 1 < Self.maxEndAttempts {
+                let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
+                self.hub.loop.scheduleTask(in: delay) { [weak self] in self?.endPrevious(old, attempt: attempt + 1) }
+                return
+            }
+            if case .failure(let e) = result {
+                self.server.logger.error("could not record the end of a client's previous connection", metadata: ["connection": "\(old)", "error": "\(e)"])
+            }
+            self.holdingWrites = false
+            let held = self.heldWrites
+            self.heldWrites = []
+            for (request, write) in held { self.write(request, write) }
+            self.flush()
+        }
+    }
+
     private func write(_ request: Int64, _ write: SessionCore.Write) {
+        if holdingWrites {
+            heldWrites.append((request, write))
+            return
+        }
         guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
         let command: Command
         switch SessionWrites.command(for: write, secret: identity.secret, holder: holder) {
@@ -363,6 +401,13 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             case .success(let applied):
                 let (status, data) = SessionWrites.answer(applied.outcome)
                 self.perform(self.core.answer(request: request, status: status, data: data.bytes))
+                if case .refused(let reason) = applied.outcome {
+                    // The connection was ended in the log (`ls` from a reconnect through another
+                    // node, or its lease expired): its onDisconnect writes ran, so it must not
+                    // be served any more. The client reconnects.
+                    self.server.logger.notice("closing a realtime connection the log has ended", metadata: ["session": "\(self.identity)", "reason": "\(reason)"])
+                    self.close(code: .policyViolation, reason: "this connection was ended")
+                }
             case .failure(let e):
                 // Not `ok`: a timed-out write may still apply (the client's listens then show it).
                 self.perform(self.core.answer(request: request, status: "unavailable", data: JSONValue.string(e.description).bytes))

@@ -41,15 +41,21 @@ public struct LeaseHolder: Sendable {
     /// random holder id.
     public mutating func tick(now: Int64, connections: Int, fresh: () -> UInt64) -> [Action] {
         var out: [Action] = []
+        if connections == 0 {
+            // Idle: a holder that was renewed is let go (its record lapses at the leader); one
+            // never used is unknown to the leader, which will count it only from a queue filed
+            // after now, so it stays safe a whole lease from now. Either way a connection that
+            // opens next is not fenced at once by an old deadline.
+            if lastProposed != nil { rotate(now: now, to: fresh()) } else { safeUntil = max(safeUntil, now + leaseMillis - marginMillis) }
+            return out
+        }
         if now >= safeUntil {
             // No renewal applied in time (a partition, a leaderless cluster, a frozen process).
             rotate(now: now, to: fresh())
-            if connections > 0 {
-                out.append(.fence(reason: "this node's lease on its realtime connections may have lapsed", holder: holder))
-                return out
-            }
+            out.append(.fence(reason: "this node's lease on its realtime connections may have lapsed", holder: holder))
+            return out
         }
-        if connections > 0, lastProposed.map({ now - $0 >= renewMillis }) ?? true {
+        if lastProposed.map({ now - $0 >= renewMillis }) ?? true {
             lastProposed = now
             let number = nextRenewal
             nextRenewal += 1

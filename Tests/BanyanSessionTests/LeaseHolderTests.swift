@@ -44,9 +44,12 @@ import Testing
         // A renewal of the old holder applying now changes nothing.
         h.renewed(holder: 1, number: 4)
         #expect(h.safeUntil == 24_000)
-        // Idle: the holder is replaced without a fence.
+        // Idle after renewing: the holder is replaced without a fence; idle and never renewed:
+        // kept, and safe a lease from now (a connection opening next is not fenced at once).
+        #expect(h.tick(now: 13_000, connections: 1, fresh: ids.fresh) == [.renew(holder: 101, number: 5)])
         let idle = h.tick(now: 30_000, connections: 0, fresh: ids.fresh)
-        #expect(idle.isEmpty && h.holder == 102)
+        #expect(idle.isEmpty && h.holder == 102 && h.safeUntil == 42_000)
+        #expect(h.tick(now: 50_000, connections: 0, fresh: ids.fresh).isEmpty && h.holder == 102 && h.safeUntil == 62_000)
         // A refused renewal (the leader expired the holder): a fence at once.
         #expect(h.refused(holder: 102, now: 31_000, fresh: ids.fresh) == .fence(reason: "the leader expired this node's lease on its realtime connections", holder: 103))
         #expect(h.refused(holder: 102, now: 31_000, fresh: ids.fresh) == nil, "already replaced")

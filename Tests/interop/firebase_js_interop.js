@@ -311,7 +311,8 @@ check('kill -9 of the leader a client is on: it reconnects elsewhere and sees ev
   const stored = await rest(others[0], 'failover/c');
   for (let i = 0; i < 80; i++) assertEqual(stored[`w${i}`], i, `the client's write ${i}`);
   // The old connection (on the dead node) ended when the client reconnected naming it.
-  await waitFor(ref(writer, 'failover/presence'), (v) => v === 'offline', 20000, 'onDisconnect of the dead node\'s connection');
+  // Well inside the dead node's lease (20 s): only the `ls` of the reconnect can have done it.
+  await waitFor(ref(writer, 'failover/presence'), (v) => v === 'offline', 10000, 'onDisconnect of the dead node\'s connection, ended by ls');
   // The stranded client's: after the node's lease (20 s, counted from the new leader's
   // election) the leader ends its connections.
   const t0 = Date.now();
