@@ -228,6 +228,19 @@ import Testing
         #expect(restored.leases == log.machine.leases && restored.expiredHolders == log.machine.expiredHolders)
         #expect(restored.disconnects == log.machine.disconnects && restored.queuedHolders == log.machine.queuedHolders)
         #expect(restored.disconnects[13]?.holder == 0xCD)
+        // A version-3 image with a queue (written before holders and leases): made from a
+        // version-4 one by taking out the queue's holder and the two counts at the end.
+        var v3log = Log()
+        let secret: UInt64 = 0xDEAD_BEEF_CAFE_F00D
+        _ = v3log.apply(.onDisconnectSet(path: "/x/y", json: Self.bytes(#"{"a":1}"#), secret: secret), session: 21)
+        let v4 = v3log.machine.image()
+        let secretBytes = (0..<8).map { UInt8(truncatingIfNeeded: secret >> UInt64(8 * $0)) }
+        let at = try #require((0...(v4.count - 8)).first { Array(v4[$0..<($0 + 8)]) == secretBytes })
+        var v3image = Array("BNYSM003".utf8) + v4[8..<(at + 8)] + v4[(at + 16)...]
+        v3image.removeLast(16)
+        let old = try StateMachine(image: v3image)
+        #expect(old.disconnects[21] == DisconnectQueue(namespace: "ns", secret: secret, holder: 0, tree: v3log.machine.disconnects[21]?.tree ?? OnDisconnectTree()))
+        #expect(old.queuedHolders == [0: ["ns": 1]] && old.leases.isEmpty && old.expiredHolders.isEmpty)
         // A version-3 payload (before holders) still decodes, with holder 0.
         var v3 = CommandEnvelope(namespace: "ns", session: 1, seq: 1, timestamp: 0, command: .onDisconnectSet(path: "/a", json: Self.bytes("1"), secret: 9)).encoded()
         v3[0] = 3

@@ -278,6 +278,10 @@ check('kill -9 of the leader a client is on: it reconnects elsewhere and sees ev
 
   const seen = [];
   const counts = new Map();
+  // Whole snapshots too: each must extend the previous one (the view never moves backwards or
+  // loses an event across the failover; child events alone would hide that).
+  const snapshots = [];
+  onValue(ref(client, 'failover/events'), (s) => { snapshots.push(Object.keys(s.val() || {})); });
   onChildAdded(ref(client, 'failover/events'), (s) => {
     seen.push(s.key);
     counts.set(s.key, (counts.get(s.key) || 0) + 1);
@@ -306,6 +310,14 @@ check('kill -9 of the leader a client is on: it reconnects elsewhere and sees ev
   }), d.p]);
   d.cancel();
   assertEqual(seen, pushed, 'events at the client, once each and in order');
+  for (let k = 1; k < snapshots.length; k++) {
+    const before = snapshots[k - 1];
+    const after = snapshots[k];
+    if (after.length < before.length || before.some((key, j) => after[j] !== key)) {
+      throw new Error(`snapshot ${k} does not extend snapshot ${k - 1} (${before.length} → ${after.length} keys)`);
+    }
+  }
+  assertEqual(snapshots[snapshots.length - 1], pushed, 'the last snapshot');
   const twice = [...counts.values()].filter((n) => n !== 1).length;
   if (twice) throw new Error(`${twice} events delivered more than once`);
   const stored = await rest(others[0], 'failover/c');
