@@ -88,7 +88,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             // This connection's writes wait until the old connection's end has applied (or
             // could not be recorded), so its `offline` never lands after this one's `online`.
             holdingWrites = true
-            endPrevious(old, attempt: 0)
+            endPrevious(old)
         }
         core.heard(at: Self.now())
         send(core.hello)
@@ -175,55 +175,49 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         hub.detach(owner: owner)
         server.realtimeClosed(self)
         if wrote {
-            endConnection(identity, session: nil, attempt: 0)
+            endConnection(identity)
         } else {
             runtime.closeSession(identity.connection)
         }
     }
 
-    /// Proposes `connectionEnded` for `connection` until it commits, with a growing back-off
-    /// (0.25 s doubling to 10 s), `maxEndAttempts` times. The first try goes in `session` (for
-    /// `ls`, the new connection's own, so it precedes that connection's writes); retries in the
-    /// node's own session, since the connection's may be closed by then. Static: a retry never
-    /// needs the handler. If this node's own connection's end never commits, the node lets its
-    /// lease holder go (`LeaseHolder.release`: every connection closes, and the leader's expiry
-    /// fires the queue); the end of another node's connection (`ls`) is left to that node and
-    /// its lease.
-    private func endConnection(_ connection: SessionIdentity, session: UInt64?, attempt: Int) {
+    /// Records the end of this node's own connection (`connectionEnded` in the node's own
+    /// session, since the connection's is closing). If it never commits, the node lets the
+    /// connection's lease holder go (`LeaseHolder.release`: every connection closes, and the
+    /// leader's expiry fires the queue).
+    private func endConnection(_ connection: SessionIdentity) {
         let server = self.server
         let holder = self.holder
-        Self.endConnection(
-            runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, own: identity.connection, connection: connection,
-            session: session, attempt: attempt
-        ) { server.releaseLease(holder, reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
+        let runtime = self.runtime
+        let own = identity.connection
+        Self.proposeEnd(runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, connection: connection, session: nil) { applied in
+            runtime.closeSession(own)
+            if !applied { server.releaseLease(holder, reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
+        }
     }
 
     static let maxEndAttempts = 8
 
-    private static func endConnection(
-        runtime: NodeRuntime, loop: any EventLoop, logger: Logger, ns: String, own: UInt64, connection: SessionIdentity, session: UInt64?,
-        attempt: Int, giveUp: @escaping @Sendable () -> Void
+    /// Proposes `connectionEnded` for `connection` in `session`, retried with a growing back-off
+    /// (0.25 s doubling to 10 s) up to `maxEndAttempts` times while `wanted()`; `done` says
+    /// whether it applied. Static: a retry never needs the handler. The one retry mechanism for
+    /// a connection's own end and for the end of a client's previous connection (`ls`).
+    private static func proposeEnd(
+        runtime: NodeRuntime, loop: any EventLoop, logger: Logger, ns: String, connection: SessionIdentity, session: UInt64?, attempt: Int = 0,
+        wanted: @escaping @Sendable () -> Bool = { true }, done: @escaping @Sendable (Bool) -> Void
     ) {
         let command = Command.connectionEnded(connection: connection.connection, secret: connection.secret)
         runtime.write(namespace: ns, command: command, session: session, on: loop) { result in
-            switch result {
-            case .success:
-                if connection.connection == own { runtime.closeSession(own) }
-            case .failure(let e):
-                guard attempt + 1 < maxEndAttempts else {
-                    logger.error("could not record the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
-                    if connection.connection == own {
-                        runtime.closeSession(own)
-                        giveUp()
-                    }
-                    return
-                }
-                let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
-                loop.scheduleTask(in: delay) {
-                    endConnection(
-                        runtime: runtime, loop: loop, logger: logger, ns: ns, own: own, connection: connection, session: nil, attempt: attempt + 1,
-                        giveUp: giveUp)
-                }
+            guard case .failure(let e) = result else { return done(true) }
+            guard attempt + 1 < maxEndAttempts, wanted() else {
+                logger.error("could not record the end of a realtime connection", metadata: ["connection": "\(connection)", "error": "\(e)"])
+                return done(false)
+            }
+            let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
+            loop.scheduleTask(in: delay) {
+                proposeEnd(
+                    runtime: runtime, loop: loop, logger: logger, ns: ns, connection: connection, session: session, attempt: attempt + 1,
+                    wanted: wanted, done: done)
             }
         }
     }
@@ -360,20 +354,16 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
     }
 
-    /// Records the end of the client's previous connection (`ls`), retried like any end; this
-    /// connection's writes are released when it applies or when the tries run out.
-    private func endPrevious(_ old: SessionIdentity, attempt: Int) {
-        let command = Command.connectionEnded(connection: old.connection, secret: old.secret)
-        runtime.write(namespace: namespace, command: command, session: identity.connection, on: hub.loop) { [weak self] result in
+    /// Records the end of the client's previous connection (`ls`) in this connection's own
+    /// session, retried like any end while this connection lasts; this connection's writes are
+    /// released when it applies or when the tries run out. The end of another node's connection
+    /// is that node's and its lease's to settle if it never commits here.
+    private func endPrevious(_ old: SessionIdentity) {
+        Self.proposeEnd(
+            runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, connection: old, session: identity.connection,
+            wanted: { [weak self] in self.map { !$0.finished } ?? false }
+        ) { [weak self] _ in
             guard let self, !self.finished else { return }
-            if case .failure = result, attempt + 1 < Self.maxEndAttempts {
-                let delay = TimeAmount.milliseconds(Int64(min(10_000, 250 << min(attempt, 6))))
-                self.hub.loop.scheduleTask(in: delay) { [weak self] in self?.endPrevious(old, attempt: attempt + 1) }
-                return
-            }
-            if case .failure(let e) = result {
-                self.server.logger.error("could not record the end of a client's previous connection", metadata: ["connection": "\(old)", "error": "\(e)"])
-            }
             self.holdingWrites = false
             let held = self.heldWrites
             self.heldWrites = []
