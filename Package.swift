@@ -240,7 +240,7 @@ let package = Package(
         .testTarget(
             name: "BanyanServerTests",
             dependencies: [
-                "BanyanServer", "BanyanNode", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
+                "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -1,4 +1,5 @@
 import ArgumentParser
+import BanyanServer
 import Dispatch
 import Foundation
 #if canImport(FoundationNetworking)
@@ -186,4 +187,62 @@ final class ResponseBox: @unchecked Sendable {
     private var value: (Int?, String, String?) = (nil, "", nil)
     func set(status: Int?, body: String, error: String?) { lock.withLock { value = (status, body, error) } }
     func get() -> (Int?, String, String?) { lock.withLock { value } }
+}
+
+/// `banyan drain`: moves a node's realtime clients to other nodes (docs/realtime.md, "Draining a
+/// node") and shows them leaving until none is left; `--stop` ends draining.
+struct Drain: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Move a node's realtime clients to other nodes (the protocol's reset), then wait until none is left.",
+        discussion: """
+            The node answers 503 on /.banyan/ready while it drains (so load balancers stop sending it clients), \
+            tells its open realtime connections to reconnect to another node, and sends new ones on before their hello. \
+            Without --to, clients go to the client addresses the other members published. --stop ends draining.
+            """)
+    @OptionGroup var endpoint: EndpointOption
+    @Option(name: .long, help: "A node to send clients to, host:port (repeat; default: the other members' published client addresses).")
+    var to: [String] = []
+    @Option(name: .long, help: "Seconds to wait for the connections to leave (0: do not wait).")
+    var timeout: Int = 120
+    @Flag(name: .long, help: "Stop draining: the node takes realtime clients again.")
+    var stop = false
+
+    func validate() throws {
+        for target in to where (try? HostPort(parsing: target)) == nil { throw ValidationError("--to must be host:port, not '\(target)'") }
+        guard (0...86_400).contains(timeout) else { throw ValidationError("--timeout must be 0 to 86400 seconds") }
+    }
+
+    func run() throws {
+        let client = AdminClient(endpoint: endpoint.endpoint)
+        if stop {
+            let (status, text) = try client.call("DELETE", "/.banyan/drain")
+            guard status == 200 else { throw CommandError("\(endpoint.endpoint): \(status) \(text)") }
+            print("\(endpoint.endpoint): draining stopped")
+            return
+        }
+        let body = to.isEmpty ? nil : "{\"to\":[" + to.map { "\"\($0)\"" }.joined(separator: ",") + "]}"
+        let (status, text) = try client.call("POST", "/.banyan/drain", body: body)
+        guard status == 200 else { throw CommandError("\(endpoint.endpoint): \(status) \(text)") }
+        print(text)
+        guard timeout > 0 else { return }
+        let deadline = Date().addingTimeInterval(TimeInterval(timeout))
+        var last = -1
+        while true {
+            let (code, state) = try client.call("GET", "/.banyan/drain")
+            guard code == 200, let data = state.data(using: .utf8),
+                let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+                let left = (object["connections"] as? NSNumber)?.intValue
+            else { throw CommandError("\(endpoint.endpoint): unexpected answer \(code) \(state)") }
+            if left != last {
+                print("\(endpoint.endpoint): \(left) realtime connection\(left == 1 ? "" : "s") left")
+                last = left
+            }
+            if left == 0 {
+                print("\(endpoint.endpoint): drained (it keeps sending new realtime clients on until `banyan drain --stop`)")
+                return
+            }
+            guard Date() < deadline else { throw CommandError("\(endpoint.endpoint): \(left) realtime connections still open after \(timeout) s") }
+            Thread.sleep(forTimeInterval: 0.5)
+        }
+    }
 }

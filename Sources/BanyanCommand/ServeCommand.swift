@@ -28,6 +28,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "The peer address other nodes dial, when it differs from --peer-listen.")
     var advertisePeer: String?
 
+    @Option(name: .long, help: "The client address other nodes send this node's clients to when they drain (default: --listen unless it is a wildcard).")
+    var advertiseClient: String?
+
     @Option(name: .long, help: "A founding member as id=host:port (repeat for each; used once, on an empty data directory).")
     var initialMember: [String] = []
 
@@ -71,6 +74,7 @@ struct NodeOptions: ParsableArguments {
         if let listen { c.clientAddress = try HostPort(parsing: listen) }
         if let peerListen { c.peerAddress = try HostPort(parsing: peerListen) }
         if let advertisePeer { c.advertisedPeerAddress = try HostPort(parsing: advertisePeer) }
+        if let advertiseClient { c.advertisedClientAddress = try HostPort(parsing: advertiseClient) }
         if !initialMember.isEmpty {
             c.initialMembers = [:]
             for m in initialMember {

@@ -35,6 +35,9 @@ public enum NodeNote: Sendable {
     /// This leader proposed the expiry of a node lease holder (its connections' onDisconnect
     /// writes fire when it applies).
     case leaseExpiryProposed(holder: UInt64, namespace: String)
+    /// These realtime connections ended in the log (through any node): one still served here
+    /// must close (docs/realtime.md, "Ends through another node").
+    case connectionsEnded([UInt64])
 }
 
 /// What the driver must do, in the order given (docs/node-core.md).
@@ -446,6 +449,7 @@ public final class NodeCore {
                 applied += 1
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
+                if !result.ended.isEmpty { output(.note(.connectionsEnded(result.ended))) }
                 if let ids = watchesByNamespace[result.namespace] {
                     for watch in ids { output(.watch(watch, .applied(result, tree: tree))) }
                 }

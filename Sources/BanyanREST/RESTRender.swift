@@ -130,6 +130,10 @@ public enum RESTRender {
         case .refused(let reason):
             // Connection-level refusals concern realtime sessions; REST writes never get one.
             return error(RESTError(409, reason))
+        case .outOfOrder:
+            // Only realtime sessions are ordered; their issuer proposes the command again, so no
+            // answer is ever made of this outcome.
+            return error(RESTError(503, "The write arrived before an earlier one of its session; retry."))
         }
     }
 

@@ -102,6 +102,9 @@ public struct Replica: Sendable {
         /// Proposed at least once: a copy may be in some log, so a later refusal must not be
         /// reported as a failure (the write can still apply; only its deadline ends the wait).
         var proposed = false
+        /// A copy applied as `outOfOrder` (an ordered session's predecessor was missing): it is
+        /// proposed again as soon as nothing of its session before it waits here.
+        var parked = false
     }
     /// A write's identity in the log: its session and sequence number.
     struct WriteKey: Hashable, Comparable, Sendable {
@@ -115,6 +118,8 @@ public struct Replica: Sendable {
     private struct SessionCounter: Sendable {
         var next: UInt64 = 1
         var lowestPending: UInt64 = 1
+        /// Its commands apply strictly in sequence order (`CommandEnvelope.ordered`).
+        var ordered = false
     }
     /// This incarnation's own session and the client sessions opened with `openSession` (a
     /// realtime connection's writes and onDisconnect commands are its own session's, so the
@@ -125,6 +130,16 @@ public struct Replica: Sendable {
     private var toPropose: [WriteKey] = []
     /// The same keys as `toPropose`, for O(1) membership in the retry scan.
     private var queued: Set<WriteKey> = []
+    /// Writes parked after an `outOfOrder` copy applied (see `PendingWrite.parked`).
+    private var parkedCount = 0
+    /// As leader: the commands this leader appended in its term and has not applied yet, by
+    /// identity, with the index of the last copy. A copy proposed again (a follower's retry, or
+    /// this node's) while one waits in this leader's log is dropped: a leader never loses its own
+    /// term's entries, so the waiting copy commits, or the leadership ends and this is cleared.
+    private var appendedInTerm: [WriteKey: UInt64] = [:]
+    private var appendedTerm: UInt64 = 0
+    /// Copies dropped that way (tests and metrics).
+    public private(set) var droppedRetries = 0
 
     /// A read and its own deadline (reads batched into one round keep their own deadlines).
     private struct WaitingRead: Sendable {
@@ -184,13 +199,31 @@ public struct Replica: Sendable {
         self.wallClock = now
         ticks += 1
         raft.tick()
+        // Sorted, so each session's lowest waiting number comes first: every number below it
+        // is applied or given up, which a retry's watermark may now say.
+        var session: UInt64?
+        var lowest: UInt64 = 0
         for (key, w) in writes.sorted(by: { $0.key < $1.key }) {
             if ticks >= w.deadline {
                 writes[key] = nil
+                if w.parked { parkedCount -= 1 }
                 events.append(.failed(w.request, .timedOut(write: true)))
-            } else if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key) {
+                continue
+            }
+            if key.session != session {
+                session = key.session
+                lowest = key.seq
+            }
+            if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key) {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
+                var retry = w
+                retry.payload = CommandEnvelope.resettled(w.payload, settledBelow: lowest)
+                if retry.parked {
+                    retry.parked = false
+                    parkedCount -= 1
+                }
+                writes[key] = retry
                 toPropose.append(key)
                 queued.insert(key)
             }
@@ -229,9 +262,52 @@ public struct Replica: Sendable {
     private mutating func proposeForwarded(_ batches: [[[UInt8]]]) {
         let stamp = nextStamp()
         for commands in batches {
-            let stamped = commands.compactMap { CommandEnvelope.restamped($0, timestamp: stamp) }
-            if !stamped.isEmpty { _ = try? raft.propose(stamped) }
+            var keys: [WriteKey] = []
+            var stamped: [[UInt8]] = []
+            for command in commands {
+                guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else { continue }
+                if let key = Self.identity(command) {
+                    if waitsOrApplied(key) {
+                        droppedRetries += 1
+                        continue
+                    }
+                    keys.append(key)
+                } else {
+                    keys.append(WriteKey(session: 0, seq: 0))
+                }
+                stamped.append(restamped)
+            }
+            if !stamped.isEmpty, let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome) }
         }
+    }
+
+    /// A command's identity, read from its payload's fixed header (session, then seq).
+    static func identity(_ payload: [UInt8]) -> WriteKey? {
+        guard payload.count >= 18, (2...5).contains(payload[0]) else { return nil }
+        var session: UInt64 = 0
+        var seq: UInt64 = 0
+        for i in 0..<8 {
+            session |= UInt64(payload[2 + i]) << (8 * UInt64(i))
+            seq |= UInt64(payload[10 + i]) << (8 * UInt64(i))
+        }
+        return WriteKey(session: session, seq: seq)
+    }
+
+    /// As leader: a copy of this command waits in this term's log, or the command applied.
+    private func waitsOrApplied(_ key: WriteKey) -> Bool {
+        guard raft.role == .leader else { return false }
+        if appendedTerm == raft.term, appendedInTerm[key] != nil { return true }
+        return machine.sessions[key.session]?.contains(key.seq) == true
+    }
+
+    /// Records what this leader appended (keys in payload order; session 0 is no identity).
+    private mutating func noteAppended(_ keys: [WriteKey], _ outcome: RaftNode.ProposalOutcome) {
+        guard case .appended(let first, _, let term) = outcome else { return }
+        if appendedTerm != term {
+            appendedTerm = term
+            appendedInTerm = [:]
+        }
+        for (i, key) in keys.enumerated() where key.session != 0 { appendedInTerm[key] = first + UInt64(i) }
     }
 
     private mutating func nextStamp() -> Int64 {
@@ -242,9 +318,10 @@ public struct Replica: Sendable {
     /// Opens a client session on this node (a realtime connection's own; `id` random, as the
     /// node's own session is). False when the id is in use, or names a session the state machine
     /// already knows (an id must never be reused: its sequence numbers would be duplicates).
-    public mutating func openSession(_ id: UInt64) -> Bool {
+    /// Its commands apply in the order written (`ordered`, as a realtime connection's must).
+    public mutating func openSession(_ id: UInt64, ordered: Bool = true) -> Bool {
         guard counters[id] == nil, machine.sessions[id] == nil, !writes.keys.contains(where: { $0.session == id }) else { return false }
-        counters[id] = SessionCounter()
+        counters[id] = SessionCounter(ordered: ordered)
         return true
     }
 
@@ -275,7 +352,8 @@ public struct Replica: Sendable {
         while counter.lowestPending < seq, writes[WriteKey(session: owner, seq: counter.lowestPending)] == nil { counter.lowestPending += 1 }
         counters[owner] = counter
         let payload = CommandEnvelope(
-            namespace: namespace, session: owner, seq: seq, timestamp: 0, settledBelow: counter.lowestPending, command: command
+            namespace: namespace, session: owner, seq: seq, timestamp: 0, settledBelow: counter.lowestPending, ordered: counter.ordered,
+            command: command
         ).encoded()
         let key = WriteKey(session: owner, seq: seq)
         writes[key] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)
@@ -371,6 +449,14 @@ public struct Replica: Sendable {
         var bytes = 0
         for seq in seqs {
             guard let w = writes[seq] else { continue }
+            if leader, w.proposed, waitsOrApplied(seq) {
+                // This leader's log holds a copy already (or it applied): nothing to add.
+                droppedRetries += 1
+                var kept = w
+                kept.lastProposedTick = ticks
+                writes[seq] = kept
+                continue
+            }
             if !payloads.isEmpty, bytes + w.payload.count > configuration.maxProposalBytes {
                 propose(batch, payloads)
                 batch = []
@@ -387,7 +473,7 @@ public struct Replica: Sendable {
     private mutating func propose(_ seqs: [WriteKey], _ payloads: [[UInt8]]) {
         var proposed = false
         do {
-            try raft.propose(payloads)
+            noteAppended(seqs, try raft.propose(payloads))
             proposed = true
         } catch {
             switch error {
@@ -456,8 +542,20 @@ public struct Replica: Sendable {
             switch entry.kind {
             case .command:
                 guard let applied = machine.apply(entry.data, index: entry.index) else { continue }
+                let key = WriteKey(session: applied.session, seq: applied.seq)
+                if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }
+                if applied.outcome == .outOfOrder {
+                    // Nothing changed; this node's own write waits for its predecessor.
+                    if var w = writes[key], !w.parked {
+                        w.parked = true
+                        writes[key] = w
+                        parkedCount += 1
+                    }
+                    continue
+                }
                 var request: RequestID?
-                if let w = writes.removeValue(forKey: WriteKey(session: applied.session, seq: applied.seq)) {
+                if let w = writes.removeValue(forKey: key) {
+                    if w.parked { parkedCount -= 1 }
                     if applied.outcome == .duplicate {
                         // Applied earlier (its outcome arrived in a snapshot): the outcome is
                         // not known here, so it must not be reported as a success.
@@ -483,8 +581,37 @@ public struct Replica: Sendable {
             reads[state.context]?.index = state.index
         }
         raft.advance(rd)
+        if raft.role != .leader, !appendedInTerm.isEmpty { appendedInTerm = [:] }
+        if parkedCount > 0 { proposeUnparked() }
         answerReads()
         considerSnapshot()
+    }
+
+    /// Proposes again each parked write with nothing of its session waiting before it here
+    /// (its predecessors applied or were given up: the watermark says so), and the parked
+    /// writes right behind it, in order.
+    private mutating func proposeUnparked() {
+        var session: UInt64?
+        var lowest: UInt64 = 0
+        var releasing = false
+        for key in writes.keys.sorted() {
+            guard let w = writes[key] else { continue }
+            if key.session != session {
+                session = key.session
+                lowest = key.seq
+                releasing = w.parked
+            }
+            guard releasing, w.parked else {
+                releasing = false
+                continue
+            }
+            var retry = w
+            retry.parked = false
+            parkedCount -= 1
+            retry.payload = CommandEnvelope.resettled(w.payload, settledBelow: lowest)
+            writes[key] = retry
+            if queued.insert(key).inserted { toPropose.append(key) }
+        }
     }
 
     /// Writes of this node that the installed snapshot already contains: they applied (or were
@@ -492,7 +619,10 @@ public struct Replica: Sendable {
     /// instead of waiting for their deadline.
     private mutating func settleWritesCoveredBySnapshot() {
         for key in writes.keys.sorted() where machine.sessions[key.session]?.contains(key.seq) == true {
-            if let w = writes.removeValue(forKey: key) { events.append(.failed(w.request, .timedOut(write: true))) }
+            if let w = writes.removeValue(forKey: key) {
+                if w.parked { parkedCount -= 1 }
+                events.append(.failed(w.request, .timedOut(write: true)))
+            }
         }
     }
 

@@ -15,6 +15,9 @@ import NIOHTTP1
 /// | `POST /.banyan/members/<id>/promote` | promotes a learner now (leader only) |
 /// | `DELETE /.banyan/members/<id>` | removes a member, the leader included (leader only) |
 /// | `POST /.banyan/transfer?to=<id>` | hands leadership to another voter (leader only) |
+/// | `POST /.banyan/drain` `{"to": ["host:port", …]}` (optional) | moves this node's realtime clients to other nodes (docs/realtime.md, "Draining a node") |
+/// | `DELETE /.banyan/drain` | stops draining |
+/// | `GET /.banyan/drain` | whether the node drains, and its realtime connections |
 ///
 /// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
 struct AdminAPI {
@@ -30,7 +33,11 @@ struct AdminAPI {
         }
         switch (method, memberRoute ?? route.joined(separator: "/")) {
         case (.GET, "status"):
-            return runtime.status().map { status in
+            let server = self.server
+            return runtime.status().map { base in
+                var status = base
+                status.realtimeConnections = server.realtimeConnections
+                status.draining = server.isDraining
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
                 encoder.keyEncodingStrategy = .convertToSnakeCase
@@ -40,10 +47,30 @@ struct AdminAPI {
         case (.GET, "health"):
             return runtime.loop.makeSucceededFuture(.json(.ok, #"{"status":"ok"}"#))
         case (.GET, "ready"):
+            let draining = server.isDraining
             return runtime.status().map { s in
-                let ready = s.leader != 0 && s.appliedIndex >= s.commitIndex
-                return .json(ready ? .ok : .serviceUnavailable, #"{"ready":\#(ready),"leader":\#(s.leader),"role":"\#(s.role)"}"#)
+                let ready = s.leader != 0 && s.appliedIndex >= s.commitIndex && !draining
+                return .json(
+                    ready ? .ok : .serviceUnavailable, #"{"ready":\#(ready),"leader":\#(s.leader),"role":"\#(s.role)","draining":\#(draining)}"#)
             }
+        case (.POST, "drain"):
+            var targets: [String]?
+            if !body.isEmpty {
+                guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+                    let list = object["to"] as? [String], !list.isEmpty, list.count <= 64,
+                    list.allSatisfy({ (try? HostPort(parsing: $0)) != nil })
+                else {
+                    return runtime.loop.makeSucceededFuture(.error(.badRequest, #"expected {"to": ["host:port", …]} (1 to 64 addresses) or no body"#))
+                }
+                targets = list
+            }
+            return server.startDrain(to: targets)
+        case (.DELETE, "drain"):
+            server.stopDrain()
+            return runtime.loop.makeSucceededFuture(.json(.ok, #"{"draining":false}"#))
+        case (.GET, "drain"):
+            return runtime.loop.makeSucceededFuture(
+                .json(.ok, #"{"draining":\#(server.isDraining),"connections":\#(server.realtimeConnections)}"#))
         case (.POST, "members"):
             guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
                 let id = (object["id"] as? NSNumber)?.uint64Value, id != 0,

@@ -14,6 +14,20 @@ public struct NodeConfig: Sendable, Equatable {
     public var peerAddress: HostPort = HostPort(host: "127.0.0.1", port: 7000)
     /// The peer address other nodes dial (defaults to `peerAddress`).
     public var advertisedPeerAddress: HostPort?
+    /// The client address other nodes send clients to when this node's clients are moved
+    /// (`banyan drain`), published in the replicated `$cluster/clients/<id>`. Defaults to
+    /// `clientAddress` unless that is a wildcard (`0.0.0.0`, `::`), when nothing is published.
+    public var advertisedClientAddress: HostPort?
+    /// The host the realtime hello names (`h`, where SDKs reconnect; iOS keeps it for good).
+    /// Nil: the request's `Host`, which is what the client reached (a front's name included).
+    public var publicHost: String?
+
+    /// What this node publishes as its client address, if anything.
+    public var publishedClientAddress: HostPort? {
+        if let advertisedClientAddress { return advertisedClientAddress }
+        let host = clientAddress.host
+        return host.isEmpty || host == "0.0.0.0" || host == "::" || host == "[::]" ? nil : clientAddress
+    }
     /// The founding members and their peer addresses. Used once, to bootstrap an empty data
     /// directory; afterwards membership lives in the replicated log.
     public var initialMembers: [UInt64: HostPort] = [:]
@@ -199,6 +213,13 @@ extension NodeConfig {
             case "client_address": c.clientAddress = try r.hostPort(value, key)
             case "peer_address": c.peerAddress = try r.hostPort(value, key)
             case "advertise_peer_address": c.advertisedPeerAddress = try r.hostPort(value, key)
+            case "advertise_client_address": c.advertisedClientAddress = try r.hostPort(value, key)
+            case "public_host":
+                let host = try r.string(value, key)
+                guard !host.isEmpty, host.utf8.count <= 255, host.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != 0x2F }) else {
+                    throw ConfigError("\(source): public_host must be a host[:port] of printable characters without '/', at most 255")
+                }
+                c.publicHost = host
             case "join": c.join = try r.bool(value, key)
             case "default_namespace": c.defaultNamespace = try r.string(value, key)
             case "log_level": c.logLevel = try r.string(value, key)

@@ -115,10 +115,27 @@ final class HTTPServer: Sendable {
                 }
             }
         // The lease first: no connection may open under no holder.
-        startLease(on: group.next())
+        let loop = group.next()
+        startLease(on: loop)
+        runtime.connectionsEnded.withLock { $0 = { [weak self] ended in self?.realtimeEnded(ended) } }
         let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
         channel.withLock { $0 = ch }
+        if var published = config.publishedClientAddress {
+            // Port 0 (tests): the port the system chose.
+            if published.port == 0, config.advertisedClientAddress == nil, let port = ch.localAddress?.port { published.port = port }
+            publishClientAddress(published.description, loop: loop, attempt: 0)
+        }
         return ch.localAddress
+    }
+
+    /// Publishes this node's client address for other nodes' drains (`$cluster/clients/<id>`),
+    /// retried every 2 s until it is there (a node starts before it knows a leader).
+    private func publishClientAddress(_ address: String, loop: any EventLoop, attempt: Int) {
+        runtime.publishClientAddress(address) { [weak self] done in
+            guard !done, let self, self.channel.withLock({ $0?.isActive }) == true else { return }
+            if attempt == 30 { self.logger.warning("could not publish this node's client address yet; retrying", metadata: ["address": "\(address)"]) }
+            loop.scheduleTask(in: .seconds(2)) { self.publishClientAddress(address, loop: loop, attempt: attempt + 1) }
+        }
     }
 
     func shutdown() {
@@ -252,6 +269,99 @@ final class HTTPServer: Sendable {
     func realtimeClosed(_ handler: RealtimeSessionHandler) {
         realtime.withLock { $0[handler.identity.connection] = nil }
         realtimeOpen.record(realtimeCount.wrappingSubtract(1, ordering: .relaxed).newValue)
+    }
+
+    /// Connections ended in the log through any node (an `ls` through another node, a lease
+    /// expiry): those still open here close, so no client is served by a connection whose
+    /// onDisconnect writes already ran.
+    func realtimeEnded(_ connections: [UInt64]) {
+        let channels = realtime.withLock { table in connections.compactMap { table[$0]?.channel } }
+        guard !channels.isEmpty else { return }
+        endedElsewhere.increment(by: channels.count)
+        for channel in channels { channel.close(promise: nil) }
+    }
+    let endedElsewhere = Counter(label: "banyan_realtime_ended_in_log_total")
+
+    // MARK: - Draining (docs/realtime.md, "Draining a node")
+
+    private let drain = Mutex<DrainPlan?>(nil)
+    private let drainTask = Mutex<RepeatedTask?>(nil)
+    let drainedConnections = Counter(label: "banyan_realtime_drained_total")
+
+    var isDraining: Bool { drain.withLock { $0 != nil } }
+    var realtimeConnections: Int { realtimeCount.load(ordering: .relaxed) }
+
+    /// Where to send a connection arriving while the node drains (nil: not draining).
+    func drainTarget() -> String? {
+        drain.withLock { plan -> String? in
+            guard var p = plan else { return nil }
+            let target = p.target()
+            plan = p
+            return target
+        }
+    }
+
+    /// Starts draining: `/.banyan/ready` answers 503, new realtime connections are sent on before
+    /// their hello, and the open ones are told to reconnect elsewhere, `DrainPlan.batch` every
+    /// 100 ms. Targets: `explicit`, or the client addresses the other members published.
+    func startDrain(to explicit: [String]?) -> EventLoopFuture<HTTPReply> {
+        let me = config.nodeID
+        let loop = runtime.loop
+        let targets: EventLoopFuture<[String]> =
+            explicit.map { loop.makeSucceededFuture($0) }
+            ?? runtime.clientAddresses().flatMap { addresses in
+                // Only nodes that answer ready now: a dead or lagging member would strand the
+                // clients sent to it (the SDKs keep the reset's host).
+                let candidates = DrainPlan.targets(published: addresses.published, members: addresses.members, me: me)
+                let probes = candidates.map { text in
+                    (try? HostPort(parsing: text)).map { ReadyProbe.probe($0, on: loop) } ?? loop.makeSucceededFuture(false)
+                }
+                return EventLoopFuture.whenAllSucceed(probes, on: loop).map { ready in zip(candidates, ready).filter(\.1).map(\.0) }
+            }
+        return targets.map { targets in
+            guard let plan = DrainPlan(targets: targets) else {
+                return .error(.conflict, #"no other member that published a client address is ready; name the targets ({"to": ["host:port", …]}, banyan drain --to)"#)
+            }
+            self.drain.withLock { $0 = plan }
+            let loop = self.leaseLoop.withLock { $0 } ?? self.runtime.loop
+            let task = loop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(100)) { _ in self.drainStep() }
+            self.drainTask.withLock { old in
+                old?.cancel()
+                old = task
+            }
+            let connections = self.realtimeConnections
+            self.logger.notice("draining: moving realtime clients to other nodes", metadata: ["targets": "\(targets)", "connections": "\(connections)"])
+            let list = targets.map { "\"\($0)\"" }.joined(separator: ",")
+            return .json(.ok, #"{"draining":true,"targets":[\#(list)],"connections":\#(connections)}"#)
+        }
+    }
+
+    /// Ends draining (the node takes realtime clients and reports ready again).
+    func stopDrain() {
+        drainTask.withLock { task in
+            task?.cancel()
+            task = nil
+        }
+        if drain.withLock({ plan in defer { plan = nil }; return plan != nil }) {
+            logger.notice("draining stopped")
+        }
+    }
+
+    private func drainStep() {
+        let open = realtime.withLock { Array($0.keys) }
+        let batch = drain.withLock { plan -> [(connection: UInt64, target: String)] in
+            guard var p = plan else { return [] }
+            let batch = p.nextBatch(open: open)
+            plan = p
+            return batch
+        }
+        for (connection, target) in batch {
+            guard let channel = realtime.withLock({ $0[connection]?.channel }) else { continue }
+            drainedConnections.increment()
+            channel.eventLoop.execute {
+                if let handler = try? channel.pipeline.syncOperations.handler(type: RealtimeSessionHandler.self) { handler.reset(to: target) }
+            }
+        }
     }
 
     /// Closes the realtime connection with this client session, if it is open on this node.
@@ -758,6 +868,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let server = self.server
         let channel = context.channel
         channel.closeFuture.whenComplete { _ in server.streamEnded(from: client) }
+        if let target = server.drainTarget() {
+            // Draining: the reset before any hello sends the client to another node at once.
+            server.drainedConnections.increment()
+            context.write(wrapOutboundOut(buffer), promise: nil)
+            for frame in ServerFrames.text(ServerMessage.reset(host: target), allocator: channel.allocator) {
+                context.write(wrapOutboundOut(frame), promise: nil)
+            }
+            var close = channel.allocator.buffer(capacity: 2)
+            close.write(webSocketErrorCode: .goingAway)
+            context.writeAndFlush(wrapOutboundOut(ServerFrames.encode(opcode: 0x8, close, allocator: channel.allocator))).whenComplete { _ in
+                channel.close(promise: nil)
+            }
+            return
+        }
         let limits = SessionCore.Limits()
         context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { result in
             guard case .success = result, channel.isActive else { return channel.close(promise: nil) }

@@ -35,6 +35,10 @@ public struct NodeStatus: Sendable, Codable {
     public var incarnation: String = "0"
     /// The node's process id (for operators and failure tests).
     public var pid: Int32? = nil
+    /// Open realtime (WebSocket) connections, and whether the node drains (filled in by the
+    /// server).
+    public var realtimeConnections: Int? = nil
+    public var draining: Bool? = nil
 
     public struct Progress: Sendable, Codable {
         public var node: UInt64
@@ -73,6 +77,9 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Requests handed in by network threads, run on `loop` in arrival order: one wake-up of the
     /// replica thread covers everything queued before it runs (`submit`).
     private let inbox = Mutex<[@Sendable () -> Void]>([])
+    /// Called on the replica thread with realtime connections that ended in the log (the
+    /// server closes those it still serves; it must only hand the work to their loops).
+    let connectionsEnded = Mutex<(@Sendable ([UInt64]) -> Void)?>(nil)
     /// Answers for callers on other event loops, gathered during one pass of the replica loop
     /// and handed to each loop as one task (`flushReplies`): one wake-up per loop per pass
     /// instead of one per request.
@@ -393,6 +400,39 @@ public final class NodeRuntime: @unchecked Sendable {
         loop.submit { self.currentStatus() }
     }
 
+    /// The client addresses the nodes published (`$cluster/clients/<id>`, as this node has
+    /// applied them) and the current members (voters and learners).
+    public func clientAddresses() -> EventLoopFuture<(published: [UInt64: String], members: Set<UInt64>)> {
+        loop.submit {
+            var published: [UInt64: String] = [:]
+            if let path = try? Path(parsing: "/clients") {
+                for (key, node) in self.core.replica.machine.tree(Self.clusterNamespace).child(at: path).children.elements() {
+                    guard let id = UInt64(key.string), case .string(let text)? = node.leaf else { continue }
+                    published[id] = text
+                }
+            }
+            let membership = self.core.replica.raft.membership
+            return (published, Set(membership.voters).union(membership.learners))
+        }
+    }
+
+    /// Publishes this node's client address in `$cluster/clients/<id>` unless it is there
+    /// already; `done` says whether it is there now.
+    public func publishClientAddress(_ address: String, _ done: @escaping @Sendable (Bool) -> Void) {
+        submit {
+            let path = "/clients/\(self.config.nodeID)"
+            if let location = try? Path(parsing: path),
+                self.core.replica.machine.tree(Self.clusterNamespace).child(at: location).leaf == .string(address)
+            {
+                return done(true)
+            }
+            let json = JSONWriter.bytes(Tree(.string(address)))
+            self.write(namespace: Self.clusterNamespace, command: .set(path: path, json: json), on: self.loop) { result in
+                if case .success(let applied) = result, applied.outcome == .ok { done(true) } else { done(false) }
+            }
+        }
+    }
+
     /// The current leader and its client address, if known (for redirecting operators).
     public func leader() -> EventLoopFuture<UInt64> {
         loop.submit { self.core.replica.raft.leader }
@@ -505,6 +545,8 @@ public final class NodeRuntime: @unchecked Sendable {
             logger.warning(
                 "cannot read the snapshot a follower needs (a newer one may have replaced it)",
                 metadata: ["follower": "\(follower)", "index": "\(index)", "error": "\(error)"])
+        case .connectionsEnded(let connections):
+            connectionsEnded.withLock { $0 }?(connections)
         case let .leaseExpiryProposed(holder, namespace):
             leaseExpiries.increment()
             logger.notice(

@@ -53,7 +53,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         self.upgrade = upgrade
         self.identity = identity
         holder = server.leaseHolder()
-        let host = upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
+        let host = server.config.publicHost ?? upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
         core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)
     }
 
@@ -181,16 +181,18 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
     }
 
-    /// Records the end of this node's own connection (`connectionEnded` in the node's own
-    /// session, since the connection's is closing). If it never commits, the node lets the
-    /// connection's lease holder go (`LeaseHolder.release`: every connection closes, and the
-    /// leader's expiry fires the queue).
+    /// Records the end of this node's own connection: `connectionEnded` in the connection's own
+    /// session, which is ordered, so the end applies after every write the connection sent
+    /// (as Firebase runs onDisconnect writes after the connection's last write). The session
+    /// closes once it applied. If it never commits, the node lets the connection's lease holder
+    /// go (`LeaseHolder.release`: every connection closes, and the leader's expiry fires the
+    /// queue).
     private func endConnection(_ connection: SessionIdentity) {
         let server = self.server
         let holder = self.holder
         let runtime = self.runtime
         let own = identity.connection
-        Self.proposeEnd(runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, connection: connection, session: nil) { applied in
+        Self.proposeEnd(runtime: runtime, loop: hub.loop, logger: server.logger, ns: namespace, connection: connection, session: own) { applied in
             runtime.closeSession(own)
             if !applied { server.releaseLease(holder, reason: "the end of a realtime connection did not commit after \(Self.maxEndAttempts) tries") }
         }
@@ -220,6 +222,16 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
                     wanted: wanted, done: done)
             }
         }
+    }
+
+    /// The node drains (`banyan drain`): tells the client to reconnect to `host` (the
+    /// protocol's reset, `r`: after the hello the SDKs close and reconnect there) and closes.
+    /// The connection then ends as any other does (its onDisconnect writes fire).
+    func reset(to host: String) {
+        guard !closing, !finished else { return }
+        send(ServerMessage.reset(host: host))
+        flush()
+        close(code: .goingAway, reason: "this node is draining; reconnect to \(host)")
     }
 
     /// Closes the connection from the server's side with a close frame.

@@ -52,6 +52,8 @@ public enum SessionWrites {
         case .rejected(let e): return ("failure", .string(e.message))
         case .refused(let reason): return ("failure", .string(reason))
         case .malformed: return ("failure", .string("The write could not be decoded by the state machine."))
+        // Never answered (the replica proposes it again after its predecessor), but total.
+        case .outOfOrder: return ("failure", .string("The write arrived before an earlier write of its connection."))
         }
     }
 

@@ -610,6 +610,7 @@ public struct WholeNodeSimulator {
             incrementsApplied[node.id] = []
             writesDecided[node.id] = []
             presenceFired[node.id] = []
+            presenceApplied[node.id] = [:]
             flushParked(to: node)
         } catch {
             if node.fs.isCrashed {
@@ -695,6 +696,7 @@ public struct WholeNodeSimulator {
                     incrementsApplied[node.id] = []
                     writesDecided[node.id] = []
                     presenceFired[node.id] = []
+                    presenceApplied[node.id] = [:]
                 }
             case .peerAddresses:
                 break
@@ -1354,6 +1356,9 @@ public struct WholeNodeSimulator {
     private var presenceFired: [NodeID: Set<Int>] = [:]
     /// Queues whose firing some node has applied.
     private var presenceFiredAnywhere: Set<Int> = []
+    /// Per node lineage, the last sequence number each connection had applied: a connection's
+    /// commands apply in the order it sent them (ordered sessions).
+    private var presenceApplied: [NodeID: [UInt64: UInt64]] = [:]
 
     private mutating func sessionRequest(_ node: SimulatedNode, _ request: SessionRequest) -> RequestID {
         let id = node.nextRequest
@@ -1400,14 +1405,18 @@ public struct WholeNodeSimulator {
         presences[p].open = false
         traceLine("presence \(p) ends via \(via.id)", 41, UInt64(p))
         proposeEnd(p, via: via)
-        node.core?.closeSession(presences[p].id)
+        // The connection's own end closes its session once it is settled (`sessionWrote`).
+        if via !== node { node.core?.closeSession(presences[p].id) }
     }
 
+    /// A connection's own end goes in its own (ordered) session, after its writes, as the
+    /// server proposes it; an end through another node (`ls`) in that node's session.
     private mutating func proposeEnd(_ p: Int, via node: SimulatedNode) {
         guard let core = node.core else { return }
+        let own = node.id == presences[p].node && node.life == presences[p].life
         core.write(
             sessionRequest(node, .end(p)), namespace: Self.presenceNamespace,
-            command: .connectionEnded(connection: presences[p].id, secret: presences[p].secret))
+            command: .connectionEnded(connection: presences[p].id, secret: presences[p].secret), session: own ? presences[p].id : nil)
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
     }
@@ -1447,7 +1456,6 @@ public struct WholeNodeSimulator {
         traceLine("fence \(node.id): \(open.count) connections", 43, node.id)
         for p in open {
             presences[p].open = false
-            node.core?.closeSession(presences[p].id)
             proposeEnd(p, via: node)
         }
     }
@@ -1474,10 +1482,13 @@ public struct WholeNodeSimulator {
             // only when it applies the entry; fixed retries would keep the log moving for ever).
             // After a few, the node lets its lease holder go (`LeaseHolder.release`): the leader's
             // expiry then fires the queue.
+            let own = node.id == presences[p].node && node.life == presences[p].life
             if case .success = result {
                 presences[p].endAcknowledged = true
+                if own { node.core?.closeSession(presences[p].id) }
             } else if node.core != nil {
                 presences[p].endAttempts += 1
+                if own, presences[p].endAttempts >= Self.endAttempts { node.core?.closeSession(presences[p].id) }
                 if presences[p].endAttempts < Self.endAttempts {
                     schedule(after: 200 << presences[p].endAttempts, .presenceRetryEnd(p, node.id, life: node.life))
                 } else if var lease = node.lease {
@@ -1494,6 +1505,18 @@ public struct WholeNodeSimulator {
     /// Applied writes to `/p/c<i>`: a queue fires at most once per lineage, and never while its
     /// connection is served by a running node.
     private mutating func observePresence(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
+        switch applied.outcome {
+        case .ok, .datastale, .rejected:
+            if presenceByConnection[applied.session] != nil {
+                let last = presenceApplied[node.id, default: [:]][applied.session] ?? 0
+                if applied.seq <= last {
+                    report.violations.append(
+                        "t=\(now) node \(node.id) applied connection \(applied.session)'s command \(applied.seq) after its command \(last)")
+                }
+                presenceApplied[node.id, default: [:]][applied.session] = applied.seq
+            }
+        case .duplicate, .malformed, .refused, .outOfOrder: break
+        }
         guard applied.outcome == .ok else { return }
         for path in applied.written {
             guard path.segments.count == 2, path.segments[0].string == "p", path.segments[1].string.hasPrefix("c"),
@@ -1549,7 +1572,7 @@ public struct WholeNodeSimulator {
         // datastale, rejected) is taken once per state lineage; a retry must come back as
         // `.duplicate`, never be decided again.
         switch applied.outcome {
-        case .duplicate, .malformed, .refused: break
+        case .duplicate, .malformed, .refused, .outOfOrder: break
         case .ok, .datastale, .rejected:
             if applied.session != 0,
                 writesDecided[node.id, default: []].insert(SessionWrite(session: applied.session, seq: applied.seq)).inserted == false

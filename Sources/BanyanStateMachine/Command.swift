@@ -65,24 +65,41 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// write given up on leaves no permanent gap in the session record; a stale copy of one that
     /// commits later is a duplicate. 0 (and version-2 payloads) settle nothing.
     public var settledBelow: UInt64
+    /// The session applies its commands strictly in sequence order (a realtime connection's:
+    /// Firebase applies one connection's writes in the order they were sent). Such a command
+    /// applies only once every lower number of its session is applied or settled; before that it
+    /// is refused as `outOfOrder`, changes nothing but the settled watermark, and its issuer
+    /// proposes it again (docs/internals/state-machine.md, "Ordered sessions").
+    public var ordered: Bool
     public var command: Command
 
-    public init(namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, command: Command) {
+    public init(
+        namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, ordered: Bool = false, command: Command
+    ) {
         self.namespace = namespace
         self.session = session
         self.seq = seq
         self.timestamp = timestamp
         self.settledBelow = settledBelow
+        self.ordered = ordered
         self.command = command
     }
 
     /// Version 3 adds `settledBelow`; version 4 the lease holder of `o`/`om` and the lease
-    /// commands. Version 2 and 3 payloads (logs written before) still decode (holder 0). Commands
-    /// that need nothing of version 4 are still written as version 3, byte for byte as before.
-    static let version: UInt8 = 4
+    /// commands; version 5 the `ordered` flag (the kind byte's high bit), with version 4's
+    /// layout. Version 2, 3 and 4 payloads (logs written before) still decode (holder 0,
+    /// unordered). Commands that need nothing newer are still written as version 3 or 4, byte
+    /// for byte as before.
+    static let version: UInt8 = 5
+    /// The kind byte's flag for `ordered` (version 5).
+    static let orderedFlag: UInt8 = 0x80
+    /// Where `settledBelow` sits in a version 3+ payload (after version, kind, session, seq and
+    /// timestamp).
+    static let settledOffset = 26
 
     /// The version this command is written in.
     var writtenVersion: UInt8 {
+        if ordered { return 5 }
         switch command {
         case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
         case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
@@ -95,16 +112,17 @@ public struct CommandEnvelope: Sendable, Equatable {
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: byteCount)
         w.u8(writtenVersion)
+        let flags = ordered ? Self.orderedFlag : 0
         switch command {
-        case .set: w.u8(1)
-        case .update: w.u8(2)
-        case .compareAndSet: w.u8(3)
-        case .onDisconnectSet: w.u8(4)
-        case .onDisconnectUpdate: w.u8(5)
-        case .onDisconnectCancel: w.u8(6)
-        case .connectionEnded: w.u8(7)
-        case .renewLease: w.u8(8)
-        case .expireHolder: w.u8(9)
+        case .set: w.u8(1 | flags)
+        case .update: w.u8(2 | flags)
+        case .compareAndSet: w.u8(3 | flags)
+        case .onDisconnectSet: w.u8(4 | flags)
+        case .onDisconnectUpdate: w.u8(5 | flags)
+        case .onDisconnectCancel: w.u8(6 | flags)
+        case .connectionEnded: w.u8(7 | flags)
+        case .renewLease: w.u8(8 | flags)
+        case .expireHolder: w.u8(9 | flags)
         }
         w.u64(session)
         w.u64(seq)
@@ -186,12 +204,20 @@ public struct CommandEnvelope: Sendable, Equatable {
     }
 
     /// Decodes a payload, or says which field is malformed: the whole payload must be one
-    /// command of a known version (2 or 3).
+    /// command of a known version (2 to 5).
     static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
         try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
-            let version = try r.u8("command version")
+            var version = try r.u8("command version")
             guard (2...Self.version).contains(version) else { throw .badValue(field: "command version") }
-            let kind = try r.u8("command kind")
+            var kind = try r.u8("command kind")
+            // Version 5 is version 4 with the ordered flag, which it must carry (an unordered
+            // command is written as version 3 or 4).
+            let ordered = version == 5
+            if ordered {
+                guard kind & Self.orderedFlag != 0 else { throw .badValue(field: "command kind") }
+                kind &= ~Self.orderedFlag
+                version = 4
+            }
             let session = try r.u64("session")
             let seq = try r.u64("seq")
             let stamp = try r.i64("timestamp")
@@ -232,7 +258,8 @@ public struct CommandEnvelope: Sendable, Equatable {
             default:
                 throw .badValue(field: "command kind")
             }
-            return CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, command: command)
+            return CommandEnvelope(
+                namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, ordered: ordered, command: command)
         }
     }
 
@@ -249,6 +276,12 @@ public struct CommandEnvelope: Sendable, Equatable {
         return entries
     }
 
+    /// A connection's own `connectionEnded`, proposed in its own session.
+    var endsItsOwnSession: Bool {
+        if case .connectionEnded(let connection, _) = command { return connection == session }
+        return false
+    }
+
     /// The same payload with another timestamp (the leader stamps every proposal it appends);
     /// nil when `payload` is too short or of another version. The rest is not decoded here: a
     /// damaged payload still applies as `malformed`, identically on every replica.
@@ -258,6 +291,20 @@ public struct CommandEnvelope: Sendable, Equatable {
         var out = payload
         var w = ByteWriter(continuing: &out)
         w.patch(timestamp, at: 18)
+        return w.finish()
+    }
+
+    /// The same payload with its settled watermark raised to `settledBelow` (a retry carries what
+    /// its issuer has given up on since it was first encoded); the payload itself when it is of
+    /// version 2 (no watermark), too short, or already carries as much.
+    public static func resettled(_ payload: [UInt8], settledBelow: UInt64) -> [UInt8] {
+        guard payload.count >= settledOffset + 8, (3...version).contains(payload[0]) else { return payload }
+        var current: UInt64 = 0
+        for i in 0..<8 { current |= UInt64(payload[settledOffset + i]) << (8 * UInt64(i)) }
+        guard settledBelow > current else { return payload }
+        var out = payload
+        var w = ByteWriter(continuing: &out)
+        w.patch(settledBelow, at: settledOffset)
         return w.finish()
     }
 }

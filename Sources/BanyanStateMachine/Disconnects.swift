@@ -164,6 +164,7 @@ extension StateMachine {
         let already = record.ended
         record.ended = true
         sessions[connection] = record
+        if !already { applied.ended = [connection] }
         guard !already, let queue = takeQueue(connection) else { return applied }
         applied.namespace = queue.namespace
         do throws(TreeError) {
@@ -219,6 +220,7 @@ extension StateMachine {
             var record = sessions.removeValue(forKey: connection) ?? SessionRecord()
             record.ended = true
             sessions[connection] = record
+            applied.ended.append(connection)
             do throws(TreeError) {
                 applied.written += try fire(queue)
             } catch {

@@ -92,6 +92,10 @@ public struct StateMachine: Sendable {
         /// A connection-level refusal (the connection ended, a secret that does not match, a
         /// connection registering in a second namespace). Nothing changed.
         case refused(String)
+        /// A command of an ordered session whose predecessor has neither applied nor been
+        /// settled: not applied (only the settled watermark moved); its issuer proposes it again
+        /// after the predecessor (`CommandEnvelope.ordered`).
+        case outOfOrder
     }
 
     /// What applying an entry did.
@@ -105,6 +109,9 @@ public struct StateMachine: Sendable {
         /// For an applied set or compare-and-set: the node written, server values resolved (the
         /// REST echo). For an update: the node at the update's location afterwards. Nil otherwise.
         public var value: Tree? = nil
+        /// Realtime connections this command ended (`connectionEnded`, a lease expiry): a node
+        /// still serving one closes it.
+        public var ended: [UInt64] = []
     }
 
     /// The trees by namespace (an absent namespace is an empty tree).
@@ -170,8 +177,9 @@ public struct StateMachine: Sendable {
         if sessions[envelope.session]?.contains(envelope.seq) == true {
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .duplicate, written: [])
         }
-        if sessions[envelope.session]?.ended == true {
-            // Not recorded as applied: it never will be.
+        if sessions[envelope.session]?.ended == true, !envelope.endsItsOwnSession {
+            // Not recorded as applied: it never will be. (A connection's own end after it was
+            // ended elsewhere applies, as a second end does nothing.)
             return Applied(
                 namespace: envelope.namespace, session: envelope.session, seq: envelope.seq,
                 outcome: .refused("connection \(envelope.session) has ended: its onDisconnect writes ran, and nothing it sends afterwards applies"),
@@ -180,8 +188,14 @@ public struct StateMachine: Sendable {
         // Moved out and back, so the record is changed in place (a copy would copy its `above`
         // list) without the dictionary's `_modify`, whose coroutine frame is heap-allocated.
         var record = sessions.removeValue(forKey: envelope.session) ?? SessionRecord()
-        record.insert(envelope.seq)
         if envelope.settledBelow > 0 { record.settle(below: envelope.settledBelow) }
+        if envelope.ordered, envelope.seq > record.contiguous + 1 {
+            // Its predecessor is neither applied nor given up: it waits (docs/internals/state-machine.md).
+            sessions[envelope.session] = record
+            return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .outOfOrder, written: [])
+        }
+        // A watermark beyond the command's own number (no issuer writes one) already covers it.
+        if !record.contains(envelope.seq) { record.insert(envelope.seq) }
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
         switch envelope.command {

@@ -152,14 +152,23 @@ import Testing
         #expect(net.violations.isEmpty)
     }
 
-    @Test("a heartbeat commits only through an entry the follower holds with the term the heartbeat names (no append's consistency check covers it)")
-    func heartbeatCommitChecksTerm() throws {
-        var node = try RaftNode(configuration: RaftConfiguration(id: 2, seed: 3), restoring: RaftNode.bootstrapState(members: [1, 2, 3]))
+    /// Run once as the code is and once with the sabotage that takes a heartbeat's commit
+    /// unchecked (self-test `unverified-heartbeat-commit`), which must commit the other log's
+    /// index (so the case does reach the danger).
+    @Test("a heartbeat commits only through an entry the follower holds with the term the heartbeat names (no append's consistency check covers it)", arguments: [false, true])
+    func heartbeatCommitChecksTerm(sabotaged: Bool) throws {
+        var configuration = RaftConfiguration(id: 2, seed: 3)
+        if sabotaged { configuration.sabotage = .unverifiedHeartbeatCommit }
+        var node = try RaftNode(configuration: configuration, restoring: RaftNode.bootstrapState(members: [1, 2, 3]))
         let mine = [LogEntry(index: 2, term: 2, data: [2]), LogEntry(index: 3, term: 2, data: [3])]
         node.step(Message(from: 1, to: 2, term: 2, body: .append(prevIndex: 1, prevTerm: 1, entries: mine, commit: 1)))
         #expect(node.commitIndex == 1)
         // Computed for another log (an earlier incarnation of this node, say): term 3 at index 3.
         node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 3, readSeq: 0, commitTerm: 3)))
+        if sabotaged {
+            #expect(node.commitIndex == 3, "the sabotaged follower commits what another log holds")
+            return
+        }
         #expect(node.commitIndex == 1)
         // Beyond this log, or without a term (a version-3 peer, or compacted at the leader).
         node.step(Message(from: 1, to: 2, term: 2, body: .heartbeat(commit: 5, readSeq: 0, commitTerm: 2)))

@@ -59,4 +59,96 @@ import Testing
         // An id the state machine already knows cannot be opened again (its numbers would repeat).
         #expect(c.replicas[other]?.openSession(Self.connection) == false)
     }
+
+    /// The order of `.applied` events for `requests` on node `id`.
+    func appliedOrder(_ c: ReplicaCluster, on id: NodeID, _ requests: [RequestID]) -> [RequestID] {
+        (c.events[id] ?? []).compactMap { event in
+            guard case .applied(_, _, let request?) = event, requests.contains(request) else { return nil }
+            return request
+        }
+    }
+
+    /// Log entries on `id`'s disk carrying the command (session, seq).
+    func copies(_ c: ReplicaCluster, on id: NodeID, session: UInt64, seq: UInt64) -> Int {
+        (c.disks[id]?.persisted.entries ?? []).filter { e in
+            guard case .command = e.kind, let envelope = CommandEnvelope(decoding: e.data) else { return false }
+            return envelope.session == session && envelope.seq == seq
+        }.count
+    }
+
+    @Test("a connection's writes apply in the order sent: a later write that commits before a lost earlier one waits for it, then applies")
+    mutating func orderedWrites() throws {
+        var c = try ReplicaCluster(nodes: 3)
+        let leader = try elect(&c)
+        let follower: NodeID = leader == 1 ? 2 : 1
+        #expect(c.replicas[follower]?.openSession(Self.connection) == true)
+        // The first write's forward is lost; the second's arrives and commits first.
+        var dropped = 0
+        c.filter = { m in
+            if case .proposal = m.body, dropped == 0 {
+                dropped += 1
+                return false
+            }
+            return true
+        }
+        let first = command(&c, via: follower, .set(path: "/v", json: Array("1".utf8)), session: Self.connection)
+        c.settle()
+        let second = command(&c, via: follower, .set(path: "/v", json: Array("2".utf8)), session: Self.connection)
+        c.settle()
+        #expect(dropped == 1)
+        #expect(c.writeOutcome(second, on: follower) == nil, "the second write waits for the first")
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/v") == "null") }
+        c.tick(12)
+        #expect(try c.writeOutcome(first, on: follower)?.get().outcome == .ok)
+        #expect(try c.writeOutcome(second, on: follower)?.get().outcome == .ok)
+        #expect(appliedOrder(c, on: follower, [first, second]) == [first, second])
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/v") == "2") }
+
+        // A write given up on (its deadline passed while its forwards were lost) does not hold
+        // the next one for ever: the retry's watermark settles it.
+        dropped = 0
+        c.filter = { m in
+            if case .proposal(let commands) = m.body, commands.contains(where: { CommandEnvelope(decoding: $0)?.seq == 3 }) {
+                dropped += 1
+                return false
+            }
+            return true
+        }
+        let lost = command(&c, via: follower, .set(path: "/v", json: Array("3".utf8)), session: Self.connection)
+        c.tick(30)
+        let after = command(&c, via: follower, .set(path: "/v", json: Array("4".utf8)), session: Self.connection)
+        c.tick(20)
+        #expect(c.writeOutcome(after, on: follower) == nil, "held behind the lost write")
+        c.tick(30)
+        #expect(c.readFailed(lost, on: follower) == .timedOut(write: true))
+        #expect(try c.writeOutcome(after, on: follower)?.get().outcome == .ok)
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/v") == "4") }
+        #expect(dropped > 1, "the lost write was retried")
+    }
+
+    @Test("a lagging follower's retries add no log entries while the leader's log holds a copy; the write applies once")
+    mutating func retriesWhileLagging() throws {
+        var c = try ReplicaCluster(nodes: 3)
+        let leader = try elect(&c)
+        let follower: NodeID = leader == 1 ? 2 : 1
+        // The follower hears nothing from the leader (it lags), but its forwards get through.
+        c.filter = { m in !(m.from == leader && m.to == follower) }
+        let q = c.write(via: follower, "/n", "1")
+        let seq = (c.replicas[follower]?.nextSeq ?? 1) - 1
+        let session = c.replicas[follower]?.session ?? 0
+        c.settle()
+        c.tick(4)
+        #expect(copies(c, on: leader, session: session, seq: seq) == 1)
+        // Several retry intervals pass without the follower learning the outcome.
+        for _ in 0..<6 {
+            c.tick(1)
+        }
+        #expect(c.writeOutcome(q, on: follower) == nil)
+        #expect(copies(c, on: leader, session: session, seq: seq) == 1, "retries add no copies")
+        #expect((c.replicas[leader]?.droppedRetries ?? 0) >= 1)
+        c.filter = { _ in true }
+        c.tick(3)
+        #expect(try c.writeOutcome(q, on: follower)?.get().outcome == .ok)
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/n") == "1") }
+    }
 }

@@ -1,8 +1,11 @@
 import BanyanNode
+import BanyanSession
+import BanyanStateMachine
 @testable import BanyanServer
 import BanyanTree
 import Foundation
 import Logging
+import NIOCore
 import Testing
 
 /// The WebSocket protocol v5 on a real node, over raw sockets and hand-made frames
@@ -143,15 +146,21 @@ import Testing
 
     /// Runs `body` with the client port of a single-node cluster, removed afterwards.
     func withNode(_ name: String, _ body: (Int) throws -> Void) throws {
+        try withNode(name) { port, _ in try body(port) }
+    }
+
+    /// The same, with the node itself.
+    func withNode(_ name: String, configure: (inout NodeConfig) -> Void = { _ in }, _ body: (Int, BanyanNode) throws -> Void) throws {
         let dir = try temporaryDirectory(name)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var c = NodeConfig()
         c.dataDirectory = dir + "/data"
         c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
         c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        configure(&c)
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
-        try body(clientPort(n))
+        try body(clientPort(n), n)
     }
 
     /// Connects and reads the hello; returns the client and the hello's session id.
@@ -324,6 +333,97 @@ import Testing
             #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/b","d":"back"}}}"#)
             // Nothing fires twice: the old connection's own close added nothing.
             #expect(watcher.message(seconds: 1) == nil)
+        }
+    }
+
+    @Test("public_host names the hello's host whatever the request's Host was")
+    func publicHost() throws {
+        try withNode("rt-public-host", configure: { $0.publicHost = "db.example.com:8443" }) { port, _ in
+            let c = try Client(port: port)
+            #expect(c.head().hasPrefix("HTTP/1.1 101"))
+            let hello = try JSONValue(parsing: c.message() ?? "")
+            #expect(hello["d"]?["d"]?["h"] == .string("db.example.com:8443"), "\(hello)")
+        }
+    }
+
+    @Test("a connection ended in the log through another node (its client reconnected there with ls) is closed here, even one that only listens")
+    func endedElsewhere() throws {
+        try withNode("rt-ended-elsewhere") { port, node in
+            let (watcher, _) = try open(port)
+            watcher.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/presence","h":""}}}"#)
+            #expect(watcher.messages(until: #""r":1"#).count == 2)
+            let (a, session) = try open(port)
+            a.text(#"{"t":"d","d":{"r":1,"a":"o","b":{"p":"/presence/a","d":"offline"}}}"#)
+            a.text(#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/elsewhere","h":""}}}"#)
+            #expect(a.messages(until: #""r":2"#).count == 3)
+            let identity = try #require(SessionIdentity(parsing: session[...]))
+            // What another node proposes for an `ls` naming this connection.
+            let result = try node.runtime.write(
+                namespace: "rt", command: .connectionEnded(connection: identity.connection, secret: identity.secret)
+            ).wait()
+            guard case .success(let applied) = result else {
+                Issue.record("the end did not apply: \(result)")
+                return
+            }
+            #expect(applied.outcome == .ok)
+            #expect(applied.ended == [identity.connection])
+            #expect(watcher.message() == #"{"t":"d","d":{"a":"d","b":{"p":"presence/a","d":"offline"}}}"#)
+            #expect(a.waitClosed(), "the node closes a connection ended in the log")
+            // Its own end afterwards fires nothing again.
+            #expect(watcher.message(seconds: 1) == nil)
+        }
+    }
+
+    /// One HTTP request on its own connection (`Connection: close`): the status and the body.
+    func http(_ port: Int, _ method: String, _ path: String, body: String = "") throws -> (status: Int, body: String) {
+        let fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000)
+        defer { close(fd) }
+        let request = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+        _ = Array(request.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { break }
+            if n > 0 { bytes += chunk[0..<n] }
+        }
+        let text = String(decoding: bytes, as: UTF8.self)
+        let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
+        let payload = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+        return (status, payload)
+    }
+
+    @Test("drain: open connections are told to reconnect elsewhere (r) and closed, new ones are sent on before the hello, ready answers 503; stopping restores all")
+    func drain() throws {
+        try withNode("rt-drain") { port, _ in
+            let (a, _) = try open(port)
+            a.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/x","h":""}}}"#)
+            #expect(a.messages(until: #""r":1"#).count == 2)
+            // A single node has no other member to send clients to: targets must be named.
+            let refused = try http(port, "POST", "/.banyan/drain")
+            #expect(refused.status == 409, "\(refused)")
+            #expect(try http(port, "POST", "/.banyan/drain", body: #"{"to":"nowhere"}"#).status == 400)
+            let started = try http(port, "POST", "/.banyan/drain", body: #"{"to":["127.0.0.1:1","127.0.0.1:2"]}"#)
+            #expect(started.status == 200)
+            #expect(started.body.contains(#""draining":true"#) && started.body.contains(#""connections":1"#), "\(started.body)")
+            #expect(a.message() == #"{"t":"c","d":{"t":"r","d":"127.0.0.1:1"}}"#)
+            #expect(a.waitClosed())
+            // A new connection: 101, then the reset before any hello, then the close.
+            let b = try Client(port: port)
+            #expect(b.head().hasPrefix("HTTP/1.1 101"))
+            #expect(b.message() == #"{"t":"c","d":{"t":"r","d":"127.0.0.1:2"}}"#)
+            #expect(b.waitClosed())
+            #expect(try http(port, "GET", "/.banyan/ready").status == 503)
+            let status = try http(port, "GET", "/.banyan/status").body
+            #expect(status.contains(#""draining" : true"#) && status.contains(#""realtime_connections" : 0"#), "\(status)")
+            // Stopped: connections get their hello again and the node reports ready.
+            #expect(try http(port, "DELETE", "/.banyan/drain").status == 200)
+            let (c, session) = try open(port)
+            #expect(!session.isEmpty)
+            c.text(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/x","d":1}}}"#)
+            #expect(c.messages(until: #""r":1"#).last == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            #expect(try http(port, "GET", "/.banyan/ready").status == 200)
         }
     }
 

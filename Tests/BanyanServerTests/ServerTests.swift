@@ -70,6 +70,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                 data_dir: /var/lib/banyan
                 client_address: 0.0.0.0:9000
                 peer_address: 10.0.0.2:7000
+                public_host: db.example.com
                 initial_members:
                   1: 10.0.0.1:7000
                   2: 10.0.0.2:7000
@@ -90,6 +91,11 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                 """)
         #expect(c.nodeID == 2 && c.clusterID == "prod" && c.dataDirectory == "/var/lib/banyan")
         #expect(c.peerAddress == HostPort(host: "10.0.0.2", port: 7000))
+        // A wildcard client address is not published for drains unless one is advertised.
+        #expect(c.publicHost == "db.example.com" && c.publishedClientAddress == nil)
+        let advertised = try NodeConfig.parse(yaml: "client_address: 0.0.0.0:9000\nadvertise_client_address: 10.0.0.2:9000")
+        #expect(advertised.publishedClientAddress == HostPort(host: "10.0.0.2", port: 9000))
+        #expect(NodeConfig().publishedClientAddress == HostPort(host: "127.0.0.1", port: 9000))
         #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
         #expect(c.tls.certificate == "/etc/banyan/node2.pem" && !c.tls.generateDevelopmentCertificates)
         #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20)
@@ -102,6 +108,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
             "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "raft:\n  round_interval_us: 20001",
             "raft:\n  tick_ms: 1\n  heartbeat_ticks: 1", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
+            "public_host: ''", "public_host: a/b", "public_host: 'a b'", "advertise_client_address: nowhere",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }

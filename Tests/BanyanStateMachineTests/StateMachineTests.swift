@@ -26,8 +26,10 @@ import Testing
             .onDisconnectCancel(path: "/p", secret: .max),
             .connectionEnded(connection: 42, secret: 0xFEED),
         ]
-        for (i, c) in commands.enumerated() {
-            let e = CommandEnvelope(namespace: i == 0 ? "" : "ns-é", session: 7, seq: UInt64(i + 1), timestamp: -5, command: c)
+        for (i, c) in (commands + commands).enumerated() {
+            // The second round is of an ordered session (version 5).
+            let e = CommandEnvelope(
+                namespace: i == 0 ? "" : "ns-é", session: 7, seq: UInt64(i + 1), timestamp: -5, ordered: i >= commands.count, command: c)
             let bytes = e.encoded()
             #expect(CommandEnvelope(decoding: bytes) == e)
             #expect(e.byteCount == bytes.count, "the reserved size is the encoded size")
@@ -55,7 +57,22 @@ import Testing
         #expect(Array(restamped[18..<26]) == le(0x0A0B))
         #expect(Array(restamped[0..<18]) == Array(golden[0..<18]) && Array(restamped[26...]) == Array(golden[26...]))
         // Damage names the field; a hostile item count is refused before anything is allocated.
-        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([5] + golden.dropFirst()) }
+        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([6] + golden.dropFirst()) }
+        // Version 5: version 4's layout, the kind's high bit saying the session is ordered; an
+        // ordered command is always written so, an unordered one never.
+        let ordered = CommandEnvelope(
+            namespace: "ns", session: 0x0102, seq: 3, timestamp: -2, settledBelow: 2, ordered: true,
+            command: .update(path: "/a", entries: [.init(path: "b", json: json("1"))]))
+        #expect(ordered.encoded() == [5, 0x82] + golden.dropFirst(2))
+        #expect(CommandEnvelope(decoding: [5, 0x82] + golden.dropFirst(2)) == ordered)
+        #expect(throws: ByteCodecError.badValue(field: "command kind")) { try CommandEnvelope.decode([5, 2] + golden.dropFirst(2)) }
+        #expect(throws: ByteCodecError.badValue(field: "command kind")) { try CommandEnvelope.decode([4, 0x82] + golden.dropFirst(2)) }
+        // A retry raises the watermark in place (never lowers it); a version-2 payload has none.
+        let raised = CommandEnvelope.resettled(golden, settledBelow: 3)
+        #expect(CommandEnvelope(decoding: raised)?.settledBelow == 3)
+        #expect(Array(raised[0..<26]) == Array(golden[0..<26]) && Array(raised[34...]) == Array(golden[34...]))
+        #expect(CommandEnvelope.resettled(golden, settledBelow: 1) == golden)
+        #expect(CommandEnvelope.resettled(v2, settledBelow: 9) == v2)
         #expect(throws: ByteCodecError.badValue(field: "command kind")) { try CommandEnvelope.decode([3, 9] + golden.dropFirst(2)) }
         let countAt = 2 + 32 + 10 + 10
         let hostile = Array(golden[0..<countAt]) + le(.max) + Array(golden[(countAt + 8)...])
@@ -124,6 +141,43 @@ import Testing
         #expect(m.appliedIndex == 4)
         #expect(m.apply([1, 2, 3], index: 5)?.outcome == .malformed)
         #expect(m.tree("") == before)
+    }
+
+    @Test("an ordered session's commands apply only in sequence order: an early one is refused as out of order and changes nothing but the watermark")
+    func orderedSessions() throws {
+        func ordered(_ seq: UInt64, settled: UInt64 = 0, _ command: Command, session: UInt64 = 5) -> [UInt8] {
+            CommandEnvelope(session: session, seq: seq, timestamp: 1, settledBelow: settled, ordered: true, command: command).encoded()
+        }
+        var m = StateMachine()
+        // Seq 2 commits before seq 1 (seq 1 was lost in a leader change and retried).
+        #expect(m.apply(ordered(2, settled: 1, .set(path: "/v", json: json("2"))), index: 1)?.outcome == .outOfOrder)
+        #expect(try value(m, "/v") == "null")
+        #expect(m.sessions[5]?.contains(2) == false, "an early command is not recorded: its retry applies")
+        #expect(m.apply(ordered(1, settled: 1, .set(path: "/v", json: json("1"))), index: 2)?.outcome == .ok)
+        #expect(m.apply(ordered(2, settled: 1, .set(path: "/v", json: json("2"))), index: 3)?.outcome == .ok)
+        #expect(try value(m, "/v") == "2", "applied in the order written")
+        #expect(m.apply(ordered(2, settled: 1, .set(path: "/v", json: json("2"))), index: 4)?.outcome == .duplicate)
+        // Seq 3 was given up by its issuer (timed out): seq 4's watermark settles it, and a
+        // stale copy of 3 is a duplicate afterwards.
+        #expect(m.apply(ordered(4, settled: 3, .set(path: "/v", json: json("4"))), index: 5)?.outcome == .outOfOrder)
+        #expect(m.apply(ordered(4, settled: 4, .set(path: "/v", json: json("4"))), index: 6)?.outcome == .ok)
+        #expect(m.apply(ordered(3, settled: 3, .set(path: "/v", json: json("3"))), index: 7)?.outcome == .duplicate)
+        #expect(try value(m, "/v") == "4")
+        // A watermark past the command's own number (no issuer writes one) applies it once.
+        #expect(m.apply(ordered(5, settled: 9, .set(path: "/v", json: json("5"))), index: 8)?.outcome == .ok)
+        #expect(m.sessions[5] == SessionRecord(contiguous: 8))
+        // An unordered session keeps applying whatever order commits.
+        #expect(m.apply(envelope(2, session: 6, .set(path: "/u", json: json("2"))), index: 9)?.outcome == .ok)
+        #expect(m.apply(envelope(1, session: 6, .set(path: "/u", json: json("1"))), index: 10)?.outcome == .ok)
+        // A connection ended elsewhere (`ls`): its own later end still applies (doing nothing
+        // more); its other commands are refused.
+        #expect(m.apply(envelope(3, session: 6, .connectionEnded(connection: 5, secret: 0)), index: 11)?.outcome == .ok)
+        #expect(m.apply(ordered(9, settled: 9, .connectionEnded(connection: 5, secret: 0)), index: 12)?.outcome == .ok)
+        guard case .refused? = m.apply(ordered(10, settled: 10, .set(path: "/v", json: json("7"))), index: 13)?.outcome else {
+            Issue.record("a write after the end was not refused")
+            return
+        }
+        #expect(try value(m, "/v") == "5")
     }
 
     @Test("commands apply exactly once: duplicates by session and sequence, and entries at or below the applied index, change nothing")

@@ -333,6 +333,68 @@ check('kill -9 of the leader a client is on: it reconnects elsewhere and sees ev
   proxy.close();
 });
 
+// After the kill -9 (one node is dead): `POST /.banyan/drain` on a live node with no targets
+// named sends its clients to the other members that published a client address and answer
+// ready, so never to the dead node. A client on it gets the reset (`r`), reconnects to the other
+// live node, and sees every event once, in order; its writes all apply.
+check('drain: a node\'s clients move to the other live node with the reset, losing no events', async () => {
+  const alive = [];
+  for (let k = 0; k < nodes.length; k++) {
+    try {
+      const r = await fetch(`http://${nodes[k]}/.banyan/ready`);
+      if (r.status === 200) alive.push(k);
+    } catch (e) { /* dead */ }
+  }
+  if (alive.length < 2) throw new Error(`needs two ready nodes, found ${alive.length}`);
+  const [stay, drained] = alive;
+  const client = connect(drained);
+  const writer = connect(stay);
+  const seen = [];
+  const counts = new Map();
+  onChildAdded(ref(client, 'drain/events'), (s) => {
+    seen.push(s.key);
+    counts.set(s.key, (counts.get(s.key) || 0) + 1);
+  });
+  await waitFor(ref(client, '.info/connected'), (v) => v === true, 10000, 'the client connected');
+  await set(ref(client, 'drain/start'), true);
+  const pushed = [];
+  const clientWrites = [];
+  let answer = null;
+  for (let i = 0; i < 40; i++) {
+    pushed.push((await push(ref(writer, 'drain/events'), { i })).key);
+    clientWrites.push(set(ref(client, `drain/c/w${i}`), i));
+    if (i === 10) {
+      const res = await fetch(`http://${nodes[drained]}/.banyan/drain`, { method: 'POST' });
+      answer = await res.json();
+      if (res.status !== 200) throw new Error(`drain refused: ${res.status} ${JSON.stringify(answer)}`);
+    }
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  assertEqual(answer.targets, [nodes[stay]], 'drain targets (the live node only)');
+  await Promise.all(clientWrites);
+  const d = deadline(20000, 'every event at the drained client');
+  await Promise.race([new Promise((resolve) => {
+    const poll = setInterval(() => { if (seen.length >= pushed.length) { clearInterval(poll); resolve(); } }, 50);
+  }), d.p]);
+  d.cancel();
+  assertEqual(seen, pushed, 'events at the client, once each and in order');
+  const twice = [...counts.values()].filter((n) => n !== 1).length;
+  if (twice) throw new Error(`${twice} events delivered more than once`);
+  const stored = await rest(stay, 'drain/c');
+  for (let i = 0; i < 40; i++) assertEqual(stored[`w${i}`], i, `the client's write ${i}`);
+  let left = -1;
+  for (let t = 0; t < 40 && left !== 0; t++) {
+    left = (await (await fetch(`http://${nodes[drained]}/.banyan/drain`)).json()).connections;
+    if (left !== 0) await new Promise((r) => setTimeout(r, 250));
+  }
+  assertEqual(left, 0, 'realtime connections left on the drained node');
+  assertEqual((await fetch(`http://${nodes[drained]}/.banyan/ready`)).status, 503, 'ready while draining');
+  await set(ref(client, 'drain/after'), 'moved');  // the client works on its new node
+  assertEqual(await rest(drained, 'drain/after'), 'moved', 'the write after the move');
+  const stopped = await fetch(`http://${nodes[drained]}/.banyan/drain`, { method: 'DELETE' });
+  assertEqual(stopped.status, 200, 'stop draining');
+});
+
 (async () => {
   let failed = 0;
   const started = Date.now();
