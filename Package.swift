@@ -112,7 +112,8 @@ let package = Package(
 
         // MARK: - Layer 3 (drivers)
 
-        // The system zlib (Debian: zlib1g-dev), for snapshot compression.
+        // The system zlib (Debian: zlib1g-dev), for snapshot compression and WebSocket
+        // permessage-deflate.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         // File-backed segmented log, hard state and snapshots behind a FileSystem seam.
         .target(
@@ -140,7 +141,7 @@ let package = Package(
             name: "BanyanServer",
             dependencies: [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen",
+                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -241,9 +242,10 @@ let package = Package(
             name: "BanyanServerTests",
             dependencies: [
                 "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
-                .product(name: "Logging", package: "swift-log"),
+                "BanyanREST", "CZlib", .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "X509", package: "swift-certificates"),
             ],

@@ -12,6 +12,9 @@ public struct RealtimeUpgrade: Sendable, Equatable {
     public var host: String?
     /// The `Sec-WebSocket-Accept` value for the client's key.
     public var accept: String
+    /// permessage-deflate when the client offered it acceptably (`Sec-WebSocket-Extensions`),
+    /// else nil: the connection goes uncompressed. An offer never makes the upgrade fail.
+    public var deflate: PerMessageDeflate? = nil
 
     /// The realtime endpoints: `/.ws` (WebSocket) and `/.lp` (long polling, not served).
     public static func isRealtimePath(_ uri: String) -> Bool {
@@ -67,7 +70,9 @@ public struct RealtimeUpgrade: Sendable, Equatable {
             throw RESTError(400, "Invalid namespace \"\(namespace)\": use 1 to 63 letters, digits, '-' or '_'.")
         }
         let lastSession = param("ls").flatMap { $0.isEmpty ? nil : $0 }
-        return RealtimeUpgrade(namespace: namespace, lastSession: lastSession, host: host, accept: accept(forKey: key))
+        let offers = head.headers.filter { HTTPHead.isHeader($0.name, "Sec-WebSocket-Extensions") }.map(\.value)
+        return RealtimeUpgrade(
+            namespace: namespace, lastSession: lastSession, host: host, accept: accept(forKey: key), deflate: PerMessageDeflate.negotiate(offers))
     }
 
     /// Whether a comma-separated header value holds `token` (ASCII case ignored).

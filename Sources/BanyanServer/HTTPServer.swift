@@ -864,6 +864,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         var buffer = context.channel.allocator.buffer(capacity: 160)
         buffer.writeStaticString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ")
         buffer.writeString(upgrade.accept)
+        if let deflate = upgrade.deflate {
+            // permessage-deflate accepted (docs/realtime.md, "Compression").
+            buffer.writeStaticString("\r\nSec-WebSocket-Extensions: ")
+            buffer.writeString(deflate.responseHeader)
+        }
         buffer.writeStaticString("\r\n\r\n")
         let server = self.server
         let channel = context.channel
@@ -901,8 +906,13 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 let hub = server.hub(for: channel.eventLoop)
                 // No frame encoder or protocol-error handler: the session encodes its own frames
                 // (shared across connections) and answers bad frames with the right close code.
+                // Reserved bits and compressed messages are resolved before the aggregator, which
+                // keeps no reserved bits of fragmented messages.
                 try pipeline.addHandlers([
                     ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: limits.frames.maxFrameBytes)),
+                    PerMessageDeflateReader(
+                        codec: upgrade.deflate == nil ? nil : hub.deflate, maxMessageBytes: limits.frames.maxFrameBytes,
+                        maxFrames: limits.frames.maxFramesPerMessage),
                     NIOWebSocketFrameAggregator(
                         minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: limits.frames.maxFramesPerMessage,
                         maxAccumulatedFrameSize: limits.frames.maxFrameBytes),

@@ -47,6 +47,10 @@ final class RealtimeHub: @unchecked Sendable {
     private var owners: [UInt64: ([ByteBuffer]) -> Void] = [:]
     private let allocator = ByteBufferAllocator()
     private var flushes: [UInt64: () -> Void] = [:]
+    /// Owners whose messages go compressed (absent: plain).
+    private var encodings: [UInt64: OutboundEncoding] = [:]
+    /// The loop's zlib streams (permessage-deflate), shared by its connections.
+    let deflate = DeflateCodec()
 
     enum ListenStartError: Error, CustomStringConvertible {
         case unavailable(ReplicaError)
@@ -67,16 +71,18 @@ final class RealtimeHub: @unchecked Sendable {
     var listenCount: Int { core.count }
 
     /// Registers where `owner`'s updates go: `push` gets each update's frames, encoded once and
-    /// shared by every connection that receives them; `flush` is called once after each batch
-    /// that pushed something.
-    func attach(owner: UInt64, push: @escaping ([ByteBuffer]) -> Void, flush: @escaping () -> Void) {
+    /// shared by every connection that receives them in the same `encoding`; `flush` is called
+    /// once after each batch that pushed something.
+    func attach(owner: UInt64, encoding: OutboundEncoding = .plain, push: @escaping ([ByteBuffer]) -> Void, flush: @escaping () -> Void) {
         owners[owner] = push
         flushes[owner] = flush
+        if encoding != .plain { encodings[owner] = encoding }
     }
 
     func detach(owner: UInt64) {
         owners[owner] = nil
         flushes[owner] = nil
+        encodings[owner] = nil
     }
 
     /// An id for a listen (unique on this loop).
@@ -214,27 +220,28 @@ final class RealtimeHub: @unchecked Sendable {
     }
 
     /// Hands each update to its owner, rendered once per distinct untagged update (a thousand
-    /// default listens at one path get one rendering), then flushes each owner once.
+    /// default listens at one path get one rendering) and encoded once per outbound encoding
+    /// (`SharedPush`), then flushes each owner once.
     private func deliver(_ events: [ListenEvent]) {
         guard !events.isEmpty else { return }
-        var rendered: [RenderKey: [ByteBuffer]] = [:]
+        var rendered: [RenderKey: SharedPush] = [:]
         var touched: [UInt64] = []
         var seen = Set<UInt64>()
         for event in events {
             guard let push = owners[event.owner] else { continue }
-            let frames: [ByteBuffer]
+            let shared: SharedPush
             if event.tag == nil, !windowed.contains(event.listen) {
                 let key = RenderKey(event.update)
                 if let cached = rendered[key] {
-                    frames = cached
+                    shared = cached
                 } else {
-                    frames = ServerFrames.text(Self.render(event), allocator: allocator)
-                    rendered[key] = frames
+                    shared = SharedPush(Self.render(event))
+                    rendered[key] = shared
                 }
             } else {
-                frames = ServerFrames.text(Self.render(event), allocator: allocator)
+                shared = SharedPush(Self.render(event))
             }
-            push(frames)
+            push(shared.frames(encodings[event.owner] ?? .plain, codec: deflate, allocator: allocator))
             if seen.insert(event.owner).inserted { touched.append(event.owner) }
         }
         for owner in touched { flushes[owner]?() }

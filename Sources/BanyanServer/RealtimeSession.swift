@@ -44,6 +44,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     /// The node's lease holder when the connection opened: its onDisconnect writes name it, and
     /// if that lease lapses the connection is closed (docs/realtime.md, "Node leases").
     private let holder: UInt64
+    /// How its messages go out: plain, or compressed (permessage-deflate, when negotiated).
+    private let encoding: OutboundEncoding
 
     static let tickInterval = TimeAmount.seconds(5)
 
@@ -53,6 +55,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         self.upgrade = upgrade
         self.identity = identity
         holder = server.leaseHolder()
+        encoding = OutboundEncoding(upgrade.deflate)
         let host = server.config.publicHost ?? upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
         core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)
     }
@@ -75,7 +78,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             return
         }
         hub.attach(
-            owner: owner,
+            owner: owner, encoding: encoding,
             push: { [weak self] frames in self?.write(frames) },
             flush: { [weak self] in self?.flush() })
         runtime.openSession(identity.connection)
@@ -155,6 +158,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         switch error {
         case NIOWebSocketError.invalidFrameLength, NIOWebSocketFrameAggregator.Error.accumulatedFrameSizeIsTooLarge:
             close(code: .messageTooLarge, reason: "frame too large")
+        case let e as InboundFrameError:
+            // Reserved bits and compressed messages (`PerMessageDeflateReader`).
+            close(code: e.code, reason: e.reason)
         case is NIOWebSocketError, is NIOWebSocketFrameAggregator.Error:
             close(code: .protocolError, reason: "WebSocket protocol error")
         default:
@@ -284,8 +290,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     /// One message, in as many frames as the SDKs expect (`FrameSplitter`).
     private func send(_ message: [UInt8]) {
-        guard !closing, let context else { return }
-        write(ServerFrames.text(message, allocator: context.channel.allocator))
+        guard !closing else { return }
+        write(frames(message))
+    }
+
+    /// A message's frames in the connection's encoding (compressed when negotiated).
+    private func frames(_ message: [UInt8]) -> [ByteBuffer] {
+        guard let context else { return [] }
+        return ServerFrames.text(message, encoding: encoding, codec: hub.deflate, allocator: context.channel.allocator)
     }
 
     /// Frames already encoded (shared by every connection a push goes to). A client that does not
@@ -328,7 +340,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let self, !self.finished, self.hubIDs[id] == hubID else { return }
             switch result {
             case .success(let first):
-                if let context = self.context { self.write(ServerFrames.text(RealtimeHub.render(first), allocator: context.channel.allocator)) }
+                self.write(self.frames(RealtimeHub.render(first)))
                 self.perform(self.core.listenStarted(id))
             case .failure(let e):
                 self.hubIDs[id] = nil
@@ -461,12 +473,13 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 }
 
-/// Server frames, encoded once (RFC 6455 §5.2: FIN set, no mask, the length in 7, 16 or 64 bits).
+/// Server frames, encoded once (RFC 6455 §5.2: FIN set, no mask, the length in 7, 16 or 64 bits;
+/// RSV1 on a message compressed with permessage-deflate).
 enum ServerFrames {
-    static func encode(opcode: UInt8, _ payload: ByteBuffer, allocator: ByteBufferAllocator) -> ByteBuffer {
+    static func encode(opcode: UInt8, _ payload: ByteBuffer, allocator: ByteBufferAllocator, compressed: Bool = false) -> ByteBuffer {
         let n = payload.readableBytes
         var out = allocator.buffer(capacity: n + 10)
-        out.writeInteger(0x80 | opcode)
+        out.writeInteger((compressed ? 0xC0 : 0x80) | opcode)
         if n < 126 {
             out.writeInteger(UInt8(n))
         } else if n <= 0xFFFF {

@@ -44,4 +44,80 @@ import Testing
         #expect(status(upgrade("/.ws?v=5&ns=%zz")) == 400)
         #expect(status(Result { () throws(RESTError) in try RealtimeUpgrade.parse(head("POST", "/.ws?v=5", Self.upgradeHeaders), defaultNamespace: "d") }) == 405)
     }
+
+    // MARK: - permessage-deflate (RFC 7692)
+
+    func negotiated(_ values: String...) -> PerMessageDeflate? { PerMessageDeflate.negotiate(values) }
+
+    @Test("permessage-deflate: an offer is accepted with both no-context-takeover parameters always in the answer; window bounds are kept")
+    func deflateAccepted() throws {
+        let plain = try #require(negotiated("permessage-deflate"))
+        #expect(plain == PerMessageDeflate() && plain.compressionWindowBits == 15)
+        #expect(plain.responseHeader == "permessage-deflate; server_no_context_takeover; client_no_context_takeover")
+        // What browsers send: client_max_window_bits without a value (left out of the answer).
+        let browser = try #require(negotiated("permessage-deflate; client_max_window_bits"))
+        #expect(browser == PerMessageDeflate() && browser.responseHeader == plain.responseHeader)
+        // Every parameter, in any case, spaces and quotes allowed.
+        let full = try #require(
+            negotiated(#"PerMessage-Deflate ; Server_No_Context_Takeover; client_no_context_takeover ; server_max_window_bits=10; client_max_window_bits="12""#))
+        #expect(full == PerMessageDeflate(serverMaxWindowBits: 10, clientMaxWindowBits: 12) && full.compressionWindowBits == 10)
+        #expect(
+            full.responseHeader
+                == "permessage-deflate; server_no_context_takeover; client_no_context_takeover; server_max_window_bits=10; client_max_window_bits=12")
+        #expect(negotiated("permessage-deflate; server_max_window_bits=8")?.serverMaxWindowBits == 8)
+        #expect(negotiated("permessage-deflate; client_max_window_bits=15")?.clientMaxWindowBits == 15)
+    }
+
+    @Test("permessage-deflate: malformed offers, unknown or duplicate parameters and bad values are declined, never an error")
+    func deflateDeclined() {
+        let declined = [
+            "permessage-deflate; server_max_window_bits",  // needs a value
+            "permessage-deflate; server_max_window_bits=7", "permessage-deflate; server_max_window_bits=16",
+            "permessage-deflate; client_max_window_bits=08",  // no leading zeros
+            "permessage-deflate; client_max_window_bits=x", "permessage-deflate; client_max_window_bits=",
+            "permessage-deflate; server_no_context_takeover=1", "permessage-deflate; client_no_context_takeover=true",
+            "permessage-deflate; server_no_context_takeover; server_no_context_takeover",  // duplicate
+            "permessage-deflate; client_max_window_bits; client_max_window_bits=10",  // duplicate, one with a value
+            "permessage-deflate; mux", "permessage-deflate; x-webkit=1",  // unknown
+            "permessage-deflate;", "permessage-deflate;; client_max_window_bits",  // empty parameter
+            #"permessage-deflate; client_max_window_bits="1"0"#,  // a quote in the middle
+            #"permessage-deflate; client_max_window_bits="10"#,  // unterminated quoted string
+            "permessage-deflate; server max_window_bits=10",  // not a token
+            "x-webkit-deflate-frame", "deflate-frame", "permessage-deflater", "",
+        ]
+        for value in declined { #expect(negotiated(value) == nil, "\(value)") }
+        #expect(negotiated() == nil)
+    }
+
+    @Test("permessage-deflate: several offers (one header or several) are tried in order; the first acceptable one wins")
+    func deflateSeveralOffers() throws {
+        let first = try #require(negotiated("permessage-deflate; server_max_window_bits=10, permessage-deflate"))
+        #expect(first.serverMaxWindowBits == 10)
+        // A bad first offer is skipped; other extensions are ignored.
+        let second = try #require(negotiated("x-webkit-deflate-frame, permessage-deflate; mux, , permessage-deflate; client_max_window_bits=9"))
+        #expect(second == PerMessageDeflate(clientMaxWindowBits: 9))
+        // A comma inside a quoted value does not split offers.
+        #expect(negotiated(#"foo; bar="a, permessage-deflate", baz"#) == nil)
+        #expect(negotiated(#"foo; bar="a,b", permessage-deflate"#) == PerMessageDeflate())
+        // Several header lines count in order; an unreadable one (open quote) is skipped whole.
+        #expect(negotiated(#"foo; bar="open, permessage-deflate"#, "permessage-deflate; server_max_window_bits=12")?.serverMaxWindowBits == 12)
+        #expect(negotiated("foo", "permessage-deflate; server_max_window_bits=11", "permessage-deflate")?.serverMaxWindowBits == 11)
+    }
+
+    @Test("the upgrade carries the negotiation; a declined or absent offer leaves it nil and the upgrade still succeeds")
+    func upgradeWithDeflate() throws {
+        #expect(try upgrade("/.ws?v=5&ns=a").get().deflate == nil)
+        let offered = try upgrade("/.ws?v=5&ns=a", Self.upgradeHeaders + [("sec-websocket-extensions", "permessage-deflate; client_max_window_bits")])
+            .get()
+        #expect(offered.deflate == PerMessageDeflate())
+        let split = try upgrade(
+            "/.ws?v=5&ns=a",
+            Self.upgradeHeaders + [
+                ("Sec-WebSocket-Extensions", "permessage-deflate; bogus"), ("Sec-WebSocket-Extensions", "permessage-deflate; server_max_window_bits=9"),
+            ]
+        ).get()
+        #expect(split.deflate == PerMessageDeflate(serverMaxWindowBits: 9))
+        let bad = try upgrade("/.ws?v=5&ns=a", Self.upgradeHeaders + [("Sec-WebSocket-Extensions", "permessage-deflate; server_max_window_bits=")]).get()
+        #expect(bad.deflate == nil && bad.namespace == "a")
+    }
 }

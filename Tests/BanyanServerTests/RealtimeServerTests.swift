@@ -17,6 +17,8 @@ import Testing
         let fd: Int32
         private var pending: [UInt8] = []
         private(set) var closed = false
+        /// The reserved bits (RSV1-3, as in the first byte) of the frame `next` returned last.
+        private(set) var lastReservedBits: UInt8 = 0
 
         init(port: Int, target: String = "/.ws?v=5&ns=rt", host: String = "example.test:443", extraHeaders: String? = nil) throws {
             fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 50_000)
@@ -64,9 +66,9 @@ import Testing
             return true
         }
 
-        /// One client frame, masked (RFC 6455 §5.3).
-        func frame(opcode: UInt8, _ payload: [UInt8], fin: Bool = true) {
-            var out: [UInt8] = [(fin ? 0x80 : 0) | opcode]
+        /// One client frame, masked (RFC 6455 §5.3); `reserved` sets RSV bits (0x40: RSV1).
+        func frame(opcode: UInt8, _ payload: [UInt8], fin: Bool = true, reserved: UInt8 = 0) {
+            var out: [UInt8] = [(fin ? 0x80 : 0) | reserved | opcode]
             let mask: [UInt8] = [0x12, 0x34, 0x56, 0x78]
             if payload.count < 126 {
                 out.append(0x80 | UInt8(payload.count))
@@ -100,6 +102,7 @@ import Testing
                     }
                     if (length < 126 || offset > 2), pending.count >= offset + length {
                         let payload = Array(pending[offset..<(offset + length)])
+                        lastReservedBits = pending[0] & 0x70
                         pending.removeFirst(offset + length)
                         return (opcode, payload)
                     }

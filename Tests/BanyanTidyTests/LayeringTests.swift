@@ -26,7 +26,7 @@ import Testing
             false,
             [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
+                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]
         ),
