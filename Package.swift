@@ -88,7 +88,7 @@ let package = Package(
 
         // The Firebase REST API and its event streams: request parsing, response rendering, SSE
         // events (docs/rest.md). Pure: the server's HTTP layer feeds it.
-        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
+        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
 
         // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
         .target(name: "BanyanSession", dependencies: ["BanyanTree", "BanyanStateMachine"], swiftSettings: coreSettings),
@@ -235,7 +235,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
-            name: "BanyanRESTTests", dependencies: ["BanyanREST", "BanyanTree", "BanyanQuery", "BanyanStateMachine"],
+            name: "BanyanRESTTests", dependencies: ["BanyanREST", "BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine"],
             swiftSettings: strictSettings
         ),
         .testTarget(

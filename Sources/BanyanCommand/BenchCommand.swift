@@ -29,6 +29,8 @@ struct Bench: ParsableCommand {
     var sessions: Int = 10_000
     @Option(name: .long, help: "With --realtime: listeners on the fan-out path.")
     var fanOut: Int = 1_000
+    @Option(name: .long, help: "With --realtime: idle event streams (REST SSE) for the CPU-per-write figure with streams (0: skip).")
+    var streams: Int = 9_000
 
     func run() throws {
         if realtime { return try runRealtime() }
@@ -51,12 +53,13 @@ struct Bench: ParsableCommand {
 
 extension Bench {
     func runRealtime() throws {
-        guard (3...50_000).contains(sessions), (1...sessions).contains(fanOut), seconds > 0 && seconds <= 600 else {
-            throw ValidationError("--sessions 3-50000, --fan-out 1 to --sessions, --seconds 0-600")
+        guard (3...50_000).contains(sessions), (1...sessions).contains(fanOut), (0...50_000).contains(streams), seconds > 0 && seconds <= 600 else {
+            throw ValidationError("--sessions 3-50000, --fan-out 1 to --sessions, --streams 0-50000, --seconds 0-600")
         }
         var bench = RealtimeBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
         bench.sessions = sessions
         bench.fanOut = fanOut
+        bench.idleStreams = streams
         bench.seconds = seconds
         let configured = bench
         try runBenchmark { log in try await configured.run(log: log) }

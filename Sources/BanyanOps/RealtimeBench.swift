@@ -16,6 +16,8 @@ public struct RealtimeBench: Sendable {
     public var fanWrites = 200
     public var seconds: Double = 5
     public var deliveryRates: [Int] = [10, 20, 40]
+    /// Idle event streams (REST SSE) opened for the CPU-per-write figure with streams.
+    public var idleStreams = 9_000
     public var portBase = 19_800
 
     public init(executable: String, directory: String) {
@@ -30,7 +32,7 @@ public struct RealtimeBench: Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         // Every session comes from 127.0.0.1: the per-client caps must allow them all.
         let config = directory + "/realtime-bench.yaml"
-        let cap = sessions * 2 + 1_000
+        let cap = (sessions + idleStreams) * 2 + 1_000
         try "http:\n  max_connections: \(cap)\n  max_connections_per_client: \(cap)\n  max_streams_per_client: \(cap)\n"
             .write(toFile: config, atomically: true, encoding: .utf8)
         let cluster = LocalCluster(
@@ -93,6 +95,37 @@ public struct RealtimeBench: Sendable {
             String(
                 format: "server CPU per write with %d idle listens: %.1f µs (%d writes/s; %.1f µs without sessions)", sessions, loaded.micros, loaded.rate,
                 baseline.micros))
+
+        // The same with idle event streams (REST SSE, on unrelated paths) instead: they live in
+        // the same listen core, so a write costs what it touches, not what is open.
+        if idleStreams > 0 {
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            let streamsStarted = Date()
+            var streams: [BenchStream] = []
+            streams.reserveCapacity(idleStreams)
+            var openedStreams = 0
+            while openedStreams < idleStreams {
+                let upper = min(idleStreams, openedStreams + batch)
+                let group = try await withThrowingTaskGroup(of: BenchStream.self) { tasks in
+                    for i in openedStreams..<upper {
+                        let node = cluster.ids[i % cluster.ids.count]
+                        tasks.addTask { try await BenchStream.open(port: cluster.clientPort(node), group: cluster.group, path: "/idle-sse/s\(i)") }
+                    }
+                    var out: [BenchStream] = []
+                    for try await s in tasks { out.append(s) }
+                    return out
+                }
+                streams += group
+                openedStreams = upper
+            }
+            log(String(format: "%d idle event streams open (first event received) in %.1f s", idleStreams, Date().timeIntervalSince(streamsStarted)))
+            let withStreams = try await cpuPerWrite(cluster, writer, pids)
+            log(
+                String(
+                    format: "server CPU per write with %d idle listens and %d idle event streams: %.1f µs (%d writes/s; %.1f µs without either)",
+                    sessions, idleStreams, withStreams.micros, withStreams.rate, baseline.micros))
+            for s in streams { s.close() }
+        }
 
         // Fan-out: `fanOut` sessions listen on one path; each write's latency is until the last
         // of them has it.
@@ -207,6 +240,59 @@ final class RealtimeCounters: Sendable {
             }
         }
     }
+}
+
+/// One idle event stream: `GET <path>.json` with `Accept: text/event-stream`, open once its
+/// first event (the `put` of the whole value) arrived.
+final class BenchStream: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    private let path: String
+    private let ready: EventLoopPromise<Void>
+    private var channel: (any Channel)?
+    private var seen: [UInt8] = []
+
+    init(path: String, ready: EventLoopPromise<Void>) {
+        self.path = path
+        self.ready = ready
+    }
+
+    static func open(port: Int, group: any EventLoopGroup, path: String) async throws -> BenchStream {
+        let loop = group.next()
+        let ready = loop.makePromise(of: Void.self)
+        let stream = BenchStream(path: path, ready: ready)
+        let channel = try await ClientBootstrap(group: loop)
+            .connectTimeout(.seconds(10))
+            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(stream) } }
+            .connect(host: "127.0.0.1", port: port).get()
+        stream.channel = channel
+        try await ready.futureResult.get()
+        return stream
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        var b = context.channel.allocator.buffer(capacity: 160)
+        b.writeString("GET \(path).json?ns=default HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        context.writeAndFlush(NIOAny(b), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard seen.count < 4096 else { return }
+        let buffer = unwrapInboundIn(data)
+        seen += buffer.readableBytesView.prefix(4096 - seen.count)
+        if String(decoding: seen, as: UTF8.self).contains("event: put") { ready.succeed(()) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        ready.fail(RealtimeBench.Failure(description: "an event stream closed before its first event"))
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        ready.fail(error)
+        context.close(promise: nil)
+    }
+
+    func close() { channel?.close(promise: nil) }
 }
 
 /// A minimal WebSocket client for the benchmark: the upgrade request, masked text frames out,

@@ -1,21 +1,31 @@
+public import BanyanListen
 public import BanyanQuery
-public import BanyanStateMachine
 public import BanyanTree
 
-/// One Server-Sent-Events stream (`GET` with `Accept: text/event-stream`; docs/rest.md): the
-/// first event is a `put` of the whole value at path `/`; then each applied write that touches
-/// the location becomes a `put` (a set at or below it, with the path relative to the stream, or
-/// `/` for a set above it) or a `patch` (a multi-path update whose keys are direct children of
-/// one location). For a query stream, Banyan re-evaluates the window and sends a `put` per child
-/// that entered, changed or left (`null`). Pure: the caller feeds it trees and writes it bytes.
+/// One Server-Sent-Events stream (`GET` with `Accept: text/event-stream`; docs/rest.md), rendered
+/// from the updates of its listen in the node's one listen core (`ListenCore`, shared with the
+/// WebSocket protocol; docs/realtime.md): the first event is a `put` of the whole value at path
+/// `/`; then a `put` of a location's new value (the path relative to the stream, `/` for the
+/// stream's own location), or a `patch` when a multi-path update changed direct children of one
+/// location (keys deeper than one level go as separate `put`s). A query stream's window is kept
+/// by the listen core: children that enter, change or leave it get a `put` each (`null` when
+/// leaving), changed children within it a `patch`. Priority streams listen to the whole location
+/// and send what their rendering of it changed. Pure: the caller feeds it updates and trees and writes it bytes.
 public struct SSEStream: Sendable {
     public let request: RESTRequest
-    /// The window last sent, for query streams.
+    /// The last value sent: for query streams the window, for priority streams the rendering.
     private var window: Tree = .empty
 
     public init(request: RESTRequest) {
         self.request = request
     }
+
+    /// Shallow and priority streams render the location themselves (the listen core keeps no
+    /// such views): they listen to the whole location.
+    public var rendersItself: Bool { request.shallow || request.isPriority }
+
+    /// The query the stream's listen holds (nil: the whole location).
+    public var listenParams: QueryParams? { rendersItself ? nil : request.query }
 
     public static func event(_ name: String, _ data: [UInt8]) -> [UInt8] {
         Array("event: \(name)\ndata: ".utf8) + data + Array("\n\n".utf8)
@@ -33,57 +43,66 @@ public struct SSEStream: Sendable {
 
     public static func authRevoked() -> [UInt8] { event("auth_revoked", Array("credential is no longer valid".utf8)) }
 
-    /// The first event: the whole value.
-    public mutating func start(tree: Tree) -> [UInt8] {
-        let value = RESTRender.value(request, tree: tree)
-        window = value
+    /// The first event: the listen's first update (the whole value, or the window), or, for a
+    /// stream that renders itself, its rendering of `tree` (the namespace's root).
+    public mutating func start(first: ListenUpdate, tree: Tree) -> [UInt8] {
+        if rendersItself {
+            window = RESTRender.value(request, tree: tree)
+            return Self.event("put", Self.payload(path: "/", data: json(window)))
+        }
+        guard case .put(_, let value) = first else { return update(first, tree: tree) }
+        if listenParams != nil { window = value }
         return Self.event("put", Self.payload(path: "/", data: json(value)))
     }
 
-    /// After the state was replaced wholesale (a snapshot from the leader).
-    public mutating func restart(tree: Tree) -> [UInt8] { start(tree: tree) }
-
-    /// The events one applied write causes (none when it does not touch the stream).
-    public mutating func applied(_ applied: StateMachine.Applied, tree: Tree) -> [UInt8] {
-        guard applied.namespace == request.namespace, applied.outcome == .ok else { return [] }
+    /// The events one update of the stream's listen causes; `tree` is the namespace's root after
+    /// the write.
+    public mutating func update(_ update: ListenUpdate, tree: Tree) -> [UInt8] {
+        if rendersItself { return changes(to: RESTRender.value(request, tree: tree)) }
         let location = request.path
-        let touching = applied.written.filter { location.contains($0) || $0.contains(location) }
-        guard !touching.isEmpty else { return [] }
-        if request.query != nil || request.shallow || request.isPriority { return windowEvents(tree: tree) }
-        // A write above the location replaces it whole.
-        if touching.contains(where: { $0.contains(location) && $0 != location }) || touching.contains(location) {
-            let value = tree.child(at: location)
-            return Self.event("put", Self.payload(path: "/", data: json(value)))
-        }
-        // Writes below the location: one patch when they are children of one parent, else puts.
-        if touching.count > 1, let parent = touching[0].parent, touching.allSatisfy({ $0.parent == parent }),
-            let relative = location.relative(parent)
-        {
-            var children: [(ChildKey, Tree)] = []
-            for path in touching {
-                guard let key = path.last else { continue }
-                children.append((key, tree.child(at: path)))
+        if listenParams != nil {
+            // A window: the listen core sends it whole when children enter or leave it (what a
+            // tagged v5 listen needs); a stream sends only the children that changed.
+            switch update {
+            case .put(let path, let value) where path == location:
+                return changes(to: value)
+            case .merge(let path, let children) where path == location:
+                for child in children { window = window.setting(child.tree, at: child.path) }
+            default:
+                break
             }
-            // Null values must appear in a patch (they delete), so write the object by hand.
-            var data: [UInt8] = [UInt8(ascii: "{")]
-            for (i, (key, node)) in children.sorted(by: { $0.0 < $1.0 }).enumerated() {
-                if i > 0 { data.append(UInt8(ascii: ",")) }
-                data += JSONWriter.bytes(Tree(.string(key.string))) + [UInt8(ascii: ":")] + json(node)
+        }
+        switch update {
+        case let .put(path, value):
+            return Self.event("put", Self.payload(path: relative(path, to: location), data: json(value)))
+        case let .merge(path, children):
+            if children.allSatisfy({ $0.path.count == 1 }) {
+                // Null values must appear in a patch (they delete), so the object is written by hand.
+                var data: [UInt8] = [UInt8(ascii: "{")]
+                for (i, child) in children.sorted(by: { $0.path.segments[0] < $1.path.segments[0] }).enumerated() {
+                    if i > 0 { data.append(UInt8(ascii: ",")) }
+                    data += JSONWriter.bytes(Tree(.string(child.path.segments[0].string))) + [UInt8(ascii: ":")] + json(child.tree)
+                }
+                data.append(UInt8(ascii: "}"))
+                return Self.event("patch", Self.payload(path: relative(path, to: location), data: data))
             }
-            data.append(UInt8(ascii: "}"))
-            return Self.event("patch", Self.payload(path: relative.description, data: data))
+            var out: [UInt8] = []
+            for child in children {
+                out += Self.event("put", Self.payload(path: relative(path.appending(child.path), to: location), data: json(child.tree)))
+            }
+            return out
         }
-        var out: [UInt8] = []
-        for path in touching {
-            guard let relative = location.relative(path) else { continue }
-            out += Self.event("put", Self.payload(path: relative.description, data: json(tree.child(at: path))))
-        }
-        return out
     }
 
-    /// Query, shallow and priority streams: compare the new window with the last one sent.
-    private mutating func windowEvents(tree: Tree) -> [UInt8] {
-        let next = RESTRender.value(request, tree: tree)
+    /// A path as the stream names it: relative to its location, `/` for the location itself.
+    private func relative(_ path: Path, to location: Path) -> String {
+        location.relative(path)?.description ?? "/"
+    }
+
+    /// Query and priority streams: what changed from the last value sent to `next`, a `put` per
+    /// child that entered, changed or left (`null`), or one `put` of the whole value when either
+    /// is not an object. O(window).
+    private mutating func changes(to next: Tree) -> [UInt8] {
         defer { window = next }
         if next == window { return [] }
         guard next.hasChildren && window.hasChildren else {

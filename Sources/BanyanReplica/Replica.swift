@@ -138,6 +138,8 @@ public struct Replica: Sendable {
     /// term's entries, so the waiting copy commits, or the leadership ends and this is cleared.
     private var appendedInTerm: [WriteKey: UInt64] = [:]
     private var appendedTerm: UInt64 = 0
+    /// `appendedInTerm`'s size past which applied entries are swept (amortised O(1) per entry).
+    private var appendedSweepAt = 4_096
     /// Copies dropped that way (tests and metrics).
     public private(set) var droppedRetries = 0
 
@@ -214,15 +216,13 @@ public struct Replica: Sendable {
                 session = key.session
                 lowest = key.seq
             }
-            if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key) {
+            // A parked write waits for its predecessor (`proposeUnparked`): proposed now, it would
+            // only be out of order again.
+            if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key), !w.parked {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
                 var retry = w
                 retry.payload = CommandEnvelope.resettled(w.payload, settledBelow: lowest)
-                if retry.parked {
-                    retry.parked = false
-                    parkedCount -= 1
-                }
                 writes[key] = retry
                 toPropose.append(key)
                 queued.insert(key)
@@ -239,6 +239,8 @@ public struct Replica: Sendable {
                 reads[context]?.requests = live
             }
         }
+        // A predecessor that timed out above unblocks the parked writes behind it.
+        if parkedCount > 0 { proposeUnparked() }
         newReads = expireReads(newReads)
         membershipRequests.removeAll { m in
             guard ticks >= m.deadline else { return false }
@@ -582,6 +584,13 @@ public struct Replica: Sendable {
         }
         raft.advance(rd)
         if raft.role != .leader, !appendedInTerm.isEmpty { appendedInTerm = [:] }
+        // Entries applied under another identity (a damaged payload applies as session 0) would
+        // stay: past a bound, everything applied goes.
+        if appendedInTerm.count > appendedSweepAt {
+            let applied = machine.appliedIndex
+            appendedInTerm = appendedInTerm.filter { $0.value > applied }
+            appendedSweepAt = max(4_096, 2 * appendedInTerm.count)
+        }
         if parkedCount > 0 { proposeUnparked() }
         answerReads()
         considerSnapshot()

@@ -110,6 +110,12 @@ public struct NodeConfig: Sendable, Equatable {
         /// connection with no request by then is simply closed. Event streams are exempt.
         public var requestReadTimeoutSeconds: Int = 30
         public var keepAliveSeconds: Int = 30
+        /// Bytes of realtime messages being assembled (fragments and protocol chunks received,
+        /// the message not yet whole) the node holds at once, over all connections: each may
+        /// hold up to 16 MiB, so without a node-wide bound 20,000 slow senders could hold
+        /// 320 GiB. A connection whose next fragment does not fit is closed with 1013 (try
+        /// again later); the SDKs reconnect and send again.
+        public var maxAssemblingBytes: Int = 256 << 20
         public init() {}
     }
 
@@ -266,6 +272,8 @@ extension NodeConfig {
                     case "max_streams_per_client": c.http.maxStreamsPerClient = try r.int(v, "http.max_streams_per_client", 1...1_000_000)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
+                    case "max_assembling_bytes":
+                        c.http.maxAssemblingBytes = try r.int(v, "http.max_assembling_bytes", (64 << 10)...(64 << 30))
                     default: throw ConfigError("\(source): unknown key http.\(k)")
                     }
                 }

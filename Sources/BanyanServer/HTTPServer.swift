@@ -1,4 +1,5 @@
 import BanyanBasics
+import BanyanListen
 import BanyanRaft
 import BanyanNode
 import BanyanREST
@@ -79,6 +80,7 @@ final class HTTPServer: Sendable {
         self.adminToken = adminToken
         self.logger = logger
         self.registry = registry
+        self.assembling = AssemblyBudget(limit: config.http.maxAssemblingBytes)
         self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
     }
 
@@ -118,11 +120,18 @@ final class HTTPServer: Sendable {
         let loop = group.next()
         startLease(on: loop)
         runtime.connectionsEnded.withLock { $0 = { [weak self] ended in self?.realtimeEnded(ended) } }
+        runtime.connectionsRestored.withLock {
+            $0 = { [weak self] ended in
+                guard let self else { return }
+                self.realtimeEnded(self.realtime.withLock { Array($0.keys) }.filter(ended))
+            }
+        }
         let ch = try bootstrap.bind(host: config.clientAddress.host, port: config.clientAddress.port).wait()
         channel.withLock { $0 = ch }
         if var published = config.publishedClientAddress {
             // Port 0 (tests): the port the system chose.
             if published.port == 0, config.advertisedClientAddress == nil, let port = ch.localAddress?.port { published.port = port }
+            ownClientAddress.withLock { $0 = published.description }
             publishClientAddress(published.description, loop: loop, attempt: 0)
         }
         return ch.localAddress
@@ -249,6 +258,10 @@ final class HTTPServer: Sendable {
         }
     }
 
+    /// An owner id for an event stream's listen (random, as connections' are: owners share one
+    /// space in the loop's hub).
+    func newStreamOwner() -> UInt64 { sessionIDs.withLock { $0.next() | 1 } }
+
     /// A fresh identity for a realtime connection: this node, a random client session, a random
     /// secret (docs/realtime.md, "onDisconnect").
     func newSessionIdentity() -> SessionIdentity {
@@ -278,13 +291,26 @@ final class HTTPServer: Sendable {
         let channels = realtime.withLock { table in connections.compactMap { table[$0]?.channel } }
         guard !channels.isEmpty else { return }
         endedElsewhere.increment(by: channels.count)
-        for channel in channels { channel.close(promise: nil) }
+        for channel in channels {
+            channel.eventLoop.execute {
+                if let handler = try? channel.pipeline.syncOperations.handler(type: RealtimeSessionHandler.self) {
+                    handler.close(code: .goingAway, reason: "this connection was ended: its client reconnected elsewhere, or its node's lease lapsed")
+                } else {
+                    channel.close(promise: nil)
+                }
+            }
+        }
     }
     let endedElsewhere = Counter(label: "banyan_realtime_ended_in_log_total")
+
+    /// The node-wide budget for realtime messages being assembled (`http.max_assembling_bytes`).
+    let assembling: AssemblyBudget
 
     // MARK: - Draining (docs/realtime.md, "Draining a node")
 
     private let drain = Mutex<DrainPlan?>(nil)
+    /// This node's client address as published (the bound port when configured as 0).
+    private let ownClientAddress = Mutex<String?>(nil)
     private let drainTask = Mutex<RepeatedTask?>(nil)
     let drainedConnections = Counter(label: "banyan_realtime_drained_total")
 
@@ -306,24 +332,44 @@ final class HTTPServer: Sendable {
     /// 100 ms. Targets: `explicit`, or the client addresses the other members published.
     func startDrain(to explicit: [String]?) -> EventLoopFuture<HTTPReply> {
         let me = config.nodeID
-        let loop = runtime.loop
-        let targets: EventLoopFuture<[String]> =
-            explicit.map { loop.makeSucceededFuture($0) }
-            ?? runtime.clientAddresses().flatMap { addresses in
-                // Only nodes that answer ready now: a dead or lagging member would strand the
-                // clients sent to it (the SDKs keep the reset's host).
-                let candidates = DrainPlan.targets(published: addresses.published, members: addresses.members, me: me)
-                let probes = candidates.map { text in
-                    (try? HostPort(parsing: text)).map { ReadyProbe.probe($0, on: loop) } ?? loop.makeSucceededFuture(false)
-                }
-                return EventLoopFuture.whenAllSucceed(probes, on: loop).map { ready in zip(candidates, ready).filter(\.1).map(\.0) }
+        // A network loop: probes never run on the replica thread.
+        let loop = leaseLoop.withLock { $0 } ?? runtime.loop
+        let own = ownClientAddress.withLock { $0 }
+        let candidates: EventLoopFuture<[String]>
+        if let explicit {
+            candidates = loop.makeSucceededFuture(explicit)
+        } else if let front = config.publicHost {
+            // Clients reach the cluster through a front: sent back to it, they reach another
+            // node (this one answers 503 on /.banyan/ready, so the front's checks skip it).
+            return startDrain(targets: [front], loop: loop)
+        } else {
+            candidates = runtime.clientAddresses().hop(to: loop).map { DrainPlan.targets(published: $0.published, members: $0.members, me: me) }
+        }
+        // Only nodes that answer ready now, and never this one: a dead, lagging or draining node
+        // would strand the clients sent to it (the SDKs keep the reset's host), and this one
+        // would send them straight back.
+        let ready = candidates.flatMap { candidates -> EventLoopFuture<[String]> in
+            let others = candidates.filter { $0 != own }
+            let probes = others.map { text in
+                (try? HostPort(parsing: text)).map { ReadyProbe.check($0, on: loop) } ?? loop.makeSucceededFuture("not host:port")
             }
-        return targets.map { targets in
+            return EventLoopFuture.whenAllSucceed(probes, on: loop).map { reasons in
+                for (target, reason) in zip(others, reasons) {
+                    if let reason { self.logger.warning("drain: a target is not ready; no clients go there", metadata: ["target": "\(target)", "reason": "\(reason)"]) }
+                }
+                return zip(others, reasons).filter { $0.1 == nil }.map(\.0)
+            }
+        }
+        return ready.flatMap { self.startDrain(targets: $0, loop: loop) }
+    }
+
+    private func startDrain(targets: [String], loop: any EventLoop) -> EventLoopFuture<HTTPReply> {
+        loop.makeSucceededFuture(targets).map { targets in
             guard let plan = DrainPlan(targets: targets) else {
-                return .error(.conflict, #"no other member that published a client address is ready; name the targets ({"to": ["host:port", …]}, banyan drain --to)"#)
+                return .error(
+                    .conflict, #"no target is ready: name other nodes that answer /.banyan/ready ({"to": ["host:port", …]}, banyan drain --to), or let the members publish their client addresses"#)
             }
             self.drain.withLock { $0 = plan }
-            let loop = self.leaseLoop.withLock { $0 } ?? self.runtime.loop
             let task = loop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(100)) { _ in self.drainStep() }
             self.drainTask.withLock { old in
                 old?.cancel()
@@ -875,7 +921,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         channel.closeFuture.whenComplete { _ in server.streamEnded(from: client) }
         if let target = server.drainTarget() {
             // Draining: the reset before any hello sends the client to another node at once.
+            // Nothing more is read (the HTTP decoder is still in place), and the socket closes
+            // at most 5 s later whether or not the client reads.
             server.drainedConnections.increment()
+            channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+            channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
             context.write(wrapOutboundOut(buffer), promise: nil)
             for frame in ServerFrames.text(ServerMessage.reset(host: target), allocator: channel.allocator) {
                 context.write(wrapOutboundOut(frame), promise: nil)
@@ -912,7 +962,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                     ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: limits.frames.maxFrameBytes)),
                     PerMessageDeflateReader(
                         codec: upgrade.deflate == nil ? nil : hub.deflate, maxMessageBytes: limits.frames.maxFrameBytes,
-                        maxFrames: limits.frames.maxFramesPerMessage),
+                        maxFrames: limits.frames.maxFramesPerMessage, budget: server.assembling),
                     NIOWebSocketFrameAggregator(
                         minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: limits.frames.maxFramesPerMessage,
                         maxAccumulatedFrameSize: limits.frames.maxFrameBytes),
@@ -943,7 +993,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         // HTTP/1.1 streams go in chunks (as NIO's encoder sent them); HTTP/1.0 ones end with the
         // connection.
         let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
-        let state = StreamState(request: request, channel: channel, chunked: chunked)
+        let hub = server.hub(for: context.eventLoop)
+        let state = StreamState(request: request, channel: channel, chunked: chunked, hub: hub, owner: server.newStreamOwner())
         streaming = state
         streamClient = client
         server.streamOpened()
@@ -954,92 +1005,83 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             contentLength: nil, keepAlive: chunked && head.isKeepAlive, into: &buffer)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
+        let bound = NIOLoopBound(state, eventLoop: context.eventLoop)
         state.setKeepAlive(context.eventLoop.scheduleRepeatedTask(initialDelay: keepAlive, delay: keepAlive) { _ in
-            state.send(SSEStream.keepAlive())
+            bound.value.send(SSEStream.keepAlive(), flush: true)
         })
-        let runtime = server.runtime
-        runtime.watch(namespace: request.namespace, stale: stale) { event in state.handle(event) }
-            .hop(to: context.eventLoop)
-            .whenSuccess { result in
-                switch result {
-                case .success(let id):
-                    state.attach(watch: id, runtime: runtime)
-                case .failure(let e):
-                    state.send(SSEStream.cancel(e.description))
-                    state.finish()
-                }
-            }
+        state.start(stale: stale)
     }
 }
 
-/// One open event stream. `stream` and `started` are used only on the replica loop (watch
-/// handlers run there); the watch registration and keep-alive task are set on the channel's loop
-/// and read by `close()`, which either loop may call, so they sit behind a lock; writes go to the
-/// channel, which is safe from any thread.
-final class StreamState: @unchecked Sendable {
+/// One open event stream: a listen in its event loop's `RealtimeHub` (the node's one listen
+/// core, shared with WebSocket sessions; docs/realtime.md), whose updates `SSEStream` renders
+/// as events. Confined to the channel's event loop, as the hub is: nothing of it runs on the
+/// replica thread.
+final class StreamState {
     private var stream: SSEStream
     let channel: any Channel
-    private struct Registration {
-        var keepAlive: RepeatedTask?
-        var watchID: UInt64?
-        var runtime: NodeRuntime?
-    }
-    private let registration = Mutex(Registration())
-    private let closed = Atomic<Bool>(false)
-    /// Set on the replica loop by `.start`: nothing is sent before the first `put "/"`.
+    private let hub: RealtimeHub
+    private let owner: UInt64
+    private var listenID: UInt64?
+    private var keepAlive: RepeatedTask?
+    private var closed = false
+    /// Nothing is sent before the first `put "/"`.
     private var started = false
+    private var dirty = false
     /// A stream whose client reads too slowly is cancelled once this many bytes are queued.
     static let maxQueuedBytes = 16 << 20
 
     /// Whether each write is framed as an HTTP/1.1 chunk.
     private let chunked: Bool
 
-    init(request: RESTRequest, channel: any Channel, chunked: Bool) {
+    init(request: RESTRequest, channel: any Channel, chunked: Bool, hub: RealtimeHub, owner: UInt64) {
         self.stream = SSEStream(request: request)
         self.channel = channel
         self.chunked = chunked
+        self.hub = hub
+        self.owner = owner
     }
 
-    var isClosed: Bool { closed.load(ordering: .acquiring) }
+    var isClosed: Bool { closed }
 
     func setKeepAlive(_ task: RepeatedTask) {
-        let cancelNow = registration.withLock { r -> Bool in
-            if isClosed { return true }
-            r.keepAlive = task
-            return false
-        }
-        if cancelNow { task.cancel() }
+        if closed { return task.cancel() }
+        keepAlive = task
     }
 
-    /// Records the watch once it started; a stream closed meanwhile unwatches at once (exactly
-    /// one of this and `close()` sees the id).
-    func attach(watch id: UInt64, runtime: NodeRuntime) {
-        let closedAlready = registration.withLock { r -> Bool in
-            if isClosed { return true }
-            r.watchID = id
-            r.runtime = runtime
-            return false
+    /// Registers the stream's listen: the first event once it started (after a ReadIndex round,
+    /// unless `stale`), then one or more per update.
+    func start(stale: Bool) {
+        let request = stream.request
+        let id = hub.newListenID()
+        listenID = id
+        hub.attachStream(
+            owner: owner,
+            deliver: { [weak self] event, tree in self?.updated(event.update, tree: tree) },
+            flush: { [weak self] in self?.flush() })
+        let listen = Listen(id: id, owner: owner, namespace: request.namespace, path: request.path, params: stream.listenParams)
+        hub.listen(listen, stale: stale) { [weak self] result in
+            guard let self, !self.closed else { return }
+            switch result {
+            case .success(let first):
+                self.started = true
+                let tree = self.hub.tree(request.namespace) ?? .empty
+                self.send(self.stream.start(first: first.update, tree: tree), flush: true)
+            case .failure(let e):
+                self.listenID = nil
+                self.send(SSEStream.cancel(e.description), flush: true)
+                self.finish()
+            }
         }
-        if closedAlready { runtime.unwatch(id) }
     }
 
-    func handle(_ event: WatchEvent) {
-        guard !isClosed else { return }
-        let bytes: [UInt8]
-        switch event {
-        case .start(let tree):
-            started = true
-            bytes = stream.start(tree: tree)
-        case .applied(let applied, let tree):
-            guard started else { return }
-            bytes = stream.applied(applied, tree: tree)
-        case .restored(let tree): bytes = stream.restart(tree: tree)
-        }
-        send(bytes)
+    private func updated(_ update: ListenUpdate, tree: Tree) {
+        guard started, !closed else { return }
+        send(stream.update(update, tree: tree), flush: false)
     }
 
-    func send(_ bytes: [UInt8]) {
-        guard !bytes.isEmpty, !isClosed else { return }
+    func send(_ bytes: [UInt8], flush: Bool) {
+        guard !bytes.isEmpty, !closed else { return }
         if !channel.isWritable {
             // The client is not reading: cancel rather than buffer without bound.
             close()
@@ -1050,7 +1092,18 @@ final class StreamState: @unchecked Sendable {
         if chunked { buffer.writeString(String(bytes.count, radix: 16) + "\r\n") }
         buffer.writeBytes(bytes)
         if chunked { buffer.writeStaticString("\r\n") }
-        channel.writeAndFlush(buffer, promise: nil)
+        if flush {
+            channel.writeAndFlush(buffer, promise: nil)
+        } else {
+            channel.write(buffer, promise: nil)
+            dirty = true
+        }
+    }
+
+    private func flush() {
+        guard dirty else { return }
+        dirty = false
+        channel.flush()
     }
 
     /// Ends the stream on purpose: the last chunk (HTTP/1.1), then the close.
@@ -1061,13 +1114,13 @@ final class StreamState: @unchecked Sendable {
     }
 
     func close() {
-        guard closed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
-        let r = registration.withLock { r -> Registration in
-            defer { r = Registration() }
-            return r
-        }
-        r.keepAlive?.cancel()
-        if let id = r.watchID { r.runtime?.unwatch(id) }
+        guard !closed else { return }
+        closed = true
+        keepAlive?.cancel()
+        keepAlive = nil
+        if let id = listenID { hub.unlisten(id) }
+        listenID = nil
+        hub.detach(owner: owner)
     }
 }
 

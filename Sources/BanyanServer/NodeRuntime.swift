@@ -80,6 +80,9 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Called on the replica thread with realtime connections that ended in the log (the
     /// server closes those it still serves; it must only hand the work to their loops).
     let connectionsEnded = Mutex<(@Sendable ([UInt64]) -> Void)?>(nil)
+    /// Called on the replica thread after a snapshot replaced the state: whether a connection
+    /// has ended in it (the server closes its open ones that did).
+    let connectionsRestored = Mutex<(@Sendable (_ ended: (UInt64) -> Bool) -> Void)?>(nil)
     /// Answers for callers on other event loops, gathered during one pass of the replica loop
     /// and handed to each loop as one task (`flushReplies`): one wake-up per loop per pass
     /// instead of one per request.
@@ -532,6 +535,10 @@ public final class NodeRuntime: @unchecked Sendable {
             snapshotInstalls.increment()
         case .restoredFromSnapshot(let meta):
             logger.info("state machine restored from the leader's snapshot", metadata: ["index": "\(meta.index)"])
+            // Connections the snapshot ended (an `ls` elsewhere, a lease expiry) applied no
+            // command here: the server checks its open ones against the restored state.
+            let sessions = core.replica.machine.sessions
+            connectionsRestored.withLock { $0 }?({ sessions[$0]?.ended == true })
         case .snapshotWritten(let meta):
             snapshotCounter.increment()
             logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)"])

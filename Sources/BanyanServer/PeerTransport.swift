@@ -16,7 +16,10 @@ import Synchronization
 /// connection has too many bytes queued, messages are dropped (Raft retries: that is the
 /// backpressure).
 ///
-/// Protocol version 4: Raft messages are `MessageCodec` version 4 (acknowledgements say whether
+/// Protocol version 5: the same messages as version 4; it marks the log's command version 5
+/// (commands of ordered realtime sessions), which nodes of version 4 would apply as malformed
+/// while newer ones apply them, so the two must not share a log. Version 4: Raft messages are
+/// `MessageCodec` version 4 (acknowledgements say whether
 /// their sender may vote, so a leader counts no blank voter's in a quorum; heartbeats carry the
 /// term of the entry at their commit, so a follower commits only what it holds). Version 3 made vote
 /// requests carry the incarnation the candidate's configuration records for the recipient. Version 2 (R22) added
@@ -25,7 +28,7 @@ import Synchronization
 /// the same protocol before they can talk again (restart them all with the new binary;
 /// docs/runbook.md).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 4
+    static let protocolVersion: UInt16 = 5
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

@@ -35,6 +35,8 @@ struct InboundFrameError: Error, CustomStringConvertible {
 
     static func protocolError(_ reason: String) -> InboundFrameError { InboundFrameError(code: .protocolError, reason: reason) }
     static func tooLarge(_ reason: String) -> InboundFrameError { InboundFrameError(code: .messageTooLarge, reason: reason) }
+    /// The node's budget for messages being assembled is used up (1013: try again later).
+    static func overBudget(_ reason: String) -> InboundFrameError { InboundFrameError(code: .init(codeNumber: 1013), reason: reason) }
 
     var description: String { reason }
 }
@@ -245,24 +247,49 @@ final class PerMessageDeflateReader: ChannelInboundHandler {
     private var message = Message.none
     /// Set after a failure: the connection is closing, nothing more is read into it.
     private var failed = false
+    /// Bytes of the fragmented message being received (here or in the aggregator after this
+    /// handler), charged to the node's budget for messages being assembled.
+    private var account: AssemblyAccount?
 
-    init(codec: DeflateCodec?, maxMessageBytes: Int, maxFrames: Int) {
+    init(codec: DeflateCodec?, maxMessageBytes: Int, maxFrames: Int, budget: AssemblyBudget? = nil) {
         self.codec = codec
         self.maxMessageBytes = maxMessageBytes
         self.maxFrames = maxFrames
+        self.account = budget.map(AssemblyAccount.init)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !failed else { return }
         let frame = unwrapInboundIn(data)
         do {
+            try charge(frame)
             if let whole = try read(frame, allocator: context.channel.allocator) {
                 context.fireChannelRead(wrapInboundOut(whole))
             }
         } catch {
             failed = true
             message = .none
+            account?.releaseAll()
             context.fireErrorCaught(error)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        account?.releaseAll()
+    }
+
+    /// Keeps the budget's account of the fragmented message in step: a first fragment or a
+    /// continuation adds its bytes, the final frame releases them all (the message is whole).
+    private func charge(_ frame: WebSocketFrame) throws(InboundFrameError) {
+        guard var account, !frame.opcode.isControlOpcode else { return }
+        defer { self.account = account }
+        let holding: Int
+        switch frame.opcode {
+        case .continuation: holding = frame.fin ? 0 : account.held + frame.length
+        default: holding = frame.fin ? 0 : frame.length
+        }
+        guard account.hold(holding) else {
+            throw .overBudget("the node's budget for messages being assembled (\(account.budget.limit) bytes) is used up; try again")
         }
     }
 

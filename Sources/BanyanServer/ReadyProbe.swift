@@ -6,8 +6,13 @@ import NIOPosix
 /// "Draining a node"). Reads at most the status line; any failure counts as not ready.
 enum ReadyProbe {
     static func probe(_ target: HostPort, on loop: any EventLoop, timeout: TimeAmount = .seconds(1)) -> EventLoopFuture<Bool> {
-        let promise = loop.makePromise(of: Bool.self)
-        let deadline = loop.scheduleTask(in: timeout) { promise.succeed(false) }
+        check(target, on: loop, timeout: timeout).map { $0 == nil }
+    }
+
+    /// Nil when ready; otherwise why not (the status line, or the connection's failure).
+    static func check(_ target: HostPort, on loop: any EventLoop, timeout: TimeAmount = .seconds(1)) -> EventLoopFuture<String?> {
+        let promise = loop.makePromise(of: String?.self)
+        let deadline = loop.scheduleTask(in: timeout) { promise.succeed("no answer within \(timeout.nanoseconds / 1_000_000) ms") }
         promise.futureResult.whenComplete { _ in deadline.cancel() }
         ClientBootstrap(group: loop)
             .connectTimeout(timeout)
@@ -22,37 +27,38 @@ enum ReadyProbe {
                     request.writeString("GET /.banyan/ready HTTP/1.1\r\nHost: \(target.host)\r\nConnection: close\r\n\r\n")
                     channel.writeAndFlush(request, promise: nil)
                     promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
-                case .failure:
-                    promise.succeed(false)
+                case .failure(let error):
+                    promise.succeed("cannot connect: \(error)")
                 }
             }
         return promise.futureResult
     }
 
-    /// Succeeds the promise with whether the answer's status line says 200 (at most 64 bytes
-    /// looked at).
+    /// Succeeds the promise with nil when the answer's status line says 200, else with the line
+    /// (at most 64 bytes looked at).
     private final class StatusLineReader: ChannelInboundHandler, @unchecked Sendable {
         typealias InboundIn = ByteBuffer
-        private let promise: EventLoopPromise<Bool>
+        private let promise: EventLoopPromise<String?>
         private var head: [UInt8] = []
 
-        init(promise: EventLoopPromise<Bool>) { self.promise = promise }
+        init(promise: EventLoopPromise<String?>) { self.promise = promise }
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             let buffer = unwrapInboundIn(data)
             head += buffer.readableBytesView.prefix(64 - head.count)
             if head.count >= 12 || head.contains(10) {
                 let line = String(decoding: head, as: UTF8.self)
-                promise.succeed(line.hasPrefix("HTTP/1.1 200") || line.hasPrefix("HTTP/1.0 200"))
+                let ok = line.hasPrefix("HTTP/1.1 200") || line.hasPrefix("HTTP/1.0 200")
+                promise.succeed(ok ? nil : String(line.split(whereSeparator: \.isNewline).first ?? ""))
             }
         }
 
         func channelInactive(context: ChannelHandlerContext) {
-            promise.succeed(false)
+            promise.succeed("closed before answering")
         }
 
         func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            promise.succeed(false)
+            promise.succeed("\(error)")
             context.close(promise: nil)
         }
     }

@@ -36,6 +36,8 @@ final class RealtimeHub: @unchecked Sendable {
     /// A listen not yet started: it waits for its namespace's view or for a ReadIndex round.
     private struct Pending {
         var listen: Listen
+        /// Starts from the loop's current tree without a ReadIndex round (`consistency=stale`).
+        var stale: Bool
         var done: (Result<ListenEvent, ListenStartError>) -> Void
     }
     private var pending: [UInt64: Pending] = [:]
@@ -45,6 +47,9 @@ final class RealtimeHub: @unchecked Sendable {
     private var nextListen: UInt64 = 1
     /// Where each owner's updates go (a connection's handler).
     private var owners: [UInt64: ([ByteBuffer]) -> Void] = [:]
+    /// Owners that render their updates themselves (event streams): each update with the
+    /// namespace's tree after the write.
+    private var streams: [UInt64: (ListenEvent, Tree) -> Void] = [:]
     private let allocator = ByteBufferAllocator()
     private var flushes: [UInt64: () -> Void] = [:]
     /// Owners whose messages go compressed (absent: plain).
@@ -79,8 +84,19 @@ final class RealtimeHub: @unchecked Sendable {
         if encoding != .plain { encodings[owner] = encoding }
     }
 
+    /// Registers an owner that renders its own updates (an event stream): `deliver` gets each
+    /// update and the namespace's tree after the write; `flush` once after each batch.
+    func attachStream(owner: UInt64, deliver: @escaping (ListenEvent, Tree) -> Void, flush: @escaping () -> Void) {
+        streams[owner] = deliver
+        flushes[owner] = flush
+    }
+
+    /// The namespace's tree as this loop's listens last saw it (nil: no view of it yet).
+    func tree(_ ns: String) -> Tree? { feeds[ns]?.tree }
+
     func detach(owner: UInt64) {
         owners[owner] = nil
+        streams[owner] = nil
         flushes[owner] = nil
         encodings[owner] = nil
     }
@@ -95,20 +111,22 @@ final class RealtimeHub: @unchecked Sendable {
     /// as new as the leader's commit index when the listen was asked for (a ReadIndex round, or
     /// the start of the namespace's view), or why it could not start. Nothing is delivered for
     /// the listen before `done`.
-    func listen(_ listen: Listen, done: @escaping (Result<ListenEvent, ListenStartError>) -> Void) {
+    /// A `stale` listen starts from the loop's current tree at once (the view's start when it
+    /// has none yet), without the ReadIndex round.
+    func listen(_ listen: Listen, stale: Bool = false, done: @escaping (Result<ListenEvent, ListenStartError>) -> Void) {
         let id = listen.id
         let ns = listen.namespace
-        pending[id] = Pending(listen: listen, done: done)
+        pending[id] = Pending(listen: listen, stale: stale, done: done)
         namespaceOf[id] = ns
         if listen.isWindowed { windowed.insert(id) }
         var feed = feeds[ns] ?? openFeed(ns)
         feed.listens += 1
-        if feed.tree == nil {
+        if let tree = feed.tree {
+            feeds[ns] = feed
+            if stale { start(id, tree: tree) } else { barrier(id, ns, generation: feed.generation) }
+        } else {
             feed.waiting.append(id)
             feeds[ns] = feed
-        } else {
-            feeds[ns] = feed
-            barrier(id, ns, generation: feed.generation)
         }
     }
 
@@ -123,7 +141,10 @@ final class RealtimeHub: @unchecked Sendable {
         let generation = nextGeneration
         nextGeneration += 1
         let loop = self.loop
-        runtime.watch(namespace: ns, stale: false) { event in
+        // The view starts from this node's own state (no ReadIndex round: that would fail without
+        // a leader, and stale listens need none); each listen that must be fresh has its own
+        // barrier.
+        runtime.watch(namespace: ns, stale: true) { event in
             // On the replica thread: hand the event over in order (one task per loop per event).
             loop.execute { self.feedEvent(ns, generation, event) }
         }
@@ -156,18 +177,21 @@ final class RealtimeHub: @unchecked Sendable {
             let waiting = feed.waiting
             feed.waiting = []
             feeds[ns] = feed
-            // The view started after these listens were asked for, at a linearizable point.
-            for id in waiting { start(id, tree: tree) }
+            // Stale listens start from it; the others after a ReadIndex round.
+            for id in waiting {
+                guard let p = pending[id] else { continue }
+                if p.stale { start(id, tree: tree) } else { barrier(id, ns, generation: generation) }
+            }
         case .applied(let applied, let tree):
             guard feed.tree != nil else { return }
             feed.tree = tree
             feeds[ns] = feed
-            deliver(core.applied(namespace: ns, written: applied.written, tree: tree))
+            deliver(core.applied(namespace: ns, written: applied.written, tree: tree), tree: tree)
         case .restored(let tree):
             guard feed.tree != nil else { return }
             feed.tree = tree
             feeds[ns] = feed
-            deliver(core.restored(namespace: ns, tree: tree))
+            deliver(core.restored(namespace: ns, tree: tree), tree: tree)
         }
     }
 
@@ -180,7 +204,10 @@ final class RealtimeHub: @unchecked Sendable {
             switch result {
             case .success:
                 guard self.pending[id] != nil else { return }
-                guard let feed = self.feeds[ns], let tree = feed.tree else { return }
+                // The view's start reaches the loop before any read answer asked after it.
+                guard let feed = self.feeds[ns], feed.generation == generation, let tree = feed.tree else {
+                    return self.fail(id, .unavailable(.timedOut(write: false)))
+                }
                 self.start(id, tree: tree)
             case .failure(let e):
                 self.fail(id, .unavailable(e))
@@ -222,12 +249,17 @@ final class RealtimeHub: @unchecked Sendable {
     /// Hands each update to its owner, rendered once per distinct untagged update (a thousand
     /// default listens at one path get one rendering) and encoded once per outbound encoding
     /// (`SharedPush`), then flushes each owner once.
-    private func deliver(_ events: [ListenEvent]) {
+    private func deliver(_ events: [ListenEvent], tree: Tree) {
         guard !events.isEmpty else { return }
         var rendered: [RenderKey: SharedPush] = [:]
         var touched: [UInt64] = []
         var seen = Set<UInt64>()
         for event in events {
+            if let stream = streams[event.owner] {
+                stream(event, tree)
+                if seen.insert(event.owner).inserted { touched.append(event.owner) }
+                continue
+            }
             guard let push = owners[event.owner] else { continue }
             let shared: SharedPush
             if event.tag == nil, !windowed.contains(event.listen) {

@@ -41,6 +41,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     /// Writes held while the previous connection's end (`ls`) is being recorded, in order.
     private var holdingWrites = false
     private var heldWrites: [(request: Int64, write: SessionCore.Write)] = []
+    /// Set while the node drains this connection: where the reset sends the client.
+    private var resetTarget: String?
+    /// Bytes of a protocol message arriving in several frames, charged to the node's budget.
+    private var assembly: AssemblyAccount
     /// The node's lease holder when the connection opened: its onDisconnect writes name it, and
     /// if that lease lapses the connection is closed (docs/realtime.md, "Node leases").
     private let holder: UInt64
@@ -55,6 +59,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         self.upgrade = upgrade
         self.identity = identity
         holder = server.leaseHolder()
+        assembly = AssemblyAccount(budget: server.assembling)
         encoding = OutboundEncoding(upgrade.deflate)
         let host = server.config.publicHost ?? upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
         core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)
@@ -111,6 +116,13 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         case .text:
             let payload = frame.unmaskedData
             perform(core.receive(frame: Array(payload.readableBytesView)))
+            // Chunks of a protocol message held until it is whole count against the node's
+            // budget for messages being assembled.
+            guard assembly.hold(core.assemblingBytes) else {
+                assembly.releaseAll()
+                server.logger.notice("closed a realtime connection: the node's budget for messages being assembled is used up", metadata: ["session": "\(identity)"])
+                return close(code: .init(codeNumber: 1013), reason: "the node's budget for messages being assembled is used up; try again")
+            }
         case .binary:
             send(ServerMessage.error("binary frames are not part of the protocol; send text frames"))
             close(code: .unacceptableData, reason: "binary frame")
@@ -173,6 +185,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     private func end() {
         guard !finished else { return }
         finished = true
+        assembly.releaseAll()
         keepAlive?.cancel()
         keepAlive = nil
         _ = core.ended()
@@ -232,9 +245,24 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     /// The node drains (`banyan drain`): tells the client to reconnect to `host` (the
     /// protocol's reset, `r`: after the hello the SDKs close and reconnect there) and closes.
+    /// Reading stops first and the reset waits until every request read is answered (at most
+    /// `resetWaitLimit`): the SDKs send unanswered writes again on their new connection, so a
+    /// write still in flight here would otherwise apply twice (a transaction counted twice).
     /// The connection then ends as any other does (its onDisconnect writes fire).
     func reset(to host: String) {
-        guard !closing, !finished else { return }
+        guard !closing, !finished, resetTarget == nil, let context else { return }
+        resetTarget = host
+        context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+        if core.unansweredCount == 0 { return finishReset() }
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: Self.resetWaitLimit) { bound.value.finishReset() }
+    }
+
+    /// How long a reset waits for the connection's requests to be answered.
+    static let resetWaitLimit = TimeAmount.seconds(10)
+
+    private func finishReset() {
+        guard let host = resetTarget, !closing, !finished else { return }
         send(ServerMessage.reset(host: host))
         flush()
         close(code: .goingAway, reason: "this node is draining; reconnect to \(host)")
@@ -258,6 +286,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     // MARK: - The core's actions
 
     private func perform(_ outputs: [SessionCore.Output]) {
+        defer { if resetTarget != nil, core.unansweredCount == 0 { finishReset() } }
         for output in outputs {
             switch output {
             case .send(let bytes): send(bytes)
@@ -274,6 +303,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             case .pauseReading:
                 context?.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
             case .resumeReading:
+                guard resetTarget == nil else { break }  // draining: nothing more is read
                 context?.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
                 context?.read()
             case .close(let reason):

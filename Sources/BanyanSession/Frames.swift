@@ -78,6 +78,9 @@ public struct FrameAssembler: Sendable {
     public let limits: Limits
     /// Frames still expected for the message being collected or dropped (0: idle).
     public private(set) var expected = 0
+    /// Bytes held of the message being collected (the node's budget for messages being
+    /// assembled counts them).
+    public var heldBytes: Int { buffer.count }
     private var buffer: [UInt8] = []
     /// Set while the current message is being dropped.
     private var dropping: TooLarge?

@@ -118,6 +118,8 @@ public struct SessionCore: Sendable {
     public let limits: Limits
     public private(set) var isClosed = false
     private var assembler: FrameAssembler
+    /// Bytes held of a message arriving in several frames (`FrameAssembler.heldBytes`).
+    public var assemblingBytes: Int { assembler.heldBytes }
     /// Requests in arrival order, each with its answer once known: answers leave from the front
     /// only, so they reach the client in request order.
     private var pending: [(request: Int64, answer: [UInt8]?)] = []

@@ -1,3 +1,4 @@
+import BanyanListen
 import BanyanQuery
 import BanyanREST
 import BanyanStateMachine
@@ -249,43 +250,83 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
 }
 
 @Suite struct SSEStreamTests {
-    func apply(_ m: inout StateMachine, _ seq: UInt64, _ command: Command) throws -> StateMachine.Applied {
-        let payload = CommandEnvelope(namespace: "n", session: 1, seq: seq, timestamp: 5, command: command).encoded()
+    func apply(_ m: inout StateMachine, _ seq: UInt64, _ command: Command, namespace: String = "n") throws -> StateMachine.Applied {
+        let payload = CommandEnvelope(namespace: namespace, session: 1, seq: seq, timestamp: 5, command: command).encoded()
         let applied = m.apply(payload, index: seq)
         return try #require(applied)
+    }
+
+    /// A stream and its listen in a listen core, as a node's event loop holds them.
+    struct Harness {
+        var core = ListenCore()
+        var stream: SSEStream
+
+        mutating func start(_ tree: Tree) throws -> String {
+            let listen = Listen(id: 1, owner: 7, namespace: stream.request.namespace, path: stream.request.path, params: stream.listenParams)
+            let first = try core.listen(listen, tree: tree)
+            return String(decoding: stream.start(first: first.update, tree: tree), as: UTF8.self)
+        }
+
+        mutating func applied(_ applied: StateMachine.Applied, _ tree: Tree) -> String {
+            var out: [UInt8] = []
+            for event in core.applied(namespace: applied.namespace, written: applied.written, tree: tree) {
+                out += stream.update(event.update, tree: tree)
+            }
+            return String(decoding: out, as: UTF8.self)
+        }
     }
 
     @Test("first event is a put of the whole value; sets below, above and elsewhere; updates become patches")
     func events() throws {
         var m = StateMachine()
         _ = try apply(&m, 1, .set(path: "/rooms", json: Array(#"{"r1":{"title":"Hi"}}"#.utf8)))
-        var s = SSEStream(request: try request("GET", "/rooms.json?ns=n", headers: [("Accept", "text/event-stream")]))
-        #expect(String(decoding: s.start(tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r1\":{\"title\":\"Hi\"}}}\n\n")
+        var s = Harness(stream: SSEStream(request: try request("GET", "/rooms.json?ns=n", headers: [("Accept", "text/event-stream")])))
+        #expect(try s.start(m.tree("n")) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r1\":{\"title\":\"Hi\"}}}\n\n")
         let below = try apply(&m, 2, .set(path: "/rooms/r1/title", json: Array(#""Hello""#.utf8)))
-        #expect(String(decoding: s.applied(below, tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/r1/title\",\"data\":\"Hello\"}\n\n")
+        #expect(s.applied(below, m.tree("n")) == "event: put\ndata: {\"path\":\"/r1/title\",\"data\":\"Hello\"}\n\n")
         let update = try apply(&m, 3, .update(path: "/rooms/r1", entries: [.init(path: "n", json: Array("4".utf8)), .init(path: "title", json: Array("null".utf8))]))
-        #expect(String(decoding: s.applied(update, tree: m.tree("n")), as: UTF8.self) == "event: patch\ndata: {\"path\":\"/r1\",\"data\":{\"n\":4,\"title\":null}}\n\n")
-        let elsewhere = try apply(&m, 4, .set(path: "/other", json: Array("1".utf8)))
-        #expect(s.applied(elsewhere, tree: m.tree("n")).isEmpty)
-        let above = try apply(&m, 5, .set(path: "/", json: Array(#"{"rooms":{"r2":1}}"#.utf8)))
-        #expect(String(decoding: s.applied(above, tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r2\":1}}\n\n")
+        #expect(s.applied(update, m.tree("n")) == "event: patch\ndata: {\"path\":\"/r1\",\"data\":{\"n\":4,\"title\":null}}\n\n")
+        // Paths deeper than one level below their common location go as separate puts.
+        let deep = try apply(&m, 4, .update(path: "/rooms", entries: [.init(path: "r1/n", json: Array("5".utf8)), .init(path: "r2/n", json: Array("6".utf8))]))
+        #expect(s.applied(deep, m.tree("n")) == "event: put\ndata: {\"path\":\"/r1/n\",\"data\":5}\n\nevent: put\ndata: {\"path\":\"/r2/n\",\"data\":6}\n\n")
+        let elsewhere = try apply(&m, 5, .set(path: "/other", json: Array("1".utf8)))
+        #expect(s.applied(elsewhere, m.tree("n")).isEmpty)
+        let above = try apply(&m, 6, .set(path: "/", json: Array(#"{"rooms":{"r2":1}}"#.utf8)))
+        #expect(s.applied(above, m.tree("n")) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"r2\":1}}\n\n")
         // Another namespace's writes are not this stream's.
-        let payload = CommandEnvelope(namespace: "other", session: 1, seq: 6, timestamp: 5, command: .set(path: "/rooms/x", json: Array("1".utf8))).encoded()
-        let foreignApplied = m.apply(payload, index: 6)
-        let foreign = try #require(foreignApplied)
-        #expect(s.applied(foreign, tree: m.tree("other")).isEmpty)
+        let foreign = try apply(&m, 7, .set(path: "/rooms/x", json: Array("1".utf8)), namespace: "other")
+        #expect(s.applied(foreign, m.tree("other")).isEmpty)
         #expect(String(decoding: SSEStream.keepAlive(), as: UTF8.self) == "event: keep-alive\ndata: null\n\n")
     }
 
-    @Test("a query stream sends the window, then puts for children that enter, change or leave")
+    @Test("a query stream sends the window, then a put per child that enters or leaves it (null), a patch when children in it change")
     func queryStream() throws {
         var m = StateMachine()
         _ = try apply(&m, 1, .set(path: "/s", json: Array(#"{"a":1,"b":2,"c":3}"#.utf8)))
-        var s = SSEStream(request: try request("GET", "/s.json?ns=n&orderBy=%22%24value%22&limitToLast=2", headers: [("Accept", "text/event-stream")]))
-        #expect(String(decoding: s.start(tree: m.tree("n")), as: UTF8.self) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"b\":2,\"c\":3}}\n\n")
+        var s = Harness(stream: SSEStream(request: try request("GET", "/s.json?ns=n&orderBy=%22%24value%22&limitToLast=2", headers: [("Accept", "text/event-stream")])))
+        #expect(try s.start(m.tree("n")) == "event: put\ndata: {\"path\":\"/\",\"data\":{\"b\":2,\"c\":3}}\n\n")
         let enter = try apply(&m, 2, .set(path: "/s/a", json: Array("9".utf8)))
-        let text = String(decoding: s.applied(enter, tree: m.tree("n")), as: UTF8.self)
-        #expect(text == "event: put\ndata: {\"path\":\"/a\",\"data\":9}\n\nevent: put\ndata: {\"path\":\"/b\",\"data\":null}\n\n")
+        #expect(s.applied(enter, m.tree("n")) == "event: put\ndata: {\"path\":\"/a\",\"data\":9}\n\nevent: put\ndata: {\"path\":\"/b\",\"data\":null}\n\n")
+        let change = try apply(&m, 3, .set(path: "/s/c", json: Array("4".utf8)))
+        #expect(s.applied(change, m.tree("n")) == "event: patch\ndata: {\"path\":\"/\",\"data\":{\"c\":4}}\n\n")
+        let outside = try apply(&m, 4, .set(path: "/s/b", json: Array("0".utf8)))
+        #expect(s.applied(outside, m.tree("n")).isEmpty)
+        // The window it keeps follows the patch: a child leaving after a patch is told right.
+        let leave = try apply(&m, 5, .set(path: "/s/b", json: Array("10".utf8)))
+        #expect(s.applied(leave, m.tree("n")) == "event: put\ndata: {\"path\":\"/b\",\"data\":10}\n\nevent: put\ndata: {\"path\":\"/c\",\"data\":null}\n\n")
+    }
+
+    @Test("a priority stream renders the location's priority itself: a put when it changes, nothing otherwise")
+    func priorityStream() throws {
+        var m = StateMachine()
+        _ = try apply(&m, 1, .set(path: "/s", json: Array(#"{"a":1,".priority":"p"}"#.utf8)))
+        var s = Harness(stream: SSEStream(request: try request("GET", "/s/.priority.json?ns=n", headers: [("Accept", "text/event-stream")])))
+        #expect(s.stream.rendersItself && s.stream.listenParams == nil)
+        #expect(try s.start(m.tree("n")) == "event: put\ndata: {\"path\":\"/\",\"data\":\"p\"}\n\n")
+        let child = try apply(&m, 2, .set(path: "/s/a", json: Array("2".utf8)))
+        #expect(s.applied(child, m.tree("n")).isEmpty, "a child's change keeps the priority")
+        let priority = try apply(&m, 3, .set(path: "/s/.priority", json: Array(#""q""#.utf8)))
+        #expect(s.applied(priority, m.tree("n")) == "event: put\ndata: {\"path\":\"/\",\"data\":\"q\"}\n\n")
     }
 }
 

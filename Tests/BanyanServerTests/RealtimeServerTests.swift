@@ -378,7 +378,7 @@ import Testing
     }
 
     /// One HTTP request on its own connection (`Connection: close`): the status and the body.
-    func http(_ port: Int, _ method: String, _ path: String, body: String = "") throws -> (status: Int, body: String) {
+    func http(_ port: Int, _ method: String, _ path: String, body: String = "") throws -> (status: Int, body: String, raw: String) {
         let fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000)
         defer { close(fd) }
         let request = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
@@ -394,39 +394,106 @@ import Testing
         let text = String(decoding: bytes, as: UTF8.self)
         let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
         let payload = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
-        return (status, payload)
+        return (status, payload, text)
     }
 
-    @Test("drain: open connections are told to reconnect elsewhere (r) and closed, new ones are sent on before the hello, ready answers 503; stopping restores all")
+    @Test("drain: open connections are told to reconnect elsewhere (r) once their requests are answered, new ones are sent on before the hello, ready answers 503; targets must answer ready and not be this node; stopping restores all")
     func drain() throws {
-        try withNode("rt-drain") { port, _ in
+        try withNode("rt-drain-target") { targetPort, _ in
+            try withNode("rt-drain") { port, _ in
+                let target = "127.0.0.1:\(targetPort)"
+                // The target must answer ready (it has elected itself) before a drain may use it.
+                let deadline = Date().addingTimeInterval(10)
+                while try http(targetPort, "GET", "/.banyan/ready").status != 200, Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+                let (a, _) = try open(port)
+                a.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/x","h":""}}}"#)
+                #expect(a.messages(until: #""r":1"#).count == 2)
+                // A single node has no other member to send clients to; named targets must answer
+                // ready and must not be this node.
+                #expect(try http(port, "POST", "/.banyan/drain").status == 409)
+                #expect(try http(port, "POST", "/.banyan/drain", body: #"{"to":"nowhere"}"#).status == 400)
+                #expect(try http(port, "POST", "/.banyan/drain", body: #"{"to":["127.0.0.1:1"]}"#).status == 409)
+                #expect(try http(port, "POST", "/.banyan/drain", body: #"{"to":["127.0.0.1:\#(port)"]}"#).status == 409)
+                #expect(try http(port, "GET", "/.banyan/ready").status == 200, "a refused drain leaves the node ready")
+                // A write in flight when the drain starts is answered before the reset.
+                a.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/x","d":2}}}"#)
+                let started = try http(port, "POST", "/.banyan/drain", body: #"{"to":["\#(target)","127.0.0.1:1"]}"#)
+                #expect(started.status == 200, "\(started.body) \(started.raw)")
+                #expect(started.body.contains(#""targets":["\#(target)"]"#) && started.body.contains(#""connections":1"#), "\(started.body)")
+                let seen = a.messages(until: #""t":"r""#)
+                #expect(seen.contains(#"{"t":"d","d":{"r":2,"b":{"s":"ok","d":""}}}"#), "\(seen)")
+                #expect(seen.last == #"{"t":"c","d":{"t":"r","d":"\#(target)"}}"#, "\(seen)")
+                #expect(a.waitClosed())
+                // A new connection: 101, then the reset before any hello, then the close.
+                let b = try Client(port: port)
+                #expect(b.head().hasPrefix("HTTP/1.1 101"))
+                #expect(b.message() == #"{"t":"c","d":{"t":"r","d":"\#(target)"}}"#)
+                #expect(b.waitClosed())
+                #expect(try http(port, "GET", "/.banyan/ready").status == 503)
+                let status = try http(port, "GET", "/.banyan/status").body
+                #expect(status.contains(#""draining" : true"#) && status.contains(#""realtime_connections" : 0"#), "\(status)")
+                // Stopped: connections get their hello again and the node reports ready.
+                #expect(try http(port, "DELETE", "/.banyan/drain").status == 200)
+                let (c, session) = try open(port)
+                #expect(!session.isEmpty)
+                c.text(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/x","d":1}}}"#)
+                #expect(c.messages(until: #""r":1"#).last == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+                #expect(try http(port, "GET", "/.banyan/ready").status == 200)
+            }
+        }
+    }
+
+    /// The close code of the next frame, if it is a close.
+    func closeCode(_ c: Client) -> Int? {
+        guard let frame = c.next(), frame.opcode == 8, frame.payload.count >= 2 else { return nil }
+        return Int(frame.payload[0]) << 8 | Int(frame.payload[1])
+    }
+
+    @Test("the node-wide budget for messages being assembled: a connection whose chunk or fragment does not fit is closed with 1013, the others finish theirs, and the bytes come back")
+    func assemblingBudget() throws {
+        try withNode("rt-assembling", configure: { $0.http.maxAssemblingBytes = 1 << 20 }) { port, node in
+            let value = String(repeating: "x", count: 1_200_000)
+            let message = Array(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/big","d":"\#(value)"}}}"#.utf8)
+            let third = message.count / 3 + 1
+            let chunks = stride(from: 0, to: message.count, by: third).map { Array(message[$0..<min(message.count, $0 + third)]) }
+            #expect(chunks.count == 3)
+            // Protocol-level chunks: A holds two thirds (about 800 KB); B's first third does not fit.
             let (a, _) = try open(port)
-            a.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/x","h":""}}}"#)
-            #expect(a.messages(until: #""r":1"#).count == 2)
-            // A single node has no other member to send clients to: targets must be named.
-            let refused = try http(port, "POST", "/.banyan/drain")
-            #expect(refused.status == 409, "\(refused)")
-            #expect(try http(port, "POST", "/.banyan/drain", body: #"{"to":"nowhere"}"#).status == 400)
-            let started = try http(port, "POST", "/.banyan/drain", body: #"{"to":["127.0.0.1:1","127.0.0.1:2"]}"#)
-            #expect(started.status == 200)
-            #expect(started.body.contains(#""draining":true"#) && started.body.contains(#""connections":1"#), "\(started.body)")
-            #expect(a.message() == #"{"t":"c","d":{"t":"r","d":"127.0.0.1:1"}}"#)
-            #expect(a.waitClosed())
-            // A new connection: 101, then the reset before any hello, then the close.
-            let b = try Client(port: port)
-            #expect(b.head().hasPrefix("HTTP/1.1 101"))
-            #expect(b.message() == #"{"t":"c","d":{"t":"r","d":"127.0.0.1:2"}}"#)
+            a.text("3")
+            a.frame(opcode: 1, chunks[0])
+            a.frame(opcode: 1, chunks[1])
+            let (b, _) = try open(port)
+            b.text("3")
+            b.frame(opcode: 1, chunks[0])
+            #expect(closeCode(b) == 1013)
             #expect(b.waitClosed())
-            #expect(try http(port, "GET", "/.banyan/ready").status == 503)
-            let status = try http(port, "GET", "/.banyan/status").body
-            #expect(status.contains(#""draining" : true"#) && status.contains(#""realtime_connections" : 0"#), "\(status)")
-            // Stopped: connections get their hello again and the node reports ready.
-            #expect(try http(port, "DELETE", "/.banyan/drain").status == 200)
-            let (c, session) = try open(port)
-            #expect(!session.isEmpty)
-            c.text(#"{"t":"d","d":{"r":1,"a":"p","b":{"p":"/x","d":1}}}"#)
-            #expect(c.messages(until: #""r":1"#).last == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
-            #expect(try http(port, "GET", "/.banyan/ready").status == 200)
+            // A finishes: its write applies and its bytes come back.
+            a.frame(opcode: 1, chunks[2])
+            #expect(a.message(seconds: 20) == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            #expect(node.http.assembling.bytes == 0)
+            // Now the same fits.
+            let (c, _) = try open(port)
+            c.text("3")
+            for chunk in chunks { c.frame(opcode: 1, chunk) }
+            #expect(c.message(seconds: 20) == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            // WebSocket fragments count too (they wait in the aggregator).
+            let (d, _) = try open(port)
+            d.frame(opcode: 1, Array(message[0..<700_000]), fin: false)
+            let (e, _) = try open(port)
+            e.frame(opcode: 1, Array(message[0..<700_000]), fin: false)
+            #expect(closeCode(e) == 1013)
+            d.frame(opcode: 0, Array(message[700_000...]), fin: true)
+            #expect(d.message(seconds: 20) == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":""}}}"#)
+            // A connection that goes away mid-message gives its bytes back.
+            do {
+                let (f, _) = try open(port)
+                f.text("3")
+                f.frame(opcode: 1, chunks[0])
+                _ = f.message(seconds: 0.5)
+            }
+            let deadline = Date().addingTimeInterval(10)
+            while node.http.assembling.bytes != 0, Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+            #expect(node.http.assembling.bytes == 0)
         }
     }
 

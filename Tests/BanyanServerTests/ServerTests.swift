@@ -86,6 +86,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                   round_interval_us: 0
                 http:
                   max_body_bytes: 1048576
+                  max_assembling_bytes: 33554432
                 development:
                   allow_unauthenticated: false
                 """)
@@ -98,7 +99,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(NodeConfig().publishedClientAddress == HostPort(host: "127.0.0.1", port: 9000))
         #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
         #expect(c.tls.certificate == "/etc/banyan/node2.pem" && !c.tls.generateDevelopmentCertificates)
-        #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20)
+        #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20 && c.http.maxAssemblingBytes == 32 << 20)
         #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
         // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
         #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
@@ -108,7 +109,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
             "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "raft:\n  round_interval_us: 20001",
             "raft:\n  tick_ms: 1\n  heartbeat_ticks: 1", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
-            "public_host: ''", "public_host: a/b", "public_host: 'a b'", "advertise_client_address: nowhere",
+            "public_host: ''", "public_host: a/b", "http:\n  max_assembling_bytes: 1000", "public_host: 'a b'", "advertise_client_address: nowhere",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }
