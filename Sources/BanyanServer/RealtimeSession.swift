@@ -114,6 +114,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         core.heard(at: Self.now())
         switch frame.opcode {
         case .text:
+            // Nothing read after this side closed (a drain's reset, a refusal) is acted on: the
+            // client counts it unanswered, so it must not apply.
+            guard !closing else { return }
             let payload = frame.unmaskedData
             perform(core.receive(frame: Array(payload.readableBytesView)))
             // Chunks of a protocol message held until it is whole count against the node's

@@ -336,7 +336,7 @@ check('kill -9 of the leader a client is on: it reconnects elsewhere and sees ev
 // Run after the kill -9 (one node is dead): `POST /.banyan/drain` on a live node with no
 // targets named sends its clients to the other members that published a client address and
 // answer ready, so never to a dead node. A client on it gets the reset (`r`), reconnects to the other
-// live node, and sees every event once, in order; its writes all apply.
+// live node, and sees every event once, in order; its writes all apply, its transactions once each.
 check('drain: a node\'s clients move to the other live node with the reset, losing no events', async () => {
   const alive = [];
   for (let k = 0; k < nodes.length; k++) {
@@ -359,10 +359,15 @@ check('drain: a node\'s clients move to the other live node with the reset, losi
   await set(ref(client, 'drain/start'), true);
   const pushed = [];
   const clientWrites = [];
+  const transactions = [];
   let answer = null;
   for (let i = 0; i < 40; i++) {
     pushed.push((await push(ref(writer, 'drain/events'), { i })).key);
     clientWrites.push(set(ref(client, `drain/c/w${i}`), i));
+    // Transactions in flight across the move: each counts once or not at all (the SDK fails a
+    // transaction it sent but saw no answer to when its connection closes, with 'disconnect';
+    // the node answers everything it read before the reset and reads nothing after it).
+    transactions.push(runTransaction(ref(client, 'drain/counter'), (v) => (v || 0) + 1));
     if (i === 10) {
       const res = await fetch(`http://${nodes[drained]}/.banyan/drain`, { method: 'POST' });
       answer = await res.json();
@@ -382,6 +387,12 @@ check('drain: a node\'s clients move to the other live node with the reset, losi
   if (twice) throw new Error(`${twice} events delivered more than once`);
   const stored = await rest(stay, 'drain/c');
   for (let i = 0; i < 40; i++) assertEqual(stored[`w${i}`], i, `the client's write ${i}`);
+  const outcomes = await Promise.allSettled(transactions);
+  const committed = outcomes.filter((o) => o.status === 'fulfilled' && o.value.committed).length;
+  const odd = outcomes.filter((o) => o.status === 'rejected' && String(o.reason && o.reason.message) !== 'disconnect');
+  if (odd.length) throw new Error(`a transaction failed otherwise than by the disconnect: ${odd[0].reason}`);
+  if (committed < 30) throw new Error(`only ${committed} of 40 transactions committed`);
+  assertEqual(await rest(stay, 'drain/counter'), committed, 'the counter: every committed transaction once, no other');
   let left = -1;
   for (let t = 0; t < 40 && left !== 0; t++) {
     left = (await (await fetch(`http://${nodes[drained]}/.banyan/drain`)).json()).connections;
