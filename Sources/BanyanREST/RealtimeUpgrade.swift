@@ -18,8 +18,7 @@ public struct RealtimeUpgrade: Sendable, Equatable {
 
     /// The realtime endpoints: `/.ws` (WebSocket) and `/.lp` (long polling, not served).
     public static func isRealtimePath(_ uri: String) -> Bool {
-        let path = uri.utf8.firstIndex(of: UInt8(ascii: "?")).map { uri[..<$0] } ?? Substring(uri)
-        return path == "/.ws" || path == "/.lp"
+        Route.of(method: "GET", uri: uri) == .realtime
     }
 
     /// The RFC 6455 key suffix.

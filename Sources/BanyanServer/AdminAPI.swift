@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanREST
 import BanyanReplica
 import Foundation
 import NIOCore
@@ -23,16 +24,10 @@ import NIOHTTP1
 struct AdminAPI {
     let server: HTTPServer
 
-    func handle(method: HTTPMethod, path: String, uri: String, body: [UInt8]) -> EventLoopFuture<HTTPReply> {
+    func handle(_ route: Route.AdminRoute, method: HTTPMethod, path: String, body: [UInt8]) -> EventLoopFuture<HTTPReply> {
         let runtime = server.runtime
-        let route = Array(path.split(separator: "/").map(String.init).dropFirst())  // after ".banyan"
-        let memberID: UInt64? = route.count >= 2 && route[0] == "members" ? UInt64(route[1]) : nil
-        let memberRoute: String? = route.count >= 2 && route[0] == "members" ? (route.count == 3 ? "members/id/" + route[2] : "members/id") : nil
-        if memberRoute != nil && memberID == nil {
-            return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(route[1])'"))
-        }
-        switch (method, memberRoute ?? route.joined(separator: "/")) {
-        case (.GET, "status"):
+        switch route {
+        case .status:
             let server = self.server
             return runtime.status().map { base in
                 var status = base
@@ -44,16 +39,16 @@ struct AdminAPI {
                 let data = (try? encoder.encode(status)) ?? Data("{}".utf8)
                 return HTTPReply(status: .ok, headers: [("Content-Type", "application/json")], body: Array(data))
             }
-        case (.GET, "health"):
+        case .health:
             return runtime.loop.makeSucceededFuture(.json(.ok, #"{"status":"ok"}"#))
-        case (.GET, "ready"):
+        case .ready:
             let draining = server.isDraining
             return runtime.status().map { s in
                 let ready = s.leader != 0 && s.appliedIndex >= s.commitIndex && !draining
                 return .json(
                     ready ? .ok : .serviceUnavailable, #"{"ready":\#(ready),"leader":\#(s.leader),"role":"\#(s.role)","draining":\#(draining)}"#)
             }
-        case (.POST, "drain"):
+        case .startDrain:
             var targets: [String]?
             if !body.isEmpty {
                 guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
@@ -65,13 +60,13 @@ struct AdminAPI {
                 targets = list
             }
             return server.startDrain(to: targets)
-        case (.DELETE, "drain"):
+        case .stopDrain:
             server.stopDrain()
             return runtime.loop.makeSucceededFuture(.json(.ok, #"{"draining":false}"#))
-        case (.GET, "drain"):
+        case .drainState:
             return runtime.loop.makeSucceededFuture(
                 .json(.ok, #"{"draining":\#(server.isDraining),"connections":\#(server.realtimeConnections)}"#))
-        case (.POST, "members"):
+        case .addMember:
             guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
                 let id = (object["id"] as? NSNumber)?.uint64Value, id != 0,
                 let addressText = object["peer_address"] as? String, let address = try? HostPort(parsing: addressText)
@@ -79,16 +74,11 @@ struct AdminAPI {
                 return runtime.loop.makeSucceededFuture(.error(.badRequest, #"expected {"id": <node id>, "peer_address": "host:port"}"#))
             }
             return membership(runtime.addMember(id: id, peerAddress: address))
-        case (.POST, "members/id/promote"):
-            return membership(runtime.changeMembership(.promote(memberID ?? 0)))
-        case (.DELETE, "members/id"):
-            return membership(runtime.changeMembership(.remove(memberID ?? 0)))
-        case (.POST, "transfer"):
-            let query = uri.split(separator: "?", maxSplits: 1).dropFirst().first.map(String.init) ?? ""
-            let to = query.split(separator: "&").compactMap { pair -> UInt64? in
-                let kv = pair.split(separator: "=", maxSplits: 1)
-                return kv.count == 2 && kv[0] == "to" ? UInt64(kv[1]) : nil
-            }.first
+        case .promote(let id):
+            return membership(runtime.changeMembership(.promote(id)))
+        case .removeMember(let id):
+            return membership(runtime.changeMembership(.remove(id)))
+        case .transfer(let to):
             guard let to else { return runtime.loop.makeSucceededFuture(.error(.badRequest, "expected ?to=<node id>")) }
             return runtime.transferLeadership(to: to).map { result in
                 switch result {
@@ -96,7 +86,9 @@ struct AdminAPI {
                 case .failure(let e): return Self.failure(e)
                 }
             }
-        default:
+        case .badNodeID(let text):
+            return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(text)'"))
+        case .unknown:
             return runtime.loop.makeSucceededFuture(.error(.notFound, "no such operator endpoint: \(method) \(path)"))
         }
     }

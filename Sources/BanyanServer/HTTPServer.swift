@@ -630,7 +630,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             // write never costs a body of up to `max_body_bytes` (issue 18). The connection
             // closes after the answer, so the unread body is never taken for a request.
             if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE,
-                !h.uri.hasPrefix("/.banyan/"),
+                Route.of(method: h.method.rawValue, uri: h.uri) == .data,
                 let denied = authorize(RESTRequest.authorization(in: HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) })))
             {
                 head = nil
@@ -712,30 +712,31 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
         server.requests.increment()
-        let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
-        if path == "/metrics" && head.method == .GET {
+        switch Route.of(method: head.method.rawValue, uri: head.uri) {
+        case .metrics:
             let text = server.registry.emitToBuffer()
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
             return
-        }
-        if RealtimeUpgrade.isRealtimePath(head.uri) {
+        case .realtime:
             let restHead = HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
             switch Result(catching: { () throws(RESTError) in try RealtimeUpgrade.parse(restHead, defaultNamespace: server.config.defaultNamespace) }) {
             case .success(let upgrade): switchToWebSocket(context: context, head: head, upgrade: upgrade)
             case .failure(let e): respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)), close: true)
             }
             return
-        }
-        if path.hasPrefix("/.banyan/") {
+        case .admin(let route):
+            let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
             if head.method != .GET, let denied = authorizeOperator(head) {
                 server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
                 respond(context: context, head: head, reply: denied)
                 return
             }
-            let future = AdminAPI(server: server).handle(method: head.method, path: String(path), uri: head.uri, body: body)
+            let future = AdminAPI(server: server).handle(route, method: head.method, path: String(path), body: body)
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: bound.value, head: head, reply: reply) }
             return
+        case .data:
+            break
         }
         let restHead = HTTPHead(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })

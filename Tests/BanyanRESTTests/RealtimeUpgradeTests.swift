@@ -121,3 +121,42 @@ import Testing
         #expect(bad.deflate == nil && bad.namespace == "a")
     }
 }
+
+/// `Route`: one decision per request, every target routed (docs/server.md, "Routes").
+@Suite struct RouteTests {
+    @Test("metrics, the realtime transports, every operator endpoint by method, bad ids and unknown endpoints, data")
+    func routes() {
+        let cases: [(String, String, Route)] = [
+            ("GET", "/metrics", .metrics),
+            ("POST", "/metrics", .data),
+            ("GET", "/.ws?v=5&ns=a", .realtime),
+            ("GET", "/.lp?start=t", .realtime),
+            ("GET", "/.wsx", .data),
+            ("GET", "/.banyan/status", .admin(.status)),
+            ("GET", "/.banyan/health", .admin(.health)),
+            ("GET", "/.banyan/ready?x=1", .admin(.ready)),
+            ("POST", "/.banyan/status", .admin(.unknown)),
+            ("POST", "/.banyan/members", .admin(.addMember)),
+            ("POST", "/.banyan/members/4/promote", .admin(.promote(4))),
+            ("DELETE", "/.banyan/members/4", .admin(.removeMember(4))),
+            ("POST", "/.banyan/members/4", .admin(.unknown)),
+            ("DELETE", "/.banyan/members/x", .admin(.badNodeID("x"))),
+            ("POST", "/.banyan/members/4/demote", .admin(.unknown)),
+            ("POST", "/.banyan/transfer?to=2", .admin(.transfer(to: 2))),
+            ("POST", "/.banyan/transfer?from=1&to=3", .admin(.transfer(to: 3))),
+            ("POST", "/.banyan/transfer", .admin(.transfer(to: nil))),
+            ("POST", "/.banyan/transfer?to=two", .admin(.transfer(to: nil))),
+            ("POST", "/.banyan/drain", .admin(.startDrain)),
+            ("DELETE", "/.banyan/drain", .admin(.stopDrain)),
+            ("GET", "/.banyan/drain", .admin(.drainState)),
+            ("GET", "/.banyan/", .admin(.unknown)),
+            ("GET", "/.banyan/status/extra", .admin(.unknown)),
+            ("GET", "/users/ada.json", .data),
+            ("PUT", "/.json?ns=a", .data),
+            ("GET", "/.banyan", .data),
+        ]
+        for (method, uri, route) in cases {
+            #expect(Route.of(method: method, uri: uri) == route, "\(method) \(uri)")
+        }
+    }
+}

@@ -1,0 +1,79 @@
+/// Which endpoint a request is for, decided once from its method and target (docs/server.md,
+/// "Routes"): the metrics, the realtime protocol's upgrade, an operator endpoint under
+/// `/.banyan/`, or the Firebase data API. Pure and total: every target has a route, an unknown
+/// operator endpoint included, so the connection handler and the operator API switch over
+/// routes instead of matching strings.
+public enum Route: Sendable, Equatable {
+    /// `GET /metrics`: the Prometheus text.
+    case metrics
+    /// `/.ws` or `/.lp` (the protocol's transports; `RealtimeUpgrade` refuses what it must).
+    case realtime
+    /// An operator endpoint (`/.banyan/…`).
+    case admin(AdminRoute)
+    /// Everything else: the Firebase REST API (`RESTRequest` parses and checks it).
+    case data
+
+    /// Operator endpoints (docs/operations.md).
+    public enum AdminRoute: Sendable, Equatable {
+        case status
+        case health
+        case ready
+        /// `POST /.banyan/members` `{"id":…, "peer_address":…}`.
+        case addMember
+        /// `POST /.banyan/members/<id>/promote`.
+        case promote(UInt64)
+        /// `DELETE /.banyan/members/<id>`.
+        case removeMember(UInt64)
+        /// `POST /.banyan/transfer?to=<id>`; nil when `to` is missing or not a node id.
+        case transfer(to: UInt64?)
+        /// `POST`, `DELETE`, `GET /.banyan/drain`.
+        case startDrain
+        case stopDrain
+        case drainState
+        /// A member route whose id is not a node id.
+        case badNodeID(String)
+        /// No such endpoint for this method.
+        case unknown
+    }
+
+    /// The route of a request. `uri` is the request target as sent (path and query).
+    public static func of(method: String, uri: String) -> Route {
+        let query = uri.utf8.firstIndex(of: UInt8(ascii: "?"))
+        let path = query.map { uri[..<$0] } ?? Substring(uri)
+        if path == "/metrics" && method == "GET" { return .metrics }
+        if path == "/.ws" || path == "/.lp" { return .realtime }
+        guard path.hasPrefix("/.banyan/") else { return .data }
+        let parts = path.dropFirst("/.banyan/".count).split(separator: "/", omittingEmptySubsequences: false)
+        return .admin(admin(method: method, parts, query: query.map { uri[uri.index(after: $0)...] } ?? ""))
+    }
+
+    private static func admin(method: String, _ parts: [Substring], query: Substring) -> AdminRoute {
+        switch (method, parts.count, parts.first ?? "") {
+        case ("GET", 1, "status"): return .status
+        case ("GET", 1, "health"): return .health
+        case ("GET", 1, "ready"): return .ready
+        case ("POST", 1, "members"): return .addMember
+        case ("POST", 1, "transfer"): return .transfer(to: parameter("to", in: query).flatMap { UInt64($0) })
+        case ("POST", 1, "drain"): return .startDrain
+        case ("DELETE", 1, "drain"): return .stopDrain
+        case ("GET", 1, "drain"): return .drainState
+        case (_, 2..., "members"):
+            guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
+            switch (method, parts.count) {
+            case ("DELETE", 2): return .removeMember(id)
+            case ("POST", 3) where parts[2] == "promote": return .promote(id)
+            default: return .unknown
+            }
+        default: return .unknown
+        }
+    }
+
+    /// The first value of a query parameter (no percent-decoding: operator parameters are ids).
+    private static func parameter(_ name: String, in query: Substring) -> Substring? {
+        for pair in query.split(separator: "&") {
+            let kv = pair.split(separator: "=", maxSplits: 1)
+            if kv.count == 2, kv[0] == name { return kv[1] }
+        }
+        return nil
+    }
+}
