@@ -1349,6 +1349,9 @@ public struct WholeNodeSimulator {
         var open = true
         var endAcknowledged = false
         var endAttempts = 0
+        /// The client session of the connection that reconnected naming this one (`ls`): its
+        /// end was proposed there, first in that connection's ordered stream.
+        var endSession: UInt64?
     }
     private var presences: [Presence] = []
     private var presenceByConnection: [UInt64: Int] = [:]
@@ -1359,6 +1362,8 @@ public struct WholeNodeSimulator {
     /// Per node lineage, the last sequence number each connection had applied: a connection's
     /// commands apply in the order it sent them (ordered sessions).
     private var presenceApplied: [NodeID: [UInt64: UInt64]] = [:]
+    /// Set once the run's clients close their connections for good.
+    private var closingPresences = false
 
     private mutating func sessionRequest(_ node: SimulatedNode, _ request: SessionRequest) -> RequestID {
         let id = node.nextRequest
@@ -1376,13 +1381,28 @@ public struct WholeNodeSimulator {
             guard let node = nodes[id], let core = node.core, !node.paused, node.lease != nil else { return false }
             return core.replica.machine.appliedIndex + 50 >= commit
         }
-        guard !live.isEmpty, let node = nodes[live[presenceRandom.below(live.count)]], let core = node.core, let lease = node.lease else { return }
+        guard !live.isEmpty, let node = nodes[live[presenceRandom.below(live.count)]] else { return }
+        startPresence(on: node, replacing: nil)
+    }
+
+    /// Opens a connection on `node`. With `previous` it is that connection's client coming back
+    /// here naming it (`ls`): as the server does, the new connection's first command, in its
+    /// own ordered session, ends the previous one, before anything the new one writes.
+    @discardableResult
+    private mutating func startPresence(on node: SimulatedNode, replacing previous: Int?) -> Bool {
+        guard let core = node.core, let lease = node.lease else { return false }
         let connection = presenceRandom.next() | 1
-        guard core.openSession(connection) else { return }
+        guard core.openSession(connection) else { return false }
         let p = presences.count
         presences.append(Presence(id: connection, secret: presenceRandom.next(), node: node.id, life: node.life, holder: lease.holder))
         presenceByConnection[connection] = p
-        traceLine("presence \(p) opens on \(node.id)", 40, UInt64(p))
+        traceLine("presence \(p) opens on \(node.id)" + (previous.map { ", naming \($0)" } ?? ""), 40, UInt64(p))
+        if let previous {
+            presences[previous].endSession = connection
+            core.write(
+                sessionRequest(node, .end(previous)), namespace: Self.presenceNamespace,
+                command: .connectionEnded(connection: presences[previous].id, secret: presences[previous].secret), session: connection)
+        }
         let path = "/p/c\(p)"
         core.write(
             sessionRequest(node, .register(p)), namespace: Self.presenceNamespace,
@@ -1391,6 +1411,7 @@ public struct WholeNodeSimulator {
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
         schedule(after: 300 + presenceRandom.below(3_000), .presenceEnd(p))
+        return true
     }
 
     /// The client closes (70%), or reconnects to another node naming the connection (`ls`).
@@ -1401,22 +1422,35 @@ public struct WholeNodeSimulator {
             return
         }
         let others = ids.filter { $0 != node.id && nodes[$0]?.core != nil && nodes[$0]?.paused == false }
-        let via = !others.isEmpty && presenceRandom.chance(3, in: 10) ? nodes[others[presenceRandom.below(others.count)]] ?? node : node
+        // At the end of the run clients close for good (a reconnect would open another).
+        let via = !closingPresences && !others.isEmpty && presenceRandom.chance(3, in: 10) ? nodes[others[presenceRandom.below(others.count)]] ?? node : node
         presences[p].open = false
         traceLine("presence \(p) ends via \(via.id)", 41, UInt64(p))
-        proposeEnd(p, via: via)
-        // The connection's own end closes its session once it is settled (`sessionWrote`).
-        if via !== node { node.core?.closeSession(presences[p].id) }
+        if via === node {
+            // Its own end closes its session once it is settled (`sessionWrote`).
+            proposeEnd(p, via: via)
+        } else {
+            // The client reconnects to `via` naming it; this node stops serving it.
+            if !startPresence(on: via, replacing: p) { proposeEnd(p, via: via) }
+            node.core?.closeSession(presences[p].id)
+        }
     }
 
     /// A connection's own end goes in its own (ordered) session, after its writes, as the
-    /// server proposes it; an end through another node (`ls`) in that node's session.
+    /// server proposes it; a retried end through another node (`ls`) in the session of the
+    /// connection that named it while that one is open, else in that node's own session.
     private mutating func proposeEnd(_ p: Int, via node: SimulatedNode) {
         guard let core = node.core else { return }
         let own = node.id == presences[p].node && node.life == presences[p].life
+        var session: UInt64? = own ? presences[p].id : nil
+        if !own, let named = presences[p].endSession, let q = presenceByConnection[named], presences[q].open,
+            presences[q].node == node.id, presences[q].life == node.life
+        {
+            session = named
+        }
         core.write(
             sessionRequest(node, .end(p)), namespace: Self.presenceNamespace,
-            command: .connectionEnded(connection: presences[p].id, secret: presences[p].secret), session: own ? presences[p].id : nil)
+            command: .connectionEnded(connection: presences[p].id, secret: presences[p].secret), session: session)
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
     }
@@ -1546,6 +1580,7 @@ public struct WholeNodeSimulator {
 
     /// At the end of a run the clients close their connections (the rest go by leases).
     private mutating func closeRemainingPresences() {
+        closingPresences = true
         for p in presences.indices where presences[p].open { endPresence(p) }
     }
 
