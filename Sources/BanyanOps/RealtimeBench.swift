@@ -242,6 +242,18 @@ final class RealtimeCounters: Sendable {
     }
 }
 
+/// Connects a benchmark client to a node on loopback with `handler` as its pipeline, and waits
+/// until the handler says it is ready (its first answer arrived).
+func benchConnect(port: Int, loop: any EventLoop, handler: some ChannelHandler & Sendable, ready: EventLoopPromise<Void>) async throws -> any Channel {
+    let channel = try await ClientBootstrap(group: loop)
+        .connectTimeout(.seconds(10))
+        .channelOption(.socketOption(.tcp_nodelay), value: 1)
+        .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(handler) } }
+        .connect(host: "127.0.0.1", port: port).get()
+    try await ready.futureResult.get()
+    return channel
+}
+
 /// One idle event stream: `GET <path>.json` with `Accept: text/event-stream`, open once its
 /// first event (the `put` of the whole value) arrived.
 final class BenchStream: ChannelInboundHandler, @unchecked Sendable {
@@ -260,12 +272,7 @@ final class BenchStream: ChannelInboundHandler, @unchecked Sendable {
         let loop = group.next()
         let ready = loop.makePromise(of: Void.self)
         let stream = BenchStream(path: path, ready: ready)
-        let channel = try await ClientBootstrap(group: loop)
-            .connectTimeout(.seconds(10))
-            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(stream) } }
-            .connect(host: "127.0.0.1", port: port).get()
-        stream.channel = channel
-        try await ready.futureResult.get()
+        stream.channel = try await benchConnect(port: port, loop: loop, handler: stream, ready: ready)
         return stream
     }
 
@@ -319,13 +326,7 @@ final class BenchSocket: ChannelInboundHandler, @unchecked Sendable {
         let loop = group.next()
         let ready = loop.makePromise(of: Void.self)
         let socket = BenchSocket(index: index, counters: counters, ready: ready)
-        let channel = try await ClientBootstrap(group: loop)
-            .connectTimeout(.seconds(10))
-            .channelOption(.socketOption(.tcp_nodelay), value: 1)
-            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(socket) } }
-            .connect(host: "127.0.0.1", port: port).get()
-        socket.channel = channel
-        try await ready.futureResult.get()
+        socket.channel = try await benchConnect(port: port, loop: loop, handler: socket, ready: ready)
         return socket
     }
 

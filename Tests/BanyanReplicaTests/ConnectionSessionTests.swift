@@ -83,19 +83,12 @@ import Testing
         let follower: NodeID = leader == 1 ? 2 : 1
         #expect(c.replicas[follower]?.openSession(Self.connection) == true)
         // The first write's forward is lost; the second's arrives and commits first.
-        var dropped = 0
-        c.filter = { m in
-            if case .proposal = m.body, dropped == 0 {
-                dropped += 1
-                return false
-            }
-            return true
-        }
+        let drops = c.dropFirstProposal()
         let first = command(&c, via: follower, .set(path: "/v", json: Array("1".utf8)), session: Self.connection)
         c.settle()
         let second = command(&c, via: follower, .set(path: "/v", json: Array("2".utf8)), session: Self.connection)
         c.settle()
-        #expect(dropped == 1)
+        #expect(drops.count == 1)
         #expect(c.writeOutcome(second, on: follower) == nil, "the second write waits for the first")
         for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/v") == "null") }
         c.tick(12)
@@ -106,7 +99,7 @@ import Testing
 
         // A write given up on (its deadline passed while its forwards were lost) does not hold
         // the next one for ever: the retry's watermark settles it.
-        dropped = 0
+        var dropped = 0
         c.filter = { m in
             if case .proposal(let commands) = m.body, commands.contains(where: { CommandEnvelope(decoding: $0)?.seq == 3 }) {
                 dropped += 1

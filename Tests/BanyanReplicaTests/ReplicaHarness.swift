@@ -115,6 +115,20 @@ struct ReplicaCluster {
         disks[id] = disk
     }
 
+    /// Makes `filter` drop the first proposal on its way to the leader; the box counts drops.
+    final class Drops { var count = 0 }
+    mutating func dropFirstProposal() -> Drops {
+        let drops = Drops()
+        filter = { m in
+            if case .proposal = m.body, drops.count == 0 {
+                drops.count += 1
+                return false
+            }
+            return true
+        }
+        return drops
+    }
+
     /// Delivers queued messages (each through `filter`) and processes nodes until quiet, bounded.
     mutating func settle(rounds: Int = 50) {
         for _ in 0..<rounds {

@@ -47,19 +47,12 @@ func elect(_ c: inout ReplicaCluster) throws -> NodeID {
         for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/n") == "1") }
 
         // Drop the next proposal on the way to the leader: the retry timer proposes it again.
-        var dropped = 0
-        c.filter = { m in
-            if case .proposal = m.body, dropped == 0 {
-                dropped += 1
-                return false
-            }
-            return true
-        }
+        let drops = c.dropFirstProposal()
         let q2 = c.write(via: follower, "/n", #"{".sv":{"increment":1}}"#)
         c.settle()
         #expect(c.writeOutcome(q2, on: follower) == nil)
         c.tick(8)
-        #expect(dropped == 1)
+        #expect(drops.count == 1)
         #expect(try c.writeOutcome(q2, on: follower)?.get().outcome == .ok)
         for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/n") == "2") }
         #expect(duplicated == 1)
