@@ -28,6 +28,8 @@ struct Progress: Sendable {
     var snapshotOffset: UInt64 = 0
     var snapshotIdleTicks = 0
     var snapshotRequestOutstanding = false
+    /// Ticks since the follower last answered a snapshot chunk (or since the transfer began).
+    var snapshotSilentTicks = 0
 
     init(next: UInt64, maxInflightMessages: Int, maxInflightBytes: Int) {
         self.next = next
@@ -67,6 +69,7 @@ struct Progress: Sendable {
         snapshotOffset = 0
         snapshotIdleTicks = 0
         snapshotRequestOutstanding = false
+        snapshotSilentTicks = 0
     }
 
     /// An acceptance up to `index`. Returns false for a stale acknowledgement.

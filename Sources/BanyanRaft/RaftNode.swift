@@ -211,6 +211,17 @@ public struct RaftNode: Sendable {
     }
     /// Whether the leader has committed an entry of its own term (reads and changes wait for it).
     public var hasCommittedInTerm: Bool { role == .leader && log.committed >= termStartIndex }
+    /// A leader streams its snapshot to a follower that answered within the last two election
+    /// timeouts. A new snapshot would restart that stream from its first byte (the chunks name
+    /// the snapshot they belong to), so the replica postpones compaction while this holds, up
+    /// to a bound (`ReplicaConfiguration.snapshotDeferral`).
+    public var isStreamingSnapshot: Bool {
+        guard role == .leader else { return false }
+        return progress.values.contains { pr in
+            guard case .snapshot = pr.state else { return false }
+            return pr.snapshotSilentTicks < 2 * configuration.electionTicks
+        }
+    }
 
     /// The leader's view of a member's replication, for status pages.
     public struct ReplicationStatus: Sendable, Equatable {
@@ -380,6 +391,7 @@ public struct RaftNode: Sendable {
         for key in progress.keys.sorted() {
             guard var pr = progress[key], case .snapshot = pr.state else { continue }
             pr.snapshotIdleTicks += 1
+            pr.snapshotSilentTicks += 1
             if pr.snapshotIdleTicks >= configuration.electionTicks {
                 pr.snapshotIdleTicks = 0
                 pr.snapshotRequestOutstanding = false
@@ -948,6 +960,7 @@ public struct RaftNode: Sendable {
                 return
             }
             pr.snapshotIdleTicks = 0
+            pr.snapshotSilentTicks = 0
             // Equal offsets are duplicates (the idle timer covers a lost chunk).
             if nextOffset != pr.snapshotOffset {
                 pr.snapshotOffset = nextOffset
@@ -1224,7 +1237,12 @@ public struct RaftNode: Sendable {
     }
 
     private mutating func requestSnapshotChunk(to: NodeID) {
-        guard var pr = progress[to], case .snapshot = pr.state else { return }
+        guard var pr = progress[to], case .snapshot(let index) = pr.state else { return }
+        // The leader compacted since the stream began: its offset belongs to a snapshot that is
+        // gone, so the stream starts over with the newest one (asking for the old offset of the
+        // new snapshot stalled a transfer for good when the new image was shorter: simulator
+        // seed 307 at 300 operations with sessions).
+        if index != log.snapshot.index { pr.becomeSnapshot(index: log.snapshot.index) }
         pr.snapshotRequestOutstanding = true
         progress[to] = pr
         snapshotReads.append(

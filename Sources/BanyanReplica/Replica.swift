@@ -38,6 +38,11 @@ public struct ReplicaConfiguration: Sendable {
     public var raft: RaftConfiguration
     /// Take a snapshot once this many entries were applied since the last one.
     public var snapshotEntries: UInt64 = 100_000
+    /// While the leader streams its snapshot to a live follower, a new snapshot waits (it would
+    /// restart the stream from the first byte, and a follower whose transfer takes longer than
+    /// `snapshotEntries` writes would never catch up), until this many times `snapshotEntries`
+    /// were applied since the last one: the bound on the log kept for it.
+    public var snapshotDeferral: UInt64 = 4
     /// Re-propose a write, or re-ask for a read index, not finished after this many ticks.
     public var retryTicks: Int = 30
     /// Fail a request not finished after this many ticks.
@@ -648,9 +653,13 @@ public struct Replica: Sendable {
     private mutating func considerSnapshot() {
         guard snapshotInProgress == nil, configuration.snapshotEntries > 0 else { return }
         let applied = machine.appliedIndex
-        guard applied >= raft.snapshotMeta.index + configuration.snapshotEntries, applied <= raft.appliedIndex,
-            let meta = try? raft.snapshotMeta(at: applied)
-        else { return }
+        let since = applied >= raft.snapshotMeta.index ? applied - raft.snapshotMeta.index : 0
+        guard since >= configuration.snapshotEntries, applied <= raft.appliedIndex else { return }
+        if raft.isStreamingSnapshot {
+            let (bound, overflow) = configuration.snapshotEntries.multipliedReportingOverflow(by: max(1, configuration.snapshotDeferral))
+            if overflow || since < bound { return }
+        }
+        guard let meta = try? raft.snapshotMeta(at: applied) else { return }
         snapshotInProgress = applied
         events.append(.snapshotDue(meta))
     }
