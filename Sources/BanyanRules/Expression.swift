@@ -23,7 +23,7 @@ public struct Expression: Sendable {
         case bool(Bool)
         case number(Double)
         case string(String)
-        case regex(Regex)
+        case regex(RulesRegex)
         case array([Expression])
         case variable(Variable)
         /// A `$name` captured by an enclosing wildcard location.

@@ -174,7 +174,7 @@ struct ExpressionParser {
                 guard flag == "i", !caseInsensitive else { throw source.error(.regex, "Unsupported regular expression flag '\(flag)'", at: at) }
                 caseInsensitive = true
             }
-            switch Regex.compile(pattern, caseInsensitive: caseInsensitive, maxInstructions: limits.maxRegexInstructions) {
+            switch RulesRegex.compile(pattern, caseInsensitive: caseInsensitive, maxInstructions: limits.maxRegexInstructions) {
             case .success(let regex): return Expression(kind: .regex(regex), offset: at)
             case .failure(let e):
                 let code: RulesError.Code = e.isLimit ? .limit : .regex

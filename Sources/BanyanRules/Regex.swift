@@ -11,7 +11,7 @@
 /// (nothing is captured), alternation `|`, quantifiers `* + ? {n} {n,} {n,m}` (a lazy `?` suffix
 /// is accepted and changes nothing, since only the yes/no answer matters), and the flag `i`.
 /// Back-references, lookaround and word boundaries are rejected.
-public struct Regex: Sendable {
+public struct RulesRegex: Sendable {
     enum Instruction: Sendable {
         case scalar(Unicode.Scalar)
         case anyButNewline
@@ -64,7 +64,7 @@ public struct Regex: Sendable {
     /// Program size (for tests and cost estimates).
     public var instructionCount: Int { program.count }
 
-    static func compile(_ pattern: [Unicode.Scalar], caseInsensitive: Bool, maxInstructions: Int) -> Result<Regex, CompileError> {
+    static func compile(_ pattern: [Unicode.Scalar], caseInsensitive: Bool, maxInstructions: Int) -> Result<RulesRegex, CompileError> {
         var parser = RegexParser(pattern: pattern, caseInsensitive: caseInsensitive)
         do throws(CompileError) {
             let node = try parser.parseAlternation()
@@ -74,7 +74,7 @@ public struct Regex: Sendable {
             try compiler.append(.match)
             var text = ""
             text.unicodeScalars.append(contentsOf: pattern)
-            return .success(Regex(program: compiler.program, caseInsensitive: caseInsensitive, pattern: text))
+            return .success(RulesRegex(program: compiler.program, caseInsensitive: caseInsensitive, pattern: text))
         } catch {
             return .failure(error)
         }
@@ -82,7 +82,7 @@ public struct Regex: Sendable {
 
     /// Compiles `pattern` (the text between the slashes); nil when it does not compile.
     public init?(_ pattern: String, caseInsensitive: Bool = false, maxInstructions: Int = RulesLimits.standardRegexInstructions) {
-        guard case .success(let regex) = Regex.compile(Array(pattern.unicodeScalars), caseInsensitive: caseInsensitive, maxInstructions: maxInstructions) else {
+        guard case .success(let regex) = RulesRegex.compile(Array(pattern.unicodeScalars), caseInsensitive: caseInsensitive, maxInstructions: maxInstructions) else {
             return nil
         }
         self = regex
@@ -230,7 +230,7 @@ indirect enum RegexNode {
     case empty
     case scalar(Unicode.Scalar)
     case anyButNewline
-    case set(Regex.CharacterSet)
+    case set(RulesRegex.CharacterSet)
     case start
     case end
     case concatenation([RegexNode])
@@ -255,11 +255,11 @@ struct RegexParser {
         self.caseInsensitive = caseInsensitive
     }
 
-    func fail(_ message: String, at index: Int? = nil) -> Regex.CompileError {
-        Regex.CompileError(message: message, index: min(index ?? i, max(pattern.count - 1, 0)), isLimit: false)
+    func fail(_ message: String, at index: Int? = nil) -> RulesRegex.CompileError {
+        RulesRegex.CompileError(message: message, index: min(index ?? i, max(pattern.count - 1, 0)), isLimit: false)
     }
 
-    mutating func parseAlternation() throws(Regex.CompileError) -> RegexNode {
+    mutating func parseAlternation() throws(RulesRegex.CompileError) -> RegexNode {
         var branches = [try parseConcatenation()]
         while i < pattern.count, pattern[i] == "|" {
             i += 1
@@ -268,7 +268,7 @@ struct RegexParser {
         return branches.count == 1 ? branches[0] : .alternation(branches)
     }
 
-    mutating func parseConcatenation() throws(Regex.CompileError) -> RegexNode {
+    mutating func parseConcatenation() throws(RulesRegex.CompileError) -> RegexNode {
         var items: [RegexNode] = []
         while i < pattern.count, pattern[i] != "|", pattern[i] != ")" {
             let atom = try parseAtom()
@@ -278,7 +278,7 @@ struct RegexParser {
         return items.count == 1 ? items[0] : .concatenation(items)
     }
 
-    mutating func parseQuantifier(_ atom: RegexNode) throws(Regex.CompileError) -> RegexNode {
+    mutating func parseQuantifier(_ atom: RegexNode) throws(RulesRegex.CompileError) -> RegexNode {
         guard i < pattern.count else { return atom }
         let start = i
         var bounds: (Int, Int?)?
@@ -302,14 +302,14 @@ struct RegexParser {
     }
 
     /// Whether a `{` at `i` starts a valid quantifier (without consuming it).
-    mutating func lookaheadBraces() throws(Regex.CompileError) -> Bool {
+    mutating func lookaheadBraces() throws(RulesRegex.CompileError) -> Bool {
         let save = i
         defer { i = save }
         return try braces() != nil
     }
 
     /// `{n}`, `{n,}` or `{n,m}` at `i`; nil (nothing consumed) when the brace is a literal.
-    mutating func braces() throws(Regex.CompileError) -> (Int, Int?)? {
+    mutating func braces() throws(RulesRegex.CompileError) -> (Int, Int?)? {
         let start = i
         i += 1
         guard let lo = number() else {
@@ -328,7 +328,7 @@ struct RegexParser {
         i += 1
         if let h = hi, h < lo { throw fail("Numbers out of order in {} quantifier", at: start) }
         if lo > RegexParser.maxCount || (hi ?? 0) > RegexParser.maxCount {
-            throw Regex.CompileError(message: "Repetition count above \(RegexParser.maxCount)", index: start, isLimit: true)
+            throw RulesRegex.CompileError(message: "Repetition count above \(RegexParser.maxCount)", index: start, isLimit: true)
         }
         return (lo, hi)
     }
@@ -344,7 +344,7 @@ struct RegexParser {
         return any ? value : nil
     }
 
-    mutating func parseAtom() throws(Regex.CompileError) -> RegexNode {
+    mutating func parseAtom() throws(RulesRegex.CompileError) -> RegexNode {
         let c = pattern[i]
         let start = i
         i += 1
@@ -355,7 +355,7 @@ struct RegexParser {
         case "(":
             depth += 1
             guard depth <= RegexParser.maxGroupDepth else {
-                throw Regex.CompileError(message: "Groups nest deeper than \(RegexParser.maxGroupDepth)", index: start, isLimit: true)
+                throw RulesRegex.CompileError(message: "Groups nest deeper than \(RegexParser.maxGroupDepth)", index: start, isLimit: true)
             }
             if i < pattern.count, pattern[i] == "?" {
                 guard i + 1 < pattern.count, pattern[i + 1] == ":" else { throw fail("Lookaround and named groups are not supported", at: start) }
@@ -375,14 +375,14 @@ struct RegexParser {
     }
 
     /// An escape after the backslash at `start`: a node, and for classes its set item.
-    mutating func parseEscape(start: Int, inClass: Bool) throws(Regex.CompileError) -> (node: RegexNode, item: Regex.CharacterSet.Item?) {
+    mutating func parseEscape(start: Int, inClass: Bool) throws(RulesRegex.CompileError) -> (node: RegexNode, item: RulesRegex.CharacterSet.Item?) {
         guard i < pattern.count else { throw fail("Trailing backslash", at: start) }
         let e = pattern[i]
         i += 1
-        func single(_ item: Regex.CharacterSet.Item) -> (RegexNode, Regex.CharacterSet.Item?) {
-            (.set(Regex.CharacterSet(items: [item], negated: false)), item)
+        func single(_ item: RulesRegex.CharacterSet.Item) -> (RegexNode, RulesRegex.CharacterSet.Item?) {
+            (.set(RulesRegex.CharacterSet(items: [item], negated: false)), item)
         }
-        func literal(_ s: Unicode.Scalar) -> (RegexNode, Regex.CharacterSet.Item?) {
+        func literal(_ s: Unicode.Scalar) -> (RegexNode, RulesRegex.CharacterSet.Item?) {
             (.scalar(s), .range(s.value, s.value))
         }
         switch e {
@@ -417,8 +417,8 @@ struct RegexParser {
         }
     }
 
-    mutating func parseClass(start: Int) throws(Regex.CompileError) -> Regex.CharacterSet {
-        var set = Regex.CharacterSet()
+    mutating func parseClass(start: Int) throws(RulesRegex.CompileError) -> RulesRegex.CharacterSet {
+        var set = RulesRegex.CharacterSet()
         if i < pattern.count, pattern[i] == "^" {
             set.negated = true
             i += 1
@@ -433,7 +433,7 @@ struct RegexParser {
             }
             let itemStart = i
             i += 1
-            var low: Regex.CharacterSet.Item
+            var low: RulesRegex.CharacterSet.Item
             if c == "\\" {
                 guard let item = try parseEscape(start: itemStart, inClass: true).item else { throw fail("Invalid escape in class", at: itemStart) }
                 low = item
@@ -465,16 +465,16 @@ struct RegexParser {
 /// expand, so `(a{1000}){1000}` is refused here rather than built).
 struct RegexCompiler {
     let maxInstructions: Int
-    var program: [Regex.Instruction] = []
+    var program: [RulesRegex.Instruction] = []
 
-    mutating func append(_ instruction: Regex.Instruction) throws(Regex.CompileError) {
+    mutating func append(_ instruction: RulesRegex.Instruction) throws(RulesRegex.CompileError) {
         guard program.count < maxInstructions else {
-            throw Regex.CompileError(message: "Regular expression too large (over \(maxInstructions) instructions)", index: 0, isLimit: true)
+            throw RulesRegex.CompileError(message: "Regular expression too large (over \(maxInstructions) instructions)", index: 0, isLimit: true)
         }
         program.append(instruction)
     }
 
-    mutating func emit(_ node: RegexNode) throws(Regex.CompileError) {
+    mutating func emit(_ node: RegexNode) throws(RulesRegex.CompileError) {
         switch node {
         case .empty: break
         case .scalar(let s): try append(.scalar(s))

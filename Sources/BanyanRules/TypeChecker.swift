@@ -99,7 +99,7 @@ struct TypeChecker {
             case .string:
                 guard name == "length" else { throw fail("A string has no property '\(name)'", e) }
                 return .number
-            case .any: return name == "length" ? .any : .any
+            case .any: return .any
             case .object:
                 // `auth.uid` and `auth.provider` are strings; `token` is the claims object; other
                 // members (Firebase 2.x custom-token data, nested claims) are only known at run time.

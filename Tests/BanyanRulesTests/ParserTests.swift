@@ -111,7 +111,7 @@ import Testing
         #expect(rulesError(oneRule(".read", nots))?.code == .limit)
         let calls = "data" + String(repeating: ".parent()", count: 100) + ".exists()"
         #expect(rulesError(oneRule(".read", calls))?.code == .limit)
-        // Regex program size: counted repetition expands.
+        // RulesRegex program size: counted repetition expands.
         #expect(rulesError(oneRule(".write", "newData.val().matches(/(abcdef){1000}/)"))?.code == .limit)
         #expect(rulesError(oneRule(".write", "newData.val().matches(/a{1000000}/)"))?.code == .limit)
         // Within the limits, the same shapes parse.
