@@ -86,13 +86,18 @@ struct ExpressionParser {
     ]
 
     mutating func parseBinary(level: Int) throws(RulesError) -> Expression {
-        // Binary levels are a fixed number of frames per nesting level, so they don't count
-        // towards the depth limit (parentheses, unary operators and postfix chains do).
+        // The precedence levels are a fixed number of frames, so they don't count towards the
+        // depth limit; each operator of a chain does (`a && b && c` nests to the left, and the
+        // checker and evaluator recurse through it).
         guard level < ExpressionParser.levels.count else { return try parseUnary() }
         var left = try parseBinary(level: level + 1)
+        var entered = 0
+        defer { depth -= entered }
         while case .symbol(let s) = current.kind, let op = Expression.BinaryOperator(rawValue: s), ExpressionParser.levels[level].contains(op) {
             let opToken = current
             position += 1
+            entered += 1
+            try enter()
             let right = try parseBinary(level: level + 1)
             left = Expression(kind: .binary(op, left, right), offset: offset(of: opToken))
         }

@@ -46,7 +46,8 @@ public struct RulesLimits: Hashable, Sendable {
     public var maxNestingDepth: Int
     /// Longest expression string, in Unicode scalars.
     public var maxExpressionLength: Int
-    /// Deepest expression syntax tree (operators, calls and parentheses nest).
+    /// Deepest expression syntax tree: parentheses, unary operators, call arguments, `?:`
+    /// branches, postfix chains and each operator of a binary chain count one level.
     public var maxExpressionDepth: Int
     /// Largest compiled regular expression, in instructions (counted repetitions expand).
     public var maxRegexInstructions: Int
@@ -71,7 +72,7 @@ public struct RulesLimits: Hashable, Sendable {
     /// `Path.maxDepth` (32) locations, plus the `rules` wrapper, the root object and an `.indexOn` array.
     public static let standardNestingDepth = 36
     public static let standardExpressionLength = 4096
-    public static let standardExpressionDepth = 64
+    public static let standardExpressionDepth = 128
     public static let standardRegexInstructions = 4096
     public static let standardEvaluationBudget = 1_000_000
 

@@ -109,7 +109,11 @@ import Testing
         #expect(rulesError(oneRule(".read", parens))?.code == .limit)
         let nots = String(repeating: "!", count: 300) + "true"
         #expect(rulesError(oneRule(".read", nots))?.code == .limit)
-        let calls = "data" + String(repeating: ".parent()", count: 100) + ".exists()"
+        let chain = String(repeating: "true && ", count: 200) + "true"
+        #expect(rulesError(oneRule(".read", chain))?.code == .limit)
+        let sums = "now" + String(repeating: "+1", count: 300) + " > 0"
+        #expect(rulesError(oneRule(".read", sums))?.code == .limit)
+        let calls = "data" + String(repeating: ".parent()", count: 200) + ".exists()"
         #expect(rulesError(oneRule(".read", calls))?.code == .limit)
         // RulesRegex program size: counted repetition expands.
         #expect(rulesError(oneRule(".write", "newData.val().matches(/(abcdef){1000}/)"))?.code == .limit)
@@ -117,6 +121,8 @@ import Testing
         // Within the limits, the same shapes parse.
         _ = rules(oneRule(".read", String(repeating: "(", count: 20) + "true" + String(repeating: ")", count: 20)))
         _ = rules(oneRule(".write", "newData.val().matches(/(abcdef){10}/)"))
+        let fine = rules(oneRule(".read", String(repeating: "now > 0 && ", count: 100) + "true"))
+        #expect(fine.decideRead(at: path("x"), context: context(nil), tree: .empty).allowed)
     }
 
     @Test("single and double quotes, escapes and numbers in expressions")
