@@ -78,6 +78,10 @@ let package = Package(
         // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
         .target(name: "BanyanStateMachine", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
+        // The Firebase security-rules language: parser, static checks, regular expressions and the
+        // read/write evaluator, plus the offline case runner (docs/rules.md).
+        .target(name: "BanyanRules", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: coreSettings),
+
         // MARK: - Layer 2 (pure cores)
 
         // The replica loop's core: Raft + state machine + waiting client requests, leader
@@ -220,6 +224,7 @@ let package = Package(
             dependencies: ["BanyanQuery", "BanyanTree", "BanyanBasics"],
             swiftSettings: strictSettings
         ),
+        .testTarget(name: "BanyanRulesTests", dependencies: ["BanyanRules", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanRaftTests",

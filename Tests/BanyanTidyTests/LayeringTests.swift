@@ -17,6 +17,7 @@ import Testing
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree", "BanyanBasics"]),
+        "BanyanRules": (true, ["BanyanTree", "BanyanBasics"]),
         "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanSession": (true, ["BanyanTree", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
