@@ -76,7 +76,7 @@ let package = Package(
 
         // The replicated state machine: client write commands in the log, applied to the tree
         // exactly once, with server values from the leader's timestamp (docs/internals/state-machine.md).
-        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: optimisedCoreSettings),
+        .target(name: "BanyanStateMachine", dependencies: ["BanyanTree", "BanyanRules", "BanyanBasics"], swiftSettings: optimisedCoreSettings),
 
         // The Firebase security-rules language: parser, static checks, regular expressions and the
         // read/write evaluator, plus the offline case runner (docs/rules.md).
@@ -92,7 +92,7 @@ let package = Package(
 
         // The Firebase REST API and its event streams: request parsing, response rendering, SSE
         // events (docs/rest.md). Pure: the server's HTTP layer feeds it.
-        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanBasics"], swiftSettings: coreSettings),
+        .target(name: "BanyanREST", dependencies: ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanRules", "BanyanBasics"], swiftSettings: coreSettings),
 
         // The Firebase WebSocket protocol v5's pure parts: message framing (docs/realtime.md).
         .target(name: "BanyanSession", dependencies: ["BanyanTree", "BanyanStateMachine"], swiftSettings: coreSettings),
@@ -145,7 +145,7 @@ let package = Package(
             name: "BanyanServer",
             dependencies: [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib",
+                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -181,7 +181,7 @@ let package = Package(
         .executableTarget(
             name: "BanyanCommand",
             dependencies: [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanServer", "BanyanOps",
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -232,7 +232,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
-            name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings
+            name: "BanyanStateMachineTests", dependencies: ["BanyanStateMachine", "BanyanRules", "BanyanTree", "BanyanBasics"], swiftSettings: strictSettings
         ),
         .testTarget(
             name: "BanyanReplicaTests",
@@ -240,7 +240,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
-            name: "BanyanRESTTests", dependencies: ["BanyanREST", "BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine"],
+            name: "BanyanRESTTests", dependencies: ["BanyanREST", "BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanRules"],
             swiftSettings: strictSettings
         ),
         .testTarget(

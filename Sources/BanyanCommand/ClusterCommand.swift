@@ -77,6 +77,13 @@ struct ClusterLocal: ParsableCommand {
 /// Sends one operator request to a node's client API and prints the JSON answer.
 struct AdminClient {
     let endpoint: String
+    /// The bearer token to send (default: the operator token from the environment, if any).
+    var token: String?
+
+    init(endpoint: String, token: String? = nil) {
+        self.endpoint = endpoint
+        self.token = token
+    }
 
     func call(_ method: String, _ path: String, body: String? = nil) throws -> (status: Int, body: String) {
         guard let url = URL(string: endpoint.hasPrefix("http") ? endpoint + path : "http://" + endpoint + path) else {
@@ -84,7 +91,7 @@ struct AdminClient {
         }
         var request = URLRequest(url: url, timeoutInterval: 30)
         request.httpMethod = method
-        if let token = try AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+        if let token = try token ?? AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
         if let body {
             request.httpBody = Data(body.utf8)
             request.setValue("application/json", forHTTPHeaderField: "Content-Type")

@@ -38,6 +38,9 @@ public enum NodeNote: Sendable {
     /// These realtime connections ended in the log (through any node): one still served here
     /// must close (docs/realtime.md, "Ends through another node").
     case connectionsEnded([UInt64])
+    /// The security rules of some namespace changed (a `setRules` applied, or a snapshot was
+    /// restored): `replica.machine.rules` holds the rules now in force.
+    case rulesChanged
 }
 
 /// What the driver must do, in the order given (docs/node-core.md).
@@ -154,9 +157,9 @@ public final class NodeCore {
 
     // MARK: - Client inputs (the driver picks request ids, unique among those waiting)
 
-    public func write(_ id: RequestID, namespace: String, command: Command, session: UInt64? = nil) {
+    public func write(_ id: RequestID, namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil) {
         guard !stopped else { return output(.wrote(id, .failure(.overloaded("the node is shutting down")))) }
-        start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session) }
+        start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session, auth: auth) }
     }
 
     /// Opens a realtime connection's own client session (`Replica.openSession`): false when the
@@ -455,6 +458,7 @@ public final class NodeCore {
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
                 if !result.ended.isEmpty { output(.note(.connectionsEnded(result.ended))) }
+                if result.rulesChanged { output(.note(.rulesChanged)) }
                 if let ids = watchesByNamespace[result.namespace] {
                     for watch in ids { output(.watch(watch, .applied(result, tree: tree))) }
                 }
@@ -474,6 +478,7 @@ public final class NodeCore {
                 if waiters.removeValue(forKey: id) != nil { output(.membership(id, .success(membership))) }
             case .restoredFromSnapshot(let meta):
                 learnPeers(from: replica.machine.tree(Self.clusterNamespace), announce: true)
+                output(.note(.rulesChanged))
                 for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) {
                     output(.watch(watch, .restored(replica.machine.tree(namespace))))
                 }

@@ -134,6 +134,9 @@ public enum RESTRender {
             // Only realtime sessions are ordered; their issuer proposes the command again, so no
             // answer is ever made of this outcome.
             return error(RESTError(503, "The write arrived before an earlier one of its session; retry."))
+        case .permissionDenied:
+            // Firebase's answer, word for word: the rule that decided is not disclosed.
+            return error(RESTError(401, "Permission denied"))
         }
     }
 

@@ -105,6 +105,8 @@ public struct RESTRequest: Sendable {
     /// The largest write body accepted (`writeSizeLimit`).
     public var writeSizeLimit: Int?
     public var authorization: Authorization = .none
+    /// `auth_variable_override` (administrators only): the `auth` the rules judge the request as.
+    public var authOverride: String?
     /// JSONP callback name (GET).
     public var callback: String?
     /// `download`: serve the value as an attachment with this file name.
@@ -156,18 +158,7 @@ public struct RESTRequest: Sendable {
         default: throw RESTError(405, "Method \(head.method) is not supported; use GET, PUT, POST, PATCH or DELETE.")
         }
 
-        // Namespace: `ns`, else the Host's first label, else the default.
-        let namespace: String
-        if let ns = param("ns") {
-            namespace = ns
-        } else if let host = head.header("Host"), let label = hostLabel(host) {
-            namespace = label
-        } else {
-            namespace = defaultNamespace
-        }
-        guard isValidNamespace(namespace) else {
-            throw .badRequest("Invalid namespace \"\(namespace)\": use 1 to 63 letters, digits, '-' or '_'.")
-        }
+        let namespace = try Self.namespace(head, param, defaultNamespace: defaultNamespace)
 
         // Path.
         let (path, isPriority) = try parsePath(rawPath)
@@ -215,6 +206,7 @@ public struct RESTRequest: Sendable {
 
         // Credentials.
         request.authorization = Self.authorization(head, param)
+        request.authOverride = param("auth_variable_override")
 
         // Conditional requests.
         if let e = head.header("X-Firebase-ETag") { request.wantsETag = e.lowercased() == "true" }
@@ -354,6 +346,31 @@ public struct RESTRequest: Sendable {
         let path = Path(segments: segments)
         do { try path.checkLimits() } catch { throw .badRequest("Invalid path: \(error.message)") }
         return (path, isPriority)
+    }
+
+    /// The namespace a request names: `ns`, else the Host's first label, else the default.
+    static func namespace(_ head: HTTPHead, _ param: (String) -> String?, defaultNamespace: String) throws(RESTError) -> String {
+        let namespace: String
+        if let ns = param("ns") {
+            namespace = ns
+        } else if let host = head.header("Host"), let label = hostLabel(host) {
+            namespace = label
+        } else {
+            namespace = defaultNamespace
+        }
+        guard isValidNamespace(namespace) else {
+            throw .badRequest("Invalid namespace \"\(namespace)\": use 1 to 63 letters, digits, '-' or '_'.")
+        }
+        return namespace
+    }
+
+    /// The namespace and credentials of a request from its head alone (before its body is read).
+    public static func access(in head: HTTPHead, defaultNamespace: String) -> (namespace: String, authorization: Authorization, override: String?)? {
+        let (_, rawQuery) = splitURI(head.uri)
+        guard let params = try? parseQuery(rawQuery) else { return nil }
+        let param: (String) -> String? = { name in params.last { $0.0 == name }?.1 }
+        guard let namespace = try? Self.namespace(head, param, defaultNamespace: defaultNamespace) else { return nil }
+        return (namespace, authorization(head, param), param("auth_variable_override"))
     }
 
     /// The credentials a request head carries: the `Authorization` header, else `auth=` or

@@ -10,6 +10,8 @@ public enum Route: Sendable, Equatable {
     case realtime
     /// An operator endpoint (`/.banyan/…`).
     case admin(AdminRoute)
+    /// `/.settings/rules.json`: the namespace's security rules (`GET`, `PUT`; administrators).
+    case rules
     /// Everything else: the Firebase REST API (`RESTRequest` parses and checks it).
     case data
 
@@ -42,6 +44,7 @@ public enum Route: Sendable, Equatable {
         let path = query.map { uri[..<$0] } ?? Substring(uri)
         if path == "/metrics" && method == "GET" { return .metrics }
         if path == "/.ws" || path == "/.lp" { return .realtime }
+        if path == "/.settings/rules.json" || path == "/.settings/rules" { return .rules }
         guard path.hasPrefix("/.banyan/") else { return .data }
         let parts = path.dropFirst("/.banyan/".count).split(separator: "/", omittingEmptySubsequences: false)
         return .admin(admin(method: method, parts, query: query.map { uri[uri.index(after: $0)...] } ?? ""))

@@ -5,6 +5,7 @@ import BanyanNode
 import BanyanREST
 import BanyanSession
 import BanyanReplica
+import BanyanRules
 import BanyanStateMachine
 import BanyanTree
 import Foundation
@@ -120,6 +121,13 @@ final class HTTPServer: Sendable {
         let loop = group.next()
         startLease(on: loop)
         runtime.connectionsEnded.withLock { $0 = { [weak self] ended in self?.realtimeEnded(ended) } }
+        runtime.rulesChanged.withLock {
+            $0 = { [weak self] in
+                guard let self else { return }
+                // Listens and streams that the new rules no longer allow are cancelled.
+                for hub in self.hubs.withLock({ Array($0.values) }) { hub.loop.execute { hub.rulesChanged() } }
+            }
+        }
         runtime.connectionsRestored.withLock {
             $0 = { [weak self] ended in
                 guard let self else { return }
@@ -631,7 +639,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             // closes after the answer, so the unread body is never taken for a request.
             if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE,
                 Route.of(method: h.method.rawValue, uri: h.uri) == .data,
-                let denied = authorize(RESTRequest.authorization(in: HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) })))
+                let denied = refuseWriteAtHead(HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) }))
             {
                 head = nil
                 busy = true
@@ -735,6 +743,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: bound.value, head: head, reply: reply) }
             return
+        case .rules:
+            handleRules(context: context, head: head, body: body)
+            return
         case .data:
             break
         }
@@ -747,9 +758,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)))
             return
         }
-        if let denied = authorize(request) {
-            respond(context: context, head: head, reply: denied)
-            return
+        let identity = identity(request.authorization, override: request.authOverride)
+        if request.operation != .options {
+            if case .refused(let message) = identity {
+                respond(context: context, head: head, reply: .error(.unauthorized, message))
+                return
+            }
         }
         let stale = request.consistency == .stale
         switch request.operation {
@@ -772,7 +786,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 timer?.cancel()
                 guard answered.claim() else { return }
                 switch result {
-                case .success(let tree): self.respond(context: context, head: head, reply: HTTPReply(RESTRender.read(request, tree: tree)))
+                case .success(let tree):
+                    if self.readDenied(identity, request, tree: tree) {
+                        self.respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied"))
+                        return
+                    }
+                    self.respond(context: context, head: head, reply: HTTPReply(RESTRender.read(request, tree: tree)))
                 case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))
                 }
             }
@@ -780,8 +799,37 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             // The head a stream would start with, and no stream.
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: Self.streamHeaders, body: []))
         case .stream:
-            startStream(context: context, head: head, request: request, stale: stale)
+            // Judged at the start, on this loop's copy of the tree (docs/rules.md: a stream whose
+            // rules change later is not cancelled yet).
+            if case .administrator(nil) = identity {
+                startStream(context: context, head: head, request: request, stale: stale)
+            } else if rules(request.namespace) == nil || server.hub(for: context.eventLoop).tree(request.namespace) != nil {
+                if readDenied(identity, request, tree: server.hub(for: context.eventLoop).tree(request.namespace) ?? .empty) {
+                    respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied"))
+                    return
+                }
+                startStream(context: context, head: head, request: request, stale: stale)
+            } else {
+                // No view of the namespace on this loop yet: judge on a (stale) read of it.
+                let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+                server.runtime.read(namespace: request.namespace, stale: true, on: context.eventLoop) { result in
+                    let context = bound.value
+                    switch result {
+                    case .success(let tree):
+                        if self.readDenied(identity, request, tree: tree) {
+                            self.respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied"))
+                        } else {
+                            self.startStream(context: context, head: head, request: request, stale: stale)
+                        }
+                    case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))
+                    }
+                }
+            }
         case .put, .post, .patch, .delete:
+            if Access.writeRefused(identity, hasRules: rules(request.namespace) != nil, allowUnauthenticated: server.config.development.allowUnauthenticated) {
+                respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied"))
+                return
+            }
             let pushID = request.isPost ? server.nextPushID() : ""
             let command: Command
             switch request.command(pushID: pushID) {
@@ -791,7 +839,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 return
             }
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-            server.runtime.write(namespace: request.namespace, command: command, on: context.eventLoop) { result in
+            server.runtime.write(namespace: request.namespace, command: command, auth: identity.commandAuth, on: context.eventLoop) { result in
                 let context = bound.value
                 switch result {
                 case .success(let applied):
@@ -830,15 +878,90 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         return diff == 0
     }
 
-    private func authorize(_ request: RESTRequest) -> HTTPReply? { authorize(request.authorization) }
-
-    private func authorize(_ authorization: RESTRequest.Authorization) -> HTTPReply? {
-        switch authorization {
-        case .owner where server.config.development.acceptOwnerToken: return nil
-        case .none where server.config.development.allowUnauthenticated: return nil
-        case .other where server.config.development.allowUnauthenticated: return nil
-        default: return .error(.unauthorized, "Permission denied")
+    /// `GET`/`PUT /.settings/rules.json` (docs/rules.md): administrators only (the operator
+    /// token when one is configured, else the emulator's `owner`). A `PUT` is parsed here, so a
+    /// syntax or type error is answered at once with its line and column, then set through the
+    /// log (a `setRules` command), so every node switches at the same position.
+    private func handleRules(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
+        let restHead = HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+        guard let access = RESTRequest.access(in: restHead, defaultNamespace: server.config.defaultNamespace) else {
+            return respond(context: context, head: head, reply: .error(.badRequest, "Invalid namespace or query string."))
         }
+        let administrator: Bool
+        if let adminToken = server.adminToken {
+            if case .other(let token) = access.authorization { administrator = Self.constantTimeEqual(token, adminToken) } else { administrator = false }
+        } else {
+            administrator = identity(access.authorization, override: nil) == .administrator(override: nil)
+        }
+        guard administrator else {
+            return respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied: rules need administrator credentials"))
+        }
+        switch head.method {
+        case .GET:
+            let text = rules(access.namespace)?.text ?? Self.developmentRulesText(server.config.development.allowUnauthenticated)
+            respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "application/json; charset=utf-8")], body: Array(text.utf8)))
+        case .PUT:
+            let text = String(decoding: body, as: UTF8.self)
+            // An empty document removes the rules (the development settings decide again).
+            let removing = text.allSatisfy(\.isWhitespace)
+            if !removing {
+                do throws(RulesError) {
+                    _ = try Rules.parse(text)
+                } catch {
+                    return respond(context: context, head: head, reply: .error(.badRequest, "\(error)"))
+                }
+            }
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            let size = body.count
+            let command = Command.setRules(text: removing ? [] : body)
+            server.runtime.write(namespace: access.namespace, command: command, on: context.eventLoop) { result in
+                let context = bound.value
+                switch result {
+                case .success(let applied) where applied.outcome == .ok:
+                    self.server.logger.notice("security rules set", metadata: ["namespace": "\(access.namespace)", "bytes": "\(size)"])
+                    self.respond(context: context, head: head, reply: .json(.ok, "{\"status\":\"ok\"}"))
+                case .success(let applied):
+                    self.respond(context: context, head: head, reply: .error(.badRequest, "\(applied.outcome)"))
+                case .failure(let e):
+                    self.respond(context: context, head: head, reply: Self.unavailable(e))
+                }
+            }
+        default:
+            respond(context: context, head: head, reply: .error(.methodNotAllowed, "Use GET or PUT for /.settings/rules.json."))
+        }
+    }
+
+    /// What a namespace without rules behaves as, shown as rules.
+    static func developmentRulesText(_ open: Bool) -> String {
+        "{\n  \"rules\": {\n    \".read\": \(open),\n    \".write\": \(open)\n  }\n}\n"
+    }
+
+    /// Who a request's credentials name (docs/rules.md, "Enforcement").
+    private func identity(_ authorization: RESTRequest.Authorization, override: String?) -> ClientIdentity {
+        Access.identity(
+            authorization, override: override, acceptOwnerToken: server.config.development.acceptOwnerToken,
+            developmentTokens: server.config.development.allowUnauthenticated)
+    }
+
+    /// The rules in force for `namespace` (nil: none; the development settings decide).
+    private func rules(_ namespace: String) -> Rules? { server.runtime.rulesInForce.withLock { $0[namespace] } }
+
+    private func readDenied(_ identity: ClientIdentity, _ request: RESTRequest, tree: Tree) -> Bool {
+        Access.readDenied(
+            identity, rules: rules(request.namespace), allowUnauthenticated: server.config.development.allowUnauthenticated,
+            at: request.path, query: request.query, tree: tree, now: NodeRuntime.wallClock())
+    }
+
+    /// A data write refused from its head alone (before its body is read): bad credentials, or a
+    /// client's write to a namespace without rules while unauthenticated access is off. With
+    /// rules, the state machine judges the write, so its body is read.
+    private func refuseWriteAtHead(_ head: HTTPHead) -> HTTPReply? {
+        guard let access = RESTRequest.access(in: head, defaultNamespace: server.config.defaultNamespace) else { return nil }
+        let identity = identity(access.authorization, override: access.override)
+        if case .refused(let message) = identity { return .error(.unauthorized, message) }
+        let refused = Access.writeRefused(
+            identity, hasRules: rules(access.namespace) != nil, allowUnauthenticated: server.config.development.allowUnauthenticated)
+        return refused ? .error(.unauthorized, "Permission denied") : nil
     }
 
     static func unavailable(_ e: ReplicaError) -> HTTPReply {
@@ -996,6 +1119,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
         let hub = server.hub(for: context.eventLoop)
         let state = StreamState(request: request, channel: channel, chunked: chunked, hub: hub, owner: server.newStreamOwner())
+        let identity = identity(request.authorization, override: request.authOverride)
+        state.judge = { [weak self] tree in self?.readDenied(identity, request, tree: tree) ?? true }
         streaming = state
         streamClient = client
         server.streamOpened()
@@ -1035,6 +1160,9 @@ final class StreamState {
     /// Whether each write is framed as an HTTP/1.1 chunk.
     private let chunked: Bool
 
+    /// Whether the stream's client may no longer read it (judged again when the rules change).
+    var judge: (Tree) -> Bool = { _ in false }
+
     init(request: RESTRequest, channel: any Channel, chunked: Bool, hub: RealtimeHub, owner: UInt64) {
         self.stream = SSEStream(request: request)
         self.channel = channel
@@ -1060,6 +1188,13 @@ final class StreamState {
             owner: owner,
             deliver: { [weak self] event, tree in self?.updated(event.update, tree: tree) },
             flush: { [weak self] in self?.flush() })
+        hub.watchRules(owner: owner) { [weak self] in
+            guard let self, !self.closed, self.judge(self.hub.tree(request.namespace) ?? .empty) else { return }
+            // Firebase's event for a stream the rules stopped allowing.
+            self.send(SSEStream.cancel("Permission denied"), flush: true)
+            self.close()
+            self.finish()
+        }
         let listen = Listen(id: id, owner: owner, namespace: request.namespace, path: request.path, params: stream.listenParams)
         hub.listen(listen, stale: stale) { [weak self] result in
             guard let self, !self.closed else { return }

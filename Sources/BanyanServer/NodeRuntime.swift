@@ -1,6 +1,7 @@
 public import BanyanNode
 public import BanyanRaft
 public import BanyanReplica
+public import BanyanRules
 public import BanyanStateMachine
 public import BanyanTree
 import Foundation
@@ -82,6 +83,12 @@ public final class NodeRuntime: @unchecked Sendable {
     let connectionsEnded = Mutex<(@Sendable ([UInt64]) -> Void)?>(nil)
     /// Called on the replica thread after a snapshot replaced the state: whether a connection
     /// has ended in it (the server closes its open ones that did).
+    /// The security rules in force, by namespace, as of the last applied entry: what the
+    /// network threads judge reads and listens by (writes are judged in the state machine, at
+    /// their position in the log).
+    let rulesInForce = Mutex<[String: Rules]>([:])
+    /// Called (on the replica loop) after the rules in force changed.
+    let rulesChanged = Mutex<(@Sendable () -> Void)?>(nil)
     let connectionsRestored = Mutex<(@Sendable (_ ended: (UInt64) -> Bool) -> Void)?>(nil)
     /// Answers for callers on other event loops, gathered during one pass of the replica loop
     /// and handed to each loop as one task (`flushReplies`): one wake-up per loop per pass
@@ -165,6 +172,8 @@ public final class NodeRuntime: @unchecked Sendable {
         peerAddresses[config.nodeID] = config.advertised
         mergePeers(core.peerAddresses)
         core.output = { [unowned self] action in self.perform(action) }
+        let loadedRules = core.replica.machine.rules
+        rulesInForce.withLock { $0 = loadedRules }
         let raftState = core.replica.raft
         logger.info(
             "state loaded",
@@ -241,12 +250,13 @@ public final class NodeRuntime: @unchecked Sendable {
     /// and answers are batched across threads (one wake-up covers many), which is what the
     /// per-request HTTP path wants.
     public func write(
-        namespace: String, command: Command, session: UInt64? = nil, on caller: any EventLoop, _ done: @escaping @Sendable (WriteResult) -> Void
+        namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil, on caller: any EventLoop,
+        _ done: @escaping @Sendable (WriteResult) -> Void
     ) {
         submit {
             let id = self.newRequest()
             self.writeCompletions[id] = Completion(loop: caller, done: done)
-            self.core.write(id, namespace: namespace, command: command, session: session)
+            self.core.write(id, namespace: namespace, command: command, session: session, auth: auth)
             self.scheduleProcess()
         }
     }
@@ -554,6 +564,10 @@ public final class NodeRuntime: @unchecked Sendable {
                 metadata: ["follower": "\(follower)", "index": "\(index)", "error": "\(error)"])
         case .connectionsEnded(let connections):
             connectionsEnded.withLock { $0 }?(connections)
+        case .rulesChanged:
+            let rules = core.replica.machine.rules
+            rulesInForce.withLock { $0 = rules }
+            rulesChanged.withLock { $0 }?()
         case let .leaseExpiryProposed(holder, namespace):
             leaseExpiries.increment()
             logger.notice(

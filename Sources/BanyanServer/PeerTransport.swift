@@ -16,7 +16,8 @@ import Synchronization
 /// connection has too many bytes queued, messages are dropped (Raft retries: that is the
 /// backpressure).
 ///
-/// Protocol version 5: the same messages as version 4; it marks the log's command version 5
+/// Protocol version 6: the same messages again; it marks the log's command version 6 (security
+/// rules in the log and writes naming the client the rules judge). Protocol version 5: the same messages as version 4; it marks the log's command version 5
 /// (commands of ordered realtime sessions), which nodes of version 4 would apply as malformed
 /// while newer ones apply them, so the two must not share a log. Version 4: Raft messages are
 /// `MessageCodec` version 4 (acknowledgements say whether
@@ -28,7 +29,7 @@ import Synchronization
 /// the same protocol before they can talk again (restart them all with the new binary;
 /// docs/runbook.md).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 5
+    static let protocolVersion: UInt16 = 6
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

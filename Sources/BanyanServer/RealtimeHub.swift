@@ -52,6 +52,8 @@ final class RealtimeHub: @unchecked Sendable {
     private var streams: [UInt64: (ListenEvent, Tree) -> Void] = [:]
     private let allocator = ByteBufferAllocator()
     private var flushes: [UInt64: () -> Void] = [:]
+    /// Owners to tell when the security rules change (they judge their listens again).
+    private var rulesWatchers: [UInt64: () -> Void] = [:]
     /// Owners whose messages go compressed (absent: plain).
     private var encodings: [UInt64: OutboundEncoding] = [:]
     /// The loop's zlib streams (permessage-deflate), shared by its connections.
@@ -94,7 +96,16 @@ final class RealtimeHub: @unchecked Sendable {
     /// The namespace's tree as this loop's listens last saw it (nil: no view of it yet).
     func tree(_ ns: String) -> Tree? { feeds[ns]?.tree }
 
+    /// `changed` runs (on this loop) whenever the rules in force change, until `detach`.
+    func watchRules(owner: UInt64, _ changed: @escaping () -> Void) { rulesWatchers[owner] = changed }
+
+    /// The rules changed: every watcher judges its listens again.
+    func rulesChanged() {
+        for owner in rulesWatchers.keys.sorted() { rulesWatchers[owner]?() }
+    }
+
     func detach(owner: UInt64) {
+        rulesWatchers[owner] = nil
         owners[owner] = nil
         streams[owner] = nil
         flushes[owner] = nil

@@ -3,6 +3,7 @@ import BanyanNode
 import BanyanQuery
 import BanyanREST
 import BanyanReplica
+import BanyanRules
 import BanyanSession
 import BanyanStateMachine
 import BanyanTree
@@ -10,6 +11,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOWebSocket
+import Synchronization
 
 /// One realtime connection (WebSocket, protocol v5) on its event loop: the driver of a
 /// `SessionCore` (docs/realtime.md). Frames in go to the core; its actions become listens on the
@@ -37,6 +39,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     /// Credentials: the emulator's `owner` (administrator), or an unsigned emulator token.
     private var admin = false
     private var claims: JSONValue?
+    /// The `auth` the rules see for a signed-in user (`{"uid", "provider", "token"}`).
+    private var userAuth: [UInt8]?
+    /// Started listens and what they read: judged again when the rules or credentials change.
+    private var startedListens: [SessionCore.ListenID: (path: Path, params: QueryParams?)] = [:]
     private var dirty = false
     /// Writes held while the previous connection's end (`ls`) is being recorded, in order.
     private var holdingWrites = false
@@ -69,9 +75,32 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     private var runtime: NodeRuntime { server.runtime }
     private var owner: UInt64 { identity.connection }
 
-    /// Data access until access rules land: the development settings, as for REST.
-    private var authorized: Bool {
-        (admin && server.config.development.acceptOwnerToken) || server.config.development.allowUnauthenticated
+    /// Who the connection's credentials name (docs/rules.md, "Enforcement"): as for REST.
+    private var client: ClientIdentity {
+        if admin { return .administrator(override: nil) }
+        if let userAuth { return .client(.user(json: userAuth)) }
+        return .client(.signedOut)
+    }
+
+    private var rules: Rules? { runtime.rulesInForce.withLock { $0[namespace] } }
+
+    /// Cancels (`c`) every started listen the rules in force no longer allow this client.
+    private func rejudgeListens() {
+        guard !finished, !startedListens.isEmpty else { return }
+        let tree = hub.tree(namespace) ?? .empty
+        for (id, spec) in startedListens.sorted(by: { $0.key < $1.key }) where readDenied(at: spec.path, spec.params, tree: tree) {
+            startedListens[id] = nil
+            perform(core.listenRevoked(id))
+        }
+        flush()
+    }
+
+    /// A read or listen at `path` refused by the rules (or, without rules, by the development
+    /// settings), judged on `tree`.
+    private func readDenied(at path: Path, _ params: QueryParams?, tree: Tree) -> Bool {
+        Access.readDenied(
+            client, rules: rules, allowUnauthenticated: server.config.development.allowUnauthenticated, at: path, query: params, tree: tree,
+            now: NodeRuntime.wallClock())
     }
 
     static func now() -> Int64 { Int64(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
@@ -86,6 +115,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             owner: owner, encoding: encoding,
             push: { [weak self] frames in self?.write(frames) },
             flush: { [weak self] in self?.flush() })
+        hub.watchRules(owner: owner) { [weak self] in self?.rejudgeListens() }
         runtime.openSession(identity.connection)
         // `ls`: the client's previous connection is over, wherever it was; its onDisconnect
         // writes fire now, before anything this connection writes (the first command of its
@@ -295,13 +325,16 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             case .send(let bytes): send(bytes)
             case let .listen(id, spec): startListen(id, spec)
             case .unlisten(let id):
+                startedListens[id] = nil
                 if let hubID = hubIDs.removeValue(forKey: id) { hub.unlisten(hubID) }
             case let .get(request, path, query): get(request, path, query)
             case let .write(request, write): self.write(request, write)
             case let .authenticate(request, credential, _): authenticate(request, credential)
             case .unauthenticate:
+                userAuth = nil
                 admin = false
                 claims = nil
+                rejudgeListens()
             case .stats: break
             case .pauseReading:
                 context?.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
@@ -356,7 +389,6 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
 
 
     private func startListen(_ id: SessionCore.ListenID, _ spec: ListenSpec) {
-        guard authorized else { return perform(core.listenFailed(id, status: "permission_denied", reason: "Permission denied")) }
         var params: QueryParams?
         if let query = spec.query {
             do {
@@ -373,7 +405,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let self, !self.finished, self.hubIDs[id] == hubID else { return }
             switch result {
             case .success(let first):
+                // Judged before anything of it is sent, on the tree the listen starts from.
+                if self.readDenied(at: spec.path, params, tree: self.hub.tree(self.namespace) ?? .empty) {
+                    self.hubIDs[id] = nil
+                    self.hub.unlisten(hubID)
+                    return self.perform(self.core.listenFailed(id, status: "permission_denied", reason: "Permission denied"))
+                }
                 self.write(self.frames(RealtimeHub.render(first)))
+                self.startedListens[id] = (spec.path, params)
                 self.perform(self.core.listenStarted(id))
             case .failure(let e):
                 self.hubIDs[id] = nil
@@ -388,7 +427,6 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     private func get(_ request: Int64, _ path: Path, _ query: JSONValue?) {
-        guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
         var wanted: QueryParams?
         if let query, case .object(let members) = query, !members.isEmpty {
             do {
@@ -402,6 +440,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             guard let self, !self.finished else { return }
             switch result {
             case .success(let tree):
+                if self.readDenied(at: path, params, tree: tree) {
+                    return self.perform(self.core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes))
+                }
                 var value = tree.child(at: path)
                 if let params { value = params.evaluate(value) }
                 self.perform(self.core.answer(request: request, status: "ok", data: JSONWriter.bytes(value, format: .export)))
@@ -434,7 +475,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             heldWrites.append((request, write))
             return
         }
-        guard authorized else { return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes)) }
+        if Access.writeRefused(client, hasRules: rules != nil, allowUnauthenticated: server.config.development.allowUnauthenticated) {
+            return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes))
+        }
         let command: Command
         switch SessionWrites.command(for: write, secret: identity.secret, holder: holder) {
         case .success(let c): command = c
@@ -442,7 +485,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             return perform(core.answer(request: request, status: refusal.status, data: JSONValue.string(refusal.message).bytes))
         }
         wrote = true
-        runtime.write(namespace: namespace, command: command, session: identity.connection, on: hub.loop) { [weak self] result in
+        runtime.write(namespace: namespace, command: command, session: identity.connection, auth: client.commandAuth, on: hub.loop) { [weak self] result in
             guard let self, !self.finished else { return }
             switch result {
             case .success(let applied):
@@ -473,6 +516,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
             }
             admin = true
             claims = nil
+            userAuth = nil
             return perform(core.answer(request: request, status: "ok", data: Array(#"{"auth":null,"expires":null}"#.utf8)))
         }
         guard let decoded = Self.unsignedClaims(credential.token) else {
@@ -483,6 +527,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         }
         admin = false
         claims = decoded
+        userAuth = Access.unsignedTokenAuth(credential.token)
+        defer { rejudgeListens() }
         var expires: JSONValue = .null
         if case .object(let members) = decoded, let exp = members.first(where: { $0.0 == "exp" })?.1 { expires = exp }
         perform(core.answer(request: request, status: "ok", data: JSONValue.object([("auth", decoded), ("expires", expires)]).bytes))
@@ -499,11 +545,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         return body
     }
 
-    static func base64URL(_ text: Substring) -> [UInt8]? {
-        var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while s.utf8.count % 4 != 0 { s += "=" }
-        return Data(base64Encoded: s).map { Array($0) }
-    }
+    static func base64URL(_ text: Substring) -> [UInt8]? { Access.base64URLDecode(text) }
 }
 
 /// Server frames, encoded once (RFC 6455 §5.2: FIN set, no mask, the length in 7, 16 or 64 bits;

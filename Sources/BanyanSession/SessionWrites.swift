@@ -54,6 +54,8 @@ public enum SessionWrites {
         case .malformed: return ("failure", .string("The write could not be decoded by the state machine."))
         // Never answered (the replica proposes it again after its predecessor), but total.
         case .outOfOrder: return ("failure", .string("The write arrived before an earlier write of its connection."))
+        // The SDKs raise PERMISSION_DENIED for this status (the reason stays in the server's log).
+        case .permissionDenied: return ("permission_denied", .string("Permission denied"))
         }
     }
 

@@ -37,6 +37,10 @@ public enum Command: Sendable, Equatable {
     /// queues fire) and the holder is over for good. Applies only if `lastRenewal` is still the
     /// holder's latest renewal, or the holder already expired.
     case expireHolder(holder: UInt64, lastRenewal: UInt64)
+    /// Replaces the namespace's security rules with `text` (a rules document, parsed by
+    /// `BanyanRules`); an empty text removes them. Administrators only: a command that carries a
+    /// client's `auth` is refused. Version 6 (docs/rules.md, "Rules in the log").
+    case setRules(text: [UInt8])
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -46,6 +50,16 @@ public enum Command: Sendable, Equatable {
             self.json = json
         }
     }
+}
+
+/// Who issued a client write, as the security rules see it (`auth`). A command without one
+/// (administrators, the node's own commands, and every command written before version 6) is
+/// not subject to rules.
+public enum ClientAuth: Sendable, Equatable {
+    /// A client that is not signed in (`auth == null`).
+    case signedOut
+    /// A signed-in client: the `auth` object as JSON (`uid`, `provider`, `token` claims).
+    case user(json: [UInt8])
 }
 
 /// A command with its identity (for exactly-once application, R29), its namespace and the
@@ -72,9 +86,12 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// proposes it again (docs/internals/state-machine.md, "Ordered sessions").
     public var ordered: Bool
     public var command: Command
+    /// The client the rules judge the command for; nil: not subject to rules.
+    public var auth: ClientAuth?
 
     public init(
-        namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, ordered: Bool = false, command: Command
+        namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, ordered: Bool = false, command: Command,
+        auth: ClientAuth? = nil
     ) {
         self.namespace = namespace
         self.session = session
@@ -83,14 +100,17 @@ public struct CommandEnvelope: Sendable, Equatable {
         self.settledBelow = settledBelow
         self.ordered = ordered
         self.command = command
+        self.auth = auth
     }
 
     /// Version 3 adds `settledBelow`; version 4 the lease holder of `o`/`om` and the lease
     /// commands; version 5 the `ordered` flag (the kind byte's high bit), with version 4's
     /// layout. Version 2, 3 and 4 payloads (logs written before) still decode (holder 0,
     /// unordered). Commands that need nothing newer are still written as version 3 or 4, byte
-    /// for byte as before.
-    static let version: UInt8 = 5
+    /// for byte as before. Version 6 (rules): version 4's layout with the ordered flag allowed
+    /// (not required) in the kind byte, the `setRules` kind, and a trailer naming the client
+    /// (`auth`: 0 none, 1 signed out, 2 a user and its JSON).
+    static let version: UInt8 = 6
     /// The kind byte's flag for `ordered` (version 5).
     static let orderedFlag: UInt8 = 0x80
     /// Where `settledBelow` sits in a version 3+ payload (after version, kind, session, seq and
@@ -99,8 +119,11 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// The version this command is written in.
     var writtenVersion: UInt8 {
+        if auth != nil { return 6 }
+        if case .setRules = command { return 6 }
         if ordered { return 5 }
         switch command {
+        case .setRules: return 6
         case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
         case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
         }
@@ -111,7 +134,8 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// lengths; docs/internals/byte-codec.md).
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: byteCount)
-        w.u8(writtenVersion)
+        let version = writtenVersion
+        w.u8(version)
         let flags = ordered ? Self.orderedFlag : 0
         switch command {
         case .set: w.u8(1 | flags)
@@ -123,6 +147,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .connectionEnded: w.u8(7 | flags)
         case .renewLease: w.u8(8 | flags)
         case .expireHolder: w.u8(9 | flags)
+        case .setRules: w.u8(10 | flags)
         }
         w.u64(session)
         w.u64(seq)
@@ -174,6 +199,18 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string("")
             w.u64(holder)
             w.u64(lastRenewal)
+        case let .setRules(text):
+            w.string("")
+            w.bytes(text)
+        }
+        if version == 6 {
+            switch auth {
+            case nil: w.u8(0)
+            case .signedOut?: w.u8(1)
+            case .user(let json)?:
+                w.u8(2)
+                w.bytes(json)
+            }
         }
         return w.finish()
     }
@@ -193,6 +230,12 @@ public struct CommandEnvelope: Sendable, Equatable {
             for e in entries { n += 16 + e.path.utf8.count + e.json.count }
         case let .onDisconnectCancel(path, _): n += 16 + path.utf8.count
         case .connectionEnded, .renewLease, .expireHolder: n += 24
+        case let .setRules(text): n += 16 + text.count
+        }
+        switch auth {
+        case nil: n += writtenVersion == 6 ? 1 : 0
+        case .signedOut?: n += 1
+        case .user(let json)?: n += 9 + json.count
         }
         return n
     }
@@ -212,9 +255,14 @@ public struct CommandEnvelope: Sendable, Equatable {
             var kind = try r.u8("command kind")
             // Version 5 is version 4 with the ordered flag, which it must carry (an unordered
             // command is written as version 3 or 4).
-            let ordered = version == 5
+            let written = version
+            var ordered = version == 5
             if ordered {
                 guard kind & Self.orderedFlag != 0 else { throw .badValue(field: "command kind") }
+                kind &= ~Self.orderedFlag
+                version = 4
+            } else if version == 6 {
+                ordered = kind & Self.orderedFlag != 0
                 kind &= ~Self.orderedFlag
                 version = 4
             }
@@ -255,11 +303,24 @@ public struct CommandEnvelope: Sendable, Equatable {
                 guard path.isEmpty else { throw .badValue(field: "path") }
                 let holder = try r.u64("holder")
                 command = .expireHolder(holder: holder, lastRenewal: try r.u64("lastRenewal"))
+            case 10 where written == 6:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                command = .setRules(text: try r.bytes("rules"))
             default:
                 throw .badValue(field: "command kind")
             }
+            var auth: ClientAuth?
+            if written == 6 {
+                switch try r.u8("auth kind") {
+                case 0: auth = nil
+                case 1: auth = .signedOut
+                case 2: auth = .user(json: try r.bytes("auth"))
+                default: throw .badValue(field: "auth kind")
+                }
+            }
             return CommandEnvelope(
-                namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, ordered: ordered, command: command)
+                namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, ordered: ordered, command: command,
+                auth: auth)
         }
     }
 

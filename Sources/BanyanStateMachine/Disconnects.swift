@@ -1,4 +1,5 @@
 import BanyanBasics
+import BanyanRules
 public import BanyanTree
 
 /// The onDisconnect writes one realtime connection queued (v5 `o`, `om`, `oc`): replicated state,
@@ -50,6 +51,26 @@ extension StateMachine {
 
     /// Applies `o`, `om`, `oc` and `connectionEnded` (the caller recorded the envelope's sequence
     /// number and timestamp).
+    /// onDisconnect writes are judged by the rules when they are registered, as if written at
+    /// once (Firebase checks them then, not when they fire): a client may queue only what it
+    /// may write. Nil when allowed or not judged.
+    func judgeRegistration(_ envelope: CommandEnvelope, _ items: [(WritePath, [UInt8])], at location: Path, update: Bool) throws(TreeError) -> Outcome? {
+        let judge = judgement(for: envelope)
+        guard judge != nil else { return nil }
+        let current = tree(envelope.namespace)
+        let context = ServerValueContext(timestamp: lastTimestamp, existing: current)
+        if update {
+            var entries: [UpdateEntry] = []
+            for (path, json) in items {
+                entries.append(UpdateEntry(path: path, value: try TreeReader.read(json, at: location.appending(path.path), serverValues: context)))
+            }
+            return Self.verdict(judge) { $0.decideUpdate(entries, at: location, context: $1, tree: current) }
+        }
+        guard let (path, json) = items.first else { return nil }
+        let node = try TreeReader.read(json, at: path.path, serverValues: context)
+        return Self.verdict(judge) { $0.decideSet(node, at: path, context: $1, tree: current) }
+    }
+
     mutating func applyConnectionCommand(_ envelope: CommandEnvelope) -> Applied {
         var applied = Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .ok, written: [])
         do throws(TreeError) {
@@ -57,6 +78,10 @@ extension StateMachine {
             case let .onDisconnectSet(pathText, json, secret, holder):
                 let location = try Path(parsing: pathText)
                 let value = try validated(json, at: location)
+                if let denied = try judgeRegistration(envelope, [(WritePath(path: location), json)], at: location, update: false) {
+                    applied.outcome = denied
+                    return applied
+                }
                 applied.outcome = try register(
                     envelope, secret: secret, holder: holder, adding: [(location, value)], bytes: json.count + pathText.utf8.count)
             case let .onDisconnectUpdate(pathText, items, secret, holder):
@@ -68,6 +93,11 @@ extension StateMachine {
                     adding.append((target, try validated(item.json, at: target)))
                     // Each entry is stored with its whole path, as `DisconnectQueue.size` counts it.
                     bytes += item.json.count + target.byteCount + 1
+                }
+                let relative = try items.map { (item) throws(TreeError) in (try WritePath(parsing: item.path), item.json) }
+                if let denied = try judgeRegistration(envelope, relative, at: location, update: true) {
+                    applied.outcome = denied
+                    return applied
                 }
                 applied.outcome = try register(envelope, secret: secret, holder: holder, adding: adding, bytes: bytes)
             case let .onDisconnectCancel(pathText, secret):
@@ -94,7 +124,7 @@ extension StateMachine {
                 }
             case let .expireHolder(holder, lastRenewal):
                 return expire(holder, lastRenewal: lastRenewal, envelope)
-            case .set, .update, .compareAndSet:
+            case .set, .update, .compareAndSet, .setRules:
                 applied.outcome = .malformed
             }
         } catch {

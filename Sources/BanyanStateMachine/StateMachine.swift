@@ -1,4 +1,5 @@
 import BanyanBasics
+public import BanyanRules
 public import BanyanTree
 
 /// What the state machine remembers of one client session, to apply each of its commands once.
@@ -96,6 +97,10 @@ public struct StateMachine: Sendable {
         /// settled: not applied (only the settled watermark moved); its issuer proposes it again
         /// after the predecessor (`CommandEnvelope.ordered`).
         case outOfOrder
+        /// The namespace's security rules, in force at this position of the log, refused the
+        /// write for the client it names (`CommandEnvelope.auth`); `reason` says which rule.
+        /// Nothing changed.
+        case permissionDenied(reason: String)
     }
 
     /// What applying an entry did.
@@ -112,7 +117,17 @@ public struct StateMachine: Sendable {
         /// Realtime connections this command ended (`connectionEnded`, a lease expiry): a node
         /// still serving one closes it.
         public var ended: [UInt64] = []
+        /// The command replaced the namespace's security rules.
+        public var rulesChanged = false
     }
+
+    /// The system namespace that holds every namespace's rules text, one string child per
+    /// namespace (no client can name it: client namespaces never start with `$`). Being a tree
+    /// of the machine, the rules travel in snapshots and images like any data.
+    public static let rulesNamespace = "$rules"
+    /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
+    /// A namespace without rules is not judged by the state machine (docs/rules.md).
+    public private(set) var rules: [String: Rules] = [:]
 
     /// The trees by namespace (an absent namespace is an empty tree).
     public internal(set) var namespaces: [String: Tree]
@@ -156,6 +171,19 @@ public struct StateMachine: Sendable {
         self.leases = leases
         self.expiredHolders = expiredHolders
         self.queuedHolders = Self.countHolders(queues)
+        self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
+    }
+
+    /// The rules texts of the rules namespace, parsed. A text that no longer parses (a newer
+    /// version's syntax in an older binary) leaves its namespace without rules here, as a
+    /// setRules that failed to parse would never have stored it.
+    static func parsedRules(_ tree: Tree) -> [String: Rules] {
+        var out: [String: Rules] = [:]
+        for (key, node) in tree.children.elements() {
+            guard case .string(let text)? = node.leaf, let parsed = try? Rules.parse(text) else { continue }
+            out[key.string] = parsed
+        }
+        return out
     }
 
     /// The tree of `namespace`.
@@ -201,6 +229,8 @@ public struct StateMachine: Sendable {
         switch envelope.command {
         case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
             return applyConnectionCommand(envelope)
+        case .setRules(let text):
+            return applySetRules(envelope, text: text)
         case .set, .update, .compareAndSet:
             break
         }
@@ -209,7 +239,8 @@ public struct StateMachine: Sendable {
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
         let outcome: Outcome
         do throws(TreeError) {
-            outcome = try execute(envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value)
+            let judge = judgement(for: envelope)
+            outcome = try execute(envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value, judge: judge)
         } catch {
             outcome = .rejected(error)
             written = []
@@ -220,15 +251,73 @@ public struct StateMachine: Sendable {
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value)
     }
 
-    private func execute(_ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?) throws(TreeError) -> Outcome {
+    /// The rules and request context a client write is judged by: nil for commands without
+    /// `auth` (administrators, the node's own) and for namespaces without rules.
+    func judgement(for envelope: CommandEnvelope) -> (rules: Rules, context: RulesRequestContext?)? {
+        guard let auth = envelope.auth, let rules = rules[envelope.namespace] else { return nil }
+        switch auth {
+        case .signedOut:
+            return (rules, RulesRequestContext(auth: nil, time: lastTimestamp))
+        case .user(let json):
+            // An `auth` that does not read as a JSON object is denied (context nil), on every
+            // replica alike.
+            guard let value = try? JSONValue(parsing: json), case .object = value else { return (rules, nil) }
+            return (rules, RulesRequestContext(auth: value, time: lastTimestamp))
+        }
+    }
+
+    /// `setRules`: administrators only; the text must parse (the proposer checked it, but the
+    /// machine decides, identically everywhere); an empty text removes the rules.
+    private mutating func applySetRules(_ envelope: CommandEnvelope, text: [UInt8]) -> Applied {
+        var applied = Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .ok, written: [])
+        guard envelope.auth == nil else {
+            applied.outcome = .permissionDenied(reason: "only administrators may set security rules")
+            return applied
+        }
+        var tree = namespaces.removeValue(forKey: Self.rulesNamespace) ?? .empty
+        defer { if !tree.isEmpty { namespaces[Self.rulesNamespace] = tree } }
+        do throws(TreeError) {
+            let location = WritePath(path: try Path(parsing: "/" + envelope.namespace))
+            guard location.path.count == 1 else {
+                applied.outcome = .refused("rules need a namespace")
+                return applied
+            }
+            if text.isEmpty {
+                try tree.apply(set: .empty, at: location)
+                rules[envelope.namespace] = nil
+            } else {
+                let source = String(decoding: text, as: UTF8.self)
+                let parsed: Rules
+                do throws(RulesError) {
+                    parsed = try Rules.parse(source)
+                } catch {
+                    applied.outcome = .refused("\(error)")
+                    return applied
+                }
+                try tree.apply(set: Tree(.string(source)), at: location)
+                rules[envelope.namespace] = parsed
+            }
+        } catch {
+            applied.outcome = .rejected(error)
+            return applied
+        }
+        applied.rulesChanged = true
+        return applied
+    }
+
+    private func execute(
+        _ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?,
+        judge: (rules: Rules, context: RulesRequestContext?)?
+    ) throws(TreeError) -> Outcome {
         switch command {
-        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
-            return .malformed  // handled by `applyConnectionCommand`
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules:
+            return .malformed  // handled by `applyConnectionCommand` and `applySetRules`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
+            if let denied = Self.verdict(judge, { $0.decideSet(node, at: location, context: $1, tree: tree) }) { return denied }
             if location.isPriority, let priority = Priority(tree: node) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
@@ -249,6 +338,7 @@ public struct StateMachine: Sendable {
                 let node = try TreeReader.read(item.json, at: target, serverValues: context)
                 entries.append(UpdateEntry(path: relative, value: node))
             }
+            if let denied = Self.verdict(judge, { $0.decideUpdate(entries, at: location, context: $1, tree: tree) }) { return denied }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
             var next = tree
             try next.apply(update: entries, at: location)
@@ -262,6 +352,8 @@ public struct StateMachine: Sendable {
             let context = ServerValueContext(timestamp: timestamp, existing: tree)
             let node = try TreeReader.read(json, at: location, serverValues: context)
             try node.checkFits(at: location)
+            // Judged before the hash: a client the rules refuse learns nothing of the data.
+            if let denied = Self.verdict(judge, { $0.decideSet(node, at: WritePath(path: location), context: $1, tree: tree) }) { return denied }
             switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {
             case .applied:
                 written = [location]
@@ -271,6 +363,17 @@ public struct StateMachine: Sendable {
                 return .datastale(current: current)
             }
         }
+    }
+
+    /// A client write's judgement: nil when it may proceed (or is not judged), else the denial.
+    /// Without a context (the command's `auth` could not be read) the write is denied.
+    static func verdict(
+        _ judge: (rules: Rules, context: RulesRequestContext?)?, _ decide: (Rules, RulesRequestContext) -> Decision
+    ) -> Outcome? {
+        guard let judge else { return nil }
+        guard let context = judge.context else { return .permissionDenied(reason: "the request's auth could not be read") }
+        let decision = decide(judge.rules, context)
+        return decision.allowed ? nil : .permissionDenied(reason: decision.description)
     }
 
     // MARK: - Snapshot image

@@ -16,9 +16,9 @@ import Testing
         "BanyanOpLog": (true, ["BanyanBasics"]),
         "BanyanCheckers": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
-        "BanyanStateMachine": (true, ["BanyanTree", "BanyanBasics"]),
+        "BanyanStateMachine": (true, ["BanyanTree", "BanyanRules", "BanyanBasics"]),
         "BanyanRules": (true, ["BanyanTree", "BanyanBasics"]),
-        "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanBasics"]),
+        "BanyanREST": (true, ["BanyanTree", "BanyanQuery", "BanyanListen", "BanyanStateMachine", "BanyanRules", "BanyanBasics"]),
         "BanyanSession": (true, ["BanyanTree", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
@@ -27,7 +27,7 @@ import Testing
             false,
             [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
+                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]
         ),
@@ -42,7 +42,7 @@ import Testing
         "BanyanCommand": (
             false,
             [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanServer", "BanyanOps", "Logging", "NIOCore", "NIOHTTP1", "ArgumentParser",
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "Logging", "NIOCore", "NIOHTTP1", "ArgumentParser",
                 "Foundation", "FoundationNetworking", "Dispatch",
             ]
         ),

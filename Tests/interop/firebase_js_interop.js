@@ -408,6 +408,51 @@ check('drain: a node\'s clients move to the other live node with the reset, losi
   assertEqual(stopped.status, 200, 'stop draining');
 });
 
+// Last: security rules in this run's namespace, with the SDK's emulator-style mock token.
+check('security rules: a mock-token user writes only its own record; signed out, reads and listens are refused', async () => {
+  const rules = JSON.stringify({ rules: {
+    secure: { $uid: { '.read': 'auth != null && auth.uid == $uid', '.write': 'auth != null && auth.uid == $uid',
+      '.validate': "newData.hasChildren(['name'])" } },
+  } });
+  // One node may be dead (the kill -9 check): use the ready ones.
+  const live = [];
+  for (let k = 0; k < nodes.length; k++) {
+    try { if ((await fetch(`http://${nodes[k]}/.banyan/ready`)).status === 200) live.push(k); } catch (e) { /* dead */ }
+  }
+  if (live.length < 1) throw new Error('no ready node');
+  const other = live[live.length - 1];
+  const put = await fetch(`http://${nodes[live[0]]}/.settings/rules.json?ns=${ns}&auth=owner`, { method: 'PUT', body: rules });
+  assertEqual(put.status, 200, 'PUT /.settings/rules.json');
+  const signedOut = connect(live[0]);
+  const [host, port] = nodes[other].split(':');
+  const app = initializeApp({ projectId: 'demo', databaseURL: `http://${host}:${port}?ns=${ns}` }, `app${appCount++}`);
+  apps.push(app);
+  const alice = getDatabase(app);
+  connectDatabaseEmulator(alice, host, Number(port), { mockUserToken: { sub: 'alice', user_id: 'alice' } });
+  const denied = async (p, what) => {
+    try { await p; } catch (e) {
+      if (String(e && e.message).toLowerCase().includes('permission')) return;
+      throw new Error(`${what}: failed otherwise: ${e && e.message}`);
+    }
+    throw new Error(`${what}: allowed`);
+  };
+  await set(ref(alice, 'secure/alice'), { name: 'Alice' });
+  await denied(set(ref(alice, 'secure/bob'), { name: 'Bob' }), "alice writing bob's record");
+  await denied(set(ref(alice, 'secure/alice'), { age: 3 }), 'a record without a name (.validate)');
+  await update(ref(alice, 'secure/alice'), { age: 3 });
+  assertEqual((await get(ref(alice, 'secure/alice'))).val(), { age: 3, name: 'Alice' }, "alice's record read by alice");
+  await denied(set(ref(signedOut, 'secure/alice'), { name: 'Mallory' }), 'a signed-out write');
+  await denied(get(ref(signedOut, 'secure/alice')), 'a signed-out read');
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('a signed-out listen was neither cancelled nor answered')), 10000);
+    onValue(ref(signedOut, 'secure/alice'), () => { clearTimeout(timer); reject(new Error('a signed-out listen got data')); },
+      (err) => { clearTimeout(timer); if (String(err.message).toLowerCase().includes('permission')) resolve(); else reject(err); });
+  });
+  assertEqual(await (await fetch(`http://${nodes[other]}/secure/alice.json?ns=${ns}&auth=owner`)).json(), { age: 3, name: 'Alice' }, 'REST read by the administrator');
+  const removed = await fetch(`http://${nodes[live[0]]}/.settings/rules.json?ns=${ns}&auth=owner`, { method: 'PUT', body: '' });
+  assertEqual(removed.status, 200, 'rules removed');
+});
+
 (async () => {
   let failed = 0;
   const started = Date.now();

@@ -1,0 +1,179 @@
+public import BanyanQuery
+public import BanyanRules
+public import BanyanStateMachine
+public import BanyanTree
+
+/// Who a request comes from, as the access decisions see it (docs/rules.md, "Enforcement").
+public enum ClientIdentity: Sendable, Equatable {
+    /// The administrator (the emulator's `owner` token under the development settings). Not
+    /// judged by rules, unless `override` (`auth_variable_override`) names the client to judge
+    /// its requests as.
+    case administrator(override: ClientAuth?)
+    /// A client, judged by the namespace's rules when it has some (else by the development
+    /// settings).
+    case client(ClientAuth)
+    /// Credentials that are not accepted: the request is refused with this message.
+    case refused(String)
+
+    /// The `auth` a write command carries (nil: not judged).
+    public var commandAuth: ClientAuth? {
+        switch self {
+        case .administrator(let override): return override
+        case .client(let auth): return auth
+        case .refused: return .signedOut
+        }
+    }
+
+    /// The `auth` variable of a read decision, or nil when the request is not judged at all.
+    public var readAuth: ClientAuth? { commandAuth }
+}
+
+/// Access decisions shared by REST, event streams and realtime sessions (pure).
+public enum Access {
+    /// The identity of a request's credentials. `override` is `auth_variable_override` (only an
+    /// administrator may use it: JSON, `null` for a signed-out client). Under the development
+    /// settings an unsigned token in the emulator's shape (a JWT with `"alg": "none"`, as the
+    /// SDKs' `mockUserToken` makes) names its user; other tokens count as signed out while
+    /// unauthenticated access is allowed, and are refused otherwise (verified tokens: issue 16).
+    public static func identity(
+        _ authorization: RESTRequest.Authorization, override: String?, acceptOwnerToken: Bool, developmentTokens: Bool
+    ) -> ClientIdentity {
+        switch authorization {
+        case .owner where acceptOwnerToken:
+            guard let override else { return .administrator(override: nil) }
+            guard let auth = overrideAuth(override) else {
+                return .refused("auth_variable_override must be a JSON object or null")
+            }
+            return .administrator(override: auth)
+        case .none:
+            return .client(.signedOut)
+        case .owner, .other:
+            let token: String
+            if case .other(let t) = authorization { token = t } else { token = "owner" }
+            if developmentTokens, let json = unsignedTokenAuth(token) { return .client(.user(json: json)) }
+            return developmentTokens ? .client(.signedOut) : .refused("Unauthorized request.")
+        }
+    }
+
+    /// `auth_variable_override`: an object becomes a user, `null` a signed-out client.
+    static func overrideAuth(_ text: String) -> ClientAuth? {
+        guard let value = try? JSONValue(parsing: text) else { return nil }
+        switch value {
+        case .null: return .signedOut
+        case .object: return .user(json: Array(value.jsonString.utf8))
+        default: return nil
+        }
+    }
+
+    /// The `auth` object of an unsigned emulator-style token: `{"uid", "provider", "token"}`
+    /// from its claims (`sub` or `user_id` is the uid; `firebase.sign_in_provider` the provider).
+    /// Nil when the token is not a JWT whose header says `"alg": "none"`.
+    public static func unsignedTokenAuth(_ token: String) -> [UInt8]? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].utf8.count <= 1024, parts[1].utf8.count <= 16 << 10,
+            let header = base64URLDecode(parts[0]), let payload = base64URLDecode(parts[1]),
+            case .object(let h)? = try? JSONValue(parsing: header),
+            h.first(where: { $0.0 == "alg" })?.1 == .string("none"),
+            case .object(let claims)? = try? JSONValue(parsing: payload)
+        else { return nil }
+        func claim(_ name: String) -> JSONValue? { claims.first { $0.0 == name }?.1 }
+        guard case .string(let uid)? = claim("sub") ?? claim("user_id") ?? claim("uid"), !uid.isEmpty else { return nil }
+        var provider = "custom"
+        if case .object(let firebase)? = claim("firebase"), case .string(let p)? = firebase.first(where: { $0.0 == "sign_in_provider" })?.1 {
+            provider = p
+        }
+        let auth = JSONValue.object([("uid", .string(uid)), ("provider", .string(provider)), ("token", .object(claims))])
+        return Array(auth.jsonString.utf8)
+    }
+
+    /// Base64url without padding (and tolerant of it), as JWTs use; nil on any other character.
+    public static func base64URLDecode(_ text: Substring) -> [UInt8]? {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count * 3 / 4)
+        var buffer: UInt32 = 0
+        var bits = 0
+        for c in text.utf8 {
+            let v: UInt32
+            switch c {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): v = UInt32(c - UInt8(ascii: "A"))
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): v = UInt32(c - UInt8(ascii: "a")) + 26
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = UInt32(c - UInt8(ascii: "0")) + 52
+            case UInt8(ascii: "-"), UInt8(ascii: "+"): v = 62
+            case UInt8(ascii: "_"), UInt8(ascii: "/"): v = 63
+            case UInt8(ascii: "="): continue
+            default: return nil
+            }
+            buffer = (buffer << 6) | v
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8(truncatingIfNeeded: buffer >> UInt32(bits)))
+                buffer &= (1 << UInt32(bits)) - 1
+            }
+        }
+        return out
+    }
+
+    /// The `auth` variable of a decision.
+    public static func authValue(_ auth: ClientAuth) -> JSONValue? {
+        switch auth {
+        case .signedOut: return nil
+        case .user(let json): return (try? JSONValue(parsing: json)) ?? .null
+        }
+    }
+
+    /// A read (or listen) decision: nil when allowed or not judged. `rules` nil: the development
+    /// settings decide (`allowUnauthenticated`).
+    public static func readDenied(
+        _ identity: ClientIdentity, rules: Rules?, allowUnauthenticated: Bool, at path: Path, query: QueryParams?, tree: Tree, now: Int64
+    ) -> Bool {
+        switch identity {
+        case .refused: return true
+        case .administrator(nil): return false
+        case .administrator(let auth?), .client(let auth):
+            guard let rules else {
+                if case .administrator = identity { return false }
+                return !allowUnauthenticated
+            }
+            let context = RulesRequestContext(auth: authValue(auth), time: now)
+            return !rules.decideRead(at: path, query: rulesQuery(query), context: context, tree: tree).allowed
+        }
+    }
+
+    /// Whether a write may be submitted: the development settings decide for a namespace without
+    /// rules; with rules, the state machine judges it at its place in the log.
+    public static func writeRefused(_ identity: ClientIdentity, hasRules: Bool, allowUnauthenticated: Bool) -> Bool {
+        switch identity {
+        case .refused: return true
+        case .administrator: return false
+        case .client: return !hasRules && !allowUnauthenticated
+        }
+    }
+
+    /// The rules' `query` variable for a query.
+    public static func rulesQuery(_ query: QueryParams?) -> RulesQuery {
+        guard let query else { return RulesQuery() }
+        var q = RulesQuery()
+        switch query.index {
+        case .priority: q.orderBy = .priority
+        case .key: q.orderBy = .key
+        case .value: q.orderBy = .value
+        case .child(let path, _): q.orderBy = .child(path.segments.map(\.string).joined(separator: "/"))
+        }
+        func leaf(_ endpoint: QueryParams.Endpoint?) -> Leaf? {
+            guard let post = endpoint?.post else { return nil }
+            if query.index == .key, case .key(let k) = post.name { return .string(k.string) }
+            return post.value.leaf
+        }
+        q.startAt = leaf(query.start)
+        q.endAt = leaf(query.end)
+        if let s = query.start, let e = query.end, s == e { q.equalTo = leaf(s) }
+        if let limit = query.limit {
+            switch query.anchor {
+            case .first: q.limitToFirst = limit
+            case .last: q.limitToLast = limit
+            }
+        }
+        return q
+    }
+}

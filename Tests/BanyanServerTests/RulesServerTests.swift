@@ -1,0 +1,127 @@
+import BanyanServer
+import Foundation
+import Logging
+import Testing
+
+/// Security rules through a running node (docs/rules.md, "Enforcement"): set with
+/// `PUT /.settings/rules.json`, in force for REST reads and writes, kept across a restart.
+@Suite(.serialized) struct RulesServerTests {
+    /// An emulator-style unsigned token (the SDKs' `mockUserToken`) for `uid`.
+    static func mockToken(_ uid: String) -> String {
+        func b64(_ s: String) -> String {
+            Data(s.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                .replacingOccurrences(of: "=", with: "")
+        }
+        return b64(#"{"alg":"none","typ":"JWT"}"#) + "." + b64(#"{"sub":"\#(uid)","user_id":"\#(uid)","iat":1}"#) + "."
+    }
+
+    static let rules = """
+        {
+          "rules": {
+            "public": { ".read": true },
+            "users": {
+              "$uid": {
+                ".read": "auth != null && auth.uid == $uid",
+                ".write": "auth != null && auth.uid == $uid",
+                ".validate": "newData.hasChildren(['name'])"
+              }
+            }
+          }
+        }
+        """
+
+    @Test("rules set through /.settings/rules.json decide REST reads and writes, survive a restart; errors name line and column")
+    func restEnforcement() async throws {
+        let dir = try temporaryDirectory("rules-rest")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var node = try BanyanNode.start(config: singleNodeConfig(dir), logger: Logger(label: "test"))
+        var port = clientPort(node)
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/public/a.json?auth=owner", body: "1"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        let alice = "auth=" + Self.mockToken("alice")
+        let bob = "auth=" + Self.mockToken("bob")
+
+        // Before rules, the development settings: open.
+        #expect(try httpExchange(port: port, "PUT", "/users/bob.json", body: #"{"age":1}"#).status == 200)
+        // Setting rules: administrators only; a syntax error names its place.
+        #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json", body: Self.rules).status == 401)
+        let bad = try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: "{\n  \"rules\": {\n    \".read\": \"auth.uid ==\"\n  }\n}")
+        #expect(bad.status == 400)
+        #expect(bad.body.contains("3:"), "\(bad.body)")
+        #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: Self.rules).status == 200)
+        let shown = try httpExchange(port: port, "GET", "/.settings/rules.json?auth=owner")
+        #expect(shown.status == 200 && shown.body == Self.rules)
+
+        func check(_ port: Int) throws {
+            #expect(try httpExchange(port: port, "PUT", "/users/alice.json", body: #"{"name":"A"}"#).status == 401)
+            #expect(try httpExchange(port: port, "PUT", "/users/alice.json?\(bob)", body: #"{"name":"A"}"#).status == 401)
+            #expect(try httpExchange(port: port, "PUT", "/users/alice.json?\(alice)", body: #"{"age":3}"#).status == 401)
+            let denied = try httpExchange(port: port, "PUT", "/public/x.json", body: "1")
+            #expect(denied.status == 401 && denied.body.contains("Permission denied"))
+            #expect(try httpExchange(port: port, "PUT", "/users/alice.json?\(alice)", body: #"{"name":"A"}"#).status == 200)
+            #expect(try httpExchange(port: port, "PATCH", "/users/alice.json?\(alice)", body: #"{"age":3}"#).status == 200)
+            let mine = try httpExchange(port: port, "GET", "/users/alice.json?\(alice)")
+            #expect(mine.status == 200 && mine.body == #"{"age":3,"name":"A"}"#)
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json").status == 401)
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?\(bob)").status == 401)
+            #expect(try httpExchange(port: port, "GET", "/users.json?\(alice)").status == 401)
+            #expect(try httpExchange(port: port, "GET", "/public.json").status == 200)
+            // The administrator is not judged; with auth_variable_override it is judged as that client.
+            #expect(try httpExchange(port: port, "GET", "/users.json?auth=owner").status == 200)
+            #expect(try httpExchange(port: port, "GET", "/users/bob.json?auth=owner&auth_variable_override=%7B%22uid%22%3A%22bob%22%7D").status == 200)
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=owner&auth_variable_override=%7B%22uid%22%3A%22bob%22%7D").status == 401)
+        }
+        try check(port)
+
+        // The rules are state: a restarted node still enforces them.
+        node.shutdown()
+        node = try BanyanNode.start(config: singleNodeConfig(dir), logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        port = clientPort(node)
+        let back = await eventually({ ((try? httpExchange(port: port, "PUT", "/public/b.json?auth=owner", body: "2"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(back)
+        #expect(try httpExchange(port: port, "GET", "/.settings/rules.json?auth=owner").body == Self.rules)
+        try check(port)
+        // Removing them (an empty document) returns the namespace to the development settings.
+        #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: "").status == 200)
+        #expect(try httpExchange(port: port, "PUT", "/public/x.json", body: "1").status == 200)
+    }
+}
+
+extension RealtimeServerTests {
+    @Test("rules on WebSocket sessions: writes and listens are judged for the connection's credentials; a listen the rules or an unauth stop allowing is revoked with c")
+    func rulesOnSessions() throws {
+        try withNode("rt-rules") { port, _ in
+            let ready = Date().addingTimeInterval(30)
+            while Date() < ready, (try? http(port, "PUT", "/public/a.json?ns=rt&auth=owner", body: "1"))?.status != 200 { Thread.sleep(forTimeInterval: 0.1) }
+            let (signedOut, _) = try open(port)
+            // No rules yet: the development settings let anyone listen.
+            signedOut.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/secure/alice","h":""}}}"#)
+            #expect(signedOut.messages(until: #""r":1"#).last?.contains(#""s":"ok""#) == true)
+            #expect(try http(port, "PUT", "/.settings/rules.json?ns=rt&auth=owner", body: RulesServerTests.rules.replacingOccurrences(of: "\"users\"", with: "\"secure\"")).status == 200)
+            // The listen it no longer may read is revoked.
+            #expect(signedOut.message() == #"{"t":"d","d":{"a":"c","b":{"p":"secure/alice"}}}"#)
+            signedOut.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/secure/alice","d":{"name":"M"}}}}"#)
+            #expect(signedOut.message() == #"{"t":"d","d":{"r":2,"b":{"s":"permission_denied","d":"Permission denied"}}}"#)
+            signedOut.text(#"{"t":"d","d":{"r":3,"a":"q","b":{"p":"/secure/alice","h":""}}}"#)
+            #expect(signedOut.message()?.contains(#""r":3,"b":{"s":"permission_denied""#) == true)
+            signedOut.text(#"{"t":"d","d":{"r":4,"a":"g","b":{"p":"/secure/alice","q":{}}}}"#)
+            #expect(signedOut.message()?.contains(#""r":4,"b":{"s":"permission_denied""#) == true)
+
+            let (alice, _) = try open(port)
+            alice.text(#"{"t":"d","d":{"r":1,"a":"auth","b":{"cred":"\#(RulesServerTests.mockToken("alice"))"}}}"#)
+            #expect(alice.message()?.contains(#""r":1,"b":{"s":"ok""#) == true)
+            alice.text(#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/secure/alice","d":{"name":"A"}}}}"#)
+            #expect(alice.message() == #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":""}}}"#)
+            alice.text(#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/secure/bob","d":{"name":"A"}}}}"#)
+            #expect(alice.message() == #"{"t":"d","d":{"r":3,"b":{"s":"permission_denied","d":"Permission denied"}}}"#)
+            alice.text(#"{"t":"d","d":{"r":4,"a":"q","b":{"p":"/secure/alice","h":""}}}"#)
+            let started = alice.messages(until: #""r":4"#)
+            #expect(started.first == #"{"t":"d","d":{"a":"d","b":{"p":"secure/alice","d":{"name":"A"}}}}"#, "\(started)")
+            // Signing out revokes it.
+            alice.text(#"{"t":"d","d":{"r":5,"a":"unauth","b":{}}}"#)
+            let after = alice.messages(until: #""r":5"#)
+            #expect(after.contains(#"{"t":"d","d":{"a":"c","b":{"p":"secure/alice"}}}"#), "\(after)")
+        }
+    }
+}
