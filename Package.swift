@@ -247,7 +247,7 @@ let package = Package(
             name: "BanyanServerTests",
             dependencies: [
                 "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
-                "BanyanREST", "CZlib", .product(name: "Logging", package: "swift-log"),
+                "BanyanREST", "BanyanRules", "CZlib", .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),

@@ -92,10 +92,9 @@ struct AdminClient {
         var request = URLRequest(url: url, timeoutInterval: 30)
         request.httpMethod = method
         if let token = try token ?? AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
-        if let body {
-            request.httpBody = Data(body.utf8)
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        }
+        // State-changing operator requests must say they are JSON (docs/security.md).
+        if method != "GET" { request.setValue("application/json", forHTTPHeaderField: "Content-Type") }
+        if let body { request.httpBody = Data(body.utf8) }
         let done = DispatchSemaphore(value: 0)
         let box = ResponseBox()
         URLSession.shared.dataTask(with: request) { data, response, error in

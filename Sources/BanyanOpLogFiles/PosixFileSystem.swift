@@ -26,8 +26,10 @@ public final class PosixFileSystem: FileSystem {
         return (fd, path)
     }
 
+    /// Directories and files of a data directory are the node's alone (0700 and 0600): they hold
+    /// every namespace's data and the rules, readable by no other user (docs/security.md).
     public func makeDirectory(_ path: String) throws(FileSystemError) {
-        if mkdir(path, 0o755) != 0 && errno != EEXIST { throw failure(path, "mkdir") }
+        if mkdir(path, 0o700) != 0 && errno != EEXIST { throw failure(path, "mkdir") }
     }
 
     public func list(_ directory: String) throws(FileSystemError) -> [String] {
@@ -44,7 +46,7 @@ public final class PosixFileSystem: FileSystem {
     public func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
 
     private func openFile(_ path: String, flags: Int32) throws(FileSystemError) -> FileID {
-        let fd = Glibc.open(path, flags | O_WRONLY | O_CLOEXEC, 0o644)
+        let fd = Glibc.open(path, flags | O_WRONLY | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw failure(path, "open") }
         let id = nextID
         nextID += 1

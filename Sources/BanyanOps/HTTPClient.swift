@@ -66,6 +66,9 @@ public final class HTTPConnection: @unchecked Sendable {
             handler.expect(promise)
             var h = HTTPHeaders(headers)
             h.replaceOrAdd(name: "Host", value: "\(self.host):\(self.port)")
+            // Operator requests that change state must say they are JSON (no cross-site simple
+            // requests; docs/security.md).
+            if method == .POST, uri.hasPrefix("/.banyan/"), !h.contains(name: "Content-Type") { h.add(name: "Content-Type", value: "application/json") }
             h.replaceOrAdd(name: "Content-Length", value: String(body?.count ?? 0))
             let head = HTTPRequestHead(version: .http1_1, method: method, uri: uri, headers: h)
             channel.write(HTTPClientRequestPart.head(head), promise: nil)

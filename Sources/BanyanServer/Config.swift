@@ -110,6 +110,10 @@ public struct NodeConfig: Sendable, Equatable {
         /// connection with no request by then is simply closed. Event streams are exempt.
         public var requestReadTimeoutSeconds: Int = 30
         public var keepAliveSeconds: Int = 30
+        /// Origins whose browser pages may read answers (`Access-Control-Allow-Origin`): exact
+        /// origins (`https://app.example.com`), or `*` for any, which only a development node
+        /// may use. Nil: `*` while `development.allow_unauthenticated` is on, else none.
+        public var corsOrigins: [String]?
         /// Bytes of realtime messages being assembled (fragments and protocol chunks received,
         /// the message not yet whole) the node holds at once, over all connections: each may
         /// hold up to 16 MiB, so without a node-wide bound 20,000 slow senders could hold
@@ -162,6 +166,14 @@ public struct HostPort: Sendable, Equatable, Hashable, CustomStringConvertible {
     public init(host: String, port: Int) {
         self.host = host
         self.port = port
+    }
+
+    /// A loopback address (127.0.0.0/8, ::1, localhost): reachable from this machine only.
+    public var isLoopback: Bool {
+        let h = host.lowercased()
+        if h == "localhost" || h == "::1" || h == "[::1]" { return true }
+        let parts = h.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { UInt8($0) != nil }
     }
 
     /// Parses `host:port` or `[v6]:port`.
@@ -272,6 +284,9 @@ extension NodeConfig {
                     case "max_streams_per_client": c.http.maxStreamsPerClient = try r.int(v, "http.max_streams_per_client", 1...1_000_000)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
+                    case "cors_origins":
+                        guard let list = v as? [Any] else { throw ConfigError("\(source): http.cors_origins must be a list of origins") }
+                        c.http.corsOrigins = try list.map { (item) throws(ConfigError) in try r.string(item, "http.cors_origins") }
                     case "max_assembling_bytes":
                         c.http.maxAssemblingBytes = try r.int(v, "http.max_assembling_bytes", (64 << 10)...(64 << 30))
                     default: throw ConfigError("\(source): unknown key http.\(k)")
@@ -310,6 +325,48 @@ extension NodeConfig {
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
         guard RESTRequest.isValidNamespace(defaultNamespace) else {
             throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")
+        }
+        try checkSafeDefaults()
+    }
+
+    /// Safe by default (docs/security.md): a development convenience never reaches a
+    /// non-loopback address. The zero-setup node (`banyan serve`) listens on loopback; a node
+    /// that listens anywhere else refuses to start while a development setting would expose it,
+    /// naming the setting and how to turn it off.
+    /// The CORS origins in force (see `HTTPSettings.corsOrigins`).
+    public var effectiveCORSOrigins: [String] { http.corsOrigins ?? (development.allowUnauthenticated ? ["*"] : []) }
+
+    func checkSafeDefaults() throws(ConfigError) {
+        let exposed = !clientAddress.isLoopback
+        if exposed && development.allowUnauthenticated {
+            throw ConfigError(
+                "development.allow_unauthenticated is on and the client address \(clientAddress) is not a loopback address: anyone who "
+                    + "reaches it could read and write every namespace that has no security rules. Set `development: {allow_unauthenticated: false}` "
+                    + "(and security rules: docs/rules.md), or listen on 127.0.0.1.")
+        }
+        if exposed && development.acceptOwnerToken {
+            throw ConfigError(
+                "development.accept_owner_token is on and the client address \(clientAddress) is not a loopback address: the literal token "
+                    + "`owner` would be an administrator's key for anyone who reaches it. Set `development: {accept_owner_token: false}` "
+                    + "(operators use admin_token_file), or listen on 127.0.0.1.")
+        }
+        if (http.corsOrigins ?? []).contains("*") && !development.allowUnauthenticated {
+            throw ConfigError(
+                "http.cors_origins contains `*` on a node that is not in development (development.allow_unauthenticated is off): name "
+                    + "the origins of your apps instead (https://app.example.com).")
+        }
+        for origin in http.corsOrigins ?? [] where origin != "*" {
+            guard origin.hasPrefix("https://") || origin.hasPrefix("http://"), !origin.hasSuffix("/"), HTTPResponseWriter.isFieldText(origin) else {
+                throw ConfigError("http.cors_origins: '\(origin)' is not an origin (scheme://host[:port], no path)")
+            }
+        }
+        let peerExposed = !peerAddress.isLoopback
+        if peerExposed && tls.generateDevelopmentCertificates {
+            throw ConfigError(
+                "tls.generate_development_certificates is on and the peer address \(peerAddress) is not a loopback address: development "
+                    + "certificates keep their CA's private key beside the node's. Give tls.ca, tls.cert and tls.key from your own CA "
+                    + "(`banyan certs ca` and `banyan certs node`, docs/operations.md) and set `tls: {generate_development_certificates: false}`, "
+                    + "or use loopback addresses.")
         }
     }
 

@@ -257,6 +257,15 @@ final class HTTPServer: Sendable {
         leaseTask.withLock { $0?.cancel() }
     }
 
+    /// `Access-Control-Allow-Origin` for a request from `origin` (docs/security.md): `*` when the
+    /// policy allows any origin (development), the origin itself when it is listed, else none.
+    func allowedOrigin(_ origin: String?) -> String? {
+        let allowed = config.effectiveCORSOrigins
+        if allowed.contains("*") { return "*" }
+        guard let origin, allowed.contains(origin) else { return nil }
+        return origin
+    }
+
     func hub(for loop: any EventLoop) -> RealtimeHub {
         hubs.withLock { table in
             if let hub = table[ObjectIdentifier(loop)] { return hub }
@@ -739,6 +748,13 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 respond(context: context, head: head, reply: denied)
                 return
             }
+            // A POST is the one state-changing method a browser sends cross-site without asking
+            // first (a "simple request", e.g. text/plain): operator POSTs must say they are JSON,
+            // which a page can only send after a CORS preflight (docs/security.md).
+            if head.method == .POST, !(head.headers.first(name: "Content-Type")?.lowercased().hasPrefix("application/json") ?? false) {
+                respond(context: context, head: head, reply: .error(.unsupportedMediaType, "operator requests that change state need Content-Type: application/json"))
+                return
+            }
             let future = AdminAPI(server: server).handle(route, method: head.method, path: String(path), body: body)
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenSuccess { reply in self.respond(context: bound.value, head: head, reply: reply) }
@@ -976,7 +992,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
         let keepAlive = head.isKeepAlive && !close && !closing
-        let buffer = encode(reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, context: context)
+        let buffer = encode(
+            reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, origin: head.headers.first(name: "Origin"), context: context)
         // A promise only when the close must wait for the write (one allocation less per answer).
         let done = keepAlive ? nil : context.eventLoop.makePromise(of: Void.self)
         server.answers.wrappingAdd(1, ordering: .relaxed)
@@ -996,13 +1013,15 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     /// An answer as bytes: 204 and 304 carry no length and no body; a HEAD answer gets length 0
     /// (as before) and no body.
-    private func encode(_ reply: HTTPReply, version: HTTPVersion, isHead: Bool, keepAlive: Bool, context: ChannelHandlerContext) -> ByteBuffer {
+    private func encode(
+        _ reply: HTTPReply, version: HTTPVersion, isHead: Bool, keepAlive: Bool, origin: String? = nil, context: ChannelHandlerContext
+    ) -> ByteBuffer {
         let bodiless = reply.status == .notModified || reply.status == .noContent
         let noBody = bodiless || isHead
         var buffer = context.channel.allocator.buffer(capacity: 160 + (noBody ? 0 : reply.body.count))
         let dropped = HTTPResponseWriter.writeHead(
             version: version, status: reply.status, headers: reply.headers, contentLength: bodiless ? nil : (noBody ? 0 : reply.body.count),
-            keepAlive: keepAlive, into: &buffer)
+            keepAlive: keepAlive, allowOrigin: server.allowedOrigin(origin), into: &buffer)
         if dropped > 0 { server.logger.error("dropped response headers with control characters", metadata: ["count": "\(dropped)"]) }
         if !noBody { buffer.writeBytes(reply.body) }
         return buffer
@@ -1128,7 +1147,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         HTTPResponseWriter.writeHead(
             version: head.version, status: .ok,
             headers: Self.streamHeaders + (chunked ? [("Transfer-Encoding", "chunked")] : []),
-            contentLength: nil, keepAlive: chunked && head.isKeepAlive, into: &buffer)
+            contentLength: nil, keepAlive: chunked && head.isKeepAlive, allowOrigin: server.allowedOrigin(head.headers.first(name: "Origin")),
+            into: &buffer)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         let keepAlive = TimeAmount.seconds(Int64(server.config.http.keepAliveSeconds))
         let bound = NIOLoopBound(state, eventLoop: context.eventLoop)
@@ -1262,15 +1282,16 @@ final class StreamState {
 
 /// Writes HTTP/1.x response heads as bytes.
 enum HTTPResponseWriter {
-    /// The status line, `headers` (the reply's own: any `Content-Length` or `Connection` among
-    /// them is replaced), `Access-Control-Allow-Origin: *` unless the reply sets it,
+    /// The status line, `headers` (the reply's own: any `Content-Length`, `Connection` or
+    /// `Access-Control-Allow-Origin` among them is replaced), `Access-Control-Allow-Origin` as the
+    /// node's CORS policy gives it for the request's origin (`allowOrigin`),
     /// `Content-Length` when given, `Connection`, and the blank line. A header whose name or
     /// value holds a control character is left out (no response splitting, whatever a caller
     /// passes); returns how many were.
     @discardableResult
     static func writeHead(
         version: HTTPVersion, status: HTTPResponseStatus, headers: [(String, String)], contentLength: Int?, keepAlive: Bool,
-        into buffer: inout ByteBuffer
+        allowOrigin: String? = nil, into buffer: inout ByteBuffer
     ) -> Int {
         buffer.writeStaticString(version.major == 1 && version.minor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ")
         let code = status.code
@@ -1280,21 +1301,25 @@ enum HTTPResponseWriter {
         buffer.writeInteger(UInt8(ascii: " "))
         buffer.writeString(status.reasonPhrase)
         buffer.writeStaticString("\r\n")
-        var cors = false
         var dropped = 0
         for (name, value) in headers {
             if HTTPHead.isHeader(name, "content-length") || HTTPHead.isHeader(name, "connection") { continue }
+            // The node's CORS policy decides, not the reply (docs/security.md).
+            if HTTPHead.isHeader(name, "access-control-allow-origin") { continue }
             guard isFieldText(name), isFieldText(value), !name.isEmpty else {
                 dropped += 1
                 continue
             }
-            if HTTPHead.isHeader(name, "access-control-allow-origin") { cors = true }
             buffer.writeString(name)
             buffer.writeStaticString(": ")
             buffer.writeString(value)
             buffer.writeStaticString("\r\n")
         }
-        if !cors { buffer.writeStaticString("Access-Control-Allow-Origin: *\r\n") }
+        if let allowOrigin, isFieldText(allowOrigin) {
+            buffer.writeStaticString("Access-Control-Allow-Origin: ")
+            buffer.writeString(allowOrigin)
+            buffer.writeStaticString(allowOrigin == "*" ? "\r\n" : "\r\nVary: Origin\r\n")
+        }
         if let contentLength {
             buffer.writeStaticString("Content-Length: ")
             buffer.writeString(String(contentLength))

@@ -381,7 +381,8 @@ import Testing
     func http(_ port: Int, _ method: String, _ path: String, body: String = "") throws -> (status: Int, body: String, raw: String) {
         let fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000)
         defer { close(fd) }
-        let request = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+        let request =
+            "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
         _ = Array(request.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)

@@ -1,3 +1,4 @@
+import BanyanRules
 import BanyanServer
 import Foundation
 import Logging
@@ -123,5 +124,93 @@ extension RealtimeServerTests {
             let after = alice.messages(until: #""r":5"#)
             #expect(after.contains(#"{"t":"d","d":{"a":"c","b":{"p":"secure/alice"}}}"#), "\(after)")
         }
+    }
+}
+
+/// Safe defaults (issue 16, docs/security.md): development conveniences stay on loopback, data
+/// files are the node's alone, CORS is configured, operator POSTs must be JSON.
+@Suite struct SafeDefaultsTests {
+    @Test("a node off loopback refuses to start while a development setting would expose it, naming the setting")
+    func developmentStaysOnLoopback() throws {
+        #expect(HostPort(host: "127.0.0.1", port: 1).isLoopback && HostPort(host: "127.8.0.2", port: 1).isLoopback)
+        #expect(HostPort(host: "localhost", port: 1).isLoopback && HostPort(host: "::1", port: 1).isLoopback)
+        #expect(!HostPort(host: "0.0.0.0", port: 1).isLoopback && !HostPort(host: "10.0.0.1", port: 1).isLoopback)
+        #expect(!HostPort(host: "::", port: 1).isLoopback && !HostPort(host: "127.0.0.1.example.com", port: 1).isLoopback)
+        try NodeConfig().validate()  // the zero-setup node: loopback, development settings on
+        func refusal(_ yaml: String) -> String {
+            do {
+                _ = try NodeConfig.parse(yaml: yaml)
+                return "accepted"
+            } catch {
+                return "\(error)"
+            }
+        }
+        #expect(refusal("client_address: 0.0.0.0:9000").contains("development.allow_unauthenticated"))
+        #expect(refusal("client_address: 10.0.0.1:9000\ndevelopment: {allow_unauthenticated: false}").contains("development.accept_owner_token"))
+        #expect(refusal("peer_address: 10.0.0.1:7000").contains("tls.generate_development_certificates"))
+        #expect(refusal("http: {cors_origins: ['*']}\ndevelopment: {allow_unauthenticated: false}").contains("cors_origins"))
+        #expect(refusal("http: {cors_origins: ['app.example.com']}").contains("is not an origin"))
+        let production = """
+            client_address: 0.0.0.0:9000
+            peer_address: 10.0.0.1:7000
+            tls: {ca: /x/ca.pem, cert: /x/n.pem, key: /x/n.key, generate_development_certificates: false}
+            http: {cors_origins: ['https://app.example.com']}
+            development: {allow_unauthenticated: false, accept_owner_token: false}
+            """
+        #expect(refusal(production) == "accepted")
+        #expect(NodeConfig().effectiveCORSOrigins == ["*"])
+        #expect(try NodeConfig.parse(yaml: production).effectiveCORSOrigins == ["https://app.example.com"])
+    }
+
+    @Test("the example deployment in deploy/ passes the safe-default checks, holds no private key, and its rules parse")
+    func deployExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+        for i in 1...3 {
+            let c = try NodeConfig.load(file: "\(root)/deploy/node\(i).yaml")
+            #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken && !c.tls.generateDevelopmentCertificates)
+            #expect(!c.effectiveCORSOrigins.contains("*") && c.adminTokenFile != nil)
+        }
+        let files = (FileManager.default.enumerator(atPath: "\(root)/deploy")?.allObjects as? [String]) ?? []
+        #expect(!files.isEmpty && !files.contains { $0.hasSuffix(".key") })
+        let text = try String(contentsOfFile: "\(root)/deploy/rules.json", encoding: .utf8)
+        _ = try Rules.parse(text)
+    }
+
+    @Test("data files and directories are created for the node's user alone; CORS answers only listed origins; operator POSTs must be JSON")
+    func filesCORSAndOperatorPosts() async throws {
+        let dir = try temporaryDirectory("safe-defaults")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.http.corsOrigins = ["https://app.example.com"]
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/a.json?auth=owner", body: "1"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        // Every directory and file the node made under raft/ is 0700 / 0600.
+        let raft = c.dataDirectory + "/raft"
+        var checked = 0
+        if let walker = FileManager.default.enumerator(atPath: raft) {
+            for case let name as String in walker {
+                let attributes = try FileManager.default.attributesOfItem(atPath: raft + "/" + name)
+                let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue ?? -1
+                let isDirectory = attributes[.type] as? FileAttributeType == .typeDirectory
+                #expect(mode == (isDirectory ? 0o700 : 0o600), "\(name): \(String(mode, radix: 8))")
+                checked += 1
+            }
+        }
+        #expect(checked > 0)
+        func originHeader(_ origin: String) throws -> String? {
+            let connection = try RequestDeadlineTests.Raw(port: port)
+            connection.send("GET /a.json HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: \(origin)\r\nConnection: close\r\n\r\n")
+            let text = connection.receive(until: "", seconds: 10).text
+            return text.split(separator: "\r\n").first { $0.lowercased().hasPrefix("access-control-allow-origin:") }.map { String($0.dropFirst(29)).trimmingCharacters(in: .whitespaces) }
+        }
+        #expect(try originHeader("https://app.example.com") == "https://app.example.com")
+        #expect(try originHeader("https://evil.example.com") == nil)
+        // An operator POST without a JSON content type is refused before it does anything.
+        let connection = try RequestDeadlineTests.Raw(port: port)
+        connection.send("POST /.banyan/transfer?to=2 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        #expect(connection.receive(until: "", seconds: 10).text.hasPrefix("HTTP/1.1 415"))
     }
 }

@@ -89,12 +89,14 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                   max_assembling_bytes: 33554432
                 development:
                   allow_unauthenticated: false
+                  accept_owner_token: false
                 """)
         #expect(c.nodeID == 2 && c.clusterID == "prod" && c.dataDirectory == "/var/lib/banyan")
         #expect(c.peerAddress == HostPort(host: "10.0.0.2", port: 7000))
         // A wildcard client address is not published for drains unless one is advertised.
         #expect(c.publicHost == "db.example.com" && c.publishedClientAddress == nil)
-        let advertised = try NodeConfig.parse(yaml: "client_address: 0.0.0.0:9000\nadvertise_client_address: 10.0.0.2:9000")
+        let advertised = try NodeConfig.parse(
+            yaml: "client_address: 0.0.0.0:9000\nadvertise_client_address: 10.0.0.2:9000\ndevelopment: {allow_unauthenticated: false, accept_owner_token: false}")
         #expect(advertised.publishedClientAddress == HostPort(host: "10.0.0.2", port: 9000))
         #expect(NodeConfig().publishedClientAddress == HostPort(host: "127.0.0.1", port: 9000))
         #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
@@ -103,7 +105,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
         // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
         #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
-        #expect(!c.development.allowUnauthenticated && c.development.acceptOwnerToken)
+        #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken)
         let bad = [
             "nodeid: 1", "node_id: 0", "client_address: nowhere", "client_address: 1.2.3.4:99999", "raft:\n  tick_ms: 0",
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
@@ -612,7 +614,7 @@ final class Inbox: Sendable {
         var buffer = ByteBuffer()
         let dropped = HTTPResponseWriter.writeHead(
             version: .http1_1, status: .ok, headers: [("X-Good", "a\tb"), ("X-Bad", "a\r\nSet-Cookie: x"), ("X-Del", "\u{7F}")],
-            contentLength: 3, keepAlive: true, into: &buffer)
+            contentLength: 3, keepAlive: true, allowOrigin: "*", into: &buffer)
         #expect(dropped == 2)
         #expect(String(buffer: buffer) == "HTTP/1.1 200 OK\r\nX-Good: a\tb\r\nAccess-Control-Allow-Origin: *\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n")
     }

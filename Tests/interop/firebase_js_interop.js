@@ -371,7 +371,7 @@ check('drain: a node\'s clients move to the other live node with the reset, losi
     transactions.push(runTransaction(ref(client, 'drain/counter'), (v) => (v || 0) + 1).then(
       (value) => ({ status: 'fulfilled', value }), (reason) => ({ status: 'rejected', reason })));
     if (i === 10) {
-      const res = await fetch(`http://${nodes[drained]}/.banyan/drain`, { method: 'POST' });
+      const res = await fetch(`http://${nodes[drained]}/.banyan/drain`, { method: 'POST', headers: { 'Content-Type': 'application/json' } });
       answer = await res.json();
       if (res.status !== 200) throw new Error(`drain refused: ${res.status} ${JSON.stringify(answer)}`);
     }
