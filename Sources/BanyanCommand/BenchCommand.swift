@@ -23,6 +23,8 @@ struct Bench: ParsableCommand {
     var portBase: Int = 19_700
     @Option(name: .long, parsing: .unconditionalSingleValue, help: "An extra argument for every node's `banyan serve` (repeat), e.g. --serve-arg=--threads --serve-arg=1.")
     var serveArg: [String] = []
+    @Option(name: .long, help: "A rules file for the bench namespace: each client then writes as uid c<client> (an emulator token), judged by the rules.")
+    var rules: String?
     @Flag(name: .long, help: "Measure WebSocket (v5) sessions instead: memory per idle session, CPU per write with idle listens, fan-out latency, deliveries per second.")
     var realtime = false
     @Option(name: .long, help: "With --realtime: sessions to open (spread over the 3 nodes).")
@@ -46,6 +48,10 @@ struct Bench: ParsableCommand {
         bench.keys = keys
         bench.portBase = portBase
         bench.serveArguments = serveArg
+        if let rules {
+            guard let text = try? String(contentsOfFile: rules, encoding: .utf8) else { throw ValidationError("cannot read --rules \(rules)") }
+            bench.rulesText = text
+        }
         let configured = bench
         try runBenchmark { log in try await configured.run(log: log) }
     }

@@ -17,6 +17,9 @@ public struct ClusterBench: Sendable {
     public var portBase: Int = 19_700
     /// Extra `banyan serve` arguments for every node.
     public var serveArguments: [String] = []
+    /// Security rules for the `bench` namespace (set before measuring); each client then writes
+    /// with an emulator token naming uid `c<client>`, so every write is judged by them.
+    public var rulesText: String?
 
     public init(executable: String, directory: String) {
         self.executable = executable
@@ -55,6 +58,15 @@ public struct ClusterBench: Sendable {
 
     static func ms(_ s: Double) -> String { String(format: "%.2f ms", s * 1000) }
 
+    /// An emulator-style unsigned token (`alg: none`) naming `uid`, as the SDKs' `mockUserToken`.
+    static func mockToken(uid: String) -> String {
+        func b64(_ text: String) -> String {
+            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                .replacingOccurrences(of: "=", with: "")
+        }
+        return b64(#"{"alg":"none","typ":"JWT"}"#) + "." + b64(#"{"sub":"\#(uid)","user_id":"\#(uid)"}"#) + "."
+    }
+
     public func run(log: @escaping @Sendable (String) -> Void) async throws {
         try? FileManager.default.removeItem(atPath: directory)
         let cluster = LocalCluster(
@@ -71,6 +83,11 @@ public struct ClusterBench: Sendable {
                 description: "node \(id) exited right after starting (ports \(cluster.clientPort(id)) and \(cluster.peerPort(id)) in use by another cluster?); see \(directory)/node\(id).log")
         }
         log("3-node cluster up (leader: node \(leader)); \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        if let rulesText {
+            let r = try await cluster.request(leader, .PUT, "/.settings/rules.json?ns=bench&auth=owner", body: rulesText, timeout: 10)
+            guard r.status == 200 else { throw Failure(description: "setting the rules: \(r.status) \(String(decoding: r.body, as: UTF8.self))") }
+            log("rules set on namespace bench (\(rulesText.utf8.count) bytes); clients write as uid c<client>")
+        }
 
         // Throughput and latency.
         for c in clients {
@@ -101,7 +118,7 @@ public struct ClusterBench: Sendable {
                 body += (i > written ? "," : "") + "\"k\(i)\":{\"n\":\(i),\"s\":\"value-\(i)\"}"
             }
             body += "}"
-            let r = try await conn.send(.PATCH, "/mem.json?ns=bench&print=silent", body: Array(body.utf8), timeout: .seconds(30))
+            let r = try await conn.send(.PATCH, "/mem.json?ns=bench&print=silent&auth=owner", body: Array(body.utf8), timeout: .seconds(30))
             guard r.status == 204 || r.status == 200 else { throw Failure(description: "memory load: \(r.status) \(r.text)") }
             written += batch
         }
@@ -159,7 +176,9 @@ public struct ClusterBench: Sendable {
                     var next = 0
                     while DispatchTime.now().uptimeNanoseconds < deadline {
                         let done = cluster.group.next().makePromise(of: WriteLoop.Outcome.self)
-                        let loop = WriteLoop(client: c, host: "127.0.0.1:\(port)", first: next, deadline: deadline, done: done)
+                        let loop = WriteLoop(
+                            client: c, host: "127.0.0.1:\(port)", first: next, deadline: deadline, done: done,
+                            auth: rulesText == nil ? "" : "&auth=" + Self.mockToken(uid: "c\(c)"))
                         do {
                             _ = try await ClientBootstrap(group: cluster.group)
                                 .connectTimeout(.seconds(2))
@@ -214,7 +233,7 @@ public struct ClusterBench: Sendable {
         while elapsed == nil {
             attempt += 1
             let node = others[attempt % others.count]
-            if let r = try? await cluster.request(node, .PUT, "/failover/w.json?ns=bench&print=silent", body: "\(attempt)", timeout: 2), r.status == 204 {
+            if let r = try? await cluster.request(node, .PUT, "/failover/w.json?ns=bench&print=silent&auth=owner", body: "\(attempt)", timeout: 2), r.status == 204 {
                 elapsed = Double(DispatchTime.now().uptimeNanoseconds - faultAt) / 1e9
             } else {
                 try await Task.sleep(nanoseconds: 5_000_000)
@@ -275,7 +294,11 @@ final class WriteLoop: ChannelInboundHandler, @unchecked Sendable {
     private var result = ClusterBench.LoadResult()
     private var timer: Scheduled<Void>?
 
-    init(client: Int, host: String, first: Int, deadline: UInt64, done: EventLoopPromise<Outcome>) {
+    /// Appended to each request's query (`&auth=…`), or empty.
+    private let auth: String
+
+    init(client: Int, host: String, first: Int, deadline: UInt64, done: EventLoopPromise<Outcome>, auth: String = "") {
+        self.auth = auth
         self.client = client
         self.host = host
         self.n = first
@@ -299,7 +322,7 @@ final class WriteLoop: ChannelInboundHandler, @unchecked Sendable {
         let body = "{\"c\":\(client),\"i\":\(n)}"
         var buffer = context.channel.allocator.buffer(capacity: 160)
         buffer.writeString(
-            "PUT /bench/c\(client)/k\(n % 1000).json?ns=bench&print=silent HTTP/1.1\r\nHost: \(host)\r\nContent-Length: \(body.utf8.count)\r\n\r\n")
+            "PUT /bench/c\(client)/k\(n % 1000).json?ns=bench&print=silent\(auth) HTTP/1.1\r\nHost: \(host)\r\nContent-Length: \(body.utf8.count)\r\n\r\n")
         buffer.writeString(body)
         sentAt = now
         inFlight = true

@@ -69,9 +69,10 @@ public enum Access {
     /// from its claims (`sub` or `user_id` is the uid; `firebase.sign_in_provider` the provider).
     /// Nil when the token is not a JWT whose header says `"alg": "none"`.
     public static func unsignedTokenAuth(_ token: String) -> [UInt8]? {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0].utf8.count <= 1024, parts[1].utf8.count <= 16 << 10,
-            let header = base64URLDecode(parts[0]), let payload = base64URLDecode(parts[1]),
+        // Split on the bytes (a String split walks grapheme clusters: this runs per request).
+        let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].count <= 1024, parts[1].count <= 16 << 10,
+            let header = base64URLDecode(bytes: parts[0]), let payload = base64URLDecode(bytes: parts[1]),
             case .object(let h)? = try? JSONValue(parsing: header),
             h.first(where: { $0.0 == "alg" })?.1 == .string("none"),
             case .object(let claims)? = try? JSONValue(parsing: payload)
@@ -87,12 +88,15 @@ public enum Access {
     }
 
     /// Base64url without padding (and tolerant of it), as JWTs use; nil on any other character.
-    public static func base64URLDecode(_ text: Substring) -> [UInt8]? {
+    public static func base64URLDecode(_ text: Substring) -> [UInt8]? { base64URLDecode(bytes: text.utf8) }
+
+    /// The same, over bytes.
+    public static func base64URLDecode(bytes text: some Collection<UInt8>) -> [UInt8]? {
         var out: [UInt8] = []
-        out.reserveCapacity(text.utf8.count * 3 / 4)
+        out.reserveCapacity(text.count * 3 / 4)
         var buffer: UInt32 = 0
         var bits = 0
-        for c in text.utf8 {
+        for c in text {
             let v: UInt32
             switch c {
             case UInt8(ascii: "A")...UInt8(ascii: "Z"): v = UInt32(c - UInt8(ascii: "A"))

@@ -50,7 +50,7 @@ extension Evaluator {
             guard let argument = arguments.first else { throw .error("\(name)() needs a path") }
             let relative = try childPath(try stringArgument(argument, s))
             try charge(snap.path.count + relative.count)
-            let child = Snapshot(root: snap.root, path: snap.path.appending(relative))
+            let child = Snapshot(root: snap.root, path: snap.path.appending(relative), node: node.child(at: relative))
             return name == "child" ? .snapshot(child) : .bool(!child.node.isEmpty)
         case "hasChildren":
             guard let list = arguments.first else { return .bool(node.hasChildren) }

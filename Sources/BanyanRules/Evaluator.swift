@@ -89,6 +89,13 @@ struct Snapshot {
         self.path = path
         self.node = root.child(at: path)
     }
+
+    /// A location whose node is already known (no descent from the root).
+    init(root: Tree, path: Path, node: Tree) {
+        self.root = root
+        self.path = path
+        self.node = node
+    }
 }
 
 /// Why an expression did not produce a value: an error (the rule counts as false, as Firebase
@@ -108,6 +115,10 @@ struct Scope {
     let captures: [String: String]
     let query: RulesQuery
     let time: Int64
+    /// `current` and `proposed` at `location`, when the caller already holds them (a decision
+    /// walks the trees anyway): `data` and `newData` then need no descent from the root.
+    var currentNode: Tree? = nil
+    var proposedNode: Tree? = nil
 }
 
 /// Evaluates expressions, counting every step against the decision's budget.
@@ -155,10 +166,13 @@ struct Evaluator {
         case .variable(let v):
             switch v {
             case .auth: return s.auth.map { RuleValue($0) } ?? .null
-            case .data: return .snapshot(Snapshot(root: s.current, path: s.location))
+            case .data:
+                if let node = s.currentNode { return .snapshot(Snapshot(root: s.current, path: s.location, node: node)) }
+                return .snapshot(Snapshot(root: s.current, path: s.location))
             case .root: return .snapshot(Snapshot(root: s.current, path: .root))
             case .newData:
                 guard let proposed = s.proposed else { throw .error("newData is not available here") }
+                if let node = s.proposedNode { return .snapshot(Snapshot(root: proposed, path: s.location, node: node)) }
                 return .snapshot(Snapshot(root: proposed, path: s.location))
             case .query: return .query
             case .currentTime: return .number(Double(s.time))

@@ -150,7 +150,7 @@ extension Rules {
     ///    ancestor of a target (its data changes too) and at every location of the written data.
     ///    `.validate` does not cascade and is skipped where the proposed data is null, so a
     ///    deletion is judged by `.write` (and by the validation of the ancestors that remain).
-    func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree) -> Decision {
+    public func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree) -> Decision {
         var run = WriteRun(rules: self, context: context, current: current, proposed: proposed)
         var grants: [(RuleReference, Path)] = []
         for target in targets {
@@ -186,14 +186,17 @@ struct WriteRun {
         let decision: Decision
     }
 
-    func scope(_ location: Path, _ captures: [String: String]) -> Scope {
-        Scope(auth: context.auth, current: current, proposed: proposed, location: location, captures: captures, query: RulesQuery(), time: context.time)
+    func scope(_ location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Scope {
+        Scope(
+            auth: context.auth, current: current, proposed: proposed, location: location, captures: captures, query: RulesQuery(), time: context.time,
+            proposedNode: proposedNode)
     }
 
     /// Evaluates one rule; true/false (errors count as false), or a denial when the budget ran out.
-    mutating func run(_ rule: Rule, at location: Path, _ captures: [String: String]) -> Result<Bool, Denial> {
+    /// `proposedNode`: `proposed` at `location`, when the caller holds it.
+    mutating func run(_ rule: Rule, at location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Result<Bool, Denial> {
         do throws(EvaluationFailure) {
-            let result = try evaluator.evaluate(rule, in: scope(location, captures))
+            let result = try evaluator.evaluate(rule, in: scope(location, captures, proposedNode: proposedNode))
             trace.append(RuleEvaluation(rule: rule.reference, location: location, result: result))
             if case .success(true) = result { return .success(true) }
             return .success(false)
@@ -230,6 +233,7 @@ struct WriteRun {
 
     /// Runs every `.validate` the write touches; the first failure denies.
     mutating func validate(targets: [Path]) -> Decision? {
+        if targets.count == 1, let target = targets.first { return validate(single: target) }
         // Ancestors first (strict prefixes of a target, not themselves inside a target), each once,
         // in path order, then each target's written subtree.
         var ancestors: Set<Path> = []
@@ -253,6 +257,25 @@ struct WriteRun {
         return nil
     }
 
+    /// `validate(targets:)` for one target (a set, or a one-entry update), in one descent: the
+    /// same checks in the same order (ancestors from the root down, then the written subtree),
+    /// without collecting, sorting and looking up each ancestor again from the root.
+    mutating func validate(single target: Path) -> Decision? {
+        var node = rules.root
+        var data = proposed
+        var captures: [String: String] = [:]
+        var location = Path.root
+        for key in target.segments {
+            if let rule = node.validate, !data.isEmpty, let denial = check(rule, at: location, captures, proposedNode: data) { return denial }
+            guard let (child, capture) = node.child(key.string) else { return nil }
+            if let capture { captures[capture] = key.string }
+            node = child
+            data = data.child(key)
+            location = location.appending(key)
+        }
+        return walk(node, at: target, data, captures)
+    }
+
     /// Validates `data` at `location` with `node`'s rules, then its children with theirs.
     mutating func walk(_ node: RuleNode, at location: Path, _ data: Tree, _ captures: [String: String]) -> Decision? {
         guard !data.isEmpty else { return nil }
@@ -261,7 +284,7 @@ struct WriteRun {
         } catch {
             return Decision(allowed: false, reason: .budgetExceeded, rule: nil, location: location, trace: trace)
         }
-        if let rule = node.validate, let denial = check(rule, at: location, captures) { return denial }
+        if let rule = node.validate, let denial = check(rule, at: location, captures, proposedNode: data) { return denial }
         for key in node.namedOrder {
             guard let child = node.named[key] else { continue }
             let childData = data.child(ChildKey(unchecked: key))
@@ -280,8 +303,8 @@ struct WriteRun {
         return nil
     }
 
-    mutating func check(_ rule: Rule, at location: Path, _ captures: [String: String]) -> Decision? {
-        switch run(rule, at: location, captures) {
+    mutating func check(_ rule: Rule, at location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Decision? {
+        switch run(rule, at: location, captures, proposedNode: proposedNode) {
         case .success(true): return nil
         case .success(false):
             return Decision(allowed: false, reason: .validationFailed, rule: rule.reference, location: location, trace: trace)

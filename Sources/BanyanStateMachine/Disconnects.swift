@@ -54,7 +54,7 @@ extension StateMachine {
     /// onDisconnect writes are judged by the rules when they are registered, as if written at
     /// once (Firebase checks them then, not when they fire): a client may queue only what it
     /// may write. Nil when allowed or not judged.
-    func judgeRegistration(_ envelope: CommandEnvelope, _ items: [(WritePath, [UInt8])], at location: Path, update: Bool) throws(TreeError) -> Outcome? {
+    mutating func judgeRegistration(_ envelope: CommandEnvelope, _ items: [(WritePath, [UInt8])], at location: Path, update: Bool) throws(TreeError) -> Outcome? {
         let judge = judgement(for: envelope)
         guard judge != nil else { return nil }
         let current = tree(envelope.namespace)

@@ -128,6 +128,10 @@ public struct StateMachine: Sendable {
     /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
     /// A namespace without rules is not judged by the state machine (docs/rules.md).
     public private(set) var rules: [String: Rules] = [:]
+    /// Parsed `auth` objects of recent commands (a client's writes repeat theirs): a cache of a
+    /// pure function, bounded by `authCacheLimit`, so it changes no decision.
+    private var authCache: [[UInt8]: JSONValue] = [:]
+    static let authCacheLimit = 4096
 
     /// The trees by namespace (an absent namespace is an empty tree).
     public internal(set) var namespaces: [String: Tree]
@@ -253,7 +257,7 @@ public struct StateMachine: Sendable {
 
     /// The rules and request context a client write is judged by: nil for commands without
     /// `auth` (administrators, the node's own) and for namespaces without rules.
-    func judgement(for envelope: CommandEnvelope) -> (rules: Rules, context: RulesRequestContext?)? {
+    mutating func judgement(for envelope: CommandEnvelope) -> (rules: Rules, context: RulesRequestContext?)? {
         guard let auth = envelope.auth, let rules = rules[envelope.namespace] else { return nil }
         switch auth {
         case .signedOut:
@@ -261,7 +265,10 @@ public struct StateMachine: Sendable {
         case .user(let json):
             // An `auth` that does not read as a JSON object is denied (context nil), on every
             // replica alike.
+            if let cached = authCache[json] { return (rules, RulesRequestContext(auth: cached, time: lastTimestamp)) }
             guard let value = try? JSONValue(parsing: json), case .object = value else { return (rules, nil) }
+            if authCache.count >= Self.authCacheLimit { authCache.removeAll(keepingCapacity: true) }
+            authCache[json] = value
             return (rules, RulesRequestContext(auth: value, time: lastTimestamp))
         }
     }
@@ -317,6 +324,19 @@ public struct StateMachine: Sendable {
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
+            if let judge, !location.isPriority {
+                // Judged on the tree after the write, which then becomes the tree: applied once.
+                var next = tree
+                try next.apply(set: node, at: location)
+                let proposed = next
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed) }) {
+                    return denied
+                }
+                tree = next
+                written = [location.path]
+                value = node
+                return .ok
+            }
             if let denied = Self.verdict(judge, { $0.decideSet(node, at: location, context: $1, tree: tree) }) { return denied }
             if location.isPriority, let priority = Priority(tree: node) {
                 // Firebase's setPriority: an error on a location with no data.
@@ -338,10 +358,17 @@ public struct StateMachine: Sendable {
                 let node = try TreeReader.read(item.json, at: target, serverValues: context)
                 entries.append(UpdateEntry(path: relative, value: node))
             }
-            if let denied = Self.verdict(judge, { $0.decideUpdate(entries, at: location, context: $1, tree: tree) }) { return denied }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
             var next = tree
             try next.apply(update: entries, at: location)
+            if judge != nil {
+                // Every entry's path is judged on the tree after the whole update.
+                let proposed = next
+                let targets = entries.map { location.appending($0.path.path) }
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: targets, context: $1, current: tree, proposed: proposed) }) {
+                    return denied
+                }
+            }
             tree = next
             written = entries.map { location.appending($0.path.path) }
             // The location's node after the update (the REST ETag of a PATCH).
