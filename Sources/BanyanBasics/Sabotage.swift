@@ -59,4 +59,7 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// R18: lease-based reads while leaders get paused (SIGSTOP), which breaks the lease's
     /// clock assumption. Not a code change: the simulator turns on both.
     case leaseWithPauses = "lease-with-pauses"
+    /// Issue 16: a state machine loaded from an image (a restart, a snapshot install) forgets the
+    /// security rules it holds, so that node accepts writes the others refuse (`--rules`).
+    case forgetRulesOnLoad = "forget-rules-on-load"
 }

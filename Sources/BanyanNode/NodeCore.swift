@@ -145,6 +145,7 @@ public final class NodeCore {
         }
         var loaded = try storage.load(progress: progress)
         if settings.sabotage == .forgetVote { loaded.persisted.hardState.vote = 0 }
+        if settings.sabotage == .forgetRulesOnLoad { loaded.machine.forgetRules() }
         pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
         leaseKeeper = LeaseKeeper(leaseNanoseconds: settings.leaseNanoseconds, ignoreRenewals: settings.sabotage == .leaseIgnoresRenewals)
         replica = try Replica(
@@ -289,9 +290,10 @@ public final class NodeCore {
             let early = settings.sabotage == .sendBeforePersist ? rd.messages.count : rd.sendBeforePersist
             if early > 0 { output(.send(Array(rd.messages.prefix(early)))) }
             let started = monotonicNanoseconds()
-            let installed: StateMachine?
+            var installed: StateMachine?
             do {
                 installed = try storage.persist(rd)
+                if settings.sabotage == .forgetRulesOnLoad { installed?.forgetRules() }
             } catch let damaged as DamagedIncomingSnapshot {
                 // Nothing of this Ready reached the disk or the network: reload as a restart
                 // would, and let the leader send the snapshot again.
@@ -396,7 +398,8 @@ public final class NodeCore {
     /// snapshot). Waiting writes end as unknown and reads as timed out; live views get `restored`.
     private func reloadFromDisk() {
         do {
-            let loaded = try storage.load { _ in }
+            var loaded = try storage.load { _ in }
+            if settings.sabotage == .forgetRulesOnLoad { loaded.machine.forgetRules() }
             let treesFor = replica.treesFor
             replica = try Replica(
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),

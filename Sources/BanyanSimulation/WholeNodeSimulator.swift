@@ -27,6 +27,10 @@ public struct WholeNodeOptions: Sendable {
     /// Realtime connections with onDisconnect writes, node leases and their fencing (issue 15):
     /// a presence workload beside the clients (off by default, so other seeds keep their runs).
     public var sessions = false
+    /// Security rules in the log (issue 16): client 0 sets one rules document at its first
+    /// operation and another halfway; every client write names its client (uid `c<client>`), so
+    /// writes are judged at their position (some are denied) and every node must decide alike.
+    public var rules = false
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -142,6 +146,8 @@ public struct WholeNodeReport: Sendable {
         public var writesOK = 0
         public var writesUnknown = 0
         public var writesRefused = 0
+        /// Writes the security rules denied (`--rules`), counted among `writesOK` (answered).
+        public var writesDenied = 0
         public var readsOK = 0
         public var readsFailed = 0
         /// Faults the nemesis drew (crashes, disk crashes, power losses, partitions, membership
@@ -185,7 +191,7 @@ public struct WholeNodeReport: Sendable {
         var s = "seed \(seed): \(passed ? "ok" : "FAILED") — whole-node \(swarm)\n"
         s += "  \(stats.simulatedMillis) ms simulated, \(stats.events) events, \(stats.messagesSent) messages (\(stats.messagesDropped) dropped),"
         s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
-        s += "  writes ok \(stats.writesOK) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
+        s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
@@ -297,6 +303,8 @@ public struct WholeNodeSimulator {
     }
 
     private enum OpKind {
+        /// An administrator's `setRules` (with `--rules`): the document of that number.
+        case setRules(Int)
         case read(key: Int)
         case set(key: Int, value: Int)
         case cas(key: Int, expected: Int?, new: Int)
@@ -1185,10 +1193,12 @@ public struct WholeNodeSimulator {
             schedule(after: 50, .clientNext(c))
             return
         }
-        let kind: OpKind
+        var kind: OpKind
         let roll = clientRandom.below(100)
         let key = clientRandom.below(options.keys)
-        if roll < 30 {
+        if options.rules && c == 0 && (clients[c].issued == 1 || clients[c].issued == clients[c].quota / 2 + 1) {
+            kind = .setRules(clients[c].issued == 1 ? 0 : 1)
+        } else if roll < 30 {
             kind = .read(key: key)
         } else if roll < 55 {
             kind = .set(key: key, value: freshValue())
@@ -1223,22 +1233,39 @@ public struct WholeNodeSimulator {
         switch operations[op].kind {
         case .read:
             core.read(id, namespace: Self.namespace, stale: false)
+        case .setRules(let n):
+            core.write(id, namespace: Self.namespace, command: .setRules(text: Array(Self.rulesDocuments[n].utf8)))
         case let .set(key, value):
-            core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)))
+            core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)), auth: auth(operations[op].client))
         case let .cas(key, expected, new):
             let hash = expected.map { Tree(.int(Int64($0))).hashString } ?? ""
-            core.write(id, namespace: Self.namespace, command: .compareAndSet(path: "/k\(key)", expectedHash: hash, json: Array("\(new)".utf8)))
+            core.write(
+                id, namespace: Self.namespace, command: .compareAndSet(path: "/k\(key)", expectedHash: hash, json: Array("\(new)".utf8)),
+                auth: auth(operations[op].client))
         case let .update(keys, values):
             let items = zip(keys, values).map { Command.UpdateItem(path: "k\($0.0)", json: Array("\($0.1)".utf8)) }
-            core.write(id, namespace: Self.namespace, command: .update(path: "/", entries: items))
+            core.write(id, namespace: Self.namespace, command: .update(path: "/", entries: items), auth: auth(operations[op].client))
         case .increment:
             core.write(
                 id, namespace: Self.namespace,
-                command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)))
+                command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)), auth: auth(operations[op].client))
         }
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
     }
+
+    /// The `auth` a client's writes carry with `--rules` (none otherwise: not judged).
+    private func auth(_ client: Int) -> ClientAuth? {
+        options.rules ? .user(json: Array(#"{"uid":"c\#(client)","provider":"custom","token":{}}"#.utf8)) : nil
+    }
+
+    /// The rules documents of `--rules`: the first lets `k0` only grow; the second also keeps
+    /// client 0 from writing anything but the counter and `k1` to even values. Which writes they
+    /// deny depends on the data at each write's position in the log.
+    static let rulesDocuments = [
+        #"{"rules": {".read": true, ".write": true, "k0": {".validate": "!data.exists() || newData.val() > data.val()"}}}"#,
+        #"{"rules": {".read": true, ".write": "auth.uid != 'c0'", "n": {".write": true}, "k0": {".validate": "!data.exists() || newData.val() > data.val()"}, "k1": {".validate": "newData.val() % 2 == 0"}}}"#,
+    ]
 
     private mutating func freshValue() -> Int {
         defer { nextValue += 1 }
@@ -1254,6 +1281,10 @@ public struct WholeNodeSimulator {
             report.stats.writesOK += 1
             switch applied.outcome {
             case .ok, .datastale: break
+            case .permissionDenied where options.rules:
+                // Definitely not applied (the history checks that its value never shows up).
+                operations[op].outcome = nil
+                report.stats.writesDenied += 1
             default: report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)")
             }
             learn(c, op: op)
@@ -1970,7 +2001,7 @@ public struct WholeNodeSimulator {
                 // A cas against "absent" compares with the empty hash; the model's absent is 0.
                 writes = [(key, .cas(expected: expected ?? 0, new: new), new)]
             case let .update(keys, values): writes = zip(keys, values).map { ($0.0, .write($0.1), $0.1) }
-            case .increment: continue
+            case .increment, .setRules: continue
             }
             for (key, input, value) in writes {
                 var output: RegisterModel.Output

@@ -178,6 +178,10 @@ public struct StateMachine: Sendable {
         self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
     }
 
+    /// Drops the parsed rules (they stay in the `$rules` tree). For the simulator's self-test
+    /// `forget-rules-on-load` only: a machine that forgets them judges nothing.
+    public mutating func forgetRules() { rules = [:] }
+
     /// The rules texts of the rules namespace, parsed. A text that no longer parses (a newer
     /// version's syntax in an older binary) leaves its namespace without rules here, as a
     /// setRules that failed to parse would never have stored it.

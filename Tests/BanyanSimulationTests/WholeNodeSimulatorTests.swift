@@ -190,3 +190,47 @@ extension WholeNodeSimulatorTests {
         #expect(report.passed, "\(report.summary)")
     }
 }
+
+extension WholeNodeSimulatorTests {
+    static func rulesOptions(_ seed: UInt64) -> WholeNodeOptions {
+        var o = options(seed)
+        o.rules = true
+        return o
+    }
+
+    /// Issue 16: rules changes and the writes judged around them are decided identically on
+    /// every node (the convergence check compares every node's state), with denied writes absent
+    /// from every history.
+    @Test("100 seeds with security rules in the log: every node judges every write alike; some writes are denied")
+    func rulesSeeds() {
+        var failed: [UInt64] = []
+        var denied = 0
+        for seed in UInt64(1)...UInt64(100) {
+            let report = WholeNodeSimulator.run(Self.rulesOptions(seed))
+            denied += report.stats.writesDenied
+            if !report.passed { failed.append(seed) }
+        }
+        #expect(failed.isEmpty, "failed seeds: \(failed)")
+        #expect(denied > 100, "only \(denied) writes were denied: the rules are not exercised")
+    }
+
+    @Test("the checker catches a node that forgets its rules when it loads an image (restart or snapshot install)")
+    func forgottenRulesCaught() {
+        var caught: UInt64?
+        for seed in UInt64(1)...UInt64(20) {
+            var o = Self.rulesOptions(seed)
+            o.sabotage = .forgetRulesOnLoad
+            let report = WholeNodeSimulator.run(o)
+            if !report.passed {
+                // Seen as a node's state differing from the others', a write denied for its client yet
+                // applied, or a history that is not linearizable.
+                let symptom = report.violations.contains { $0.contains("convergence") || $0.contains("refused definitely was applied") }
+                #expect(symptom || report.linearizability == .notLinearizable, "\(report.violations.prefix(3))")
+                #expect(WholeNodeSimulator.run(Self.rulesOptions(seed)).passed, "seed \(seed) fails without the sabotage too")
+                caught = seed
+                break
+            }
+        }
+        #expect(caught != nil, "no seed of 20 caught a node judging without its rules")
+    }
+}
