@@ -84,13 +84,6 @@ public struct ListenFanOut: Sendable {
         public var owner: UInt64
         public var tag: UInt64?
         public var update: Int
-
-        public init(listen: UInt64, owner: UInt64, tag: UInt64?, update: Int) {
-            self.listen = listen
-            self.owner = owner
-            self.tag = tag
-            self.update = update
-        }
     }
 
     /// The distinct updates. Two deliveries with the same index and the same tag carry equal

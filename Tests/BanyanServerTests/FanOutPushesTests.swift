@@ -9,13 +9,20 @@ import Testing
 @Suite struct FanOutPushesTests {
     @Test("listeners of one update share one rendering and its buffers; another tag or update gets its own")
     func sharing() throws {
-        var fanOut = ListenFanOut()
-        fanOut.updates = [.put(path: try Path(parsing: "/hot"), tree: try Tree(json: "1")), .put(path: try Path(parsing: "/cold"), tree: try Tree(json: "2"))]
-        fanOut.deliveries = [
-            .init(listen: 1, owner: 1, tag: nil, update: 0), .init(listen: 2, owner: 2, tag: nil, update: 0),
-            .init(listen: 3, owner: 3, tag: 4, update: 0), .init(listen: 4, owner: 4, tag: 4, update: 0),
-            .init(listen: 5, owner: 5, tag: 6, update: 0), .init(listen: 6, owner: 6, tag: nil, update: 1),
-        ]
+        // Listens 1-2 default at /hot, 3-4 tagged 4 (a query that loads all data: the same
+        // update), 5 tagged 6, 6 default at /cold; one write to both paths.
+        var core = ListenCore()
+        var root = try Tree(json: #"{"hot":0,"cold":0}"#)
+        let hot = try Path(parsing: "/hot")
+        let cold = try Path(parsing: "/cold")
+        for (id, location, tag) in [(1, hot, nil), (2, hot, nil), (3, hot, 4), (4, hot, 4), (5, hot, 6), (6, cold, nil)] as [(UInt64, Path, UInt64?)] {
+            _ = try core.listen(Listen(id: id, owner: id, namespace: "ns", path: location, tag: tag), tree: root)
+        }
+        root.set(try Tree(json: "1"), at: hot)
+        root.set(try Tree(json: "2"), at: cold)
+        let fanOut = core.fanOut(namespace: "ns", written: [hot, cold], tree: root)
+        #expect(fanOut.deliveries.map(\.listen) == [1, 2, 3, 4, 5, 6])
+        #expect(fanOut.updates.count == 2)
         var pushes = FanOutPushes(fanOut)
         let made = fanOut.deliveries.map { pushes.push(for: $0) }
         #expect(pushes.renders == 4)
