@@ -33,6 +33,10 @@ struct Bench: ParsableCommand {
     var fanOut: Int = 1_000
     @Option(name: .long, help: "With --realtime: idle event streams (REST SSE) for the CPU-per-write figure with streams (0: skip).")
     var streams: Int = 9_000
+    @Option(name: .long, help: "With --realtime: write rates (writes a second) of the deliveries phase, comma-separated.")
+    var deliveryRates: String = "10,20,40"
+    @Option(name: .long, help: "With --realtime: connections writing together in the deliveries phase (each waits for its own answers).")
+    var deliveryWriters: Int = 1
 
     func run() throws {
         if realtime { return try runRealtime() }
@@ -62,11 +66,18 @@ extension Bench {
         guard (3...50_000).contains(sessions), (1...sessions).contains(fanOut), (0...50_000).contains(streams), seconds > 0 && seconds <= 600 else {
             throw ValidationError("--sessions 3-50000, --fan-out 1 to --sessions, --streams 0-50000, --seconds 0-600")
         }
+        let rates = deliveryRates.split(separator: ",").compactMap { Int($0) }
+        guard !rates.isEmpty, rates.allSatisfy({ (1...10_000).contains($0) }), (1...64).contains(deliveryWriters) else {
+            throw ValidationError("--delivery-rates must list numbers from 1 to 10000; --delivery-writers 1-64")
+        }
         var bench = RealtimeBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
         bench.sessions = sessions
         bench.fanOut = fanOut
         bench.idleStreams = streams
         bench.seconds = seconds
+        bench.deliveryRates = rates
+        bench.deliveryWriters = deliveryWriters
+        bench.portBase = portBase
         let configured = bench
         try runBenchmark { log in try await configured.run(log: log) }
     }

@@ -72,6 +72,41 @@ public struct ListenEvent: Sendable, Equatable {
     }
 }
 
+/// The updates one applied command owes, each distinct update held once: every default listen
+/// at one location gets the same update, so a thousand listeners of a path share one value (and
+/// a renderer can turn it into bytes once). `deliveries` come in the order `ListenCore`
+/// promises for its events.
+public struct ListenFanOut: Sendable {
+    /// One listen's update: `updates[update]`, addressed to the listen's owner (tagged when the
+    /// listen is).
+    public struct Delivery: Sendable, Equatable {
+        public var listen: UInt64
+        public var owner: UInt64
+        public var tag: UInt64?
+        public var update: Int
+    }
+
+    /// The distinct updates. Two deliveries with the same index and the same tag carry equal
+    /// messages; a window's update is never shared with another listen's.
+    public var updates: [ListenUpdate] = []
+    public var deliveries: [Delivery] = []
+
+    public init() {}
+
+    /// Events already made one per listen (a snapshot's resend), each its own update.
+    public init(events: [ListenEvent]) {
+        updates = events.map(\.update)
+        deliveries = events.enumerated().map { Delivery(listen: $1.listen, owner: $1.owner, tag: $1.tag, update: $0) }
+    }
+
+    public var isEmpty: Bool { deliveries.isEmpty }
+
+    /// One event per delivery (the update copied into each).
+    public var events: [ListenEvent] {
+        deliveries.map { ListenEvent(listen: $0.listen, owner: $0.owner, tag: $0.tag, update: updates[$0.update]) }
+    }
+}
+
 /// Refusals of `ListenCore.listen`.
 public enum ListenError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The id is already in use.
@@ -110,21 +145,19 @@ public struct ListenCore: Sendable {
         var sequence: UInt64
     }
 
-    struct SentKey: Hashable {
+    /// An owner and one of a fan-out's updates (an owner is sent each update once).
+    struct Sent: Hashable {
         var owner: UInt64
+        var update: Int
+    }
+
+    /// A default listen's update, within one write, is determined by its kind and path.
+    struct UpdateKey: Hashable {
         var merge: Bool
         var path: Path
-
-        init(owner: UInt64, update: ListenUpdate) {
-            self.owner = owner
-            merge = update.isMerge
-            path = update.path
-        }
     }
 
     private var entries: [UInt64: Entry] = [:]
-    /// Each listen's `sequence`, apart, for sorting without copying entries.
-    private var sequences: [UInt64: UInt64] = [:]
     private var tries: [String: ListenTrie] = [:]
     /// Listen ids by owner, so a connection's end costs its own listens only.
     private var byOwner: [UInt64: Set<UInt64>] = [:]
@@ -146,9 +179,9 @@ public struct ListenCore: Sendable {
         let location = tree.child(at: listen.path)
         let view = listen.params.map { QueryView(params: $0, tree: location) }
         entries[listen.id] = Entry(listen: listen, view: view, sequence: nextSequence)
-        sequences[listen.id] = nextSequence
+        let member = ListenTrie.Member(sequence: nextSequence, id: listen.id, owner: listen.owner, tag: listen.tag, windowed: view != nil)
         nextSequence += 1
-        tries[listen.namespace, default: ListenTrie()].insert(listen.id, at: listen.path.segments[...])
+        tries[listen.namespace, default: ListenTrie()].insert(member, at: listen.path.segments[...])
         byOwner[listen.owner, default: []].insert(listen.id)
         return ListenEvent(
             listen: listen.id, owner: listen.owner, tag: listen.tag, update: .put(path: listen.path, tree: view?.viewTree ?? location))
@@ -157,8 +190,7 @@ public struct ListenCore: Sendable {
     /// Forgets a listen (unknown ids are ignored: an unlisten may cross the listen's cancellation).
     public mutating func unlisten(_ id: UInt64) {
         guard let entry = entries.removeValue(forKey: id) else { return }
-        sequences[id] = nil
-        tries[entry.listen.namespace]?.remove(id, at: entry.listen.path.segments[...])
+        tries[entry.listen.namespace]?.remove(sequence: entry.sequence, at: entry.listen.path.segments[...])
         if tries[entry.listen.namespace]?.isEmpty == true { tries[entry.listen.namespace] = nil }
         byOwner[entry.listen.owner]?.remove(id)
         if byOwner[entry.listen.owner]?.isEmpty == true { byOwner[entry.listen.owner] = nil }
@@ -169,40 +201,84 @@ public struct ListenCore: Sendable {
         for id in (byOwner[owner] ?? []).sorted() { unlisten(id) }
     }
 
-    /// The updates one applied command owes: `written` are the paths it wrote (a set: one; a
-    /// multi-path update: each of its paths), `tree` the namespace's root after it.
+    /// The updates one applied command owes, one event per listen: `written` are the paths it
+    /// wrote (a set: one; a multi-path update: each of its paths), `tree` the namespace's root
+    /// after it. `fanOut` gives the same updates without copying them per listen.
     public mutating func applied(namespace: String, written: [Path], tree: Tree) -> [ListenEvent] {
-        guard !written.isEmpty, let trie = tries[namespace] else { return [] }
-        // One walk per written path, recording per listen what it must know: whether a path at
-        // or above it was written, and which paths below it: O(Σ (depth + listens touched)).
-        var touched: [UInt64: Touch] = [:]
-        for path in written { trie.collect(touching: path, from: 0, into: &touched) }
-        guard !touched.isEmpty else { return [] }
-        var out: [ListenEvent] = []
-        // Default listens' updates already queued in this call, by owner, kind and path: an owner
-        // listening at /a and /a/b gets a write at /a/b/c once. (Within one write, a default
-        // listen's update is determined by its kind and path, so the key is enough. A window's is
-        // not: windowed listens, tagged or not, are never merged with others.)
-        var sentUntagged = Set<SentKey>()
-        // Sorted by the order the listens were made, on plain integers (a comparator that looked
-        // each listen up would copy its entry twice per comparison: most of the cost of a write
-        // with thousands of listeners, measured).
-        var order: [(sequence: UInt64, id: UInt64)] = []
-        order.reserveCapacity(touched.count)
-        for id in touched.keys { if let sequence = sequences[id] { order.append((sequence, id)) } }
-        order.sort { $0.sequence < $1.sequence }
-        for (_, id) in order {
-            // Taken out and put back, so a window's view is uniquely held while it moves (a copy
-            // left in the dictionary would make it copy its index on write).
-            guard let touch = touched[id], var entry = entries.removeValue(forKey: id) else { continue }
-            let updates = Self.updates(for: &entry, touch: touch, tree: tree)
-            entries[id] = entry
-            for update in updates {
-                if entry.listen.tag == nil, !entry.listen.isWindowed,
-                    !sentUntagged.insert(SentKey(owner: entry.listen.owner, update: update)).inserted
-                { continue }
-                out.append(ListenEvent(listen: id, owner: entry.listen.owner, tag: entry.listen.tag, update: update))
+        fanOut(namespace: namespace, written: written, tree: tree).events
+    }
+
+    /// The updates one applied command owes (as `applied`), each distinct update once: the
+    /// default listens at one location share their update, computed once (not once per listen).
+    public mutating func fanOut(namespace: String, written: [Path], tree: Tree) -> ListenFanOut {
+        var out = ListenFanOut()
+        guard !written.isEmpty, let trie = tries[namespace] else { return out }
+        // One walk per written path, recording per location holding listens what the write did
+        // there: whether a path at or above it was written, and which paths below it. O(Σ (depth
+        // + locations touched)); the listens themselves are visited once, below.
+        var touched: [ListenTrie.Touched] = []
+        var slots: [Path: Int] = [:]
+        for path in written { trie.collect(touching: path, from: 0, into: &touched, slots: &slots) }
+        guard !touched.isEmpty else { return out }
+        // Listens in the order they were made: each location keeps its own in that order, so
+        // one location (the common case: many listeners of one path) needs no sort.
+        var order: [(sequence: UInt64, location: Int, member: Int)] = []
+        if touched.count > 1 {
+            order.reserveCapacity(touched.reduce(0) { $0 + $1.members.count })
+            for (l, location) in touched.enumerated() {
+                for (m, member) in location.members.enumerated() { order.append((member.sequence, l, m)) }
             }
+            order.sort { $0.sequence < $1.sequence }
+        }
+        // Each location's update for its default listens, made the first time one needs it, and
+        // shared (by kind and path) with every other location's equal update.
+        var shared: [Int?] = Array(repeating: nil, count: touched.count)
+        var byKey: [UpdateKey: Int] = [:]
+        // Default listens' updates already sent in this call, by owner: an owner listening at /a
+        // and /a/b gets a write at /a/b/c once. (Within one write, a default listen's update is
+        // determined by its kind and path. A window's is not: windowed listens, tagged or not,
+        // are never merged with others.)
+        var sentUntagged = Set<Sent>()
+        out.deliveries.reserveCapacity(touched.count == 1 ? touched[0].members.count : order.count)
+        func visit(_ l: Int, _ member: ListenTrie.Member) {
+            if member.windowed {
+                // Taken out and put back, so a window's view is uniquely held while it moves (a
+                // copy left in the dictionary would make it copy its index on write).
+                guard var entry = entries.removeValue(forKey: member.id) else { return }
+                let updates = Self.updates(for: &entry, touch: touched[l].touch, tree: tree)
+                entries[member.id] = entry
+                for update in updates {
+                    out.updates.append(update)
+                    out.deliveries.append(.init(listen: member.id, owner: member.owner, tag: member.tag, update: out.updates.count - 1))
+                }
+                return
+            }
+            let index: Int
+            if let made = shared[l] {
+                index = made
+            } else {
+                guard let update = Self.defaultUpdate(at: touched[l].location, touch: touched[l].touch, tree: tree) else {
+                    shared[l] = -1
+                    return
+                }
+                let key = UpdateKey(merge: update.isMerge, path: update.path)
+                if let known = byKey[key] {
+                    index = known
+                } else {
+                    out.updates.append(update)
+                    index = out.updates.count - 1
+                    byKey[key] = index
+                }
+                shared[l] = index
+            }
+            guard index >= 0 else { return }
+            if member.tag == nil, !sentUntagged.insert(Sent(owner: member.owner, update: index)).inserted { return }
+            out.deliveries.append(.init(listen: member.id, owner: member.owner, tag: member.tag, update: index))
+        }
+        if touched.count == 1 {
+            for member in touched[0].members { visit(0, member) }
+        } else {
+            for (_, l, m) in order { visit(l, touched[l].members[m]) }
         }
         return out
     }
@@ -259,13 +335,19 @@ public struct ListenCore: Sendable {
             // Only a value event: the location is or was a leaf.
             return changed.isEmpty ? [.put(path: location, tree: view.viewTree)] : [.merge(path: location, children: changed)]
         }
-        // The whole location: a write at or above it replaces it.
+        return defaultUpdate(at: location, touch: touch, tree: tree).map { [$0] } ?? []
+    }
+
+    /// What one write owes a default listen (the whole location) at `location`: the same for
+    /// every default listen there.
+    static func defaultUpdate(at location: Path, touch: Touch, tree: Tree) -> ListenUpdate? {
+        // A write at or above the location replaces it.
         if touch.replaced {
-            return [.put(path: location, tree: tree.child(at: location))]
+            return .put(path: location, tree: tree.child(at: location))
         }
         let below = touch.below
-        guard let first = below.first else { return [] }
-        if below.count == 1 { return [.put(path: first, tree: tree.child(at: first))] }
+        guard let first = below.first else { return nil }
+        if below.count == 1 { return .put(path: first, tree: tree.child(at: first)) }
         // Several paths below it (a multi-path update): one merge at their deepest common
         // ancestor, which lies at or below the location.
         var common = first.segments[...]
@@ -279,48 +361,97 @@ public struct ListenCore: Sendable {
             guard let relative = base.relative(path) else { continue }
             children.append((relative, tree.child(at: path)))
         }
-        return [.merge(path: base, children: children)]
+        return .merge(path: base, children: children)
     }
 }
 
-/// Listen ids by path: each node holds the listens at its location.
+/// Listens by path: each node holds the listens at its location, in the order they were made.
 struct ListenTrie: Sendable {
-    private var here: Set<UInt64> = []
+    /// What a fan-out needs of a listen without looking its entry up.
+    struct Member: Sendable {
+        var sequence: UInt64
+        var id: UInt64
+        var owner: UInt64
+        var tag: UInt64?
+        var windowed: Bool
+    }
+
+    /// A location with listens that one write touched, and what the write did there.
+    struct Touched {
+        var location: Path
+        var members: [Member]
+        var touch: ListenCore.Touch
+    }
+
+    /// Sorted by `sequence` (listens are made in increasing sequence, so inserting appends).
+    private var here: [Member] = []
     private var children: [ChildKey: ListenTrie] = [:]
 
     var isEmpty: Bool { here.isEmpty && children.isEmpty }
 
-    mutating func insert(_ id: UInt64, at path: ArraySlice<ChildKey>) {
+    mutating func insert(_ member: Member, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
-            here.insert(id)
+            if let last = here.last, last.sequence > member.sequence {
+                here.insert(member, at: position(of: member.sequence))
+            } else {
+                here.append(member)
+            }
             return
         }
-        children[key, default: ListenTrie()].insert(id, at: path.dropFirst())
+        children[key, default: ListenTrie()].insert(member, at: path.dropFirst())
     }
 
-    mutating func remove(_ id: UInt64, at path: ArraySlice<ChildKey>) {
+    mutating func remove(sequence: UInt64, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
-            here.remove(id)
+            let i = position(of: sequence)
+            if i < here.count, here[i].sequence == sequence { here.remove(at: i) }
             return
         }
-        children[key]?.remove(id, at: path.dropFirst())
+        children[key]?.remove(sequence: sequence, at: path.dropFirst())
         if children[key]?.isEmpty == true { children[key] = nil }
     }
 
-    /// Records what a write at `path` does to the listens it touches: for those strictly above
-    /// it, one more path below them; for those at it or below it, their location replaced. This
-    /// node is at depth `depth` of `path`.
-    func collect(touching path: Path, from depth: Int, into out: inout [UInt64: ListenCore.Touch]) {
-        guard depth < path.count else {
-            collectReplaced(into: &out)
-            return
+    /// The first index of `here` whose sequence is not below `sequence`.
+    private func position(of sequence: UInt64) -> Int {
+        var low = 0
+        var high = here.count
+        while low < high {
+            let mid = (low + high) / 2
+            if here[mid].sequence < sequence { low = mid + 1 } else { high = mid }
         }
-        for id in here { out[id, default: ListenCore.Touch()].below.append(path) }
-        children[path.segments[depth]]?.collect(touching: path, from: depth + 1, into: &out)
+        return low
     }
 
-    private func collectReplaced(into out: inout [UInt64: ListenCore.Touch]) {
-        for id in here { out[id, default: ListenCore.Touch()].replaced = true }
-        for child in children.values { child.collectReplaced(into: &out) }
+    /// Records what a write at `path` does to the locations it touches: for those strictly
+    /// above it, one more path below them; for those at it or below it, their location
+    /// replaced. This node is at depth `depth` of `path`. `slots` finds a location already
+    /// recorded (by an earlier path of the same write).
+    func collect(touching path: Path, from depth: Int, into out: inout [Touched], slots: inout [Path: Int]) {
+        guard depth < path.count else {
+            collectReplaced(at: path, into: &out, slots: &slots)
+            return
+        }
+        if !here.isEmpty {
+            Self.record(Path(segments: Array(path.segments.prefix(depth))), here, into: &out, slots: &slots) { $0.below.append(path) }
+        }
+        children[path.segments[depth]]?.collect(touching: path, from: depth + 1, into: &out, slots: &slots)
+    }
+
+    private func collectReplaced(at location: Path, into out: inout [Touched], slots: inout [Path: Int]) {
+        if !here.isEmpty { Self.record(location, here, into: &out, slots: &slots) { $0.replaced = true } }
+        for (key, child) in children { child.collectReplaced(at: location.appending(key), into: &out, slots: &slots) }
+    }
+
+    private static func record(
+        _ location: Path, _ members: [Member], into out: inout [Touched], slots: inout [Path: Int], _ change: (inout ListenCore.Touch) -> Void
+    ) {
+        if let slot = slots[location] {
+            change(&out[slot].touch)
+        } else {
+            var touch = ListenCore.Touch()
+            change(&touch)
+            slots[location] = out.count
+            out.append(Touched(location: location, members: members, touch: touch))
+        }
     }
 }

@@ -16,6 +16,10 @@ public struct RealtimeBench: Sendable {
     public var fanWrites = 200
     public var seconds: Double = 5
     public var deliveryRates: [Int] = [10, 20, 40]
+    /// Connections writing the hot path in the deliveries phase, together: each waits for its
+    /// own answers, so one writer offers at most one write per round trip, which a loaded node
+    /// stretches; several offer the rate asked for.
+    public var deliveryWriters = 1
     /// Idle event streams (REST SSE) opened for the CPU-per-write figure with streams.
     public var idleStreams = 9_000
     public var portBase = 19_800
@@ -151,36 +155,65 @@ public struct RealtimeBench: Sendable {
         let before2 = counters.listening.load(ordering: .relaxed)
         for s in clients { s.send(#"{"t":"d","d":{"r":3,"a":"q","b":{"p":"/hot","h":""}}}"#) }
         try await waitUntil(seconds: 60, "hot listens acknowledged") { counters.listening.load(ordering: .relaxed) >= before2 + clients.count }
+        let generator = getpid()
+        var hotWriters = [conn]
+        for _ in 1..<max(deliveryWriters, 1) {
+            hotWriters.append(try await HTTPConnection.connect(host: "127.0.0.1", port: cluster.clientPort(leader), group: cluster.group))
+        }
         for rate in deliveryRates {
             try await Task.sleep(nanoseconds: 1_000_000_000)
-            let cpuBefore = pids.map(ClusterBench.cpuSeconds).reduce(0, +)
-            let framesBefore = counters.frames.load(ordering: .relaxed)
+            let cpuBefore = pids.map(ClusterBench.cpuSeconds)
+            let generatorBefore = ClusterBench.cpuSeconds(generator)
+            let framesBefore = counters.deliveries()
             let t0 = Date()
+            // Each writer takes every `writers`-th slot of the schedule.
             let interval = 1.0 / Double(rate)
-            var n = 0
-            while Date().timeIntervalSince(t0) < seconds {
-                n += 1
-                _ = try await conn.send(.PUT, "/hot.json?ns=default&print=silent", body: Array("\(n)".utf8), timeout: .seconds(10))
-                let next = t0.addingTimeInterval(Double(n) * interval)
-                let wait = next.timeIntervalSinceNow
-                if wait > 0 { try await Task.sleep(nanoseconds: UInt64(wait * 1e9)) }
+            let writers = hotWriters.count
+            let duration = seconds
+            let n = try await withThrowingTaskGroup(of: Int.self) { tasks in
+                for (w, writer) in hotWriters.enumerated() {
+                    tasks.addTask {
+                        var sent = 0
+                        var slot = w
+                        while Double(slot) * interval < duration, Date().timeIntervalSince(t0) < duration {
+                            let next = t0.addingTimeInterval(Double(slot) * interval)
+                            let wait = next.timeIntervalSinceNow
+                            if wait > 0 { try await Task.sleep(nanoseconds: UInt64(wait * 1e9)) }
+                            slot += writers
+                            sent += 1
+                            _ = try await writer.send(.PUT, "/hot.json?ns=default&print=silent", body: Array("\(slot)".utf8), timeout: .seconds(10))
+                        }
+                        return sent
+                    }
+                }
+                return try await tasks.reduce(0, +)
             }
+            let writing = Date().timeIntervalSince(t0)
             let expected = n * clients.count
             // Let the last writes arrive (bounded), then count.
             let drainStart = Date()
-            while Int(counters.frames.load(ordering: .relaxed) - framesBefore) < expected, Date().timeIntervalSince(drainStart) < 20 {
+            while counters.deliveries().reduce(0, +) - framesBefore.reduce(0, +) < expected, Date().timeIntervalSince(drainStart) < 20 {
                 try await Task.sleep(nanoseconds: 50_000_000)
             }
             let elapsed = Date().timeIntervalSince(t0)
-            let got = Int(counters.frames.load(ordering: .relaxed) - framesBefore)
-            let cpu = pids.map(ClusterBench.cpuSeconds).reduce(0, +) - cpuBefore
+            let perNode = zip(counters.deliveries(), framesBefore).map { $0 - $1 }
+            let got = perNode.reduce(0, +)
+            let cpu = zip(pids.map(ClusterBench.cpuSeconds), cpuBefore).map { $0 - $1 }
+            let generatorCPU = ClusterBench.cpuSeconds(generator) - generatorBefore
             log(
                 String(
-                    format: "deliveries at %d writes/s to %d listeners: %d of %d in %.1f s = %.0f per second per node; server CPU %.2f µs per delivery; closed sessions %d",
-                    rate, clients.count, got, expected, elapsed, Double(got) / elapsed / 3, cpu / Double(max(got, 1)) * 1e6,
-                    counters.closed.load(ordering: .relaxed)))
+                    format: "deliveries at %d writes/s (%d sent in %.1f s) to %d listeners: %d of %d in %.1f s = %.0f per second per node; closed sessions %d",
+                    rate, n, writing, clients.count, got, expected, elapsed, Double(got) / elapsed / 3, counters.closed.load(ordering: .relaxed)))
+            // The server's capacity, apart from the offered rate and the load generator (which
+            // shares the cores): each node's deliveries over its own CPU time.
+            let capacity = zip(perNode, cpu).map { Double($0) / max($1, 0.001) }
+            let perDelivery = zip(perNode, cpu).map { String(format: "%.2f", $1 / Double(max($0, 1)) * 1e6) }.joined(separator: " / ")
+            log(
+                String(format: "  server CPU %.2f µs per delivery (", cpu.reduce(0, +) / Double(max(got, 1)) * 1e6) + perDelivery + " per node) = "
+                    + capacity.map { String(format: "%.0f", $0) }.joined(separator: " / ")
+                    + String(format: " deliveries per CPU-second per node; CPU used: nodes %.2f s, load generator %.2f s, in %.1f s", cpu.reduce(0, +), generatorCPU, elapsed))
         }
-        conn.close()
+        for writer in hotWriters { writer.close() }
         for s in clients { s.close() }
     }
 
@@ -209,7 +242,10 @@ public struct RealtimeBench: Sendable {
 /// What the benchmark's sockets saw, across event loops.
 final class RealtimeCounters: Sendable {
     let listening = Atomic<Int>(0)
-    let frames = Atomic<Int>(0)
+    /// Pushes received, by the node the session is on (sessions go round-robin: index % 3).
+    let frames0 = Atomic<Int>(0)
+    let frames1 = Atomic<Int>(0)
+    let frames2 = Atomic<Int>(0)
     let closed = Atomic<Int>(0)
     private struct Fan {
         var listeners = 0
@@ -217,6 +253,19 @@ final class RealtimeCounters: Sendable {
         var arrivals: [Int: (count: Int, last: UInt64)] = [:]
     }
     private let fan = Mutex(Fan())
+
+    func delivered(session index: Int) {
+        switch index % 3 {
+        case 0: frames0.wrappingAdd(1, ordering: .relaxed)
+        case 1: frames1.wrappingAdd(1, ordering: .relaxed)
+        default: frames2.wrappingAdd(1, ordering: .relaxed)
+        }
+    }
+
+    /// Pushes received so far, per node (in the order of the cluster's ids).
+    func deliveries() -> [Int] {
+        [frames0.load(ordering: .relaxed), frames1.load(ordering: .relaxed), frames2.load(ordering: .relaxed)]
+    }
 
     func expectFan(listeners: Int) { fan.withLock { $0.listeners = listeners } }
     func sent(_ i: Int) {
@@ -391,29 +440,32 @@ final class BenchSocket: ChannelInboundHandler, @unchecked Sendable {
         pending = buffer.readableBytes > 0 ? buffer : nil
     }
 
-    /// Counts pushes; a listen's `ok` counts as listening; a fan-out value is recorded.
+    /// Counts pushes; a listen's `ok` counts as listening; a fan-out value is recorded. Reads
+    /// the payload in place (no copy per frame: the generator shares the cores with the nodes).
     private func handle(_ payload: ByteBufferView.SubSequence) {
-        let bytes = Array(payload)
         // Answers: {"t":"d","d":{"r":N,"b":{"s":"ok",...}}} (only listens are sent, so every
         // ok is a listen's); pushes: {"t":"d","d":{"a":"d","b":{"p":...,"d":V}}}; control
         // messages (the hello) start {"t":"c".
-        guard bytes.count > 18, bytes[6] == UInt8(ascii: "d") else { return }
-        if bytes.starts(with: Self.answerPrefix) {
-            if bytes.firstRange(of: Self.ok) != nil { counters.listening.wrappingAdd(1, ordering: .relaxed) }
+        let start = payload.startIndex
+        guard payload.count > 18, payload[start + 6] == UInt8(ascii: "d") else { return }
+        if payload.starts(with: Self.answerPrefix) {
+            if payload.firstRange(of: Self.ok) != nil { counters.listening.wrappingAdd(1, ordering: .relaxed) }
             return
         }
-        counters.frames.wrappingAdd(1, ordering: .relaxed)
-        if let range = bytes.firstRange(of: Self.fanValue) {
-            var value = 0
-            var k = range.upperBound
-            while k < bytes.count, bytes[k] >= 48, bytes[k] <= 57 {
-                value = value * 10 + Int(bytes[k] - 48)
-                k += 1
-            }
-            if value > 0 { counters.arrived(value) }
+        counters.delivered(session: index)
+        // A fan-out push: {"t":"d","d":{"a":"d","b":{"p":"fan","d":V}}}.
+        let at = start + Self.fanOffset
+        guard payload.count > Self.fanOffset + Self.fanValue.count, payload[at..<(at + Self.fanValue.count)].elementsEqual(Self.fanValue) else { return }
+        var value = 0
+        var k = at + Self.fanValue.count
+        while k < payload.endIndex, payload[k] >= 48, payload[k] <= 57 {
+            value = value * 10 + Int(payload[k] - 48)
+            k += 1
         }
+        if value > 0 { counters.arrived(value) }
     }
 
+    static let fanOffset = #"{"t":"d","d":{"a":"d","b":{"#.utf8.count
     static let answerPrefix = Array(#"{"t":"d","d":{"r":"#.utf8)
     static let ok = Array(#""s":"ok""#.utf8)
     static let fanValue = Array(#""p":"fan","d":"#.utf8)

@@ -45,17 +45,15 @@ final class RealtimeHub: @unchecked Sendable {
     /// Listens that hold a window (their updates are never shared with other listens').
     private var windowed = Set<UInt64>()
     private var nextListen: UInt64 = 1
-    /// Where each owner's updates go (a connection's handler).
-    private var owners: [UInt64: ([ByteBuffer]) -> Void] = [:]
-    /// Owners that render their updates themselves (event streams): each update with the
-    /// namespace's tree after the write.
-    private var streams: [UInt64: (ListenEvent, Tree) -> Void] = [:]
+    /// Where each owner's updates go: a connection's handler, or an event stream.
+    private var outlets: [UInt64: Outlet] = [:]
+    /// Outlets written to since the last flush: flushed once, after every delivery queued on the
+    /// loop before the flush (so a connection behind on several writes gets one system call).
+    private var unflushed: [Outlet] = []
+    private var flushScheduled = false
     private let allocator = ByteBufferAllocator()
-    private var flushes: [UInt64: () -> Void] = [:]
     /// Owners to tell when the security rules change (they judge their listens again).
     private var rulesWatchers: [UInt64: () -> Void] = [:]
-    /// Owners whose messages go compressed (absent: plain).
-    private var encodings: [UInt64: OutboundEncoding] = [:]
     /// The loop's zlib streams (permessage-deflate), shared by its connections.
     let deflate = DeflateCodec()
 
@@ -70,6 +68,27 @@ final class RealtimeHub: @unchecked Sendable {
         }
     }
 
+    /// One owner's destination for updates.
+    private final class Outlet {
+        enum Target {
+            /// A v5 connection: frames encoded once per push and shared.
+            case frames(any RealtimePushTarget)
+            /// An event stream: each update with the namespace's tree after the write.
+            case stream((ListenEvent, Tree) -> Void)
+        }
+        let target: Target
+        let encoding: OutboundEncoding
+        let flush: () -> Void
+        /// In `unflushed`.
+        var pending = false
+
+        init(target: Target, encoding: OutboundEncoding, flush: @escaping () -> Void) {
+            self.target = target
+            self.encoding = encoding
+            self.flush = flush
+        }
+    }
+
     init(loop: any EventLoop, runtime: NodeRuntime) {
         self.loop = loop
         self.runtime = runtime
@@ -77,20 +96,19 @@ final class RealtimeHub: @unchecked Sendable {
 
     var listenCount: Int { core.count }
 
-    /// Registers where `owner`'s updates go: `push` gets each update's frames, encoded once and
-    /// shared by every connection that receives them in the same `encoding`; `flush` is called
-    /// once after each batch that pushed something.
-    func attach(owner: UInt64, encoding: OutboundEncoding = .plain, push: @escaping ([ByteBuffer]) -> Void, flush: @escaping () -> Void) {
-        owners[owner] = push
-        flushes[owner] = flush
-        if encoding != .plain { encodings[owner] = encoding }
+    /// Registers where `owner`'s updates go: `target` gets each update's frames, encoded once
+    /// and shared by every connection that receives them in the same `encoding`, then
+    /// `flushPushes` once after the deliveries queued on the loop. The hub holds `target` until
+    /// `detach`.
+    func attach(owner: UInt64, encoding: OutboundEncoding = .plain, target: any RealtimePushTarget) {
+        outlets[owner] = Outlet(target: .frames(target), encoding: encoding, flush: { [weak target] in target?.flushPushes() })
     }
 
     /// Registers an owner that renders its own updates (an event stream): `deliver` gets each
-    /// update and the namespace's tree after the write; `flush` once after each batch.
+    /// update and the namespace's tree after the write; `flush` once after the deliveries queued
+    /// on the loop.
     func attachStream(owner: UInt64, deliver: @escaping (ListenEvent, Tree) -> Void, flush: @escaping () -> Void) {
-        streams[owner] = deliver
-        flushes[owner] = flush
+        outlets[owner] = Outlet(target: .stream(deliver), encoding: .plain, flush: flush)
     }
 
     /// The namespace's tree as this loop's listens last saw it (nil: no view of it yet).
@@ -106,10 +124,7 @@ final class RealtimeHub: @unchecked Sendable {
 
     func detach(owner: UInt64) {
         rulesWatchers[owner] = nil
-        owners[owner] = nil
-        streams[owner] = nil
-        flushes[owner] = nil
-        encodings[owner] = nil
+        outlets[owner] = nil
     }
 
     /// An id for a listen (unique on this loop).
@@ -197,12 +212,12 @@ final class RealtimeHub: @unchecked Sendable {
             guard feed.tree != nil else { return }
             feed.tree = tree
             feeds[ns] = feed
-            deliver(core.applied(namespace: ns, written: applied.written, tree: tree), tree: tree)
+            deliver(core.fanOut(namespace: ns, written: applied.written, tree: tree), tree: tree)
         case .restored(let tree):
             guard feed.tree != nil else { return }
             feed.tree = tree
             feeds[ns] = feed
-            deliver(core.restored(namespace: ns, tree: tree), tree: tree)
+            deliver(ListenFanOut(events: core.restored(namespace: ns, tree: tree)), tree: tree)
         }
     }
 
@@ -257,58 +272,104 @@ final class RealtimeHub: @unchecked Sendable {
         }
     }
 
-    /// Hands each update to its owner, rendered once per distinct untagged update (a thousand
+    /// Hands each update to its owner, rendered once per distinct update and tag (a thousand
     /// default listens at one path get one rendering) and encoded once per outbound encoding
-    /// (`SharedPush`), then flushes each owner once.
-    private func deliver(_ events: [ListenEvent], tree: Tree) {
-        guard !events.isEmpty else { return }
-        var rendered: [RenderKey: SharedPush] = [:]
-        var touched: [UInt64] = []
-        var seen = Set<UInt64>()
-        for event in events {
-            if let stream = streams[event.owner] {
-                stream(event, tree)
-                if seen.insert(event.owner).inserted { touched.append(event.owner) }
-                continue
+    /// (`SharedPush`); each owner written to is flushed once, after every delivery queued on the
+    /// loop (`flushPending`).
+    private func deliver(_ fanOut: ListenFanOut, tree: Tree) {
+        guard !fanOut.isEmpty else { return }
+        var pushes = FanOutPushes(fanOut)
+        for delivery in fanOut.deliveries {
+            guard let outlet = outlets[delivery.owner] else { continue }
+            switch outlet.target {
+            case .stream(let stream):
+                stream(ListenEvent(listen: delivery.listen, owner: delivery.owner, tag: delivery.tag, update: fanOut.updates[delivery.update]), tree)
+            case .frames(let target):
+                let shared = pushes.push(for: delivery)
+                target.push(shared.frames(outlet.encoding, codec: deflate, allocator: allocator))
             }
-            guard let push = owners[event.owner] else { continue }
-            let shared: SharedPush
-            if event.tag == nil, !windowed.contains(event.listen) {
-                let key = RenderKey(event.update)
-                if let cached = rendered[key] {
-                    shared = cached
-                } else {
-                    shared = SharedPush(Self.render(event))
-                    rendered[key] = shared
-                }
-            } else {
-                shared = SharedPush(Self.render(event))
+            if !outlet.pending {
+                outlet.pending = true
+                unflushed.append(outlet)
             }
-            push(shared.frames(encodings[event.owner] ?? .plain, codec: deflate, allocator: allocator))
-            if seen.insert(event.owner).inserted { touched.append(event.owner) }
         }
-        for owner in touched { flushes[owner]?() }
+        guard !unflushed.isEmpty, !flushScheduled else { return }
+        // Behind every event the replica thread has already handed this loop: they are
+        // delivered first, so a connection they all reach is flushed once for all of them.
+        flushScheduled = true
+        loop.execute { self.flushPending() }
     }
 
-    /// Within one applied command, an untagged default listen's update is determined by its kind
-    /// and path (ListenCore), so equal keys render equal messages.
-    private struct RenderKey: Hashable {
-        var merge: Bool
-        var path: Path
-        init(_ update: ListenUpdate) {
-            merge = update.isMerge
-            path = update.path
+    private func flushPending() {
+        flushScheduled = false
+        let outlets = unflushed
+        unflushed = []
+        for outlet in outlets {
+            outlet.pending = false
+            outlet.flush()
         }
     }
 
     /// The v5 push for an update: `d` (put) or `m` (merge), data in export format.
     static func render(_ event: ListenEvent) -> [UInt8] {
-        let tag = event.tag.map { Int64(truncatingIfNeeded: $0) }
-        switch event.update {
+        render(event.update, tag: event.tag)
+    }
+
+    static func render(_ update: ListenUpdate, tag: UInt64?) -> [UInt8] {
+        let tag = tag.map { Int64(truncatingIfNeeded: $0) }
+        switch update {
         case let .put(path, tree):
             return ServerMessage.data(path: path, data: JSONWriter.bytes(tree, format: .export), tag: tag)
         case let .merge(path, children):
             return ServerMessage.merge(path: path, children: children.map { ($0.path, JSONWriter.bytes($0.tree, format: .export)) }, tag: tag)
         }
     }
+}
+
+/// The v5 pushes of one fan-out, each rendered the first time a delivery needs it: one per
+/// distinct update for untagged listens (every default listen of a location shares it), one per
+/// update and tag for tagged ones (the tag is part of the message).
+struct FanOutPushes {
+    private let fanOut: ListenFanOut
+    private var untagged: [SharedPush?]
+    private var tagged: [TaggedKey: SharedPush] = [:]
+    /// Messages rendered so far.
+    private(set) var renders = 0
+
+    private struct TaggedKey: Hashable {
+        var update: Int
+        var tag: UInt64
+    }
+
+    init(_ fanOut: ListenFanOut) {
+        self.fanOut = fanOut
+        untagged = Array(repeating: nil, count: fanOut.updates.count)
+    }
+
+    mutating func push(for delivery: ListenFanOut.Delivery) -> SharedPush {
+        if let tag = delivery.tag {
+            let key = TaggedKey(update: delivery.update, tag: tag)
+            if let made = tagged[key] { return made }
+            let made = render(delivery.update, tag: tag)
+            tagged[key] = made
+            return made
+        }
+        if let made = untagged[delivery.update] { return made }
+        let made = render(delivery.update, tag: nil)
+        untagged[delivery.update] = made
+        return made
+    }
+
+    private mutating func render(_ update: Int, tag: UInt64?) -> SharedPush {
+        renders += 1
+        return SharedPush(RealtimeHub.render(fanOut.updates[update], tag: tag))
+    }
+}
+
+/// A connection that receives a hub's pushes (a v5 session's handler), on the hub's loop.
+protocol RealtimePushTarget: AnyObject {
+    /// Queues a push's frames (shared with other connections; not flushed).
+    func push(_ frames: [ByteBuffer])
+    /// Flushes what `push` queued.
+    func flushPushes()
 }

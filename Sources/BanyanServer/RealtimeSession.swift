@@ -17,7 +17,7 @@ import Synchronization
 /// `SessionCore` (docs/realtime.md). Frames in go to the core; its actions become listens on the
 /// loop's `RealtimeHub`, reads and writes on the node (in the connection's own client session),
 /// and frames out. Confined to the channel's event loop.
-final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
+final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @unchecked Sendable {
     typealias InboundIn = WebSocketFrame
     /// Frames go out encoded here (`ServerFrames`), so one encoding of a push serves every
     /// connection that receives it (no per-connection copy or encoder pass).
@@ -29,6 +29,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     let identity: SessionIdentity
     private var core: SessionCore
     private var context: ChannelHandlerContext?
+    /// `context.channel`, kept (every push asks whether the channel is writable).
+    private var channel: (any Channel)?
     /// The session's listens and their ids in the hub.
     private var hubIDs: [SessionCore.ListenID: UInt64] = [:]
     /// Something was written in the connection's session (its end must then be recorded).
@@ -107,14 +109,12 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        channel = context.channel
         guard server.realtimeOpened(self, channel: context.channel, holder: holder) else {
             context.close(promise: nil)
             return
         }
-        hub.attach(
-            owner: owner, encoding: encoding,
-            push: { [weak self] frames in self?.write(frames) },
-            flush: { [weak self] in self?.flush() })
+        hub.attach(owner: owner, encoding: encoding, target: self)
         hub.watchRules(owner: owner) { [weak self] in self?.rejudgeListens() }
         runtime.openSession(identity.connection)
         // `ls`: the client's previous connection is over, wherever it was; its onDisconnect
@@ -194,6 +194,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     func handlerRemoved(context: ChannelHandlerContext) {
         end()
         self.context = nil
+        channel = nil
     }
 
     /// Bad frames (the decoder's and the aggregator's errors) close with the code RFC 6455
@@ -370,8 +371,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
     /// read what it is sent (more than the connection's write buffer queued) is cut off rather
     /// than buffered without bound.
     private func write(_ frames: [ByteBuffer]) {
-        guard !closing, let context else { return }
-        if !context.channel.isWritable {
+        guard !closing, let context, let channel else { return }
+        if !channel.isWritable {
             server.logger.notice("closed a realtime connection that does not read its messages", metadata: ["session": "\(identity)"])
             closing = true
             context.close(promise: nil)
@@ -386,6 +387,10 @@ final class RealtimeSessionHandler: ChannelInboundHandler, @unchecked Sendable {
         dirty = false
         context.flush()
     }
+
+    func push(_ frames: [ByteBuffer]) { write(frames) }
+
+    func flushPushes() { flush() }
 
 
     private func startListen(_ id: SessionCore.ListenID, _ spec: ListenSpec) {
