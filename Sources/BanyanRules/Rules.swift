@@ -1,3 +1,5 @@
+public import BanyanTree
+
 /// A parsed and type-checked rules document: the tree of locations with their `.read`, `.write`,
 /// `.validate` and `.indexOn` entries and at most one `$wildcard` child per location.
 ///
@@ -209,6 +211,31 @@ struct RuleBuilder {
             return out
         default:
             throw source.error(.syntax, ".indexOn must be a string or an array of strings, not \(value.typeName)", at: value.offset)
+        }
+    }
+}
+
+extension Rules {
+    /// The `.indexOn` entries of the rule location that matches `path` (through `$wildcards`),
+    /// empty when none matches. An `orderByChild` query whose child is not among them runs
+    /// without a declared index: Banyan still filters on the server (its indexes are built on
+    /// demand), but warns as Firebase does (docs/rules.md, ".indexOn").
+    public func indexes(at path: Path) -> [String] {
+        var node = root
+        for key in path.segments {
+            guard let (child, _) = node.child(key.string) else { return [] }
+            node = child
+        }
+        return node.indexOn
+    }
+
+    /// Whether a query ordered by `index` at `path` is covered by an `.indexOn` (keys, values and
+    /// priorities need none; `.value` needs `".value"`).
+    public func declaresIndex(_ index: IndexKind, at path: Path) -> Bool {
+        switch index {
+        case .key, .priority: return true
+        case .value: return indexes(at: path).contains(".value")
+        case .child(let child, _): return indexes(at: path).contains(child.segments.map(\.string).joined(separator: "/"))
         }
     }
 }

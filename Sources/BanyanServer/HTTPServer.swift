@@ -257,6 +257,23 @@ final class HTTPServer: Sendable {
         leaseTask.withLock { $0?.cancel() }
     }
 
+    /// Locations and children already warned about a missing `.indexOn` (bounded: past the
+    /// bound, no more warnings, so a client cannot grow it).
+    private let indexWarnings = Mutex<Set<String>>([])
+
+    /// Logs, once per namespace, location and child, a query without a declared `.indexOn`.
+    func warnMissingIndex(namespace: String, path: Path, index: IndexKind) {
+        let key = "\(namespace)\(path)|\(index)"
+        let first = indexWarnings.withLock { set in
+            guard set.count < 10_000 else { return false }
+            return set.insert(key).inserted
+        }
+        guard first else { return }
+        logger.warning(
+            "a query orders by a child without an index in the rules: add it to \".indexOn\" (the node still filters on the server)",
+            metadata: ["namespace": "\(namespace)", "path": "\(path)", "index_on": "\(index)"])
+    }
+
     /// `Access-Control-Allow-Origin` for a request from `origin` (docs/security.md): `*` when the
     /// policy allows any origin (development), the origin itself when it is listed, else none.
     func allowedOrigin(_ origin: String?) -> String? {

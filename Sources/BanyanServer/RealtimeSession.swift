@@ -86,6 +86,15 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
 
     private var rules: Rules? { runtime.rulesInForce.withLock { $0[namespace] } }
 
+    /// `no_index` when the namespace has rules and the query orders by a child (or value) that
+    /// its `.indexOn` does not declare: the SDKs log a hint to add one, as with Firebase (the
+    /// node still filters on the server). The node logs it too, once per location and child.
+    private func indexWarnings(_ path: Path, _ params: QueryParams?) -> [String] {
+        guard let params, let rules, !rules.declaresIndex(params.index, at: path) else { return [] }
+        server.warnMissingIndex(namespace: namespace, path: path, index: params.index)
+        return ["no_index"]
+    }
+
     /// Cancels (`c`) every started listen the rules in force no longer allow this client.
     private func rejudgeListens() {
         guard !finished, !startedListens.isEmpty else { return }
@@ -418,7 +427,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
                 }
                 self.write(self.frames(RealtimeHub.render(first)))
                 self.startedListens[id] = (spec.path, params)
-                self.perform(self.core.listenStarted(id))
+                self.perform(self.core.listenStarted(id, warnings: self.indexWarnings(spec.path, params)))
             case .failure(let e):
                 self.hubIDs[id] = nil
                 let status: String

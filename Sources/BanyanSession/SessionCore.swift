@@ -318,11 +318,13 @@ public struct SessionCore: Sendable {
     // MARK: - From the node
 
     /// The listen's initial data has been pushed: its `ok` may go (in its turn).
-    public mutating func listenStarted(_ id: ListenID) -> [Output] {
+    public mutating func listenStarted(_ id: ListenID, warnings: [String] = []) -> [Output] {
         guard !isClosed, let number = starting.removeValue(forKey: id) else { return [] }
         listenRequests.remove(number)
         var out: [Output] = []
-        answer(number, ServerMessage.ok(number, data: .object([])), &out)
+        // `w`: warnings the SDKs log (`no_index`: a query without a declared `.indexOn`).
+        let data: JSONValue = warnings.isEmpty ? .object([]) : .object([("w", .array(warnings.map { .string($0) }))])
+        answer(number, ServerMessage.ok(number, data: data), &out)
         return out
     }
 

@@ -214,3 +214,22 @@ extension RealtimeServerTests {
         #expect(connection.receive(until: "", seconds: 10).text.hasPrefix("HTTP/1.1 415"))
     }
 }
+
+extension RealtimeServerTests {
+    @Test(".indexOn: a query ordered by a child the rules do not index is served, with the no_index warning the SDKs log")
+    func indexWarnings() throws {
+        try withNode("rt-index") { port, _ in
+            let ready = Date().addingTimeInterval(30)
+            while Date() < ready, (try? http(port, "PUT", "/d/a.json?ns=rt&auth=owner", body: #"{"h":2}"#))?.status != 200 { Thread.sleep(forTimeInterval: 0.1) }
+            let rules = #"{"rules": {".read": true, ".write": true, "d": {".indexOn": ["h"]}}}"#
+            #expect(try http(port, "PUT", "/.settings/rules.json?ns=rt&auth=owner", body: rules).status == 200)
+            let (c, _) = try open(port)
+            c.text(#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/d","q":{"i":"h"},"t":1,"h":""}}}"#)
+            #expect(c.messages(until: #""r":1"#).last == #"{"t":"d","d":{"r":1,"b":{"s":"ok","d":{}}}}"#)
+            c.text(#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/d","q":{"i":"w"},"t":2,"h":""}}}"#)
+            let unindexed = c.messages(until: #""r":2"#)
+            #expect(unindexed.last == #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":{"w":["no_index"]}}}}"#, "\(unindexed)")
+            #expect(unindexed.first?.contains(#""h":2"#) == true, "the data still comes: \(unindexed)")
+        }
+    }
+}
