@@ -1,4 +1,5 @@
 import BanyanBasics
+import BanyanAuth
 import BanyanListen
 import BanyanRaft
 import BanyanNode
@@ -75,10 +76,17 @@ final class HTTPServer: Sendable {
     /// The operator token (`admin_token_file`), if one is configured.
     let adminToken: String?
 
-    init(runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil) {
+    /// Who presented credentials name: development settings and verified tokens.
+    let credentials: Credentials
+
+    init(
+        runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
+        verifier: TokenVerifier? = nil
+    ) {
         self.runtime = runtime
         self.config = config
         self.adminToken = adminToken
+        self.credentials = Credentials(development: config.development, verifier: verifier)
         self.logger = logger
         self.registry = registry
         self.assembling = AssemblyBudget(limit: config.http.maxAssemblingBytes)
@@ -938,9 +946,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     /// Who a request's credentials name (docs/rules.md, "Enforcement").
     private func identity(_ authorization: RESTRequest.Authorization, override: String?) -> ClientIdentity {
-        Access.identity(
-            authorization, override: override, acceptOwnerToken: server.config.development.acceptOwnerToken,
-            developmentTokens: server.config.development.allowUnauthenticated)
+        server.credentials.identity(authorization, override: override, now: NodeRuntime.wallClock())
     }
 
     /// The rules in force for `namespace` (nil: none; the development settings decide).
