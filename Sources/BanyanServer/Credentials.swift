@@ -14,17 +14,26 @@ struct Credentials: Sendable {
 
     /// The identity of a REST request or event stream at `now` (milliseconds since the epoch).
     func identity(_ authorization: RESTRequest.Authorization, override: String?, now: Int64) -> ClientIdentity {
+        identityAndExpiry(authorization, override: override, now: now).identity
+    }
+
+    /// The same, and when a verified token stops being honoured (an event stream ends then).
+    func identityAndExpiry(_ authorization: RESTRequest.Authorization, override: String?, now: Int64) -> (identity: ClientIdentity, validUntil: Int64?) {
+        var validUntil: Int64?
         let verify = verifier.map { verifier in
             { (token: String) -> ClientIdentity in
                 switch verifier.verify(token, now: now) {
-                case .success(let verified): return Self.identity(verified)
+                case .success(let verified):
+                    validUntil = verified.validUntil
+                    return Self.identity(verified)
                 case .failure(let error): return .refused(error.reason)
                 }
             }
         }
-        return Access.identity(
+        let identity = Access.identity(
             authorization, override: override, acceptOwnerToken: development.acceptOwnerToken, developmentTokens: development.allowUnauthenticated,
             verify: verify)
+        return (identity, validUntil)
     }
 
     static func identity(_ verified: VerifiedToken) -> ClientIdentity {

@@ -119,7 +119,7 @@ import _CryptoExtras
 }
 
 extension RealtimeServerTests {
-    @Test("verified tokens on WebSocket: auth answers {auth, expires}; bad tokens invalid_token or expired_token; at expiry an ac push signs the connection out and its listens are revoked")
+    @Test("verified tokens on WebSocket: auth answers {auth, expires}; bad tokens invalid_token or expired_token; at expiry an ac push signs the connection out and its listens are revoked; an event stream ends with auth_revoked")
     func verifiedTokensOnSessions() throws {
         let key = try #require(TokenServerTests.key)
         let keyDir = try temporaryDirectory("rt-tokens-keys")
@@ -130,6 +130,11 @@ extension RealtimeServerTests {
             while Date() < ready, (try? http(port, "PUT", "/public/a.json?ns=rt&auth=owner", body: "1"))?.status != 200 { Thread.sleep(forTimeInterval: 0.1) }
             #expect(try http(port, "PUT", "/.settings/rules.json?ns=rt&auth=owner", body: RulesServerTests.rules).status == 200)
             #expect(try http(port, "PUT", "/users/alice.json?ns=rt&auth=owner", body: #"{"name":"A"}"#).status == 200)
+
+            // An event stream opened with a token of three seconds ends with auth_revoked.
+            let stream = try RequestDeadlineTests.Raw(port: port)
+            let streamToken = try TokenServerTests.idToken("alice", lifetime: 3, key: key)
+            stream.send("GET /users/alice.json?ns=rt&auth=\(streamToken) HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
 
             let (client, _) = try open(port)
             client.text(#"{"t":"d","d":{"r":1,"a":"auth","b":{"cred":"not-a-token"}}}"#)
@@ -149,6 +154,8 @@ extension RealtimeServerTests {
             let after = client.messages(until: #""a":"c""#, seconds: 10)
             #expect(after.first == #"{"t":"d","d":{"a":"ac","b":{"s":"expired_token","d":"Auth token is expired."}}}"#, "\(after)")
             #expect(after.last == #"{"t":"d","d":{"a":"c","b":{"p":"users/alice"}}}"#, "\(after)")
+            let streamed = stream.receive(until: "auth_revoked", seconds: 10).text
+            #expect(streamed.contains("event: put") && streamed.contains("event: auth_revoked"), "\(streamed)")
             client.text(#"{"t":"d","d":{"r":5,"a":"p","b":{"p":"/users/alice","d":{"name":"Z"}}}}"#)
             #expect(client.message() == #"{"t":"d","d":{"r":5,"b":{"s":"permission_denied","d":"Permission denied"}}}"#)
             // The database secret signs in as the administrator.
