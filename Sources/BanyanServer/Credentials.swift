@@ -59,9 +59,11 @@ struct Credentials: Sendable {
             guard development.acceptOwnerToken else { return .refused(status: "invalid_token", reason: "The owner token is not accepted by this server.") }
             return .signedIn(.administrator(override: nil), answer: Self.answer(auth: nil, expires: .null), validUntil: nil)
         }
-        if development.allowUnauthenticated, let claims = RealtimeSessionHandler.unsignedClaims(token), let auth = Access.unsignedTokenAuth(token) {
-            // The emulator ignores the expiry of its unsigned tokens (mockUserToken's is long past).
-            return .signedIn(.client(.user(json: auth)), answer: Self.answer(auth: claims, expires: claims["exp"] ?? .null), validUntil: nil)
+        if development.allowUnauthenticated, let claims = RealtimeSessionHandler.unsignedClaims(token) {
+            // The emulator ignores the expiry of its unsigned tokens (mockUserToken's is long past);
+            // one that names no user signs in as signed out.
+            let client = Access.unsignedTokenAuth(token).map { ClientAuth.user(json: $0) } ?? .signedOut
+            return .signedIn(.client(client), answer: Self.answer(auth: claims, expires: claims["exp"] ?? .null), validUntil: nil)
         }
         guard let verifier else {
             let accepted = development.allowUnauthenticated ? "the emulator's owner and unsigned tokens" : "the emulator's owner token"
