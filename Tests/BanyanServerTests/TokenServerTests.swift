@@ -5,7 +5,9 @@ import BanyanTree
 import Crypto
 import Foundation
 import Logging
+import SwiftASN1
 import Testing
+import X509
 import _CryptoExtras
 
 /// Verified tokens on a running node (docs/security.md): an `auth:` section with a JWKS and a
@@ -115,6 +117,22 @@ import _CryptoExtras
                 #expect(error.message.contains(message), "\(error.message)")
             }
         }
+    }
+}
+
+extension TokenServerTests {
+    @Test("Google's x509 format with a real certificate (swift-certificates, RSA, SHA-256): its key verifies ID tokens")
+    func x509Certificate() throws {
+        let key = try #require(Self.key)
+        let name = try DistinguishedName { CommonName("securetoken.system.gserviceaccount.com") }
+        let certificate = try DevCertificates.sign(
+            publicKey: Certificate.PublicKey(key.publicKey), subject: name, issuer: name, validityDays: 7, issuerKey: Certificate.PrivateKey(key),
+            extensions: Certificate.Extensions())
+        let pem = try certificate.serializeAsPEM().pemString.replacingOccurrences(of: "\n", with: "\\n")
+        let keys = try KeyFiles.x509(Array(#"{"k1":"\#(pem)"}"#.utf8))
+        let verifier = try TokenVerifier(settings: .init(projectID: "demo"), publicKeys: keys)
+        let verified = try verifier.verify(try Self.idToken("dora", key: key), now: Int64(Date().timeIntervalSince1970 * 1000)).get()
+        #expect(try JSONValue(parsing: try #require(verified.auth))["uid"] == .string("dora"))
     }
 }
 
