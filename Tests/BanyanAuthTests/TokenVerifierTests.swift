@@ -188,6 +188,45 @@ enum TokenFactory {
     }
 }
 
+@Suite struct TokenMutationTests {
+    /// Seeded mutations of a valid ID token and a valid custom token (bytes replaced, inserted,
+    /// deleted; truncations): every one is answered, none crashes, and none is accepted unless
+    /// its signed part (header and claims) is the original's. The seed is fixed (see the test).
+    @Test("mutated tokens are refused, never crash, never pass with changed claims")
+    func mutations() throws {
+        let key = try #require(TokenFactory.rsa)
+        let verifier = try TokenVerifierTests.verifier()
+        let seed: UInt64 = 0x746F_6B65_6E73
+        var random = SeededRandom(seed: seed)
+        let originals = [
+            try TokenFactory.rs256(TokenFactory.idClaims(iat: TokenVerifierTests.t), key: key),
+            TokenFactory.hs256(#"{"v":0,"iat":\#(TokenVerifierTests.t),"d":{"uid":"carol"}}"#, secret: TokenVerifierTests.secret),
+        ]
+        let alphabet = Array("AZaz09-_.=+/ {}\"".utf8)
+        for original in originals {
+            let signedPart = original.split(separator: ".").prefix(2).joined(separator: ".")
+            for _ in 0..<1_000 {
+                var bytes = Array(original.utf8)
+                for _ in 0...random.below(3) {
+                    let at = random.below(bytes.count)
+                    switch random.below(4) {
+                    case 0: bytes[at] = alphabet[random.below(alphabet.count)]
+                    case 1: bytes.insert(alphabet[random.below(alphabet.count)], at: at)
+                    case 2: bytes.remove(at: at)
+                    default: bytes.removeLast(random.below(max(1, bytes.count / 4)))
+                    }
+                    if bytes.isEmpty { bytes = [UInt8(ascii: ".")] }
+                }
+                let mutated = String(decoding: bytes, as: UTF8.self)
+                if case .success = verifier.verify(mutated, now: TokenVerifierTests.now) {
+                    let part = mutated.split(separator: ".", omittingEmptySubsequences: false).prefix(2).joined(separator: ".")
+                    #expect(part == signedPart, "seed \(seed): accepted with changed claims: \(mutated)")
+                }
+            }
+        }
+    }
+}
+
 @Suite struct KeyFilesTests {
     @Test("JWKS: RSA signing keys kept, other keys skipped, a key without kid or a repeated kid refused")
     func jwks() throws {
