@@ -126,6 +126,18 @@ let package = Package(
             swiftSettings: optimisedDriverSettings
         ),
 
+        // Credentials: RS256 ID tokens against configured public keys, Firebase 2.x custom tokens
+        // and database secrets (docs/security.md). Token parsing and claim checks are pure; only
+        // the signature checks call swift-crypto. No Foundation, no NIO, no clock.
+        .target(
+            name: "BanyanAuth",
+            dependencies: [
+                "BanyanTree", "BanyanBasics", .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // The node core: a node's decisions as a state machine that returns actions (NodeCore), over
         // its storage behind the FileSystem seam (NodeStorage). The server drives it with real files,
         // threads and sockets; the simulator drives the same code over a simulated file system and
@@ -145,7 +157,7 @@ let package = Package(
             name: "BanyanServer",
             dependencies: [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "CZlib",
+                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "BanyanAuth", "CZlib",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -247,12 +259,21 @@ let package = Package(
             name: "BanyanServerTests",
             dependencies: [
                 "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
-                "BanyanREST", "BanyanRules", "CZlib", .product(name: "Logging", package: "swift-log"),
+                "BanyanREST", "BanyanRules", "BanyanAuth", "BanyanBasics", "CZlib", .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOTLS", package: "swift-nio"),
-                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "X509", package: "swift-certificates"), .product(name: "SwiftASN1", package: "swift-asn1"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BanyanAuthTests",
+            dependencies: [
+                "BanyanAuth", "BanyanTree", "BanyanBasics", .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: strictSettings
         ),

@@ -1,3 +1,4 @@
+import BanyanBasics
 public import BanyanQuery
 public import BanyanRules
 public import BanyanStateMachine
@@ -33,24 +34,35 @@ public enum Access {
     /// The identity of a request's credentials. `override` is `auth_variable_override` (only an
     /// administrator may use it: JSON, `null` for a signed-out client). Under the development
     /// settings an unsigned token in the emulator's shape (a JWT with `"alg": "none"`, as the
-    /// SDKs' `mockUserToken` makes) names its user; other tokens count as signed out while
-    /// unauthenticated access is allowed, and are refused otherwise (verified tokens: issue 16).
+    /// SDKs' `mockUserToken` makes) names its user. Any other token goes to `verify` when the node
+    /// verifies tokens (docs/security.md): it answers a user, an administrator (a database secret,
+    /// a custom token with `admin`), or a refusal with the reason. Without `verify`, other tokens
+    /// count as signed out while unauthenticated access is allowed, and are refused otherwise.
     public static func identity(
-        _ authorization: RESTRequest.Authorization, override: String?, acceptOwnerToken: Bool, developmentTokens: Bool
+        _ authorization: RESTRequest.Authorization, override: String?, acceptOwnerToken: Bool, developmentTokens: Bool,
+        verify: ((String) -> ClientIdentity)? = nil
     ) -> ClientIdentity {
-        switch authorization {
-        case .owner where acceptOwnerToken:
+        func administrator() -> ClientIdentity {
             guard let override else { return .administrator(override: nil) }
             guard let auth = overrideAuth(override) else {
                 return .refused("auth_variable_override must be a JSON object or null")
             }
             return .administrator(override: auth)
+        }
+        switch authorization {
+        case .owner where acceptOwnerToken:
+            return administrator()
         case .none:
             return .client(.signedOut)
         case .owner, .other:
             let token: String
             if case .other(let t) = authorization { token = t } else { token = "owner" }
             if developmentTokens, let json = unsignedTokenAuth(token) { return .client(.user(json: json)) }
+            if let verify, case .other = authorization {
+                let verified = verify(token)
+                if case .administrator = verified { return administrator() }
+                return verified
+            }
             return developmentTokens ? .client(.signedOut) : .refused("Unauthorized request.")
         }
     }
@@ -88,35 +100,10 @@ public enum Access {
     }
 
     /// Base64url without padding (and tolerant of it), as JWTs use; nil on any other character.
-    public static func base64URLDecode(_ text: Substring) -> [UInt8]? { base64URLDecode(bytes: text.utf8) }
+    public static func base64URLDecode(_ text: Substring) -> [UInt8]? { Base64.decode(text.utf8) }
 
     /// The same, over bytes.
-    public static func base64URLDecode(bytes text: some Collection<UInt8>) -> [UInt8]? {
-        var out: [UInt8] = []
-        out.reserveCapacity(text.count * 3 / 4)
-        var buffer: UInt32 = 0
-        var bits = 0
-        for c in text {
-            let v: UInt32
-            switch c {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"): v = UInt32(c - UInt8(ascii: "A"))
-            case UInt8(ascii: "a")...UInt8(ascii: "z"): v = UInt32(c - UInt8(ascii: "a")) + 26
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = UInt32(c - UInt8(ascii: "0")) + 52
-            case UInt8(ascii: "-"), UInt8(ascii: "+"): v = 62
-            case UInt8(ascii: "_"), UInt8(ascii: "/"): v = 63
-            case UInt8(ascii: "="): continue
-            default: return nil
-            }
-            buffer = (buffer << 6) | v
-            bits += 6
-            if bits >= 8 {
-                bits -= 8
-                out.append(UInt8(truncatingIfNeeded: buffer >> UInt32(bits)))
-                buffer &= (1 << UInt32(bits)) - 1
-            }
-        }
-        return out
-    }
+    public static func base64URLDecode(bytes text: some Collection<UInt8>) -> [UInt8]? { Base64.decode(text) }
 
     /// The `auth` variable of a decision.
     public static func authValue(_ auth: ClientAuth) -> JSONValue? {

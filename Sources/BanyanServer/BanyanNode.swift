@@ -1,3 +1,4 @@
+import BanyanAuth
 import BanyanRaft
 import Foundation
 public import Logging
@@ -49,6 +50,12 @@ public final class BanyanNode: Sendable {
         self.config = config
         let registry = Self.registry()
         let adminToken = try config.loadAdminToken()
+        let verifier = try config.loadTokenVerifier()
+        if let verifier {
+            logger.notice(
+                "verifying client tokens",
+                metadata: ["id_token_keys": "\(verifier.keyIDs.joined(separator: ","))", "database_secrets": "\(verifier.acceptsSecrets)"])
+        }
         let tls = try Self.tlsConfigurations(config, logger: logger)
         let threads = config.threads ?? NodeConfig.defaultThreads(cores: System.coreCount)
         network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
@@ -71,7 +78,7 @@ public final class BanyanNode: Sendable {
         peerAddress = peerBound.map { "\($0.ipAddress ?? config.peerAddress.host):\($0.port ?? config.peerAddress.port)" } ?? config.peerAddress.description
         logger.notice("peer transport listening (mutual TLS)", metadata: ["address": "\(peerAddress)", "node": "\(config.nodeID)"])
         runtime.start(transport: transport)
-        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken)
+        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier)
         let clientBound = try http.start(group: network)
         clientAddress = clientBound.map { "\($0.ipAddress ?? config.clientAddress.host):\($0.port ?? config.clientAddress.port)" } ?? config.clientAddress.description
         logger.notice(

@@ -48,6 +48,7 @@ public struct NodeConfig: Sendable, Equatable {
     public var raft = RaftTuning()
     public var http = HTTPLimits()
     public var development = DevelopmentSettings()
+    public var auth = AuthSettings()
     /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
     public var defaultNamespace: String = "default"
     public var logLevel: String = "info"
@@ -121,6 +122,36 @@ public struct NodeConfig: Sendable, Equatable {
         /// again later); the SDKs reconnect and send again.
         public var maxAssemblingBytes: Int = 256 << 20
         public init() {}
+    }
+
+    /// Verified credentials (docs/security.md): ID tokens checked against public keys, Firebase
+    /// 2.x custom tokens and database secrets. Nothing is verified while no file is set.
+    public struct AuthSettings: Sendable, Equatable {
+        /// A Firebase project id: the issuer `https://securetoken.google.com/<id>` and the
+        /// audience `<id>` unless `issuer` / `audience` say otherwise.
+        public var projectID: String?
+        /// The `iss` ID tokens must carry.
+        public var issuer: String?
+        /// The `aud` ID tokens must carry.
+        public var audience: String?
+        /// ID-token public keys as a JWKS (`{"keys": [{"kty": "RSA", "kid", "n", "e"}]}`).
+        public var jwksFile: String?
+        /// ID-token public keys in Google's format: a JSON object from `kid` to a PEM
+        /// certificate or public key.
+        public var x509File: String?
+        /// Database secrets, one a line: they sign custom tokens and are administrator
+        /// credentials themselves. Several lines: all are accepted (rotation).
+        public var databaseSecretsFile: String?
+        /// How far `exp`, `iat` and `nbf` may be off the node's clock.
+        public var clockSkewSeconds: Int = 300
+        public init() {}
+
+        /// Whether any credential is verified.
+        public var isConfigured: Bool { jwksFile != nil || x509File != nil || databaseSecretsFile != nil }
+        /// The issuer ID tokens must name: `issuer`, else the project's.
+        public var effectiveIssuer: String? { issuer ?? projectID.map { "https://securetoken.google.com/" + $0 } }
+        /// The audience ID tokens must name: `audience`, else the project id.
+        public var effectiveAudience: String? { audience ?? projectID }
     }
 
     public struct DevelopmentSettings: Sendable, Equatable {
@@ -292,6 +323,19 @@ extension NodeConfig {
                     default: throw ConfigError("\(source): unknown key http.\(k)")
                     }
                 }
+            case "auth":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "project_id": c.auth.projectID = try r.string(v, "auth.\(k)")
+                    case "issuer": c.auth.issuer = try r.string(v, "auth.\(k)")
+                    case "audience": c.auth.audience = try r.string(v, "auth.\(k)")
+                    case "jwks_file": c.auth.jwksFile = try r.string(v, "auth.\(k)")
+                    case "x509_file": c.auth.x509File = try r.string(v, "auth.\(k)")
+                    case "database_secrets_file": c.auth.databaseSecretsFile = try r.string(v, "auth.\(k)")
+                    case "clock_skew_seconds": c.auth.clockSkewSeconds = try r.int(v, "auth.\(k)", 0...3_600)
+                    default: throw ConfigError("\(source): unknown key auth.\(k)")
+                    }
+                }
             case "development":
                 for (k, v) in try r.map(value, key) {
                     switch k {
@@ -323,6 +367,12 @@ extension NodeConfig {
         }
         if join && newCluster { throw ConfigError("--new-cluster and join exclude each other") }
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
+        if auth.jwksFile != nil || auth.x509File != nil, auth.effectiveIssuer == nil || auth.effectiveAudience == nil {
+            throw ConfigError("auth: ID token keys (jwks_file, x509_file) need auth.project_id, or auth.issuer and auth.audience")
+        }
+        if !auth.isConfigured, auth.projectID != nil || auth.issuer != nil || auth.audience != nil {
+            throw ConfigError("auth: set jwks_file or x509_file (ID tokens) or database_secrets_file (custom tokens): nothing is verified without them")
+        }
         guard RESTRequest.isValidNamespace(defaultNamespace) else {
             throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")
         }

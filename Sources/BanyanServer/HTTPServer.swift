@@ -1,4 +1,5 @@
 import BanyanBasics
+import BanyanAuth
 import BanyanListen
 import BanyanRaft
 import BanyanNode
@@ -75,10 +76,17 @@ final class HTTPServer: Sendable {
     /// The operator token (`admin_token_file`), if one is configured.
     let adminToken: String?
 
-    init(runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil) {
+    /// Who presented credentials name: development settings and verified tokens.
+    let credentials: Credentials
+
+    init(
+        runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
+        verifier: TokenVerifier? = nil
+    ) {
         self.runtime = runtime
         self.config = config
         self.adminToken = adminToken
+        self.credentials = Credentials(development: config.development, verifier: verifier)
         self.logger = logger
         self.registry = registry
         self.assembling = AssemblyBudget(limit: config.http.maxAssemblingBytes)
@@ -971,9 +979,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     /// Who a request's credentials name (docs/rules.md, "Enforcement").
     private func identity(_ authorization: RESTRequest.Authorization, override: String?) -> ClientIdentity {
-        Access.identity(
-            authorization, override: override, acceptOwnerToken: server.config.development.acceptOwnerToken,
-            developmentTokens: server.config.development.allowUnauthenticated)
+        server.credentials.identity(authorization, override: override, now: NodeRuntime.wallClock())
     }
 
     /// The rules in force for `namespace` (nil: none; the development settings decide).
@@ -1155,7 +1161,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
         let hub = server.hub(for: context.eventLoop)
         let state = StreamState(request: request, channel: channel, chunked: chunked, hub: hub, owner: server.newStreamOwner())
-        let identity = identity(request.authorization, override: request.authOverride)
+        let (identity, validUntil) = server.credentials.identityAndExpiry(
+            request.authorization, override: request.authOverride, now: NodeRuntime.wallClock())
         state.judge = { [weak self] tree in self?.readDenied(identity, request, tree: tree) ?? true }
         streaming = state
         streamClient = client
@@ -1173,6 +1180,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             bound.value.send(SSEStream.keepAlive(), flush: true)
         })
         state.start(stale: stale)
+        if let validUntil { state.expire(at: validUntil, on: context.eventLoop) }
     }
 }
 
@@ -1213,6 +1221,25 @@ final class StreamState {
     func setKeepAlive(_ task: RepeatedTask) {
         if closed { return task.cancel() }
         keepAlive = task
+    }
+
+    /// The end of a stream opened with a verified token, when the token expires.
+    private var expiry: Scheduled<Void>?
+
+    /// Ends the stream with Firebase's `auth_revoked` event once `validUntil` (milliseconds
+    /// since the epoch) passes; a far expiry is checked again at least hourly.
+    func expire(at validUntil: Int64, on loop: any EventLoop) {
+        guard !closed else { return }
+        let delay = max(0, min(validUntil - NodeRuntime.wallClock(), 3_600_000))
+        let bound = NIOLoopBound(self, eventLoop: loop)
+        expiry = loop.scheduleTask(in: .milliseconds(delay)) {
+            let state = bound.value
+            guard !state.closed else { return }
+            if NodeRuntime.wallClock() < validUntil { return state.expire(at: validUntil, on: loop) }
+            state.send(SSEStream.authRevoked(), flush: true)
+            state.close()
+            state.finish()
+        }
     }
 
     /// Registers the stream's listen: the first event once it started (after a ReadIndex round,
@@ -1291,6 +1318,8 @@ final class StreamState {
         closed = true
         keepAlive?.cancel()
         keepAlive = nil
+        expiry?.cancel()
+        expiry = nil
         if let id = listenID { hub.unlisten(id) }
         listenID = nil
         hub.detach(owner: owner)

@@ -1,3 +1,4 @@
+import BanyanAuth
 import BanyanListen
 import BanyanNode
 import BanyanQuery
@@ -38,11 +39,11 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     private var finished = false
     private var closing = false
     private var keepAlive: RepeatedTask?
-    /// Credentials: the emulator's `owner` (administrator), or an unsigned emulator token.
-    private var admin = false
-    private var claims: JSONValue?
-    /// The `auth` the rules see for a signed-in user (`{"uid", "provider", "token"}`).
-    private var userAuth: [UInt8]?
+    /// Who the connection's credentials (`auth`, `gauth`) name: signed out until then, after
+    /// `unauth`, after a refused credential and once a verified token expires.
+    private var client: ClientIdentity = .client(.signedOut)
+    /// The sign-out due when a verified token's `exp` (plus the clock skew) passes (`ac`).
+    private var expiry: Scheduled<Void>?
     /// Started listens and what they read: judged again when the rules or credentials change.
     private var startedListens: [SessionCore.ListenID: (path: Path, params: QueryParams?)] = [:]
     private var dirty = false
@@ -76,13 +77,6 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     private var namespace: String { upgrade.namespace }
     private var runtime: NodeRuntime { server.runtime }
     private var owner: UInt64 { identity.connection }
-
-    /// Who the connection's credentials name (docs/rules.md, "Enforcement"): as for REST.
-    private var client: ClientIdentity {
-        if admin { return .administrator(override: nil) }
-        if let userAuth { return .client(.user(json: userAuth)) }
-        return .client(.signedOut)
-    }
 
     private var rules: Rules? { runtime.rulesInForce.withLock { $0[namespace] } }
 
@@ -231,6 +225,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         assembly.releaseAll()
         keepAlive?.cancel()
         keepAlive = nil
+        expiry?.cancel()
+        expiry = nil
         _ = core.ended()
         for id in hubIDs.values { hub.unlisten(id) }
         hubIDs = [:]
@@ -341,9 +337,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
             case let .write(request, write): self.write(request, write)
             case let .authenticate(request, credential, _): authenticate(request, credential)
             case .unauthenticate:
-                userAuth = nil
-                admin = false
-                claims = nil
+                signIn(.client(.signedOut), until: nil)
                 rejudgeListens()
             case .stats: break
             case .pauseReading:
@@ -519,33 +513,59 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         }
     }
 
-    /// Credentials under the development settings (until access rules land): the emulator's
-    /// `owner` is the administrator when `accept_owner_token` is on; an unsigned emulator token
-    /// (`mockUserToken`: `alg` `none`, empty signature) names its user; a signed token cannot be
-    /// verified yet and is refused as `invalid_token`.
+    /// `auth` / `gauth` (docs/security.md): the emulator's `owner`, an unsigned emulator token
+    /// (while unauthenticated access is allowed) or a verified token signs the connection in
+    /// (`ok` with `{"auth", "expires"}`); anything else is refused (`invalid_token`, or
+    /// `expired_token`, with the reason) and leaves it signed out. An administrator's `authvar`
+    /// names the client its requests are judged as (`noauth`: signed out), as on REST.
+    /// Listens are judged again under the new identity.
     private func authenticate(_ request: Int64, _ credential: Credential) {
-        if credential.token == "owner" {
-            guard server.config.development.acceptOwnerToken else {
-                return perform(core.answer(request: request, status: "invalid_token", data: JSONValue.string("The owner token is not accepted by this server.").bytes))
+        switch server.credentials.session(credential.token, now: NodeRuntime.wallClock()) {
+        case .signedIn(var identity, let answer, let validUntil):
+            if case .administrator = identity {
+                if credential.noAuth {
+                    identity = .administrator(override: .signedOut)
+                } else if let variable = credential.authVariable, case .object = variable {
+                    identity = .administrator(override: .user(json: Array(variable.jsonString.utf8)))
+                }
             }
-            admin = true
-            claims = nil
-            userAuth = nil
-            return perform(core.answer(request: request, status: "ok", data: Array(#"{"auth":null,"expires":null}"#.utf8)))
+            signIn(identity, until: validUntil)
+            perform(core.answer(request: request, status: "ok", data: answer.bytes))
+        case .refused(let status, let reason):
+            signIn(.client(.signedOut), until: nil)
+            perform(core.answer(request: request, status: status, data: JSONValue.string(reason).bytes))
         }
-        guard let decoded = Self.unsignedClaims(credential.token) else {
-            return perform(
-                core.answer(
-                    request: request, status: "invalid_token",
-                    data: JSONValue.string("Only the emulator's owner and unsigned tokens are accepted until access rules are configured.").bytes))
-        }
-        admin = false
-        claims = decoded
-        userAuth = Access.unsignedTokenAuth(credential.token)
-        defer { rejudgeListens() }
-        var expires: JSONValue = .null
-        if case .object(let members) = decoded, let exp = members.first(where: { $0.0 == "exp" })?.1 { expires = exp }
-        perform(core.answer(request: request, status: "ok", data: JSONValue.object([("auth", decoded), ("expires", expires)]).bytes))
+        rejudgeListens()
+    }
+
+    /// Makes `identity` the connection's, until `validUntil` (milliseconds since the epoch) if
+    /// given.
+    private func signIn(_ identity: ClientIdentity, until validUntil: Int64?) {
+        expiry?.cancel()
+        expiry = nil
+        client = identity
+        if let validUntil { scheduleExpiry(at: validUntil) }
+    }
+
+    /// Schedules the check of `validUntil`; a far expiry is checked again at least hourly, so
+    /// the wait never overflows and follows the wall clock.
+    private func scheduleExpiry(at validUntil: Int64) {
+        guard let context else { return }
+        let delay = max(0, min(validUntil - NodeRuntime.wallClock(), 3_600_000))
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        expiry = context.eventLoop.scheduleTask(in: .milliseconds(delay)) { bound.value.expiryDue(validUntil) }
+    }
+
+    /// The token's time ran out: the `ac` push (`expired_token`; the SDKs fetch a fresh token
+    /// and authenticate again), then the connection is signed out and its listens judged again.
+    private func expiryDue(_ validUntil: Int64) {
+        guard !finished else { return }
+        if NodeRuntime.wallClock() < validUntil { return scheduleExpiry(at: validUntil) }
+        expiry = nil
+        client = .client(.signedOut)
+        send(ServerMessage.authRevoked(status: "expired_token", reason: TokenError.expired.reason))
+        rejudgeListens()
+        flush()
     }
 
     /// The claims of an unsigned JWT (`{"alg":"none"}`, empty signature), or nil.

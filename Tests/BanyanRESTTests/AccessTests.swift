@@ -56,6 +56,32 @@ import Testing
         }
     }
 
+    @Test("with a verifier: other tokens are its to decide; an administrator it names takes auth_variable_override; unsigned tokens stay development-only")
+    func verifiedIdentities() {
+        let user = ClientIdentity.client(.user(json: Array(#"{"uid":"v"}"#.utf8)))
+        let verify: (String) -> ClientIdentity = { token in
+            switch token {
+            case "user-token": return user
+            case "secret": return .administrator(override: nil)
+            default: return .refused("Auth token signature is invalid.")
+            }
+        }
+        func identity(_ token: String, override: String? = nil, development: Bool = false) -> ClientIdentity {
+            Access.identity(.other(token), override: override, acceptOwnerToken: true, developmentTokens: development, verify: verify)
+        }
+        #expect(identity("user-token") == user)
+        #expect(identity("user-token", override: "null") == user)
+        #expect(identity("secret") == .administrator(override: nil))
+        #expect(identity("secret", override: "null") == .administrator(override: .signedOut))
+        #expect(identity("forged") == .refused("Auth token signature is invalid."))
+        // Refused even while unauthenticated access is allowed: a configured verifier decides.
+        #expect(identity("forged", development: true) == .refused("Auth token signature is invalid."))
+        let mock = Self.token(#"{"sub":"m"}"#)
+        if case .client(.user) = identity(mock, development: true) {} else { Issue.record("a mock token did not name its user in development") }
+        #expect(identity(mock) == .refused("Auth token signature is invalid."))
+        #expect(Access.identity(.owner, override: nil, acceptOwnerToken: true, developmentTokens: false, verify: verify) == .administrator(override: nil))
+    }
+
     @Test("reads: without rules the development settings decide; with rules the decision is the rules'; writes wait for the log when rules exist")
     func decisions() throws {
         let rules = try Rules.parse(#"{"rules": {"open": {".read": true}, "q": {".read": "query.orderByChild == 'owner' && query.limitToFirst <= 10"}}}"#)
