@@ -44,6 +44,16 @@ public struct Rules: Sendable {
         )
         return Rules(root: node, limits: .standard, text: "{\"rules\": {\".read\": true, \".write\": true}}")
     }()
+
+    /// Rules that allow nothing: what a stored rules text that no longer parses stands for, so a
+    /// namespace never falls open (docs/rules.md).
+    public static let denyAll: Rules = {
+        let node = RuleNode(
+            read: Rule(kind: .read, location: "/", line: 1, column: 1, body: .constant(false)),
+            write: Rule(kind: .write, location: "/", line: 1, column: 1, body: .constant(false))
+        )
+        return Rules(root: node, limits: .standard, text: "{\"rules\": {\".read\": false, \".write\": false}}")
+    }()
 }
 
 /// Names one rule for people: its location pattern and kind, as `/users/$uid/.write`.

@@ -525,7 +525,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
             if case .administrator = identity {
                 if credential.noAuth {
                     identity = .administrator(override: .signedOut)
-                } else if let variable = credential.authVariable, case .object = variable {
+                } else if let variable = credential.authVariable {
+                    // As on REST: anything but an object is refused, never ignored (ignoring it
+                    // would leave an administrator that meant to be judged unjudged).
+                    guard case .object = variable else {
+                        signIn(.client(.signedOut), until: nil)
+                        perform(core.answer(request: request, status: "invalid_token", data: JSONValue.string("authvar must be a JSON object").bytes))
+                        return rejudgeListens()
+                    }
                     identity = .administrator(override: .user(json: Array(variable.jsonString.utf8)))
                 }
             }

@@ -182,13 +182,16 @@ public struct StateMachine: Sendable {
     /// `forget-rules-on-load` only: a machine that forgets them judges nothing.
     public mutating func forgetRules() { rules = [:] }
 
-    /// The rules texts of the rules namespace, parsed. A text that no longer parses (a newer
-    /// version's syntax in an older binary) leaves its namespace without rules here, as a
-    /// setRules that failed to parse would never have stored it.
+    /// The rules texts of the rules namespace, parsed. A stored text that no longer parses (a
+    /// newer version's syntax loaded by an older binary) stands for rules that allow nothing:
+    /// the namespace fails closed, never open, and every node that cannot read it decides alike.
     static func parsedRules(_ tree: Tree) -> [String: Rules] {
         var out: [String: Rules] = [:]
         for (key, node) in tree.children.elements() {
-            guard case .string(let text)? = node.leaf, let parsed = try? Rules.parse(text) else { continue }
+            guard case .string(let text)? = node.leaf, let parsed = try? Rules.parse(text) else {
+                out[key.string] = Rules.denyAll
+                continue
+            }
             out[key.string] = parsed
         }
         return out
@@ -250,8 +253,16 @@ public struct StateMachine: Sendable {
             let judge = judgement(for: envelope)
             outcome = try execute(envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value, judge: judge)
         } catch {
-            outcome = .rejected(error)
+            // A client the rules would not let write here learns nothing from why the write is
+            // invalid (some reasons depend on the data): judged with the tree unchanged, a refusal
+            // is the answer.
+            outcome = refusedBeforeInvalid(envelope, tree: tree) ?? .rejected(error)
             written = []
+            value = nil
+        }
+        if envelope.auth != nil, rules[envelope.namespace] != nil, case .update = envelope.command {
+            // A PATCH's ETag would hash the location's whole node, parts of which the client
+            // may not read: judged clients get none.
             value = nil
         }
         if !tree.isEmpty { namespaces[envelope.namespace] = tree }
@@ -275,6 +286,19 @@ public struct StateMachine: Sendable {
             authCache[json] = value
             return (rules, RulesRequestContext(auth: value, time: lastTimestamp))
         }
+    }
+
+    /// For a judged write that turned out invalid: `permissionDenied` when the rules do not grant
+    /// it a write at its location (judged with the tree as it is), else nil.
+    private mutating func refusedBeforeInvalid(_ envelope: CommandEnvelope, tree: Tree) -> Outcome? {
+        guard let judge = judgement(for: envelope) else { return nil }
+        let pathText: String
+        switch envelope.command {
+        case .set(let p, _), .update(let p, _), .compareAndSet(let p, _, _): pathText = p
+        default: return nil
+        }
+        guard let location = (try? WritePath(parsing: pathText))?.path else { return nil }
+        return Self.verdict(judge) { $0.decideWrite(targets: [location], context: $1, current: tree, proposed: tree) }
     }
 
     /// `setRules`: administrators only; the text must parse (the proposer checked it, but the

@@ -109,6 +109,24 @@ import Testing
         #expect(apply(.onDisconnectSet(path: "/users/alice/name", json: Array(#""gone""#.utf8), secret: 1), auth: alice)?.outcome == .ok)
     }
 
+    @Test("review fixes: stored rules that do not parse fail closed; an invalid write by a client without a grant is denied, not explained; judged PATCHes carry no node")
+    mutating func failClosed() throws {
+        let stored = Tree(sortedChildren: [(ChildKey(unchecked: "app"), Tree(.string("{ not rules"))), (ChildKey(unchecked: "b"), Tree(.string(Self.rules)))])
+        var loaded = StateMachine(namespaces: [StateMachine.rulesNamespace: stored])
+        #expect(loaded.rules["app"]?.text == Rules.denyAll.text && loaded.rules["b"]?.text == Self.rules)
+        let payload = CommandEnvelope(namespace: "app", session: 1, seq: 1, timestamp: 1, command: .set(path: "/x", json: Array("1".utf8)), auth: .signedOut).encoded()
+        if case .permissionDenied? = loaded.apply(payload, index: 1)?.outcome {} else { Issue.record("an unreadable rules text let a write through") }
+
+        _ = apply(.setRules(text: Array(Self.rules.utf8)), auth: nil)
+        // Overlapping update paths are invalid: bob, who may not write there, is only told no.
+        let overlapping: Command = .update(path: "/users/alice", entries: [.init(path: "name", json: Array(#""A""#.utf8)), .init(path: "name/x", json: Array("1".utf8))])
+        if case .permissionDenied? = apply(overlapping, auth: Self.user("bob"))?.outcome {} else { Issue.record("an invalid write explained to a client without a grant") }
+        if case .rejected? = apply(overlapping, auth: Self.user("alice"))?.outcome {} else { Issue.record("the owner did not get the reason") }
+        #expect(apply(.set(path: "/users/alice", json: Array(#"{"name":"A"}"#.utf8)), auth: Self.user("alice"))?.outcome == .ok)
+        let patch = apply(.update(path: "/users/alice", entries: [.init(path: "age", json: Array("3".utf8))]), auth: Self.user("alice"))
+        #expect(patch?.outcome == .ok && patch?.value == nil)
+    }
+
     @Test("the rules travel in the image: a machine loaded from it judges the same way")
     mutating func image() throws {
         _ = apply(.setRules(text: Array(Self.rules.utf8)), auth: nil)
