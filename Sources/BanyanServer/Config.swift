@@ -155,7 +155,8 @@ public struct NodeConfig: Sendable, Equatable {
     }
 
     public struct DevelopmentSettings: Sendable, Equatable {
-        /// Until security rules land: accept requests without credentials.
+        /// Namespaces without security rules accept requests without credentials (loopback
+        /// nodes only: `checkSafeDefaults`).
         public var allowUnauthenticated: Bool = true
         /// Accept `Authorization: Bearer owner` (and `auth=owner`) as the administrator, as the
         /// Firebase emulator does.
