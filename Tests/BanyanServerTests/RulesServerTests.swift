@@ -127,6 +127,40 @@ extension RealtimeServerTests {
     }
 }
 
+extension RulesServerTests {
+    @Test("an event stream the new rules no longer allow is cancelled; a refused compare-and-set is 401, not 412 with the data; a namespace without rules shows its development behaviour as rules")
+    func streamsConditionalWritesAndDefaults() async throws {
+        let dir = try temporaryDirectory("rules-streams")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let node = try BanyanNode.start(config: singleNodeConfig(dir), logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/users/alice.json?auth=owner", body: #"{"name":"A"}"#))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        // Without rules: the development behaviour, written as rules.
+        let shown = try httpExchange(port: port, "GET", "/.settings/rules.json?auth=owner")
+        #expect(shown.status == 200 && shown.body.contains(#"".read": true"#) && shown.body.contains(#"".write": true"#), "\(shown.body)")
+        // A stream opened while anyone may read...
+        let stream = try RequestDeadlineTests.Raw(port: port)
+        stream.send("GET /users/alice.json HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        #expect(stream.receive(until: "event: put", seconds: 10).text.contains("event: put"))
+        // ...is cancelled when the rules stop allowing it.
+        #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: Self.rules).status == 200)
+        let after = stream.receive(until: "event: cancel", seconds: 10)
+        #expect(after.text.contains("event: cancel"), "\(after.text)")
+        // A conditional write by a client the rules refuse: 401, and the current value is not sent.
+        let etag = try RequestDeadlineTests.Raw(port: port)
+        etag.send("GET /users/alice.json?auth=owner HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Firebase-ETag: true\r\nConnection: close\r\n\r\n")
+        let tagLine = etag.receive(until: "", seconds: 10).text.split(separator: "\r\n").first { $0.lowercased().hasPrefix("etag:") }
+        let tag = try #require(tagLine.map { String($0.dropFirst(5)).trimmingCharacters(in: .whitespaces) })
+        let conditional = try RequestDeadlineTests.Raw(port: port)
+        let body = #"{"name":"M"}"#
+        conditional.send("PUT /users/alice.json?auth=\(Self.mockToken("bob")) HTTP/1.1\r\nHost: 127.0.0.1\r\nif-match: \(tag)\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+        let answer = conditional.receive(until: "", seconds: 10).text
+        #expect(answer.hasPrefix("HTTP/1.1 401") && !answer.contains(#""A""#), "\(answer)")
+    }
+}
+
 /// Safe defaults (issue 16, docs/security.md): development conveniences stay on loopback, data
 /// files are the node's alone, CORS is configured, operator POSTs must be JSON.
 @Suite struct SafeDefaultsTests {
@@ -204,6 +238,8 @@ extension RealtimeServerTests {
             let connection = try RequestDeadlineTests.Raw(port: port)
             connection.send("GET /a.json HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: \(origin)\r\nConnection: close\r\n\r\n")
             let text = connection.receive(until: "", seconds: 10).text
+            // A listed origin is echoed, so caches must key on it.
+            if text.lowercased().contains("access-control-allow-origin: \(origin)") { #expect(text.contains("Vary: Origin")) }
             return text.split(separator: "\r\n").first { $0.lowercased().hasPrefix("access-control-allow-origin:") }.map { String($0.dropFirst(29)).trimmingCharacters(in: .whitespaces) }
         }
         #expect(try originHeader("https://app.example.com") == "https://app.example.com")
