@@ -99,9 +99,11 @@ func httpExchange(port: Int, _ method: String, _ path: String, body: String = ""
         try runtime.loop.submit {}.wait()
         try runtime.loop.submit {}.wait()
         #expect(try runtime.status().wait().lastIndex == beforeFirstHeld, "proposed before the interval ended")
+        // It was held (not proposed in two passes, above) and then went: no wall-clock bound on
+        // how long, since the waits for the wave can use up most of the interval on a loaded
+        // machine (CI once measured the rest at 26 ms).
         let held = await outcome(heldWrite)
         #expect(held.ok)
-        #expect(held.seconds >= 0.1, "held \(held.seconds) s")
         // Its round carried one entry: the following write is proposed in the very next pass
         // (two hops of the replica loop: the hand-over, then the pass it schedules), not held.
         let before = try runtime.status().wait().lastIndex
