@@ -77,18 +77,25 @@ public enum Access {
         }
     }
 
-    /// The `auth` object of an unsigned emulator-style token: `{"uid", "provider", "token"}`
-    /// from its claims (`sub` or `user_id` is the uid; `firebase.sign_in_provider` the provider).
-    /// Nil when the token is not a JWT whose header says `"alg": "none"`.
-    public static func unsignedTokenAuth(_ token: String) -> [UInt8]? {
-        // Split on the bytes (a String split walks grapheme clusters: this runs per request).
+    /// The claims of an unsigned emulator-style token (a JWT whose header says `"alg": "none"`
+    /// and whose signature is empty, as the SDKs' `mockUserToken` makes), or nil. Bounded by
+    /// the token's size (at most 16 KiB); split on bytes, since this runs per request.
+    public static func unsignedClaims(_ token: String) -> JSONValue? {
         let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0].count <= 1024, parts[1].count <= 16 << 10,
+        guard token.utf8.count <= 16 << 10, parts.count == 3, parts[2].isEmpty,
             let header = base64URLDecode(bytes: parts[0]), let payload = base64URLDecode(bytes: parts[1]),
             case .object(let h)? = try? JSONValue(parsing: header),
             h.first(where: { $0.0 == "alg" })?.1 == .string("none"),
-            case .object(let claims)? = try? JSONValue(parsing: payload)
+            let claims = try? JSONValue(parsing: payload), case .object = claims
         else { return nil }
+        return claims
+    }
+
+    /// The `auth` object of an unsigned emulator-style token: `{"uid", "provider", "token"}`
+    /// from its claims (`sub` or `user_id` is the uid; `firebase.sign_in_provider` the provider).
+    /// Nil when it is not such a token, or names no user.
+    public static func unsignedTokenAuth(_ token: String) -> [UInt8]? {
+        guard case .object(let claims)? = unsignedClaims(token) else { return nil }
         func claim(_ name: String) -> JSONValue? { claims.first { $0.0 == name }?.1 }
         guard case .string(let uid)? = claim("sub") ?? claim("user_id") ?? claim("uid"), !uid.isEmpty else { return nil }
         var provider = "custom"

@@ -59,7 +59,7 @@ struct Credentials: Sendable {
             guard development.acceptOwnerToken else { return .refused(status: "invalid_token", reason: "The owner token is not accepted by this server.") }
             return .signedIn(.administrator(override: nil), answer: Self.answer(auth: nil, expires: .null), validUntil: nil)
         }
-        if development.allowUnauthenticated, let claims = RealtimeSessionHandler.unsignedClaims(token) {
+        if development.allowUnauthenticated, let claims = Access.unsignedClaims(token) {
             // The emulator ignores the expiry of its unsigned tokens (mockUserToken's is long past);
             // one that names no user signs in as signed out.
             let client = Access.unsignedTokenAuth(token).map { ClientAuth.user(json: $0) } ?? .signedOut

@@ -575,18 +575,6 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         flush()
     }
 
-    /// The claims of an unsigned JWT (`{"alg":"none"}`, empty signature), or nil.
-    static func unsignedClaims(_ token: String) -> JSONValue? {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[2].isEmpty, token.utf8.count <= 16_384,
-            let header = base64URL(parts[0]).flatMap({ try? JSONValue(parsing: $0) }),
-            case .object(let h) = header, h.first(where: { $0.0 == "alg" })?.1 == .string("none"),
-            let body = base64URL(parts[1]).flatMap({ try? JSONValue(parsing: $0) }), case .object = body
-        else { return nil }
-        return body
-    }
-
-    static func base64URL(_ text: Substring) -> [UInt8]? { Access.base64URLDecode(text) }
 }
 
 /// Server frames, encoded once (RFC 6455 §5.2: FIN set, no mask, the length in 7, 16 or 64 bits;
