@@ -62,6 +62,9 @@ public enum NodeAction: Sendable {
     case wake(afterNanoseconds: UInt64)
     /// The pass stopped at its round limit with work left: call `process()` again soon.
     case processAgain
+    /// Read this committed entry ahead, off this thread (`PreparedCommand(payload:)`), then call
+    /// `prepared(index:_:)` on it (docs/replica.md, "Prepared entries").
+    case prepare(index: UInt64, payload: [UInt8])
     /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
     /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
     case fatal(String)
@@ -77,6 +80,9 @@ public final class NodeCore {
         public var roundIntervalNanoseconds: UInt64 = 0
         /// Replication rounds per `process()` pass before it yields (`processAgain`).
         public var roundsPerPass = 64
+        /// A pass also yields once its rounds persisted this many bytes of entries, so ticks and
+        /// peer messages are handled between large rounds (docs/server.md, "Large writes").
+        public var bytesPerPass = 8 << 20
         /// Simulator self-tests only (`Sabotage`).
         public var sabotage: Sabotage = .none
         /// Node leases of realtime connections (docs/realtime.md, "Node leases"): the leader
@@ -276,6 +282,7 @@ public final class NodeCore {
         guard !stopped else { return }
         if replica.raft.role != .leader { pacer.reset() }
         var rounds = 0
+        var persistedBytes = 0
         while rounds < settings.roundsPerPass {
             // Decided afresh before every `ready()`: an fsync longer than the interval ends the
             // hold within this pass.
@@ -304,11 +311,13 @@ public final class NodeCore {
                 return fail("\(error)")
             }
             output(.note(.persisted(nanoseconds: monotonicNanoseconds() &- started)))
+            for entry in rd.entries { persistedBytes += entry.data.count }
             if rd.messages.count > early { output(.send(Array(rd.messages.dropFirst(early)))) }
             for request in rd.snapshotReads { serveSnapshotChunk(request) }
             if let meta = rd.snapshot, installed != nil { output(.note(.snapshotInstalled(meta))) }
             replica.advance(rd, installed: installed)
             handle(replica.takeEvents())
+            if persistedBytes >= settings.bytesPerPass { break }
         }
         output(.processAgain)
     }
@@ -327,6 +336,14 @@ public final class NodeCore {
 
     /// The driver's wake-up for pacing fired (call `process()` next).
     public func woke() { wakePending = false }
+
+    /// The read-ahead of committed entry `index` that `NodeAction.prepare` asked for: the entries
+    /// waiting behind it apply now. Call `process()` afterwards.
+    public func prepared(index: UInt64, _ command: PreparedCommand?) {
+        guard !stopped else { return }
+        replica.prepared(index: index, command)
+        handle(replica.takeEvents())
+    }
 
     private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
         do {
@@ -490,6 +507,8 @@ public final class NodeCore {
                 output(.writeSnapshot(replica.machine, meta))
             case let .roleChanged(role, leader, term):
                 output(.note(.roleChanged(role: role, leader: leader, term: term)))
+            case let .prepare(index, payload):
+                output(.prepare(index: index, payload: payload))
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }

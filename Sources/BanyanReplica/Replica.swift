@@ -52,6 +52,15 @@ public struct ReplicaConfiguration: Sendable {
     /// Payload bytes per proposal (a forwarded proposal is one peer frame, at most 64 MiB; a
     /// single larger write is proposed alone).
     public var maxProposalBytes: Int = 8 << 20
+    /// Payload bytes a leader proposes per `Ready` (at least one write): the rest waits for the
+    /// next one, so one round never carries many large writes (docs/server.md, "Large writes").
+    public var maxReadyBytes: Int = 8 << 20
+    /// Command entries of at least this many bytes are read ahead (`ReplicaEvent.prepare`) before
+    /// they apply, by the driver, off the thread that ticks Raft (docs/replica.md, "Prepared
+    /// entries"). `Int.max`: never.
+    public var prepareThreshold: Int = 128 << 10
+    /// Entries being read ahead at once (beyond the one next to apply, which is always asked for).
+    public var maxPreparing: Int = 4
 
     public init(raft: RaftConfiguration) {
         self.raft = raft
@@ -76,6 +85,9 @@ public enum ReplicaEvent: Sendable {
     /// it (in the background; the machine is a value) and then calls `snapshotWritten(_:)`.
     case snapshotDue(SnapshotMeta)
     case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
+    /// Read this committed entry ahead (`PreparedCommand(payload:)`, on any thread) and hand the
+    /// result to `prepared(index:_:)`: entries from it on wait to apply until then.
+    case prepare(index: UInt64, payload: [UInt8])
 }
 
 /// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
@@ -167,6 +179,19 @@ public struct Replica: Sendable {
 
     private var membershipRequests: [(request: RequestID, index: UInt64, deadline: Int)] = []
     private var snapshotInProgress: UInt64?
+    /// Committed entries Raft handed over that have not applied yet (from `applyHead` on): they
+    /// wait while the next one is a large command being read ahead.
+    private var applyQueue: [LogEntry] = []
+    private var applyHead = 0
+    /// Large entries read ahead (`ReplicaEvent.prepare`), by index: asked for at a tick, or done
+    /// (nil: the payload is not a command envelope, and applies as it is).
+    private enum ReadAhead {
+        case asked(tick: Int)
+        case done(PreparedCommand?)
+    }
+    private var readAhead: [UInt64: ReadAhead] = [:]
+    /// Read-aheads asked for and not done.
+    private var asking = 0
     private var events: [ReplicaEvent] = []
     private var lastRole: RaftRole = .follower
     private var lastLeader: NodeID = 0
@@ -246,6 +271,14 @@ public struct Replica: Sendable {
         }
         // A predecessor that timed out above unblocks the parked writes behind it.
         if parkedCount > 0 { proposeUnparked() }
+        // A read-ahead whose answer never came (a driver that lost it) is asked for again.
+        for (index, state) in readAhead {
+            if case .asked(let tick) = state, ticks - tick >= 10 * configuration.retryTicks {
+                readAhead[index] = nil
+                asking -= 1
+            }
+        }
+        askForPreparation()
         newReads = expireReads(newReads)
         membershipRequests.removeAll { m in
             guard ticks >= m.deadline else { return false }
@@ -455,8 +488,14 @@ public struct Replica: Sendable {
         var batch: [WriteKey] = []
         var payloads: [[UInt8]] = []
         var bytes = 0
-        for seq in seqs {
+        var readyBytes = 0
+        for (position, seq) in seqs.enumerated() {
             guard let w = writes[seq] else { continue }
+            if readyBytes > 0, readyBytes + w.payload.count > configuration.maxReadyBytes {
+                // The rest goes into the next `Ready`, in the same order.
+                for later in seqs[position...] where writes[later] != nil && queued.insert(later).inserted { toPropose.append(later) }
+                break
+            }
             if leader, w.proposed, waitsOrApplied(seq) {
                 // This leader's log holds a copy already (or it applied): nothing to add.
                 droppedRetries += 1
@@ -474,6 +513,7 @@ public struct Replica: Sendable {
             batch.append(seq)
             payloads.append(leader ? (CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload) : w.payload)
             bytes += w.payload.count
+            readyBytes += w.payload.count
         }
         if !payloads.isEmpty { propose(batch, payloads) }
     }
@@ -545,46 +585,14 @@ public struct Replica: Sendable {
             machine = installed
             events.append(.restoredFromSnapshot(meta))
             settleWritesCoveredBySnapshot()
+            // Entries the snapshot covers are not applied here any more.
+            applyQueue.removeSubrange(applyHead...)
+            applyHead = 0
+            readAhead = [:]
+            asking = 0
         }
-        for entry in rd.committedEntries {
-            switch entry.kind {
-            case .command:
-                guard let applied = machine.apply(entry.data, index: entry.index) else { continue }
-                let key = WriteKey(session: applied.session, seq: applied.seq)
-                if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }
-                if applied.outcome == .outOfOrder {
-                    // Nothing changed; this node's own write waits for its predecessor.
-                    if var w = writes[key], !w.parked {
-                        w.parked = true
-                        writes[key] = w
-                        parkedCount += 1
-                    }
-                    continue
-                }
-                var request: RequestID?
-                if let w = writes.removeValue(forKey: key) {
-                    if w.parked { parkedCount -= 1 }
-                    if applied.outcome == .duplicate {
-                        // Applied earlier (its outcome arrived in a snapshot): the outcome is
-                        // not known here, so it must not be reported as a success.
-                        events.append(.failed(w.request, .timedOut(write: true)))
-                        continue
-                    }
-                    request = w.request
-                }
-                let tree = treesFor.map { $0.contains(applied.namespace) } ?? true ? machine.tree(applied.namespace) : .empty
-                events.append(.applied(applied, tree: tree, request: request))
-            case .noop:
-                machine.skip(index: entry.index)
-            case .config(let membership):
-                machine.skip(index: entry.index)
-                membershipRequests.removeAll { m in
-                    guard m.index == entry.index else { return false }
-                    events.append(.membershipChanged(m.request, membership))
-                    return true
-                }
-            }
-        }
+        applyQueue.append(contentsOf: rd.committedEntries)
+        applyQueued()
         for state in rd.readStates {
             reads[state.context]?.index = state.index
         }
@@ -600,6 +608,105 @@ public struct Replica: Sendable {
         if parkedCount > 0 { proposeUnparked() }
         answerReads()
         considerSnapshot()
+    }
+
+    /// The read-ahead of committed entry `index` (`ReplicaEvent.prepare`): entries waiting
+    /// behind it apply now. An answer nobody waits for (the entry applied meanwhile from a
+    /// snapshot, or it was asked for by an earlier life of this replica) is dropped.
+    public mutating func prepared(index: UInt64, _ command: PreparedCommand?) {
+        guard case .asked? = readAhead[index] else { return }
+        readAhead[index] = .done(command)
+        asking -= 1
+        applyQueued()
+        if parkedCount > 0 { proposeUnparked() }
+        answerReads()
+        considerSnapshot()
+    }
+
+    /// Applies queued committed entries in order, up to the first large command whose read-ahead
+    /// has not come back, and asks for the read-ahead of the next large ones.
+    private mutating func applyQueued() {
+        while applyHead < applyQueue.count {
+            let entry = applyQueue[applyHead]
+            var prepared: PreparedCommand?
+            if needsPreparation(entry) {
+                guard case .done(let command)? = readAhead[entry.index] else { break }
+                readAhead[entry.index] = nil
+                prepared = command
+            }
+            applyHead += 1
+            apply(entry, prepared: prepared)
+        }
+        if applyHead == applyQueue.count {
+            applyQueue.removeAll(keepingCapacity: applyQueue.count < 1_024)
+            applyHead = 0
+        } else if applyHead >= 1_024 {
+            applyQueue.removeSubrange(..<applyHead)
+            applyHead = 0
+        }
+        askForPreparation()
+    }
+
+    /// Whether `entry` is a command large enough to be read ahead, and not applied yet.
+    private func needsPreparation(_ entry: LogEntry) -> Bool {
+        guard case .command = entry.kind else { return false }
+        return entry.data.count >= configuration.prepareThreshold && entry.index > machine.appliedIndex
+    }
+
+    /// Asks for the read-ahead of the next large queued entries: always the one next to apply,
+    /// and up to `maxPreparing` in all.
+    private mutating func askForPreparation() {
+        var position = applyHead
+        // Bounded scan: entries far behind are asked for once those before them applied.
+        let end = min(applyQueue.count, applyHead + 4_096)
+        while position < end, asking < max(1, configuration.maxPreparing) || position == applyHead {
+            let entry = applyQueue[position]
+            position += 1
+            guard needsPreparation(entry), readAhead[entry.index] == nil else { continue }
+            readAhead[entry.index] = .asked(tick: ticks)
+            asking += 1
+            events.append(.prepare(index: entry.index, payload: entry.data))
+        }
+    }
+
+    private mutating func apply(_ entry: LogEntry, prepared: PreparedCommand?) {
+        switch entry.kind {
+        case .command:
+            guard let applied = machine.apply(entry.data, index: entry.index, prepared: prepared) else { return }
+            let key = WriteKey(session: applied.session, seq: applied.seq)
+            if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }
+            if applied.outcome == .outOfOrder {
+                // Nothing changed; this node's own write waits for its predecessor.
+                if var w = writes[key], !w.parked {
+                    w.parked = true
+                    writes[key] = w
+                    parkedCount += 1
+                }
+                return
+            }
+            var request: RequestID?
+            if let w = writes.removeValue(forKey: key) {
+                if w.parked { parkedCount -= 1 }
+                if applied.outcome == .duplicate {
+                    // Applied earlier (its outcome arrived in a snapshot): the outcome is
+                    // not known here, so it must not be reported as a success.
+                    events.append(.failed(w.request, .timedOut(write: true)))
+                    return
+                }
+                request = w.request
+            }
+            let tree = treesFor.map { $0.contains(applied.namespace) } ?? true ? machine.tree(applied.namespace) : .empty
+            events.append(.applied(applied, tree: tree, request: request))
+        case .noop:
+            machine.skip(index: entry.index)
+        case .config(let membership):
+            machine.skip(index: entry.index)
+            membershipRequests.removeAll { m in
+                guard m.index == entry.index else { return false }
+                events.append(.membershipChanged(m.request, membership))
+                return true
+            }
+        }
     }
 
     /// Proposes again each parked write with nothing of its session waiting before it here

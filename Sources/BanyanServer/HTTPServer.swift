@@ -792,8 +792,44 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         }
         let restHead = HTTPHead(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+        let namespace = server.config.defaultNamespace
+        if body.count >= Self.offloadBytes {
+            // Reading and validating a large body takes milliseconds per megabyte: on a worker.
+            offload(context, { RESTRequest.parse(restHead, body: body, defaultNamespace: namespace) }) { context, parsed in
+                self.serveData(context: context, head: head, parsed: parsed, large: true)
+            }
+            return
+        }
+        serveData(context: context, head: head, parsed: RESTRequest.parse(restHead, body: body, defaultNamespace: namespace), large: false)
+    }
+
+    /// Request bodies and answers from this size on are read or rendered on a worker thread
+    /// (docs/server.md, "Large writes"), so the event loop, which with `threads: 1` is the
+    /// replica's, keeps ticking Raft and answering peers meanwhile.
+    static let offloadBytes = 128 << 10
+    /// Answers of trees with at least this many values are rendered on a worker thread.
+    static let offloadValues = 4_096
+
+    /// Runs `work` on a worker thread, then `then` with its result on this connection's loop.
+    private func offload<T: Sendable>(
+        _ context: ChannelHandlerContext, _ work: @escaping @Sendable () -> T, then: @escaping (ChannelHandlerContext, T) -> Void
+    ) {
+        let bound = NIOLoopBound((context, then), eventLoop: context.eventLoop)
+        BulkWorkers.run(on: context.eventLoop, work).whenSuccess { result in bound.value.1(bound.value.0, result) }
+    }
+
+    /// Answers `reply` to a request of the data API, rendering it on a worker when it is large.
+    private func respondRendered(
+        context: ChannelHandlerContext, head: HTTPRequestHead, large: Bool, _ render: @escaping @Sendable () -> RESTResponse
+    ) {
+        guard large else { return respond(context: context, head: head, reply: HTTPReply(render())) }
+        offload(context, render) { context, response in self.respond(context: context, head: head, reply: HTTPReply(response)) }
+    }
+
+    /// The data API once the request is read: `large` when its body was read on a worker.
+    private func serveData(context: ChannelHandlerContext, head: HTTPRequestHead, parsed: Result<RESTRequest, RESTError>, large: Bool) {
         let request: RESTRequest
-        switch RESTRequest.parse(restHead, body: body, defaultNamespace: server.config.defaultNamespace) {
+        switch parsed {
         case .success(let r): request = r
         case .failure(let e):
             respond(context: context, head: head, reply: HTTPReply(RESTRender.error(e)))
@@ -832,7 +868,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                         self.respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied"))
                         return
                     }
-                    self.respond(context: context, head: head, reply: HTTPReply(RESTRender.read(request, tree: tree)))
+                    let large = tree.valueCount(atLeast: Self.offloadValues)
+                    self.respondRendered(context: context, head: head, large: large) { RESTRender.read(request, tree: tree) }
                 case .failure(let e): self.respond(context: context, head: head, reply: Self.unavailable(e))
                 }
             }
@@ -884,8 +921,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 let context = bound.value
                 switch result {
                 case .success(let applied):
-                    let reply = RESTRender.write(request, applied: applied, pushID: request.isPost ? pushID : nil)
-                    self.respond(context: context, head: head, reply: HTTPReply(reply))
+                    self.respondRendered(context: context, head: head, large: large) {
+                        RESTRender.write(request, applied: applied, pushID: request.isPost ? pushID : nil)
+                    }
                 case .failure(let e):
                     self.respond(context: context, head: head, reply: Self.unavailable(e))
                 }

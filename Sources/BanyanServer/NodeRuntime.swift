@@ -111,6 +111,13 @@ public final class NodeRuntime: @unchecked Sendable {
     private let appliedGauge = Gauge(label: "banyan_raft_applied_index")
     private let leaderGauge = Gauge(label: "banyan_raft_is_leader")
     private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
+    /// Time between Raft ticks (due every `raft.tick_ms`): how long the replica loop was busy
+    /// or not scheduled. A gap near the election timeout on a leader costs an election.
+    private let tickGaps = Timer(label: "banyan_raft_tick_gap_seconds")
+    /// The longest tick gap since the node started, in milliseconds.
+    private let tickGapMax = Gauge(label: "banyan_raft_tick_gap_max_ms")
+    private var lastTick: UInt64 = 0
+    private var longestTickGap: UInt64 = 0
     private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
     private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
     private let leaseExpiries = Counter(label: "banyan_realtime_lease_expiries_total")
@@ -473,6 +480,16 @@ public final class NodeRuntime: @unchecked Sendable {
 
     private func tick() {
         guard !core.stopped else { return }
+        let now = DispatchTime.now().uptimeNanoseconds
+        if lastTick > 0, now > lastTick {
+            let gap = now - lastTick
+            tickGaps.recordNanoseconds(Int64(clamping: gap))
+            if gap > longestTickGap {
+                longestTickGap = gap
+                tickGapMax.record(Int64(gap / 1_000_000))
+            }
+        }
+        lastTick = now
         core.tick(now: Self.wallClock())
         flushReplies()
         scheduleProcess()
@@ -520,6 +537,16 @@ public final class NodeRuntime: @unchecked Sendable {
             }
         case .processAgain:
             scheduleProcess()
+        case let .prepare(index, payload):
+            // Reading a large write's data (JSON into a tree) is the costly part of applying it:
+            // done here, the replica loop keeps ticking and answering peers meanwhile.
+            BulkWorkers.run(on: loop) { PreparedCommand(payload: payload) }.whenComplete { result in
+                // A pool that is shutting down answers nothing: the replica asks again later.
+                guard case .success(let command) = result else { return }
+                self.core.prepared(index: index, command)
+                self.flushReplies()
+                self.scheduleProcess()
+            }
         case .fatal(let reason):
             // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
             // may no longer match the disk, and only a restart recovers from what is really

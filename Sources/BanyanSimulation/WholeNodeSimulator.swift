@@ -159,6 +159,8 @@ public struct WholeNodeReport: Sendable {
         public var restarts = 0
         public var snapshotsWritten = 0
         public var snapshotsInstalled = 0
+        /// Large entries read ahead on a node's worker (docs/replica.md, "Prepared entries").
+        public var readAheads = 0
         public var membershipChanges = 0
         public var fileOperations = 0
         public var writesPatched = 0
@@ -194,7 +196,7 @@ public struct WholeNodeReport: Sendable {
         s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
-        s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled)\n"
+        s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads)\n"
         if stats.presences > 0 {
             s += "  realtime connections \(stats.presences), onDisconnect queues fired \(stats.presencesFired), lease fences \(stats.leaseFences)\n"
         }
@@ -253,6 +255,8 @@ public struct WholeNodeSimulator {
         case presenceNext
         case presenceEnd(Int)
         case presenceRetryEnd(Int, NodeID, life: Int)
+        /// A read-ahead (`NodeAction.prepare`) done on the node's worker thread.
+        case prepared(NodeID, life: Int, index: UInt64, PreparedCommand?)
     }
 
     private final class SimulatedNode {
@@ -356,6 +360,8 @@ public struct WholeNodeSimulator {
     private var operations: [Operation] = []
     private var networkRandom: SeededRandom
     private var nemesisRandom: SeededRandom
+    /// How long each read-ahead takes on its worker thread (its own stream: other draws stay put).
+    private var prepareRandom: SeededRandom
     private var clientRandom: SeededRandom
     private var seedRandom: SeededRandom
     private var presenceRandom: SeededRandom
@@ -412,6 +418,7 @@ public struct WholeNodeSimulator {
         clientRandom = SeededRandom(seed: root.next())
         seedRandom = SeededRandom(seed: root.next())
         presenceRandom = SeededRandom(seed: root.next())
+        prepareRandom = SeededRandom(seed: root.next())
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
         if options.sabotage == .leaseWithPauses {
             // Lease reads where the lease's clock assumption cannot hold (R18).
@@ -535,6 +542,15 @@ public struct WholeNodeSimulator {
             endPresence(p)
         case let .presenceRetryEnd(p, id, life):
             if let node = nodes[id], node.life == life, node.core != nil, !node.paused { proposeEnd(p, via: node) }
+        case let .prepared(id, life, index, command):
+            guard let node = nodes[id], let core = node.core, node.life == life else { return }
+            if node.paused {
+                schedule(after: 50, .prepared(id, life: life, index: index, command))
+                return
+            }
+            core.prepared(index: index, command)
+            perform(takeActions(node), on: node)
+            scheduleProcess(node, after: 0)
         }
     }
 
@@ -560,6 +576,15 @@ public struct WholeNodeSimulator {
         s.sabotage = options.sabotage
         s.leaseNanoseconds = UInt64(Self.leaseMillis) * 1_000_000
         s.roundIntervalNanoseconds = UInt64(swarm.pacingMillis) * 1_000_000
+        // Read-ahead of large entries (docs/replica.md, "Prepared entries"): off in a third of
+        // the seeds, for every command in a third, for the larger ones in the rest. Chosen by
+        // the seed's remainder so that no other draw moves.
+        switch options.seed % 3 {
+        case 0: s.replica.prepareThreshold = Int.max
+        case 1: s.replica.prepareThreshold = 1
+        default: s.replica.prepareThreshold = 90
+        }
+        s.replica.maxPreparing = 1 + Int(options.seed / 3 % 4)
         return s
     }
 
@@ -722,6 +747,11 @@ public struct WholeNodeSimulator {
                 scheduleProcess(node, after: Int((nanoseconds + 999_999) / 1_000_000))
             case .processAgain:
                 scheduleProcess(node, after: 0)
+            case let .prepare(index, payload):
+                // The server reads ahead on a worker thread: the answer comes back later, and
+                // answers to several entries in any order.
+                report.stats.readAheads += 1
+                schedule(after: 1 + prepareRandom.below(25), .prepared(node.id, life: node.life, index: index, PreparedCommand(payload: payload)))
             case .fatal(let reason):
                 if node.fs.isCrashed {
                     diskCrashed(node)

@@ -207,10 +207,13 @@ public struct StateMachine: Sendable {
 
     /// Applies the command at `index`. Entries at or below `appliedIndex` are ignored (returns
     /// nil), so replaying a log over a snapshot never applies anything twice (R10).
-    public mutating func apply(_ payload: [UInt8], index: UInt64) -> Applied? {
+    ///
+    /// - Parameter prepared: `payload` read ahead (`PreparedCommand(payload:)`, possibly on
+    ///   another thread); the result is the same as without it.
+    public mutating func apply(_ payload: [UInt8], index: UInt64, prepared: PreparedCommand? = nil) -> Applied? {
         guard index > appliedIndex else { return nil }
         appliedIndex = index
-        guard let envelope = CommandEnvelope(decoding: payload) else {
+        guard let envelope = prepared?.envelope ?? CommandEnvelope(decoding: payload) else {
             return Applied(namespace: "", session: 0, seq: 0, outcome: .malformed, written: [])
         }
         if sessions[envelope.session]?.contains(envelope.seq) == true {
@@ -251,7 +254,8 @@ public struct StateMachine: Sendable {
         let outcome: Outcome
         do throws(TreeError) {
             let judge = judgement(for: envelope)
-            outcome = try execute(envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value, judge: judge)
+            outcome = try execute(
+                envelope.command, on: &tree, timestamp: lastTimestamp, written: &written, value: &value, judge: judge, prepared: prepared?.values)
         } catch {
             // A client the rules would not let write here learns nothing from why the write is
             // invalid (some reasons depend on the data): judged with the tree unchanged, a refusal
@@ -342,7 +346,7 @@ public struct StateMachine: Sendable {
 
     private func execute(
         _ command: Command, on tree: inout Tree, timestamp: Int64, written: inout [Path], value: inout Tree?,
-        judge: (rules: Rules, context: RulesRequestContext?)?
+        judge: (rules: Rules, context: RulesRequestContext?)?, prepared: [Result<DeferredTree, TreeError>]?
     ) throws(TreeError) -> Outcome {
         switch command {
         case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules:
@@ -351,11 +355,12 @@ public struct StateMachine: Sendable {
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
-            let node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: timestamp, existing: tree))
+            let node = try PreparedCommand.node(
+                prepared, 0, json, at: location.path, context: ServerValueContext(timestamp: timestamp, existing: tree))
             if let judge, !location.isPriority {
                 // Judged on the tree after the write, which then becomes the tree: applied once.
                 var next = tree
-                try next.apply(set: node, at: location)
+                try next.apply(set: node, at: location, readHere: true)
                 let proposed = next
                 if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed) }) {
                     return denied
@@ -370,7 +375,7 @@ public struct StateMachine: Sendable {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
             } else {
-                try tree.apply(set: node, at: location)
+                try tree.apply(set: node, at: location, readHere: true)
             }
             written = [location.path]
             value = node
@@ -379,16 +384,16 @@ public struct StateMachine: Sendable {
             let location = try Path(parsing: pathText)
             var entries: [UpdateEntry] = []
             entries.reserveCapacity(items.count)
-            for item in items {
+            for (slot, item) in items.enumerated() {
                 let relative = try WritePath(parsing: item.path)
                 let target = location.appending(relative.path)
                 let context = ServerValueContext(timestamp: timestamp, existing: tree)
-                let node = try TreeReader.read(item.json, at: target, serverValues: context)
+                let node = try PreparedCommand.node(prepared, slot, item.json, at: target, context: context)
                 entries.append(UpdateEntry(path: relative, value: node))
             }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
             var next = tree
-            try next.apply(update: entries, at: location)
+            try next.apply(update: entries, at: location, readHere: true)
             if judge != nil {
                 // Every entry's path is judged on the tree after the whole update.
                 let proposed = next
@@ -405,8 +410,8 @@ public struct StateMachine: Sendable {
         case let .compareAndSet(pathText, expectedHash, json):
             let location = try Path(parsing: pathText)
             let context = ServerValueContext(timestamp: timestamp, existing: tree)
-            let node = try TreeReader.read(json, at: location, serverValues: context)
-            try node.checkFits(at: location)
+            // Read at `location`, so it fits there (the reader checks depth and key paths).
+            let node = try PreparedCommand.node(prepared, 0, json, at: location, context: context)
             // Judged before the hash: a client the rules refuse learns nothing of the data.
             if let denied = Self.verdict(judge, { $0.decideSet(node, at: WritePath(path: location), context: $1, tree: tree) }) { return denied }
             switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {

@@ -209,6 +209,26 @@ public struct Tree: Sendable {
         }
     }
 
+    /// Whether this node holds at least `bound` values (leaves and inner nodes), found by a walk
+    /// that stops there: O(min(bound, size)).
+    public func valueCount(atLeast bound: Int) -> Bool {
+        var budget = bound
+        return exhausts(&budget)
+    }
+
+    private func exhausts(_ budget: inout Int) -> Bool {
+        budget -= 1
+        guard case .children(let map, _) = storage else { return budget <= 0 }
+        // Each child is at least one value: counted at once, then only inner children descended.
+        budget -= map.count
+        if budget <= 0 { return true }
+        for (_, child) in map.elements() where child.hasChildren {
+            budget += 1
+            if child.exhausts(&budget) { return true }
+        }
+        return false
+    }
+
     /// Number of leaves.
     public var leafCount: Int {
         switch storage {

@@ -6,10 +6,77 @@
 public struct ServerValueContext: Sendable {
     public let timestamp: Int64
     public let existing: Tree
+    /// Set by `TreeReader.readDeferred`: increments are recorded, not resolved (there is no
+    /// `existing` tree yet), and their places hold the bare delta until `DeferredTree.resolved`.
+    let defersIncrements: Bool
 
     public init(timestamp: Int64, existing: Tree = .empty) {
         self.timestamp = timestamp
         self.existing = existing
+        self.defersIncrements = false
+    }
+
+    init(deferring timestamp: Int64) {
+        self.timestamp = timestamp
+        self.existing = .empty
+        self.defersIncrements = true
+    }
+}
+
+/// Written data read ahead of its write (off the thread that applies the log: docs/replica.md,
+/// "Prepared entries"), with the server values that need the tree the write meets left open.
+/// `resolved(existing:timestamp:)` finishes it into exactly the tree `TreeReader.read` would
+/// have produced at that moment.
+public struct DeferredTree: Sendable {
+    /// The data with each increment's place holding its bare delta.
+    public let node: Tree
+    let location: Path
+    /// Increments, by their path below `location`, with their deltas (already checked to be numbers).
+    let increments: [(relative: [ChildKey], delta: JSONValue)]
+    /// Whether a `timestamp` server value was read (resolved with `timestamp`).
+    let usesTimestamp: Bool
+    let timestamp: Int64
+
+    /// The tree `TreeReader.read(_:at:serverValues:)` would read with
+    /// `ServerValueContext(timestamp:existing:)`; nil when the read used another timestamp than
+    /// this one (read it again then).
+    public func resolved(existing: Tree, timestamp now: Int64) -> Tree? {
+        if usesTimestamp && now != timestamp { return nil }
+        guard !increments.isEmpty else { return node }
+        var result = node
+        let base = existing.child(at: location)
+        for (relative, delta) in increments {
+            let path = Path(segments: relative)
+            guard let leaf = ServerValueMath.increment(delta, over: base.child(at: path).leaf) else { return nil }
+            if relative.isEmpty {
+                result = Tree(leaf, priority: result.priority)
+            } else {
+                let old = result.child(at: path)
+                result.set(Tree(leaf, priority: old.priority), at: path)
+            }
+        }
+        return result
+    }
+}
+
+/// The arithmetic of `{".sv": {"increment": n}}`, shared by reads and deferred reads.
+enum ServerValueMath {
+    /// The value an increment by `delta` leaves over `current`; nil when `delta` is not a number.
+    static func increment(_ delta: JSONValue, over current: Leaf?) -> Leaf? {
+        switch (delta, current) {
+        case let (.int(delta), .int(base)?):
+            let (sum, overflow) = base.addingReportingOverflow(delta)
+            return overflow ? .double(Double(base) + Double(delta)) : .int(sum)
+        case let (.int(delta), .double(base)?):
+            return .double(base + Double(delta))
+        case let (.double(delta), current):
+            if let base = current?.doubleValue { return .double(base + delta) }
+            return .double(delta)
+        case let (.int(delta), _):
+            return .int(delta)
+        default:
+            return nil
+        }
     }
 }
 
@@ -48,17 +115,34 @@ public enum TreeReader {
         _ bytes: [UInt8], at location: Path = .root,
         serverValues: ServerValueContext? = nil, limits: TreeReadLimits = .standard
     ) throws(TreeError) -> Tree {
+        try run(bytes, at: location, serverValues: serverValues, limits: limits) { node, _ in node }
+    }
+
+    /// Reads `bytes` as `read(_:at:serverValues:)` would with `timestamp`, but without the tree
+    /// the write will meet: increments stay open in the result (docs/replica.md, "Prepared
+    /// entries"). Every error `read` would throw for these bytes is thrown here too.
+    public static func readDeferred(
+        _ bytes: [UInt8], at location: Path, timestamp: Int64, limits: TreeReadLimits = .standard
+    ) throws(TreeError) -> DeferredTree {
+        try run(bytes, at: location, serverValues: ServerValueContext(deferring: timestamp), limits: limits) { node, state in
+            DeferredTree(node: node, location: location, increments: state.increments, usesTimestamp: state.usedTimestamp, timestamp: timestamp)
+        }
+    }
+
+    /// One whole value from `bytes`, then `finish` with the reader's state.
+    private static func run<R>(
+        _ bytes: [UInt8], at location: Path, serverValues: ServerValueContext?, limits: TreeReadLimits,
+        finish: (Tree, ReaderState) -> R
+    ) throws(TreeError) -> R {
         if bytes.count > limits.maxBytes {
             throw TreeError(.inputTooLarge, path: location.description, "Input is \(bytes.count) bytes; the limit is \(limits.maxBytes)")
         }
-        let result: Result<Tree, TreeError> = bytes.withUnsafeBufferPointer { buffer in
-            var state = ReaderState(
-                scanner: JSONScanner(bytes: buffer), location: location,
-                serverValues: serverValues, limits: limits)
+        let result: Result<R, TreeError> = bytes.withUnsafeBufferPointer { buffer in
+            var state = ReaderState(scanner: JSONScanner(bytes: buffer), location: location, serverValues: serverValues, limits: limits)
             do throws(TreeError) {
                 let node = try state.readValue()
                 try state.scanner.expectEnd()
-                return .success(node)
+                return .success(finish(node, state))
             } catch {
                 return .failure(error)
             }
@@ -92,10 +176,17 @@ private struct ReaderState {
     var nodes = 0
     /// Open objects and arrays, including metadata wrappers (a second guard on recursion depth).
     var nesting = 0
+    /// Deferred reads: the increments left open (path below the location, delta).
+    var increments: [(relative: [ChildKey], delta: JSONValue)] = []
+    /// Whether a timestamp server value was resolved.
+    var usedTimestamp = false
+    /// Keys of the location (the start of `keys`).
+    let locationDepth: Int
 
     init(scanner: JSONScanner, location: Path, serverValues: ServerValueContext?, limits: TreeReadLimits) {
         self.scanner = scanner
         self.keys = location.segments
+        self.locationDepth = location.count
         self.pathBytes = location.byteCount
         self.serverValues = serverValues
         self.limits = limits
@@ -346,6 +437,7 @@ private struct ReaderState {
             guard let context = serverValues else {
                 throw fail(.invalidServerValue, "Server values are only allowed in writes", at: offset)
             }
+            usedTimestamp = true
             return .number(Double(context.timestamp))
         }
         switch try readPrimitive() {
@@ -357,35 +449,39 @@ private struct ReaderState {
         }
     }
 
-    func resolve(_ spec: JSONValue, at offset: Int) throws(TreeError) -> Leaf {
+    mutating func resolve(_ spec: JSONValue, at offset: Int) throws(TreeError) -> Leaf {
         guard let context = serverValues else {
             throw fail(.invalidServerValue, "Server values are only allowed in writes", at: offset)
         }
         switch spec {
         case .string("timestamp"):
+            usedTimestamp = true
             return .int(context.timestamp)
         case .object(let members) where members.count == 1 && members[0].0 == "increment":
-            // The value this increment replaces, looked up only here: most writes have no
-            // increment, so the reader does not track the existing tree as it goes.
-            var node = context.existing
-            for key in keys { node = node.child(key) }
-            let current = node.leaf
-            switch (members[0].1, current) {
-            case let (.int(delta), .int(base)?):
-                let (sum, overflow) = base.addingReportingOverflow(delta)
-                return overflow ? .double(Double(base) + Double(delta)) : .int(sum)
-            case let (.int(delta), .double(base)?):
-                return .double(base + Double(delta))
-            case let (.double(delta), current):
-                if let base = current?.doubleValue { return .double(base + delta) }
-                return .double(delta)
-            case let (.int(delta), _):
-                return .int(delta)
-            default:
-                throw fail(.invalidServerValue, "The increment server value needs a number: {\".sv\":{\"increment\":n}}", at: offset)
+            let delta = members[0].1
+            switch delta {
+            case .int, .double: return try increment(delta, context, at: offset)
+            default: throw fail(.invalidServerValue, "The increment server value needs a number: {\".sv\":{\"increment\":n}}", at: offset)
             }
         default:
             throw fail(.invalidServerValue, "Unknown server value \(spec.jsonString.prefix(80))", at: offset)
         }
+    }
+
+    /// An increment by a numeric `delta`: resolved over the existing value at this exact path,
+    /// or, in a deferred read, recorded and its place given the bare delta.
+    mutating func increment(_ delta: JSONValue, _ context: ServerValueContext, at offset: Int) throws(TreeError) -> Leaf {
+        if context.defersIncrements {
+            increments.append((Array(keys[locationDepth...]), delta))
+            return ServerValueMath.increment(delta, over: nil) ?? .int(0)
+        }
+        // The value this increment replaces, looked up only here: most writes have no
+        // increment, so the reader does not track the existing tree as it goes.
+        var node = context.existing
+        for key in keys { node = node.child(key) }
+        guard let leaf = ServerValueMath.increment(delta, over: node.leaf) else {
+            throw fail(.invalidServerValue, "The increment server value needs a number: {\".sv\":{\"increment\":n}}", at: offset)
+        }
+        return leaf
     }
 }

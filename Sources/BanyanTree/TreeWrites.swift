@@ -16,8 +16,11 @@ public struct UpdateEntry: Sendable, Equatable {
 extension Tree {
     /// Firebase `set`: replaces the node at `location` (data without `.priority` clears the
     /// priority). Writing to `x/.priority` sets the priority of `x` instead.
-    public mutating func apply(set node: Tree, at location: WritePath) throws(TreeError) {
-        try node.checkFits(at: location.path)
+    ///
+    /// - Parameter readHere: `node` came from `TreeReader` reading at `location`, which checked
+    ///   the depth and key-path limits already (skips an O(size) walk).
+    public mutating func apply(set node: Tree, at location: WritePath, readHere: Bool = false) throws(TreeError) {
+        if !readHere { try node.checkFits(at: location.path) }
         if location.isPriority {
             guard let priority = Priority(tree: node) else {
                 throw TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string")
@@ -31,8 +34,10 @@ extension Tree {
     /// Firebase `update` (`updateChildValues`): applies every entry relative to `location`,
     /// atomically. Rejects the whole update when one entry's path is an ancestor of (or equal to)
     /// another's, or when a resulting path exceeds the limits. A merge keeps `location`'s priority.
-    public mutating func apply(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
-        try Tree.validate(update: entries, at: location)
+    ///
+    /// - Parameter readHere: every entry's value came from `TreeReader` reading at its target.
+    public mutating func apply(update entries: [UpdateEntry], at location: Path, readHere: Bool = false) throws(TreeError) {
+        try Tree.validate(update: entries, at: location, readHere: readHere)
         // Data first, then priorities (as Firebase's compound writes do), so that the result does
         // not depend on the order of the entries: {"a/.priority": 5, "a/b": 1} on an empty `a`
         // leaves `a` with priority 5 whichever entry comes first.
@@ -45,7 +50,7 @@ extension Tree {
     }
 
     /// Checks a multi-path update without applying it.
-    public static func validate(update entries: [UpdateEntry], at location: Path) throws(TreeError) {
+    public static func validate(update entries: [UpdateEntry], at location: Path, readHere: Bool = false) throws(TreeError) {
         // Full paths as segment lists; `.priority` counts as a final segment for overlap checks.
         var full: [(segments: [String], text: String)] = []
         full.reserveCapacity(entries.count)
@@ -54,7 +59,7 @@ extension Tree {
             if target.count > Path.maxDepth || target.byteCount > Path.maxBytes {
                 try target.checkLimits()
             }
-            try entry.value.checkFits(at: target)
+            if !readHere { try entry.value.checkFits(at: target) }
             if entry.path.isPriority, Priority(tree: entry.value) == nil {
                 throw TreeError(.invalidPriority, path: entry.path.description, "A priority must be null, a number or a string")
             }

@@ -22,6 +22,10 @@ struct ReplicaCluster {
     var events: [NodeID: [ReplicaEvent]] = [:]
     var nextRequest: RequestID = 1
     var snapshotsWritten: [NodeID: Int] = [:]
+    /// Keep read-aheads (`ReplicaEvent.prepare`) unanswered in `heldReadAheads` instead of
+    /// answering them at once; `answerReadAhead` answers one.
+    var holdReadAheads = false
+    var heldReadAheads: [NodeID: [(index: UInt64, payload: [UInt8])]] = [:]
 
     static func configuration(_ id: NodeID, snapshotEntries: UInt64 = 0) -> ReplicaConfiguration {
         var raft = RaftConfiguration(id: id, seed: id * 7919)
@@ -65,6 +69,22 @@ struct ReplicaCluster {
         replicas[id] = try Replica(configuration: old.configuration, persisted: disk.persisted, machine: machine, session: session, now: clocks[id] ?? 0)
     }
 
+    /// Answers a held read-ahead of `id` (and settles nothing: call `settle()`).
+    mutating func answerReadAhead(_ id: NodeID, index: UInt64) {
+        guard var r = replicas[id], let i = heldReadAheads[id]?.firstIndex(where: { $0.index == index }),
+            let held = heldReadAheads[id]?.remove(at: i)
+        else { return }
+        r.prepared(index: held.index, PreparedCommand(payload: held.payload))
+        let new = r.takeEvents()
+        replicas[id] = r
+        events[id, default: []].append(contentsOf: new)
+        for event in new {
+            guard case .prepare(let index, let payload) = event else { continue }
+            heldReadAheads[id, default: []].append((index, payload))
+            if !holdReadAheads { answerReadAhead(id, index: index) }
+        }
+    }
+
     mutating func request() -> RequestID {
         defer { nextRequest += 1 }
         return nextRequest
@@ -99,7 +119,18 @@ struct ReplicaCluster {
                 r.snapshotChunk(to: req.to, meta: req.meta, offset: req.offset, data: Array(disk.image[start..<end]), last: end == disk.image.count)
             }
             r.advance(rd, installed: installed)
-            for event in r.takeEvents() {
+            var pending = r.takeEvents()
+            while !pending.isEmpty {
+                let event = pending.removeFirst()
+                if case .prepare(let index, let payload) = event {
+                    if holdReadAheads {
+                        heldReadAheads[id, default: []].append((index, payload))
+                    } else {
+                        // Read ahead at once here (the server's driver uses another thread).
+                        r.prepared(index: index, PreparedCommand(payload: payload))
+                        pending.append(contentsOf: r.takeEvents())
+                    }
+                }
                 if case .snapshotDue(let meta) = event {
                     disk.image = r.machine.image()
                     disk.persisted.snapshot = meta
@@ -148,7 +179,13 @@ struct ReplicaCluster {
             for id in replicas.keys.sorted() {
                 clocks[id, default: 0] += 10
                 replicas[id]?.tick(now: clocks[id] ?? 0)
-                for event in replicas[id]?.takeEvents() ?? [] { events[id, default: []].append(event) }
+                for event in replicas[id]?.takeEvents() ?? [] {
+                    if case .prepare(let index, let payload) = event { heldReadAheads[id, default: []].append((index, payload)) }
+                    events[id, default: []].append(event)
+                }
+                if !holdReadAheads {
+                    for (index, _) in heldReadAheads[id] ?? [] { answerReadAhead(id, index: index) }
+                }
             }
             settle()
         }

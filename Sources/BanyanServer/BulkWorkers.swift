@@ -1,0 +1,37 @@
+import Foundation
+import NIOCore
+import NIOPosix
+
+/// Threads for work whose cost grows with a request's size: reading large request bodies and
+/// large log entries ahead of their application, rendering large answers (docs/server.md,
+/// "Large writes"). They run at a lower scheduling priority (nice +10) than the event loops, so
+/// on a busy machine the loop that ticks Raft, sends heartbeats and answers votes gets the CPU
+/// first, and the bulk work takes what is left.
+enum BulkWorkers {
+    /// Shared by every node in the process (tests run several): one thread per core, at most 4.
+    static let pool: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: max(1, min(4, System.coreCount)))
+        pool.start()
+        return pool
+    }()
+
+    /// Nice value of the workers (Linux: per thread).
+    static let niceness: Int32 = 10
+
+    /// Runs `work` on a worker; the future completes on `loop`.
+    static func run<T: Sendable>(on loop: any EventLoop, _ work: @escaping @Sendable () -> T) -> EventLoopFuture<T> {
+        pool.runIfActive(eventLoop: loop) {
+            lowerPriority()
+            return work()
+        }
+    }
+
+    /// Lowers the calling thread's priority (a worker's, once: it stays lowered).
+    private static func lowerPriority() {
+        #if os(Linux)
+        // On Linux `setpriority(PRIO_PROCESS, 0, …)` changes the calling thread only.
+        let current = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+        if current < niceness { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, niceness) }
+        #endif
+    }
+}
