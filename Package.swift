@@ -222,7 +222,7 @@ let package = Package(
             name: "BanyanBench",
             dependencies: [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation",
-                "BanyanStateMachine",
+                "BanyanStateMachine", "BanyanAuth",
             ],
             swiftSettings: strictSettings
         ),

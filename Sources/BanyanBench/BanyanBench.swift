@@ -1,3 +1,4 @@
+import BanyanAuth
 import BanyanBasics
 import BanyanOpLog
 import BanyanOpLogFiles
@@ -9,7 +10,7 @@ import Foundation
 import Glibc
 #endif
 
-/// `swift run -c release banyan-bench [tree|window|json|oplog|snapshot|raft|sim|codec|all]`: prints the figures recorded in
+/// `swift run -c release banyan-bench [tree|window|json|oplog|snapshot|raft|sim|codec|password|all]`: prints the figures recorded in
 /// docs/benchmarks.md. Deterministic inputs (seeded); wall-clock timing on one core.
 @main
 enum BanyanBench {
@@ -31,6 +32,31 @@ enum BanyanBench {
         if all || which.contains("raft") { raft() }
         if all || which.contains("sim") { simulation() }
         if all || which.contains("codec") { codec() }
+        if all || which.contains("password") { passwords() }
+    }
+
+    // MARK: Password hashing (the account service, docs/accounts.md)
+
+    /// scrypt (r = 8, p = 1) at each cost the account service can be configured with: time per
+    /// hash (median of `runs`), and the memory scrypt asks for (128 · r · N). A sign-in costs one
+    /// hash, a sign-up or password change one more.
+    static func passwords() {
+        print("password hashing (scrypt, r=8, p=1, 16-byte salt, 32-byte hash; one thread):")
+        let salt = [UInt8](repeating: 7, count: PasswordHasher.saltBytes)
+        for logN in [10, 12, 14, 15, 16] {
+            let hasher = PasswordHasher(logN: logN, blockSize: 8, parallelism: 1)
+            let runs = logN >= 15 ? 5 : 9
+            var times: [Double] = []
+            var stored = ""
+            for _ in 0..<runs { times.append(seconds { stored = (try? hasher.hash("correct horse battery staple", salt: salt)) ?? "" }) }
+            times.sort()
+            let verify = seconds { _ = PasswordHasher.verify("correct horse battery staple", against: stored) }
+            let mib = 128 * 8 * (1 << logN) / (1 << 20)
+            let marker = logN == PasswordHasher.standard.logN ? "  (the default)" : ""
+            print(
+                "  N=2^\(logN): \(format(times[runs / 2] * 1000)) ms per hash (min \(format(times[0] * 1000)), max \(format(times[runs - 1] * 1000))), "
+                    + "verify \(format(verify * 1000)) ms, \(mib) MiB, \(format(1 / times[runs / 2])) hashes/s per thread\(marker)")
+        }
     }
 
     static func machine() -> String {

@@ -41,6 +41,9 @@ public enum NodeNote: Sendable {
     /// The security rules of some namespace changed (a `setRules` applied, or a snapshot was
     /// restored): `replica.machine.rules` holds the rules now in force.
     case rulesChanged
+    /// A project's signing keys changed (an `installKey` applied, or a snapshot was restored):
+    /// `replica.machine.signingKeys` holds the keys now in force (docs/accounts.md).
+    case signingKeysChanged
 }
 
 /// What the driver must do, in the order given (docs/node-core.md).
@@ -479,6 +482,7 @@ public final class NodeCore {
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
                 if !result.ended.isEmpty { output(.note(.connectionsEnded(result.ended))) }
                 if result.rulesChanged { output(.note(.rulesChanged)) }
+                if result.signingKeysChanged { output(.note(.signingKeysChanged)) }
                 if let ids = watchesByNamespace[result.namespace] {
                     for watch in ids { output(.watch(watch, .applied(result, tree: tree))) }
                 }
@@ -499,6 +503,7 @@ public final class NodeCore {
             case .restoredFromSnapshot(let meta):
                 learnPeers(from: replica.machine.tree(Self.clusterNamespace), announce: true)
                 output(.note(.rulesChanged))
+                output(.note(.signingKeysChanged))
                 for (watch, namespace) in watches.sorted(by: { $0.key < $1.key }) {
                     output(.watch(watch, .restored(replica.machine.tree(namespace))))
                 }

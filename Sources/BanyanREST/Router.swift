@@ -12,6 +12,9 @@ public enum Route: Sendable, Equatable {
     case admin(AdminRoute)
     /// `/.settings/rules.json`: the namespace's security rules (`GET`, `PUT`; administrators).
     case rules
+    /// `/identitytoolkit.googleapis.com/…` and `/securetoken.googleapis.com/…`: the account
+    /// service's endpoints, as the Firebase Auth emulator serves them (docs/accounts.md).
+    case accounts
     /// Everything else: the Firebase REST API (`RESTRequest` parses and checks it).
     case data
 
@@ -45,6 +48,7 @@ public enum Route: Sendable, Equatable {
         if path == "/metrics" && method == "GET" { return .metrics }
         if path == "/.ws" || path == "/.lp" { return .realtime }
         if path == "/.settings/rules.json" || path == "/.settings/rules" { return .rules }
+        if path.hasPrefix("/identitytoolkit.googleapis.com/") || path.hasPrefix("/securetoken.googleapis.com/") { return .accounts }
         guard path.hasPrefix("/.banyan/") else { return .data }
         let parts = path.dropFirst("/.banyan/".count).split(separator: "/", omittingEmptySubsequences: false)
         return .admin(admin(method: method, parts, query: query.map { uri[uri.index(after: $0)...] } ?? ""))

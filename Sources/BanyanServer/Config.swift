@@ -1,4 +1,5 @@
 import BanyanREST
+import BanyanStateMachine
 import Foundation
 import Yams
 
@@ -49,6 +50,7 @@ public struct NodeConfig: Sendable, Equatable {
     public var http = HTTPLimits()
     public var development = DevelopmentSettings()
     public var auth = AuthSettings()
+    public var accounts = AccountSettings()
     /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
     public var defaultNamespace: String = "default"
     public var logLevel: String = "info"
@@ -152,6 +154,26 @@ public struct NodeConfig: Sendable, Equatable {
         public var effectiveIssuer: String? { issuer ?? projectID.map { "https://securetoken.google.com/" + $0 } }
         /// The audience ID tokens must name: `audience`, else the project id.
         public var effectiveAudience: String? { audience ?? projectID }
+    }
+
+    /// The built-in account service (docs/accounts.md): the Identity Toolkit endpoints on the
+    /// client port, accounts in the replicated state.
+    public struct AccountSettings: Sendable, Equatable {
+        /// The project of the endpoints that name none (`/v1/accounts:signUp?key=…`): the
+        /// issuer and audience of the ID tokens they issue. Project-scoped endpoints
+        /// (`/v1/projects/<id>/accounts…`) use the project they name.
+        public var projectID: String = "demo-banyan"
+        /// log2 of scrypt's N for new password hashes (r = 8, p = 1); each hash records its own.
+        public var scryptLogN: Int = 15
+        /// Where password-reset codes go (there is no mail): a file each code is appended to as
+        /// a JSON line. Nil: the node's log (at notice level).
+        public var resetCodeFile: String?
+        /// Threads that hash passwords (never the replica thread nor a network thread).
+        public var hashThreads: Int = 1
+        /// Password hashes waiting or running at once; more are answered
+        /// `TOO_MANY_ATTEMPTS_TRY_LATER`.
+        public var maxPendingHashes: Int = 64
+        public init() {}
     }
 
     public struct DevelopmentSettings: Sendable, Equatable {
@@ -337,6 +359,17 @@ extension NodeConfig {
                     default: throw ConfigError("\(source): unknown key auth.\(k)")
                     }
                 }
+            case "accounts":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "project_id": c.accounts.projectID = try r.string(v, "accounts.\(k)")
+                    case "scrypt_log_n": c.accounts.scryptLogN = try r.int(v, "accounts.\(k)", 10...20)
+                    case "reset_code_file": c.accounts.resetCodeFile = try r.string(v, "accounts.\(k)")
+                    case "hash_threads": c.accounts.hashThreads = try r.int(v, "accounts.\(k)", 1...64)
+                    case "max_pending_hashes": c.accounts.maxPendingHashes = try r.int(v, "accounts.\(k)", 1...100_000)
+                    default: throw ConfigError("\(source): unknown key accounts.\(k)")
+                    }
+                }
             case "development":
                 for (k, v) in try r.map(value, key) {
                     switch k {
@@ -373,6 +406,9 @@ extension NodeConfig {
         }
         if !auth.isConfigured, auth.projectID != nil || auth.issuer != nil || auth.audience != nil {
             throw ConfigError("auth: set jwks_file or x509_file (ID tokens) or database_secrets_file (custom tokens): nothing is verified without them")
+        }
+        guard StateMachine.isValidProject(accounts.projectID) else {
+            throw ConfigError("accounts.project_id '\(accounts.projectID)' must be 1 to 63 lowercase letters, digits or '-'")
         }
         guard RESTRequest.isValidNamespace(defaultNamespace) else {
             throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")

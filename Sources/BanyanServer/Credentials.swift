@@ -11,6 +11,16 @@ import Foundation
 struct Credentials: Sendable {
     let development: NodeConfig.DevelopmentSettings
     let verifier: TokenVerifier?
+    /// The account service's signing keys accepted at a time (milliseconds): the replicated
+    /// keys of every project (docs/accounts.md). Its ID tokens are checked with these.
+    var accountKeys: @Sendable (Int64) -> [AccountTokens.Key] = { _ in [] }
+    /// The clock skew allowed on the account service's tokens (`auth.clock_skew_seconds`).
+    var skew: Int64 = 5 * 60 * 1000
+
+    /// Verifies an account-service ID token (a `kid` of the cluster's).
+    func verifyAccountToken(_ token: String, now: Int64) -> Result<VerifiedToken, TokenError> {
+        AccountTokens.verifyIDToken(token, keys: accountKeys(now), skew: skew, now: now)
+    }
 
     /// The identity of a REST request or event stream at `now` (milliseconds since the epoch).
     func identity(_ authorization: RESTRequest.Authorization, override: String?, now: Int64) -> ClientIdentity {
@@ -20,14 +30,22 @@ struct Credentials: Sendable {
     /// The same, and when a verified token stops being honoured (an event stream ends then).
     func identityAndExpiry(_ authorization: RESTRequest.Authorization, override: String?, now: Int64) -> (identity: ClientIdentity, validUntil: Int64?) {
         var validUntil: Int64?
-        let verify = verifier.map { verifier in
-            { (token: String) -> ClientIdentity in
-                switch verifier.verify(token, now: now) {
-                case .success(let verified):
-                    validUntil = verified.validUntil
-                    return Self.identity(verified)
-                case .failure(let error): return .refused(error.reason)
-                }
+        let development = development
+        let verify = { (token: String) -> ClientIdentity in
+            let result: Result<VerifiedToken, TokenError>
+            if AccountTokens.isAccountToken(token) {
+                result = self.verifyAccountToken(token, now: now)
+            } else if let verifier = self.verifier {
+                result = verifier.verify(token, now: now)
+            } else {
+                // No verifier: what `Access.identity` does without one.
+                return development.allowUnauthenticated ? .client(.signedOut) : .refused("Unauthorized request.")
+            }
+            switch result {
+            case .success(let verified):
+                validUntil = verified.validUntil
+                return Self.identity(verified)
+            case .failure(let error): return .refused(error.reason)
             }
         }
         let identity = Access.identity(
@@ -65,11 +83,19 @@ struct Credentials: Sendable {
             let client = Access.unsignedTokenAuth(token).map { ClientAuth.user(json: $0) } ?? .signedOut
             return .signedIn(.client(client), answer: Self.answer(auth: claims, expires: claims["exp"] ?? .null), validUntil: nil)
         }
+        if AccountTokens.isAccountToken(token) {
+            return signedIn(verifyAccountToken(token, now: now))
+        }
         guard let verifier else {
             let accepted = development.allowUnauthenticated ? "the emulator's owner and unsigned tokens" : "the emulator's owner token"
             return .refused(status: "invalid_token", reason: "This server verifies no signed tokens (no auth configuration); it accepts only \(accepted).")
         }
-        switch verifier.verify(token, now: now) {
+        return signedIn(verifier.verify(token, now: now))
+    }
+
+    /// A realtime session's outcome for a verification's result.
+    private func signedIn(_ result: Result<VerifiedToken, TokenError>) -> Session {
+        switch result {
         case .success(let verified):
             let auth = verified.auth.flatMap { try? JSONValue(parsing: $0) }
             let expires: JSONValue = verified.expires.map { .int($0 / 1000) } ?? .null

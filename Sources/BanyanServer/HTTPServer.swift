@@ -78,6 +78,8 @@ final class HTTPServer: Sendable {
 
     /// Who presented credentials name: development settings and verified tokens.
     let credentials: Credentials
+    /// The built-in account service (docs/accounts.md).
+    let accounts: AccountService
 
     init(
         runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
@@ -86,7 +88,11 @@ final class HTTPServer: Sendable {
         self.runtime = runtime
         self.config = config
         self.adminToken = adminToken
-        self.credentials = Credentials(development: config.development, verifier: verifier)
+        var credentials = Credentials(development: config.development, verifier: verifier)
+        credentials.accountKeys = { [runtime] now in AccountService.acceptedKeys(runtime.signingKeysInForce.withLock { $0 }, now: now) }
+        credentials.skew = Int64(config.auth.clockSkewSeconds) * 1000
+        self.credentials = credentials
+        self.accounts = AccountService(runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, logger: logger)
         self.logger = logger
         self.registry = registry
         self.assembling = AssemblyBudget(limit: config.http.maxAssemblingBytes)
@@ -125,6 +131,7 @@ final class HTTPServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(HTTPConnectionHandler(server: self), name: HTTPConnectionHandler.handlerName)
                 }
             }
+        accounts.start()
         // The lease first: no connection may open under no holder.
         let loop = group.next()
         startLease(on: loop)
@@ -165,6 +172,7 @@ final class HTTPServer: Sendable {
 
     func shutdown() {
         stopLease()
+        accounts.shutdown()
         let ch = channel.withLock { $0 }
         try? ch?.close().wait()
     }
@@ -787,6 +795,16 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .rules:
             handleRules(context: context, head: head, body: body)
             return
+        case .accounts:
+            if head.method == .OPTIONS {
+                respond(context: context, head: head, reply: Self.accountsPreflight(head))
+                return
+            }
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            server.accounts.handle(method: head.method, uri: head.uri, headers: head.headers, body: body, on: context.eventLoop).whenSuccess { reply in
+                self.respond(context: bound.value, head: head, reply: reply)
+            }
+            return
         case .data:
             break
         }
@@ -1008,6 +1026,18 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         default:
             respond(context: context, head: head, reply: .error(.methodNotAllowed, "Use GET or PUT for /.settings/rules.json."))
         }
+    }
+
+    /// The CORS preflight of the account service's endpoints (the browser SDKs call them
+    /// cross-origin; the origin itself is decided where every answer is written).
+    static func accountsPreflight(_ head: HTTPRequestHead) -> HTTPReply {
+        HTTPReply(
+            status: .ok,
+            headers: [
+                ("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
+                ("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Client-Version, X-Firebase-Client, X-Firebase-gmpid, X-Firebase-AppCheck"),
+                ("Access-Control-Max-Age", "86400"),
+            ], body: [])
     }
 
     /// What a namespace without rules behaves as, shown as rules.

@@ -87,6 +87,9 @@ public final class NodeRuntime: @unchecked Sendable {
     /// network threads judge reads and listens by (writes are judged in the state machine, at
     /// their position in the log).
     let rulesInForce = Mutex<[String: Rules]>([:])
+    /// Every project's signing keys as of the last applied entry: what the network threads
+    /// verify the account service's tokens with (docs/accounts.md).
+    let signingKeysInForce = Mutex<[String: SigningKeys]>([:])
     /// Called (on the replica loop) after the rules in force changed.
     let rulesChanged = Mutex<(@Sendable () -> Void)?>(nil)
     let connectionsRestored = Mutex<(@Sendable (_ ended: (UInt64) -> Bool) -> Void)?>(nil)
@@ -181,6 +184,8 @@ public final class NodeRuntime: @unchecked Sendable {
         core.output = { [unowned self] action in self.perform(action) }
         let loadedRules = core.replica.machine.rules
         rulesInForce.withLock { $0 = loadedRules }
+        let loadedKeys = core.replica.machine.signingKeys
+        signingKeysInForce.withLock { $0 = loadedKeys }
         let raftState = core.replica.raft
         logger.info(
             "state loaded",
@@ -595,6 +600,9 @@ public final class NodeRuntime: @unchecked Sendable {
             let rules = core.replica.machine.rules
             rulesInForce.withLock { $0 = rules }
             rulesChanged.withLock { $0 }?()
+        case .signingKeysChanged:
+            let keys = core.replica.machine.signingKeys
+            signingKeysInForce.withLock { $0 = keys }
         case let .leaseExpiryProposed(holder, namespace):
             leaseExpiries.increment()
             logger.notice(

@@ -25,6 +25,7 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Healthy network, no nemesis.") var noFaults = false
     @Flag(help: "Add realtime connections with onDisconnect writes, node leases and fencing (a presence workload).") var sessions = false
     @Flag(help: "Security rules in the log: two rules changes; every client write names its client and is judged at its position.") var rules = false
+    @Flag(help: "Account sign-ups in the log: clients race to sign up a few emails; at most one per email may succeed.") var accounts = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
     @Option(help: "A deliberate bug in the real code, to see the checkers catch it (docs/simulator.md, \"Self-tests\"): \(Sabotage.allCases.filter { $0 != .none }.map(\.rawValue).joined(separator: ", ")).")
@@ -50,6 +51,7 @@ struct BanyanSim: ParsableCommand {
         o.faults = !noFaults
         o.sessions = sessions
         o.rules = rules
+        o.accounts = accounts
         o.trace = trace
         o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none
         return o
@@ -88,7 +90,7 @@ struct BanyanSim: ParsableCommand {
                 print(report.summary)
                 print(
                     "replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")"
-                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")\(rules ? " --rules" : "")"
+                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")\(rules ? " --rules" : "")\(accounts ? " --accounts" : "")"
                         + "\(sabotage.map { " --sabotage \($0)" } ?? "")")
             } else if report.excused {
                 // Printed too: such seeds are counted apart, never silently.

@@ -31,6 +31,10 @@ public struct WholeNodeOptions: Sendable {
     /// operation and another halfway; every client write names its client (uid `c<client>`), so
     /// writes are judged at their position (some are denied) and every node must decide alike.
     public var rules = false
+    /// Account sign-ups in the log (issue 16, docs/accounts.md): about a tenth of the operations
+    /// sign up one of `keys` emails, so concurrent sign-ups race for them; at most one per email
+    /// may succeed, and every node must hold the same accounts.
+    public var accounts = false
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -232,6 +236,8 @@ public struct WholeNodeSimulator {
     }
 
     static let namespace = "sim"
+    /// The project account sign-ups name (`--accounts`).
+    static let accountsProject = "sim-accounts"
     static let counterKey = "n"
     static let logger = Logger(label: "banyan-sim") { _ in SwiftLogNoOpLogHandler() }
 
@@ -314,6 +320,8 @@ public struct WholeNodeSimulator {
         case cas(key: Int, expected: Int?, new: Int)
         case update(keys: [Int], values: [Int])
         case increment
+        /// An account sign-up (with `--accounts`) for email number `email`.
+        case signUp(email: Int)
     }
 
     private struct Client {
@@ -1228,6 +1236,8 @@ public struct WholeNodeSimulator {
         let key = clientRandom.below(options.keys)
         if options.rules && c == 0 && (clients[c].issued == 1 || clients[c].issued == clients[c].quota / 2 + 1) {
             kind = .setRules(clients[c].issued == 1 ? 0 : 1)
+        } else if options.accounts && roll < 10 {
+            kind = .signUp(email: key)
         } else if roll < 30 {
             kind = .read(key: key)
         } else if roll < 55 {
@@ -1265,6 +1275,9 @@ public struct WholeNodeSimulator {
             core.read(id, namespace: Self.namespace, stale: false)
         case .setRules(let n):
             core.write(id, namespace: Self.namespace, command: .setRules(text: Array(Self.rulesDocuments[n].utf8)))
+        case .signUp(let email):
+            let record = AccountRecord(uid: "op\(op)", email: "E\(email)@sim.test", provider: "password", refreshKey: "k\(op)")
+            core.write(id, namespace: Self.accountsProject, command: .account(.create(record)))
         case let .set(key, value):
             core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)), auth: auth(operations[op].client))
         case let .cas(key, expected, new):
@@ -1315,6 +1328,9 @@ public struct WholeNodeSimulator {
                 // Definitely not applied (the history checks that its value never shows up).
                 operations[op].outcome = nil
                 report.stats.writesDenied += 1
+            case .refused where AccountRefusal(applied.outcome) == .emailExists:
+                // A sign-up that lost its email's race (checked in `checkAccounts`).
+                if case .signUp = operations[op].kind {} else { report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)") }
             default: report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)")
             }
             learn(c, op: op)
@@ -2005,10 +2021,33 @@ public struct WholeNodeSimulator {
         if case .int(let v)? = lr.replica.machine.tree(Self.namespace).child(at: Path(segments: [ChildKey(unchecked: Self.counterKey)])).leaf {
             counter = Int(v)
         }
+        checkAccounts(lr.replica.machine)
         let acked = operations.filter { if case .increment = $0.kind { return $0.outcome == .ok } else { return false } }.count
         let maybe = operations.filter { if case .increment = $0.kind { return $0.unknown } else { return false } }.count
         if counter < acked || counter > acked + maybe {
             report.violations.append("exactly-once: the counter is \(counter) after \(acked) acknowledged and \(maybe) unknown increments")
+        }
+    }
+
+    /// Account sign-ups (`--accounts`): at most one acknowledged per email, and it owns the email
+    /// in the final state; a sign-up refused `EMAIL_EXISTS` saw an email someone owns.
+    private mutating func checkAccounts(_ machine: StateMachine) {
+        guard options.accounts else { return }
+        let store = machine.accounts(Self.accountsProject)
+        var winners: [Int: [Int]] = [:]
+        for (index, op) in operations.enumerated() {
+            guard case .signUp(let email) = op.kind, let outcome = op.outcome else { continue }
+            let address = "e\(email)@SIM.test"
+            if outcome == .ok { winners[email, default: []].append(index) }
+            if AccountRefusal(outcome) == .emailExists, store.uid(forEmail: address) == nil {
+                report.violations.append("accounts: op \(index) was refused EMAIL_EXISTS but nobody owns \(address)")
+            }
+        }
+        for (email, ops) in winners.sorted(by: { $0.key < $1.key }) {
+            if ops.count > 1 { report.violations.append("accounts: \(ops.count) sign-ups with email \(email) succeeded (ops \(ops))") }
+            if let first = ops.first, store.uid(forEmail: "e\(email)@sim.test") != "op\(first)" {
+                report.violations.append("accounts: op \(first) signed up email \(email) but the state says \(store.uid(forEmail: "e\(email)@sim.test") ?? "nobody") owns it")
+            }
         }
     }
 
@@ -2031,7 +2070,7 @@ public struct WholeNodeSimulator {
                 // A cas against "absent" compares with the empty hash; the model's absent is 0.
                 writes = [(key, .cas(expected: expected ?? 0, new: new), new)]
             case let .update(keys, values): writes = zip(keys, values).map { ($0.0, .write($0.1), $0.1) }
-            case .increment, .setRules: continue
+            case .increment, .setRules, .signUp: continue
             }
             for (key, input, value) in writes {
                 var output: RegisterModel.Output

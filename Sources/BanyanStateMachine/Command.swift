@@ -41,6 +41,10 @@ public enum Command: Sendable, Equatable {
     /// `BanyanRules`); an empty text removes them. Administrators only: a command that carries a
     /// client's `auth` is refused. Version 6 (docs/rules.md, "Rules in the log").
     case setRules(text: [UInt8])
+    /// An operation of the built-in account service on the accounts of the project the
+    /// envelope's namespace names (docs/accounts.md). Administrators only (the node's own
+    /// account service proposes it). Version 7.
+    case account(AccountOp)
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -109,8 +113,9 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// unordered). Commands that need nothing newer are still written as version 3 or 4, byte
     /// for byte as before. Version 6 (rules): version 4's layout with the ordered flag allowed
     /// (not required) in the kind byte, the `setRules` kind, and a trailer naming the client
-    /// (`auth`: 0 none, 1 signed out, 2 a user and its JSON).
-    static let version: UInt8 = 6
+    /// (`auth`: 0 none, 1 signed out, 2 a user and its JSON). Version 7 (accounts): version
+    /// 6's layout and the `account` kind; only account commands are written as version 7.
+    static let version: UInt8 = 7
     /// The kind byte's flag for `ordered` (version 5).
     static let orderedFlag: UInt8 = 0x80
     /// Where `settledBelow` sits in a version 3+ payload (after version, kind, session, seq and
@@ -119,11 +124,13 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// The version this command is written in.
     var writtenVersion: UInt8 {
+        if case .account = command { return 7 }
         if auth != nil { return 6 }
         if case .setRules = command { return 6 }
         if ordered { return 5 }
         switch command {
         case .setRules: return 6
+        case .account: return 7
         case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
         case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
         }
@@ -148,6 +155,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .renewLease: w.u8(8 | flags)
         case .expireHolder: w.u8(9 | flags)
         case .setRules: w.u8(10 | flags)
+        case .account: w.u8(11 | flags)
         }
         w.u64(session)
         w.u64(seq)
@@ -202,8 +210,11 @@ public struct CommandEnvelope: Sendable, Equatable {
         case let .setRules(text):
             w.string("")
             w.bytes(text)
+        case let .account(op):
+            w.string("")
+            w.bytes(op.encoded)
         }
-        if version == 6 {
+        if version >= 6 {
             switch auth {
             case nil: w.u8(0)
             case .signedOut?: w.u8(1)
@@ -231,9 +242,10 @@ public struct CommandEnvelope: Sendable, Equatable {
         case let .onDisconnectCancel(path, _): n += 16 + path.utf8.count
         case .connectionEnded, .renewLease, .expireHolder: n += 24
         case let .setRules(text): n += 16 + text.count
+        case let .account(op): n += 16 + op.encoded.count
         }
         switch auth {
-        case nil: n += writtenVersion == 6 ? 1 : 0
+        case nil: n += writtenVersion >= 6 ? 1 : 0
         case .signedOut?: n += 1
         case .user(let json)?: n += 9 + json.count
         }
@@ -247,7 +259,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     }
 
     /// Decodes a payload, or says which field is malformed: the whole payload must be one
-    /// command of a known version (2 to 5).
+    /// command of a known version (2 to 7).
     static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
         try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
             var version = try r.u8("command version")
@@ -261,7 +273,7 @@ public struct CommandEnvelope: Sendable, Equatable {
                 guard kind & Self.orderedFlag != 0 else { throw .badValue(field: "command kind") }
                 kind &= ~Self.orderedFlag
                 version = 4
-            } else if version == 6 {
+            } else if version >= 6 {
                 ordered = kind & Self.orderedFlag != 0
                 kind &= ~Self.orderedFlag
                 version = 4
@@ -306,11 +318,14 @@ public struct CommandEnvelope: Sendable, Equatable {
             case 10 where written == 6:
                 guard path.isEmpty else { throw .badValue(field: "path") }
                 command = .setRules(text: try r.bytes("rules"))
+            case 11 where written == 7:
+                guard path.isEmpty, let op = AccountOp(decoding: try r.bytes("account")) else { throw .badValue(field: "account") }
+                command = .account(op)
             default:
                 throw .badValue(field: "command kind")
             }
             var auth: ClientAuth?
-            if written == 6 {
+            if written >= 6 {
                 switch try r.u8("auth kind") {
                 case 0: auth = nil
                 case 1: auth = .signedOut

@@ -119,6 +119,8 @@ public struct StateMachine: Sendable {
         public var ended: [UInt64] = []
         /// The command replaced the namespace's security rules.
         public var rulesChanged = false
+        /// The command installed or rotated a project's signing keys (`signingKeys`).
+        public var signingKeysChanged = false
     }
 
     /// The system namespace that holds every namespace's rules text, one string child per
@@ -245,6 +247,8 @@ public struct StateMachine: Sendable {
             return applyConnectionCommand(envelope)
         case .setRules(let text):
             return applySetRules(envelope, text: text)
+        case .account(let op):
+            return applyAccount(envelope, op: op)
         case .set, .update, .compareAndSet:
             break
         }
@@ -349,8 +353,8 @@ public struct StateMachine: Sendable {
         judge: (rules: Rules, context: RulesRequestContext?)?, prepared: [Result<DeferredTree, TreeError>]?
     ) throws(TreeError) -> Outcome {
         switch command {
-        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules:
-            return .malformed  // handled by `applyConnectionCommand` and `applySetRules`
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .account:
+            return .malformed  // handled by `applyConnectionCommand`, `applySetRules` and `applyAccount`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it

@@ -55,7 +55,7 @@ import Testing
             false,
             [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "BanyanStateMachine",
-                "Foundation", "Glibc",
+                "BanyanAuth", "Foundation", "Glibc",
             ]
         ),
     ]
