@@ -137,6 +137,8 @@ public enum RESTRender {
         case .permissionDenied:
             // Firebase's answer, word for word: the rule that decided is not disclosed.
             return error(RESTError(401, "Permission denied"))
+        case .noSpace(let nodes):
+            return error(RESTError(507, StateMachine.Outcome.noSpaceMessage(nodes)))
         }
     }
 

@@ -58,6 +58,10 @@ public struct NodeConfig: Sendable, Equatable {
     /// (`/.banyan/members…`, `/.banyan/transfer`) need `Authorization: Bearer <token>`; without
     /// it they follow the development settings, like data requests.
     public var adminTokenFile: String?
+    /// Free-space alarm (docs/operations.md, "Disk space"): below this many free bytes on the
+    /// data directory's file system the node raises its alarm through the log, and the cluster
+    /// accepts only deletes until it has twice as much free again. 0 turns the alarm off.
+    public var minFreeBytes: UInt64 = 256 << 20
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
@@ -297,6 +301,13 @@ extension NodeConfig {
             case "log_level": c.logLevel = try r.string(value, key)
             case "admin_token_file": c.adminTokenFile = try r.string(value, key)
             case "threads": c.threads = try r.int(value, key, 1...64)
+            case "storage":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "min_free_bytes": c.minFreeBytes = try r.uint(v, "storage.min_free_bytes")
+                    default: throw ConfigError("\(source): unknown key storage.\(k)")
+                    }
+                }
             case "initial_members":
                 guard let members = value as? [AnyHashable: Any] else { throw ConfigError("\(source): initial_members must map node ids to host:port") }
                 c.initialMembers = [:]

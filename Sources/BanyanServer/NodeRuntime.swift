@@ -40,6 +40,8 @@ public struct NodeStatus: Sendable, Codable {
     /// server).
     public var realtimeConnections: Int? = nil
     public var draining: Bool? = nil
+    /// Nodes whose free-space alarm is raised (writes that add data are refused meanwhile).
+    public var spaceAlarms: [UInt64] = []
 
     public struct Progress: Sendable, Codable {
         public var node: UInt64
@@ -120,6 +122,14 @@ public final class NodeRuntime: @unchecked Sendable {
     /// The longest tick gap since the node started, in milliseconds.
     private let tickGapMax = Gauge(label: "banyan_raft_tick_gap_max_ms")
     private var lastTick: UInt64 = 0
+    /// Free bytes on the data directory's file system (nil: unknown). Replaceable at any time
+    /// (`setFreeSpaceProbe`: tests stand in a full disk).
+    private let freeSpace = Mutex<@Sendable (String) -> UInt64?>(NodeRuntime.statvfsFreeBytes)
+    private let diskFree = Gauge(label: "banyan_disk_free_bytes")
+    private let spaceAlarmGauge = Gauge(label: "banyan_space_alarm")
+    private var ticksToSpaceCheck = 0
+    /// A raise or clear of this node's alarm is on its way through the log.
+    private var spaceAlarmProposed = false
     private var longestTickGap: UInt64 = 0
     private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
     private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
@@ -478,7 +488,7 @@ public final class NodeRuntime: @unchecked Sendable {
                 } : [],
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
             namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16),
-            pid: getpid())
+            pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted())
     }
 
     // MARK: - The loop
@@ -495,9 +505,54 @@ public final class NodeRuntime: @unchecked Sendable {
             }
         }
         lastTick = now
+        checkSpace()
         core.tick(now: Self.wallClock())
         flushReplies()
         scheduleProcess()
+    }
+
+    /// About once a second: raises this node's free-space alarm through the log when the data
+    /// directory's file system has less than `min_free_bytes` free, and clears it once there is
+    /// twice that (docs/operations.md, "Disk space").
+    private func checkSpace() {
+        ticksToSpaceCheck -= 1
+        guard ticksToSpaceCheck <= 0 else { return }
+        ticksToSpaceCheck = max(1, 1_000 / max(1, config.raft.tickMilliseconds))
+        let alarms = core.replica.machine.spaceAlarms
+        spaceAlarmGauge.record(alarms.isEmpty ? 0 : 1)
+        let probe = freeSpace.withLock { $0 }
+        guard config.minFreeBytes > 0, let free = probe(config.dataDirectory) else { return }
+        diskFree.record(Int64(clamping: free))
+        let raised = alarms.contains(config.nodeID)
+        let low = free < config.minFreeBytes
+        let (twice, overflow) = config.minFreeBytes.multipliedReportingOverflow(by: 2)
+        let recovered = !overflow && free >= twice
+        guard !spaceAlarmProposed, low != raised, low || recovered else { return }
+        spaceAlarmProposed = true
+        if low {
+            logger.error(
+                "low on disk space: raising the free-space alarm (the cluster accepts only deletes until space is freed)",
+                metadata: ["free_bytes": "\(free)", "min_free_bytes": "\(config.minFreeBytes)", "dir": "\(config.dataDirectory)"])
+        } else {
+            logger.notice("disk space recovered: clearing the free-space alarm", metadata: ["free_bytes": "\(free)"])
+        }
+        let alarm = Command.spaceAlarm(node: config.nodeID, raised: low)
+        write(namespace: StateMachine.alarmsNamespace, command: alarm).whenComplete { _ in
+            // Applied, refused or timed out: the next check looks again at what the log says.
+            self.spaceAlarmProposed = false
+        }
+    }
+
+    /// Replaces how free space is measured (tests).
+    public func setFreeSpaceProbe(_ probe: @escaping @Sendable (String) -> UInt64?) {
+        freeSpace.withLock { $0 = probe }
+    }
+
+    /// Free bytes for an unprivileged writer on the file system holding `path`.
+    public static func statvfsFreeBytes(_ path: String) -> UInt64? {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return nil }
+        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
     }
 
     private func scheduleProcess() {

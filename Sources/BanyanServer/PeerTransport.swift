@@ -28,8 +28,10 @@ import Synchronization
 /// version are refused at the hello, naming both versions, so every node of a cluster must run
 /// the same protocol before they can talk again (restart them all with the new binary;
 /// docs/runbook.md).
+/// Version 7: the same messages; it marks the log's command versions 7 (accounts) and 8
+/// (free-space alarms), which nodes of version 6 would apply as malformed.
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 6
+    static let protocolVersion: UInt16 = 7
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

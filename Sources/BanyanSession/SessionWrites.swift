@@ -56,6 +56,7 @@ public enum SessionWrites {
         case .outOfOrder: return ("failure", .string("The write arrived before an earlier write of its connection."))
         // The SDKs raise PERMISSION_DENIED for this status (the reason stays in the server's log).
         case .permissionDenied: return ("permission_denied", .string("Permission denied"))
+        case .noSpace(let nodes): return ("failure", .string(StateMachine.Outcome.noSpaceMessage(nodes)))
         }
     }
 

@@ -1617,7 +1617,7 @@ public struct WholeNodeSimulator {
     /// connection is served by a running node.
     private mutating func observePresence(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
         switch applied.outcome {
-        case .ok, .datastale, .rejected, .permissionDenied:
+        case .ok, .datastale, .rejected, .permissionDenied, .noSpace:
             if presenceByConnection[applied.session] != nil {
                 let last = presenceApplied[node.id, default: [:]][applied.session] ?? 0
                 if applied.seq <= last {
@@ -1685,7 +1685,7 @@ public struct WholeNodeSimulator {
         // `.duplicate`, never be decided again.
         switch applied.outcome {
         case .duplicate, .malformed, .refused, .outOfOrder: break
-        case .ok, .datastale, .rejected, .permissionDenied:
+        case .ok, .datastale, .rejected, .permissionDenied, .noSpace:
             if applied.session != 0,
                 writesDecided[node.id, default: []].insert(SessionWrite(session: applied.session, seq: applied.seq)).inserted == false
             {

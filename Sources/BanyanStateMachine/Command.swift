@@ -45,6 +45,10 @@ public enum Command: Sendable, Equatable {
     /// envelope's namespace names (docs/accounts.md). Administrators only (the node's own
     /// account service proposes it). Version 7.
     case account(AccountOp)
+    /// A node's free-space alarm raised or cleared (docs/operations.md, "Disk space"): while any
+    /// node's alarm is raised, writes that add data are refused (`noSpace`) on every node at the
+    /// same log position; deletes go on. The node's own command (never a client's). Version 8.
+    case spaceAlarm(node: UInt64, raised: Bool)
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -68,6 +72,34 @@ public enum ClientAuth: Sendable, Equatable {
 
 /// A command with its identity (for exactly-once application, R29), its namespace and the
 /// leader's timestamp.
+extension Command {
+    /// Whether applying it may add data: refused while a free-space alarm is raised. Deletes
+    /// (every written value `null`), cancellations, ends of connections, leases, rules, the
+    /// alarms themselves and account deletions and sign-ins go on.
+    public var addsData: Bool {
+        func isNull(_ json: [UInt8]) -> Bool {
+            let trimmed = json.drop { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
+            let end = trimmed.lastIndex { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }
+            guard let end else { return false }
+            return trimmed[...end].elementsEqual("null".utf8)
+        }
+        switch self {
+        case .set(_, let json), .compareAndSet(_, _, let json), .onDisconnectSet(_, let json, _, _):
+            return !isNull(json)
+        case .update(_, let entries), .onDisconnectUpdate(_, let entries, _, _):
+            return entries.contains { !isNull($0.json) }
+        case .account(let op):
+            switch op {
+            case .create, .update: return true
+            case .signIn(_, _, let createIfAbsent): return createIfAbsent != nil
+            case .delete, .installKey: return false
+            }
+        case .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .spaceAlarm:
+            return false
+        }
+    }
+}
+
 public struct CommandEnvelope: Sendable, Equatable {
     /// The namespace (an independent tree, like a database in a Firebase project).
     public var namespace: String
@@ -115,7 +147,8 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// (not required) in the kind byte, the `setRules` kind, and a trailer naming the client
     /// (`auth`: 0 none, 1 signed out, 2 a user and its JSON). Version 7 (accounts): version
     /// 6's layout and the `account` kind; only account commands are written as version 7.
-    static let version: UInt8 = 7
+    /// Version 8: version 6's layout and the `spaceAlarm` kind (the only kind written as 8).
+    static let version: UInt8 = 8
     /// The kind byte's flag for `ordered` (version 5).
     static let orderedFlag: UInt8 = 0x80
     /// Where `settledBelow` sits in a version 3+ payload (after version, kind, session, seq and
@@ -124,6 +157,7 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// The version this command is written in.
     var writtenVersion: UInt8 {
+        if case .spaceAlarm = command { return 8 }
         if case .account = command { return 7 }
         if auth != nil { return 6 }
         if case .setRules = command { return 6 }
@@ -131,6 +165,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         switch command {
         case .setRules: return 6
         case .account: return 7
+        case .spaceAlarm: return 8
         case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
         case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
         }
@@ -156,6 +191,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .expireHolder: w.u8(9 | flags)
         case .setRules: w.u8(10 | flags)
         case .account: w.u8(11 | flags)
+        case .spaceAlarm: w.u8(12 | flags)
         }
         w.u64(session)
         w.u64(seq)
@@ -213,6 +249,10 @@ public struct CommandEnvelope: Sendable, Equatable {
         case let .account(op):
             w.string("")
             w.bytes(op.encoded)
+        case let .spaceAlarm(node, raised):
+            w.string("")
+            w.u64(node)
+            w.u8(raised ? 1 : 0)
         }
         if version >= 6 {
             switch auth {
@@ -243,6 +283,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .connectionEnded, .renewLease, .expireHolder: n += 24
         case let .setRules(text): n += 16 + text.count
         case let .account(op): n += 16 + op.encoded.count
+        case .spaceAlarm: n += 17
         }
         switch auth {
         case nil: n += writtenVersion >= 6 ? 1 : 0
@@ -259,7 +300,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     }
 
     /// Decodes a payload, or says which field is malformed: the whole payload must be one
-    /// command of a known version (2 to 7).
+    /// command of a known version (2 to 8).
     static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
         try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
             var version = try r.u8("command version")
@@ -321,6 +362,14 @@ public struct CommandEnvelope: Sendable, Equatable {
             case 11 where written == 7:
                 guard path.isEmpty, let op = AccountOp(decoding: try r.bytes("account")) else { throw .badValue(field: "account") }
                 command = .account(op)
+            case 12 where written == 8:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                let node = try r.u64("node")
+                switch try r.u8("raised") {
+                case 0: command = .spaceAlarm(node: node, raised: false)
+                case 1: command = .spaceAlarm(node: node, raised: true)
+                default: throw .badValue(field: "raised")
+                }
             default:
                 throw .badValue(field: "command kind")
             }

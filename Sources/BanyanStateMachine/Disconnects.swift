@@ -124,7 +124,7 @@ extension StateMachine {
                 }
             case let .expireHolder(holder, lastRenewal):
                 return expire(holder, lastRenewal: lastRenewal, envelope)
-            case .set, .update, .compareAndSet, .setRules, .account:
+            case .set, .update, .compareAndSet, .setRules, .account, .spaceAlarm:
                 applied.outcome = .malformed
             }
         } catch {

@@ -86,6 +86,14 @@ public struct StateMachine: Sendable {
         /// The write was invalid for the tree it applies to (for example a path or depth limit, or
         /// a priority on an empty location). Nothing changed.
         case rejected(TreeError)
+        /// A node of the cluster is low on disk space (its alarm is raised, `spaceAlarms`): only
+        /// writes that delete are accepted. Nothing changed.
+        case noSpace(nodes: [UInt64])
+
+        /// The error clients see for `noSpace` (REST 507, WebSocket `failure`).
+        public static func noSpaceMessage(_ nodes: [UInt64]) -> String {
+            "NOSPACE: node \(nodes.map(String.init).joined(separator: ", ")) of the cluster is low on disk space; only deletes are accepted until space is freed"
+        }
         /// Already applied: a retry or a duplicated proposal. Nothing changed.
         case duplicate
         /// The payload is not a command this version understands. Nothing changed.
@@ -127,6 +135,10 @@ public struct StateMachine: Sendable {
     /// namespace (no client can name it: client namespaces never start with `$`). Being a tree
     /// of the machine, the rules travel in snapshots and images like any data.
     public static let rulesNamespace = "$rules"
+    /// The system namespace of free-space alarms: one child per node whose alarm is raised.
+    public static let alarmsNamespace = "$alarms"
+    /// Nodes whose free-space alarm is raised (derived from `alarmsNamespace`).
+    public private(set) var spaceAlarms: Set<UInt64> = []
     /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
     /// A namespace without rules is not judged by the state machine (docs/rules.md).
     public private(set) var rules: [String: Rules] = [:]
@@ -178,6 +190,7 @@ public struct StateMachine: Sendable {
         self.expiredHolders = expiredHolders
         self.queuedHolders = Self.countHolders(queues)
         self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
+        self.spaceAlarms = Set((self.namespaces[Self.alarmsNamespace] ?? .empty).children.keys.compactMap { UInt64($0.string) })
     }
 
     /// Drops the parsed rules (they stay in the `$rules` tree). For the simulator's self-test
@@ -242,9 +255,16 @@ public struct StateMachine: Sendable {
         if !record.contains(envelope.seq) { record.insert(envelope.seq) }
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
+        if !spaceAlarms.isEmpty, envelope.command.addsData {
+            return Applied(
+                namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .noSpace(nodes: spaceAlarms.sorted()),
+                written: [])
+        }
         switch envelope.command {
         case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
             return applyConnectionCommand(envelope)
+        case let .spaceAlarm(node, raised):
+            return applySpaceAlarm(envelope, node: node, raised: raised)
         case .setRules(let text):
             return applySetRules(envelope, text: text)
         case .account(let op):
@@ -309,6 +329,22 @@ public struct StateMachine: Sendable {
         return Self.verdict(judge) { $0.decideWrite(targets: [location], context: $1, current: tree, proposed: tree) }
     }
 
+    /// A node's free-space alarm: the node's own command only (a client's is refused).
+    private mutating func applySpaceAlarm(_ envelope: CommandEnvelope, node: UInt64, raised: Bool) -> Applied {
+        var applied = Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .ok, written: [])
+        guard envelope.auth == nil else {
+            applied.outcome = .refused("free-space alarms are raised by nodes, not clients")
+            return applied
+        }
+        var tree = namespaces.removeValue(forKey: Self.alarmsNamespace) ?? .empty
+        // A decimal number is always a valid key.
+        guard let key = ChildKey(validKey: String(node)) else { return applied }
+        tree.set(raised ? Tree(.int(lastTimestamp)) : .empty, at: Path(segments: [key]))
+        if !tree.isEmpty { namespaces[Self.alarmsNamespace] = tree }
+        if raised { spaceAlarms.insert(node) } else { spaceAlarms.remove(node) }
+        return applied
+    }
+
     /// `setRules`: administrators only; the text must parse (the proposer checked it, but the
     /// machine decides, identically everywhere); an empty text removes the rules.
     private mutating func applySetRules(_ envelope: CommandEnvelope, text: [UInt8]) -> Applied {
@@ -353,7 +389,8 @@ public struct StateMachine: Sendable {
         judge: (rules: Rules, context: RulesRequestContext?)?, prepared: [Result<DeferredTree, TreeError>]?
     ) throws(TreeError) -> Outcome {
         switch command {
-        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .account:
+        case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .account,
+            .spaceAlarm:
             return .malformed  // handled by `applyConnectionCommand`, `applySetRules` and `applyAccount`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)

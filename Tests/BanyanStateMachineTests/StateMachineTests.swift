@@ -57,7 +57,7 @@ import Testing
         #expect(Array(restamped[18..<26]) == le(0x0A0B))
         #expect(Array(restamped[0..<18]) == Array(golden[0..<18]) && Array(restamped[26...]) == Array(golden[26...]))
         // Damage names the field; a hostile item count is refused before anything is allocated.
-        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([8] + golden.dropFirst()) }
+        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([9] + golden.dropFirst()) }
         // Version 5: version 4's layout, the kind's high bit saying the session is ordered; an
         // ordered command is always written so, an unordered one never.
         let ordered = CommandEnvelope(
@@ -303,5 +303,47 @@ import Testing
             }
             #expect(plain.image() == ahead.image(), "round \(round)")
         }
+    }
+}
+
+/// Free-space alarms in the state machine: decided at their log position on every node.
+@Suite struct SpaceAlarmMachineTests {
+    static func envelope(_ seq: UInt64, _ command: Command, auth: ClientAuth? = nil) -> [UInt8] {
+        CommandEnvelope(namespace: "app", session: 3, seq: seq, timestamp: 1_000 + Int64(seq), command: command, auth: auth).encoded()
+    }
+
+    @Test("while an alarm is raised only deletes apply; the alarm survives an image; clearing it lets writes in; clients cannot raise one")
+    func alarms() throws {
+        var m = StateMachine()
+        var seq: UInt64 = 0
+        func apply(_ command: Command, auth: ClientAuth? = nil) -> StateMachine.Outcome? {
+            seq += 1
+            return m.apply(Self.envelope(seq, command, auth: auth), index: seq)?.outcome
+        }
+        #expect(apply(.set(path: "/a", json: Array("1".utf8))) == .ok)
+        #expect(apply(.set(path: "/b", json: Array(#"{"c":1}"#.utf8))) == .ok)
+        #expect(apply(.spaceAlarm(node: 7, raised: true), auth: .signedOut) == .refused("free-space alarms are raised by nodes, not clients"))
+        #expect(m.spaceAlarms.isEmpty)
+        #expect(apply(.spaceAlarm(node: 2, raised: true)) == .ok)
+        #expect(m.spaceAlarms == [2])
+        let noSpace = StateMachine.Outcome.noSpace(nodes: [2])
+        #expect(apply(.set(path: "/x", json: Array("1".utf8))) == noSpace)
+        #expect(apply(.update(path: "/", entries: [.init(path: "a", json: Array("null".utf8)), .init(path: "y", json: Array("2".utf8))])) == noSpace)
+        #expect(apply(.compareAndSet(path: "/a", expectedHash: "h", json: Array("5".utf8))) == noSpace)
+        #expect(apply(.onDisconnectSet(path: "/p", json: Array("1".utf8), secret: 1, holder: 0)) == noSpace)
+        // Deletes go on, whitespace or not.
+        #expect(apply(.set(path: "/a", json: Array(" null\n".utf8))) == .ok)
+        #expect(apply(.update(path: "/b", entries: [.init(path: "c", json: Array("null".utf8))])) == .ok)
+        #expect(m.tree("app").isEmpty)
+        // The alarm travels in images (snapshots).
+        var copy = try StateMachine(image: m.image())
+        #expect(copy.spaceAlarms == [2])
+        #expect(copy.apply(Self.envelope(100, .set(path: "/z", json: Array("1".utf8))), index: seq + 1)?.outcome == noSpace)
+        #expect(apply(.spaceAlarm(node: 2, raised: false)) == .ok)
+        #expect(m.spaceAlarms.isEmpty && m.tree(StateMachine.alarmsNamespace).isEmpty)
+        #expect(apply(.set(path: "/x", json: Array("1".utf8))) == .ok)
+        // The command's bytes round-trip.
+        let payload = Self.envelope(1, .spaceAlarm(node: 9, raised: true))
+        #expect(CommandEnvelope(decoding: payload)?.command == .spaceAlarm(node: 9, raised: true))
     }
 }

@@ -1,0 +1,50 @@
+import BanyanNode
+@testable import BanyanServer
+import BanyanStateMachine
+import Foundation
+import Logging
+import NIOCore
+import Synchronization
+import Testing
+
+/// The free-space alarm (docs/operations.md, "Disk space"): a node low on disk raises it through
+/// the log, the cluster then refuses writes that add data (507 NOSPACE) while reads and deletes
+/// go on, and the alarm clears by itself once space returns.
+@Suite struct SpaceAlarmTests {
+    @Test("a full disk raises the alarm: writes get 507 NOSPACE, reads and deletes go on; freed space clears it")
+    func alarmOverREST() async throws {
+        let dir = try temporaryDirectory("space-alarm")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.minFreeBytes = 64 << 20
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/t/a.json", body: "1"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        #expect(try httpExchange(port: port, "PUT", "/t/b.json", body: #"{"x":1}"#).status == 200)
+        let free = Mutex<UInt64>(1 << 20)
+        node.runtime.setFreeSpaceProbe { _ in free.withLock { $0 } }
+        let raised = await eventually({ (try? node.runtime.status().wait().spaceAlarms) == [c.nodeID] }, seconds: 20)
+        #expect(raised)
+        let refused = try httpExchange(port: port, "PUT", "/t/c.json", body: #"{"y":2}"#)
+        #expect(refused.status == 507)
+        #expect(refused.body.contains("NOSPACE"), "\(refused.body)")
+        #expect(try httpExchange(port: port, "PATCH", "/t.json", body: #"{"d":5,"a":null}"#).status == 507)
+        #expect(try httpExchange(port: port, "POST", "/t.json", body: "7").status == 507)
+        // Reads and deletes go on.
+        let read = try httpExchange(port: port, "GET", "/t.json")
+        #expect(read.status == 200 && read.body == #"{"a":1,"b":{"x":1}}"#)
+        #expect(try httpExchange(port: port, "DELETE", "/t/a.json").status == 200)
+        #expect(try httpExchange(port: port, "PATCH", "/t/b.json", body: #"{"x":null}"#).status == 200)
+        #expect(try httpExchange(port: port, "GET", "/t.json").body == "null")
+        // (The gauges are process-wide, shared with the other tests' nodes: only their presence.)
+        let metrics = try httpExchange(port: port, "GET", "/metrics").body
+        #expect(metrics.contains("banyan_space_alarm") && metrics.contains("banyan_disk_free_bytes"))
+        // Space comes back (twice the minimum): the alarm clears and writes are accepted again.
+        free.withLock { $0 = 1 << 30 }
+        let cleared = await eventually({ (try? node.runtime.status().wait().spaceAlarms) == [] }, seconds: 20)
+        #expect(cleared)
+        #expect(try httpExchange(port: port, "PUT", "/t/c.json", body: #"{"y":2}"#).status == 200)
+    }
+}
