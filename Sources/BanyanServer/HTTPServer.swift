@@ -89,7 +89,8 @@ final class HTTPServer: Sendable {
         self.config = config
         self.adminToken = adminToken
         var credentials = Credentials(development: config.development, verifier: verifier)
-        credentials.accountKeys = { [runtime] now in AccountService.acceptedKeys(runtime.signingKeysInForce.withLock { $0 }, now: now) }
+        credentials.accountKey = { [runtime] kid, now in runtime.accountKey(kid, now: now) }
+        credentials.accountProjects = config.accounts.servedProjects
         credentials.skew = Int64(config.auth.clockSkewSeconds) * 1000
         self.credentials = credentials
         self.accounts = AccountService(runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, logger: logger)
