@@ -69,6 +69,7 @@ final class AccountService: Sendable {
     static let maxPageSize = 1000
     static let maxBatch = 1000
     static let maxLookup = 100
+    static let tooLarge = AccountError("INVALID_ARGUMENT : the request body exceeds \(maxBodyBytes) bytes", .payloadTooLarge)
 
     init(runtime: NodeRuntime, config: NodeConfig, credentials: Credentials, adminToken: String?, logger: Logger) {
         self.runtime = runtime
@@ -113,7 +114,7 @@ final class AccountService: Sendable {
     private func route(method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], on loop: any EventLoop) throws(AccountError) -> EventLoopFuture<
         HTTPReply
     > {
-        guard body.count <= Self.maxBodyBytes else { throw AccountError("INVALID_ARGUMENT : the request body exceeds \(Self.maxBodyBytes) bytes", .payloadTooLarge) }
+        guard body.count <= Self.maxBodyBytes else { throw Self.tooLarge }
         let question = uri.firstIndex(of: "?")
         let path = String(uri[..<(question ?? uri.endIndex)])
         let rawQuery = question.map { uri[uri.index(after: $0)...] } ?? ""

@@ -283,4 +283,15 @@ import Testing
             #expect(refreshed.status == 200, "\(refreshed)")
         }
     }
+
+    @Test("an account request whose Content-Length exceeds the service's bound is refused from its head, before the body is read")
+    func oversizedBodyRefusedAtHead() async throws {
+        try await Self.withNode("accounts-length") { port, _ in
+            let connection = try RequestDeadlineTests.Raw(port: port)
+            connection.send("POST \(Self.base)/accounts:signUp?key=k HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n{")
+            let text = connection.receive(until: "}}", seconds: 5).text
+            #expect(text.hasPrefix("HTTP/1.1 413"), "\(text.prefix(200))")
+            #expect(text.contains("INVALID_ARGUMENT"), "the Identity Toolkit's error shape")
+        }
+    }
 }
