@@ -99,11 +99,17 @@ public enum AccountTokens {
     /// Verifies an account-service ID token against `keys` (those accepted now) at `now`
     /// (milliseconds): HS256 only, a known `kid`, the MAC, then the ID token's claim checks with
     /// the key's project as issuer and audience.
-    public static func verifyIDToken(_ token: String, keys: [Key], skew: Int64, now: Int64) -> Result<VerifiedToken, TokenError> {
+    ///
+    /// `projects` are the projects whose tokens are honoured (the node's configuration): a
+    /// key of any other project is not trusted, and the token's `aud` and `iss` must name the
+    /// key's project, one of them.
+    public static func verifyIDToken(
+        _ token: String, key lookup: (String) -> Key?, projects: Set<String>, skew: Int64, now: Int64
+    ) -> Result<VerifiedToken, TokenError> {
         do throws(TokenError) {
             let jwt = try JWT.decode(token)
             guard jwt.algorithm == "HS256" else { throw .algorithmNotAllowed(jwt.algorithm) }
-            guard let kid = jwt.keyID, let key = keys.first(where: { $0.id == kid }) else { throw .unknownKey(jwt.keyID) }
+            guard let kid = jwt.keyID, let key = lookup(kid), projects.contains(key.project) else { throw .unknownKey(jwt.keyID) }
             guard jwt.signature.count == SHA256.byteCount,
                 HMAC<SHA256>.isValidAuthenticationCode(jwt.signature, authenticating: jwt.signingInput, using: SymmetricKey(data: key.secret))
             else { throw .badSignature }

@@ -55,7 +55,9 @@ final class AccountService: Sendable {
     let hasher: PasswordHasher
     private let pool: NIOThreadPool
     private let pending = Atomic<Int>(0)
-    private let resetFile = Mutex<Void>(())
+    private let resetFile = ResetFileLock()
+    /// Reset codes sent per address (`accounts.reset_codes_per_minute`).
+    let resetLimiter: RateLimiter
 
     /// Bounds on what a request may carry (docs/accounts.md, "Inputs").
     static let maxBodyBytes = 64 << 10
@@ -67,6 +69,7 @@ final class AccountService: Sendable {
     static let maxPageSize = 1000
     static let maxBatch = 1000
     static let maxLookup = 100
+    static let tooLarge = AccountError("INVALID_ARGUMENT : the request body exceeds \(maxBodyBytes) bytes", .payloadTooLarge)
 
     init(runtime: NodeRuntime, config: NodeConfig, credentials: Credentials, adminToken: String?, logger: Logger) {
         self.runtime = runtime
@@ -76,22 +79,11 @@ final class AccountService: Sendable {
         self.logger = logger
         self.hasher = PasswordHasher(logN: config.accounts.scryptLogN, blockSize: 8, parallelism: 1)
         self.pool = NIOThreadPool(numberOfThreads: config.accounts.hashThreads)
+        self.resetLimiter = RateLimiter(perMinute: config.accounts.resetCodesPerMinute)
     }
 
     func start() { pool.start() }
     func shutdown() { try? pool.syncShutdownGracefully() }
-
-    /// The signing keys accepted at `now`, of every project (what `Credentials` checks the
-    /// service's ID tokens with).
-    static func acceptedKeys(_ all: [String: SigningKeys], now: Int64) -> [AccountTokens.Key] {
-        var out: [AccountTokens.Key] = []
-        for (project, keys) in all {
-            for key in keys.accepted(now: now) {
-                if let secret = Base64.decode(key.secret.utf8) { out.append(AccountTokens.Key(id: key.id, secret: secret, project: project)) }
-            }
-        }
-        return out
-    }
 
     // MARK: - Requests
 
@@ -122,7 +114,7 @@ final class AccountService: Sendable {
     private func route(method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], on loop: any EventLoop) throws(AccountError) -> EventLoopFuture<
         HTTPReply
     > {
-        guard body.count <= Self.maxBodyBytes else { throw AccountError("INVALID_ARGUMENT : the request body exceeds \(Self.maxBodyBytes) bytes", .payloadTooLarge) }
+        guard body.count <= Self.maxBodyBytes else { throw Self.tooLarge }
         let question = uri.firstIndex(of: "?")
         let path = String(uri[..<(question ?? uri.endIndex)])
         let rawQuery = question.map { uri[uri.index(after: $0)...] } ?? ""
@@ -162,6 +154,11 @@ final class AccountService: Sendable {
             parsed = value
         }
         let call = Call(project: project, administrator: isAdministrator(headers), body: parsed, query: query, loop: loop, host: host)
+        // Only the projects this node is configured for, but for an administrator: anyone else
+        // naming another project would make the node keep accounts and keys for it.
+        guard call.administrator || config.accounts.servedProjects.contains(project) else {
+            throw AccountError("INVALID_PROJECT_ID : this server does not serve project \(project)")
+        }
         switch (method, operation) {
         case (.GET, "batchGet"): return try list(call)
         case (.POST, "create"): return try signUp(call, administrative: true)
@@ -230,8 +227,10 @@ final class AccountService: Sendable {
         let bytes = Array(email.utf8)
         let ats = bytes.indices.filter { bytes[$0] == UInt8(ascii: "@") }
         guard bytes.count <= maxEmailBytes, ats.count == 1, let at = ats.first, at > 0, at < bytes.count - 1,
-            bytes.allSatisfy({ $0 > 0x20 && $0 != 0x7F }), bytes[(at + 1)...].contains(UInt8(ascii: ".")) || bytes[(at + 1)...].count > 0
+            bytes.allSatisfy({ $0 > 0x20 && $0 != 0x7F })
         else { throw AccountError("INVALID_EMAIL") }
+        // Escaping may triple a byte (`%` is `%25`): the index key must still fit in a path.
+        guard AccountStore.emailKey(email).utf8.count <= AccountStore.maxKeyBytes else { throw AccountError("INVALID_EMAIL : too many escaped characters") }
     }
 
     static func checkPassword(_ password: String) throws(AccountError) {
@@ -368,7 +367,9 @@ final class AccountService: Sendable {
         for record: AccountRecord, project: String, signInProvider: String? = nil, extraClaims: JSONValue? = nil, on loop: any EventLoop
     ) -> EventLoopFuture<Tokens> {
         signingKey(project, on: loop).map { key in
-            let now = NodeRuntime.wallClock() / 1000
+            // Never before the account's `validSince`, which the leader stamped: a node whose
+            // clock is behind would otherwise issue tokens the account already refuses.
+            let now = max(NodeRuntime.wallClock() / 1000, record.validSince)
             var claims = record.claims.flatMap { try? JSONValue(parsing: $0) }
             if case .object(let extra)? = extraClaims {
                 var merged: [(String, JSONValue)] = []
@@ -448,6 +449,9 @@ final class AccountService: Sendable {
     /// `projects/<p>/accounts` (any fields, no tokens).
     private func signUp(_ call: Call, administrative: Bool) throws(AccountError) -> EventLoopFuture<HTTPReply> {
         if administrative && !call.administrator { throw AccountError.permission }
+        if !call.administrator && !config.effectiveAllowSignUp {
+            throw AccountError("OPERATION_NOT_ALLOWED : sign-up is disabled (accounts.allow_sign_up)")
+        }
         let email = try Self.string(call, "email")
         let password = try Self.string(call, "password")
         let name = try Self.string(call, "displayName")
@@ -757,6 +761,15 @@ final class AccountService: Sendable {
         try Self.checkEmail(email)
         let returnLink = try Self.bool(call, "returnOobLink") ?? false
         if returnLink && !call.administrator { throw AccountError.permission }
+        if !returnLink {
+            // The log is no place for a credential but on a development node.
+            guard config.accounts.resetCodeFile != nil || config.development.allowUnauthenticated else {
+                throw AccountError("OPERATION_NOT_ALLOWED : password reset needs accounts.reset_code_file")
+            }
+            guard resetLimiter.allow(call.project + "/" + AccountStore.emailKey(email), now: NodeRuntime.wallClock()) else {
+                throw AccountError("TOO_MANY_ATTEMPTS_TRY_LATER", .tooManyRequests)
+            }
+        }
         let loop = call.loop
         let project = call.project
         return store(project, on: loop).and(signingKey(project, on: loop)).flatMapThrowing { store, key in
@@ -766,24 +779,28 @@ final class AccountService: Sendable {
             if returnLink {
                 let link = "http://\(call.host)/emulator/action?mode=resetPassword&lang=en&oobCode=\(code)&apiKey=fake-api-key"
                 m += [("oobLink", .string(link)), ("oobCode", .string(code))]
-            } else {
-                self.deliverResetCode(project: project, email: record.email ?? email, uid: record.uid, code: code)
+                return loop.makeSucceededFuture(Self.ok(m))
             }
-            return Self.ok(m)
-        }
+            return self.deliverResetCode(project: project, email: record.email ?? email, uid: record.uid, code: code, on: loop).map { Self.ok(m) }
+        }.flatMap { $0 }
     }
 
     /// Hands a reset code to the operator's hook.
-    private func deliverResetCode(project: String, email: String, uid: String, code: String) {
+    /// Hands a reset code to the operator's hook: the file (appended on a hashing thread, never
+    /// the event loop), or, on a development node without one, the log.
+    private func deliverResetCode(project: String, email: String, uid: String, code: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
         guard let file = config.accounts.resetCodeFile else {
             logger.notice("password reset code (no mail; set accounts.reset_code_file)", metadata: ["project": "\(project)", "email": "\(email)", "oob_code": "\(code)"])
-            return
+            return loop.makeSucceededVoidFuture()
         }
         let line = JSONValue.object([
             ("time", .int(NodeRuntime.wallClock())), ("project", .string(project)), ("email", .string(email)), ("uid", .string(uid)),
             ("requestType", .string("PASSWORD_RESET")), ("oobCode", .string(code)),
         ]).jsonString + "\n"
-        resetFile.withLock { _ in
+        let logger = self.logger
+        let resetFile = self.resetFile
+        return pool.runIfActive(eventLoop: loop) {
+          resetFile.withLock { _ in
             let fd = open(file, O_WRONLY | O_APPEND | O_CREAT, 0o600)
             guard fd >= 0 else {
                 logger.error("cannot open accounts.reset_code_file; the reset code was not delivered", metadata: ["file": "\(file)", "errno": "\(errno)"])
@@ -793,6 +810,7 @@ final class AccountService: Sendable {
             let bytes = Array(line.utf8)
             let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
             if written != bytes.count { logger.error("short write to accounts.reset_code_file", metadata: ["file": "\(file)"]) }
+          }
         }
     }
 
@@ -843,6 +861,46 @@ final class AccountService: Sendable {
             return Self.ok([("kid", .string(fresh.id)), ("previousAcceptedForMs", .int(self.retainReplacedKey))])
         }
     }
+}
+
+/// Serializes appends to the reset-code file.
+final class ResetFileLock: Sendable {
+    private let mutex = Mutex<Void>(())
+    func withLock<T>(_ body: (inout Void) -> T) -> T { mutex.withLock { body(&$0) } }
+}
+
+/// At most `perMinute` events per key in a minute, over at most `capacity` keys (bounded
+/// memory: when full, expired windows are dropped, and if none has expired the event is
+/// refused).
+final class RateLimiter: Sendable {
+    let perMinute: Int
+    let capacity: Int
+    private let windows = Mutex<[String: (start: Int64, count: Int)]>([:])
+
+    init(perMinute: Int, capacity: Int = 10_000) {
+        self.perMinute = perMinute
+        self.capacity = capacity
+    }
+
+    /// Whether an event for `key` at `now` (milliseconds) is allowed (and counts it if so).
+    func allow(_ key: String, now: Int64) -> Bool {
+        windows.withLock { windows in
+            if var w = windows[key], now - w.start < 60_000 {
+                guard w.count < perMinute else { return false }
+                w.count += 1
+                windows[key] = w
+                return true
+            }
+            if windows[key] == nil && windows.count >= capacity {
+                windows = windows.filter { now - $0.value.start < 60_000 }
+                if windows.count >= capacity { return false }
+            }
+            windows[key] = (now, 1)
+            return true
+        }
+    }
+
+    var count: Int { windows.withLock { $0.count } }
 }
 
 extension String {

@@ -167,6 +167,13 @@ public struct NodeConfig: Sendable, Equatable {
         /// issuer and audience of the ID tokens they issue. Project-scoped endpoints
         /// (`/v1/projects/<id>/accounts…`) use the project they name.
         public var projectID: String = "demo-banyan"
+        /// Further projects this node serves and whose ID tokens its data API honours. Any
+        /// other project's endpoints answer `INVALID_PROJECT_ID` except to an administrator,
+        /// and its tokens are never accepted.
+        public var projects: [String] = []
+        /// Whether anyone may create an account (`accounts:signUp` without administrator
+        /// credentials). Nil: only while `development.allow_unauthenticated` is on.
+        public var allowSignUp: Bool?
         /// log2 of scrypt's N for new password hashes (r = 8, p = 1); each hash records its own.
         public var scryptLogN: Int = 15
         /// Where password-reset codes go (there is no mail): a file each code is appended to as
@@ -177,7 +184,12 @@ public struct NodeConfig: Sendable, Equatable {
         /// Password hashes waiting or running at once; more are answered
         /// `TOO_MANY_ATTEMPTS_TRY_LATER`.
         public var maxPendingHashes: Int = 64
+        /// Password-reset emails (`accounts:sendOobCode`) per address per minute.
+        public var resetCodesPerMinute: Int = 3
         public init() {}
+
+        /// The projects served: `project_id` and `projects`.
+        public var servedProjects: Set<String> { Set([projectID] + projects) }
     }
 
     public struct DevelopmentSettings: Sendable, Equatable {
@@ -376,6 +388,11 @@ extension NodeConfig {
                     case "project_id": c.accounts.projectID = try r.string(v, "accounts.\(k)")
                     case "scrypt_log_n": c.accounts.scryptLogN = try r.int(v, "accounts.\(k)", 10...20)
                     case "reset_code_file": c.accounts.resetCodeFile = try r.string(v, "accounts.\(k)")
+                    case "projects":
+                        guard let list = v as? [Any] else { throw ConfigError("\(source): accounts.projects must be a list of project ids") }
+                        c.accounts.projects = try list.map { (item) throws(ConfigError) in try r.string(item, "accounts.projects") }
+                    case "allow_sign_up": c.accounts.allowSignUp = try r.bool(v, "accounts.\(k)")
+                    case "reset_codes_per_minute": c.accounts.resetCodesPerMinute = try r.int(v, "accounts.\(k)", 1...1_000)
                     case "hash_threads": c.accounts.hashThreads = try r.int(v, "accounts.\(k)", 1...64)
                     case "max_pending_hashes": c.accounts.maxPendingHashes = try r.int(v, "accounts.\(k)", 1...100_000)
                     default: throw ConfigError("\(source): unknown key accounts.\(k)")
@@ -418,8 +435,8 @@ extension NodeConfig {
         if !auth.isConfigured, auth.projectID != nil || auth.issuer != nil || auth.audience != nil {
             throw ConfigError("auth: set jwks_file or x509_file (ID tokens) or database_secrets_file (custom tokens): nothing is verified without them")
         }
-        guard StateMachine.isValidProject(accounts.projectID) else {
-            throw ConfigError("accounts.project_id '\(accounts.projectID)' must be 1 to 63 lowercase letters, digits or '-'")
+        for project in [accounts.projectID] + accounts.projects where !StateMachine.isValidProject(project) {
+            throw ConfigError("accounts project id '\(project)' must be 1 to 63 lowercase letters, digits or '-'")
         }
         guard RESTRequest.isValidNamespace(defaultNamespace) else {
             throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")
@@ -432,6 +449,9 @@ extension NodeConfig {
     /// that listens anywhere else refuses to start while a development setting would expose it,
     /// naming the setting and how to turn it off.
     /// The CORS origins in force (see `HTTPSettings.corsOrigins`).
+    /// Whether public sign-up is on (see `AccountSettings.allowSignUp`).
+    public var effectiveAllowSignUp: Bool { accounts.allowSignUp ?? development.allowUnauthenticated }
+
     public var effectiveCORSOrigins: [String] { http.corsOrigins ?? (development.allowUnauthenticated ? ["*"] : []) }
 
     func checkSafeDefaults() throws(ConfigError) {

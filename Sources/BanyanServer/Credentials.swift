@@ -11,15 +11,18 @@ import Foundation
 struct Credentials: Sendable {
     let development: NodeConfig.DevelopmentSettings
     let verifier: TokenVerifier?
-    /// The account service's signing keys accepted at a time (milliseconds): the replicated
-    /// keys of every project (docs/accounts.md). Its ID tokens are checked with these.
-    var accountKeys: @Sendable (Int64) -> [AccountTokens.Key] = { _ in [] }
+    /// The account service's signing key with a `kid`, if accepted at a time (milliseconds):
+    /// the replicated keys of the served projects (docs/accounts.md).
+    var accountKey: @Sendable (String, Int64) -> AccountTokens.Key? = { _, _ in nil }
+    /// The projects whose account-service ID tokens are honoured (`accounts.project_id`,
+    /// `accounts.projects`): a token's `aud` and `iss` must name one of them.
+    var accountProjects: Set<String> = []
     /// The clock skew allowed on the account service's tokens (`auth.clock_skew_seconds`).
     var skew: Int64 = 5 * 60 * 1000
 
     /// Verifies an account-service ID token (a `kid` of the cluster's).
     func verifyAccountToken(_ token: String, now: Int64) -> Result<VerifiedToken, TokenError> {
-        AccountTokens.verifyIDToken(token, keys: accountKeys(now), skew: skew, now: now)
+        AccountTokens.verifyIDToken(token, key: { accountKey($0, now) }, projects: accountProjects, skew: skew, now: now)
     }
 
     /// The identity of a REST request or event stream at `now` (milliseconds since the epoch).

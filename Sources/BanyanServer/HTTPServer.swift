@@ -89,7 +89,8 @@ final class HTTPServer: Sendable {
         self.config = config
         self.adminToken = adminToken
         var credentials = Credentials(development: config.development, verifier: verifier)
-        credentials.accountKeys = { [runtime] now in AccountService.acceptedKeys(runtime.signingKeysInForce.withLock { $0 }, now: now) }
+        credentials.accountKey = { [runtime] kid, now in runtime.accountKey(kid, now: now) }
+        credentials.accountProjects = config.accounts.servedProjects
         credentials.skew = Int64(config.auth.clockSkewSeconds) * 1000
         self.credentials = credentials
         self.accounts = AccountService(runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, logger: logger)
@@ -525,6 +526,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var head: HTTPRequestHead?
     private var body: [UInt8] = []
     private var tooLarge = false
+    /// The largest body the current request may carry: `http.max_body_bytes`, or the account
+    /// service's own bound for its endpoints (refused from `Content-Length` before reading).
+    private var bodyLimit = 0
+    private var accountsRequest = false
     private var busy = false
     /// Request parts that arrived while `busy` (pipelined), taken in order from `nextQueued`
     /// once it is not, and the body bytes among them.
@@ -675,6 +680,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             head = h
             body = []
             tooLarge = false
+            accountsRequest = Route.of(method: h.method.rawValue, uri: h.uri) == .accounts
+            bodyLimit = accountsRequest ? min(AccountService.maxBodyBytes, server.config.http.maxBodyBytes) : server.config.http.maxBodyBytes
             started = DispatchTime.now().uptimeNanoseconds
             // Data writes are authorised from the head, before their body is read: a refused
             // write never costs a body of up to `max_body_bytes` (issue 18). The connection
@@ -688,8 +695,15 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 respond(context: context, head: h, reply: denied, close: true)
                 return
             }
-            if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > server.config.http.maxBodyBytes {
+            if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > bodyLimit {
                 tooLarge = true
+                // The account service answers at once and closes: its body is never read.
+                if accountsRequest {
+                    head = nil
+                    busy = true
+                    respond(context: context, head: h, reply: tooLargeReply, close: true)
+                    return
+                }
             }
             // A client waiting before it sends its body (curl does past 1 MiB): go ahead, or
             // refuse at once when the body is too large.
@@ -704,7 +718,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             }
         case .body(let chunk):
             guard !tooLarge else { return }
-            if body.count + chunk.readableBytes > server.config.http.maxBodyBytes {
+            if body.count + chunk.readableBytes > bodyLimit {
                 tooLarge = true
                 body = []
                 return
@@ -740,7 +754,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     private var tooLargeReply: HTTPReply {
-        .error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
+        if accountsRequest { return AccountService.tooLarge.reply }
+        return .error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
     }
 
     /// Bad HTTP (the decoder's errors): a 400 and a close when no answer is under way, as

@@ -1,3 +1,5 @@
+import BanyanBasics
+import BanyanAuth
 public import BanyanNode
 public import BanyanRaft
 public import BanyanReplica
@@ -92,6 +94,31 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Every project's signing keys as of the last applied entry: what the network threads
     /// verify the account service's tokens with (docs/accounts.md).
     let signingKeysInForce = Mutex<[String: SigningKeys]>([:])
+    /// The same keys by `kid`, with when each stops being accepted (nil: while current):
+    /// rebuilt only when the keys change, so checking a token is one dictionary look-up.
+    let accountKeysByID = Mutex<[String: (key: AccountTokens.Key, until: Int64?)]>([:])
+    /// Puts `keys` (the served projects') in force.
+    func installSigningKeys(_ keys: [String: SigningKeys]) {
+        var byID: [String: (key: AccountTokens.Key, until: Int64?)] = [:]
+        for (project, k) in keys {
+            if let current = k.current, let secret = Base64.decode(current.secret.utf8) {
+                byID[current.id] = (AccountTokens.Key(id: current.id, secret: secret, project: project), nil)
+            }
+            if let previous = k.previous, let secret = Base64.decode(previous.secret.utf8) {
+                byID[previous.id] = (AccountTokens.Key(id: previous.id, secret: secret, project: project), previous.time)
+            }
+        }
+        signingKeysInForce.withLock { $0 = keys }
+        accountKeysByID.withLock { $0 = byID }
+    }
+
+    /// The served project's key `kid`, if it is accepted at `now`.
+    func accountKey(_ kid: String, now: Int64) -> AccountTokens.Key? {
+        guard let entry = accountKeysByID.withLock({ $0[kid] }) else { return nil }
+        if let until = entry.until, until <= now { return nil }
+        return entry.key
+    }
+
     /// Called (on the replica loop) after the rules in force changed.
     let rulesChanged = Mutex<(@Sendable () -> Void)?>(nil)
     let connectionsRestored = Mutex<(@Sendable (_ ended: (UInt64) -> Bool) -> Void)?>(nil)
@@ -194,8 +221,7 @@ public final class NodeRuntime: @unchecked Sendable {
         core.output = { [unowned self] action in self.perform(action) }
         let loadedRules = core.replica.machine.rules
         rulesInForce.withLock { $0 = loadedRules }
-        let loadedKeys = core.replica.machine.signingKeys
-        signingKeysInForce.withLock { $0 = loadedKeys }
+        installSigningKeys(core.replica.machine.signingKeys(projects: config.accounts.servedProjects))
         let raftState = core.replica.raft
         logger.info(
             "state loaded",
@@ -656,8 +682,7 @@ public final class NodeRuntime: @unchecked Sendable {
             rulesInForce.withLock { $0 = rules }
             rulesChanged.withLock { $0 }?()
         case .signingKeysChanged:
-            let keys = core.replica.machine.signingKeys
-            signingKeysInForce.withLock { $0 = keys }
+            installSigningKeys(core.replica.machine.signingKeys(projects: config.accounts.servedProjects))
         case let .leaseExpiryProposed(holder, namespace):
             leaseExpiries.increment()
             logger.notice(

@@ -274,6 +274,8 @@ public enum AccountRefusal: String, Sendable, Equatable, CaseIterable {
     case invalidOobCode = "INVALID_OOB_CODE"
     case invalidProject = "INVALID_PROJECT_ID"
     case notAdministrator = "INSUFFICIENT_PERMISSION"
+    /// A rotation while the key the last one replaced is still accepted.
+    case rotationTooSoon = "ROTATION_TOO_SOON"
 
     /// The refusal an outcome carries, if it is one.
     public init?(_ outcome: StateMachine.Outcome) {
@@ -326,6 +328,10 @@ public struct AccountStore: Sendable {
     }
 
     static func key(_ s: String) throws(TreeError) -> ChildKey { try ChildKey(validating: s) }
+
+    /// The longest escaped uid or email key whose path fits in `Path.maxBytes` under any
+    /// project (`/<63-byte project>/e/<key>`).
+    public static let maxKeyBytes = Path.maxBytes - 70
 
     var projectPath: Path { Path(segments: [ChildKey(unchecked: project)]) }
     func userPath(_ uid: String) throws(TreeError) -> Path { projectPath.appending(Self.users).appending(try Self.key(Self.escape(uid))) }
@@ -385,12 +391,15 @@ extension StateMachine {
     /// The accounts of `project`.
     public func accounts(_ project: String) -> AccountStore { AccountStore(tree: tree(Self.accountsNamespace), project: project) }
 
-    /// Every project's signing keys (what the network threads verify tokens with).
-    public var signingKeys: [String: SigningKeys] {
+    /// The signing keys of `projects` (what the network threads verify tokens with): only
+    /// the projects named are read, so a node's cost does not grow with projects it does not
+    /// serve.
+    public func signingKeys(projects: some Sequence<String>) -> [String: SigningKeys] {
         var out: [String: SigningKeys] = [:]
-        for (key, _) in tree(Self.accountsNamespace).children.elements() {
-            let keys = AccountStore(tree: tree(Self.accountsNamespace), project: key.string).signingKeys
-            if keys.current != nil { out[key.string] = keys }
+        let accounts = tree(Self.accountsNamespace)
+        for project in projects where Self.isValidProject(project) {
+            let keys = AccountStore(tree: accounts, project: project).signingKeys
+            if keys.current != nil { out[project] = keys }
         }
         return out
     }
@@ -414,6 +423,8 @@ extension StateMachine {
         guard Self.isValidProject(envelope.namespace) else { return refuse(.invalidProject) }
         let now = lastTimestamp
         var tree = namespaces.removeValue(forKey: Self.accountsNamespace) ?? .empty
+        // All or nothing: a command whose write fails leaves the tree as it found it.
+        let before = tree
         defer { if !tree.isEmpty { namespaces[Self.accountsNamespace] = tree } }
         let store = { AccountStore(tree: tree, project: envelope.namespace) }
         func put(_ record: AccountRecord) throws(TreeError) {
@@ -441,12 +452,15 @@ extension StateMachine {
                 guard var record = store().user(uid) else { return refuse(.userNotFound) }
                 if let expected = changes.expectedPasswordHash, expected != (record.passwordHash ?? "") { return refuse(.invalidOobCode) }
                 if let email = changes.email, taken(email, by: uid) { return refuse(.emailExists) }
+                let oldEmail = record.email
                 if changes.removeEmail || changes.email != nil, let old = record.email {
                     try index(old, to: nil)
                     record.email = nil
                 }
                 if let email = changes.email {
                     try index(email, to: uid)
+                    // A new address is not verified unless the change says so.
+                    if oldEmail.map(AccountStore.emailKey) != AccountStore.emailKey(email) { record.emailVerified = false }
                     record.email = email
                     if record.provider == "anonymous" { record.provider = "password" }
                 }
@@ -499,6 +513,9 @@ extension StateMachine {
                     applied.value = Tree(.string(keys.json.jsonString))
                     return applied
                 }
+                // One retained key at a time: a second rotation while the replaced key is still
+                // accepted would drop it before the tokens it signed expire.
+                if let previous = keys.previous, previous.time > now { return refuse(.rotationTooSoon) }
                 if var old = keys.current {
                     old.time = now &+ max(0, retain)
                     keys.previous = old
@@ -511,6 +528,7 @@ extension StateMachine {
                 applied.signingKeysChanged = true
             }
         } catch {
+            tree = before
             applied.outcome = .rejected(error)
             applied.value = nil
             applied.signingKeysChanged = false

@@ -192,9 +192,106 @@ import Testing
             let header = String(decoding: Base64.decode(String(fresh.split(separator: ".").first ?? "").utf8) ?? [], as: UTF8.self)
             #expect(header.contains(Self.string(rotated.json, "kid")), "\(header)")
             #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=\(fresh)").status == 200)
+            // A second rotation while the replaced key is still accepted would drop it early.
+            let again = try Self.call(port, "POST", "\(Self.base)/projects/demo-banyan:rotateSigningKey", body: "{}", headers: "Authorization: Bearer owner\r\n")
+            #expect(again.status == 400 && Self.code(again.json) == "ROTATION_TOO_SOON", "\(again)")
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=\(idToken)").status == 200, "the first key is still accepted")
             // The user's own lookup with its token.
             let lookup = try Self.post(port, "lookup", #"{"idToken":"\#(fresh)"}"#)
             if case .array(let users)? = lookup.json["users"] { #expect(users.first?["localId"] == .string("alice")) } else { Issue.record("\(lookup)") }
+        }
+    }
+
+    @Test("only the configured projects are served to non-administrators, and the database honours only their tokens")
+    func otherProjects() async throws {
+        try await Self.withNode("accounts-projects", configure: { $0.development.allowUnauthenticated = false; $0.accounts.allowSignUp = true }) { port, _ in
+            #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: RulesServerTests.rules).status == 200)
+            // Anyone naming another project: refused, nothing created.
+            let up = try Self.call(port, "POST", "\(Self.base)/projects/throwaway/accounts:signUp?key=k", body: #"{"email":"alice@x.y","password":"wonderland"}"#)
+            #expect(up.status == 400 && Self.code(up.json) == "INVALID_PROJECT_ID", "\(up)")
+            // The configured project works without naming it and naming it.
+            let real = try Self.call(port, "POST", "\(Self.base)/projects/demo-banyan/accounts:signUp?key=k", body: #"{"localId":"x","email":"alice@x.y","password":"wonderland"}"#)
+            #expect(real.status == 200, "\(real)")
+            let uid = Self.string(real.json, "localId")
+            // An administrator may keep accounts of another project; its tokens claim the same
+            // uid and email but the database does not honour them.
+            let owner = "Authorization: Bearer owner\r\n"
+            let made = try Self.call(port, "POST", "\(Self.base)/projects/throwaway/accounts", body: #"{"localId":"\#(uid)","email":"alice@x.y","password":"wonderland"}"#, headers: owner)
+            #expect(made.status == 200, "\(made)")
+            let other = try Self.call(port, "POST", "\(Self.base)/projects/throwaway/accounts:signInWithPassword", body: #"{"email":"alice@x.y","password":"wonderland"}"#, headers: owner)
+            let otherToken = Self.string(other.json, "idToken")
+            #expect(other.status == 200 && !otherToken.isEmpty, "\(other)")
+            let honoured = try httpExchange(port: port, "PUT", "/users/\(uid).json?auth=\(Self.string(real.json, "idToken"))", body: #"{"name":"A"}"#)
+            #expect(honoured.status == 200, "\(honoured)")
+            let refused = try httpExchange(port: port, "PUT", "/users/\(uid).json?auth=\(otherToken)", body: #"{"name":"B"}"#)
+            #expect(refused.status == 401, "another project's token: \(refused)")
+            #expect(try httpExchange(port: port, "GET", "/users/\(uid).json?auth=\(otherToken)").status == 401)
+        }
+    }
+
+    @Test("public sign-up is off by default outside development; reset codes need the file there and are rate-limited per address")
+    func productionDefaults() async throws {
+        try await Self.withNode("accounts-production", configure: { $0.development.allowUnauthenticated = false; $0.accounts.resetCodeFile = nil }) { port, _ in
+            let up = try Self.post(port, "signUp", #"{"email":"ada@x.y","password":"lovelace1"}"#)
+            #expect(up.status == 400 && Self.code(up.json) == "OPERATION_NOT_ALLOWED", "\(up)")
+            #expect(try Self.post(port, "signUp", #"{"email":"ada@x.y","password":"lovelace1"}"#, admin: true).status == 200)
+            let reset = try Self.post(port, "sendOobCode", #"{"requestType":"PASSWORD_RESET","email":"ada@x.y"}"#)
+            #expect(reset.status == 400 && Self.code(reset.json) == "OPERATION_NOT_ALLOWED", "no code in the log outside development: \(reset)")
+        }
+        try await Self.withNode("accounts-reset-limit") { port, _ in
+            #expect(try Self.post(port, "signUp", #"{"email":"ada@x.y","password":"lovelace1"}"#).status == 200)
+            for _ in 0..<3 { #expect(try Self.post(port, "sendOobCode", #"{"requestType":"PASSWORD_RESET","email":"ada@x.y"}"#).status == 200) }
+            let limited = try Self.post(port, "sendOobCode", #"{"requestType":"PASSWORD_RESET","email":"ADA@x.y"}"#)
+            #expect(limited.status == 429 && Self.code(limited.json) == "TOO_MANY_ATTEMPTS_TRY_LATER", "\(limited)")
+        }
+    }
+
+    @Test("the rate limiter's memory is bounded and its windows end")
+    func rateLimiter() {
+        let limiter = RateLimiter(perMinute: 2, capacity: 3)
+        #expect(limiter.allow("a", now: 0) && limiter.allow("a", now: 1) && !limiter.allow("a", now: 2))
+        #expect(limiter.allow("a", now: 60_001), "a new window")
+        #expect(limiter.allow("b", now: 10) && limiter.allow("c", now: 10))
+        #expect(!limiter.allow("d", now: 20), "full, nothing expired")
+        #expect(limiter.allow("d", now: 70_011) && limiter.count <= 3)
+    }
+
+    @Test("an email whose escaped index key would not fit in a path is INVALID_EMAIL")
+    func escapedEmailBound() async throws {
+        #expect(throws: AccountError.self) { try AccountService.checkEmail(String(repeating: "%", count: 252) + "@%") }
+        #expect(throws: Never.self) { try AccountService.checkEmail("a%b@x.y") }
+        try await Self.withNode("accounts-escaped") { port, _ in
+            let up = try Self.post(port, "signUp", "{\"email\":\"\(String(repeating: "%", count: 252))@%\",\"password\":\"lovelace1\"}")
+            #expect(up.status == 400 && Self.code(up.json) == "INVALID_EMAIL", "\(up)")
+        }
+    }
+
+    @Test("tokens are issued no earlier than the account's validSince (stamped by the leader's clock), so a fresh token is never refused")
+    func issuedAtValidSince() async throws {
+        try await Self.withNode("accounts-skew") { port, _ in
+            let up = try Self.post(port, "signUp", #"{"email":"ada@x.y","password":"lovelace1"}"#)
+            let uid = Self.string(up.json, "localId")
+            // validSince ahead of this node's clock, as a leader whose clock runs ahead stamps it.
+            let ahead = NodeRuntime.wallClock() / 1000 + 100
+            #expect(try Self.post(port, "update", #"{"localId":"\#(uid)","validSince":"\#(ahead)"}"#, admin: true).status == 200)
+            let signedIn = try Self.post(port, "signInWithPassword", #"{"email":"ada@x.y","password":"lovelace1"}"#)
+            let lookup = try Self.post(port, "lookup", #"{"idToken":"\#(Self.string(signedIn.json, "idToken"))"}"#)
+            #expect(lookup.status == 200, "\(lookup)")
+            let refreshed = try Self.call(
+                port, "POST", "/securetoken.googleapis.com/v1/token", body: "grant_type=refresh_token&refresh_token=\(Self.string(signedIn.json, "refreshToken"))",
+                headers: "Content-Type: application/x-www-form-urlencoded\r\n")
+            #expect(refreshed.status == 200, "\(refreshed)")
+        }
+    }
+
+    @Test("an account request whose Content-Length exceeds the service's bound is refused from its head, before the body is read")
+    func oversizedBodyRefusedAtHead() async throws {
+        try await Self.withNode("accounts-length") { port, _ in
+            let connection = try RequestDeadlineTests.Raw(port: port)
+            connection.send("POST \(Self.base)/accounts:signUp?key=k HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n{")
+            let text = connection.receive(until: "}}", seconds: 5).text
+            #expect(text.hasPrefix("HTTP/1.1 413"), "\(text.prefix(200))")
+            #expect(text.contains("INVALID_ARGUMENT"), "the Identity Toolkit's error shape")
         }
     }
 }

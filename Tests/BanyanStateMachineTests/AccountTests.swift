@@ -185,14 +185,14 @@ import Testing
         #expect(log.store().signingKeys.current?.id == "banyan-1")
         let rotated = log.apply(.installKey(k2, rotate: true, retainMilliseconds: 3_600_000), at: 10_000)
         #expect(rotated?.signingKeysChanged == true)
-        let keys = log.machine.signingKeys["demo"]
+        let keys = log.machine.signingKeys(projects: ["demo"])["demo"]
         #expect(keys?.current?.id == "banyan-2")
         #expect(keys?.previous?.id == "banyan-1")
         #expect(keys?.accepted(now: 3_609_999).map(\.id) == ["banyan-2", "banyan-1"])
         #expect(keys?.accepted(now: 3_610_000).map(\.id) == ["banyan-2"], "the previous key lapses once its last tokens expired")
         // Keys travel in snapshots: a machine restored from the image holds them.
         let restored = try? StateMachine(image: log.machine.image())
-        #expect(restored?.signingKeys == log.machine.signingKeys)
+        #expect(restored?.signingKeys(projects: ["demo"]) == log.machine.signingKeys(projects: ["demo"]))
         #expect(restored?.accounts("demo").signingKeys.current?.secret == "BBBB")
     }
 
@@ -225,5 +225,68 @@ import Testing
         let last = log.store().list(after: second.next, limit: 3)
         #expect(last.users.map(\.uid) == ["user6"])
         #expect(last.next == nil)
+    }
+
+    /// An email whose index key (each `%` escaped to three bytes) makes the path too long.
+    static let overlongEmail = String(repeating: "%", count: 252) + "@%"
+
+    @Test("a command whose write fails is all or nothing: a create leaves no record, an update keeps the old email's index entry")
+    func failedCommandLeavesNothing() {
+        var log = Log()
+        let created = log.apply(.create(Self.record("u1", email: Self.overlongEmail)), project: "demo-banyan")
+        guard case .rejected? = created?.outcome else { Issue.record("expected a rejection: \(String(describing: created?.outcome))"); return }
+        #expect(log.store("demo-banyan").user("u1") == nil, "no record without its index entry")
+        #expect(log.machine.tree(StateMachine.accountsNamespace).isEmpty)
+
+        #expect(log.apply(.create(Self.record("u2", email: "b@x.y")), project: "demo-banyan")?.outcome == .ok)
+        var changes = AccountChanges()
+        changes.email = Self.overlongEmail
+        let updated = log.apply(.update(uid: "u2", changes), project: "demo-banyan")
+        guard case .rejected? = updated?.outcome else { Issue.record("expected a rejection: \(String(describing: updated?.outcome))"); return }
+        #expect(log.store("demo-banyan").user("u2")?.email == "b@x.y")
+        #expect(log.store("demo-banyan").uid(forEmail: "b@x.y") == "u2", "the old email stays indexed")
+        #expect(Self.refusal(log.apply(.create(Self.record("u3", email: "b@x.y")), project: "demo-banyan")) == .emailExists, "nobody else can take it")
+    }
+
+    @Test("a new email is not verified unless the change says so")
+    func emailChangeResetsVerified() {
+        var log = Log()
+        var ada = Self.record("u1", email: "a@x.y")
+        ada.emailVerified = true
+        #expect(log.apply(.create(ada))?.outcome == .ok)
+        var same = AccountChanges()
+        same.email = "A@x.y"
+        #expect(log.apply(.update(uid: "u1", same))?.outcome == .ok)
+        #expect(log.store().user("u1")?.emailVerified == true, "the same address in another case stays verified")
+        var changes = AccountChanges()
+        changes.email = "b@x.y"
+        #expect(log.apply(.update(uid: "u1", changes))?.outcome == .ok)
+        #expect(log.store().user("u1")?.emailVerified == false)
+        changes.email = "c@x.y"
+        changes.emailVerified = true
+        #expect(log.apply(.update(uid: "u1", changes))?.outcome == .ok)
+        #expect(log.store().user("u1")?.emailVerified == true, "an explicit emailVerified wins")
+    }
+
+    @Test("a second rotation while the replaced key is still accepted is refused; once it lapsed, rotation works again")
+    func rotationWhileRetained() {
+        var log = Log()
+        #expect(log.apply(.installKey(SigningKey(id: "banyan-1", secret: "AAAA"), rotate: false, retainMilliseconds: 0), at: 1_000)?.outcome == .ok)
+        #expect(log.apply(.installKey(SigningKey(id: "banyan-2", secret: "BBBB"), rotate: true, retainMilliseconds: 60_000), at: 2_000)?.outcome == .ok)
+        let early = log.apply(.installKey(SigningKey(id: "banyan-3", secret: "CCCC"), rotate: true, retainMilliseconds: 60_000), at: 30_000)
+        #expect(Self.refusal(early) == .rotationTooSoon)
+        #expect(early?.signingKeysChanged == false)
+        #expect(log.store().signingKeys.accepted(now: 30_000).map(\.id) == ["banyan-2", "banyan-1"], "the retained key is still accepted")
+        let later = log.apply(.installKey(SigningKey(id: "banyan-3", secret: "CCCC"), rotate: true, retainMilliseconds: 60_000), at: 62_001)
+        #expect(later?.outcome == .ok)
+        #expect(log.store().signingKeys.accepted(now: 62_001).map(\.id) == ["banyan-3", "banyan-2"])
+    }
+
+    @Test("signing keys are read only for the projects asked for")
+    func keysOfNamedProjects() {
+        var log = Log()
+        _ = log.apply(.installKey(SigningKey(id: "banyan-1", secret: "AAAA"), rotate: false, retainMilliseconds: 0), project: "served")
+        _ = log.apply(.installKey(SigningKey(id: "banyan-2", secret: "BBBB"), rotate: false, retainMilliseconds: 0), project: "other")
+        #expect(Array(log.machine.signingKeys(projects: ["served", "absent", "Bad.Project"]).keys) == ["served"])
     }
 }
