@@ -244,6 +244,11 @@ public struct RESTRequest: Sendable {
         if isPriority && operation != .put && operation != .get && operation != .stream {
             throw .badRequest("Only PUT and GET are supported at a .priority location.")
         }
+        if isPriority && operation == .put {
+            // The log reads the location as the realtime protocol does: `.priority` is one level
+            // more, so the node it names may be at most 31 levels deep.
+            do { _ = try WritePath(parsing: WritePath(path: request.path, isPriority: true).description) } catch { throw .badRequest("Invalid path: \(error.message)") }
+        }
         return request
     }
 
@@ -301,7 +306,13 @@ public struct RESTRequest: Sendable {
             case .post:
                 _ = try TreeReader.read(body, at: request.path.appending(ChildKey(unchecked: "-PUSHIDPLACEHOLDER00")), serverValues: context)
             default:
-                _ = try TreeReader.read(body, at: request.path, serverValues: context)
+                // The shared check: at `.priority` the value must be a priority.
+                do throws(WriteValidation.Problem) {
+                    try WriteValidation.value(body, at: WritePath(path: request.path, isPriority: request.isPriority))
+                } catch {
+                    guard case .invalidValue(let e) = error else { throw RESTError.invalidJSON }
+                    throw e
+                }
             }
         } catch let e as RESTError {
             throw e

@@ -19,7 +19,7 @@ public enum SessionWrites {
             switch write {
             case let .put(path, value, hash):
                 let json = Array(value.bytes)
-                try WriteValidation.value(json, at: path.path)
+                try WriteValidation.value(json, at: path)
                 guard let hash else { return .success(.set(path: path.description, json: json)) }
                 if path.isPriority { return .failure(refusal("A transaction cannot set a priority alone.")) }
                 return .success(.compareAndSet(path: path.path.description, expectedHash: hash, json: json))

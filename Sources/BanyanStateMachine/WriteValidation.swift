@@ -35,10 +35,22 @@ public enum WriteValidation {
     /// A set's value at `path` (server values are placeholders here; they resolve when the write
     /// applies).
     public static func value(_ json: [UInt8], at path: Path) throws(Problem) {
+        try value(json, at: WritePath(path: path))
+    }
+
+    /// A set's value at a write location, as the state machine will check it: the location within
+    /// the path limits, and at `.priority` a value that is a priority (null, a number, a string,
+    /// or a server value that resolves to one).
+    public static func value(_ json: [UInt8], at location: WritePath) throws(Problem) {
+        let node: Tree
         do {
-            _ = try TreeReader.read(json, at: path, serverValues: ServerValueContext(timestamp: 0))
+            try location.path.checkLimits()
+            node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: 0))
         } catch {
             throw problem(error)
+        }
+        if location.isPriority && Priority(tree: node) == nil {
+            throw .invalidValue(TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string"))
         }
     }
 
@@ -55,8 +67,12 @@ public enum WriteValidation {
         for (key, range) in members {
             let relative: WritePath
             do { relative = try WritePath(parsing: key) } catch { throw .invalidKey(key, error) }
+            // Each key is within the limits alone; joined to the location it must be too, as
+            // the state machine checks every target.
+            let target = location.appending(relative.path)
+            do { try target.checkLimits() } catch { throw .invalidKey(key, error) }
             let json = Array(body[range])
-            try value(json, at: location.appending(relative.path))
+            try value(json, at: WritePath(path: target, isPriority: relative.isPriority))
             items.append(Command.UpdateItem(path: key, json: json))
             paths.append(relative.path)
         }

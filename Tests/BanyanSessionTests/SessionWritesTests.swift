@@ -52,3 +52,55 @@ import Testing
         #expect(SessionWrites.answer(.malformed).status == "failure")
     }
 }
+
+/// Inputs the fuzz targets found (Fuzz/, docs/testing.md "Fuzzing"); each failed before its fix.
+@Suite struct SessionFuzzFindingTests {
+    /// Fuzz target `websocket` (and `rest`, through the same `WriteValidation`): a merge (`m`,
+    /// `om`) whose location and key path together exceed 32 levels was validated, proposed, and
+    /// then refused by the state machine; it is refused before it is proposed.
+    @Test("websocket: a merge key deeper than the limit once joined to its location is refused before it is proposed")
+    func mergeDepthJoinedToLocation() throws {
+        let location = try Path(parsing: (1...30).map { "l\($0)" }.joined(separator: "/"))
+        for write in [
+            SessionCore.Write.merge(location, SessionWritesTests.raw(#"{"a/b/c":null}"#)),
+            .onDisconnectMerge(location, SessionWritesTests.raw(#"{"a/b/c":1}"#)),
+        ] {
+            guard case .failure(let refusal) = SessionWrites.command(for: write, secret: 1) else {
+                Issue.record("\(write) was accepted")
+                continue
+            }
+            #expect(refusal.message.contains("32"))
+        }
+        guard case .success(let command) = SessionWrites.command(for: .merge(location, SessionWritesTests.raw(#"{"a/b":null}"#)), secret: 1) else {
+            Issue.record("32 levels in all were refused")
+            return
+        }
+        var machine = StateMachine()
+        let envelope = CommandEnvelope(namespace: "n", session: 1, seq: 1, timestamp: 1, command: command)
+        #expect(machine.apply(envelope.encoded(), index: 1)?.outcome == .ok)
+    }
+
+    /// Fuzz target `websocket`: a priority write (`p`, `o`) or a merge's `.priority` key whose
+    /// value is no priority was proposed, and refused in the log (`invalid_priority`).
+    @Test("websocket: a value that is no priority, written at .priority, is refused before it is proposed")
+    func invalidPriorityValue() throws {
+        let priority = try SessionWritesTests.write("/a/.priority")
+        for body in [#"{"x":1}"#, "[1]", "false"] {
+            let writes: [SessionCore.Write] = [
+                .put(priority, SessionWritesTests.raw(body), hash: nil),
+                .merge(try SessionWritesTests.path("/a"), SessionWritesTests.raw(#"{"b/.priority":"# + body + "}")),
+                .onDisconnectMerge(try SessionWritesTests.path("/a"), SessionWritesTests.raw(#"{"b/.priority":"# + body + "}")),
+            ]
+            for write in writes {
+                guard case .failure = SessionWrites.command(for: write, secret: 1) else {
+                    Issue.record("\(write) was accepted")
+                    continue
+                }
+            }
+        }
+        guard case .success = SessionWrites.command(for: .put(priority, SessionWritesTests.raw("5"), hash: nil), secret: 1) else {
+            Issue.record("a numeric priority was refused")
+            return
+        }
+    }
+}
