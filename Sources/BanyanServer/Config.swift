@@ -127,6 +127,11 @@ public struct NodeConfig: Sendable, Equatable {
         /// 320 GiB. A connection whose next fragment does not fit is closed with 1013 (try
         /// again later); the SDKs reconnect and send again.
         public var maxAssemblingBytes: Int = 256 << 20
+        /// HTTPS and WSS on the client port (docs/security.md, "HTTPS"): a PEM certificate chain
+        /// and its private key. Both set: every client connection is TLS (1.2 or 1.3); neither:
+        /// plain HTTP (for loopback, or behind a proxy that terminates TLS).
+        public var tlsCertificate: String?
+        public var tlsPrivateKey: String?
         public init() {}
     }
 
@@ -366,6 +371,8 @@ extension NodeConfig {
                         c.http.corsOrigins = try list.map { (item) throws(ConfigError) in try r.string(item, "http.cors_origins") }
                     case "max_assembling_bytes":
                         c.http.maxAssemblingBytes = try r.int(v, "http.max_assembling_bytes", (64 << 10)...(64 << 30))
+                    case "tls_cert": c.http.tlsCertificate = try r.string(v, "http.tls_cert")
+                    case "tls_key": c.http.tlsPrivateKey = try r.string(v, "http.tls_key")
                     default: throw ConfigError("\(source): unknown key http.\(k)")
                     }
                 }
@@ -416,6 +423,9 @@ extension NodeConfig {
 
     public func validate() throws(ConfigError) {
         guard nodeID != 0 else { throw ConfigError("node_id must be at least 1") }
+        guard (http.tlsCertificate == nil) == (http.tlsPrivateKey == nil) else {
+            throw ConfigError("http.tls_cert and http.tls_key go together: set both for HTTPS on the client port, or neither")
+        }
         guard raft.electionTicks > raft.heartbeatTicks else { throw ConfigError("raft.election_ticks must exceed raft.heartbeat_ticks") }
         // A held round must never come near the heartbeat interval (held proposals only, but keep
         // the margin wide).

@@ -15,6 +15,7 @@ import Metrics
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
 import Prometheus
 import Synchronization
@@ -100,7 +101,19 @@ final class HTTPServer: Sendable {
         self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
     }
 
+    /// The client port's TLS (HTTPS and WSS), when `http.tls_cert` and `http.tls_key` are set.
+    static func clientTLSContext(_ http: NodeConfig.HTTPLimits) throws -> NIOSSLContext? {
+        guard let certificate = http.tlsCertificate, let key = http.tlsPrivateKey else { return nil }
+        let chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
+        var c = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: key, format: .pem)))
+        c.minimumTLSVersion = .tlsv12
+        c.applicationProtocols = ["http/1.1"]
+        return try NIOSSLContext(configuration: c)
+    }
+
     func start(group: any EventLoopGroup) throws -> SocketAddress? {
+        let tls = try Self.clientTLSContext(config.http)
+        if tls != nil { logger.info("client port serves HTTPS and WSS", metadata: ["cert": "\(config.http.tlsCertificate ?? "")"]) }
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -123,6 +136,9 @@ final class HTTPServer: Sendable {
                 }
                 channel.closeFuture.whenComplete { _ in self.connectionClosed(from: client) }
                 return channel.eventLoop.makeCompletedFuture {
+                    // TLS first when configured (HTTPS and WSS); the request deadline below also
+                    // bounds a handshake that never finishes.
+                    if let tls { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     // Two handlers: NIO's request decoder (llhttp) and ours, which writes its
                     // answers as bytes (HTTPResponseWriter) and holds pipelined requests itself:
                     // no response encoder, pipelining or error handler to pass on every write.
