@@ -29,22 +29,29 @@ public func fuzzWebSocket(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     }
 }
 
+/// Limits small enough that short inputs reach every one of them.
+let tiny = FrameAssembler.Limits(maxFrameBytes: 48, maxMessageBytes: 96, maxFramesPerMessage: 4)
+
 func checkAssembler(_ frames: [[UInt8]]) {
-    var assembler = FrameAssembler(limits: limits.frames)
+    for limits in [tiny, limits.frames] { checkAssembler(frames, limits) }
+}
+
+func checkAssembler(_ frames: [[UInt8]], _ limits: FrameAssembler.Limits) {
+    var assembler = FrameAssembler(limits: limits)
     for frame in frames {
         let received: FrameAssembler.Received
         do {
             received = try assembler.receive(frame)
         } catch {
-            require(frame.count > limits.frames.maxFrameBytes, "refused a frame within the limit")
+            require(frame.count > limits.maxFrameBytes, "refused a frame within the limit")
             continue
         }
-        require(assembler.heldBytes <= limits.frames.maxMessageBytes, "holds \(assembler.heldBytes) bytes")
+        require(assembler.heldBytes <= limits.maxMessageBytes, "holds \(assembler.heldBytes) bytes")
         switch received {
         case .keepAlive, .partial:
             break
         case .message(let message):
-            require(message.count <= limits.frames.maxMessageBytes, "a message over the limit was delivered")
+            require(message.count <= limits.maxMessageBytes, "a message over the limit was delivered")
             if case .request(let r)? = try? MessageReader.read(message) { _ = r.action }
         case .tooLarge(let prefix, _):
             require(prefix.count <= FrameAssembler.prefixBytes, "a dropped message kept \(prefix.count) bytes")
