@@ -17,6 +17,8 @@ public final class BanyanNode: Sendable {
     let transport: PeerTransport
     let http: HTTPServer
     let network: MultiThreadedEventLoopGroup
+    /// The inbound peer connections' thread.
+    let peerInbound: MultiThreadedEventLoopGroup
     /// Where the client API and the peer transport actually listen (ports may be 0 in tests).
     public let clientAddress: String
     public let peerAddress: String
@@ -63,11 +65,14 @@ public final class BanyanNode: Sendable {
             logger.info("\(message)")
         }
         self.runtime = runtime
-        // Peer connections live on the replica loop: Raft messages go out and come in without
-        // crossing threads (TLS runs there too; on this path it is cheaper than two hand-offs
-        // per message batch).
+        // Outbound peer connections live on the replica loop: Raft messages go out without
+        // crossing threads. Inbound ones (anyone who reaches the peer port can open one) live on
+        // a thread of their own: their TLS handshakes, decryption and frame decoding never hold
+        // the loop that ticks Raft; their messages reach it in one hand-off per read burst.
+        peerInbound = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         transport = try PeerTransport(
-            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop, serverTLS: tls.server,
+            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop, acceptGroup: peerInbound,
+            serverTLS: tls.server,
             clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
             peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }
         ) { peer, address, messages in
@@ -97,6 +102,7 @@ public final class BanyanNode: Sendable {
         transport.shutdown()
         runtime.shutdown()
         try? network.syncShutdownGracefully()
+        try? peerInbound.syncShutdownGracefully()
     }
 
     /// The node's TLS settings: configured files, or development certificates generated on

@@ -41,6 +41,9 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     /// This node's incarnation, sent in every hello (0: unknown, a legacy data directory).
     let incarnation: UInt64
     private let group: any EventLoopGroup
+    /// Where inbound connections live (their TLS handshakes, decryption and frame decoding):
+    /// by default `group`; the server gives them a thread of their own, off the replica loop.
+    private let acceptGroup: any EventLoopGroup
     private let serverContext: NIOSSLContext
     private let clientContext: NIOSSLContext
     private let logger: Logger
@@ -65,7 +68,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let refusedConnections = Counter(label: "banyan_peer_refused_connections_total")
 
     /// Inbound connections whose TLS handshake and hello have not completed (issue 18): anyone
-    /// who reaches the peer port can open them, and their handshakes run on the replica loop. At
+    /// who reaches the peer port can open them (their handshakes run on `acceptGroup`). At
     /// most `maxUnauthenticated` at once (more are closed on accept), each closed unless it
     /// completes within `handshakeTimeout`; both refusals are logged (the first of a burst and
     /// every hundredth) and counted in `banyan_peer_refused_connections_total`.
@@ -75,7 +78,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     private let refusals = Atomic<Int>(0)
 
     init(
-        nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, serverTLS: TLSConfiguration,
+        nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
+        serverTLS: TLSConfiguration,
         clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
         deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
@@ -89,6 +93,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         self.clusterID = clusterID
         self.advertised = advertised
         self.group = group
+        self.acceptGroup = acceptGroup ?? group
         self.serverContext = try NIOSSLContext(configuration: serverTLS)
         self.clientContext = try NIOSSLContext(configuration: clientTLS)
         self.logger = logger
@@ -98,7 +103,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     // MARK: - Inbound
 
     func listen(on address: HostPort) throws -> SocketAddress? {
-        let bootstrap = ServerBootstrap(group: group)
+        let bootstrap = ServerBootstrap(group: acceptGroup)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .serverChannelInitializer { channel in AcceptErrorReporter.install(on: channel, listener: "peer", logger: self.logger) }
