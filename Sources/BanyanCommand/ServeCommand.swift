@@ -56,6 +56,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Network threads (default: 1 on a machine of one or two cores, else one per core, at most 4); 1 runs the whole node on one thread.")
     var threads: Int?
 
+    @Option(name: .long, help: "Inbound peer connections on a thread of their own (true, the default) or on the replica loop (false).")
+    var peerInboundThread: Bool?
+
     /// `nodeConfig()` with configuration errors reported as usage errors (exit status 64).
     func validatedConfig() throws -> NodeConfig {
         do {
@@ -94,6 +97,7 @@ struct NodeOptions: ParsableArguments {
             guard (1...64).contains(threads) else { throw ValidationError("--threads must be between 1 and 64") }
             c.threads = threads
         }
+        if let peerInboundThread { c.peerInboundThread = peerInboundThread }
         try c.validate()
         return c
     }

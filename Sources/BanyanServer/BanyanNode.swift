@@ -71,7 +71,8 @@ public final class BanyanNode: Sendable {
         // the loop that ticks Raft; their messages reach it in one hand-off per read burst.
         peerInbound = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         transport = try PeerTransport(
-            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop, acceptGroup: peerInbound,
+            nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop,
+            acceptGroup: config.peerInboundThread ? peerInbound : nil,
             serverTLS: tls.server,
             clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
             peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }

@@ -62,6 +62,10 @@ public struct NodeConfig: Sendable, Equatable {
     /// data directory's file system the node raises its alarm through the log, and the cluster
     /// accepts only deletes until it has twice as much free again. 0 turns the alarm off.
     public var minFreeBytes: UInt64 = 256 << 20
+    /// Inbound peer connections on a thread of their own (default), so their TLS handshakes and
+    /// decryption never hold the replica loop; false: on the replica loop (one hand-off less
+    /// per inbound read burst; docs/server.md).
+    public var peerInboundThread: Bool = true
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
@@ -318,6 +322,7 @@ extension NodeConfig {
             case "log_level": c.logLevel = try r.string(value, key)
             case "admin_token_file": c.adminTokenFile = try r.string(value, key)
             case "threads": c.threads = try r.int(value, key, 1...64)
+            case "peer_inbound_thread": c.peerInboundThread = try r.bool(value, key)
             case "storage":
                 for (k, v) in try r.map(value, key) {
                     switch k {
