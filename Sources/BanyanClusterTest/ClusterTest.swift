@@ -46,6 +46,7 @@ struct ClusterTest: AsyncParsableCommand {
         case membership
         case wipedMember = "wiped-member"
         case limits
+        case backup
     }
 
     func run() async throws {
@@ -182,6 +183,8 @@ struct ClusterTest: AsyncParsableCommand {
             try await wipedMember(cluster, live: live, workload: workload)
         case .limits:
             try await limits(cluster, live: live, workload: workload)
+        case .backup:
+            try await backupScenario(cluster, live: live, workload: workload)
         }
         print("load: \(workload.counts)")
         try await converge(cluster, nodes: live.nodes)

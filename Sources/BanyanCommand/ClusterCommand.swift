@@ -86,6 +86,12 @@ struct AdminClient {
     }
 
     func call(_ method: String, _ path: String, body: String? = nil) throws -> (status: Int, body: String) {
+        let answer = try fetch(method, path, body: body)
+        return (answer.status, String(decoding: answer.body, as: UTF8.self))
+    }
+
+    /// As `call`, with the body as bytes and the response headers (names lowercased).
+    func fetch(_ method: String, _ path: String, body: String? = nil) throws -> (status: Int, body: Data, headers: [String: String]) {
         guard let url = URL(string: endpoint.hasPrefix("http") ? endpoint + path : "http://" + endpoint + path) else {
             throw ValidationError("bad endpoint '\(endpoint)'")
         }
@@ -98,16 +104,18 @@ struct AdminClient {
         let done = DispatchSemaphore(value: 0)
         let box = ResponseBox()
         URLSession.shared.dataTask(with: request) { data, response, error in
-            box.set(
-                status: (response as? HTTPURLResponse)?.statusCode, body: String(decoding: data ?? Data(), as: UTF8.self),
-                error: error?.localizedDescription)
+            var headers: [String: String] = [:]
+            for (k, v) in (response as? HTTPURLResponse)?.allHeaderFields ?? [:] {
+                if let k = k as? String, let v = v as? String { headers[k.lowercased()] = v }
+            }
+            box.set(status: (response as? HTTPURLResponse)?.statusCode, body: data ?? Data(), headers: headers, error: error?.localizedDescription)
             done.signal()
         }.resume()
         done.wait()
-        let (status, body, error) = box.get()
+        let (status, body, headers, error) = box.get()
         if let error { throw CommandError("cannot reach \(endpoint): \(error)") }
         guard let status else { throw CommandError("no answer from \(endpoint)") }
-        return (status, body)
+        return (status, body, headers)
     }
 }
 
@@ -190,9 +198,9 @@ struct Status: ParsableCommand {
 /// Hands a URLSession answer from its callback thread to the waiting caller.
 final class ResponseBox: @unchecked Sendable {
     private let lock = NSLock()
-    private var value: (Int?, String, String?) = (nil, "", nil)
-    func set(status: Int?, body: String, error: String?) { lock.withLock { value = (status, body, error) } }
-    func get() -> (Int?, String, String?) { lock.withLock { value } }
+    private var value: (Int?, Data, [String: String], String?) = (nil, Data(), [:], nil)
+    func set(status: Int?, body: Data, headers: [String: String], error: String?) { lock.withLock { value = (status, body, headers, error) } }
+    func get() -> (Int?, Data, [String: String], String?) { lock.withLock { value } }
 }
 
 /// `banyan drain`: moves a node's realtime clients to other nodes (docs/realtime.md, "Draining a

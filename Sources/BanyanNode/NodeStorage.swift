@@ -326,6 +326,23 @@ public final class NodeStorage {
         return Loaded(persisted: PersistedState(hardState: hs, snapshot: meta, entries: entries), machine: machine)
     }
 
+    /// Seeds this blank directory with a restored state (`banyan restore`, docs/backup.md): the
+    /// machine as the newest snapshot at its applied index with `members` as the only members,
+    /// then a hard state that commits it (the node may vote). The snapshot is durable before the
+    /// hard state; `banyan restore` writes into a fresh directory and renames it into place only
+    /// once this returned, so a crash never leaves a half-seeded data directory in use.
+    public func seed(restored machine: StateMachine, term: UInt64, members: [NodeID], progress: @escaping (UInt64) -> Void) throws {
+        guard isBlank else { throw OpLogError(.invalidArgument, "the data directory already holds state", file: directory) }
+        let index = machine.appliedIndex
+        guard index > 0, term > 0, !members.isEmpty else {
+            throw OpLogError(.invalidArgument, "a restored state needs an index, a term and members (got \(index), \(term), \(members))")
+        }
+        try leavePristine()
+        let record = SnapshotMetaRecord(lastIndex: index, lastTerm: term, membership: Self.encodeMembership(Membership(voters: members)))
+        try snapshots.write(record, progress: progress, removeOlder: false) { emit in try machine.writeImage(emit: emit) }
+        try saveHardState(BanyanRaft.HardState(term: term, vote: 0, commit: index, mayVote: true))
+    }
+
     /// Writes the founding configuration of a new cluster (index 1, term 1).
     public func bootstrap(members: [NodeID]) throws {
         let state = RaftNode.bootstrapState(members: members)

@@ -20,6 +20,14 @@ public enum Route: Sendable, Equatable {
 
     /// Operator endpoints (docs/operations.md).
     public enum AdminRoute: Sendable, Equatable {
+        /// Whether even a `GET` of this route needs the operator's credentials (it reads data).
+        public var readsData: Bool {
+            switch self {
+            case .backup, .log: true
+            default: false
+            }
+        }
+
         case status
         case health
         case ready
@@ -35,6 +43,13 @@ public enum Route: Sendable, Equatable {
         case startDrain
         case stopDrain
         case drainState
+        /// `GET /.banyan/backup`: an online, consistent backup streamed as it is written
+        /// (docs/backup.md). Administrators only, like every route that reads data.
+        case backup
+        /// `GET /.banyan/log?from=<index>&max_bytes=<n>`: committed log entries from `from`, for
+        /// continuous archiving (`banyan backup --follow`). Administrators only. Nil parameters
+        /// are missing or malformed.
+        case log(from: UInt64?, maxBytes: Int?)
         /// A member route whose id is not a node id.
         case badNodeID(String)
         /// No such endpoint for this method.
@@ -64,6 +79,10 @@ public enum Route: Sendable, Equatable {
         case ("POST", 1, "drain"): return .startDrain
         case ("DELETE", 1, "drain"): return .stopDrain
         case ("GET", 1, "drain"): return .drainState
+        case ("GET", 1, "backup"): return .backup
+        case ("GET", 1, "log"):
+            let maxBytes = parameter("max_bytes", in: query).map { Int($0) } ?? Int?(4 << 20)
+            return .log(from: parameter("from", in: query).flatMap { UInt64($0) }, maxBytes: maxBytes)
         case (_, 2..., "members"):
             guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
             switch (method, parts.count) {

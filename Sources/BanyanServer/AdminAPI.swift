@@ -1,3 +1,4 @@
+import BanyanOpLogFiles
 import BanyanRaft
 import BanyanREST
 import BanyanReplica
@@ -19,10 +20,14 @@ import NIOHTTP1
 /// | `POST /.banyan/drain` `{"to": ["host:port", …]}` (optional) | moves this node's realtime clients to other nodes (docs/realtime.md, "Draining a node") |
 /// | `DELETE /.banyan/drain` | stops draining |
 /// | `GET /.banyan/drain` | whether the node drains, and its realtime connections |
+/// | `GET /.banyan/backup` | an online, consistent backup, streamed (administrators; docs/backup.md) |
+/// | `GET /.banyan/log?from=<index>&max_bytes=<n>` | committed log entries for archiving (administrators; 410 once compacted) |
 ///
 /// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
 struct AdminAPI {
     let server: HTTPServer
+    /// The most payload one `GET /.banyan/log` answer carries.
+    static let maxLogBytes = 16 << 20
 
     func handle(_ route: Route.AdminRoute, method: HTTPMethod, path: String, body: [UInt8]) -> EventLoopFuture<HTTPReply> {
         let runtime = server.runtime
@@ -84,6 +89,31 @@ struct AdminAPI {
                 switch result {
                 case .success: return .json(.ok, #"{"status":"transferring","to":\#(to)}"#)
                 case .failure(let e): return Self.failure(e)
+                }
+            }
+        case .backup:
+            // Streamed by the connection handler (`startBackup`), never answered here.
+            return runtime.loop.makeSucceededFuture(.error(.internalServerError, "backups are streamed by the connection"))
+        case .log(let from, let maxBytes):
+            guard let from, from > 0 else {
+                return runtime.loop.makeSucceededFuture(.error(.badRequest, "give from=<index> (a log index, 1 or more)"))
+            }
+            guard let maxBytes, maxBytes > 0 else {
+                return runtime.loop.makeSucceededFuture(.error(.badRequest, "max_bytes must be a positive number of bytes"))
+            }
+            return runtime.committedEntries(from: from, maxBytes: min(maxBytes, Self.maxLogBytes)).map { answer in
+                switch answer {
+                case .compacted(let first):
+                    return .json(
+                        .gone,
+                        #"{"error":"entries before \#(first) were compacted into this node's snapshot: take a new base backup","first_index":\#(first)}"#)
+                case .entries(let entries, let commit):
+                    var body: [UInt8] = []
+                    for e in entries { e.append(to: &body) }
+                    return HTTPReply(
+                        status: .ok,
+                        headers: [("Content-Type", "application/octet-stream"), ("X-Banyan-Commit-Index", "\(commit)"), ("X-Banyan-Entries", "\(entries.count)")],
+                        body: body)
                 }
             }
         case .badNodeID(let text):

@@ -27,7 +27,7 @@ enum BulkWorkers {
     }
 
     /// Lowers the calling thread's priority (a worker's, once: it stays lowered).
-    private static func lowerPriority() {
+    static func lowerPriority() {
         #if os(Linux)
         // On Linux `setpriority(PRIO_PROCESS, 0, …)` changes the calling thread only.
         let current = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)

@@ -3,6 +3,7 @@ import BanyanAuth
 import BanyanListen
 import BanyanRaft
 import BanyanNode
+import BanyanOpLogFiles
 import BanyanREST
 import BanyanSession
 import BanyanReplica
@@ -33,6 +34,8 @@ final class HTTPServer: Sendable {
     private let channel = Mutex<(any Channel)?>(nil)
 
     let requests = Counter(label: "banyan_http_requests_total")
+    /// A backup is being streamed from this node (`GET /.banyan/backup`; one at a time).
+    let backupRunning = Atomic<Bool>(false)
     /// Answers written (for tests and status: how far a connection got).
     let answers = Atomic<Int>(0)
     let refused = Counter(label: "banyan_http_refused_connections_total")
@@ -807,7 +810,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             return
         case .admin(let route):
             let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
-            if head.method != .GET, let denied = authorizeOperator(head) {
+            if head.method != .GET || route.readsData, let denied = authorizeOperator(head) {
                 server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
                 respond(context: context, head: head, reply: denied)
                 return
@@ -817,6 +820,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             // which a page can only send after a CORS preflight (docs/security.md).
             if head.method == .POST, !(head.headers.first(name: "Content-Type")?.lowercased().hasPrefix("application/json") ?? false) {
                 respond(context: context, head: head, reply: .error(.unsupportedMediaType, "operator requests that change state need Content-Type: application/json"))
+                return
+            }
+            if route == .backup {
+                startBackup(context: context, head: head)
                 return
             }
             let future = AdminAPI(server: server).handle(route, method: head.method, path: String(path), body: body)
@@ -1238,6 +1245,48 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 server.logger.error("could not switch a connection to WebSocket", metadata: ["error": "\(error)"])
                 channel.close(promise: nil)
             }
+    }
+
+    // MARK: - Backups
+
+    /// `GET /.banyan/backup` (docs/backup.md): after a ReadIndex round the state is copied (the
+    /// trees are shared) and `BackupStream` writes it from a thread of its own, one frame at a
+    /// time, waiting while the client has not taken what was sent. The connection carries nothing
+    /// else and closes at the end. One backup at a time per node.
+    private func startBackup(context: ChannelHandlerContext, head: HTTPRequestHead) {
+        guard server.backupRunning.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else {
+            respond(
+                context: context, head: head,
+                reply: .error(.tooManyRequests, "A backup is already being taken from this node: wait for it to end, or take this one from another node."))
+            return
+        }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let server = self.server
+        server.runtime.backupState(on: context.eventLoop) { result in
+            let (handler, context) = bound.value
+            switch result {
+            case .failure(let e):
+                server.backupRunning.store(false, ordering: .releasing)
+                handler.respond(context: context, head: head, reply: .error(.serviceUnavailable, "No consistent state to back up: \(e)"))
+            case .success(let (machine, header)):
+                // Nothing else is read or answered on this connection.
+                handler.closing = true
+                handler.dropQueue()
+                let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
+                var buffer = context.channel.allocator.buffer(capacity: 256)
+                _ = HTTPResponseWriter.writeHead(
+                    version: head.version, status: .ok,
+                    headers: [
+                        ("Content-Type", "application/octet-stream"), ("X-Banyan-Backup-Index", "\(header.index)"),
+                        ("X-Banyan-Backup-Term", "\(header.term)"),
+                    ] + (chunked ? [("Transfer-Encoding", "chunked")] : []),
+                    contentLength: nil, keepAlive: false, into: &buffer)
+                context.writeAndFlush(handler.wrapOutboundOut(buffer), promise: nil)
+                BackupStream.start(channel: context.channel, chunked: chunked, machine: machine, header: header, logger: server.logger) {
+                    server.backupRunning.store(false, ordering: .releasing)
+                }
+            }
+        }
     }
 
     // MARK: - Event streams

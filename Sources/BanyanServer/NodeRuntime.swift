@@ -1,6 +1,7 @@
 import BanyanBasics
 import BanyanAuth
 public import BanyanNode
+public import BanyanOpLogFiles
 public import BanyanRaft
 public import BanyanReplica
 public import BanyanRules
@@ -335,6 +336,131 @@ public final class NodeRuntime: @unchecked Sendable {
             self.readCompletions[id] = Completion(loop: caller, done: done)
             self.core.read(id, namespace: namespace, stale: stale)
             self.scheduleProcess()
+        }
+    }
+
+    /// A consistent copy of the state for a backup (docs/backup.md): taken after a ReadIndex
+    /// round, so it holds every write acknowledged before the call, from this node's own state
+    /// (a follower serves it; nothing pauses). The copy shares the trees: nothing is copied whole.
+    /// `done` runs on `caller`.
+    public func backupState(
+        on caller: any EventLoop, _ done: @escaping @Sendable (Result<(StateMachine, BackupHeader), ReplicaError>) -> Void
+    ) {
+        submit {
+            let id = self.newRequest()
+            self.readCompletions[id] = Completion(loop: self.loop) { result in
+                switch result {
+                case .failure(let e): caller.execute { done(.failure(e)) }
+                case .success:
+                    let machine = BackupImage.forBackup(self.core.replica.machine)
+                    let header = BackupHeader(
+                        clusterID: self.config.clusterID, sourceNode: self.config.nodeID, index: machine.appliedIndex,
+                        term: self.core.replica.raft.term, lastTimestamp: machine.lastTimestamp, createdAt: Self.wallClock())
+                    caller.execute { done(.success((machine, header))) }
+                }
+            }
+            self.core.read(id, namespace: Self.clusterNamespace, stale: false)
+            self.scheduleProcess()
+        }
+    }
+
+    /// Committed log entries for continuous archiving (`GET /.banyan/log`).
+    public enum CommittedEntries: Sendable {
+        /// Entries from the index asked for (possibly none yet), at most about `maxBytes` of
+        /// them (always one when one is committed); `commit` is this node's commit index.
+        case entries([ArchivedEntry], commit: UInt64)
+        /// The index asked for is below this node's log (compacted into its snapshot).
+        case compacted(firstIndex: UInt64)
+    }
+
+    /// Entries `from`… up to this node's commit index, from the entries retained after the last
+    /// compactions and the in-memory log (bounded work: `maxBytes` of payload).
+    public func committedEntries(from: UInt64, maxBytes: Int) -> EventLoopFuture<CommittedEntries> {
+        loop.submit {
+            let raft = self.core.replica.raft
+            let first = raft.snapshotMeta.index + 1
+            let commit = raft.commitIndex
+            var out: [ArchivedEntry] = []
+            var bytes = 0
+            var index = from
+            if from < first {
+                // Served from the retained entries when they reach back to `from` and on to the log.
+                let retainedFirst = self.retainedFirst
+                let lastRetained = retainedFirst + UInt64(self.retained.count - self.retainedHead) - 1
+                guard !self.retained.isEmpty, retainedFirst <= from, lastRetained + 1 >= first else {
+                    return .compacted(firstIndex: self.retained.isEmpty || lastRetained + 1 < first ? first : retainedFirst)
+                }
+                while index < first, bytes < maxBytes {
+                    let e = self.retained[self.retainedHead + Int(index - retainedFirst)]
+                    out.append(e)
+                    bytes += e.payload.count + 25
+                    index += 1
+                }
+            }
+            while index <= commit, bytes < maxBytes, let e = raft.entry(at: index) {
+                out.append(Self.archived(e))
+                bytes += e.data.count + 25
+                index += 1
+            }
+            return .entries(out, commit: commit)
+        }
+    }
+
+    /// Committed entries kept after the log was compacted past them, so that a log archiver
+    /// (`banyan backup --follow`) polling behind the newest snapshot still finds them: at most
+    /// `archiveRetainEntries` entries and `archiveRetainBytes` bytes of payload (docs/backup.md).
+    private var retained: [ArchivedEntry] = []
+    private var retainedHead = 0
+    private var retainedFirst: UInt64 = 0
+    private var retainedBytes = 0
+    static let archiveRetainEntries = 20_000
+    static let archiveRetainBytes = 64 << 20
+
+    /// Copies the entries a compaction through `index` is about to drop (payloads are shared,
+    /// not copied), then trims the oldest past the bounds.
+    private func retainCompacted(through index: UInt64) {
+        let raft = core.replica.raft
+        let from = raft.snapshotMeta.index + 1
+        guard index >= from else { return }
+        let retainedEnd = retainedFirst + UInt64(retained.count - retainedHead)
+        if retained.count == retainedHead || retainedEnd != from {
+            // A gap (a snapshot installed from the leader): start again from here.
+            retained.removeAll()
+            retainedHead = 0
+            retainedBytes = 0
+            retainedFirst = from
+        }
+        // Only the newest entries can stay: skip what would be trimmed at once.
+        let start = index - from + 1 > UInt64(Self.archiveRetainEntries) ? index - UInt64(Self.archiveRetainEntries) + 1 : from
+        if start > from {
+            retained.removeAll()
+            retainedHead = 0
+            retainedBytes = 0
+            retainedFirst = start
+        }
+        for i in start...index {
+            guard let e = raft.entry(at: i) else { break }
+            retained.append(Self.archived(e))
+            retainedBytes += e.data.count
+        }
+        while retained.count - retainedHead > Self.archiveRetainEntries || (retainedBytes > Self.archiveRetainBytes && retained.count - retainedHead > 1) {
+            retainedBytes -= retained[retainedHead].payload.count
+            retainedHead += 1
+            retainedFirst += 1
+        }
+        if retainedHead > 4_096 && retainedHead * 2 > retained.count {
+            retained.removeSubrange(..<retainedHead)
+            retainedHead = 0
+        }
+    }
+
+    /// A log entry as the archive stores it (membership changes without their content: a
+    /// restored cluster has its own members).
+    static func archived(_ e: LogEntry) -> ArchivedEntry {
+        switch e.kind {
+        case .command: ArchivedEntry(index: e.index, term: e.term, kind: .command, payload: e.data)
+        case .noop: ArchivedEntry(index: e.index, term: e.term, kind: .noop, payload: [])
+        case .config: ArchivedEntry(index: e.index, term: e.term, kind: .config, payload: [])
         }
     }
 
@@ -706,7 +832,10 @@ public final class NodeRuntime: @unchecked Sendable {
                 }
                 let ms = (DispatchTime.now().uptimeNanoseconds - started) / 1_000_000
                 logger.debug("snapshot file durable", metadata: ["index": "\(meta.index)", "ms": "\(ms)"])
-                self.loop.execute { self.core.snapshotWritten(meta) }
+                self.loop.execute {
+                    self.retainCompacted(through: meta.index)
+                    self.core.snapshotWritten(meta)
+                }
             } catch {
                 logger.error("snapshot write failed; will retry later", metadata: ["index": "\(meta.index)", "error": "\(error)"])
                 self.loop.execute { self.core.snapshotFailed(meta) }

@@ -419,6 +419,16 @@ public struct CommandEnvelope: Sendable, Equatable {
         return w.finish()
     }
 
+    /// The leader's timestamp a payload carries (ms since the epoch); nil when `payload` is too
+    /// short or of another version. Point-in-time restore stops at the first command stamped
+    /// after its target time.
+    public static func timestamp(of payload: [UInt8]) -> Int64? {
+        guard payload.count >= 26, (2...version).contains(payload[0]) else { return nil }
+        var stamp: UInt64 = 0
+        for i in 0..<8 { stamp |= UInt64(payload[18 + i]) << (8 * UInt64(i)) }
+        return Int64(bitPattern: stamp)
+    }
+
     /// The same payload with its settled watermark raised to `settledBelow` (a retry carries what
     /// its issuer has given up on since it was first encoded); the payload itself when it is of
     /// version 2 (no watermark), too short, or already carries as much.

@@ -445,6 +445,13 @@ final class Inbox: Sendable {
         #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "s3cret-operator-token-12") == 401)
         #expect(try await status(n, "DELETE", "/.banyan/members/7", token: "s3cret-operator-token-123") != 401)
         #expect(try await status(n, "GET", "/.banyan/status") == 200)
+        // Backups and the log read data: even a GET needs the token (docs/backup.md).
+        #expect(try await status(n, "GET", "/.banyan/backup") == 401)
+        #expect(try await status(n, "GET", "/.banyan/log?from=1") == 401)
+        #expect(try await status(n, "GET", "/.banyan/log?from=1", token: "owner") == 401)
+        #expect(try await status(n, "GET", "/.banyan/backup", token: "s3cret-operator-token-123") == 200)
+        #expect(try await status(n, "GET", "/.banyan/log?from=1", token: "s3cret-operator-token-123") == 200)
+        #expect(try await status(n, "GET", "/.banyan/log?from=x", token: "s3cret-operator-token-123") == 400)
     }
 
     @Test("without an operator token, membership requests follow the development settings; a short token file is refused at start")

@@ -44,7 +44,8 @@ import Testing
         "BanyanCommand": (
             false,
             [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "Logging", "NIOCore", "NIOHTTP1", "ArgumentParser",
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "Logging", "NIOCore",
+                "NIOHTTP1", "ArgumentParser",
                 "Foundation", "FoundationNetworking", "Dispatch",
             ]
         ),

@@ -1,0 +1,345 @@
+import ArgumentParser
+import BanyanNode
+import BanyanOpLogFiles
+import BanyanServer
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// `banyan backup`, `banyan backup verify`, `banyan restore` (docs/backup.md).
+struct BackupCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "backup",
+        abstract: "Take an online, consistent backup of a cluster, archive its log continuously, or verify a backup.",
+        subcommands: [BackupTake.self, BackupVerify.self],
+        defaultSubcommand: BackupTake.self)
+}
+
+struct BackupTake: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "take",
+        abstract: "Back up every namespace at one committed index (the default subcommand: `banyan backup --endpoint … --out FILE`).",
+        discussion: """
+            The node answers after a ReadIndex round, so the backup holds every write acknowledged \
+            before it started; writes go on meanwhile. It is taken from the first given endpoint that \
+            is a follower (else the first that answers). With --follow, --out is a directory: a base \
+            backup is taken there if none is, then committed log entries are archived as they commit \
+            (resuming after the last archived one), for point-in-time restores.
+            """)
+
+    @Option(name: .long, help: "A node's client address, host:port (repeat: a follower among them is preferred).")
+    var endpoint: [String] = ["127.0.0.1:9000"]
+    @Option(name: .long, help: "The backup file to write (a directory with --follow).")
+    var out: String
+    @Flag(name: .long, help: "Archive the committed log continuously into the --out directory.")
+    var follow = false
+    @Option(name: .long, help: "With --follow: stop after this many seconds (default: run until interrupted).")
+    var seconds: Double?
+    @Option(name: .long, help: "With --follow: how often to ask for new entries, in milliseconds.")
+    var intervalMs: Int = 500
+    @Flag(name: .long, help: "Take the backup from the first answering endpoint, even the leader.")
+    var anyNode = false
+
+    func validate() throws {
+        guard !endpoint.isEmpty else { throw ValidationError("give at least one --endpoint") }
+        guard (10...60_000).contains(intervalMs) else { throw ValidationError("--interval-ms must be between 10 and 60000") }
+        if seconds != nil && !follow { throw ValidationError("--seconds goes with --follow") }
+    }
+
+    func run() throws {
+        if follow { return try followLog() }
+        let source = try chooseSource()
+        let summary = try download(from: source, to: out)
+        print(summary)
+    }
+
+    /// The endpoint to back up from: the first follower, else the first that answers.
+    private func chooseSource() throws -> String {
+        var firstAnswering: String?
+        for e in endpoint {
+            guard let (status, body) = try? AdminClient(endpoint: e).call("GET", "/.banyan/status"), status == 200 else { continue }
+            if firstAnswering == nil { firstAnswering = e }
+            if anyNode { return e }
+            let role = (try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])?["role"] as? String
+            if role == "follower" { return e }
+        }
+        guard let firstAnswering else { throw CommandError("no endpoint answered: \(endpoint.joined(separator: ", "))") }
+        FileHandle.standardError.write(Data("note: no follower among the endpoints; backing up from \(firstAnswering)\n".utf8))
+        return firstAnswering
+    }
+
+    /// Streams a backup into `path` (through `path.partial`, fsynced and renamed at the end),
+    /// then reads it back to verify it.
+    private func download(from source: String, to path: String) throws -> String {
+        let partial = path + ".partial"
+        FileManager.default.createFile(atPath: partial, contents: nil)
+        guard let handle = FileHandle(forWritingAtPath: partial) else { throw CommandError("cannot create \(partial)") }
+        let started = Date()
+        let received = try StreamingDownload.run(endpoint: source, path: "/.banyan/backup", into: handle) { bytes in
+            FileHandle.standardError.write(Data("received \(bytes >> 20) MiB\n".utf8))
+        }
+        try handle.synchronize()
+        try handle.close()
+        let seconds = Date().timeIntervalSince(started)
+        let loaded: BackupFiles.Loaded
+        do {
+            loaded = try BackupFiles.load(partial)
+        } catch {
+            throw CommandError("the backup from \(source) is incomplete or damaged (\(error)); kept as \(partial)")
+        }
+        if FileManager.default.fileExists(atPath: path) { try FileManager.default.removeItem(atPath: path) }
+        try FileManager.default.moveItem(atPath: partial, toPath: path)
+        ArchiveDirectory.syncDirectory((path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent)
+        return String(
+            format: "backup %@: index %llu (term %llu) from node %llu of cluster %@, %d namespaces, %.1f MiB in %.2f s (%.1f MB/s), verified",
+            path, loaded.header.index, loaded.header.term, loaded.header.sourceNode, loaded.header.clusterID, loaded.namespaceCount,
+            Double(received) / 1_048_576, seconds, Double(received) / 1e6 / max(seconds, 1e-6))
+    }
+
+    /// `--follow`: a base backup if the directory has none, then the committed log as it grows.
+    private func followLog() throws {
+        try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
+        let archive = ArchiveDirectory(out)
+        var last = try archive.recoverLastIndex()
+        let bases = try archive.baseBackups()
+        if bases.isEmpty {
+            let source = try chooseSource()
+            let temporary = out + "/base-new.bkp"
+            say(try download(from: source, to: temporary))
+            let index = try BackupFiles.load(temporary).header.index
+            try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: index))
+            last = max(last, index)
+        } else if let newest = bases.last {
+            last = max(last, newest.index)
+        }
+        say("archiving committed entries from index \(last + 1) into \(out)")
+        let stop = StopFlag()
+        stop.installSignalHandlers()
+        let deadline = seconds.map { Date().addingTimeInterval($0) }
+        var current = 0
+        var archivedSinceReport = 0
+        var lastReport = Date()
+        while !stop.isSet, deadline.map({ Date() < $0 }) ?? true {
+            let e = endpoint[current % endpoint.count]
+            let answer: (status: Int, body: Data, headers: [String: String])
+            do {
+                answer = try AdminClient(endpoint: e).fetch("GET", "/.banyan/log?from=\(last + 1)&max_bytes=\(4 << 20)")
+            } catch {
+                FileHandle.standardError.write(Data("\(e): \(error); trying the next endpoint\n".utf8))
+                current += 1
+                Thread.sleep(forTimeInterval: Double(intervalMs) / 1000)
+                continue
+            }
+            switch answer.status {
+            case 200:
+                let parsed = try ArchivedEntry.parse([UInt8](answer.body))
+                guard parsed.complete else { throw CommandError("\(e) sent a cut-short log answer") }
+                if let first = parsed.entries.first, first.index != last + 1 {
+                    throw CommandError("\(e) answered from index \(first.index), not \(last + 1)")
+                }
+                try archive.append(parsed.entries, continuing: last)
+                if let newLast = parsed.entries.last?.index { last = newLast }
+                archivedSinceReport += parsed.entries.count
+                let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
+                if Date().timeIntervalSince(lastReport) >= 5 || (archivedSinceReport > 0 && commit <= last && Date().timeIntervalSince(lastReport) >= 1) {
+                    say("archived \(archivedSinceReport) entries; at index \(last), the node's commit index is \(commit)")
+                    archivedSinceReport = 0
+                    lastReport = Date()
+                }
+                if parsed.entries.isEmpty || commit <= last { Thread.sleep(forTimeInterval: Double(intervalMs) / 1000) }
+            case 410:
+                // The node compacted past our position (the archiver was down too long): a new
+                // base backup covers the gap; the archive continues after it.
+                FileHandle.standardError.write(Data("\(e): entries after \(last) were compacted; taking a new base backup\n".utf8))
+                let temporary = out + "/base-new.bkp"
+                say(try download(from: e, to: temporary))
+                let index = try BackupFiles.load(temporary).header.index
+                try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: index))
+                last = max(last, index)
+            case 409, 503:
+                current += 1
+                Thread.sleep(forTimeInterval: Double(intervalMs) / 1000)
+            default:
+                throw CommandError("\(e): \(answer.status) \(String(decoding: answer.body, as: UTF8.self))")
+            }
+        }
+        say("stopped; the archive ends at index \(last)")
+    }
+}
+
+struct BackupVerify: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "verify", abstract: "Check a backup offline: every frame's checksum, the whole image, and that it decodes.")
+    @Argument(help: "The backup file.") var file: String
+
+    func run() throws {
+        let started = Date()
+        do {
+            let loaded = try BackupFiles.load(file) { read, total in
+                FileHandle.standardError.write(Data("read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+            }
+            let created = Date(timeIntervalSince1970: Double(loaded.header.createdAt) / 1000)
+            print(
+                "\(file): OK. index \(loaded.header.index), term \(loaded.header.term), cluster \(loaded.header.clusterID), node \(loaded.header.sourceNode), taken \(ISO8601DateFormatter().string(from: created)), \(loaded.namespaceCount) namespaces, \(loaded.fileBytes) bytes, checked in \(String(format: "%.2f", Date().timeIntervalSince(started))) s"
+            )
+        } catch let e as BackupError {
+            throw CommandError("\(file) is damaged: \(e.reason) at byte offset \(e.offset)")
+        }
+    }
+}
+
+struct Restore: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Seed the data directory of a new cluster's first node from a backup, optionally replayed to a point in time.",
+        discussion: """
+            Then start the node with `banyan serve --data-dir D --node-id N` (no --new-cluster): it \
+            is a one-node cluster holding the restored data; add the other nodes with `banyan cluster \
+            add`. The directory must be absent or empty.
+            """)
+    @Argument(help: "The backup file (a base backup from --follow, or one taken with `banyan backup`).") var file: String
+    @Option(name: .long, help: "A --follow archive directory to replay after the backup.") var archive: String?
+    @Option(name: .long, help: "Replay up to and including this log index.") var toIndex: UInt64?
+    @Option(name: .long, help: "Replay the writes stamped at or before this time (ISO 8601, e.g. 2026-11-27T21:30:00Z, or ms since 1970).")
+    var toTime: String?
+    @Option(name: .long, help: "The data directory to seed.") var dataDir: String
+    @Option(name: .long, help: "The restored node's id (its cluster's only member until others are added).") var nodeId: UInt64 = 1
+
+    func validate() throws {
+        if toIndex != nil && toTime != nil { throw ValidationError("--to-index and --to-time exclude each other") }
+        if (toIndex != nil || toTime != nil) && archive == nil {
+            // Allowed only when the backup itself is the target; checked by the restore.
+        }
+        guard nodeId > 0 else { throw ValidationError("--node-id must be 1 or more") }
+    }
+
+    static func parseTime(_ text: String) -> Int64? {
+        if let ms = Int64(text) { return ms }
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        if let d = f.date(from: text) { return Int64((d.timeIntervalSince1970 * 1000).rounded()) }
+        f.formatOptions = [.withInternetDateTime]
+        return f.date(from: text).map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }
+    }
+
+    func run() throws {
+        var target = RestoreTarget.latest
+        if let toIndex { target = .index(toIndex) }
+        if let toTime {
+            guard let ms = Self.parseTime(toTime) else { throw ValidationError("--to-time: expected ISO 8601 (2026-11-27T21:30:00Z) or ms since 1970") }
+            target = .time(ms)
+        }
+        let started = Date()
+        do {
+            let s = try BackupFiles.restore(backup: file, archive: archive, target: target, dataDirectory: dataDir, nodeID: nodeId) { line in
+                FileHandle.standardError.write(Data((line + "\n").utf8))
+            }
+            let stamp = s.lastTimestamp > 0 ? ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double(s.lastTimestamp) / 1000)) : "none"
+            print(
+                "restored \(dataDir) for node \(nodeId): backup index \(s.backupIndex), \(s.replayed) archived entries replayed, at index \(s.restoredIndex) (last write stamped \(stamp)), \(s.namespaces) namespaces, in \(String(format: "%.2f", Date().timeIntervalSince(started))) s. Start it with: banyan serve --data-dir \(dataDir) --node-id \(nodeId)"
+            )
+        } catch let e as BackupError {
+            throw CommandError("\(file) is damaged: \(e.reason) at byte offset \(e.offset)")
+        }
+    }
+}
+
+/// A line on standard output, written at once (a long-running command's progress reaches a log
+/// file as it happens, not when a buffer fills).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// SIGINT/SIGTERM set a flag a loop polls.
+final class StopFlag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var set = false
+    private var sources: [any DispatchSourceSignal] = []
+    var isSet: Bool { lock.withLock { set } }
+    func installSignalHandlers() {
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { [weak self] in self?.lock.withLock { self?.set = true } }
+            source.resume()
+            sources.append(source)
+        }
+    }
+}
+
+/// A GET whose answer is written to a file as it arrives (URLSession's data delegate).
+final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Sendable {
+    private let handle: FileHandle
+    private let report: (UInt64) -> Void
+    private let done = DispatchSemaphore(value: 0)
+    private let lock = NSLock()
+    private var status: Int?
+    private var errorBody = Data()
+    private var failure: (any Error)?
+    private var writeError: (any Error)?
+    private var bytes: UInt64 = 0
+    private var lastReport = Date()
+
+    private init(handle: FileHandle, report: @escaping (UInt64) -> Void) {
+        self.handle = handle
+        self.report = report
+    }
+
+    /// Returns the bytes written; throws on a transport error or a status other than 200.
+    static func run(endpoint: String, path: String, into handle: FileHandle, report: @escaping (UInt64) -> Void) throws -> UInt64 {
+        guard let url = URL(string: endpoint.hasPrefix("http") ? endpoint + path : "http://" + endpoint + path) else {
+            throw CommandError("bad endpoint '\(endpoint)'")
+        }
+        var request = URLRequest(url: url, timeoutInterval: 120)
+        if let token = try AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+        let download = StreamingDownload(handle: handle, report: report)
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 120
+        configuration.timeoutIntervalForResource = 7 * 24 * 3600
+        let session = URLSession(configuration: configuration, delegate: download, delegateQueue: nil)
+        session.dataTask(with: request).resume()
+        download.done.wait()
+        session.finishTasksAndInvalidate()
+        return try download.lock.withLock { () throws -> UInt64 in
+            if let e = download.writeError { throw CommandError("cannot write the backup: \(e)") }
+            if let e = download.failure { throw CommandError("\(endpoint): \(e.localizedDescription)") }
+            guard let status = download.status else { throw CommandError("no answer from \(endpoint)") }
+            guard status == 200 else { throw CommandError("\(endpoint): \(status) \(String(decoding: download.errorBody, as: UTF8.self))") }
+            return download.bytes
+        }
+    }
+
+    func urlSession(
+        _ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
+        completionHandler: @escaping (URLSession.ResponseDisposition) -> Void
+    ) {
+        lock.withLock { status = (response as? HTTPURLResponse)?.statusCode }
+        completionHandler(.allow)
+    }
+
+    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        lock.lock()
+        defer { lock.unlock() }
+        guard status == 200 else {
+            if errorBody.count < 1 << 16 { errorBody.append(data) }
+            return
+        }
+        guard writeError == nil else { return }
+        do {
+            try handle.write(contentsOf: data)
+            bytes += UInt64(data.count)
+            if Date().timeIntervalSince(lastReport) >= 2 {
+                lastReport = Date()
+                report(bytes)
+            }
+        } catch {
+            writeError = error
+            dataTask.cancel()
+        }
+    }
+
+    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+        lock.withLock { failure = error }
+        done.signal()
+    }
+}
