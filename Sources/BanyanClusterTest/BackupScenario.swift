@@ -179,17 +179,8 @@ extension ClusterTest {
         let executable = banyan
         return try await withCheckedThrowingContinuation { continuation in
             Thread.detachNewThread {
-                let p = Process()
-                p.executableURL = URL(fileURLWithPath: executable)
-                p.arguments = arguments
-                let pipe = Pipe()
-                p.standardOutput = pipe
-                p.standardError = pipe
                 do {
-                    try p.run()
-                    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-                    p.waitUntilExit()
-                    continuation.resume(returning: (p.terminationStatus, String(decoding: data, as: UTF8.self)))
+                    continuation.resume(returning: try runProcess(executable, arguments))
                 } catch {
                     continuation.resume(throwing: error)
                 }

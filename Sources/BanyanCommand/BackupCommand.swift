@@ -82,6 +82,7 @@ struct BackupTake: ParsableCommand {
         try handle.synchronize()
         try handle.close()
         let seconds = Date().timeIntervalSince(started)
+        let verifyStarted = Date()
         let loaded: BackupFiles.Loaded
         do {
             loaded = try BackupFiles.load(partial)
@@ -92,9 +93,10 @@ struct BackupTake: ParsableCommand {
         try FileManager.default.moveItem(atPath: partial, toPath: path)
         ArchiveDirectory.syncDirectory((path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent)
         return String(
-            format: "backup %@: index %llu (term %llu) from node %llu of cluster %@, %d namespaces, %.1f MiB in %.2f s (%.1f MB/s), verified",
+            format: "backup %@: index %llu (term %llu) from node %llu of cluster %@, %d namespaces; image %.1f MiB, file %.1f MiB; received in %.2f s (%.1f MB/s of image), verified in %.2f s",
             path, loaded.header.index, loaded.header.term, loaded.header.sourceNode, loaded.header.clusterID, loaded.namespaceCount,
-            Double(received) / 1_048_576, seconds, Double(received) / 1e6 / max(seconds, 1e-6))
+            Double(loaded.imageBytes) / 1_048_576, Double(received) / 1_048_576, seconds, Double(loaded.imageBytes) / 1e6 / max(seconds, 1e-6),
+            Date().timeIntervalSince(verifyStarted))
     }
 
     /// `--follow`: a base backup if the directory has none, then the committed log as it grows.

@@ -25,6 +25,8 @@ struct Bench: ParsableCommand {
     var serveArg: [String] = []
     @Option(name: .long, help: "A rules file for the bench namespace: each client then writes as uid c<client> (an emulator token), judged by the rules.")
     var rules: String?
+    @Option(name: .long, help: "Measure backups and restores instead, at these key counts (comma-separated, e.g. 100000,1000000), with 16 writing clients for --seconds.")
+    var backup: String?
     @Flag(name: .long, help: "Measure WebSocket (v5) sessions instead: memory per idle session, CPU per write with idle listens, fan-out latency, deliveries per second.")
     var realtime = false
     @Option(name: .long, help: "With --realtime: sessions to open (spread over the 3 nodes).")
@@ -40,6 +42,18 @@ struct Bench: ParsableCommand {
 
     func run() throws {
         if realtime { return try runRealtime() }
+        if let backup {
+            let counts = backup.split(separator: ",").compactMap { Int($0) }
+            guard !counts.isEmpty, counts.allSatisfy({ (1...10_000_000).contains($0) }), counts == counts.sorted() else {
+                throw ValidationError("--backup must list ascending key counts from 1 to 10000000")
+            }
+            var bench = BackupBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
+            bench.keyCounts = counts
+            bench.seconds = seconds
+            bench.portBase = portBase
+            let configured = bench
+            return try runBenchmark { log in try await configured.run(log: log) }
+        }
         let counts = clients.split(separator: ",").compactMap { Int($0) }
         guard !counts.isEmpty, counts.allSatisfy({ (1...1024).contains($0) }) else { throw ValidationError("--clients must list numbers from 1 to 1024") }
         guard seconds > 0 && seconds <= 600, (0...100).contains(failoverTrials), (0...10_000_000).contains(keys) else {

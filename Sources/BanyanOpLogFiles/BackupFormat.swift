@@ -169,7 +169,8 @@ public final class BackupDecoder {
     private var frameAt = 0
     private var ended = false
     private var frames: UInt64 = 0
-    private var imageLength: UInt64 = 0
+    /// Image bytes read so far (the whole image's length once `read` returned 0).
+    public private(set) var imageLength: UInt64 = 0
     private var imageChecksum: UInt32 = 0
 
     public init(read: @escaping (UnsafeMutableBufferPointer<UInt8>) throws -> Int) {

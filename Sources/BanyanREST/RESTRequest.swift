@@ -102,6 +102,9 @@ public struct RESTRequest: Sendable {
     public var consistency: Consistency = .linearizable
     /// The `timeout` parameter, in milliseconds (at most 15 minutes).
     public var timeoutMilliseconds: Int?
+    /// The `at` parameter (Banyan's own): read the location as it was at this committed log
+    /// index, from the node's retained history (docs/backup.md, "Reads of the past").
+    public var atIndex: UInt64?
     /// The largest write body accepted (`writeSizeLimit`).
     public var writeSizeLimit: Int?
     public var authorization: Authorization = .none
@@ -188,6 +191,11 @@ public struct RESTRequest: Sendable {
         case let other?: throw .badRequest("consistency must be 'linearizable' or 'stale', not '\(other)'.")
         }
         if let t = param("timeout") { request.timeoutMilliseconds = try parseTimeout(t) }
+        if let at = param("at") {
+            guard let index = UInt64(at), index > 0 else { throw .badRequest("at must be a log index (a whole number, 1 or more), not '\(at)'.") }
+            guard operation == .get else { throw .badRequest("at reads the past: it goes with GET only.") }
+            request.atIndex = index
+        }
         if let w = param("writeSizeLimit") {
             guard let limit = writeSizeLimits[w] else {
                 throw .badRequest("writeSizeLimit must be one of tiny, small, medium, large, unlimited; not '\(w)'.")

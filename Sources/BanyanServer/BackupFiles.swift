@@ -12,6 +12,7 @@ public enum BackupFiles {
         public var header: BackupHeader
         public var machine: StateMachine
         public var fileBytes: UInt64
+        public var imageBytes: UInt64
         public var namespaceCount: Int { machine.namespaces.count }
     }
 
@@ -49,8 +50,8 @@ public enum BackupFiles {
         guard machine.appliedIndex == header.index else {
             throw BackupError(offset: 0, "the image is at index \(machine.appliedIndex) but the header says \(header.index)")
         }
-        progress(decoder.offset, size)
-        return Loaded(header: header, machine: machine, fileBytes: decoder.offset)
+        if size >= 64 << 20 { progress(decoder.offset, size) }
+        return Loaded(header: header, machine: machine, fileBytes: decoder.offset, imageBytes: decoder.imageLength)
     }
 
     public struct RestoreSummary: Sendable {

@@ -902,6 +902,24 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         switch request.operation {
         case .options:
             respond(context: context, head: head, reply: HTTPReply(RESTRender.options(request)))
+        case .get where request.atIndex != nil:
+            // Reads of the past (docs/backup.md): administrators only, since the rules in force
+            // now may not be those that held then.
+            guard case .administrator = identity, let index = request.atIndex else {
+                respond(context: context, head: head, reply: .error(.unauthorized, "Reads of the past (at=) are for administrators only."))
+                return
+            }
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            server.runtime.readAt(index: index, namespace: request.namespace, on: context.eventLoop) { result in
+                let context = bound.value
+                switch result {
+                case .success(let tree):
+                    let large = tree.valueCount(atLeast: Self.offloadValues)
+                    self.respondRendered(context: context, head: head, large: large) { RESTRender.read(request, tree: tree) }
+                case .failure(.busy): self.respond(context: context, head: head, reply: .error(.tooManyRequests, NodeRuntime.HistoryError.busy.description))
+                case .failure(let e): self.respond(context: context, head: head, reply: .error(.badRequest, e.description))
+                }
+            }
         case .get:
             // Firebase's `timeout` parameter bounds the read: past it the client gets 400 (the
             // node's own request timeout still applies when it is shorter).

@@ -220,6 +220,7 @@ public final class NodeRuntime: @unchecked Sendable {
         peerAddresses[config.nodeID] = config.advertised
         mergePeers(core.peerAddresses)
         core.output = { [unowned self] action in self.perform(action) }
+        historyBases = [core.replica.machine]
         let loadedRules = core.replica.machine.rules
         rulesInForce.withLock { $0 = loadedRules }
         installSigningKeys(core.replica.machine.signingKeys(projects: config.accounts.servedProjects))
@@ -413,7 +414,9 @@ public final class NodeRuntime: @unchecked Sendable {
     private var retainedHead = 0
     private var retainedFirst: UInt64 = 0
     private var retainedBytes = 0
-    static let archiveRetainEntries = 20_000
+    /// At least 20,000, and as many as a snapshot interval, so reads of the past reach back to
+    /// the older history base (below).
+    var archiveRetainEntries: Int { max(20_000, Int(clamping: config.raft.snapshotEntries)) }
     static let archiveRetainBytes = 64 << 20
 
     /// Copies the entries a compaction through `index` is about to drop (payloads are shared,
@@ -431,7 +434,7 @@ public final class NodeRuntime: @unchecked Sendable {
             retainedFirst = from
         }
         // Only the newest entries can stay: skip what would be trimmed at once.
-        let start = index - from + 1 > UInt64(Self.archiveRetainEntries) ? index - UInt64(Self.archiveRetainEntries) + 1 : from
+        let start = index - from + 1 > UInt64(archiveRetainEntries) ? index - UInt64(archiveRetainEntries) + 1 : from
         if start > from {
             retained.removeAll()
             retainedHead = 0
@@ -443,7 +446,7 @@ public final class NodeRuntime: @unchecked Sendable {
             retained.append(Self.archived(e))
             retainedBytes += e.data.count
         }
-        while retained.count - retainedHead > Self.archiveRetainEntries || (retainedBytes > Self.archiveRetainBytes && retained.count - retainedHead > 1) {
+        while retained.count - retainedHead > archiveRetainEntries || (retainedBytes > Self.archiveRetainBytes && retained.count - retainedHead > 1) {
             retainedBytes -= retained[retainedHead].payload.count
             retainedHead += 1
             retainedFirst += 1
@@ -451,6 +454,89 @@ public final class NodeRuntime: @unchecked Sendable {
         if retainedHead > 4_096 && retainedHead * 2 > retained.count {
             retained.removeSubrange(..<retainedHead)
             retainedHead = 0
+        }
+    }
+
+    /// States from which reads of the past replay (`readAt`): the machine at the last two
+    /// snapshots this node took (or its state when it started), oldest first. Each shares its
+    /// trees with the current state, so it costs only what changed since.
+    private var historyBases: [StateMachine] = []
+
+    private func keepHistoryBase(_ machine: StateMachine) {
+        if let last = historyBases.last, last.appliedIndex >= machine.appliedIndex { return }
+        historyBases.append(machine)
+        if historyBases.count > 2 { historyBases.removeFirst(historyBases.count - 2) }
+    }
+
+    /// Why a read of the past has no answer.
+    public enum HistoryError: Error, Sendable, CustomStringConvertible {
+        case beyondApplied(index: UInt64, applied: UInt64)
+        case beforeWindow(index: UInt64, oldest: UInt64)
+        case busy
+
+        public var description: String {
+            switch self {
+            case let .beyondApplied(index, applied): "index \(index) is beyond what this node has applied (\(applied))"
+            case let .beforeWindow(index, oldest):
+                "index \(index) is older than this node's retained history, which starts at index \(oldest) (docs/backup.md, \"Reads of the past\")"
+            case .busy: "another read of the past is running on this node; try again when it ends"
+            }
+        }
+    }
+
+    private let historyReadRunning = Atomic<Bool>(false)
+
+    /// The tree of `namespace` as it was once entry `index` was applied: a history base at or
+    /// before it, with the retained and logged entries up to `index` replayed on a bulk worker
+    /// (one such read at a time per node). `done` runs on `caller`.
+    public func readAt(
+        index: UInt64, namespace: String, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Tree, HistoryError>) -> Void
+    ) {
+        guard historyReadRunning.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else {
+            return caller.execute { done(.failure(.busy)) }
+        }
+        let finish: @Sendable (Result<Tree, HistoryError>) -> Void = { result in
+            self.historyReadRunning.store(false, ordering: .releasing)
+            caller.execute { done(result) }
+        }
+        loop.execute {
+            let machine = self.core.replica.machine
+            guard index <= machine.appliedIndex else { return finish(.failure(.beyondApplied(index: index, applied: machine.appliedIndex))) }
+            if index == machine.appliedIndex { return finish(.success(machine.tree(namespace))) }
+            let raft = self.core.replica.raft
+            let logFirst = raft.snapshotMeta.index + 1
+            let retainedFirst = self.retained.count > self.retainedHead ? self.retainedFirst : logFirst
+            // The newest base at or before `index` whose following entries are all still held.
+            guard let base = self.historyBases.last(where: { $0.appliedIndex <= index && $0.appliedIndex + 1 >= min(retainedFirst, logFirst) }) else {
+                let oldest = self.historyBases.map(\.appliedIndex).filter { $0 + 1 >= min(retainedFirst, logFirst) }.min() ?? machine.appliedIndex
+                return finish(.failure(.beforeWindow(index: index, oldest: oldest)))
+            }
+            var entries: [ArchivedEntry] = []
+            var i = base.appliedIndex + 1
+            while i <= index {
+                if i < logFirst {
+                    let k = self.retainedHead + Int(i - self.retainedFirst)
+                    guard i >= self.retainedFirst, k < self.retained.count else { break }
+                    entries.append(self.retained[k])
+                } else if let e = raft.entry(at: i) {
+                    entries.append(Self.archived(e))
+                } else {
+                    break
+                }
+                i += 1
+            }
+            let replayed = entries
+            BulkWorkers.pool.submit { _ in
+                BulkWorkers.lowerPriority()
+                var state = base
+                for e in replayed {
+                    switch e.kind {
+                    case .command: _ = state.apply(e.payload, index: e.index)
+                    case .noop, .config: state.skip(index: e.index)
+                    }
+                }
+                finish(state.appliedIndex == index ? .success(state.tree(namespace)) : .failure(.beforeWindow(index: index, oldest: base.appliedIndex)))
+            }
         }
     }
 
@@ -740,6 +826,7 @@ public final class NodeRuntime: @unchecked Sendable {
         case .peerAddresses(let addresses):
             mergePeers(addresses)
         case let .writeSnapshot(machine, meta):
+            keepHistoryBase(machine)
             writeSnapshot(machine, meta)
         case .wake(let nanoseconds):
             pacerWake = loop.scheduleTask(in: .nanoseconds(Int64(clamping: nanoseconds))) {
