@@ -130,13 +130,20 @@ struct Serve: ParsableCommand {
         var logger = Logger(label: "banyan")
         logger[metadataKey: "node"] = "\(config.nodeID)"
         let node: BanyanNode
+        // SIGINT/SIGTERM while a full disk holds the start back end the wait.
+        let stop = StopFlag()
+        stop.installSignalHandlers()
         do {
-            node = try BanyanNode.start(config: config, logger: logger)
+            guard let started = try BanyanNode.startWhenSpace(config: config, logger: logger, shouldStop: { stop.isSet }) else {
+                logger.notice("stopped while waiting for disk space")
+                return
+            }
+            node = started
         } catch {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        waitForTerminationSignal()
+        if !stop.isSet { waitForTerminationSignal() }
         logger.notice("shutting down")
         node.shutdown()
     }

@@ -47,6 +47,25 @@ public final class BanyanNode: Sendable {
         try BanyanNode(config: config, logger: logger)
     }
 
+    /// As `start`, but a start that fails because the disk is full (recovery could not write)
+    /// is retried every `interval` seconds until it succeeds or `shouldStop` says so (nil), with
+    /// a log line each time: the process stays up and starts by itself once space is freed,
+    /// instead of a supervisor's restart loop that may give up (docs/runbook.md, "The disk is
+    /// full"). Any other failure is thrown at once.
+    public static func startWhenSpace(
+        config: NodeConfig, logger: Logger, interval: Double = 5, shouldStop: @escaping () -> Bool
+    ) throws -> BanyanNode? {
+        try StartRetry.run(
+            attempt: { try BanyanNode(config: config, logger: logger) }, shouldStop: shouldStop,
+            wait: { Thread.sleep(forTimeInterval: interval) }
+        ) { error, attempt in
+            let free = NodeRuntime.statvfsFreeBytes(config.dataDirectory).map { String($0) } ?? "unknown"
+            logger.critical(
+                "the disk holding the data directory is full: free space there and the node starts by itself (retrying every \(Int(interval)) s)",
+                metadata: ["error": "\(error)", "free_bytes": "\(free)", "attempt": "\(attempt)", "dir": "\(config.dataDirectory)"])
+        }
+    }
+
     private init(config: NodeConfig, logger: Logger) throws {
         try config.validate()
         self.config = config
@@ -61,8 +80,15 @@ public final class BanyanNode: Sendable {
         let tls = try Self.tlsConfigurations(config, logger: logger)
         let threads = config.threads ?? NodeConfig.defaultThreads(cores: System.coreCount)
         network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
-        let runtime = try NodeRuntime(config: config, logger: logger, sharedLoop: threads == 1 ? network.next() : nil) { message in
-            logger.info("\(message)")
+        let runtime: NodeRuntime
+        do {
+            runtime = try NodeRuntime(config: config, logger: logger, sharedLoop: threads == 1 ? network.next() : nil) { message in
+                logger.info("\(message)")
+            }
+        } catch {
+            // Nothing else was started: a start retried later (a full disk) leaks no threads.
+            try? network.syncShutdownGracefully()
+            throw error
         }
         self.runtime = runtime
         // Outbound peer connections live on the replica loop: Raft messages go out without

@@ -1,4 +1,5 @@
 import BanyanNode
+import BanyanOpLogFiles
 @testable import BanyanServer
 import BanyanStateMachine
 import Foundation
@@ -46,5 +47,45 @@ import Testing
         let cleared = await eventually({ (try? node.runtime.status().wait().spaceAlarms) == [] }, seconds: 20)
         #expect(cleared)
         #expect(try httpExchange(port: port, "PUT", "/t/c.json", body: #"{"y":2}"#).status == 200)
+    }
+}
+
+/// A start that fails because the disk is full is retried until space returns (issue 18: no
+/// supervisor restart loop); any other failure ends it at once; a stop request ends the wait.
+@Suite struct StartRetryTests {
+    struct Other: Error {}
+
+    @Test func retriesOnlyAFullDisk() throws {
+        var attempts = 0
+        var waits = 0
+        var reports: [Int] = []
+        let full = OpLogError(.noSpace, "write failed: No space left on device")
+        let value = try StartRetry.run(
+            attempt: { () throws -> Int in
+                attempts += 1
+                if attempts < 3 { throw full }
+                return 42
+            }, shouldStop: { false }, wait: { waits += 1 }, report: { _, n in reports.append(n) })
+        #expect(value == 42 && attempts == 3 && waits == 2 && reports == [1, 2])
+
+        attempts = 0
+        #expect(throws: Other.self) {
+            _ = try StartRetry.run(
+                attempt: { () throws -> Int in
+                    attempts += 1
+                    if attempts == 1 { throw full }
+                    throw Other()
+                }, shouldStop: { false }, wait: {}, report: { _, _ in })
+        }
+        #expect(attempts == 2)
+        #expect(throws: OpLogError.self) {
+            _ = try StartRetry.run(attempt: { () throws -> Int in throw OpLogError(.io, "other") }, shouldStop: { false }, wait: {}, report: { _, _ in })
+        }
+
+        var stopAfter = 0
+        let stopped = try StartRetry.run(
+            attempt: { () throws -> Int in throw FileSystemError(.noSpace, path: "/d", "full") }, shouldStop: { stopAfter += 1; return stopAfter > 3 },
+            wait: {}, report: { _, _ in })
+        #expect(stopped == nil)
     }
 }
