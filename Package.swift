@@ -32,9 +32,10 @@ let package = Package(
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
         .executable(name: "banyan-sim", targets: ["BanyanSim"]),
         .executable(name: "banyan-cluster-test", targets: ["BanyanClusterTest"]),
-        // Internal modules are not products (house style B10); the client SDK will be one. Note:
-        // SwiftPM refuses `unsafeFlags` in packages used as dependencies, so `coreSettings` must
-        // drop its release-only exclusivity flag before the SDK product ships.
+        // The Swift client SDK (docs/swift-sdk.md). Other internal modules are not products
+        // (house style B10). This toolchain accepts the package's `unsafeFlags` when it is a
+        // dependency (checked with path, revision and version dependencies; docs/swift-sdk.md).
+        .library(name: "BanyanClient", targets: ["BanyanClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -101,6 +102,10 @@ let package = Package(
         // streams alike (docs/realtime.md, "ListenCore").
         .target(name: "BanyanListen", dependencies: ["BanyanTree", "BanyanQuery"], swiftSettings: coreSettings),
 
+        // The Swift SDK's core: the client side of the WebSocket protocol v5, the connection,
+        // pending writes and listens as one state machine (docs/swift-sdk.md).
+        .target(name: "BanyanClientCore", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+
         // MARK: - Test support (pure)
 
         // The deterministic cluster simulator: simulated nodes, network and disks under one seed,
@@ -124,6 +129,18 @@ let package = Package(
             name: "BanyanOpLogFiles",
             dependencies: ["BanyanOpLog", "CZlib", .product(name: "Logging", package: "swift-log")],
             swiftSettings: optimisedDriverSettings
+        ),
+
+        // The Swift SDK (docs/swift-sdk.md): Database, DatabaseReference, DataSnapshot over a NIO
+        // WebSocket client driving BanyanClientCore.
+        .target(
+            name: "BanyanClient",
+            dependencies: [
+                "BanyanClientCore", "BanyanTree", "BanyanBasics", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
         ),
 
         // Credentials: RS256 ID tokens against configured public keys, Firebase 2.x custom tokens
@@ -287,6 +304,13 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "BanyanTidyTests", swiftSettings: strictSettings),
+        .testTarget(
+            name: "BanyanClientTests",
+            dependencies: [
+                "BanyanClient", "BanyanClientCore", "BanyanServer", "BanyanTree", .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
