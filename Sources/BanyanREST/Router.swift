@@ -35,6 +35,10 @@ public enum Route: Sendable, Equatable {
         case startDrain
         case stopDrain
         case drainState
+        /// `GET /.banyan/tls`: the certificates in force and their expiry.
+        case tlsStatus
+        /// `POST /.banyan/tls/reload`: reload certificates, keys and trust bundle from their files.
+        case tlsReload
         /// A member route whose id is not a node id.
         case badNodeID(String)
         /// No such endpoint for this method.
@@ -64,6 +68,8 @@ public enum Route: Sendable, Equatable {
         case ("POST", 1, "drain"): return .startDrain
         case ("DELETE", 1, "drain"): return .stopDrain
         case ("GET", 1, "drain"): return .drainState
+        case ("GET", 1, "tls"): return .tlsStatus
+        case ("POST", 2, "tls") where parts[1] == "reload": return .tlsReload
         case (_, 2..., "members"):
             guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
             switch (method, parts.count) {
