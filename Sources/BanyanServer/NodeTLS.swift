@@ -236,9 +236,15 @@ struct TLSMaterial: Sendable {
         let der = (try? PeerTLS.der(c)) ?? []
         let notAfter = Int64(c.notValidAfter.timeIntervalSince1970.rounded(.down))
         return TLSCertificateInfo(
-            kind: kind, subject: "\(c.subject)", issuer: "\(c.issuer)", issuedBy: nil, serial: "\(c.serialNumber)",
+            kind: kind, subject: "\(c.subject)", issuer: "\(c.issuer)", issuedBy: nil, serial: serial(c),
             sha256: SHA256.hash(data: der).map { String(format: "%02x", $0) }.joined(), notBefore: iso(c.notValidBefore), notAfter: iso(c.notValidAfter),
             notAfterUnix: notAfter, secondsLeft: notAfter - Int64(now.timeIntervalSince1970.rounded(.down)), file: file)
+    }
+
+    /// The serial number as `openssl x509 -serial` prints it: two hexadecimal digits a byte
+    /// (lower case, colon-separated).
+    static func serial(_ c: Certificate) -> String {
+        c.serialNumber.bytes.map { String(format: "%02x", $0) }.joined(separator: ":")
     }
 
     static func iso(_ date: Date) -> String {

@@ -171,7 +171,7 @@ import X509
         func serverSerial() async throws -> String? {
             guard let channel else { return nil }
             let der = try await channel.eventLoop.submit { try channel.pipeline.syncOperations.handler(type: NIOSSLClientHandler.self).peerCertificate?.toDERBytes() }.get()
-            return try der.map { "\(try Certificate(derEncoded: $0).serialNumber)" }
+            return try der.map { TLSMaterial.serial(try Certificate(derEncoded: $0)) }
         }
 
         func close() { channel?.close(promise: nil) }
@@ -210,8 +210,8 @@ import X509
         defer { node.shutdown() }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         defer { group.shutdownGracefully { _ in } }
-        let serialA = "\(try DevCertificates.loadCertificate(f.nodeA.certificatePath).serialNumber)"
-        let serialB = "\(try DevCertificates.loadCertificate(f.nodeB.certificatePath).serialNumber)"
+        let serialA = TLSMaterial.serial(try DevCertificates.loadCertificate(f.nodeA.certificatePath))
+        let serialB = TLSMaterial.serial(try DevCertificates.loadCertificate(f.nodeB.certificatePath))
 
         let kept = try await KeepAlive.open(port: clientPort(node), ca: f.bundle, group: group)
         defer { kept.close() }
