@@ -74,7 +74,7 @@ import Testing
                 var done = false
                 while !done, Date() < deadline {
                     do {
-                        let r = try await cluster.request(node, .PUT, "/load/c\(c).json", body: "\(value)", timeout: 5)
+                        let r = try await cluster.request(node, .PUT, "/load/c\(c).json", body: "\(value)", timeout: 10)
                         if r.status == 200 {
                             done = true
                         } else {

@@ -76,6 +76,9 @@ import X509
         // Time is an input: past the node certificate's 825 days, and before its start.
         #expect(Self.code { _ = try TLSMaterial.load(f.sources(ca: f.bundle, node: f.nodeA), now: Date().addingTimeInterval(900 * 86_400)) } == .expired)
         #expect(Self.code { _ = try TLSMaterial.load(f.sources(ca: f.bundle, node: f.nodeA), now: Date().addingTimeInterval(-2 * 86_400)) } == .notYetValid)
+        // Below the warning threshold: the node certificate (825 days) with 1000, not the CAs (3650).
+        let tls = try NodeTLS(sources: f.sources(ca: f.bundle, node: f.nodeB), expiryWarningDays: 1000, logger: Logger(label: "test"))
+        #expect(tls.status().expiring.count == 1 && tls.status().expiring.first?.hasPrefix("node certificate") == true, "\(tls.status().expiring)")
         // Missing and unparsable files.
         #expect(Self.code { _ = try TLSMaterial.load(f.sources(ca: f.dir + "/absent.pem", node: f.nodeA), now: Date()) } == .missing)
         try "not a certificate".write(toFile: f.dir + "/junk.pem", atomically: true, encoding: .utf8)
