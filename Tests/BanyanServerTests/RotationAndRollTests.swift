@@ -200,12 +200,15 @@ import Testing
             try Self.install(issued, as: files)
             try FileManager.default.copyItem(atPath: caA.certificatePath, toPath: tlsDir + "/ca.pem")
             inUse[id] = (tlsDir + "/ca.pem", files)
+            // A 1 s election timeout (50 ticks of 20 ms, not 200 ms): on a machine loaded by the
+            // rest of the suite, a starved heartbeat must not pass for a link the rotation broke.
             let yaml = "tls:\n  ca: \(tlsDir)/ca.pem\n  cert: \(files.certificatePath)\n  key: \(files.privateKeyPath)\n  generate_development_certificates: false\n"
+                + "raft:\n  election_ticks: 50\n"
             try yaml.write(toFile: dir + "/node\(id).yaml", atomically: true, encoding: .utf8)
             cluster.nodeArguments[id] = ["--config", dir + "/node\(id).yaml"]
         }
         for id in ids { try cluster.start(id) }
-        let leader = try await cluster.waitForLeader(timeout: 30)
+        let leader = try await cluster.waitForLeader(timeout: 120)
         let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
         let endpoints = ids.map { "127.0.0.1:\(cluster.clientPort($0))" }.joined(separator: ",")
         let load = WriteLoad(cluster: cluster, clients: 4)
@@ -341,7 +344,7 @@ import Testing
         echo "$(date +%T.%N) restart.sh $1 $2: started" >> \(quoted(dir))/restart.trace
         """.write(toFile: "\(dir)/restart.sh", atomically: true, encoding: .utf8)
 
-        let leader = try await cluster.waitForLeader(timeout: 30)
+        let leader = try await cluster.waitForLeader(timeout: 120)
         var before: [UInt64: Int64] = [:]
         for id in ids { before[id] = (await cluster.status(id)?["started_at_ms"] as? NSNumber)?.int64Value }
         let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0

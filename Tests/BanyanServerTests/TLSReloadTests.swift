@@ -148,13 +148,13 @@ import X509
             bytes.withLock { $0.append(contentsOf: buffer.readableBytesView) }
         }
 
-        /// Status and body of one request (at most 10 s).
+        /// Status and body of one request (at most 30 s).
         func send(_ method: String, _ path: String, json: Bool = false) async throws -> (status: Int, body: String) {
             guard let channel else { return (0, "") }
             bytes.withLock { $0 = [] }
             let extra = json ? "Content-Type: application/json\r\n" : ""
             try await channel.writeAndFlush(ByteBuffer(string: "\(method) \(path) HTTP/1.1\r\nHost: localhost\r\n\(extra)Content-Length: 0\r\n\r\n")).get()
-            let deadline = Date().addingTimeInterval(10)
+            let deadline = Date().addingTimeInterval(30)
             while Date() < deadline {
                 let text = String(decoding: bytes.withLock { $0 }, as: UTF8.self)
                 if let end = text.range(of: "\r\n\r\n") {
@@ -178,6 +178,30 @@ import X509
         }
 
         func close() { channel?.close(promise: nil) }
+
+        /// `open`, then `GET /.banyan/health` answering 200; retried every 500 ms (at most 60
+        /// times) while the connection fails, as a node starting on a loaded machine may close
+        /// one before it serves.
+        static func ready(port: Int, ca: String, group: any EventLoopGroup) async throws -> KeepAlive {
+            var last: any Error = HTTPFailure("never tried")
+            for _ in 0..<60 {
+                do {
+                    let c = try await open(port: port, ca: ca, group: group)
+                    if try await c.send("GET", "/.banyan/health").status == 200 { return c }
+                    c.close()
+                    last = HTTPFailure("health did not answer 200")
+                } catch {
+                    last = error
+                }
+                try await Task.sleep(for: .milliseconds(500))
+            }
+            throw last
+        }
+    }
+
+    struct HTTPFailure: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
     }
 
     static func copy(_ from: NodeCertificateFiles, to: NodeCertificateFiles) throws {
@@ -216,9 +240,8 @@ import X509
         let serialA = TLSMaterial.serial(try DevCertificates.loadCertificate(f.nodeA.certificatePath))
         let serialB = TLSMaterial.serial(try DevCertificates.loadCertificate(f.nodeB.certificatePath))
 
-        let kept = try await KeepAlive.open(port: clientPort(node), ca: f.bundle, group: group)
+        let kept = try await KeepAlive.ready(port: clientPort(node), ca: f.bundle, group: group)
         defer { kept.close() }
-        #expect(try await kept.send("GET", "/.banyan/health").status == 200)
         #expect(try await kept.serverSerial() == serialA)
         let before = try await kept.send("GET", "/.banyan/tls")
         #expect(before.status == 200 && before.body.contains(serialA) && before.body.contains("\"loaded_by\" : \"start\""), "\(before.body)")
@@ -236,8 +259,7 @@ import X509
         #expect(try await kept.send("GET", "/.banyan/health").status == 200)
         #expect(try await kept.serverSerial() == serialA)
         // ...and a new one gets B's certificate.
-        let fresh = try await KeepAlive.open(port: clientPort(node), ca: f.bundle, group: group)
-        #expect(try await fresh.send("GET", "/.banyan/health").status == 200)
+        let fresh = try await KeepAlive.ready(port: clientPort(node), ca: f.bundle, group: group)
         #expect(try await fresh.serverSerial() == serialB)
         fresh.close()
 
@@ -251,8 +273,7 @@ import X509
         let status = node.tls.status()
         #expect(status.certificates.first?.serial == serialB && status.reloads == 1 && status.failedReloads == 1)
         #expect(status.lastFailure?.code == "mismatch" && status.lastFailure?.trigger == "admin")
-        let again = try await KeepAlive.open(port: clientPort(node), ca: f.bundle, group: group)
-        #expect(try await again.send("GET", "/.banyan/health").status == 200)
+        let again = try await KeepAlive.ready(port: clientPort(node), ca: f.bundle, group: group)
         #expect(try await again.serverSerial() == serialB)
         // The status and the metrics report expiry.
         let full = try await again.send("GET", "/.banyan/status")
