@@ -13,7 +13,13 @@ import Testing
 /// the real `banyan` commands, each under a continuous write load (docs/certificates.md,
 /// docs/runbook.md "Rolling restart or upgrade"). Ports 30801-30803/30901-30903 (rotation) and
 /// 30821-30823/30921-30923 (roll).
-@Suite(.serialized) struct RotationAndRollTests {
+///
+/// Opt-in (`BANYAN_CLUSTER_TESTS=1`, house style B11), run by `.ci/run` in a step of their own:
+/// in the full `swift test` the simulator's CPU-bound tests hold every thread of the concurrency
+/// pool for minutes, so a test whose clients and deadlines are async tasks starves (a leader
+/// elected in 2 s went unseen for 120 s), which says nothing about the cluster.
+@Suite(.serialized, .enabled(if: ProcessInfo.processInfo.environment["BANYAN_CLUSTER_TESTS"] == "1", "multi-process: BANYAN_CLUSTER_TESTS=1"))
+struct RotationAndRollTests {
     /// The `banyan` binary built beside this test bundle.
     static func banyan() throws -> String {
         let path = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("banyan").path
@@ -108,6 +114,20 @@ import Testing
                 if r.text != "\(value)" { wrong.append("c\(c): read \(r.status) \(r.text), last acknowledged \(value)") }
             }
             return wrong
+        }
+    }
+
+    /// The first leader, or the tail of every node's log (a failed test's only evidence: the
+    /// directory goes with it) and the error.
+    static func firstLeader(_ cluster: LocalCluster) async throws -> UInt64 {
+        do {
+            return try await cluster.waitForLeader(timeout: 120)
+        } catch {
+            for id in cluster.founders {
+                let log = (try? String(contentsOfFile: "\(cluster.directory)/node\(id).log", encoding: .utf8)) ?? "(no log)"
+                print("node \(id) (running: \(cluster.isRunning(id))), last lines of its log:\n" + log.split(separator: "\n").suffix(15).joined(separator: "\n"))
+            }
+            throw error
         }
     }
 
@@ -208,7 +228,7 @@ import Testing
             cluster.nodeArguments[id] = ["--config", dir + "/node\(id).yaml"]
         }
         for id in ids { try cluster.start(id) }
-        let leader = try await cluster.waitForLeader(timeout: 120)
+        let leader = try await Self.firstLeader(cluster)
         let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
         let endpoints = ids.map { "127.0.0.1:\(cluster.clientPort($0))" }.joined(separator: ",")
         let load = WriteLoad(cluster: cluster, clients: 4)
@@ -282,7 +302,7 @@ import Testing
         #expect(load.failedAttempts.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
         #expect(try await load.checkFinalValues(through: 1).isEmpty)
         // Peer links never broke: no election during the rotation.
-        let leaderAfter = try await cluster.waitForLeader(timeout: 10)
+        let leaderAfter = try await cluster.waitForLeader(timeout: 60)
         let termAfter = (await cluster.status(leaderAfter)?["term"] as? NSNumber)?.uint64Value ?? 0
         #expect(termAfter == termBefore, "term \(termBefore) → \(termAfter)")
 
@@ -344,7 +364,7 @@ import Testing
         echo "$(date +%T.%N) restart.sh $1 $2: started" >> \(quoted(dir))/restart.trace
         """.write(toFile: "\(dir)/restart.sh", atomically: true, encoding: .utf8)
 
-        let leader = try await cluster.waitForLeader(timeout: 120)
+        let leader = try await Self.firstLeader(cluster)
         var before: [UInt64: Int64] = [:]
         for id in ids { before[id] = (await cluster.status(id)?["started_at_ms"] as? NSNumber)?.int64Value }
         let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
@@ -392,7 +412,7 @@ import Testing
         #expect(acknowledged > 50)
         #expect(load.failed.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
         #expect(try await load.checkFinalValues(through: 1).isEmpty)
-        let leaderAfter = try await cluster.waitForLeader(timeout: 10)
+        let leaderAfter = try await cluster.waitForLeader(timeout: 60)
         let termAfter = (await cluster.status(leaderAfter)?["term"] as? NSNumber)?.uint64Value ?? 0
         #expect(termAfter - termBefore <= 3, "term \(termBefore) → \(termAfter)")
         #expect(leaders.withLock { $0.count - 1 } <= 3, "leaders seen: \(leaders.withLock { $0 })")
