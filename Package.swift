@@ -276,7 +276,7 @@ let package = Package(
             name: "BanyanServerTests",
             dependencies: [
                 "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
-                "BanyanREST", "BanyanRules", "BanyanAuth", "BanyanBasics", "CZlib", .product(name: "Logging", package: "swift-log"),
+                "BanyanREST", "BanyanRules", "BanyanAuth", "BanyanBasics", "CZlib", "BanyanOps", .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -9,8 +9,10 @@ import FoundationNetworking
 /// `banyan cluster …`: a local development cluster, and membership changes on a running one.
 struct Cluster: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run a local cluster, or change a running cluster's membership.",
-        subcommands: [ClusterLocal.self, ClusterAdd.self, ClusterRemove.self, ClusterTransfer.self])
+        abstract: "Run a local cluster, change a running cluster's membership, roll restarts, reload certificates.",
+        subcommands: [
+            ClusterLocal.self, ClusterAdd.self, ClusterRemove.self, ClusterTransfer.self, ClusterRoll.self, ClusterReloadTLS.self, ClusterTLS.self,
+        ])
 }
 
 /// `banyan cluster local --nodes 3`: starts N `banyan serve` processes on loopback that form one

@@ -127,6 +127,9 @@ struct Serve: ParsableCommand {
             return handler
         }
         raiseOpenFileLimit()
+        // SIGHUP reloads the certificates once the node runs; until then it must not end the
+        // process (its default action).
+        signal(SIGHUP, SIG_IGN)
         var logger = Logger(label: "banyan")
         logger[metadataKey: "node"] = "\(config.nodeID)"
         let node: BanyanNode
@@ -143,7 +146,12 @@ struct Serve: ParsableCommand {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        if !stop.isSet { waitForTerminationSignal() }
+        if !stop.isSet {
+            waitForTerminationSignal(onHangUp: { [logger] in
+                logger.notice("SIGHUP: reloading the TLS material")
+                node.reloadTLS(trigger: "SIGHUP")
+            })
+        }
         logger.notice("shutting down")
         node.shutdown()
     }
@@ -179,9 +187,17 @@ struct Bootstrap: ParsableCommand {
 }
 
 /// Blocks until SIGINT or SIGTERM arrives (both are then handled here, not by the default action).
-func waitForTerminationSignal() {
+/// With `onHangUp`, SIGHUP calls it (on a global queue) instead of ending the process.
+func waitForTerminationSignal(onHangUp: (@Sendable () -> Void)? = nil) {
     let stop = DispatchSemaphore(value: 0)
     var sources: [any DispatchSourceSignal] = []
+    if let onHangUp {
+        signal(SIGHUP, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        source.setEventHandler { onHangUp() }
+        source.resume()
+        sources.append(source)
+    }
     for sig in [SIGINT, SIGTERM] {
         signal(sig, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())

@@ -19,6 +19,9 @@ public final class LocalCluster: @unchecked Sendable {
     private let logLevel: String
     /// Extra `banyan serve` arguments for every node (e.g. `--config file`).
     public var extraArguments: [String] = []
+    /// Extra `banyan serve` arguments for one node (e.g. its own `--config` naming its own
+    /// certificate files), after `extraArguments`.
+    public var nodeArguments: [UInt64: [String]] = [:]
 
     /// `executable` is the `banyan` binary; node i uses ports base + i.
     public init(executable: String, directory: String, nodes: Int, clientPortBase: Int, peerPortBase: Int, logLevel: String = "notice") {
@@ -38,18 +41,7 @@ public final class LocalCluster: @unchecked Sendable {
 
     /// Starts node `id` (a founder, or with `join` a blank node waiting to be added).
     public func start(_ id: UInt64, join: Bool = false) throws {
-        var args = [
-            "serve", "--node-id", "\(id)", "--cluster-id", "banyan-test", "--data-dir", dataDirectory(id),
-            "--listen", "127.0.0.1:\(clientPort(id))", "--peer-listen", "127.0.0.1:\(peerPort(id))", "--tls-dir", "\(directory)/certs",
-            "--log-level", logLevel,
-        ]
-        args += extraArguments
-        if join {
-            args.append("--join")
-        } else {
-            args += founders.map { "--initial-member=\($0)=127.0.0.1:\(peerPort($0))" }
-            if !started.contains(id) { args.append("--new-cluster") }
-        }
+        let args = arguments(id, join: join, firstStart: !started.contains(id))
         started.insert(id)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: executable)
@@ -64,6 +56,25 @@ public final class LocalCluster: @unchecked Sendable {
         }
         try p.run()
         processes[id] = p
+    }
+
+    /// The `banyan serve` arguments of node `id` (`firstStart`: a founder's first start, which
+    /// founds the cluster with `--new-cluster`). A restart script outside this object uses
+    /// `arguments(id, firstStart: false)`.
+    public func arguments(_ id: UInt64, join: Bool = false, firstStart: Bool) -> [String] {
+        var args = [
+            "serve", "--node-id", "\(id)", "--cluster-id", "banyan-test", "--data-dir", dataDirectory(id),
+            "--listen", "127.0.0.1:\(clientPort(id))", "--peer-listen", "127.0.0.1:\(peerPort(id))", "--tls-dir", "\(directory)/certs",
+            "--log-level", logLevel,
+        ]
+        args += extraArguments + (nodeArguments[id] ?? [])
+        if join {
+            args.append("--join")
+        } else {
+            args += founders.map { "--initial-member=\($0)=127.0.0.1:\(peerPort($0))" }
+            if firstStart { args.append("--new-cluster") }
+        }
+        return args
     }
 
     public func pid(_ id: UInt64) -> Int32? { processes[id]?.processIdentifier }

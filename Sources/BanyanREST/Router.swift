@@ -50,6 +50,10 @@ public enum Route: Sendable, Equatable {
         /// continuous archiving (`banyan backup --follow`). Administrators only. Nil parameters
         /// are missing or malformed.
         case log(from: UInt64?, maxBytes: Int?)
+        /// `GET /.banyan/tls`: the certificates in force and their expiry.
+        case tlsStatus
+        /// `POST /.banyan/tls/reload`: reload certificates, keys and trust bundle from their files.
+        case tlsReload
         /// A member route whose id is not a node id.
         case badNodeID(String)
         /// No such endpoint for this method.
@@ -83,6 +87,8 @@ public enum Route: Sendable, Equatable {
         case ("GET", 1, "log"):
             let maxBytes = parameter("max_bytes", in: query).map { Int($0) } ?? Int?(4 << 20)
             return .log(from: parameter("from", in: query).flatMap { UInt64($0) }, maxBytes: maxBytes)
+        case ("GET", 1, "tls"): return .tlsStatus
+        case ("POST", 2, "tls") where parts[1] == "reload": return .tlsReload
         case (_, 2..., "members"):
             guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
             switch (method, parts.count) {

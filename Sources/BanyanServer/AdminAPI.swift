@@ -22,6 +22,8 @@ import NIOHTTP1
 /// | `GET /.banyan/drain` | whether the node drains, and its realtime connections |
 /// | `GET /.banyan/backup` | an online, consistent backup, streamed (administrators; docs/backup.md) |
 /// | `GET /.banyan/log?from=<index>&max_bytes=<n>` | committed log entries for archiving (administrators; 410 once compacted) |
+/// | `GET /.banyan/tls` | the certificates in force (node, trusted CAs, client port), their expiry, reloads |
+/// | `POST /.banyan/tls/reload` | reloads certificates, keys and trust bundle from their files; 422 with `{"error", "code", "file"}` when refused (the old material stays) |
 ///
 /// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
 struct AdminAPI {
@@ -38,11 +40,8 @@ struct AdminAPI {
                 var status = base
                 status.realtimeConnections = server.realtimeConnections
                 status.draining = server.isDraining
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                encoder.keyEncodingStrategy = .convertToSnakeCase
-                let data = (try? encoder.encode(status)) ?? Data("{}".utf8)
-                return HTTPReply(status: .ok, headers: [("Content-Type", "application/json")], body: Array(data))
+                status.tls = server.tls?.status()
+                return Self.encoded(.ok, status)
             }
         case .health:
             return runtime.loop.makeSucceededFuture(.json(.ok, #"{"status":"ok"}"#))
@@ -116,11 +115,44 @@ struct AdminAPI {
                         body: body)
                 }
             }
+        case .tlsStatus:
+            guard let tls = server.tls else { return runtime.loop.makeSucceededFuture(.error(.notFound, "this server has no TLS material")) }
+            return runtime.loop.makeSucceededFuture(Self.encoded(.ok, tls.status()))
+        case .tlsReload:
+            guard let tls = server.tls else { return runtime.loop.makeSucceededFuture(.error(.notFound, "this server has no TLS material")) }
+            // Off the replica loop: reading files and building TLS contexts takes milliseconds.
+            let promise = runtime.loop.makePromise(of: HTTPReply.self)
+            DispatchQueue.global().async {
+                switch tls.reload(trigger: "admin") {
+                case .success(let status): promise.succeed(Self.encoded(.ok, status))
+                case .failure(let e):
+                    promise.succeed(
+                        Self.encoded(.unprocessableEntity, TLSReloadRefusal(error: e.description, code: e.code.name, file: e.path, reason: e.reason)))
+                }
+            }
+            return promise.futureResult
         case .badNodeID(let text):
             return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(text)'"))
         case .unknown:
             return runtime.loop.makeSucceededFuture(.error(.notFound, "no such operator endpoint: \(method) \(path)"))
         }
+    }
+
+    /// A refused reload as the operator sees it: `error` (file and reason), the code
+    /// (`mismatch`, `untrusted`, `expired`, ...), the file.
+    struct TLSReloadRefusal: Encodable {
+        var error: String
+        var code: String
+        var file: String
+        var reason: String
+    }
+
+    static func encoded(_ status: HTTPResponseStatus, _ value: some Encodable) -> HTTPReply {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.keyEncodingStrategy = .convertToSnakeCase
+        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+        return HTTPReply(status: status, headers: [("Content-Type", "application/json")], body: Array(data))
     }
 
     private func membership(_ future: EventLoopFuture<Result<Membership, ReplicaError>>) -> EventLoopFuture<HTTPReply> {

@@ -22,6 +22,10 @@ public final class BanyanNode: Sendable {
     /// Where the client API and the peer transport actually listen (ports may be 0 in tests).
     public let clientAddress: String
     public let peerAddress: String
+    /// The certificates in force and their reloads (docs/certificates.md).
+    public let tls: NodeTLS
+    /// Updates the certificate expiry gauges and warnings once a minute.
+    private let expiryCheck: RepeatedTask
 
     private static let metricsBootstrap = Mutex<PrometheusCollectorRegistry?>(nil)
 
@@ -77,9 +81,11 @@ public final class BanyanNode: Sendable {
                 "verifying client tokens",
                 metadata: ["id_token_keys": "\(verifier.keyIDs.joined(separator: ","))", "database_secrets": "\(verifier.acceptsSecrets)"])
         }
-        let tls = try Self.tlsConfigurations(config, logger: logger)
+        let tls = try NodeTLS(sources: try Self.tlsSources(config, logger: logger), expiryWarningDays: config.tls.expiryWarningDays, logger: logger)
+        self.tls = tls
         let threads = config.threads ?? NodeConfig.defaultThreads(cores: System.coreCount)
         network = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        expiryCheck = network.next().scheduleRepeatedTask(initialDelay: .seconds(60), delay: .seconds(60)) { _ in tls.checkExpiry(now: Date()) }
         let runtime: NodeRuntime
         do {
             runtime = try NodeRuntime(config: config, logger: logger, sharedLoop: threads == 1 ? network.next() : nil) { message in
@@ -87,6 +93,7 @@ public final class BanyanNode: Sendable {
             }
         } catch {
             // Nothing else was started: a start retried later (a full disk) leaks no threads.
+            expiryCheck.cancel()
             try? network.syncShutdownGracefully()
             throw error
         }
@@ -96,21 +103,28 @@ public final class BanyanNode: Sendable {
         // a thread of their own: their TLS handshakes, decryption and frame decoding never hold
         // the loop that ticks Raft; their messages reach it in one hand-off per read burst.
         peerInbound = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        transport = try PeerTransport(
+        let transport = try PeerTransport(
             nodeID: config.nodeID, clusterID: config.clusterID, advertised: config.advertised, group: runtime.loop,
             acceptGroup: config.peerInboundThread ? peerInbound : nil,
-            serverTLS: tls.server,
-            clientTLS: tls.client, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
+            serverContext: tls.material.peerServer,
+            clientContext: tls.material.peerClient, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
             peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }
             runtime.receive(messages)
         }
+        self.transport = transport
         let peerBound = try transport.listen(on: config.peerAddress)
         peerAddress = peerBound.map { "\($0.ipAddress ?? config.peerAddress.host):\($0.port ?? config.peerAddress.port)" } ?? config.peerAddress.description
         logger.notice("peer transport listening (mutual TLS)", metadata: ["address": "\(peerAddress)", "node": "\(config.nodeID)"])
         runtime.start(transport: transport)
-        http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier)
+        let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, tls: tls)
+        self.http = http
+        http.https.withLock { $0 = tls.material.https }
+        tls.onReload { material in
+            transport.useTLS(server: material.peerServer, client: material.peerClient)
+            http.https.withLock { $0 = material.https }
+        }
         let clientBound = try http.start(group: network)
         clientAddress = clientBound.map { "\($0.ipAddress ?? config.clientAddress.host):\($0.port ?? config.clientAddress.port)" } ?? config.clientAddress.description
         logger.notice(
@@ -124,7 +138,16 @@ public final class BanyanNode: Sendable {
         try NodeRuntime.bootstrapDataDirectory(config: config, logger: logger)
     }
 
+    /// Reloads the certificates, keys and trust bundle from their files (SIGHUP, `POST
+    /// /.banyan/tls/reload`): all of it is checked first, and a refusal leaves the material in
+    /// force unchanged.
+    @discardableResult
+    public func reloadTLS(trigger: String) -> Result<TLSStatus, CertificateError> {
+        tls.reload(trigger: trigger)
+    }
+
     public func shutdown() {
+        expiryCheck.cancel()
         http.shutdown()
         transport.shutdown()
         runtime.shutdown()
@@ -132,9 +155,9 @@ public final class BanyanNode: Sendable {
         try? peerInbound.syncShutdownGracefully()
     }
 
-    /// The node's TLS settings: configured files, or development certificates generated on
-    /// first run (a CA and a node certificate under the TLS directory).
-    static func tlsConfigurations(_ config: NodeConfig, logger: Logger) throws -> (server: TLSConfiguration, client: TLSConfiguration) {
+    /// The node's TLS files: configured ones, or development certificates generated on first
+    /// run (a CA and a node certificate under the TLS directory); the client port's when set.
+    static func tlsSources(_ config: NodeConfig, logger: Logger) throws -> TLSSources {
         let ca: CAFiles
         let node: NodeCertificateFiles
         if let caPath = config.tls.caCertificate, let cert = config.tls.certificate, let key = config.tls.privateKey {
@@ -152,6 +175,12 @@ public final class BanyanNode: Sendable {
         } else {
             throw ConfigError("tls.ca, tls.cert and tls.key are required when development certificates are off")
         }
-        return (try PeerTLS.serverConfiguration(node: node, ca: ca), try PeerTLS.clientConfiguration(node: node, ca: ca))
+        let https = config.http.tlsCertificate.flatMap { cert in
+            config.http.tlsPrivateKey.map { NodeCertificateFiles(certificatePath: cert, privateKeyPath: $0) }
+        }
+        let advertised = config.advertised.host
+        return TLSSources(
+            ca: ca, node: node, https: https, nodeName: config.tls.bindNodeIDs ? config.nodeID : nil,
+            advertisedHost: advertised == "0.0.0.0" || advertised == "::" ? nil : advertised)
     }
 }

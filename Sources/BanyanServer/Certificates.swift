@@ -38,8 +38,33 @@ public struct CertificateError: Error, Sendable, Equatable, CustomStringConverti
         case exists
         /// A key does not belong to its certificate.
         case mismatch
-        /// A bad argument (node name, host, validity) or a failed write.
+        /// A bad argument (node name, host, validity) or a failed write; a certificate that does
+        /// not name this node or the host peers dial it by.
         case invalid
+        /// A certificate that does not chain to a CA of the trust bundle.
+        case untrusted
+        /// A certificate past its notAfter date.
+        case expired
+        /// A certificate before its notBefore date (often a clock that is wrong).
+        case notYetValid
+        /// A certificate in the trust bundle that is not a CA certificate.
+        case notCA
+
+        /// The code's name in operator answers (`"mismatch"`, `"not_ca"`, ...).
+        public var name: String {
+            switch self {
+            case .missing: "missing"
+            case .unreadable: "unreadable"
+            case .malformed: "malformed"
+            case .exists: "exists"
+            case .mismatch: "mismatch"
+            case .invalid: "invalid"
+            case .untrusted: "untrusted"
+            case .expired: "expired"
+            case .notYetValid: "not_yet_valid"
+            case .notCA: "not_ca"
+            }
+        }
     }
     public var path: String
     public var code: Code
@@ -271,9 +296,10 @@ public enum DevCertificates {
             throw CertificateError(path: path, code: .exists, reason: "exists; refusing to overwrite")
         }
         try makeDirectory(directory)
-        try writeNew(key.pemRepresentation, to: keyPath, mode: 0o600)
+        // A final newline, so that `cat ca1.pem ca2.pem > bundle.pem` makes a bundle OpenSSL reads.
+        try writeNew(key.pemRepresentation + "\n", to: keyPath, mode: 0o600)
         do {
-            try writeNew(try certificate.serializeAsPEM().pemString, to: certificatePath, mode: 0o644)
+            try writeNew(try certificate.serializeAsPEM().pemString + "\n", to: certificatePath, mode: 0o644)
         } catch {
             unlink(keyPath)
             throw error

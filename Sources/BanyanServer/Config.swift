@@ -90,6 +90,9 @@ public struct NodeConfig: Sendable, Equatable {
         /// A peer's hello must come with a certificate naming it (`node<id>` as its common name
         /// or DNS name). Turn off only for certificates named otherwise.
         public var bindNodeIDs: Bool = true
+        /// A certificate (node, CA or client port) with fewer days than this left before it
+        /// expires is logged as a warning, once a day (docs/certificates.md).
+        public var expiryWarningDays: Int = 30
         public init() {}
     }
 
@@ -346,6 +349,7 @@ extension NodeConfig {
                     case "key": c.tls.privateKey = try r.string(v, "tls.key")
                     case "generate_development_certificates": c.tls.generateDevelopmentCertificates = try r.bool(v, "tls.\(k)")
                     case "bind_node_ids": c.tls.bindNodeIDs = try r.bool(v, "tls.\(k)")
+                    case "expiry_warning_days": c.tls.expiryWarningDays = try r.int(v, "tls.\(k)", 1...3650)
                     default: throw ConfigError("\(source): unknown key tls.\(k)")
                     }
                 }

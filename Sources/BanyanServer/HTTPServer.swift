@@ -79,6 +79,8 @@ final class HTTPServer: Sendable {
 
     /// The operator token (`admin_token_file`), if one is configured.
     let adminToken: String?
+    /// The node's certificates, for `/.banyan/tls` and the status (nil in tests without one).
+    let tls: NodeTLS?
 
     /// Who presented credentials name: development settings and verified tokens.
     let credentials: Credentials
@@ -87,8 +89,9 @@ final class HTTPServer: Sendable {
 
     init(
         runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
-        verifier: TokenVerifier? = nil
+        verifier: TokenVerifier? = nil, tls: NodeTLS? = nil
     ) {
+        self.tls = tls
         self.runtime = runtime
         self.config = config
         self.adminToken = adminToken
@@ -104,19 +107,12 @@ final class HTTPServer: Sendable {
         self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
     }
 
-    /// The client port's TLS (HTTPS and WSS), when `http.tls_cert` and `http.tls_key` are set.
-    static func clientTLSContext(_ http: NodeConfig.HTTPLimits) throws -> NIOSSLContext? {
-        guard let certificate = http.tlsCertificate, let key = http.tlsPrivateKey else { return nil }
-        let chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
-        var c = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: key, format: .pem)))
-        c.minimumTLSVersion = .tlsv12
-        c.applicationProtocols = ["http/1.1"]
-        return try NIOSSLContext(configuration: c)
-    }
+    /// The client port's TLS (HTTPS and WSS), when `http.tls_cert` and `http.tls_key` are set:
+    /// what new connections use (`NodeTLS` loads it, and swaps it on a reload).
+    let https = Mutex<NIOSSLContext?>(nil)
 
     func start(group: any EventLoopGroup) throws -> SocketAddress? {
-        let tls = try Self.clientTLSContext(config.http)
-        if tls != nil { logger.info("client port serves HTTPS and WSS", metadata: ["cert": "\(config.http.tlsCertificate ?? "")"]) }
+        if https.withLock({ $0 }) != nil { logger.info("client port serves HTTPS and WSS", metadata: ["cert": "\(config.http.tlsCertificate ?? "")"]) }
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -141,7 +137,7 @@ final class HTTPServer: Sendable {
                 return channel.eventLoop.makeCompletedFuture {
                     // TLS first when configured (HTTPS and WSS); the request deadline below also
                     // bounds a handshake that never finishes.
-                    if let tls { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
+                    if let tls = self.https.withLock({ $0 }) { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     // Two handlers: NIO's request decoder (llhttp) and ours, which writes its
                     // answers as bytes (HTTPResponseWriter) and holds pipelined requests itself:
                     // no response encoder, pipelining or error handler to pass on every write.

@@ -45,6 +45,11 @@ public struct NodeStatus: Sendable, Codable {
     public var draining: Bool? = nil
     /// Nodes whose free-space alarm is raised (writes that add data are refused meanwhile).
     public var spaceAlarms: [UInt64] = []
+    /// When this process started (Unix milliseconds): a restart changes it even where the
+    /// process id does not (a container's pid 1). `banyan cluster roll` waits for it to change.
+    public var startedAtMs: Int64? = nil
+    /// The certificates in force, their expiry and reloads (filled in by the server).
+    public var tls: TLSStatus? = nil
 
     public struct Progress: Sendable, Codable {
         public var node: UInt64
@@ -232,6 +237,9 @@ public final class NodeRuntime: @unchecked Sendable {
                 "term": "\(raftState.term)", "members": "\(raftState.membership)",
             ])
     }
+
+    /// When the process started (the first use of this value, at node start), Unix milliseconds.
+    static let processStart = wallClock()
 
     static func wallClock() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
 
@@ -726,7 +734,7 @@ public final class NodeRuntime: @unchecked Sendable {
                 } : [],
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
             namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16),
-            pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted())
+            pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted(), startedAtMs: Self.processStart)
     }
 
     // MARK: - The loop

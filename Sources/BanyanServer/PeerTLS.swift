@@ -15,8 +15,13 @@ public enum PeerTLS {
     /// and `.fullVerification` would compare the dialler's source IP with its certificate.
     public static func serverConfiguration(node: NodeCertificateFiles, ca: CAFiles) throws -> TLSConfiguration {
         let m = try material(node, ca)
-        var c = TLSConfiguration.makeServerConfiguration(certificateChain: m.chain, privateKey: m.key)
-        c.trustRoots = .certificates(m.roots)
+        return serverConfiguration(chain: m.chain, key: m.key, roots: m.roots)
+    }
+
+    /// `serverConfiguration(node:ca:)` from material already loaded (`NodeTLS`).
+    static func serverConfiguration(chain: [NIOSSLCertificateSource], key: NIOSSLPrivateKeySource, roots: [NIOSSLCertificate]) -> TLSConfiguration {
+        var c = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: key)
+        c.trustRoots = .certificates(roots)
         c.certificateVerification = .noHostnameVerification
         c.minimumTLSVersion = .tlsv13
         return c
@@ -28,10 +33,15 @@ public enum PeerTLS {
     /// connected address against the certificate's IP addresses instead.
     public static func clientConfiguration(node: NodeCertificateFiles, ca: CAFiles) throws -> TLSConfiguration {
         let m = try material(node, ca)
+        return clientConfiguration(chain: m.chain, key: m.key, roots: m.roots)
+    }
+
+    /// `clientConfiguration(node:ca:)` from material already loaded (`NodeTLS`).
+    static func clientConfiguration(chain: [NIOSSLCertificateSource], key: NIOSSLPrivateKeySource, roots: [NIOSSLCertificate]) -> TLSConfiguration {
         var c = TLSConfiguration.makeClientConfiguration()
-        c.certificateChain = m.chain
-        c.privateKey = m.key
-        c.trustRoots = .certificates(m.roots)
+        c.certificateChain = chain
+        c.privateKey = key
+        c.trustRoots = .certificates(roots)
         c.certificateVerification = .fullVerification
         c.minimumTLSVersion = .tlsv13
         return c

@@ -44,8 +44,9 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     /// Where inbound connections live (their TLS handshakes, decryption and frame decoding):
     /// by default `group`; the server gives them a thread of their own, off the replica loop.
     private let acceptGroup: any EventLoopGroup
-    private let serverContext: NIOSSLContext
-    private let clientContext: NIOSSLContext
+    /// The TLS contexts new connections use (accepting, dialling); `useTLS` swaps them when the
+    /// node reloads its certificates. Connections already open keep theirs.
+    private let contexts: Mutex<(server: NIOSSLContext, client: NIOSSLContext)>
     private let logger: Logger
     private let deliver: @Sendable (UInt64, HostPort?, [Message]) -> Void
     /// Called with (peer id, incarnation) when an accepted hello names a nonzero incarnation, on
@@ -77,13 +78,26 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let unauthenticated = Atomic<Int>(0)
     private let refusals = Atomic<Int>(0)
 
-    init(
+    convenience init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
         serverTLS: TLSConfiguration,
         clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
         deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
+        self.init(
+            nodeID: nodeID, clusterID: clusterID, advertised: advertised, group: group, acceptGroup: acceptGroup,
+            serverContext: try NIOSSLContext(configuration: serverTLS), clientContext: try NIOSSLContext(configuration: clientTLS), logger: logger,
+            bindNodeIDs: bindNodeIDs, incarnation: incarnation, peerIncarnation: peerIncarnation, maxUnauthenticated: maxUnauthenticated,
+            handshakeTimeout: handshakeTimeout, deliver: deliver)
+    }
+
+    init(
+        nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
+        serverContext: NIOSSLContext, clientContext: NIOSSLContext, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
+        peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
+        deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+    ) {
         self.maxUnauthenticated = maxUnauthenticated
         self.handshakeTimeout = handshakeTimeout
         self.bindNodeIDs = bindNodeIDs
@@ -94,10 +108,14 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         self.advertised = advertised
         self.group = group
         self.acceptGroup = acceptGroup ?? group
-        self.serverContext = try NIOSSLContext(configuration: serverTLS)
-        self.clientContext = try NIOSSLContext(configuration: clientTLS)
+        self.contexts = Mutex((serverContext, clientContext))
         self.logger = logger
         self.deliver = deliver
+    }
+
+    /// New connections from now on use these contexts (a certificate reload, `NodeTLS`).
+    func useTLS(server: NIOSSLContext, client: NIOSSLContext) {
+        contexts.withLock { $0 = (server, client) }
     }
 
     // MARK: - Inbound
@@ -116,7 +134,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
                     return channel.close()
                 }
                 return channel.eventLoop.makeCompletedFuture {
-                    let tls = NIOSSLServerHandler(context: self.serverContext)
+                    let tls = NIOSSLServerHandler(context: self.contexts.withLock { $0.server })
                     try channel.pipeline.syncOperations.addHandler(tls)
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                     try channel.pipeline.syncOperations.addHandler(InboundPeerHandler(transport: self))
@@ -214,7 +232,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
             .channelOption(.writeBufferWaterMark, value: .init(low: PeerTransport.maxQueuedBytes / 2, high: PeerTransport.maxQueuedBytes))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let tls = try NIOSSLClientHandler(context: self.clientContext, serverHostname: isIP ? nil : host)
+                    let tls = try NIOSSLClientHandler(context: self.contexts.withLock { $0.client }, serverHostname: isIP ? nil : host)
                     try channel.pipeline.syncOperations.addHandler(tls)
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                     try channel.pipeline.syncOperations.addHandler(OutboundPeerHandler(connection: connection))

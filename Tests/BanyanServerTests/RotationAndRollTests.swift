@@ -1,0 +1,442 @@
+import BanyanOps
+import BanyanRaft
+@testable import BanyanServer
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import Synchronization
+import Testing
+
+/// Issue 19's certificate rotation and rolling restart against real `banyan serve` processes and
+/// the real `banyan` commands, each under a continuous write load (docs/certificates.md,
+/// docs/runbook.md "Rolling restart or upgrade"). Ports 30801-30803/30901-30903 (rotation) and
+/// 30821-30823/30921-30923 (roll).
+///
+/// Opt-in (`BANYAN_CLUSTER_TESTS=1`, house style B11), run by `.ci/run` in a step of their own:
+/// in the full `swift test` the simulator's CPU-bound tests hold every thread of the concurrency
+/// pool for minutes, so a test whose clients and deadlines are async tasks starves (a leader
+/// elected in 2 s went unseen for 120 s), which says nothing about the cluster.
+@Suite(.serialized, .enabled(if: ProcessInfo.processInfo.environment["BANYAN_CLUSTER_TESTS"] == "1", "multi-process: BANYAN_CLUSTER_TESTS=1"))
+struct RotationAndRollTests {
+    /// The `banyan` binary built beside this test bundle.
+    static func banyan() throws -> String {
+        let path = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("banyan").path
+        guard FileManager.default.isExecutableFile(atPath: path) else { throw HTTPClientError("no banyan binary at \(path): swift build first") }
+        return path
+    }
+
+    /// Runs `banyan args…` (at most `seconds`); exit status (-1: killed or timed out) and
+    /// output (stdout and stderr). Through `ChildProcess`, not Foundation's `Process`, whose exit
+    /// notices the test runner's blocked signals can lose; the output goes through a file, as
+    /// processes a restart command starts could hold a pipe open.
+    static func run(_ args: [String], seconds: Double = 60) throws -> (status: Int32, output: String) {
+        let file = NSTemporaryDirectory() + "banyan-run-\(UInt64.random(in: 0...UInt64.max)).out"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let pid = try ChildProcess.spawn(try banyan(), args, environment: ProcessInfo.processInfo.environment, outputFile: file)
+        let ending = ChildProcess.wait(pid, seconds: seconds)
+        let output = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
+        if case .exited(let code) = ending { return (code, output) }
+        return (-1, output + "\n(\(ending))")
+    }
+
+    /// Clients that each PUT increasing values to a key of their own, sequentially, through the
+    /// nodes in turn. A PUT of a value is idempotent in Firebase REST (and each key has one
+    /// writer that waits for each acknowledgement), so an attempt that fails (no connection,
+    /// reset, timeout, any non-200) is retried, on the next node, until 20 s have passed: only
+    /// then does the write count as failed. Every failed attempt is counted too.
+    final class WriteLoad: @unchecked Sendable {
+        let cluster: LocalCluster
+        let clients: Int
+        let stopped = Atomic(false)
+        let acknowledged = Atomic(0)
+        let failed = Atomic(0)
+        let failedAttempts = Atomic(0)
+        let lastValue = Mutex<[Int: Int]>([:])
+        let attemptErrors = Mutex<[String]>([])
+        private var tasks: [Task<Void, Never>] = []
+
+        init(cluster: LocalCluster, clients: Int) {
+            self.cluster = cluster
+            self.clients = clients
+        }
+
+        func start() {
+            for c in 0..<clients { tasks.append(Task { await self.client(c) }) }
+        }
+
+        func stop() async {
+            stopped.store(true, ordering: .relaxed)
+            for t in tasks { await t.value }
+        }
+
+        private func client(_ c: Int) async {
+            var value = 0
+            var node = UInt64(c % 3 + 1)
+            while !stopped.load(ordering: .relaxed) {
+                value += 1
+                let deadline = Date().addingTimeInterval(20)
+                var done = false
+                while !done, Date() < deadline {
+                    do {
+                        let r = try await cluster.request(node, .PUT, "/load/c\(c).json", body: "\(value)", timeout: 10)
+                        if r.status == 200 {
+                            done = true
+                        } else {
+                            note("node \(node): \(r.status) \(r.text.prefix(120))")
+                        }
+                    } catch {
+                        note("node \(node): \(error)")
+                    }
+                    node = node % 3 + 1
+                    if !done { try? await Task.sleep(for: .milliseconds(50)) }
+                }
+                if done {
+                    acknowledged.wrappingAdd(1, ordering: .relaxed)
+                    lastValue.withLock { $0[c] = value }
+                } else {
+                    failed.wrappingAdd(1, ordering: .relaxed)
+                }
+            }
+        }
+
+        private func note(_ error: String) {
+            failedAttempts.wrappingAdd(1, ordering: .relaxed)
+            attemptErrors.withLock { if $0.count < 20 { $0.append(error) } }
+        }
+
+        /// Every client's last acknowledged value, read back through node `id`.
+        func checkFinalValues(through id: UInt64) async throws -> [String] {
+            var wrong: [String] = []
+            for (c, value) in lastValue.withLock({ $0 }) {
+                let r = try await cluster.request(id, .GET, "/load/c\(c).json", timeout: 10)
+                if r.text != "\(value)" { wrong.append("c\(c): read \(r.status) \(r.text), last acknowledged \(value)") }
+            }
+            return wrong
+        }
+    }
+
+    /// The first leader, or the tail of every node's log (a failed test's only evidence: the
+    /// directory goes with it) and the error.
+    static func firstLeader(_ cluster: LocalCluster) async throws -> UInt64 {
+        do {
+            return try await cluster.waitForLeader(timeout: 120)
+        } catch {
+            for id in cluster.founders {
+                let log = (try? String(contentsOfFile: "\(cluster.directory)/node\(id).log", encoding: .utf8)) ?? "(no log)"
+                print("node \(id) (running: \(cluster.isRunning(id))), last lines of its log:\n" + log.split(separator: "\n").suffix(15).joined(separator: "\n"))
+            }
+            throw error
+        }
+    }
+
+    static func tlsStatus(_ cluster: LocalCluster, _ id: UInt64) async -> TLSStatus? {
+        guard let r = try? await cluster.request(id, .GET, "/.banyan/tls", timeout: 5), r.status == 200 else { return nil }
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        return try? decoder.decode(TLSStatus.self, from: Data(r.body))
+    }
+
+    /// Copies `files` over the node's in-use files with renames (what an operator's deployment
+    /// tool does), the key first: between the two renames a reload would see a mismatch and
+    /// refuse, keeping the old material.
+    static func install(_ files: NodeCertificateFiles, as target: NodeCertificateFiles) throws {
+        for (from, to) in [(files.privateKeyPath, target.privateKeyPath), (files.certificatePath, target.certificatePath)] {
+            let temporary = to + ".new"
+            try? FileManager.default.removeItem(atPath: temporary)
+            try FileManager.default.copyItem(atPath: from, toPath: temporary)
+            guard rename(temporary, to) == 0 else { throw HTTPClientError("rename to \(to) failed") }
+        }
+    }
+
+    /// Whether a peer presenting `certificate` gets its hello accepted by the node listening on
+    /// `port` (nil: the TLS handshake or connection failed and no reply came).
+    static func peerHello(port: Int, certificate: NodeCertificateFiles, trusting ca: String, from: UInt64, to: UInt64, group: any EventLoopGroup) async -> Bool? {
+        final class Reply: ChannelInboundHandler, @unchecked Sendable {
+            typealias InboundIn = ByteBuffer
+            let bytes = Mutex<[UInt8]>([])
+            let closed = Atomic(false)
+            func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+                bytes.withLock { $0.append(contentsOf: unwrapInboundIn(data).readableBytesView) }
+            }
+            func channelInactive(context: ChannelHandlerContext) { closed.store(true, ordering: .relaxed) }
+            func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
+        }
+        do {
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.certificateChain = [.certificate(try NIOSSLCertificate(file: certificate.certificatePath, format: .pem))]
+            tls.privateKey = .privateKey(try NIOSSLPrivateKey(file: certificate.privateKeyPath, format: .pem))
+            tls.trustRoots = .file(ca)
+            tls.minimumTLSVersion = .tlsv13
+            let context = try NIOSSLContext(configuration: tls)
+            let reply = Reply()
+            let channel = try await ClientBootstrap(group: group).connectTimeout(.seconds(3)).channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: nil))
+                    try channel.pipeline.syncOperations.addHandler(reply)
+                }
+            }.connect(host: "127.0.0.1", port: port).get()
+            defer { channel.close(promise: nil) }
+            let hello = PeerHello(clusterID: "banyan-test", from: from, to: to, protocolVersion: PeerTransport.protocolVersion, address: "127.0.0.1:1")
+            var buffer = channel.allocator.buffer(capacity: 64)
+            let body = hello.encode()
+            buffer.writeInteger(UInt32(body.count), endianness: .little)
+            buffer.writeBytes(body)
+            try await channel.writeAndFlush(buffer).get()
+            let deadline = Date().addingTimeInterval(10)
+            while Date() < deadline {
+                let bytes = reply.bytes.withLock { $0 }
+                if bytes.count >= 4 {
+                    let length = Int(bytes[0]) | Int(bytes[1]) << 8 | Int(bytes[2]) << 16 | Int(bytes[3]) << 24
+                    if bytes.count >= 4 + length, let answer = try? PeerHelloReply.decode(Array(bytes[4..<(4 + length)])) { return answer.accepted }
+                }
+                if reply.closed.load(ordering: .relaxed) { return nil }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            return nil
+        } catch {
+            return nil
+        }
+    }
+
+    @Test("CA rotation under load: a new CA joins every bundle, node certificates are reissued and reloaded one by one, the old CA leaves; no write fails, and a peer with an old-CA certificate is refused at the end")
+    func caRotationUnderLoad() async throws {
+        let dir = try temporaryDirectory("rotation")
+        let cluster = LocalCluster(executable: try Self.banyan(), directory: dir + "/cluster", nodes: 3, clientPortBase: 30800, peerPortBase: 30900)
+        defer {
+            cluster.shutdown()
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        let ids: [UInt64] = [1, 2, 3]
+        let caA = try DevCertificates.createCA(commonName: "Rotation CA A", directory: dir + "/caA")
+        // Each node's own files, as tls.ca, tls.cert and tls.key name them.
+        var inUse: [UInt64: (ca: String, node: NodeCertificateFiles)] = [:]
+        for id in ids {
+            let issued = try DevCertificates.issueNodeCertificate(ca: caA, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/issuedA")
+            let tlsDir = dir + "/tls\(id)"
+            try FileManager.default.createDirectory(atPath: tlsDir, withIntermediateDirectories: true)
+            let files = NodeCertificateFiles(certificatePath: tlsDir + "/node.pem", privateKeyPath: tlsDir + "/node.key")
+            try Self.install(issued, as: files)
+            try FileManager.default.copyItem(atPath: caA.certificatePath, toPath: tlsDir + "/ca.pem")
+            inUse[id] = (tlsDir + "/ca.pem", files)
+            // A 1 s election timeout (50 ticks of 20 ms, not 200 ms): on a machine loaded by the
+            // rest of the suite, a starved heartbeat must not pass for a link the rotation broke.
+            let yaml = "tls:\n  ca: \(tlsDir)/ca.pem\n  cert: \(files.certificatePath)\n  key: \(files.privateKeyPath)\n  generate_development_certificates: false\n"
+                + "raft:\n  election_ticks: 50\n"
+            try yaml.write(toFile: dir + "/node\(id).yaml", atomically: true, encoding: .utf8)
+            cluster.nodeArguments[id] = ["--config", dir + "/node\(id).yaml"]
+        }
+        for id in ids { try cluster.start(id) }
+        let leader = try await Self.firstLeader(cluster)
+        let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
+        let endpoints = ids.map { "127.0.0.1:\(cluster.clientPort($0))" }.joined(separator: ",")
+        let load = WriteLoad(cluster: cluster, clients: 4)
+        load.start()
+        try await Task.sleep(for: .seconds(1))
+
+        // 1. A new CA joins every node's bundle; nodes 1 and 3 reload through the command, node 2 on SIGHUP.
+        let caB = try DevCertificates.createCA(commonName: "Rotation CA B", directory: dir + "/caB")
+        for id in ids {
+            let made = try Self.run(["certs", "bundle", "--force", "--out", inUse[id]?.ca ?? "", caA.certificatePath, caB.certificatePath])
+            #expect(made.status == 0 && made.output.contains("2 CA certificates"), "\(made.output)")
+            if id == 2 {
+                cluster.signal(id, SIGHUP)
+            } else {
+                let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+                #expect(reloaded.status == 0 && reloaded.output.contains("Rotation CA B"), "\(reloaded.output)")
+            }
+        }
+        for id in ids {
+            var cas = 0
+            for _ in 0..<100 {
+                cas = await Self.tlsStatus(cluster, id)?.certificates.filter { $0.kind == .ca }.count ?? 0
+                if cas == 2 { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(cas == 2, "node \(id) trusts \(cas) CAs after the first reload")
+        }
+        #expect(await Self.tlsStatus(cluster, 2)?.loadedBy == "SIGHUP")
+
+        // 2. Node certificates from the new CA, one node at a time. Node 1 first gets a key that
+        // does not match: the reload is refused and it keeps A's certificate.
+        for id in ids {
+            let issued = try DevCertificates.issueNodeCertificate(ca: caB, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/issuedB")
+            guard let target = inUse[id]?.node else { continue }
+            if id == 1 {
+                try Self.install(NodeCertificateFiles(certificatePath: issued.certificatePath, privateKeyPath: dir + "/issuedA/node1.key"), as: target)
+                let refused = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+                #expect(refused.status != 0 && refused.output.contains("\"code\" : \"mismatch\""), "\(refused.output)")
+                #expect(await Self.tlsStatus(cluster, id)?.certificates.first?.issuer.contains("Rotation CA A") == true)
+            }
+            try Self.install(issued, as: target)
+            let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+            #expect(reloaded.status == 0, "\(reloaded.output)")
+            #expect(await Self.tlsStatus(cluster, id)?.certificates.first?.issuer.contains("Rotation CA B") == true)
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        // Before the old CA leaves: every certificate is trusted everywhere, and A issued none.
+        let check = try Self.run(["cluster", "tls", "--endpoint", endpoints])
+        #expect(check.status == 0 && check.output.contains("Rotation CA A") && check.output.contains("issued no node's certificate"), "\(check.output)")
+
+        // 3. The old CA leaves every bundle.
+        for id in ids {
+            let made = try Self.run(["certs", "bundle", "--force", "--out", inUse[id]?.ca ?? "", caB.certificatePath])
+            #expect(made.status == 0, "\(made.output)")
+        }
+        let reloadedAll = try Self.run(["cluster", "reload-tls", "--endpoint", endpoints])
+        #expect(reloadedAll.status == 0, "\(reloadedAll.output)")
+        for id in ids {
+            let status = await Self.tlsStatus(cluster, id)
+            #expect(status?.certificates.filter { $0.kind == .ca }.map(\.subject).allSatisfy { $0.contains("Rotation CA B") } == true)
+            #expect(status?.certificates.filter { $0.kind == .ca }.count == 1)
+        }
+        try await Task.sleep(for: .seconds(2))
+        await load.stop()
+
+        // No write failed, and none was lost.
+        let acknowledged = load.acknowledged.load(ordering: .relaxed)
+        print("rotation: \(acknowledged) writes acknowledged, \(load.failed.load(ordering: .relaxed)) failed, \(load.failedAttempts.load(ordering: .relaxed)) attempts retried \(load.attemptErrors.withLock { $0 })")
+        #expect(acknowledged > 50)
+        #expect(load.failed.load(ordering: .relaxed) == 0)
+        #expect(load.failedAttempts.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
+        #expect(try await load.checkFinalValues(through: 1).isEmpty)
+        // Peer links never broke: no election during the rotation.
+        let leaderAfter = try await cluster.waitForLeader(timeout: 60)
+        let termAfter = (await cluster.status(leaderAfter)?["term"] as? NSNumber)?.uint64Value ?? 0
+        #expect(termAfter == termBefore, "term \(termBefore) → \(termAfter)")
+
+        // A peer presenting node 2's old (CA A) certificate is refused by node 1; node 2's new one is accepted.
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { group.shutdownGracefully { _ in } }
+        let old = NodeCertificateFiles(certificatePath: dir + "/issuedA/node2.pem", privateKeyPath: dir + "/issuedA/node2.key")
+        let new = NodeCertificateFiles(certificatePath: dir + "/issuedB/node2.pem", privateKeyPath: dir + "/issuedB/node2.key")
+        let oldAnswer = await Self.peerHello(port: cluster.peerPort(1), certificate: old, trusting: caB.certificatePath, from: 2, to: 1, group: group)
+        let newAnswer = await Self.peerHello(port: cluster.peerPort(1), certificate: new, trusting: caB.certificatePath, from: 2, to: 1, group: group)
+        #expect(oldAnswer == nil, "a peer with an old-CA certificate got a hello reply")
+        #expect(newAnswer == true)
+        let log = (try? String(contentsOfFile: dir + "/cluster/node1.log", encoding: .utf8)) ?? ""
+        let refusal = log.split(separator: "\n").last { $0.contains("peer connection failed") }
+        print("node 1 logged: \(refusal ?? "nothing")")
+        #expect(refusal?.contains("CERTIFICATE_VERIFY_FAILED") == true, "\(log.suffix(800))")
+    }
+
+    @Test("banyan cluster roll restarts every node of a loaded 3-node cluster through a restart command: followers first, the leader last, no failed write, at most one leader change per node; a node that does not come back stops the roll")
+    func rollingRestartUnderLoad() async throws {
+        let dir = try temporaryDirectory("roll")
+        let banyan = try Self.banyan()
+        let cluster = LocalCluster(executable: banyan, directory: dir + "/cluster", nodes: 3, clientPortBase: 30820, peerPortBase: 30920)
+        let ids: [UInt64] = [1, 2, 3]
+        // Nodes the restart script starts are not the cluster object's children: their pids
+        // are in node<id>.pid, and they are stopped here at the end.
+        defer {
+            for id in ids {
+                if let text = try? String(contentsOfFile: "\(dir)/node\(id).pid", encoding: .utf8), let pid = Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)) {
+                    kill(pid, SIGTERM)
+                    var waited = 0
+                    while kill(pid, 0) == 0, waited < 100 {
+                        usleep(100_000)
+                        waited += 1
+                    }
+                    kill(pid, SIGKILL)
+                }
+            }
+            cluster.shutdown()
+            if ProcessInfo.processInfo.environment["BANYAN_KEEP_TEST_DIRS"] == nil { try? FileManager.default.removeItem(atPath: dir) }
+        }
+        for id in ids { try cluster.start(id) }
+        // What an operator's restart command does: stop the node, start it again on the same data directory.
+        func quoted(_ s: String) -> String { "'" + s.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+        for id in ids {
+            let command = ([banyan] + cluster.arguments(id, firstStart: false)).map(quoted).joined(separator: " ")
+            try "nohup \(command) >> \(quoted("\(dir)/cluster/node\(id).log")) 2>&1 < /dev/null &\necho $! > \(quoted("\(dir)/node\(id).pid"))\n"
+                .write(toFile: "\(dir)/start\(id).sh", atomically: true, encoding: .utf8)
+        }
+        try """
+        #!/bin/sh
+        # restart.sh ID PID: SIGTERM, wait (at most 30 s) until the process has exited, start again.
+        echo "$(date +%T.%N) restart.sh $1 $2: stopping" >> \(quoted(dir))/restart.trace
+        kill -TERM "$2" 2>/dev/null
+        i=0
+        while [ -e "/proc/$2" ] && [ "$(cut -d' ' -f3 "/proc/$2/stat" 2>/dev/null)" != Z ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+        echo "$(date +%T.%N) restart.sh $1 $2: stopped after $i polls; starting" >> \(quoted(dir))/restart.trace
+        sh \(quoted(dir))/start"$1".sh
+        echo "$(date +%T.%N) restart.sh $1 $2: started" >> \(quoted(dir))/restart.trace
+        """.write(toFile: "\(dir)/restart.sh", atomically: true, encoding: .utf8)
+
+        let leader = try await Self.firstLeader(cluster)
+        var before: [UInt64: Int64] = [:]
+        for id in ids { before[id] = (await cluster.status(id)?["started_at_ms"] as? NSNumber)?.int64Value }
+        let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
+        let load = WriteLoad(cluster: cluster, clients: 4)
+        load.start()
+        // Leader changes as a client would see them, polled every 100 ms.
+        let observing = Atomic(true)
+        let leaders = Mutex<[UInt64]>([leader])
+        let observer = Task {
+            while observing.load(ordering: .relaxed) {
+                for id in ids {
+                    if let s = await cluster.status(id), s["role"] as? String == "leader", let l = (s["node_id"] as? NSNumber)?.uint64Value {
+                        leaders.withLock { if $0.last != l { $0.append(l) } }
+                        break
+                    }
+                }
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        try await Task.sleep(for: .seconds(1))
+        let endpoints = ids.map { "127.0.0.1:\(cluster.clientPort($0))" }.joined(separator: ",")
+        let roll = try await Task.detached {
+            try Self.run(["cluster", "roll", "--endpoint", endpoints, "--restart-command", "sh \(quoted(dir))/restart.sh {id} {pid}", "--timeout", "40"], seconds: 150)
+        }.value
+        print(roll.output)
+        try await Task.sleep(for: .seconds(1))
+        await load.stop()
+        observing.store(false, ordering: .relaxed)
+        await observer.value
+
+        #expect(roll.status == 0, "\(roll.output)")
+        // Followers first, the leader last.
+        let order = roll.output.split(separator: "\n").compactMap { line -> UInt64? in
+            guard line.contains(": restarting"), let r = line.range(of: "] node ") else { return nil }
+            return UInt64(line[r.upperBound...].prefix { $0.isNumber })
+        }
+        #expect(order.count == 3 && order.last == leader && Set(order) == Set(ids), "order \(order), leader \(leader)")
+        #expect(roll.output.contains("moving leadership to node"))
+        for id in ids {
+            let now = (await cluster.status(id)?["started_at_ms"] as? NSNumber)?.int64Value
+            #expect(now != nil && now != before[id], "node \(id) was not restarted")
+        }
+        let acknowledged = load.acknowledged.load(ordering: .relaxed)
+        print("roll: \(acknowledged) writes acknowledged, \(load.failed.load(ordering: .relaxed)) failed, \(load.failedAttempts.load(ordering: .relaxed)) attempts retried; leaders seen \(leaders.withLock { $0 })")
+        #expect(acknowledged > 50)
+        #expect(load.failed.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
+        #expect(try await load.checkFinalValues(through: 1).isEmpty)
+        let leaderAfter = try await cluster.waitForLeader(timeout: 60)
+        let termAfter = (await cluster.status(leaderAfter)?["term"] as? NSNumber)?.uint64Value ?? 0
+        #expect(termAfter - termBefore <= 3, "term \(termBefore) → \(termAfter)")
+        #expect(leaders.withLock { $0.count - 1 } <= 3, "leaders seen: \(leaders.withLock { $0 })")
+
+        // A node that does not come back stops the roll: the restart command only stops it.
+        var started: [UInt64: Int64] = [:]
+        for id in ids { started[id] = (await cluster.status(id)?["started_at_ms"] as? NSNumber)?.int64Value }
+        let stuck = try await Task.detached {
+            try Self.run(["cluster", "roll", "--endpoint", endpoints, "--restart-command", "kill -TERM {pid}", "--timeout", "4"], seconds: 60)
+        }.value
+        #expect(stuck.status != 0 && stuck.output.contains("roll stopped") && stuck.output.contains("No other node was touched"), "\(stuck.output)")
+        var down: [UInt64] = []
+        for id in ids {
+            if let s = await cluster.status(id) {
+                #expect((s["started_at_ms"] as? NSNumber)?.int64Value == started[id], "node \(id) was touched")
+            } else {
+                down.append(id)
+            }
+        }
+        #expect(down.count == 1, "nodes down after the stopped roll: \(down)")
+        // Bring it back for the clean-up (its pid file is rewritten).
+        for id in down {
+            let pid = try ChildProcess.spawn("/bin/sh", ["\(dir)/start\(id).sh"], environment: ProcessInfo.processInfo.environment)
+            #expect(ChildProcess.wait(pid, seconds: 10) == .exited(0))
+        }
+    }
+}
