@@ -179,7 +179,7 @@ let package = Package(
         .target(
             name: "BanyanOps",
             dependencies: [
-                "BanyanCheckers",
+                "BanyanCheckers", "BanyanBasics",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -259,7 +259,7 @@ let package = Package(
             name: "BanyanServerTests",
             dependencies: [
                 "BanyanServer", "BanyanNode", "BanyanSession", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanOpLog", "BanyanOpLogFiles",
-                "BanyanREST", "BanyanRules", "BanyanAuth", "BanyanBasics", "CZlib", .product(name: "Logging", package: "swift-log"),
+                "BanyanREST", "BanyanRules", "BanyanAuth", "BanyanBasics", "BanyanOps", "CZlib", .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),

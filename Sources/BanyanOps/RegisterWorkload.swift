@@ -17,7 +17,7 @@ public final class RegisterWorkload: @unchecked Sendable {
         public var description: String { "\(ok) acknowledged, \(failed) failed cleanly, \(unknown) with unknown outcome" }
     }
 
-    let cluster: LocalCluster
+    let cluster: any NodeRequester
     /// The registers the clients use.
     public let keys: [String]
     let namespace: String
@@ -27,7 +27,7 @@ public final class RegisterWorkload: @unchecked Sendable {
     /// Sabotage for the checker's self-test: reads skip ReadIndex (`consistency=stale`).
     public var staleReads = false
 
-    public init(cluster: LocalCluster, keys: Int = 4, namespace: String = "jepsen") {
+    public init(cluster: any NodeRequester, keys: Int = 4, namespace: String = "jepsen") {
         self.cluster = cluster
         self.keys = (0..<keys).map { "k\($0)" }
         self.namespace = namespace

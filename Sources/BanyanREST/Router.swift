@@ -35,6 +35,11 @@ public enum Route: Sendable, Equatable {
         case startDrain
         case stopDrain
         case drainState
+        /// `GET`, `POST`, `DELETE /.banyan/faults`: the fault switch of a node started for local
+        /// failover testing (docs/chaos.md).
+        case faults
+        case setFaults
+        case clearFaults
         /// A member route whose id is not a node id.
         case badNodeID(String)
         /// No such endpoint for this method.
@@ -64,6 +69,9 @@ public enum Route: Sendable, Equatable {
         case ("POST", 1, "drain"): return .startDrain
         case ("DELETE", 1, "drain"): return .stopDrain
         case ("GET", 1, "drain"): return .drainState
+        case ("GET", 1, "faults"): return .faults
+        case ("POST", 1, "faults"): return .setFaults
+        case ("DELETE", 1, "faults"): return .clearFaults
         case (_, 2..., "members"):
             guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
             switch (method, parts.count) {

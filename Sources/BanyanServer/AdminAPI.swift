@@ -19,6 +19,9 @@ import NIOHTTP1
 /// | `POST /.banyan/drain` `{"to": ["host:port", …]}` (optional) | moves this node's realtime clients to other nodes (docs/realtime.md, "Draining a node") |
 /// | `DELETE /.banyan/drain` | stops draining |
 /// | `GET /.banyan/drain` | whether the node drains, and its realtime connections |
+/// | `GET /.banyan/faults` | the faults in force (nodes started with `--allow-fault-injection`; docs/chaos.md) |
+/// | `POST /.banyan/faults` `{"drop_peers": [3], "peer_delay_ms": 200, "disk_delay_ms": 50}` | sets the faults named (others stay) |
+/// | `DELETE /.banyan/faults` | clears every fault |
 ///
 /// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
 struct AdminAPI {
@@ -86,6 +89,8 @@ struct AdminAPI {
                 case .failure(let e): return Self.failure(e)
                 }
             }
+        case .faults, .setFaults, .clearFaults:
+            return runtime.loop.makeSucceededFuture(Self.faults(route, switch: runtime.faults, body: body))
         case .badNodeID(let text):
             return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(text)'"))
         case .unknown:
@@ -100,6 +105,35 @@ struct AdminAPI {
             case .failure(let e): return Self.failure(e)
             }
         }
+    }
+
+    /// The fault switch's endpoints. A node without a switch refuses them all with 403 and
+    /// `"code": "fault_injection_disabled"`: it never applies a fault.
+    static func faults(_ route: Route.AdminRoute, switch faults: FaultSwitch?, body: [UInt8]) -> HTTPReply {
+        guard let faults else {
+            return .json(
+                .forbidden,
+                #"{"error":"fault injection is off: this node was not started with --allow-fault-injection (local clusters only: banyan cluster local; docs/chaos.md)","code":"fault_injection_disabled"}"#
+            )
+        }
+        switch route {
+        case .setFaults:
+            do {
+                return .json(.ok, try faults.update(json: body).json)
+            } catch {
+                return .json(.badRequest, #"{"error":\#(jsonString(error.description)),"code":"bad_fault_request"}"#)
+            }
+        case .clearFaults:
+            faults.set(FaultSwitch.Faults())
+            return .json(.ok, faults.current.json)
+        default:
+            return .json(.ok, faults.current.json)
+        }
+    }
+
+    private static func jsonString(_ text: String) -> String {
+        let data = (try? JSONSerialization.data(withJSONObject: [text], options: [])) ?? Data("[\"\"]".utf8)
+        return String(decoding: data.dropFirst().dropLast(), as: UTF8.self)
     }
 
     static func failure(_ e: ReplicaError) -> HTTPReply {

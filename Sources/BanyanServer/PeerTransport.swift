@@ -56,6 +56,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let bindNodeIDs: Bool
     private let state = Mutex<State>(State())
     private var serverChannel: (any Channel)?
+    /// The fault switch (`--allow-fault-injection` only): dropped and delayed peer traffic.
+    let faults: FaultSwitch?
 
     private struct State: ~Copyable {
         var addresses: [UInt64: HostPort] = [:]
@@ -82,8 +84,9 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         serverTLS: TLSConfiguration,
         clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
-        deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+        faults: FaultSwitch? = nil, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
+        self.faults = faults
         self.maxUnauthenticated = maxUnauthenticated
         self.handshakeTimeout = handshakeTimeout
         self.bindNodeIDs = bindNodeIDs
@@ -163,6 +166,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     }
 
     fileprivate func received(from peer: UInt64, advertised: HostPort?, _ messages: [Message]) {
+        if let faults, faults.drops(peer) {
+            faults.dropped(messages.count)
+            return
+        }
         deliver(peer, advertised, messages)
     }
 
@@ -189,6 +196,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         var byPeer: [UInt64: [Message]] = [:]
         for m in messages where m.to != nodeID { byPeer[m.to, default: []].append(m) }
         for (peer, batch) in byPeer {
+            if let faults, faults.drops(peer) {
+                faults.dropped(batch.count)
+                continue
+            }
             let connection: PeerConnection? = state.withLock { s in
                 guard !s.stopped else { return nil }
                 if let c = s.connections[peer] { return c }
@@ -257,6 +268,11 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     func send(_ messages: [Message]) {
+        if let faults = transport?.faults, case let delay = faults.peerDelayMilliseconds, delay > 0 {
+            // While the delay stays the same, deadlines only grow: batches keep their order.
+            eventLoop.scheduleTask(in: .milliseconds(Int64(delay))) { self.enqueue(messages) }
+            return
+        }
         if eventLoop.inEventLoop {
             enqueue(messages)
         } else {
