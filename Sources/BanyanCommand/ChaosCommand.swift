@@ -35,11 +35,14 @@ struct NodeChoice: ParsableArguments {
 
 /// Runs `body` with a controller of the cluster in `--dir`, waiting for it on this thread.
 func withController(_ directory: ClusterDirectory, _ body: @escaping @Sendable (ChaosController) async throws -> Void) throws {
-    let controller = ChaosController(directory: directory.absolute) { line in print(line) }
+    let controller = ChaosController(directory: directory.absolute) { line in say(line) }
     defer { controller.shutdown() }
     _ = try controller.state()
     try runBlocking { try await body(controller) }
 }
+
+/// Writes a line to standard output at once (unbuffered: long runs are watched through `tee`).
+func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
 
 /// Waits on this thread for an async body (the commands here are synchronous, like the rest).
 func runBlocking(_ body: @escaping @Sendable () async throws -> Void) throws {
@@ -69,14 +72,14 @@ struct ChaosStatus: ParsableCommand {
     func run() throws {
         try withController(directory) { controller in
             let state = try controller.state()
-            print("cluster \(state.clusterID) (supervisor pid \(state.supervisorPID), \(ProcessProbe.state(state.supervisorPID).rawValue))")
+            say("cluster \(state.clusterID) (supervisor pid \(state.supervisorPID), \(ProcessProbe.state(state.supervisorPID).rawValue))")
             for node in state.nodes {
                 let process = ProcessProbe.state(of: node)
                 var role = "-"
                 if process == .running, let s = await controller.status(node.id, timeout: 2) {
                     role = "\(s["role"] ?? "?"), term \(s["term"] ?? "?"), leader \(s["leader"] ?? "?")"
                 }
-                print(
+                say(
                     "node \(node.id): pid \(node.pid) \(process.rawValue), http://\(node.clientAddress), starts \(node.starts), \(role); faults: \(node.faults.summary)"
                 )
             }
@@ -153,7 +156,7 @@ struct ChaosHeal: ParsableCommand {
         try withController(directory) { controller in
             if all {
                 let done = try await controller.healAll()
-                print(done.isEmpty ? "nothing to heal" : done.joined(separator: "; "))
+                say(done.isEmpty ? "nothing to heal" : done.joined(separator: "; "))
             } else {
                 try await controller.heal()
             }
@@ -221,13 +224,13 @@ struct ScheduleOptions: ParsableArguments {
 }
 
 func printSummary(_ report: ChaosRunner.Report) {
-    print(String(format: "faults applied: %d in %.0f s (seed %llu); probe writes acknowledged: %d", report.faults.count, report.seconds, report.seed, report.probeWrites))
+    say(String(format: "faults applied: %d in %.0f s (seed %llu); probe writes acknowledged: %d", report.faults.count, report.seconds, report.seed, report.probeWrites))
     for row in report.byKind {
         let name = row.kind.rawValue.padding(toLength: 10, withPad: " ", startingAt: 0)
-        print(String(format: "  %@ %2d applied, longest unavailability %.1f s", name, row.count, row.longest))
+        say(String(format: "  %@ %2d applied, longest unavailability %.1f s", name, row.count, row.longest))
     }
-    print(String(format: "longest unavailability over the run: %.1f s", report.longestUnavailability))
-    if !report.unrecovered.isEmpty { print("NOT recovered after: " + report.unrecovered.joined(separator: "; ")) }
+    say(String(format: "longest unavailability over the run: %.1f s", report.longestUnavailability))
+    if !report.unrecovered.isEmpty { say("NOT recovered after: " + report.unrecovered.joined(separator: "; ")) }
 }
 
 struct ChaosRun: ParsableCommand {
@@ -274,12 +277,12 @@ struct ChaosCheckCommand: ParsableCommand {
         try withController(directory) { controller in
             let outcome = try await ChaosCheck.run(controller: controller, schedule: schedule, seconds: seconds, clients: clients, recoveryBound: bound)
             printSummary(outcome.run)
-            print("register operations: \(outcome.registerOperations) recorded (\(outcome.registerCounts))")
-            print("linearizability: \(outcome.verdict)")
-            print("set: \(outcome.setAcknowledged) acknowledged adds, \(outcome.setUnknown) with unknown outcome")
-            print("acknowledged writes lost: \(outcome.lostCount)" + (outcome.lost.isEmpty ? "" : " " + outcome.lost.sorted { $0.key < $1.key }.map { "node \($0.key) misses \($0.value.prefix(10))" }.joined(separator: "; ")))
-            if !outcome.unread.isEmpty { print("nodes that did not answer their final reads: \(outcome.unread)") }
-            print(outcome.passed ? "PASS" : "FAIL")
+            say("register operations: \(outcome.registerOperations) recorded (\(outcome.registerCounts))")
+            say("linearizability: \(outcome.verdict)")
+            say("set: \(outcome.setAcknowledged) acknowledged adds, \(outcome.setUnknown) with unknown outcome")
+            say("acknowledged writes lost: \(outcome.lostCount)" + (outcome.lost.isEmpty ? "" : " " + outcome.lost.sorted { $0.key < $1.key }.map { "node \($0.key) misses \($0.value.prefix(10))" }.joined(separator: "; ")))
+            if !outcome.unread.isEmpty { say("nodes that did not answer their final reads: \(outcome.unread)") }
+            say(outcome.passed ? "PASS" : "FAIL")
             if outcome.violated { throw ExitCode(1) }
             if !outcome.passed { throw ExitCode(2) }
         }
@@ -325,16 +328,16 @@ struct ChaosProxyCommand: ParsableCommand {
     }
 
     func run() throws {
-        let listen = try HostPort(parsing: self.listen)
+            let listen = try HostPort(parsing: self.listen)
         let target = try HostPort(parsing: to)
         var settings = ChaosProxy.Settings()
         settings.delay = .milliseconds(Int64(delayMs))
         settings.dropRate = dropRate
         settings.resetEvery = resetEvery > 0 ? .milliseconds(Int64(resetEvery * 1000)) : nil
         settings.seed = seed
-        let proxy = ChaosProxy(targetHost: target.host, targetPort: target.port, settings: settings) { line in print(line) }
+        let proxy = ChaosProxy(targetHost: target.host, targetPort: target.port, settings: settings) { line in say(line) }
         let port = try proxy.start(host: listen.host, port: listen.port)
-        print(
+        say(
             "proxy: \(listen.host):\(port) -> \(to), delay \(delayMs) ms, drop rate \(dropRate), reset every \(resetEvery > 0 ? "\(resetEvery) s" : "never"), seed \(seed)"
         )
         if seconds > 0 {
@@ -342,7 +345,7 @@ struct ChaosProxyCommand: ParsableCommand {
         } else {
             waitForTerminationSignal()
         }
-        print("proxy stopped: \(proxy.stats)")
+        say("proxy stopped: \(proxy.stats)")
         proxy.stop()
     }
 }

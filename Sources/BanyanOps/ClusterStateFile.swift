@@ -222,7 +222,8 @@ public enum ProcessProbe {
 
     /// Starts `executable` with `arguments` in a process group of its own (a Ctrl-C meant for
     /// the command that started it does not reach it), output appended to `log`, standard input
-    /// from /dev/null, SIGINT and SIGTERM at their defaults. Returns the pid.
+    /// from /dev/null, no other descriptor inherited, SIGINT and SIGTERM at their defaults.
+    /// Returns the pid.
     public static func spawnDetached(executable: String, arguments: [String], log: String) throws(ChaosError) -> Int32 {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -230,6 +231,10 @@ public enum ProcessProbe {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        // Nothing else of this process (its sockets, a pipe a caller reads to its end) lives on
+        // in the node.
+        let open = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []).compactMap { Int32($0) }
+        for fd in open where fd > 2 { posix_spawn_file_actions_addclose(&actions, fd) }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
