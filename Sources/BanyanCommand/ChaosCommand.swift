@@ -44,6 +44,35 @@ func withController(_ directory: ClusterDirectory, _ body: @escaping @Sendable (
 /// Writes a line to standard output at once (unbuffered: long runs are watched through `tee`).
 func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
 
+/// Calls `handler` on SIGINT or SIGTERM instead of ending the process (so that a run heals the
+/// cluster before it stops); cancel the returned sources to restore nothing but stop listening.
+func onInterrupt(_ handler: @escaping @Sendable () -> Void) -> InterruptWatch {
+    var sources: [any DispatchSourceSignal] = []
+    for sig in [SIGINT, SIGTERM] {
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+        source.setEventHandler(handler: handler)
+        source.resume()
+        sources.append(source)
+    }
+    return InterruptWatch(sources: sources)
+}
+
+/// The check's runner, once it exists (for Ctrl-C).
+final class RunnerBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: ChaosRunner?
+    var runner: ChaosRunner? {
+        get { lock.withLock { value } }
+        set { lock.withLock { value = newValue } }
+    }
+}
+
+struct InterruptWatch: @unchecked Sendable {
+    let sources: [any DispatchSourceSignal]
+    func cancel() { for s in sources { s.cancel() } }
+}
+
 /// Waits on this thread for an async body (the commands here are synchronous, like the rest).
 func runBlocking(_ body: @escaping @Sendable () async throws -> Void) throws {
     let done = DispatchSemaphore(value: 0)
@@ -246,6 +275,8 @@ struct ChaosRun: ParsableCommand {
         let (seconds, bound) = (options.seconds, options.recoveryBound)
         try withController(directory) { controller in
             let runner = try ChaosRunner(controller: controller, schedule: schedule, seconds: seconds, recoveryBound: bound)
+            let interrupt = onInterrupt { runner.interrupt() }
+            defer { interrupt.cancel() }
             let report = try await runner.run()
             printSummary(report)
             if !report.unrecovered.isEmpty || !report.recoveredAtEnd { throw ExitCode(1) }
@@ -266,6 +297,8 @@ struct ChaosCheckCommand: ParsableCommand {
     @OptionGroup var options: ScheduleOptions
     @Option(name: .long, help: "Concurrent register clients.")
     var clients: Int = 4
+    @Option(name: .long, help: "Write every register operation to this file, one JSON object a line (times in seconds on the run's clock).")
+    var history: String?
 
     func validate() throws {
         guard (1...64).contains(clients) else { throw ValidationError("--clients must be from 1 to 64") }
@@ -273,12 +306,21 @@ struct ChaosCheckCommand: ParsableCommand {
 
     func run() throws {
         let schedule = try options.schedule()
-        let (seconds, bound, clients) = (options.seconds, options.recoveryBound, self.clients)
+        let (seconds, bound, clients, history) = (options.seconds, options.recoveryBound, self.clients, self.history)
         try withController(directory) { controller in
-            let outcome = try await ChaosCheck.run(controller: controller, schedule: schedule, seconds: seconds, clients: clients, recoveryBound: bound)
+            let current = RunnerBox()
+            let interrupt = onInterrupt { current.runner?.interrupt() }
+            defer { interrupt.cancel() }
+            let outcome = try await ChaosCheck.run(
+                controller: controller, schedule: schedule, seconds: seconds, clients: clients, recoveryBound: bound, started: { current.runner = $0 })
             printSummary(outcome.run)
             say("register operations: \(outcome.registerOperations) recorded (\(outcome.registerCounts))")
             say("linearizability: \(outcome.verdict)")
+            if let violation = outcome.violation { say(violation) }
+            if let history {
+                try (outcome.historyLines.joined(separator: "\n") + "\n").write(toFile: history, atomically: true, encoding: .utf8)
+                say("history: \(outcome.historyLines.count) operations in \(history)")
+            }
             say("set: \(outcome.setAcknowledged) acknowledged adds, \(outcome.setUnknown) with unknown outcome")
             say("acknowledged writes lost: \(outcome.lostCount)" + (outcome.lost.isEmpty ? "" : " " + outcome.lost.sorted { $0.key < $1.key }.map { "node \($0.key) misses \($0.value.prefix(10))" }.joined(separator: "; ")))
             if !outcome.unread.isEmpty { say("nodes that did not answer their final reads: \(outcome.unread)") }

@@ -22,6 +22,10 @@ public enum ChaosCheck {
         /// Nodes whose final reads could not all be made within the bound.
         public var unread: [UInt64]
         public var namespace: String
+        /// For a history that is not linearizable: where it first shows (see `describeViolation`).
+        public var violation: String?
+        /// Every register operation as a JSON line (times in seconds on the run's clock).
+        public var historyLines: [String]
 
         public var lostCount: Int { Set(lost.values.joined()).count }
         /// A safety violation: not linearizable, or an acknowledged write lost.
@@ -31,7 +35,8 @@ public enum ChaosCheck {
     }
 
     public static func run(
-        controller: ChaosController, schedule: ChaosSchedule, seconds: Double, clients: Int = 4, recoveryBound: Double = 30
+        controller: ChaosController, schedule: ChaosSchedule, seconds: Double, clients: Int = 4, recoveryBound: Double = 30,
+        started: @Sendable (ChaosRunner) -> Void = { _ in }
     ) async throws -> Outcome {
         let namespace = "chaoscheck\(Int(Date().timeIntervalSince1970))s\(schedule.seed)"
         let runner = try ChaosRunner(controller: controller, schedule: schedule, seconds: seconds, recoveryBound: recoveryBound, probeNamespace: namespace)
@@ -41,14 +46,20 @@ public enum ChaosCheck {
         let live = runner.live
         async let load: Void = workload.run(clients: clients, seconds: seconds, nodes: { live.nodes })
         async let adds: Void = set.run(seconds: seconds, nodes: { live.nodes })
+        started(runner)
         let report: ChaosRunner.Report
         do {
             report = try await runner.run()
         } catch {
+            workload.stop()
+            set.stop()
             await load
             await adds
             throw error
         }
+        // The schedule ends early only when interrupted: the workloads stop with it.
+        workload.stop()
+        set.stop()
         await load
         await adds
         controller.log("workload stopped: registers \(workload.counts); set \(set.acknowledged.count) acknowledged, \(set.unknown.count) unknown")
@@ -74,9 +85,40 @@ public enum ChaosCheck {
         }
         controller.log("checking \(workload.history.count) register operations for linearizability")
         let verdict = workload.check()
+        // Operation times on the run's clock (seconds), so they line up with the printed faults.
+        let offset = Double(Int64(workload.start) - Int64(runner.started)) / 1e9
+        func onRunClock(_ ns: Int) -> Double { offset + Double(ns) / 1e9 }
+        var violation: String?
+        if verdict == .notLinearizable, let found = workload.earliestViolation() {
+            violation = describeViolation(key: found.key, operations: found.operations, at: onRunClock(found.cut), faults: report.faults, clock: onRunClock)
+        }
+        let lines = workload.history.map { key, op in
+            #"{"key":"\#(key)","client":\#(op.client),"input":"\#(op.input)","output":"\#(op.output)","call":\#(String(format: "%.6f", onRunClock(op.callTime))),"return":\#(op.returnTime.map { String(format: "%.6f", onRunClock($0)) } ?? "null")}"#
+        }
         return Outcome(
             run: report, verdict: verdict, registerCounts: workload.counts, registerOperations: workload.history.count,
-            setAcknowledged: set.acknowledged.count, setUnknown: set.unknown.count, lost: lost, unread: unread, namespace: namespace)
+            setAcknowledged: set.acknowledged.count, setUnknown: set.unknown.count, lost: lost, unread: unread, namespace: namespace,
+            violation: violation, historyLines: lines)
+    }
+
+    /// The key, when the violation first shows, the fault in force then, and the operations of
+    /// the key in the 2 s before it.
+    static func describeViolation(
+        key: String, operations: [RegisterWorkload.Op], at cut: Double, faults: [ChaosRunner.FaultRecord], clock seconds: (Int) -> Double
+    ) -> String {
+        let during = faults.filter { $0.appliedAt <= cut && cut <= ($0.recoveredAt ?? .infinity) + 2 }.map { "fault \($0.index): \($0.description)" }
+        var lines = [
+            String(format: "key %@: the history is already not linearizable with the operations called by %.3f s", key, cut),
+            during.isEmpty ? "no fault in force then (or within 2 s of a recovery)" : "in force then: " + during.joined(separator: "; "),
+            "its operations called in the 2 s before (client, call → return, input → output):",
+        ]
+        for op in operations where seconds(op.callTime) >= cut - 2 {
+            lines.append(
+                String(
+                    format: "  c%d  %.3f → %@  %@ → %@", op.client, seconds(op.callTime), op.returnTime.map { String(format: "%.3f", seconds($0)) } ?? "?",
+                    "\(op.input)", "\(op.output)"))
+        }
+        return lines.joined(separator: "\n")
     }
 }
 
@@ -86,6 +128,10 @@ public final class SetWorkload: Sendable {
     let cluster: any NodeRequester
     let namespace: String
     private let state = Mutex<(acknowledged: Set<Int>, unknown: Set<Int>)>(([], []))
+    private let stopped = Atomic<Bool>(false)
+
+    /// Ends `run` early.
+    public func stop() { stopped.store(true, ordering: .relaxed) }
 
     public init(cluster: any NodeRequester, namespace: String) {
         self.cluster = cluster
@@ -99,7 +145,7 @@ public final class SetWorkload: Sendable {
         let deadline = Date().addingTimeInterval(seconds)
         var n = 0
         var random = SystemRandomNumberGenerator()
-        while Date() < deadline {
+        while Date() < deadline && !stopped.load(ordering: .relaxed) {
             guard let node = nodes().randomElement(using: &random) else {
                 try? await Task.sleep(nanoseconds: 20_000_000)
                 continue

@@ -53,7 +53,8 @@ public final class ChaosRunner: @unchecked Sendable {
     public let seconds: Double
     public let recoveryBound: Double
     private var schedule: ChaosSchedule
-    private let started = DispatchTime.now().uptimeNanoseconds
+    /// When the run's clock starts (`DispatchTime` uptime nanoseconds).
+    public let started = DispatchTime.now().uptimeNanoseconds
     /// Nodes a client may send requests to now (not killed, not paused).
     public let live: LiveNodes
     private let probes = Mutex<[(call: Double, done: Double)]>([])
@@ -128,6 +129,21 @@ public final class ChaosRunner: @unchecked Sendable {
 
     // MARK: - The run
 
+    private let interrupted = Atomic<Bool>(false)
+
+    /// Ends the schedule early (Ctrl-C): the fault in force is healed at once, then everything.
+    public func interrupt() {
+        if !interrupted.exchange(true, ordering: .relaxed) { say("interrupted: healing and stopping") }
+    }
+
+    /// Sleeps up to `seconds`, less if interrupted.
+    private func pause(seconds: Double) async throws {
+        let until = now() + seconds
+        while now() < until && !interrupted.load(ordering: .relaxed) {
+            try await Task.sleep(nanoseconds: UInt64(min(0.1, max(0, until - now())) * 1e9))
+        }
+    }
+
     /// Runs the schedule until `seconds` pass (a fault starts only if its hold ends in time),
     /// then heals everything. Throws only when the cluster cannot be driven at all (its state
     /// file is gone, a node cannot be started); faults after which the cluster did not recover
@@ -146,11 +162,11 @@ public final class ChaosRunner: @unchecked Sendable {
         do {
             while true {
                 let step = schedule.next()
-                guard now() + Double(step.holdMilliseconds) / 1000 < seconds else { break }
+                guard !interrupted.load(ordering: .relaxed), now() + Double(step.holdMilliseconds) / 1000 < seconds else { break }
                 let record = try await apply(step, index: records.count + 1)
                 records.append(record)
                 if record.recoveredAt == nil { break }
-                try await Task.sleep(nanoseconds: UInt64(step.gapMilliseconds) * 1_000_000)
+                try await pause(seconds: Double(step.gapMilliseconds) / 1000)
             }
         } catch {
             failure = error
@@ -248,7 +264,7 @@ public final class ChaosRunner: @unchecked Sendable {
             say("  no write committed while the fault lasted")
         }
         let remaining = holdEnd - now()
-        if remaining > 0 { try await Task.sleep(nanoseconds: UInt64(remaining * 1e9)) }
+        try await pause(seconds: remaining)
         try await heal()
         let healed = now()
         record.healedAt = healed

@@ -76,14 +76,20 @@ import Testing
 
     // MARK: - A node's endpoint
 
+    /// A single node on loopback, ports chosen by the system.
+    static func loopbackConfig(_ dataDirectory: String) -> NodeConfig {
+        var c = NodeConfig()
+        c.dataDirectory = dataDirectory
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        return c
+    }
+
     @Test("a node started without the flag refuses /.banyan/faults with 403 and a typed error, and applies nothing")
     func refusedWithoutFlag() async throws {
         let dir = try temporaryDirectory("chaos-refused")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var c = NodeConfig()
-        c.dataDirectory = dir + "/data"
-        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        let c = Self.loopbackConfig(dir + "/data")
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { node.shutdown() }
         #expect(node.runtime.faults == nil)
@@ -123,10 +129,7 @@ import Testing
     func proxy() async throws {
         let dir = try temporaryDirectory("chaos-proxy")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var c = NodeConfig()
-        c.dataDirectory = dir + "/data"
-        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        let c = Self.loopbackConfig(dir + "/data")
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { node.shutdown() }
         let group = MultiThreadedEventLoopGroup.singleton
