@@ -74,6 +74,42 @@ import Testing
         try c.validate()
     }
 
+    /// Registers in memory; node 2 answers reads with the first value ever written (stale).
+    final class StaleReplica: NodeRequester {
+        private let store = Mutex<[String: (first: String, last: String)]>([:])
+
+        func perform(_ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)], body: String?, timeout: Int64) async throws
+            -> HTTPResult
+        {
+            let path = String(uri.prefix { $0 != "?" })
+            if method == .PUT, let body {
+                store.withLock { s in s[path] = (s[path]?.first ?? body, body) }
+                return HTTPResult(status: 200, headers: [], body: Array(body.utf8))
+            }
+            let value = store.withLock { s in id == 2 ? s[path]?.first : s[path]?.last } ?? "null"
+            return HTTPResult(status: 200, headers: [("ETag", "e-\(value)")], body: Array(value.utf8))
+        }
+    }
+
+    @Test("a stale read makes the register history not linearizable, and the earliest failing prefix ends at that read")
+    func violationIsLocated() async throws {
+        let workload = RegisterWorkload(cluster: StaleReplica(), keys: 2, namespace: "t")
+        #expect(await workload.write(client: 0, node: 1, key: "k1"))
+        #expect(await workload.write(client: 0, node: 1, key: "k0"))
+        _ = await workload.read(client: 1, node: 1, key: "k0")
+        #expect(await workload.write(client: 0, node: 1, key: "k0"))
+        #expect(workload.check() == .linearizable)
+        let stale = await workload.read(client: 1, node: 2, key: "k0")
+        #expect(stale?.value == 2, "the stale node answers the first value of k0")
+        _ = await workload.read(client: 1, node: 1, key: "k0")
+        #expect(workload.check() == .notLinearizable)
+        let found = try #require(workload.earliestViolation())
+        #expect(found.key == "k0")
+        let last = try #require(found.operations.max { $0.callTime < $1.callTime })
+        #expect(last.input == .read && last.output == .value(2), "the prefix ends at the stale read: \(last)")
+        #expect(found.operations.count == 4)
+    }
+
     // MARK: - A node's endpoint
 
     /// A single node on loopback, ports chosen by the system.
