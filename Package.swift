@@ -196,7 +196,7 @@ let package = Package(
         .target(
             name: "BanyanOps",
             dependencies: [
-                "BanyanCheckers",
+                "BanyanCheckers", "BanyanBasics",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

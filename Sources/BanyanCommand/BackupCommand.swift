@@ -246,12 +246,6 @@ struct Restore: ParsableCommand {
     }
 }
 
-/// A line on standard output, written at once (a long-running command's progress reaches a log
-/// file as it happens, not when a buffer fills).
-func say(_ line: String) {
-    FileHandle.standardOutput.write(Data((line + "\n").utf8))
-}
-
 /// SIGINT/SIGTERM set a flag a loop polls.
 final class StopFlag: @unchecked Sendable {
     private let lock = NSLock()

@@ -1,4 +1,5 @@
 import ArgumentParser
+import BanyanOps
 import BanyanServer
 import Dispatch
 import Foundation
@@ -22,9 +23,11 @@ struct ClusterLocal: ParsableCommand {
         commandName: "local",
         abstract: "Start an N-node cluster on loopback for development and failover testing.",
         discussion: """
-            Tree i (from 1) keeps its data in <dir>/node<i>, serves clients on 127.0.0.1:<client-port + i - 1> \
+            Node i (from 1) keeps its data in <dir>/node<i>, serves clients on 127.0.0.1:<client-port + i - 1> \
             and peers on 127.0.0.1:<peer-port + i - 1>. Each node is its own process: kill -9 one to \
-            watch the cluster fail over, then start it again with the command this prints.
+            watch the cluster fail over, then start it again with the command this prints. The nodes \
+            accept fault requests (--allow-fault-injection) and <dir>/cluster-state.json records their \
+            pids and restart arguments, for `banyan chaos` from another shell (docs/chaos.md).
             """)
 
     @Option(name: .long, help: "Number of nodes (1 to 9).")
@@ -42,6 +45,9 @@ struct ClusterLocal: ParsableCommand {
     @Option(name: .long, help: "Log level for the nodes.")
     var logLevel: String = "notice"
 
+    @Flag(name: .long, help: "Start the nodes without --allow-fault-injection (banyan chaos can then only kill, pause and restart them).")
+    var noFaultInjection = false
+
     func validate() throws {
         guard (1...9).contains(nodes) else { throw ValidationError("--nodes must be between 1 and 9") }
         guard (1...65000).contains(clientPort), (1...65000).contains(peerPort) else { throw ValidationError("ports must be between 1 and 65000") }
@@ -49,14 +55,25 @@ struct ClusterLocal: ParsableCommand {
 
     func run() throws {
         let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        // Absolute paths: `banyan chaos` restarts nodes from other shells and directories.
+        let dir = URL(fileURLWithPath: self.dir).standardizedFileURL.path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        if let existing = try? ClusterStateFile.read(directory: dir), existing.supervisorPID != getpid(),
+            ProcessProbe.state(existing.supervisorPID) != .exited,
+            existing.nodes.contains(where: { ProcessProbe.state(of: $0) != .exited })
+        {
+            throw CommandError("a local cluster already runs from \(dir) (banyan cluster local, pid \(existing.supervisorPID)); stop it first")
+        }
         let members = (1...nodes).map { "--initial-member=\($0)=127.0.0.1:\(peerPort + $0 - 1)" }
         var processes: [Process] = []
+        var state = ClusterStateFile(clusterID: "banyan-local", supervisorPID: getpid(), executable: executable, nodes: [])
         for i in 1...nodes {
-            let args = [
-                "serve", "--node-id", "\(i)", "--cluster-id", "banyan-local", "--data-dir", "\(dir)/node\(i)",
-                "--listen", "127.0.0.1:\(clientPort + i - 1)", "--peer-listen", "127.0.0.1:\(peerPort + i - 1)",
-                "--tls-dir", "\(dir)/certs", "--log-level", logLevel,
-            ] + members
+            let args =
+                [
+                    "serve", "--node-id", "\(i)", "--cluster-id", "banyan-local", "--data-dir", "\(dir)/node\(i)",
+                    "--listen", "127.0.0.1:\(clientPort + i - 1)", "--peer-listen", "127.0.0.1:\(peerPort + i - 1)",
+                    "--tls-dir", "\(dir)/certs", "--log-level", logLevel,
+                ] + (noFaultInjection ? [] : ["--allow-fault-injection"]) + members
             let p = Process()
             p.executableURL = URL(fileURLWithPath: executable)
             // A node's first start founds the cluster; later starts (and the restart command
@@ -65,14 +82,46 @@ struct ClusterLocal: ParsableCommand {
             p.arguments = args + (firstStart ? ["--new-cluster"] : [])
             try p.run()
             processes.append(p)
+            state.nodes.append(
+                ClusterStateFile.Node(
+                    id: UInt64(i), pid: p.processIdentifier, clientAddress: "127.0.0.1:\(clientPort + i - 1)", peerAddress: "127.0.0.1:\(peerPort + i - 1)",
+                    dataDirectory: "\(dir)/node\(i)", arguments: args, log: "\(dir)/node\(i).log"))
+            try ClusterStateFile.locked(directory: dir) { try state.write(directory: dir) }
             print("node \(i): pid \(p.processIdentifier), http://127.0.0.1:\(clientPort + i - 1)  (restart: banyan \(args.joined(separator: " ")))")
             // The first node creates the shared CA; give it a moment so the others reuse it.
             if i == 1 { Thread.sleep(forTimeInterval: 1.0) }
         }
-        print("cluster running; Ctrl-C stops every node")
+        print("cluster running; state for banyan chaos in \(ClusterStateFile.path(in: dir)); Ctrl-C stops every node (restarted ones too)")
         waitForTerminationSignal()
-        for p in processes where p.isRunning { p.terminate() }
-        for p in processes { p.waitUntilExit() }
+        stopNodes(directory: dir, started: processes)
+    }
+
+    /// Stops every node of the state file (those `banyan chaos` restarted included: they are not
+    /// this process's children) and the ones started here: SIGCONT (a paused node must see the
+    /// SIGTERM), SIGTERM, and SIGKILL for any still running after 20 s.
+    func stopNodes(directory dir: String, started: [Process]) {
+        let recorded = (try? ClusterStateFile.read(directory: dir))?.nodes ?? []
+        var pids: [Int32] = recorded.filter { ProcessProbe.state(of: $0) != .exited }.map(\.pid)
+        for p in started where p.isRunning && !pids.contains(p.processIdentifier) { pids.append(p.processIdentifier) }
+        for pid in pids {
+            kill(pid, SIGCONT)
+            kill(pid, SIGTERM)
+        }
+        let deadline = Date().addingTimeInterval(20)
+        func running() -> [Int32] {
+            pids.filter { pid in
+                if let p = started.first(where: { $0.processIdentifier == pid }) { return p.isRunning }
+                return ProcessProbe.state(pid) != .exited
+            }
+        }
+        while !running().isEmpty && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+        for pid in running() {
+            print("node pid \(pid) still runs 20 s after SIGTERM: SIGKILL")
+            kill(pid, SIGKILL)
+        }
+        for p in started { p.waitUntilExit() }
+        try? FileManager.default.removeItem(atPath: ClusterStateFile.path(in: dir))
+        print("every node stopped")
     }
 }
 

@@ -59,6 +59,11 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Inbound peer connections on a thread of their own (true, the default) or on the replica loop (false).")
     var peerInboundThread: Bool?
 
+    @Flag(
+        name: .long,
+        help: "Accept fault requests at /.banyan/faults (banyan chaos: dropped and delayed peer traffic, slow fsyncs). Local testing only: refused unless --listen and --peer-listen are loopback.")
+    var allowFaultInjection = false
+
     /// `nodeConfig()` with configuration errors reported as usage errors (exit status 64).
     func validatedConfig() throws -> NodeConfig {
         do {
@@ -98,6 +103,7 @@ struct NodeOptions: ParsableArguments {
             c.threads = threads
         }
         if let peerInboundThread { c.peerInboundThread = peerInboundThread }
+        if allowFaultInjection { c.allowFaultInjection = true }
         try c.validate()
         return c
     }

@@ -3,9 +3,24 @@ public import NIOHTTP1
 public import NIOPosix
 import NIOCore
 
+/// What a client workload needs of a cluster: one request to node `id`.
+public protocol NodeRequester: Sendable {
+    /// One request to node `id` on a fresh connection, answered within `timeout` seconds.
+    func perform(_ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)], body: String?, timeout: Int64) async throws
+        -> HTTPResult
+}
+
+extension NodeRequester {
+    public func request(
+        _ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)] = [], body: String? = nil, timeout: Int64 = 5
+    ) async throws -> HTTPResult {
+        try await perform(id, method, uri, headers: headers, body: body, timeout: timeout)
+    }
+}
+
 /// Real `banyan serve` processes on loopback, for the multi-process tests and the benchmark:
 /// start, kill -9, freeze (SIGSTOP) and thaw (SIGCONT), restart, add and remove nodes.
-public final class LocalCluster: @unchecked Sendable {
+public final class LocalCluster: NodeRequester, @unchecked Sendable {
     public let executable: String
     public let directory: String
     public let clientPortBase: Int
@@ -115,6 +130,12 @@ public final class LocalCluster: @unchecked Sendable {
         let c = try await HTTPConnection.connect(host: "127.0.0.1", port: clientPort(id), group: group)
         defer { c.close() }
         return try await c.send(method, uri, headers: headers, body: body.map { Array($0.utf8) }, timeout: .seconds(timeout))
+    }
+
+    public func perform(
+        _ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)], body: String?, timeout: Int64
+    ) async throws -> HTTPResult {
+        try await request(id, method, uri, headers: headers, body: body, timeout: timeout)
     }
 
     /// The node's status JSON, or nil when it does not answer.

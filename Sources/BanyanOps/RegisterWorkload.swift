@@ -17,17 +17,23 @@ public final class RegisterWorkload: @unchecked Sendable {
         public var description: String { "\(ok) acknowledged, \(failed) failed cleanly, \(unknown) with unknown outcome" }
     }
 
-    let cluster: LocalCluster
+    let cluster: any NodeRequester
     /// The registers the clients use.
     public let keys: [String]
     let namespace: String
-    private let start = DispatchTime.now().uptimeNanoseconds
+    /// When the workload was created (`DispatchTime` uptime nanoseconds): operation times count from here.
+    public let start = DispatchTime.now().uptimeNanoseconds
     private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts)>(([], 1, Counts()))
+
+    private let stopped = Atomic<Bool>(false)
+
+    /// Ends `run` early (its clients finish the operation they are in).
+    public func stop() { stopped.store(true, ordering: .relaxed) }
 
     /// Sabotage for the checker's self-test: reads skip ReadIndex (`consistency=stale`).
     public var staleReads = false
 
-    public init(cluster: LocalCluster, keys: Int = 4, namespace: String = "jepsen") {
+    public init(cluster: any NodeRequester, keys: Int = 4, namespace: String = "jepsen") {
         self.cluster = cluster
         self.keys = (0..<keys).map { "k\($0)" }
         self.namespace = namespace
@@ -63,7 +69,7 @@ public final class RegisterWorkload: @unchecked Sendable {
             for c in 0..<clients {
                 group.addTask {
                     var rng = SystemRandomNumberGenerator()
-                    while Date() < deadline {
+                    while Date() < deadline && !self.stopped.load(ordering: .relaxed) {
                         let targets = nodes()
                         guard let node = targets.randomElement(using: &rng), let key = self.keys.randomElement(using: &rng) else {
                             try? await Task.sleep(nanoseconds: 20_000_000)
@@ -150,6 +156,35 @@ public final class RegisterWorkload: @unchecked Sendable {
 
     /// Checks the recorded history, key by key.
     public func check() -> LinearizabilityVerdict { perKey(history) }
+
+    /// For a history that is not linearizable: the first key whose history is not, and the
+    /// shortest prefix of it (operations called before some time; those still running then count
+    /// as unfinished) that is already not linearizable, found by bisection. Returns the key, the
+    /// operations of that prefix, and the call time (ns since `start`) that ends it.
+    public func earliestViolation() -> (key: String, operations: [Op], cut: Int)? {
+        var byKey: [String: [Op]] = [:]
+        for (k, op) in history { byKey[k, default: []].append(op) }
+        for key in byKey.keys.sorted() {
+            let ops = (byKey[key] ?? []).sorted { $0.callTime < $1.callTime }
+            guard LinearizabilityChecker.checkRegister(ops) == .notLinearizable else { continue }
+            func prefix(_ count: Int) -> [Op] {
+                let cut = ops[count - 1].callTime
+                return ops.prefix(count).compactMap { op in
+                    guard let ret = op.returnTime, ret > cut else { return op }
+                    if case .read = op.input { return nil }  // an unfinished read constrains nothing
+                    return Op(client: op.client, input: op.input, output: .unknown, callTime: op.callTime, returnTime: nil)
+                }
+            }
+            var low = 1
+            var high = ops.count
+            while low < high {
+                let mid = (low + high) / 2
+                if LinearizabilityChecker.checkRegister(prefix(mid)) == .notLinearizable { high = mid } else { low = mid + 1 }
+            }
+            return (key, prefix(low), ops[low - 1].callTime)
+        }
+        return nil
+    }
 
     private func perKey(_ ops: [(key: String, op: Op)]) -> LinearizabilityVerdict {
         var byKey: [String: [Op]] = [:]

@@ -54,6 +54,11 @@ public enum Route: Sendable, Equatable {
         case tlsStatus
         /// `POST /.banyan/tls/reload`: reload certificates, keys and trust bundle from their files.
         case tlsReload
+        /// `GET`, `POST`, `DELETE /.banyan/faults`: the fault switch of a node started for local
+        /// failover testing (docs/chaos.md).
+        case faults
+        case setFaults
+        case clearFaults
         /// A member route whose id is not a node id.
         case badNodeID(String)
         /// No such endpoint for this method.
@@ -89,6 +94,9 @@ public enum Route: Sendable, Equatable {
             return .log(from: parameter("from", in: query).flatMap { UInt64($0) }, maxBytes: maxBytes)
         case ("GET", 1, "tls"): return .tlsStatus
         case ("POST", 2, "tls") where parts[1] == "reload": return .tlsReload
+        case ("GET", 1, "faults"): return .faults
+        case ("POST", 1, "faults"): return .setFaults
+        case ("DELETE", 1, "faults"): return .clearFaults
         case (_, 2..., "members"):
             guard let id = UInt64(parts[1]) else { return .badNodeID(String(parts[1].prefix(64))) }
             switch (method, parts.count) {

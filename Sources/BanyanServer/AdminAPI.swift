@@ -24,6 +24,9 @@ import NIOHTTP1
 /// | `GET /.banyan/log?from=<index>&max_bytes=<n>` | committed log entries for archiving (administrators; 410 once compacted) |
 /// | `GET /.banyan/tls` | the certificates in force (node, trusted CAs, client port), their expiry, reloads |
 /// | `POST /.banyan/tls/reload` | reloads certificates, keys and trust bundle from their files; 422 with `{"error", "code", "file"}` when refused (the old material stays) |
+/// | `GET /.banyan/faults` | the faults in force (nodes started with `--allow-fault-injection`; docs/chaos.md) |
+/// | `POST /.banyan/faults` `{"drop_peers": [3], "peer_delay_ms": 200, "disk_delay_ms": 50}` | sets the faults named (others stay) |
+/// | `DELETE /.banyan/faults` | clears every fault |
 ///
 /// Leader-only requests sent to a follower get 409 with `{"error": …, "leader": id}`.
 struct AdminAPI {
@@ -131,6 +134,8 @@ struct AdminAPI {
                 }
             }
             return promise.futureResult
+        case .faults, .setFaults, .clearFaults:
+            return runtime.loop.makeSucceededFuture(Self.faults(route, switch: runtime.faults, body: body))
         case .badNodeID(let text):
             return runtime.loop.makeSucceededFuture(.error(.badRequest, "bad node id '\(text)'"))
         case .unknown:
@@ -162,6 +167,35 @@ struct AdminAPI {
             case .failure(let e): return Self.failure(e)
             }
         }
+    }
+
+    /// The fault switch's endpoints. A node without a switch refuses them all with 403 and
+    /// `"code": "fault_injection_disabled"`: it never applies a fault.
+    static func faults(_ route: Route.AdminRoute, switch faults: FaultSwitch?, body: [UInt8]) -> HTTPReply {
+        guard let faults else {
+            return .json(
+                .forbidden,
+                #"{"error":"fault injection is off: this node was not started with --allow-fault-injection (local clusters only: banyan cluster local; docs/chaos.md)","code":"fault_injection_disabled"}"#
+            )
+        }
+        switch route {
+        case .setFaults:
+            do {
+                return .json(.ok, try faults.update(json: body).json)
+            } catch {
+                return .json(.badRequest, #"{"error":\#(jsonString(error.description)),"code":"bad_fault_request"}"#)
+            }
+        case .clearFaults:
+            faults.set(FaultSwitch.Faults())
+            return .json(.ok, faults.current.json)
+        default:
+            return .json(.ok, faults.current.json)
+        }
+    }
+
+    private static func jsonString(_ text: String) -> String {
+        let data = (try? JSONSerialization.data(withJSONObject: [text], options: [])) ?? Data("[\"\"]".utf8)
+        return String(decoding: data.dropFirst().dropLast(), as: UTF8.self)
     }
 
     static func failure(_ e: ReplicaError) -> HTTPReply {

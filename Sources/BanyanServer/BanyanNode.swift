@@ -108,7 +108,7 @@ public final class BanyanNode: Sendable {
             acceptGroup: config.peerInboundThread ? peerInbound : nil,
             serverContext: tls.material.peerServer,
             clientContext: tls.material.peerClient, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
-            peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }
+            peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }, faults: runtime.faults
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }
             runtime.receive(messages)
@@ -117,6 +117,9 @@ public final class BanyanNode: Sendable {
         let peerBound = try transport.listen(on: config.peerAddress)
         peerAddress = peerBound.map { "\($0.ipAddress ?? config.peerAddress.host):\($0.port ?? config.peerAddress.port)" } ?? config.peerAddress.description
         logger.notice("peer transport listening (mutual TLS)", metadata: ["address": "\(peerAddress)", "node": "\(config.nodeID)"])
+        if runtime.faults != nil {
+            logger.warning("fault injection is on (--allow-fault-injection): /.banyan/faults may drop and delay this node's peer traffic and fsyncs")
+        }
         runtime.start(transport: transport)
         let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, tls: tls)
         self.http = http

@@ -69,6 +69,11 @@ public struct NodeConfig: Sendable, Equatable {
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
+    /// The fault switch for local failover testing (`--allow-fault-injection`; docs/chaos.md):
+    /// `/.banyan/faults` may drop peer traffic and slow peer messages and fsyncs. Refused unless
+    /// both the client and the peer addresses are loopback. Not settable from a file: it belongs
+    /// to a `banyan cluster local` command line, never to a service's configuration.
+    public var allowFaultInjection: Bool = false
 
     /// One thread for the whole node on a machine of one or two cores; otherwise one network
     /// thread per core, at most 4, next to the replica thread. On the 2-core benchmark machine
@@ -461,6 +466,11 @@ extension NodeConfig {
             throw ConfigError("default_namespace '\(defaultNamespace)' must be 1 to 63 letters, digits, '-' or '_'")
         }
         try checkSafeDefaults()
+        if allowFaultInjection && !(clientAddress.isLoopback && peerAddress.isLoopback && advertised.isLoopback) {
+            throw ConfigError(
+                "--allow-fault-injection is for local failover testing only: the client address (\(clientAddress)) and the peer "
+                    + "address (\(advertised)) must both be loopback addresses (docs/chaos.md).")
+        }
     }
 
     /// Safe by default (docs/security.md): a development convenience never reaches a

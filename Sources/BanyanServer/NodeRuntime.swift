@@ -1,5 +1,6 @@
 import BanyanBasics
 import BanyanAuth
+import BanyanOpLogFiles
 public import BanyanNode
 public import BanyanOpLogFiles
 public import BanyanRaft
@@ -69,6 +70,8 @@ public final class NodeRuntime: @unchecked Sendable {
     public let loop: any EventLoop
     /// This data directory's identity (docs/raft.md, R22): peers learn it from the hello.
     public let incarnation: UInt64
+    /// The fault switch (`--allow-fault-injection` only; docs/chaos.md), nil otherwise.
+    public let faults: FaultSwitch?
     /// The replica thread's own group, unless the node shares its network loop (`threads: 1`).
     private let group: MultiThreadedEventLoopGroup?
     private let core: NodeCore
@@ -187,8 +190,11 @@ public final class NodeRuntime: @unchecked Sendable {
     init(config: NodeConfig, logger: Logger, sharedLoop: (any EventLoop)? = nil, progress: @escaping (String) -> Void) throws {
         self.config = config
         self.logger = logger
+        let faults = config.allowFaultInjection ? FaultSwitch() : nil
+        self.faults = faults
         let storage = try NodeStorage(
-            directory: config.dataDirectory, logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max),
+            directory: config.dataDirectory, fileSystem: faults.map { FaultInjectingFileSystem(base: PosixFileSystem(), faults: $0) } ?? PosixFileSystem(),
+            logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max),
             salvageDamagedLog: config.salvageDamagedLog, progress: progress)
         incarnation = storage.incarnation
         if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {

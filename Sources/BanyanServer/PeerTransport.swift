@@ -57,6 +57,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let bindNodeIDs: Bool
     private let state = Mutex<State>(State())
     private var serverChannel: (any Channel)?
+    /// The fault switch (`--allow-fault-injection` only): dropped and delayed peer traffic.
+    let faults: FaultSwitch?
 
     private struct State: ~Copyable {
         var addresses: [UInt64: HostPort] = [:]
@@ -83,21 +85,22 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         serverTLS: TLSConfiguration,
         clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
-        deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+        faults: FaultSwitch? = nil, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
         self.init(
             nodeID: nodeID, clusterID: clusterID, advertised: advertised, group: group, acceptGroup: acceptGroup,
             serverContext: try NIOSSLContext(configuration: serverTLS), clientContext: try NIOSSLContext(configuration: clientTLS), logger: logger,
             bindNodeIDs: bindNodeIDs, incarnation: incarnation, peerIncarnation: peerIncarnation, maxUnauthenticated: maxUnauthenticated,
-            handshakeTimeout: handshakeTimeout, deliver: deliver)
+            handshakeTimeout: handshakeTimeout, faults: faults, deliver: deliver)
     }
 
     init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
         serverContext: NIOSSLContext, clientContext: NIOSSLContext, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
-        deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
+        faults: FaultSwitch? = nil, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) {
+        self.faults = faults
         self.maxUnauthenticated = maxUnauthenticated
         self.handshakeTimeout = handshakeTimeout
         self.bindNodeIDs = bindNodeIDs
@@ -181,6 +184,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     }
 
     fileprivate func received(from peer: UInt64, advertised: HostPort?, _ messages: [Message]) {
+        if let faults, faults.drops(peer) {
+            faults.dropped(messages.count)
+            return
+        }
         deliver(peer, advertised, messages)
     }
 
@@ -207,6 +214,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         var byPeer: [UInt64: [Message]] = [:]
         for m in messages where m.to != nodeID { byPeer[m.to, default: []].append(m) }
         for (peer, batch) in byPeer {
+            if let faults, faults.drops(peer) {
+                faults.dropped(batch.count)
+                continue
+            }
             let connection: PeerConnection? = state.withLock { s in
                 guard !s.stopped else { return nil }
                 if let c = s.connections[peer] { return c }
@@ -275,6 +286,11 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     func send(_ messages: [Message]) {
+        if let faults = transport?.faults, case let delay = faults.peerDelayMilliseconds, delay > 0 {
+            // While the delay stays the same, deadlines only grow: batches keep their order.
+            eventLoop.scheduleTask(in: .milliseconds(Int64(delay))) { self.enqueue(messages) }
+            return
+        }
         if eventLoop.inEventLoop {
             enqueue(messages)
         } else {

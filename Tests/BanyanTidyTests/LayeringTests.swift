@@ -51,7 +51,7 @@ import Testing
                 "Foundation", "FoundationNetworking", "Dispatch",
             ]
         ),
-        "BanyanOps": (false, ["BanyanCheckers", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
+        "BanyanOps": (false, ["BanyanCheckers", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
         "BanyanSim": (false, ["BanyanSimulation", "BanyanBasics", "ArgumentParser"]),
         "BanyanBench": (

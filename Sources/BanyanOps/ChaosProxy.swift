@@ -1,0 +1,261 @@
+import BanyanBasics
+public import NIOCore
+import NIOPosix
+import Glibc
+import Synchronization
+
+/// `banyan chaos proxy` (docs/chaos.md): a TCP proxy in front of a node's client port that
+/// misbehaves on purpose, so an app's reconnection logic can be tried with the Firebase SDKs
+/// (REST, event streams and WebSockets all pass through it, bytes unchanged):
+///
+/// - `delay`: every chunk waits this long in each direction (order kept);
+/// - `dropRate`: each chunk has this chance of stalling its connection: from then on nothing
+///   more passes either way while the socket stays open (a dead network path, no reset: the
+///   client must notice by its own timeouts);
+/// - `resetEvery`: every so often every open connection is reset (RST to the client, the node's
+///   side closed).
+///
+/// Decisions come from `SeededRandom(seed)`. Each connection dials the target on its own event
+/// loop; a side that cannot take more bytes stops reading from the other (backpressure).
+public final class ChaosProxy: Sendable {
+    public struct Settings: Sendable {
+        public var delay: TimeAmount = .zero
+        public var dropRate: Double = 0
+        public var resetEvery: TimeAmount?
+        public var seed: UInt64 = 1
+        public init() {}
+    }
+
+    public struct Stats: Sendable, CustomStringConvertible {
+        public var connections = 0
+        public var open = 0
+        public var bytesToTarget = 0
+        public var bytesToClient = 0
+        public var stalled = 0
+        public var reset = 0
+        public var refused = 0
+        public var description: String {
+            "\(connections) connections (\(open) open), \(bytesToTarget) bytes to the node, \(bytesToClient) to clients, \(stalled) stalled, \(reset) reset, \(refused) refused by the node"
+        }
+    }
+
+    public let targetHost: String
+    public let targetPort: Int
+    public let settings: Settings
+    private let group: MultiThreadedEventLoopGroup
+    private let log: @Sendable (String) -> Void
+    private let state = Mutex<(random: SeededRandom, stats: Stats, pairs: [Int: ProxyPair], next: Int)>((SeededRandom(seed: 1), Stats(), [:], 0))
+    private let server = Mutex<(channel: (any Channel)?, resetTask: RepeatedTask?)>((nil, nil))
+
+    public init(targetHost: String, targetPort: Int, settings: Settings, threads: Int = 1, log: @escaping @Sendable (String) -> Void) {
+        self.targetHost = targetHost
+        self.targetPort = targetPort
+        self.settings = settings
+        self.log = log
+        group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        let seed = settings.seed
+        state.withLock { $0.random = SeededRandom(seed: seed) }
+    }
+
+    public var stats: Stats { state.withLock { $0.stats } }
+
+    /// Starts listening; returns the bound port (useful with port 0).
+    public func start(host: String, port: Int) throws -> Int {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.autoRead, value: false)
+            .childChannelInitializer { channel in
+                self.accepted(channel)
+                return channel.eventLoop.makeSucceededVoidFuture()
+            }
+        let channel = try bootstrap.bind(host: host, port: port).wait()
+        var task: RepeatedTask?
+        if let every = settings.resetEvery, every.nanoseconds > 0 {
+            task = group.next().scheduleRepeatedTask(initialDelay: every, delay: every) { _ in self.resetAll() }
+        }
+        server.withLock { $0 = (channel, task) }
+        return channel.localAddress?.port ?? port
+    }
+
+    public func stop() {
+        let (channel, task) = server.withLock { s in
+            defer { s = (nil, nil) }
+            return s
+        }
+        task?.cancel()
+        try? channel?.close().wait()
+        let pairs = state.withLock { $0.pairs.values }
+        for pair in pairs { pair.close() }
+        try? group.syncShutdownGracefully()
+    }
+
+    private func accepted(_ client: any Channel) {
+        let id = state.withLock { s in
+            s.next += 1
+            s.stats.connections += 1
+            return s.next
+        }
+        ClientBootstrap(group: client.eventLoop)
+            .connectTimeout(.seconds(5))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.autoRead, value: false)
+            .connect(host: targetHost, port: targetPort)
+            .whenComplete { result in
+                switch result {
+                case .success(let target):
+                    let pair = ProxyPair(id: id, client: client, target: target, proxy: self)
+                    self.state.withLock { s in
+                        s.pairs[id] = pair
+                        s.stats.open += 1
+                    }
+                    pair.install()
+                case .failure(let error):
+                    self.state.withLock { $0.stats.refused += 1 }
+                    self.log("connection \(id): cannot reach \(self.targetHost):\(self.targetPort): \(error)")
+                    client.close(promise: nil)
+                }
+            }
+    }
+
+    /// Whether the next chunk stalls its connection.
+    fileprivate func drawStall() -> Bool {
+        guard settings.dropRate > 0 else { return false }
+        return state.withLock { s in
+            Double(s.random.next() >> 11) / Double(UInt64(1) << 53) < settings.dropRate
+        }
+    }
+
+    fileprivate func counted(toTarget: Int, toClient: Int) {
+        state.withLock { s in
+            s.stats.bytesToTarget += toTarget
+            s.stats.bytesToClient += toClient
+        }
+    }
+
+    fileprivate func stalled(_ id: Int) {
+        state.withLock { $0.stats.stalled += 1 }
+        log("connection \(id): stalled (nothing passes from now on; the socket stays open)")
+    }
+
+    fileprivate func closed(_ id: Int) {
+        state.withLock { s in
+            if s.pairs.removeValue(forKey: id) != nil { s.stats.open -= 1 }
+        }
+    }
+
+    /// Resets every open connection now.
+    public func resetAll() {
+        let pairs = state.withLock { s in
+            s.stats.reset += s.pairs.count
+            return Array(s.pairs.values)
+        }
+        if !pairs.isEmpty { log("reset \(pairs.count) connection\(pairs.count == 1 ? "" : "s")") }
+        for pair in pairs { pair.reset() }
+    }
+}
+
+/// One proxied connection: the client's channel and the target's, on one event loop.
+final class ProxyPair: @unchecked Sendable {
+    let id: Int
+    let client: any Channel
+    let target: any Channel
+    private weak var proxy: ChaosProxy?
+    /// Confined to the pair's event loop.
+    private var isStalled = false
+
+    init(id: Int, client: any Channel, target: any Channel, proxy: ChaosProxy) {
+        self.id = id
+        self.client = client
+        self.target = target
+        self.proxy = proxy
+    }
+
+    func install() {
+        do {
+            try client.pipeline.syncOperations.addHandler(RelayHandler(pair: self, toTarget: true))
+            try target.pipeline.syncOperations.addHandler(RelayHandler(pair: self, toTarget: false))
+        } catch {
+            close()
+            return
+        }
+        client.closeFuture.whenComplete { _ in self.target.close(promise: nil) }
+        target.closeFuture.whenComplete { _ in
+            self.client.close(promise: nil)
+            self.proxy?.closed(self.id)
+        }
+        for channel in [client, target] {
+            _ = channel.setOption(.autoRead, value: true)
+            channel.read()
+        }
+    }
+
+    /// Forwards a chunk read on one side to the other (after the delay), unless stalled.
+    func forward(_ buffer: ByteBuffer, toTarget: Bool) {
+        guard let proxy, !isStalled else { return }
+        if proxy.drawStall() {
+            isStalled = true
+            proxy.stalled(id)
+            return
+        }
+        proxy.counted(toTarget: toTarget ? buffer.readableBytes : 0, toClient: toTarget ? 0 : buffer.readableBytes)
+        let out = toTarget ? target : client
+        let delay = proxy.settings.delay
+        if delay.nanoseconds > 0 {
+            out.eventLoop.scheduleTask(in: delay) {
+                guard !self.isStalled else { return }
+                out.writeAndFlush(buffer, promise: nil)
+            }
+        } else {
+            out.writeAndFlush(buffer, promise: nil)
+        }
+    }
+
+    /// The side that receives from `channel` stops reading while `channel` cannot take more.
+    func writabilityChanged(_ channel: any Channel) {
+        let other = channel === client ? target : client
+        _ = other.setOption(.autoRead, value: channel.isWritable)
+    }
+
+    func reset() {
+        client.eventLoop.execute {
+            // SO_LINGER 0: close sends a RST instead of a FIN.
+            if let options = self.client as? any SocketOptionProvider {
+                options.setSoLinger(linger(l_onoff: 1, l_linger: 0)).whenComplete { _ in self.client.close(promise: nil) }
+            } else {
+                self.client.close(promise: nil)
+            }
+            self.target.close(promise: nil)
+        }
+    }
+
+    func close() {
+        client.close(promise: nil)
+        target.close(promise: nil)
+    }
+}
+
+final class RelayHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    private let pair: ProxyPair
+    private let toTarget: Bool
+
+    init(pair: ProxyPair, toTarget: Bool) {
+        self.pair = pair
+        self.toTarget = toTarget
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        pair.forward(unwrapInboundIn(data), toTarget: toTarget)
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        pair.writabilityChanged(context.channel)
+        context.fireChannelWritabilityChanged()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+}
