@@ -103,7 +103,10 @@ struct BackupTake: ParsableCommand {
     private func followLog() throws {
         try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
         let archive = ArchiveDirectory(out)
-        var last = try archive.recoverLastIndex()
+        // `archived`: the last entry in the archive's files; `last`: where archiving continues
+        // (a base backup newer than the files moves it on, and the next entries start a new file).
+        var archived = try archive.recoverLastIndex()
+        var last = archived
         let bases = try archive.baseBackups()
         if bases.isEmpty {
             let source = try chooseSource()
@@ -140,8 +143,11 @@ struct BackupTake: ParsableCommand {
                 if let first = parsed.entries.first, first.index != last + 1 {
                     throw CommandError("\(e) answered from index \(first.index), not \(last + 1)")
                 }
-                try archive.append(parsed.entries, continuing: last)
-                if let newLast = parsed.entries.last?.index { last = newLast }
+                try archive.append(parsed.entries, continuing: archived)
+                if let newLast = parsed.entries.last?.index {
+                    last = newLast
+                    archived = newLast
+                }
                 archivedSinceReport += parsed.entries.count
                 let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
                 if Date().timeIntervalSince(lastReport) >= 5 || (archivedSinceReport > 0 && commit <= last && Date().timeIntervalSince(lastReport) >= 1) {
@@ -155,7 +161,7 @@ struct BackupTake: ParsableCommand {
                 // base backup covers the gap; the archive continues after it.
                 FileHandle.standardError.write(Data("\(e): entries after \(last) were compacted; taking a new base backup\n".utf8))
                 let temporary = out + "/base-new.bkp"
-                say(try download(from: e, to: temporary))
+                say(try download(from: (try? chooseSource()) ?? e, to: temporary))
                 let index = try BackupFiles.load(temporary).header.index
                 try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: index))
                 last = max(last, index)

@@ -92,19 +92,29 @@ public enum BackupFiles {
             }
         }
         try replay.checkEnded()
-        if case .index = target {} else if case .latest = target {} else if archive == nil {
-            progress("no --archive given: restoring the backup's own state (index \(loaded.header.index))")
+        if case .time(let t) = target, !replay.reachedTarget {
+            // Nothing says what happened between the last archived write and the target time:
+            // refuse rather than restore an earlier point silently (as PostgreSQL does when
+            // recovery ends before its target).
+            throw RestoreError(
+                "the \(archive == nil ? "backup" : "archive") ends at index \(replay.machine.appliedIndex) (last write stamped \(replay.machine.lastTimestamp) ms), before the target time \(t) ms: restore with --to-index \(replay.machine.appliedIndex), or without a target, to accept that point"
+            )
         }
         let staging = dataDirectory + ".restoring-\(getpid())"
         try? fm.removeItem(atPath: staging)
         let storage = try NodeStorage(
             directory: staging, logger: Logger(label: "banyan.restore"), newIncarnation: UInt64.random(in: 1...UInt64.max), progress: { _ in })
         var reported: UInt64 = 0
-        try storage.seed(restored: replay.machine, term: replay.term, members: [nodeID]) { bytes in
-            if bytes >= reported + (256 << 20) {
-                reported = bytes
-                progress("data directory: wrote \(bytes >> 20) MiB of snapshot image")
+        do {
+            try storage.seed(restored: replay.machine, term: replay.term, members: [nodeID]) { bytes in
+                if bytes >= reported + (256 << 20) {
+                    reported = bytes
+                    progress("data directory: wrote \(bytes >> 20) MiB of snapshot image")
+                }
             }
+        } catch {
+            try? fm.removeItem(atPath: staging)
+            throw error
         }
         if fm.fileExists(atPath: dataDirectory) { try fm.removeItem(atPath: dataDirectory) }
         try fm.moveItem(atPath: staging, toPath: dataDirectory)
@@ -175,6 +185,11 @@ public struct ArchiveDirectory {
             // Skip files entirely before `index` (the next file starts at or below it).
             if position + 1 < all.count, all[position + 1].first <= index { continue }
             let parsed = try read(file.name)
+            // Only the last file may end in a record cut short (an interrupted archiver);
+            // anywhere else that is damage (a length field that reads too long, say).
+            if !parsed.complete, position + 1 < all.count {
+                throw BackupError(offset: UInt64(parsed.validEnd), "\(directory)/\(file.name): a record is cut short before the end of the archive")
+            }
             for entry in parsed.entries where entry.index >= index {
                 if !(try body(entry)) { return }
             }
@@ -184,6 +199,10 @@ public struct ArchiveDirectory {
     /// The last archived index (0: none), after cutting a record left half-written by an
     /// interrupted archiver from the last file.
     public func recoverLastIndex() throws -> UInt64 {
+        // A file being created when the archiver stopped never got its name.
+        for name in try FileManager.default.contentsOfDirectory(atPath: directory) where name.hasSuffix(".arch.tmp") {
+            try? FileManager.default.removeItem(atPath: directory + "/" + name)
+        }
         guard let last = try files().last else { return 0 }
         let parsed = try read(last.name)
         if !parsed.complete {
@@ -195,8 +214,10 @@ public struct ArchiveDirectory {
         return parsed.entries.last?.index ?? (last.first - 1)
     }
 
-    /// Appends entries (which must continue the archive, or start a new file after a gap),
-    /// fsynced before this returns.
+    /// Appends entries, fsynced before this returns: to the last file when they continue its
+    /// last entry (`last`: the last archived index), else to a new file (after a gap, or past
+    /// `maxFileBytes`), which is written under a temporary name, fsynced and renamed, so a file
+    /// with an archive's name always starts with the magic.
     public func append(_ entries: [ArchivedEntry], continuing last: UInt64) throws {
         guard let first = entries.first else { return }
         let fm = FileManager.default
@@ -210,13 +231,17 @@ public struct ArchiveDirectory {
         let path = directory + "/" + name
         var bytes: [UInt8] = target == nil ? ArchivedEntry.fileMagic : []
         for e in entries { e.append(to: &bytes) }
-        if target == nil { fm.createFile(atPath: path, contents: nil) }
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        let writing = target == nil ? path + ".tmp" : path
+        if target == nil { fm.createFile(atPath: writing, contents: nil) }
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: writing))
         defer { try? handle.close() }
         try handle.seekToEnd()
         try handle.write(contentsOf: Data(bytes))
         try handle.synchronize()
-        if target == nil { Self.syncDirectory(directory) }
+        if target == nil {
+            try fm.moveItem(atPath: writing, toPath: path)
+            Self.syncDirectory(directory)
+        }
     }
 
     public static func syncDirectory(_ path: String) {

@@ -16,6 +16,8 @@ import NIOCore
 /// the end; a backup cut short is refused by every reader (no end record).
 enum BackupStream {
     static let maxInFlight = 8 << 20
+    /// A client that takes nothing for this long ends its backup.
+    static let stallSeconds = 120
     private static let written = Counter(label: "banyan_backup_bytes_total")
     private static let finished = Counter(label: "banyan_backups_total", dimensions: [("outcome", "complete")])
     private static let failed = Counter(label: "banyan_backups_total", dimensions: [("outcome", "failed")])
@@ -43,6 +45,20 @@ enum BackupStream {
         var pendingBytes = 0
         var sent: UInt64 = 0
         var lastReport = started
+        /// Waits for a write, at most `stallSeconds`: a client that stops reading does not hold
+        /// the node's backup slot for ever.
+        func settle(_ future: EventLoopFuture<Void>) throws {
+            let done = DispatchSemaphore(value: 0)
+            let failure = FailureBox()
+            future.whenComplete { result in
+                if case .failure(let e) = result { failure.set(e) }
+                done.signal()
+            }
+            guard done.wait(timeout: .now() + .seconds(stallSeconds)) == .success else {
+                throw Closed(description: "the client took nothing for \(stallSeconds) s")
+            }
+            if let e = failure.get() { throw Closed(description: "the client connection failed: \(e)") }
+        }
         func send(_ bytes: [UInt8]) throws {
             guard !bytes.isEmpty else { return }
             var buffer = channel.allocator.buffer(capacity: bytes.count + 16)
@@ -55,11 +71,7 @@ enum BackupStream {
             written.increment(by: Int64(bytes.count))
             while pendingBytes > maxInFlight, !pending.isEmpty {
                 let (future, n) = pending.removeFirst()
-                do {
-                    try future.wait()
-                } catch {
-                    throw Closed(description: "the client connection failed: \(error)")
-                }
+                try settle(future)
                 pendingBytes -= n
             }
             let now = DispatchTime.now().uptimeNanoseconds
@@ -78,7 +90,7 @@ enum BackupStream {
                 end.writeStaticString("0\r\n\r\n")
                 pending.append((channel.writeAndFlush(end), 5))
             }
-            for (future, _) in pending { try future.wait() }
+            for (future, _) in pending { try settle(future) }
             channel.close(promise: nil)
             finished.increment()
             let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
@@ -94,4 +106,12 @@ enum BackupStream {
             logger.warning("backup ended early", metadata: ["index": "\(header.index)", "bytes_sent": "\(sent)", "error": "\(error)"])
         }
     }
+}
+
+/// The error a write ended with, handed from an event loop to the backup's thread.
+private final class FailureBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var error: (any Error)?
+    func set(_ e: any Error) { lock.withLock { error = e } }
+    func get() -> (any Error)? { lock.withLock { error } }
 }

@@ -400,11 +400,13 @@ public final class NodeRuntime: @unchecked Sendable {
             var index = from
             if from < first {
                 // Served from the retained entries when they reach back to `from` and on to the log.
+                // Nothing retained (a node that restarted, or installed the leader's snapshot):
+                // the log's first index is where history starts here.
+                guard self.retained.count > self.retainedHead else { return .compacted(firstIndex: first) }
                 let retainedFirst = self.retainedFirst
-                let lastRetained = retainedFirst + UInt64(self.retained.count - self.retainedHead) - 1
-                guard !self.retained.isEmpty, retainedFirst <= from, lastRetained + 1 >= first else {
-                    return .compacted(firstIndex: self.retained.isEmpty || lastRetained + 1 < first ? first : retainedFirst)
-                }
+                let retainedEnd = retainedFirst + UInt64(self.retained.count - self.retainedHead)
+                guard retainedEnd >= first else { return .compacted(firstIndex: first) }
+                guard retainedFirst <= from else { return .compacted(firstIndex: retainedFirst) }
                 while index < first, bytes < maxBytes {
                     let e = self.retained[self.retainedHead + Int(index - retainedFirst)]
                     out.append(e)

@@ -286,15 +286,37 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     func send(_ messages: [Message]) {
-        if let faults = transport?.faults, case let delay = faults.peerDelayMilliseconds, delay > 0 {
-            // While the delay stays the same, deadlines only grow: batches keep their order.
-            eventLoop.scheduleTask(in: .milliseconds(Int64(delay))) { self.enqueue(messages) }
+        if transport?.faults != nil {
+            // Fault injection only (docs/chaos.md): delayed batches keep their order.
+            if eventLoop.inEventLoop {
+                sendDelayed(messages)
+            } else {
+                eventLoop.execute { self.sendDelayed(messages) }
+            }
             return
         }
         if eventLoop.inEventLoop {
             enqueue(messages)
         } else {
             eventLoop.execute { self.enqueue(messages) }
+        }
+    }
+
+    /// The latest deadline a delayed batch was scheduled for, and how many still wait: a batch
+    /// never goes before one sent earlier, even when the delay is lowered or cleared meanwhile
+    /// (a lower delay would otherwise overtake; equal deadlines run in scheduling order).
+    private var delayedUntil: UInt64 = 0
+    private var delayedWaiting = 0
+
+    private func sendDelayed(_ messages: [Message]) {
+        let delay = UInt64(transport?.faults?.peerDelayMilliseconds ?? 0) * 1_000_000
+        if delay == 0 && delayedWaiting == 0 { return enqueue(messages) }
+        let at = max(NIODeadline.now().uptimeNanoseconds + delay, delayedUntil)
+        delayedUntil = at
+        delayedWaiting += 1
+        eventLoop.scheduleTask(deadline: .uptimeNanoseconds(at)) {
+            self.delayedWaiting -= 1
+            self.enqueue(messages)
         }
     }
 

@@ -97,6 +97,11 @@ import Testing
             _ = try BackupFiles.restore(backup: backup, archive: archive, target: .index(51), dataDirectory: dir + "/b", nodeID: 1) { _ in }
         }
         #expect(!FileManager.default.fileExists(atPath: dir + "/b"))
+        // A time after the archive's last write: nothing says what came between.
+        #expect(throws: RestoreError.self) {
+            _ = try BackupFiles.restore(backup: backup, archive: archive, target: .time(1000 + 10 * 60), dataDirectory: dir + "/t", nodeID: 1) { _ in }
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir + "/t"))
         // A gap the replay needs.
         let gapped = dir + "/gapped"
         try FileManager.default.createDirectory(atPath: gapped, withIntermediateDirectories: true)
@@ -140,6 +145,34 @@ import Testing
             return true
         }
         #expect(seen == Array(45...51))
+    }
+
+    /// After a gap (a new base backup), entries go to a new file, never appended to the old one
+    /// (which would hide the gap inside a file and make it unreadable); a record cut short
+    /// inside a file that is not the last is damage, not a torn tail.
+    @Test func gapsStartNewFilesAndInnerCutsAreDamage() throws {
+        let dir = try temporaryDirectory("backup-gap")
+        let a = ArchiveDirectory(dir)
+        try a.append((1...10).map(Self.entry), continuing: 0)
+        // A base backup at 20 covers 11...20: the archiver continues at 21.
+        try a.append((21...25).map(Self.entry), continuing: 10)
+        #expect(try a.files().map(\.first) == [1, 21])
+        #expect(try a.recoverLastIndex() == 25)
+        var seen: [UInt64] = []
+        try a.forEach(from: 21) { e in
+            seen.append(e.index)
+            return true
+        }
+        #expect(seen == Array(21...25))
+        // Cut the first file's last record: reading through it is an error with an offset.
+        let first = dir + "/" + ArchivedEntry.fileName(firstIndex: 1)
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: first)))
+        try Data(bytes.dropLast(3)).write(to: URL(fileURLWithPath: first))
+        #expect(throws: BackupError.self) { try a.forEach(from: 1) { _ in true } }
+        // A file left half-created under its temporary name is ignored and removed.
+        FileManager.default.createFile(atPath: dir + "/" + ArchivedEntry.fileName(firstIndex: 26) + ".tmp", contents: Data([1, 2]))
+        #expect(try a.recoverLastIndex() == 25)
+        #expect(!FileManager.default.fileExists(atPath: dir + "/" + ArchivedEntry.fileName(firstIndex: 26) + ".tmp"))
     }
 
     /// What a backup leaves out: the node-specific namespaces.

@@ -384,6 +384,7 @@ import Testing
             while Date() < deadline && (!registers || members == nil) {
                 if !registers { registers = await workload.finalReads(nodes: [id]) }
                 if members == nil { members = await set.read(through: id) }
+                if !registers || members == nil { try await Task.sleep(nanoseconds: 200_000_000) }
             }
             #expect(registers, "node \(id) answered final reads of every register")
             let read = try #require(members, "node \(id) answered a read of the set")

@@ -50,4 +50,30 @@ import Testing
         #expect(try httpExchange(port: port, "PUT", "/v.json?auth=owner&at=\(last)", body: "1").status == 400)
         #expect(try httpExchange(port: port, "GET", "/v.json?auth=owner&at=zero").status == 400)
     }
+
+    @Test("after a restart from a snapshot, a log read below the log answers 410 (it once trapped on an empty retention buffer)")
+    func logReadAfterRestart() async throws {
+        let dir = try temporaryDirectory("history-restart")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.raft.snapshotEntries = 8
+        var node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        var port = clientPort(node)
+        let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/v.json?auth=owner", body: "0"))?.status ?? 0) == 200 }, seconds: 30)
+        #expect(ready)
+        for k in 1...30 { #expect(try httpExchange(port: port, "PUT", "/v.json?auth=owner", body: "\(k)").status == 200) }
+        let snapshotted = await eventually({ ((try? node.runtime.status().wait().snapshotIndex) ?? 0) > 8 }, seconds: 30)
+        #expect(snapshotted)
+        node.shutdown()
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        port = clientPort(node)
+        let back = await eventually({ (try? httpExchange(port: port, "GET", "/v.json?auth=owner"))?.body == "30" }, seconds: 30)
+        #expect(back)
+        let r = try httpExchange(port: port, "GET", "/.banyan/log?from=1&auth=owner")
+        #expect(r.status == 410 && r.body.contains("first_index"), "\(r.status) \(r.body)")
+        // The node is still there.
+        #expect(try httpExchange(port: port, "GET", "/v.json?auth=owner").status == 200)
+    }
 }
