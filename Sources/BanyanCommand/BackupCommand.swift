@@ -252,20 +252,35 @@ struct Restore: ParsableCommand {
     }
 }
 
-/// SIGINT/SIGTERM set a flag a loop polls.
+/// SIGINT/SIGTERM set a flag a loop polls, or that `wait` blocks on. Install it once per
+/// process: a second dispatch source for the same signal does not get it.
 final class StopFlag: @unchecked Sendable {
     private let lock = NSLock()
     private var set = false
+    private let stopped = DispatchSemaphore(value: 0)
     private var sources: [any DispatchSourceSignal] = []
     var isSet: Bool { lock.withLock { set } }
     func installSignalHandlers() {
         for sig in [SIGINT, SIGTERM] {
             signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { [weak self] in self?.lock.withLock { self?.set = true } }
+            source.setEventHandler { [weak self] in
+                guard let self else { return }
+                let first = self.lock.withLock { () -> Bool in
+                    defer { self.set = true }
+                    return !self.set
+                }
+                if first { self.stopped.signal() }
+            }
             source.resume()
             sources.append(source)
         }
+    }
+
+    /// Blocks until SIGINT or SIGTERM arrived (at once if one already did).
+    func wait() {
+        stopped.wait()
+        stopped.signal()
     }
 }
 

@@ -152,12 +152,17 @@ struct Serve: ParsableCommand {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        if !stop.isSet {
-            waitForTerminationSignal(onHangUp: { [logger] in
-                logger.notice("SIGHUP: reloading the TLS material")
-                node.reloadTLS(trigger: "SIGHUP")
-            })
+        // SIGHUP reloads the certificates; SIGINT and SIGTERM (already watched by `stop`: one
+        // dispatch source per signal gets it) stop the node.
+        signal(SIGHUP, SIG_IGN)
+        let hangUp = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        hangUp.setEventHandler { [logger] in
+            logger.notice("SIGHUP: reloading the TLS material")
+            node.reloadTLS(trigger: "SIGHUP")
         }
+        hangUp.resume()
+        stop.wait()
+        hangUp.cancel()
         logger.notice("shutting down")
         node.shutdown()
     }
