@@ -40,9 +40,11 @@ public struct SyncMarker: Sendable, Equatable {
 
     /// Whether a marker found at `offset` is one the writer could have put there: at the start
     /// or the end of its own span, which lies after what was synced when it was written.
+    /// Written without additions that could overflow: the offsets come from the file.
     public func fits(at offset: Int) -> Bool {
-        syncedThrough >= 0 && syncedThrough <= spanStart && spanStart + 2 * LogFormat.markerBytes <= spanEnd
-            && (offset == spanStart || offset + LogFormat.markerBytes == spanEnd)
+        syncedThrough >= 0 && syncedThrough <= spanStart && spanEnd >= spanStart
+            && spanEnd - spanStart >= 2 * LogFormat.markerBytes
+            && (offset == spanStart || offset == spanEnd - LogFormat.markerBytes)
     }
 }
 

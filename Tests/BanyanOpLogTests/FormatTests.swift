@@ -377,6 +377,30 @@ private func zeroSector(_ bytes: inout [UInt8], at start: Int, sector: Int) {
         #expect(cutInside.outcome == .clean && cutInside.entries.count == 7 && cutInside.endsInsideBatch)
     }
 
+    // Fuzz finding (log target, CI of stop 29): a marker whose span start is near Int.max made
+    // `SyncMarker.fits` overflow (`spanStart + 2 * markerBytes`) and trap during the damage search.
+    @Test("a forged marker with offsets near Int.max is no marker: fits answers false and the scan does not trap")
+    func markerWithHugeOffsetsIsRefused() {
+        let huge = Int.max - 8
+        #expect(!SyncMarker(syncedThrough: 0, spanStart: huge, spanEnd: huge).fits(at: huge))
+        #expect(!SyncMarker(syncedThrough: huge, spanStart: huge, spanEnd: Int.max - 1).fits(at: 0))
+        #expect(!SyncMarker(syncedThrough: 0, spanStart: 8, spanEnd: huge).fits(at: 8 + 1))
+        #expect(SyncMarker(syncedThrough: 0, spanStart: 8, spanEnd: huge).fits(at: 8))
+        // In a segment: valid records, a damaged one, then the forged marker; recovery reports the
+        // damage and reads on without trapping.
+        var bytes = LogFormat.segmentHeader + LogFormat.encode(entries(1...3))
+        let damaged = bytes.count
+        LogFormat.encode(LogRecord(index: 4, term: 1, kind: 1, payload: [1, 2, 3]), into: &bytes)
+        bytes[damaged + 20] ^= 1
+        bytes += LogFormat.encode(SyncMarker(syncedThrough: 0, spanStart: huge, spanEnd: huge))
+        bytes += LogFormat.encode(SyncMarker(syncedThrough: huge, spanStart: huge, spanEnd: Int.max - 1))
+        bytes += [UInt8](repeating: 0x5a, count: 64)
+        for isLast in [true, false] {
+            let scan = SegmentScan.scan(bytes, expectedFirstIndex: 1, isLast: isLast, keepPayloads: false)
+            #expect(scan.entries.map(\.index) == [1, 2, 3])
+        }
+    }
+
     @Test("segment names sort by first index and parse back")
     func names() {
         #expect(LogFormat.segmentName(firstIndex: 1) == "00000000000000000001.seg")
