@@ -104,7 +104,7 @@ let package = Package(
 
         // The Swift SDK's core: the client side of the WebSocket protocol v5, the connection,
         // pending writes and listens as one state machine (docs/swift-sdk.md).
-        .target(name: "BanyanClientCore", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: strictSettings),
+        .target(name: "BanyanClientCore", dependencies: ["BanyanTree", "BanyanQuery", "BanyanBasics"], swiftSettings: strictSettings),
 
         // MARK: - Test support (pure)
 
@@ -136,9 +136,9 @@ let package = Package(
         .target(
             name: "BanyanClient",
             dependencies: [
-                "BanyanClientCore", "BanyanTree", "BanyanBasics", .product(name: "NIOCore", package: "swift-nio"),
+                "BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"), .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: strictSettings
         ),

@@ -1,7 +1,37 @@
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
+
+/// TLS for `https` databases: the certificates to trust (a PEM bundle, or the system's roots).
+struct ClientTLS: Sendable {
+    let context: NIOSSLContext
+
+    init(trustedCAFile: String?) throws {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        configuration.minimumTLSVersion = .tlsv12
+        if let trustedCAFile {
+            do {
+                configuration.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(trustedCAFile))
+            } catch {
+                throw DatabaseError(code: "invalid_tls", message: "cannot read the trusted certificates in \(trustedCAFile): \(error)")
+            }
+        }
+        do {
+            context = try NIOSSLContext(configuration: configuration)
+        } catch {
+            throw DatabaseError(code: "invalid_tls", message: "cannot set up TLS: \(error)")
+        }
+    }
+
+    /// The handler for a connection to `host`: the name is checked against the certificate
+    /// (an IP address is checked through the chain only: TLS names servers by DNS names).
+    func handler(host: String) throws -> NIOSSLClientHandler {
+        let isAddress = host.contains(":") || host.split(separator: ".").allSatisfy { !$0.isEmpty && $0.allSatisfy(\.isNumber) }
+        return try NIOSSLClientHandler(context: context, serverHostname: isAddress ? nil : host)
+    }
+}
 
 /// One WebSocket connection to a node's `/.ws?v=5` (the driver's transport): opens with the
 /// HTTP upgrade, hands each whole text message to `received`, and reports the end once.
@@ -69,7 +99,7 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
 
     /// Opens a connection; `received` and `ended` run on the channel's event loop.
     static func open(
-        host: String, port: Int, namespace: String, group: any EventLoopGroup, received: @escaping @Sendable ([UInt8]) -> Void,
+        host: String, port: Int, namespace: String, tls: ClientTLS?, group: any EventLoopGroup, received: @escaping @Sendable ([UInt8]) -> Void,
         ended: @escaping @Sendable () -> Void
     ) -> EventLoopFuture<any Channel> {
         let link = WebSocketLink(received: received, ended: ended)
@@ -88,6 +118,13 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
                 )
                 // The server's hello may come in the same read as the 101: forward those bytes to
                 // the WebSocket decoder rather than drop them.
+                if let tls {
+                    do {
+                        try channel.pipeline.syncOperations.addHandler(try tls.handler(host: host))
+                    } catch {
+                        return channel.eventLoop.makeFailedFuture(error)
+                    }
+                }
                 return channel.pipeline.addHTTPClientHandlers(leftOverBytesStrategy: .forwardBytes, withClientUpgrade: config).flatMap {
                     channel.pipeline.addHandler(request)
                 }

@@ -1,39 +1,31 @@
+import BanyanBasics
 import BanyanClientCore
+import BanyanQuery
 import BanyanTree
 public import Foundation
-import BanyanBasics
 import NIOCore
 import NIOPosix
 import NIOWebSocket
 
-/// An error as Firebase reports it to completion and cancel blocks: its code
-/// (`permission_denied`, `disconnected`, `invalid_path`, …) and message.
-public struct DatabaseError: Error, Sendable, Equatable, CustomStringConvertible {
-    public let code: String
-    public let message: String
-    public init(code: String, message: String) {
-        self.code = code
-        self.message = message
-    }
-    public var description: String { message.isEmpty ? code : "\(code): \(message)" }
-}
-
-/// Event types (this version raises `.value`; child events come next, docs/swift-sdk.md).
-public enum DataEventType: Sendable {
-    case value
-}
-
 /// A database: one realtime connection to a node of the cluster (failing over across `nodes`),
 /// the client core's state, and the queue callbacks run on (docs/swift-sdk.md).
+///
+/// Threads: the core and the connection live on one event loop of the database's own; calls
+/// from any thread hop onto it, and every callback (observers, completions, transactions'
+/// completions) runs on `callbackQueue`, in order. Transaction blocks run on the database's
+/// loop.
 public final class Database: @unchecked Sendable {
     public let namespace: String
     /// Nodes as host and port, in the order failover tries them.
     public let nodes: [(host: String, port: Int)]
+    /// `http` or `https` (then the connection is `wss`).
+    public let scheme: String
     /// Where completion and observer blocks run (set it before the first call).
     public var callbackQueue: DispatchQueue
 
     private let group: MultiThreadedEventLoopGroup
     private let loop: any EventLoop
+    private let tls: ClientTLS?
     // Confined to `loop`:
     private var core: ClientCore
     private var channel: (any Channel)?
@@ -41,34 +33,49 @@ public final class Database: @unchecked Sendable {
     private var joiner = ClientFrameJoiner()
     private var observers: [UInt64: Observer] = [:]
     private var writeBlocks: [UInt64: @Sendable (DatabaseError?) -> Void] = [:]
+    private var transactionBlocks: [UInt64: @Sendable (ClientCore.TransactionOutcome) -> Void] = [:]
     private var getBlocks: [UInt64: @Sendable (Result<Tree, DatabaseError>) -> Void] = [:]
     private var pushIDs: PushIDGenerator
     private let ids = IDSource()
     private var ticker: RepeatedTask?
     private var lastKeepAlive: Int64 = 0
+    private var authRevokedBlock: (@Sendable (DatabaseError) -> Void)?
 
     struct Observer {
-        var reference: DatabaseReference
-        var block: @Sendable (DataSnapshot) -> Void
-        var cancel: (@Sendable (DatabaseError) -> Void)?
+        var query: DatabaseQuery
+        var type: DataEventType
+        var block: @Sendable (DataSnapshot, String?) -> Void
+        var cancel: (@Sendable (any Error) -> Void)?
         var once: Bool
     }
 
     /// `url`: a node's address as the Firebase emulator is given, `http://host:port?ns=name`
-    /// (the namespace defaults to `default`); `nodes`: the other nodes (`host:port`) to fail
-    /// over to. `authToken`: a credential for the connection (the emulator's `owner`, or a token).
-    public init(url: String, nodes more: [String] = [], authToken: String? = nil, callbackQueue: DispatchQueue? = nil) throws {
-        guard let components = URLComponents(string: url), let host = components.host, let port = components.port else {
-            throw DatabaseError(code: "invalid_url", message: "expected http://host:port?ns=name, got \(url)")
+    /// (`https://` for a node that serves TLS to clients; the namespace defaults to `default`);
+    /// `nodes`: the other nodes (`host:port`) to fail over to. `authToken`: a credential for the
+    /// connection (the emulator's `owner`, or a token). `trustedCAFile`: PEM certificates to
+    /// trust for `https` (the cluster's CA, `banyan-data/certs/ca.pem` for development
+    /// certificates); the system's roots when nil.
+    public init(
+        url: String, nodes more: [String] = [], authToken: String? = nil, callbackQueue: DispatchQueue? = nil, trustedCAFile: String? = nil
+    ) throws {
+        guard let components = URLComponents(string: url), let host = components.host, let scheme = components.scheme?.lowercased(),
+            scheme == "http" || scheme == "https"
+        else {
+            throw DatabaseError(code: "invalid_url", message: "expected http(s)://host:port?ns=name, got \(url)")
         }
-        namespace = components.queryItems?.first(where: { $0.name == "ns" })?.value ?? "default"
+        let port = components.port ?? (scheme == "https" ? 443 : 80)
+        namespace = components.queryItems?.first(where: { $0.name == "ns" })?.value ?? host.split(separator: ".").first.map(String.init) ?? "default"
+        self.scheme = scheme
         var list = [(host, port)]
         for n in more {
-            let parts = n.split(separator: ":")
-            guard parts.count == 2, let p = Int(parts[1]) else { throw DatabaseError(code: "invalid_url", message: "a node is host:port, got \(n)") }
-            if !list.contains(where: { $0.0 == String(parts[0]) && $0.1 == p }) { list.append((String(parts[0]), p)) }
+            guard let colon = n.lastIndex(of: ":"), let p = Int(n[n.index(after: colon)...]), p > 0, p < 65536 else {
+                throw DatabaseError(code: "invalid_url", message: "a node is host:port, got \(n)")
+            }
+            let h = String(n[..<colon])
+            if !list.contains(where: { $0.0 == h && $0.1 == p }) { list.append((h, p)) }
         }
         nodes = list
+        tls = scheme == "https" ? try ClientTLS(trustedCAFile: trustedCAFile) : nil
         self.callbackQueue = callbackQueue ?? DispatchQueue(label: "banyan.database.callbacks")
         group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         loop = group.next()
@@ -85,16 +92,40 @@ public final class Database: @unchecked Sendable {
         group.shutdownGracefully(queue: .global()) { _ in }
     }
 
-    /// `Database.database(url:)`: a database for this URL.
-    public static func database(url: String) throws -> Database { try Database(url: url) }
+    private static let shared = SharedDatabases()
+
+    /// `Database.database(url:)`: the database for this URL (one instance per URL, as Firebase
+    /// keeps one).
+    public static func database(url: String) throws -> Database { try shared.database(url: url) }
 
     public func reference() -> DatabaseReference { DatabaseReference(database: self, path: .root) }
 
     public func reference(withPath path: String) -> DatabaseReference { reference().child(path) }
 
+    /// The reference for a full URL of this database (`http://host:port/a/b?ns=name`).
+    public func reference(fromURL url: String) -> DatabaseReference {
+        guard let components = URLComponents(string: url), let host = components.host,
+            nodes.contains(where: { $0.host == host && $0.port == (components.port ?? (scheme == "https" ? 443 : 80)) })
+        else {
+            return DatabaseReference(database: self, path: .root, error: DatabaseError(code: "invalid_url", message: "\(url) is not a location of this database"))
+        }
+        let ns = components.queryItems?.first(where: { $0.name == "ns" })?.value ?? namespace
+        guard ns == namespace else {
+            return DatabaseReference(database: self, path: .root, error: DatabaseError(code: "invalid_url", message: "\(url) names namespace \(ns), not \(namespace)"))
+        }
+        return reference(withPath: components.percentEncodedPath.removingPercentEncoding ?? components.path)
+    }
+
     /// Closes the connection and stays offline (writes queue locally) until `goOnline`.
     public func goOffline() { loop.execute { self.core.goOffline(); self.process() } }
     public func goOnline() { loop.execute { self.core.goOnline(); self.process() } }
+
+    /// Sets (or drops, with nil) the credential the connection uses; sent at once when online.
+    public func setAuthToken(_ token: String?) { loop.execute { self.core.setAuthToken(token); self.process() } }
+
+    /// Called (on the callback queue) when the server refuses or revokes the credential: the
+    /// connection goes on unauthenticated until `setAuthToken` gives a fresh one.
+    public func onAuthRevoked(_ block: @escaping @Sendable (DatabaseError) -> Void) { loop.execute { self.authRevokedBlock = block } }
 
     /// Stops the connection and the database's thread (the instance cannot be used after).
     public func shutdown() {
@@ -106,6 +137,12 @@ public final class Database: @unchecked Sendable {
         }
         _ = try? done.wait()
     }
+
+    /// Runs `body` on the database's loop and waits for it (tests and benchmarks read state).
+    func onLoopSync<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T? { try? loop.submit(body).wait() }
+
+    /// Writes not yet answered by the server.
+    public var pendingWriteCount: Int { onLoopSync { self.core.pendingWriteCount } ?? 0 }
 
     // MARK: - The loop
 
@@ -136,30 +173,51 @@ public final class Database: @unchecked Sendable {
                 if let channel { write(message, on: channel) }
             case .disconnect:
                 channel?.close(promise: nil)
-            case let .value(id, tree):
-                guard let observer = observers[id] else { continue }
-                if observer.once {
-                    observers[id] = nil
-                    core.removeObserver(id)
-                }
-                let snapshot = DataSnapshot(reference: observer.reference, tree: tree)
-                callbackQueue.async { observer.block(snapshot) }
+            case let .event(id, event):
+                deliver(id, event)
             case let .cancelled(id, reason):
                 guard let observer = observers.removeValue(forKey: id) else { continue }
-                let error = DatabaseError(code: reason, message: "the listen at \(observer.reference.path) was cancelled")
+                let error = DatabaseError(code: reason.code, message: reason.message.isEmpty ? "the listen at \(observer.query.path) was cancelled" : reason.message)
                 if let cancel = observer.cancel { callbackQueue.async { cancel(error) } }
             case let .completed(id, error):
                 guard let block = writeBlocks.removeValue(forKey: id) else { continue }
                 let e = error.map { DatabaseError(code: $0.code, message: $0.message) }
                 callbackQueue.async { block(e) }
+            case let .transactionCompleted(id, outcome):
+                guard let block = transactionBlocks.removeValue(forKey: id) else { continue }
+                callbackQueue.async { block(outcome) }
             case let .got(id, result):
                 guard let block = getBlocks.removeValue(forKey: id) else { continue }
                 let r = result.mapError { DatabaseError(code: $0.code, message: $0.message) }
                 callbackQueue.async { block(r) }
             case .connected:
                 break
+            case .authRevoked(let error):
+                if let block = authRevokedBlock {
+                    let e = DatabaseError(code: error.code, message: error.message)
+                    callbackQueue.async { block(e) }
+                }
             }
         }
+    }
+
+    private func deliver(_ id: UInt64, _ event: ViewEvent) {
+        guard let observer = observers[id] else { return }
+        if observer.once {
+            observers[id] = nil
+            core.removeObserver(id)
+        }
+        let query = observer.query
+        let snapshot: DataSnapshot
+        if event.kind == .value {
+            snapshot = DataSnapshot(reference: query.ref, tree: event.tree, index: query.params.index)
+        } else {
+            let key = event.key?.string ?? ""
+            snapshot = DataSnapshot(reference: DatabaseReference(database: self, path: query.path.appending(ChildKey(unchecked: key))), tree: event.tree)
+        }
+        let previous = event.previousKey?.string
+        let block = observer.block
+        callbackQueue.async { block(snapshot, previous) }
     }
 
     private func write(_ message: [UInt8], on channel: any Channel) {
@@ -178,7 +236,7 @@ public final class Database: @unchecked Sendable {
         joiner = ClientFrameJoiner()
         let (host, port) = nodes[node % nodes.count]
         let opened = WebSocketLink.open(
-            host: host, port: port, namespace: namespace, group: loop,
+            host: host, port: port, namespace: namespace, tls: tls, group: loop,
             received: { [weak self] message in
                 guard let database = self else { return }
                 database.onLoop { database.linkReceived(message, connection: number) }
@@ -211,7 +269,10 @@ public final class Database: @unchecked Sendable {
     }
 
     private func linkOpened(_ result: Result<any Channel, any Error>, connection number: Int) {
-        guard connectionNumber == number else { return }
+        guard connectionNumber == number else {
+            if case .success(let c) = result { c.close(promise: nil) }
+            return
+        }
         switch result {
         case .success(let c):
             channel = c
@@ -223,47 +284,83 @@ public final class Database: @unchecked Sendable {
         process()
     }
 
-    // MARK: - Calls from references
+    // MARK: - Calls from references and queries
 
-    func set(_ path: Path, json: [UInt8], completion: (@Sendable (DatabaseError?) -> Void)?) {
+    private func writing(_ completion: (@Sendable (DatabaseError?) -> Void)?, _ body: @escaping @Sendable (inout ClientCore, UInt64) throws -> Void) {
         let id = ids.next()
         onLoop {
             if let completion { self.writeBlocks[id] = completion }
             do {
-                try self.core.set(id, path: path, json: json)
+                try body(&self.core, id)
             } catch {
                 self.writeBlocks[id] = nil
                 if let completion { self.callbackQueue.async { completion(DatabaseError(code: "invalid_data", message: "\(error)")) } }
             }
             self.process()
         }
+    }
+
+    func set(_ path: Path, json: [UInt8], completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in try core.set(id, path: path, json: json) }
+    }
+
+    func setPriority(_ path: Path, json: [UInt8], completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in try core.setPriority(id, path: path, json: json) }
     }
 
     func update(_ path: Path, children: [(Path, [UInt8])], completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in try core.update(id, path: path, children: children) }
+    }
+
+    func onDisconnectSet(_ path: Path, json: [UInt8], completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in try core.onDisconnectSet(id, path: path, json: json) }
+    }
+
+    func onDisconnectUpdate(_ path: Path, children: [(Path, [UInt8])], completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in try core.onDisconnectUpdate(id, path: path, children: children) }
+    }
+
+    func onDisconnectCancel(_ path: Path, completion: (@Sendable (DatabaseError?) -> Void)?) {
+        writing(completion) { core, id in core.onDisconnectCancel(id, path: path) }
+    }
+
+    func transaction(
+        _ path: Path, applyLocally: Bool, update: @escaping ClientCore.TransactionUpdate, completion: @escaping @Sendable (ClientCore.TransactionOutcome) -> Void
+    ) {
         let id = ids.next()
         onLoop {
-            if let completion { self.writeBlocks[id] = completion }
-            do {
-                try self.core.update(id, path: path, children: children)
-            } catch {
-                self.writeBlocks[id] = nil
-                if let completion { self.callbackQueue.async { completion(DatabaseError(code: "invalid_data", message: "\(error)")) } }
-            }
+            self.transactionBlocks[id] = completion
+            self.core.transaction(id, path: path, applyLocally: applyLocally, update: update)
             self.process()
         }
     }
 
-    func observe(_ reference: DatabaseReference, once: Bool, block: @escaping @Sendable (DataSnapshot) -> Void, cancel: (@Sendable (DatabaseError) -> Void)?) -> UInt {
+    func observe(
+        _ query: DatabaseQuery, type: DataEventType, once: Bool, block: @escaping @Sendable (DataSnapshot, String?) -> Void,
+        cancel: (@Sendable (any Error) -> Void)?
+    ) -> DatabaseHandle {
         let id = ids.next()
+        let params = query.params
+        let path = query.path
         onLoop {
-            self.observers[id] = Observer(reference: reference, block: block, cancel: cancel, once: once)
-            self.core.observe(id, path: reference.path)
+            self.observers[id] = Observer(query: query, type: type, block: block, cancel: cancel, once: once)
+            self.core.observe(id, path: path, params: params, type: Self.coreType(type))
             self.process()
         }
-        return UInt(id)
+        return DatabaseHandle(id)
     }
 
-    func removeObserver(_ handle: UInt) {
+    static func coreType(_ type: DataEventType) -> ClientCore.EventType {
+        switch type {
+        case .value: .value
+        case .childAdded: .childAdded
+        case .childChanged: .childChanged
+        case .childRemoved: .childRemoved
+        case .childMoved: .childMoved
+        }
+    }
+
+    func removeObserver(_ handle: DatabaseHandle) {
         onLoop {
             self.observers[UInt64(handle)] = nil
             self.core.removeObserver(UInt64(handle))
@@ -271,9 +368,9 @@ public final class Database: @unchecked Sendable {
         }
     }
 
-    func removeAllObservers(at path: Path) {
+    func removeAllObservers(path: Path, query: String) {
         onLoop {
-            for (id, o) in self.observers where o.reference.path == path {
+            for (id, o) in self.observers where o.query.path == path && o.query.params.identifier == query {
                 self.observers[id] = nil
                 self.core.removeObserver(id)
             }
@@ -281,11 +378,18 @@ public final class Database: @unchecked Sendable {
         }
     }
 
-    func get(_ path: Path, completion: @escaping @Sendable (Result<Tree, DatabaseError>) -> Void) {
+    func keepSynced(_ path: Path, _ on: Bool) {
+        onLoop {
+            self.core.keepSynced(path, on)
+            self.process()
+        }
+    }
+
+    func get(_ path: Path, params: QueryParams, completion: @escaping @Sendable (Result<Tree, DatabaseError>) -> Void) {
         let id = ids.next()
         onLoop {
             self.getBlocks[id] = completion
-            self.core.get(id, path: path)
+            self.core.get(id, path: path, params: params)
             self.process()
         }
     }
@@ -302,4 +406,18 @@ final class IDSource: @unchecked Sendable {
     private var value: UInt64 = 0
     func next() -> UInt64 { lock.withLock { value += 1; return value } }
     func withLock<T>(_ body: () -> T) -> T { lock.withLock(body) }
+}
+
+/// The instances `Database.database(url:)` hands out, one per URL.
+final class SharedDatabases: @unchecked Sendable {
+    private let lock = NSLock()
+    private var instances: [String: Database] = [:]
+    func database(url: String) throws -> Database {
+        try lock.withLock {
+            if let d = instances[url] { return d }
+            let d = try Database(url: url)
+            instances[url] = d
+            return d
+        }
+    }
 }

@@ -1,21 +1,44 @@
 public import BanyanBasics
+public import BanyanQuery
 public import BanyanTree
 
-/// One database's client state (docs/swift-sdk.md): the connection's state, the writes waiting
-/// for the server, the listened locations with the server's data, and the value observers. Pure:
-/// the driver feeds it the connection's events and the API's calls, and carries out the actions
-/// it returns (send a message, open a connection, deliver events, complete writes).
+/// One database's client state (docs/swift-sdk.md): the connection, the server's data the client
+/// holds, the writes waiting for the server, the views that observers watch, transactions and
+/// onDisconnect registrations. Pure: the driver feeds it the connection's events, the clock and
+/// the API's calls, and carries out the actions it returns (open a connection, send a message,
+/// deliver events, complete writes).
 ///
 /// What it guarantees:
-/// - A local write raises value events at once (latency compensation) and is reconciled when the
-///   server answers: an `ok` keeps the view; a refusal removes the write and the view reverts.
-/// - Writes go to the server in the order they were made and are sent again, in order, on a new
-///   connection until they are answered (at least once; exactly once needs the server's session
-///   numbers, docs/swift-sdk.md).
-/// - Listens are sent again on every new connection; observers see a value only when it changed.
+/// - A local write raises events at once (latency compensation) and is reconciled when the server
+///   answers: an `ok` keeps the view (the server's echo arrived before it); a refusal removes the
+///   write and the view reverts, with the events that undo it.
+/// - Writes go to the server in the order they were made, and are sent again in order on every new
+///   connection until answered.
+/// - Every view is a location and a query; observers of one view share it. A view raises child
+///   events (in Firebase's order: removed, added, moved, changed) whenever its data changes, and
+///   `value` once its data is known (a complete listen, or a local write covering it) and after
+///   every change.
+/// - Listens are sent again on every new connection; filtered queries (a range or a limit) are
+///   tagged listens with data of their own, and queries that load all data share the location's
+///   plain listen and are filtered locally.
 public struct ClientCore: Sendable {
     public typealias ObserverID = UInt64
     public typealias WriteID = UInt64
+
+    /// The kinds of events an observer can ask for.
+    public enum EventType: Int, Sendable, Hashable, CaseIterable {
+        case value, childAdded, childChanged, childRemoved, childMoved
+
+        init(_ kind: ViewEvent.Kind) {
+            switch kind {
+            case .value: self = .value
+            case .childAdded: self = .childAdded
+            case .childChanged: self = .childChanged
+            case .childRemoved: self = .childRemoved
+            case .childMoved: self = .childMoved
+            }
+        }
+    }
 
     public enum Action: Sendable, Equatable {
         /// Open a connection to the node at this index of the node list.
@@ -24,16 +47,22 @@ public struct ClientCore: Sendable {
         case send([UInt8])
         /// Close the current connection.
         case disconnect
-        /// The value of an observer's location changed (or is known for the first time).
-        case value(ObserverID, Tree)
-        /// An observer was cancelled (its listen was revoked), with the reason.
-        case cancelled(ObserverID, String)
-        /// A write was answered: nil on success, else the server's error code and message.
+        /// An event for an observer: the event's tree is the child's (child events) or the view's
+        /// (value).
+        case event(ObserverID, ViewEvent)
+        /// An observer was cancelled (its listen was refused or revoked), with the reason.
+        case cancelled(ObserverID, WriteError)
+        /// A write (set, update, priority, onDisconnect call) was answered: nil on success.
         case completed(WriteID, WriteError?)
+        /// A transaction finished.
+        case transactionCompleted(WriteID, TransactionOutcome)
         /// A one-time read (`getData`) was answered.
         case got(UInt64, Result<Tree, WriteError>)
-        /// The connection state changed (for `.info/connected`).
+        /// The connection state changed (`.info/connected`).
         case connected(Bool)
+        /// The server refused or revoked the credential; the connection goes on unauthenticated
+        /// (the driver may fetch a fresh token and call `setAuthToken`).
+        case authRevoked(WriteError)
     }
 
     public struct WriteError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -46,6 +75,38 @@ public struct ClientCore: Sendable {
         public var description: String { message.isEmpty ? code : "\(code): \(message)" }
     }
 
+    /// What a transaction's update function decided.
+    public enum TransactionDecision: Sendable {
+        /// Write this value (JSON, export format and server values allowed).
+        case commit([UInt8])
+        /// Stop: nothing is written.
+        case abort
+        /// The function produced data that cannot be stored: the transaction fails with
+        /// `invalid_data` and this reason.
+        case invalid(String)
+    }
+
+    /// How a transaction ended: an error (nil when it committed or was aborted by its function),
+    /// whether it committed, and the data at its location then.
+    public struct TransactionOutcome: Sendable, Equatable {
+        public var error: WriteError?
+        public var committed: Bool
+        public var snapshot: Tree
+        public init(error: WriteError?, committed: Bool, snapshot: Tree) {
+            self.error = error
+            self.committed = committed
+            self.snapshot = snapshot
+        }
+    }
+
+    /// A transaction's update function: called with the current data at its location.
+    public typealias TransactionUpdate = @Sendable (Tree) -> TransactionDecision
+
+    /// The most times a transaction runs again after the server found its data stale.
+    public static let maxTransactionRetries = 25
+
+    // MARK: - State
+
     enum Connection: Sendable, Equatable {
         case offline
         case connecting(node: Int)
@@ -53,28 +114,89 @@ public struct ClientCore: Sendable {
         case waiting(until: Int64, node: Int)
     }
 
+    /// One change a write makes to the local view.
+    enum Change: Sendable {
+        case set(Path, Tree)
+        case priority(Path, Priority)
+
+        var path: Path {
+            switch self {
+            case .set(let p, _), .priority(let p, _): p
+            }
+        }
+    }
+
     struct PendingWrite: Sendable {
         var id: WriteID
         var request: ClientRequest
-        /// The write as the local view applies it: (location, value) pairs.
-        var changes: [(Path, Tree)]
+        var changes: [Change]
+        /// Shown in local views (a transaction run without local events is not).
+        var visible: Bool
+        var isTransaction: Bool
         /// The request number it was last sent under (nil: not sent on this connection).
         var sentAs: Int64?
     }
 
+    /// What a listen is: the plain location, or a filtered query with a tag.
+    struct ListenKey: Hashable, Sendable, Comparable {
+        var path: Path
+        /// `"default"` for a plain listen, else the query's identifier.
+        var query: String
+        var isPlain: Bool { query == "default" }
+        static func < (a: ListenKey, b: ListenKey) -> Bool { a.path != b.path ? a.path < b.path : a.query < b.query }
+    }
+
     struct Listen: Sendable {
-        var cache: Tree = .empty
-        /// The server's data arrived (or the listen was answered) on some connection.
+        var params: QueryParams
+        var tag: Int?
+        /// Views, kept-synced locations and transactions that need it.
+        var users: Int
+        /// The server answered it (or sent the whole location).
         var complete = false
-        var observers: [ObserverID: Tree?] = [:]
+        /// A tagged listen's own data at its location (plain listens share `server`).
+        var cache: Tree = .empty
         var sentAs: Int64?
+    }
+
+    /// A view: a location and a query that observers watch; its `QueryView` holds what the
+    /// observers were last shown.
+    struct ViewKey: Hashable, Sendable, Comparable {
+        var path: Path
+        var query: String
+        static func < (a: ViewKey, b: ViewKey) -> Bool { a.path != b.path ? a.path < b.path : a.query < b.query }
+    }
+
+    struct View: Sendable {
+        var params: QueryParams
+        var listen: ListenKey?
+        var shown: QueryView
+        var observers: [ObserverID: EventType] = [:]
+        /// A value event was raised (the view's data was known at least once).
+        var valueRaised = false
+    }
+
+    struct Transaction: Sendable {
+        var path: Path
+        var update: TransactionUpdate
+        var applyLocally: Bool
+        var retries = 0
+        /// A set or update overlapping it was made after it started: it does not run again.
+        var overridden = false
+    }
+
+    enum OnDisconnectOp: Sendable {
+        case set(Path, JSONValue)
+        case update(Path, [(Path, JSONValue)])
+        case cancel(Path)
     }
 
     enum Outstanding: Sendable {
         case write(WriteID)
-        case listen(Path)
-        case get(UInt64, Path)
+        case listen(ListenKey)
+        case get(UInt64)
+        case onDisconnect(WriteID, OnDisconnectOp)
         case auth
+        case ignored
     }
 
     public let nodeCount: Int
@@ -83,9 +205,21 @@ public struct ClientCore: Sendable {
     private var nextRequest: Int64 = 1
     private var outstanding: [Int64: Outstanding] = [:]
     private var writes: [PendingWrite] = []
-    private var listens: [Path: Listen] = [:]
-    private var observerPaths: [ObserverID: Path] = [:]
-    private var gets: [UInt64: Path] = [:]
+    private var listens: [ListenKey: Listen] = [:]
+    private var tags: [Int: ListenKey] = [:]
+    private var nextTag = 1
+    /// The server's data for plain listens (sparse: only listened locations are meaningful).
+    private var server: Tree = .empty
+    private var views: [ViewKey: View] = [:]
+    private var observerViews: [ObserverID: ViewKey] = [:]
+    private var gets: [UInt64: (path: Path, params: QueryParams)] = [:]
+    private var transactions: [WriteID: Transaction] = [:]
+    private var keptSynced: Set<Path> = []
+    /// onDisconnect calls made while offline, sent on the next connection.
+    private var queuedOnDisconnect: [(WriteID, OnDisconnectOp)] = []
+    /// The onDisconnect writes the server accepted on this connection, applied locally when it
+    /// ends (as the server applies them).
+    private var onDisconnectLocal = OnDisconnectTree()
     private var random: SeededRandom
     private var failures = 0
     private var authToken: String?
@@ -94,6 +228,8 @@ public struct ClientCore: Sendable {
     public private(set) var sessionID: String?
     private var clockMillis: Int64 = 0
     private var actions: [Action] = []
+    /// Counters sent to the server once per connection (`s`).
+    public var stats: [(String, Int64)] = [("sdk.swift.banyan", 1)]
 
     public init(nodeCount: Int, seed: UInt64, authToken: String? = nil) {
         self.nodeCount = max(1, nodeCount)
@@ -105,6 +241,9 @@ public struct ClientCore: Sendable {
         if case .online = connection { return true }
         return false
     }
+
+    /// Writes not yet answered by the server (sets, updates, priorities and transactions).
+    public var pendingWriteCount: Int { writes.count }
 
     private mutating func emit(_ a: Action) { actions.append(a) }
 
@@ -147,19 +286,32 @@ public struct ClientCore: Sendable {
         case .offline: node = 0
         }
         let wasOnline = isOnline
+        let lost = outstanding
         outstanding.removeAll()
         for i in writes.indices { writes[i].sentAs = nil }
         for key in listens.keys { listens[key]?.sentAs = nil }
-        // A read in flight is asked again on the next connection.
-        if wasOnline { emit(.connected(false)) }
-        guard wantOnline else {
-            connection = .offline
-            return
+        if wasOnline {
+            // onDisconnect calls in flight: their registration died with the connection (if it
+            // was made, the server ran it as the connection ended).
+            for number in lost.keys.sorted() {
+                if case .onDisconnect(let id, _)? = lost[number] {
+                    emit(.completed(id, WriteError(code: "disconnected", message: "The connection ended before the server answered")))
+                }
+            }
         }
-        failures += 1
-        let base = min(30_000, 300 << min(failures, 7))
-        let jitter = Int64(random.next() % UInt64(base / 2 + 1))
-        connection = .waiting(until: clockMillis + Int64(base / 2) + jitter, node: (node + 1) % nodeCount)
+        if wantOnline {
+            failures += 1
+            let base = min(30_000, 300 << min(failures, 7))
+            let jitter = Int64(random.next() % UInt64(base / 2 + 1))
+            connection = .waiting(until: clockMillis + Int64(base / 2) + jitter, node: (node + 1) % nodeCount)
+        } else {
+            connection = .offline
+        }
+        if wasOnline {
+            runLocalOnDisconnect()
+            emit(.connected(false))
+            refreshInfo()
+        }
     }
 
     /// A whole message from the server.
@@ -179,24 +331,49 @@ public struct ClientCore: Sendable {
             failures = 0
             sessionID = session
             if timestamp > 0 { serverTimeOffset = timestamp - clockMillis }
+            onDisconnectLocal = OnDisconnectTree()
             emit(.connected(true))
+            refreshInfo()
+            if !stats.isEmpty { send(.stats(stats), as: .ignored) }
             if let token = authToken { send(.auth(token: token), as: .auth) }
-            for path in listens.keys.sorted() { sendListen(path) }
+            for key in listens.keys.sorted() { sendListen(key) }
             for i in writes.indices { sendWrite(i) }
-            for (id, path) in gets.sorted(by: { $0.key < $1.key }) { send(.get(path: path), as: .get(id, path)) }
+            for (id, op) in queuedOnDisconnect { sendOnDisconnect(id, op) }
+            queuedOnDisconnect = []
+            for id in gets.keys.sorted() { sendGet(id) }
         case let .response(number, status, data):
             guard let what = outstanding.removeValue(forKey: number) else { return }
             answered(what, status: status, data: data)
-        case let .data(path, json):
-            serverData(at: path, json: json, merge: nil)
-        case let .merge(path, children):
-            serverData(at: path, json: nil, merge: children)
-        case .listenRevoked(let path):
-            guard let listen = listens.removeValue(forKey: path) else { return }
-            for id in listen.observers.keys.sorted() {
-                observerPaths[id] = nil
-                emit(.cancelled(id, "permission_denied"))
+        case let .data(path, json, tag):
+            guard let value = try? TreeReader.read(json, at: path, limits: .snapshot) else { return }
+            serverData(at: path, changes: [(path, value)], tag: tag, whole: true)
+        case let .merge(path, children, tag):
+            var changes: [(Path, Tree)] = []
+            for (relative, data) in children {
+                let at = path.appending(relative)
+                guard let value = try? TreeReader.read(data, at: at, limits: .snapshot) else { return }
+                changes.append((at, value))
             }
+            serverData(at: path, changes: changes, tag: tag, whole: false)
+        case let .listenRevoked(path, queries):
+            var keys: [ListenKey] = []
+            if let queries {
+                for q in queries {
+                    if let params = try? QueryParams(wire: q) { keys.append(ListenKey(path: path, query: params.identifier)) }
+                }
+            } else {
+                keys.append(ListenKey(path: path, query: "default"))
+            }
+            keys = keys.filter { listens[$0] != nil }
+            // A cancel naming nothing this client holds cancels every listen at the path (as
+            // the Android and iOS SDKs do).
+            if keys.isEmpty { keys = listens.keys.filter { $0.path == path }.sorted() }
+            for key in keys { failListen(key, WriteError(code: "permission_denied", message: "Permission denied")) }
+        case let .authRevoked(status, reason):
+            authToken = nil
+            emit(.authRevoked(WriteError(code: status, message: reason)))
+            // The SDKs close and reconnect, so the new connection starts with a fresh token.
+            emit(.disconnect)
         case .reset:
             // Reconnect (the driver picks the node from the list; the host is a hint).
             emit(.disconnect)
@@ -207,12 +384,15 @@ public struct ClientCore: Sendable {
         }
     }
 
-    // MARK: - Going offline and online
+    // MARK: - Going offline and online, credentials
 
     public mutating func goOffline() {
         wantOnline = false
-        if case .online = connection { emit(.disconnect) } else if case .connecting = connection { emit(.disconnect) }
-        if case .waiting = connection { connection = .offline }
+        switch connection {
+        case .online, .connecting: emit(.disconnect)
+        case .waiting: connection = .offline
+        case .offline: break
+        }
     }
 
     public mutating func goOnline() {
@@ -221,26 +401,60 @@ public struct ClientCore: Sendable {
         if case .waiting(_, let node) = connection { connection = .waiting(until: clockMillis, node: node) }
     }
 
+    /// Sets (or, with nil, drops) the connection's credential; sent at once when online.
+    public mutating func setAuthToken(_ token: String?) {
+        let changed = token != authToken
+        authToken = token
+        guard changed, isOnline else { return }
+        if let token { send(.auth(token: token), as: .auth) } else { send(.unauth, as: .ignored) }
+    }
+
     // MARK: - Writes
 
     /// `setValue`: `json` is the value's JSON (export format and server values allowed).
     public mutating func set(_ id: WriteID, path: Path, json: [UInt8]) throws(TreeError) {
         let value = try localValue(json, at: path)
-        writes.append(PendingWrite(id: id, request: .put(path: path, data: json), changes: [(path, value)]))
-        sendWrite(writes.count - 1)
-        raiseValues(touching: [path])
+        addWrite(PendingWrite(id: id, request: .put(path: path, data: json), changes: [.set(path, value)], visible: true, isTransaction: false, sentAs: nil))
     }
 
     /// `updateChildValues`: children at relative paths, applied atomically.
     public mutating func update(_ id: WriteID, path: Path, children: [(Path, [UInt8])]) throws(TreeError) {
-        var changes: [(Path, Tree)] = []
+        var changes: [Change] = []
         for (relative, json) in children {
             let at = path.appending(relative)
-            changes.append((at, try localValue(json, at: at)))
+            changes.append(.set(at, try localValue(json, at: at)))
         }
-        writes.append(PendingWrite(id: id, request: .merge(path: path, children: children), changes: changes))
+        addWrite(PendingWrite(id: id, request: .merge(path: path, children: children), changes: changes, visible: true, isTransaction: false, sentAs: nil))
+    }
+
+    /// `setPriority`: `json` is the priority (a number, a string or null).
+    public mutating func setPriority(_ id: WriteID, path: Path, json: [UInt8]) throws(TreeError) {
+        let tree = try TreeReader.read(json, at: path)
+        guard let priority = Priority(tree: tree) else {
+            throw TreeError(.invalidPriority, path: path.description, "Invalid priority: a priority is a number, a string or null")
+        }
+        addWrite(
+            PendingWrite(
+                id: id, request: .put(path: path, data: json, priority: true), changes: [.priority(path, priority)], visible: true, isTransaction: false,
+                sentAs: nil))
+    }
+
+    private mutating func addWrite(_ write: PendingWrite) {
+        // A set or update over a running transaction's location overrides it (Firebase's
+        // `overriddenBySet`).
+        for id in transactions.keys.sorted() {
+            guard let t = transactions[id], write.changes.contains(where: { $0.path.contains(t.path) || t.path.contains($0.path) }) else { continue }
+            if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil, !isOnline {
+                let removed = writes.remove(at: index)
+                refresh(touching: removed.changes.map(\.path))
+                finishTransaction(id, error: WriteError(code: "overriddenBySet", message: "The transaction was overridden by a subsequent set"), committed: false)
+            } else {
+                transactions[id]?.overridden = true
+            }
+        }
+        writes.append(write)
         sendWrite(writes.count - 1)
-        raiseValues(touching: changes.map(\.0))
+        refresh(touching: write.changes.map(\.path))
     }
 
     /// Reads a write's value as the local view shows it: server values resolved with the
@@ -256,52 +470,284 @@ public struct ClientCore: Sendable {
         writes[index].sentAs = number
     }
 
-    // MARK: - Listens
+    // MARK: - Transactions
 
-    /// Starts observing the value at `path`. The observer gets the value once known (at once
-    /// when the location is already synced or a local write covers it), then each change.
-    public mutating func observe(_ id: ObserverID, path: Path) {
-        observerPaths[id] = path
-        var listen = listens[path] ?? Listen()
-        listen.observers[id] = .some(nil)
-        let isNew = listens[path] == nil
-        listens[path] = listen
-        if isNew { sendListen(path) }
-        raiseValues(touching: [path], only: id)
+    /// `runTransactionBlock`: runs `update` on the current data at `path` now, writes its result
+    /// as a compare-and-set, and runs it again on newer data each time the server finds it stale
+    /// (at most `maxTransactionRetries` times). With `applyLocally`, its tentative value raises
+    /// local events.
+    public mutating func transaction(_ id: WriteID, path: Path, applyLocally: Bool, update: @escaping TransactionUpdate) {
+        transactions[id] = Transaction(path: path, update: update, applyLocally: applyLocally)
+        // Its location is listened to, so the server's newer data arrives before a `datastale`.
+        acquire(ListenKey(path: path, query: "default"), params: .default)
+        runTransaction(id)
+    }
+
+    private mutating func runTransaction(_ id: WriteID) {
+        guard let t = transactions[id] else { return }
+        let current = view(at: t.path)
+        // Every outcome refreshes the location first: a rerun's previous attempt was removed.
+        switch t.update(current) {
+        case .abort:
+            refresh(touching: [t.path])
+            finishTransaction(id, error: nil, committed: false)
+        case .invalid(let reason):
+            refresh(touching: [t.path])
+            finishTransaction(id, error: WriteError(code: "invalid_data", message: reason), committed: false)
+        case .commit(let json):
+            let value: Tree
+            do {
+                value = try localValue(json, at: t.path)
+            } catch {
+                refresh(touching: [t.path])
+                finishTransaction(id, error: WriteError(code: "invalid_data", message: error.description), committed: false)
+                return
+            }
+            let write = PendingWrite(
+                id: id, request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)], visible: t.applyLocally,
+                isTransaction: true, sentAs: nil)
+            writes.append(write)
+            sendWrite(writes.count - 1)
+            refresh(touching: [t.path])
+        }
+    }
+
+    private mutating func finishTransaction(_ id: WriteID, error: WriteError?, committed: Bool, snapshot: Tree? = nil) {
+        guard let t = transactions.removeValue(forKey: id) else { return }
+        let data = snapshot ?? view(at: t.path)
+        emit(.transactionCompleted(id, TransactionOutcome(error: error, committed: committed, snapshot: data)))
+        release(ListenKey(path: t.path, query: "default"))
+    }
+
+    // MARK: - onDisconnect
+
+    /// `onDisconnectSetValue` (nil JSON `null` removes).
+    public mutating func onDisconnectSet(_ id: WriteID, path: Path, json: [UInt8]) throws(TreeError) {
+        let value = try JSONValue(parsing: json)
+        _ = try TreeReader.read(json, at: path, serverValues: ServerValueContext(timestamp: clockMillis))
+        requestOnDisconnect(id, .set(path, value))
+    }
+
+    /// `onDisconnectUpdateChildValues`.
+    public mutating func onDisconnectUpdate(_ id: WriteID, path: Path, children: [(Path, [UInt8])]) throws(TreeError) {
+        var list: [(Path, JSONValue)] = []
+        for (relative, json) in children {
+            _ = try TreeReader.read(json, at: path.appending(relative), serverValues: ServerValueContext(timestamp: clockMillis))
+            list.append((relative, try JSONValue(parsing: json)))
+        }
+        requestOnDisconnect(id, .update(path, list))
+    }
+
+    /// `cancelDisconnectOperations`.
+    public mutating func onDisconnectCancel(_ id: WriteID, path: Path) {
+        requestOnDisconnect(id, .cancel(path))
+    }
+
+    private mutating func requestOnDisconnect(_ id: WriteID, _ op: OnDisconnectOp) {
+        if isOnline { sendOnDisconnect(id, op) } else { queuedOnDisconnect.append((id, op)) }
+    }
+
+    private mutating func sendOnDisconnect(_ id: WriteID, _ op: OnDisconnectOp) {
+        let request: ClientRequest
+        switch op {
+        case let .set(path, value):
+            var json: [UInt8] = []
+            value.appendJSON(to: &json)
+            request = .onDisconnectPut(path: path, data: json)
+        case let .update(path, list):
+            request = .onDisconnectMerge(
+                path: path,
+                children: list.map { item in
+                    var json: [UInt8] = []
+                    item.1.appendJSON(to: &json)
+                    return (item.0, json)
+                })
+        case .cancel(let path):
+            request = .onDisconnectCancel(path: path)
+        }
+        send(request, as: .onDisconnect(id, op))
+    }
+
+    /// The connection ended: the server runs the onDisconnect writes it accepted; the local view
+    /// shows them at once (server values resolved with the estimated server time).
+    private mutating func runLocalOnDisconnect() {
+        let entries = onDisconnectLocal.entries
+        onDisconnectLocal = OnDisconnectTree()
+        guard !entries.isEmpty else { return }
+        var changes: [(Path, Tree)] = []
+        for (segments, value) in entries {
+            let path = Path(segments: segments.map { ChildKey(unchecked: $0) })
+            var json: [UInt8] = []
+            value.appendJSON(to: &json)
+            let context = ServerValueContext(timestamp: clockMillis + serverTimeOffset, existing: Tree.empty.setting(server.child(at: path), at: path))
+            guard let tree = try? TreeReader.read(json, at: path, serverValues: context) else { continue }
+            changes.append((path, tree))
+        }
+        for (path, tree) in changes { server.set(tree, at: path) }
+        refresh(touching: changes.map(\.0))
+    }
+
+    // MARK: - Observing
+
+    /// Starts an observer of `type` events on the view of `path` and `params`. It receives the
+    /// view's current events at once (child_added for each child shown, then value when the data
+    /// is known), then each change.
+    public mutating func observe(_ id: ObserverID, path: Path, params: QueryParams = .default, type: EventType) {
+        let key = ViewKey(path: path, query: params.identifier)
+        if views[key] == nil { views[key] = makeView(path: path, params: params) }
+        guard var view = views[key] else { return }
+        view.observers[id] = type
+        observerViews[id] = key
+        let complete = eventCache(key, view).complete
+        if complete { view.valueRaised = true }
+        views[key] = view
+        for event in view.shown.initialEvents() where EventType(event.kind) == type {
+            if event.kind == .value && !complete { continue }
+            emit(.event(id, event))
+        }
+    }
+
+    private mutating func makeView(path: Path, params: QueryParams) -> View {
+        var listen: ListenKey?
+        if path.first?.string != ".info" {
+            let key = ListenKey(path: path, query: params.loadsAllData ? "default" : params.identifier)
+            acquire(key, params: params.loadsAllData ? .default : params)
+            listen = key
+        }
+        let provisional = View(params: params, listen: listen, shown: QueryView(params: params, tree: .empty))
+        let tree = eventCache(ViewKey(path: path, query: params.identifier), provisional).tree
+        return View(params: params, listen: listen, shown: QueryView(params: params, tree: tree))
     }
 
     public mutating func removeObserver(_ id: ObserverID) {
-        guard let path = observerPaths.removeValue(forKey: id), var listen = listens[path] else { return }
-        listen.observers[id] = nil
-        if listen.observers.isEmpty {
-            listens[path] = nil
-            if isOnline { send(.unlisten(path: path), as: nil) }
+        guard let key = observerViews.removeValue(forKey: id), var view = views[key] else { return }
+        view.observers[id] = nil
+        if view.observers.isEmpty {
+            views[key] = nil
+            if let listen = view.listen { release(listen) }
         } else {
-            listens[path] = listen
+            views[key] = view
         }
     }
 
-    /// `getData`: the server's value now (from a synced location when offline).
-    public mutating func get(_ id: UInt64, path: Path) {
-        if !isOnline, let synced = syncedView(at: path) {
-            emit(.got(id, .success(synced)))
+    /// `keepSynced`: keeps the location's data listened to (and so current) with no observer.
+    public mutating func keepSynced(_ path: Path, _ on: Bool) {
+        guard path.first?.string != ".info" else { return }
+        let key = ListenKey(path: path, query: "default")
+        if on, keptSynced.insert(path).inserted {
+            acquire(key, params: .default)
+        } else if !on, keptSynced.remove(path) != nil {
+            release(key)
+        }
+    }
+
+    /// `getData`: the server's data now for `path` and `params` (from a complete view when
+    /// offline).
+    public mutating func get(_ id: UInt64, path: Path, params: QueryParams = .default) {
+        if path.first?.string == ".info" {
+            emit(.got(id, .success(infoTree.child(at: path.droppingFirst))))
             return
         }
-        gets[id] = path
-        if isOnline { send(.get(path: path), as: .get(id, path)) }
+        if !isOnline {
+            let key = ViewKey(path: path, query: params.identifier)
+            let probe = views[key] ?? View(params: params, listen: ListenKey(path: path, query: params.loadsAllData ? "default" : params.identifier), shown: QueryView(params: params, tree: .empty))
+            let cache = eventCache(key, probe)
+            if cache.complete {
+                emit(.got(id, .success(QueryView(params: params, tree: cache.tree).viewTree)))
+                return
+            }
+        }
+        gets[id] = (path, params)
+        sendGet(id)
     }
 
-    private mutating func sendListen(_ path: Path) {
-        guard isOnline else { return }
-        let number = send(.listen(path: path), as: .listen(path))
-        listens[path]?.sentAs = number
+    private mutating func sendGet(_ id: UInt64) {
+        guard isOnline, let (path, params) = gets[id] else { return }
+        send(.get(path: path, query: params.wireObject), as: .get(id))
+    }
+
+    // MARK: - Listens
+
+    private mutating func acquire(_ key: ListenKey, params: QueryParams) {
+        if var listen = listens[key] {
+            listen.users += 1
+            listens[key] = listen
+            return
+        }
+        var listen = Listen(params: params, users: 1)
+        if !key.isPlain {
+            listen.tag = nextTag
+            tags[nextTag] = key
+            nextTag += 1
+        }
+        listens[key] = listen
+        sendListen(key)
+    }
+
+    private mutating func release(_ key: ListenKey) {
+        guard var listen = listens[key] else { return }
+        listen.users -= 1
+        if listen.users > 0 {
+            listens[key] = listen
+            return
+        }
+        listens[key] = nil
+        if let tag = listen.tag { tags[tag] = nil }
+        if isOnline { send(.unlisten(path: key.path, query: listen.tag == nil ? nil : listen.params.wireObject, tag: listen.tag), as: .ignored) }
+        if key.isPlain { prune(key.path) }
+    }
+
+    /// Forgets the server's data at `path` that no remaining complete plain listen keeps current.
+    private mutating func prune(_ path: Path) {
+        if isPlainComplete(path) { return }
+        var keep: [(Path, Tree)] = []
+        for (key, listen) in listens where key.isPlain && path.contains(key.path) && listen.complete {
+            keep.append((key.path, server.child(at: key.path)))
+        }
+        server.set(.empty, at: path)
+        for (p, tree) in keep { server.set(tree, at: p) }
+    }
+
+    private mutating func sendListen(_ key: ListenKey) {
+        guard isOnline, let listen = listens[key] else { return }
+        let tagged = listen.tag != nil
+        let number = send(
+            .listen(path: key.path, query: tagged ? listen.params.wireObject : nil, tag: listen.tag, hash: ""), as: .listen(key))
+        listens[key]?.sentAs = number
+    }
+
+    /// A listen was refused or revoked: its views' observers are cancelled.
+    private mutating func failListen(_ key: ListenKey, _ error: WriteError) {
+        guard let listen = listens.removeValue(forKey: key) else { return }
+        if let tag = listen.tag { tags[tag] = nil }
+        for viewKey in views.keys.sorted() where views[viewKey]?.listen == key {
+            guard let view = views.removeValue(forKey: viewKey) else { continue }
+            for id in view.observers.keys.sorted() {
+                observerViews[id] = nil
+                emit(.cancelled(id, error))
+            }
+        }
+        if key.isPlain {
+            keptSynced.remove(key.path)
+            for id in transactions.keys.sorted() where transactions[id]?.path == key.path {
+                // Its listen is gone; the transaction ends with the listen's error.
+                if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil {
+                    let removed = writes.remove(at: index)
+                    refresh(touching: removed.changes.map(\.path))
+                }
+                if let t = transactions.removeValue(forKey: id) {
+                    emit(.transactionCompleted(id, TransactionOutcome(error: error, committed: false, snapshot: view(at: t.path))))
+                }
+            }
+            prune(key.path)
+        }
     }
 
     @discardableResult
-    private mutating func send(_ request: ClientRequest, as what: Outstanding?) -> Int64 {
+    private mutating func send(_ request: ClientRequest, as what: Outstanding) -> Int64 {
         let number = nextRequest
         nextRequest += 1
-        if let what { outstanding[number] = what }
+        outstanding[number] = what
         emit(.send(request.body(number: number)))
         return number
     }
@@ -309,35 +755,80 @@ public struct ClientCore: Sendable {
     // MARK: - Answers and data
 
     private mutating func answered(_ what: Outstanding, status: String, data: [UInt8]) {
+        let error = status == "ok" ? nil : WriteError(code: status, message: Self.text(data))
         switch what {
         case .write(let id):
             guard let index = writes.firstIndex(where: { $0.id == id }) else { return }
             let write = writes.remove(at: index)
-            let error = status == "ok" ? nil : WriteError(code: status, message: Self.text(data))
-            if error != nil { raiseValues(touching: write.changes.map(\.0)) }
-            emit(.completed(id, error))
-        case .listen(let path):
-            guard var listen = listens[path] else { return }
-            if status == "ok" {
-                listen.complete = true
-                listens[path] = listen
-                raiseValues(touching: [path])
+            if write.isTransaction {
+                transactionAnswered(id, write: write, error: error)
             } else {
-                listens[path] = nil
-                for id in listen.observers.keys.sorted() {
-                    observerPaths[id] = nil
-                    emit(.cancelled(id, status))
+                if error != nil { refresh(touching: write.changes.map(\.path)) }
+                emit(.completed(id, error))
+            }
+        case .listen(let key):
+            guard var listen = listens[key] else { return }
+            if let error {
+                failListen(key, error)
+                return
+            }
+            let wasComplete = listen.complete
+            listen.complete = true
+            listens[key] = listen
+            if !wasComplete { refresh(touching: [key.path], whole: true) }
+        case .get(let id):
+            guard let (path, params) = gets.removeValue(forKey: id) else { return }
+            if error == nil, let tree = try? TreeReader.read(data, at: path, limits: .snapshot) {
+                emit(.got(id, .success(params.isDefault ? tree : QueryView(params: params, tree: tree).viewTree)))
+            } else {
+                emit(.got(id, .failure(error ?? WriteError(code: "invalid_data", message: "The server's answer could not be read"))))
+            }
+        case let .onDisconnect(id, op):
+            if error == nil {
+                switch op {
+                case let .set(path, value): onDisconnectLocal.set(path.segments.map(\.string), value)
+                case let .update(path, list): onDisconnectLocal.update(path.segments.map(\.string), list.map { ($0.0.segments.map(\.string), $0.1) })
+                case .cancel(let path): onDisconnectLocal.cancel(path.segments.map(\.string))
                 }
             }
-        case let .get(id, path):
-            gets[id] = nil
-            if status == "ok", let tree = try? TreeReader.read(data, at: path) {
-                emit(.got(id, .success(tree)))
-            } else {
-                emit(.got(id, .failure(WriteError(code: status == "ok" ? "invalid_data" : status, message: Self.text(data)))))
-            }
+            emit(.completed(id, error))
         case .auth:
+            if let error {
+                authToken = nil
+                emit(.authRevoked(error))
+            }
+        case .ignored:
             break
+        }
+    }
+
+    private mutating func transactionAnswered(_ id: WriteID, write: PendingWrite, error: WriteError?) {
+        guard let t = transactions[id] else { return }
+        if error == nil {
+            // The server's echo came before the answer: the view holds the committed data (the
+            // value sent stands in when the location's data is not complete).
+            var committed = view(at: t.path)
+            if !isPlainComplete(t.path), case .set(_, let sent)? = write.changes.first { committed = sent }
+            refresh(touching: [t.path])
+            finishTransaction(id, error: nil, committed: true, snapshot: committed)
+            return
+        }
+        let stale = error?.code == "datastale"
+        let retries = t.retries + 1
+        if stale, !t.overridden, retries < Self.maxTransactionRetries {
+            // Runs again on the data the server sent before its answer; one refresh shows the
+            // step from the old tentative value to the new one.
+            transactions[id]?.retries = retries
+            runTransaction(id)
+            return
+        }
+        refresh(touching: write.changes.map(\.path))
+        if !stale {
+            finishTransaction(id, error: error, committed: false)
+        } else if t.overridden {
+            finishTransaction(id, error: WriteError(code: "overriddenBySet", message: "The transaction was overridden by a subsequent set"), committed: false)
+        } else {
+            finishTransaction(id, error: WriteError(code: "maxretries", message: "The transaction had too many retries"), committed: false)
         }
     }
 
@@ -346,98 +837,134 @@ public struct ClientCore: Sendable {
         return String(decoding: json, as: UTF8.self)
     }
 
-    /// Server data at an absolute path: every listen whose location it overlaps takes it into
-    /// its cache.
-    private mutating func serverData(at path: Path, json: [UInt8]?, merge: [(Path, [UInt8])]?) {
-        var changes: [(Path, Tree)] = []
-        if let json {
-            guard let value = try? TreeReader.read(json, at: path, limits: .snapshot) else { return }
-            changes = [(path, value)]
-        } else if let merge {
-            for (relative, data) in merge {
-                let at = path.appending(relative)
-                guard let value = try? TreeReader.read(data, at: at, limits: .snapshot) else { return }
-                changes.append((at, value))
-            }
-        }
-        for key in listens.keys {
-            guard var listen = listens[key] else { continue }
-            var touched = false
+    /// Server data: `changes` are (absolute path, value) pairs below `path`; `whole` when `path`
+    /// itself was replaced (a `d` push).
+    private mutating func serverData(at path: Path, changes: [(Path, Tree)], tag: Int?, whole: Bool) {
+        if let tag {
+            guard let key = tags[tag], var listen = listens[key] else { return }
             for (at, value) in changes {
-                if let below = key.relative(at) {
+                if let below = key.path.relative(at) {
                     listen.cache.set(value, at: below)
-                    touched = true
-                } else if let above = at.relative(key) {
+                } else if let above = at.relative(key.path) {
                     listen.cache = value.child(at: above)
-                    touched = true
                 }
             }
-            if touched {
-                if json != nil, changes.first.map({ $0.0.contains(key) }) == true { listen.complete = true }
-                listens[key] = listen
+            if whole, path.contains(key.path) { listen.complete = true }
+            listens[key] = listen
+            refresh(touching: changes.map(\.0))
+            return
+        }
+        for (at, value) in changes { server.set(value, at: at) }
+        if whole {
+            // The whole location arrived: every plain listen at or below it is complete.
+            var completed: [Path] = []
+            for (key, listen) in listens where key.isPlain && path.contains(key.path) && !listen.complete {
+                listens[key]?.complete = true
+                completed.append(key.path)
+            }
+            if !completed.isEmpty {
+                refresh(touching: completed, whole: true)
+                return
             }
         }
-        raiseValues(touching: changes.map(\.0))
+        refresh(touching: changes.map(\.0))
     }
 
     // MARK: - Views
 
-    /// The server's data at `path` from the listen that covers it, when one is complete.
-    private func syncedView(at path: Path) -> Tree? {
-        for (key, listen) in listens where listen.complete {
-            if let below = key.relative(path) { return overlay(listen.cache.child(at: below), at: path) }
-        }
-        return nil
+    private func isPlainComplete(_ path: Path) -> Bool {
+        listens.contains { $0.key.isPlain && $0.value.complete && $0.key.path.contains(path) }
     }
 
-    /// The local view at `path`: the server's data (from a covering listen) with the pending
-    /// writes applied in order.
-    func view(at path: Path) -> Tree {
-        var base = Tree.empty
-        for (key, listen) in listens {
-            if let below = key.relative(path) {
-                base = listen.cache.child(at: below)
-                break
-            }
+    /// What a view shows, before its query: the server's data at its location (the plain
+    /// listens' when complete there, else its tagged listen's) with the pending writes applied,
+    /// and whether it is known.
+    private func eventCache(_ key: ViewKey, _ view: View) -> (tree: Tree, complete: Bool) {
+        if key.path.first?.string == ".info" { return (infoTree.child(at: key.path.droppingFirst), true) }
+        var base: Tree
+        var complete: Bool
+        if isPlainComplete(key.path) {
+            base = server.child(at: key.path)
+            complete = true
+        } else if let listenKey = view.listen, !listenKey.isPlain, let listen = listens[listenKey] {
+            base = listen.cache
+            complete = listen.complete
+        } else {
+            base = server.child(at: key.path)
+            complete = false
         }
-        return overlay(base, at: path)
+        base = overlay(base, at: key.path)
+        if !complete { complete = coveredByWrite(key.path) }
+        return (base, complete)
+    }
+
+    /// The local view at `path`: the server's data with the pending writes applied in order.
+    func view(at path: Path) -> Tree {
+        overlay(server.child(at: path), at: path)
     }
 
     private func overlay(_ base: Tree, at path: Path) -> Tree {
         var tree = base
-        for write in writes {
-            for (at, value) in write.changes {
-                if let below = path.relative(at) {
-                    tree.set(value, at: below)
-                } else if let above = at.relative(path) {
-                    tree = value.child(at: above)
+        for write in writes where write.visible {
+            for change in write.changes {
+                switch change {
+                case let .set(at, value):
+                    if let below = path.relative(at) {
+                        tree.set(value, at: below)
+                    } else if let above = at.relative(path) {
+                        tree = value.child(at: above)
+                    }
+                case let .priority(at, priority):
+                    if let below = path.relative(at) { _ = tree.setPriority(priority, at: below) }
                 }
             }
         }
         return tree
     }
 
-    /// Whether the view at `path` is known: a complete listen covers it, or a pending write
-    /// sets a location that contains it.
-    private func isKnown(_ path: Path) -> Bool {
-        if listens.contains(where: { $0.value.complete && $0.key.contains(path) }) { return true }
-        return writes.contains { w in w.changes.contains { $0.0.contains(path) } }
+    /// Whether a pending write sets a location that contains `path`.
+    private func coveredByWrite(_ path: Path) -> Bool {
+        writes.contains { w in
+            w.visible && w.changes.contains { if case .set(let at, _) = $0 { at.contains(path) } else { false } }
+        }
     }
 
-    /// Raises a value event for each observer whose location overlaps `paths` and whose value
-    /// changed since its last event.
-    private mutating func raiseValues(touching paths: [Path], only: ObserverID? = nil) {
-        for key in listens.keys.sorted() {
-            guard paths.contains(where: { $0.contains(key) || key.contains($0) }), var listen = listens[key], isKnown(key) else { continue }
-            let value = view(at: key)
-            var changed = false
-            for id in listen.observers.keys.sorted() where only == nil || only == id {
-                if let last = listen.observers[id], let seen = last, seen == value { continue }
-                listen.observers[id] = .some(value)
-                changed = true
-                emit(.value(id, value))
+    /// `.info`: `connected` and `serverTimeOffset`.
+    private var infoTree: Tree {
+        Tree(sortedChildren: [
+            (ChildKey(unchecked: "connected"), Tree(.bool(isOnline))),
+            (ChildKey(unchecked: "serverTimeOffset"), Tree(.int(serverTimeOffset))),
+        ])
+    }
+
+    private mutating func refreshInfo() {
+        let info = Path(segments: [ChildKey(unchecked: ".info")])
+        refresh(touching: [info], whole: true)
+    }
+
+    /// Brings every view overlapping `paths` up to date and raises its events. `whole`: the data
+    /// a view is built from may have changed anywhere below these paths (a listen completed, the
+    /// view's source changed), so its children are compared in full.
+    private mutating func refresh(touching paths: [Path], whole: Bool = false) {
+        guard !paths.isEmpty else { return }
+        for key in views.keys.sorted() {
+            guard paths.contains(where: { $0.contains(key.path) || key.path.contains($0) }), var view = views[key] else { continue }
+            let (tree, complete) = eventCache(key, view)
+            var events = view.shown.apply(tree, changes: whole ? .all : ChildChanges.at(key.path, written: paths))
+            if complete {
+                if !view.valueRaised, !events.contains(where: { $0.kind == .value }) {
+                    events.append(ViewEvent(.value, key: nil, tree: view.shown.viewTree))
+                }
+                view.valueRaised = true
+            } else {
+                events.removeAll { $0.kind == .value }
             }
-            if changed { listens[key] = listen }
+            views[key] = view
+            for event in events {
+                for (id, type) in view.observers.sorted(by: { $0.key < $1.key }) where type == EventType(event.kind) {
+                    emit(.event(id, event))
+                }
+            }
         }
     }
 }

@@ -3,18 +3,30 @@ public import BanyanTree
 /// The client's side of the Firebase WebSocket protocol v5 (docs/swift-sdk.md): requests it
 /// sends, and the server's messages it reads. Pure.
 public enum ClientRequest: Sendable, Equatable {
-    /// `p`: set the value at a path (`data` is JSON, possibly with `.sv` placeholders).
-    case put(path: Path, data: [UInt8])
+    /// `p`: set the value at a path (`data` is JSON, possibly with `.sv` placeholders). With
+    /// `hash`, a transaction's compare-and-set; with `priority`, the path's `.priority`.
+    case put(path: Path, data: [UInt8], hash: String? = nil, priority: Bool = false)
     /// `m`: a multi-path update at `path`: relative paths and JSON values.
     case merge(path: Path, children: [(Path, [UInt8])])
-    /// `q`: listen to a location (the default query).
-    case listen(path: Path)
+    /// `q`: listen to a location; a query object and tag for a filtered (tagged) listen, and the
+    /// hash of the data the client holds for it (`""`: none).
+    case listen(path: Path, query: JSONValue? = nil, tag: Int? = nil, hash: String = "")
     /// `n`: stop listening.
-    case unlisten(path: Path)
-    /// `g`: read once.
-    case get(path: Path)
+    case unlisten(path: Path, query: JSONValue? = nil, tag: Int? = nil)
+    /// `g`: read once (with a query object, the query's data).
+    case get(path: Path, query: JSONValue? = nil)
     /// `auth`: a credential (the emulator's `owner`, or a token).
     case auth(token: String)
+    /// `unauth`: drop the credential.
+    case unauth
+    /// `o`: an onDisconnect set (`null` removes).
+    case onDisconnectPut(path: Path, data: [UInt8])
+    /// `om`: an onDisconnect multi-path update.
+    case onDisconnectMerge(path: Path, children: [(Path, [UInt8])])
+    /// `oc`: cancel the onDisconnect writes at and below a path.
+    case onDisconnectCancel(path: Path)
+    /// `s`: the client's counters (sent once per connection).
+    case stats([(String, Int64)])
 
     public static func == (a: ClientRequest, b: ClientRequest) -> Bool {
         a.body(number: 0) == b.body(number: 0)
@@ -24,44 +36,92 @@ public enum ClientRequest: Sendable, Equatable {
     public func body(number: Int64) -> [UInt8] {
         var out = Array(#"{"t":"d","d":{"r":"#.utf8)
         JSONWriter.appendInt(number, to: &out)
-        func path(_ p: Path) {
-            out += Array(#""p":"#.utf8)
-            JSONWriter.appendString(p.isRoot ? "/" : p.description, to: &out)
+        func action(_ a: String) {
+            out += Array(#","a":"#.utf8)
+            JSONWriter.appendString(a, to: &out)
+            out += Array(#","b":{"#.utf8)
         }
-        switch self {
-        case let .put(p, data):
-            out += Array(#","a":"p","b":{"#.utf8)
-            path(p)
-            out += Array(#","d":"#.utf8) + data + [UInt8(ascii: "}")]
-        case let .merge(p, children):
-            out += Array(#","a":"m","b":{"#.utf8)
-            path(p)
+        func path(_ p: Path, priority: Bool = false) {
+            out += Array(#""p":"#.utf8)
+            var text = p.isRoot ? "/" : p.description
+            if priority { text += text == "/" ? ".priority" : "/.priority" }
+            JSONWriter.appendString(text, to: &out)
+        }
+        func children(_ list: [(Path, [UInt8])]) {
             out += Array(#","d":{"#.utf8)
-            for (i, (relative, data)) in children.enumerated() {
+            for (i, (relative, data)) in list.enumerated() {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
-                JSONWriter.appendString(relative.description.hasPrefix("/") ? String(relative.description.dropFirst()) : relative.description, to: &out)
+                JSONWriter.appendString(relative.segments.map(\.string).joined(separator: "/"), to: &out)
                 out.append(UInt8(ascii: ":"))
                 out += data
             }
-            out += Array("}}".utf8)
-        case .listen(let p):
-            out += Array(#","a":"q","b":{"#.utf8)
-            path(p)
-            out += Array(#","h":""}"#.utf8)
-        case .unlisten(let p):
-            out += Array(#","a":"n","b":{"#.utf8)
-            path(p)
-            out.append(UInt8(ascii: "}"))
-        case .get(let p):
-            out += Array(#","a":"g","b":{"#.utf8)
-            path(p)
-            out += Array(#","q":{}}"#.utf8)
-        case .auth(let token):
-            out += Array(#","a":"auth","b":{"cred":"#.utf8)
-            JSONWriter.appendString(token, to: &out)
             out.append(UInt8(ascii: "}"))
         }
-        out += Array("}}".utf8)
+        func query(_ q: JSONValue?, tag: Int?) {
+            guard let q, let tag else { return }
+            out += Array(#","q":"#.utf8)
+            q.appendJSON(to: &out)
+            out += Array(#","t":"#.utf8)
+            JSONWriter.appendInt(Int64(tag), to: &out)
+        }
+        switch self {
+        case let .put(p, data, hash, priority):
+            action("p")
+            path(p, priority: priority)
+            out += Array(#","d":"#.utf8) + data
+            if let hash {
+                out += Array(#","h":"#.utf8)
+                JSONWriter.appendString(hash, to: &out)
+            }
+        case let .merge(p, list):
+            action("m")
+            path(p)
+            children(list)
+        case let .listen(p, q, tag, hash):
+            action("q")
+            path(p)
+            query(q, tag: tag)
+            out += Array(#","h":"#.utf8)
+            JSONWriter.appendString(hash, to: &out)
+        case let .unlisten(p, q, tag):
+            action("n")
+            path(p)
+            query(q, tag: tag)
+        case let .get(p, q):
+            action("g")
+            path(p)
+            out += Array(#","q":"#.utf8)
+            (q ?? .object([])).appendJSON(to: &out)
+        case .auth(let token):
+            action("auth")
+            out += Array(#""cred":"#.utf8)
+            JSONWriter.appendString(token, to: &out)
+        case .unauth:
+            action("unauth")
+        case let .onDisconnectPut(p, data):
+            action("o")
+            path(p)
+            out += Array(#","d":"#.utf8) + data
+        case let .onDisconnectMerge(p, list):
+            action("om")
+            path(p)
+            children(list)
+        case .onDisconnectCancel(let p):
+            action("oc")
+            path(p)
+            out += Array(#","d":null"#.utf8)
+        case .stats(let counters):
+            action("s")
+            out += Array(#""c":{"#.utf8)
+            for (i, (name, value)) in counters.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONWriter.appendString(name, to: &out)
+                out.append(UInt8(ascii: ":"))
+                JSONWriter.appendInt(value, to: &out)
+            }
+            out.append(UInt8(ascii: "}"))
+        }
+        out += Array("}}}".utf8)
         return out
     }
 }
@@ -72,12 +132,15 @@ public enum ServerEvent: Sendable, Equatable {
     case hello(timestamp: Int64, session: String)
     /// The answer to request `number`: `status` "ok" or an error code, and its data (JSON).
     case response(number: Int64, status: String, data: [UInt8])
-    /// `d`: the value at an absolute path (JSON).
-    case data(path: Path, json: [UInt8])
+    /// `d`: the value at an absolute path (JSON); `tag` names a filtered listen's data.
+    case data(path: Path, json: [UInt8], tag: Int? = nil)
     /// `m`: values at relative paths below `path`.
-    case merge(path: Path, children: [(Path, [UInt8])])
-    /// `c`: a listen was cancelled (permission revoked).
-    case listenRevoked(path: Path)
+    case merge(path: Path, children: [(Path, [UInt8])], tag: Int? = nil)
+    /// `c`: listens at a path were cancelled (permission revoked): the default listen when
+    /// `queries` is nil, else those of the query objects listed.
+    case listenRevoked(path: Path, queries: [JSONValue]? = nil)
+    /// `ac`: the credential was revoked (expired or refused): status and reason.
+    case authRevoked(status: String, reason: String)
     /// `r`: reconnect to this host.
     case reset(host: String)
     /// `s` (shutdown) or `e` (error): the connection is over, with the reason.
@@ -89,9 +152,11 @@ public enum ServerEvent: Sendable, Equatable {
         switch (a, b) {
         case let (.hello(t1, s1), .hello(t2, s2)): return t1 == t2 && s1 == s2
         case let (.response(n1, s1, d1), .response(n2, s2, d2)): return n1 == n2 && s1 == s2 && d1 == d2
-        case let (.data(p1, j1), .data(p2, j2)): return p1 == p2 && j1 == j2
-        case let (.merge(p1, c1), .merge(p2, c2)): return p1 == p2 && c1.count == c2.count && zip(c1, c2).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
-        case let (.listenRevoked(p1), .listenRevoked(p2)): return p1 == p2
+        case let (.data(p1, j1, t1), .data(p2, j2, t2)): return p1 == p2 && j1 == j2 && t1 == t2
+        case let (.merge(p1, c1, t1), .merge(p2, c2, t2)):
+            return p1 == p2 && t1 == t2 && c1.count == c2.count && zip(c1, c2).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
+        case let (.listenRevoked(p1, q1), .listenRevoked(p2, q2)): return p1 == p2 && q1 == q2
+        case let (.authRevoked(s1, r1), .authRevoked(s2, r2)): return s1 == s2 && r1 == r2
         case let (.reset(h1), .reset(h2)): return h1 == h2
         case let (.closed(r1), .closed(r2)): return r1 == r2
         case (.ignored, .ignored): return true
@@ -141,6 +206,13 @@ public enum ServerMessageReader {
             guard case .string(let action)? = value(inner, "a", in: d), let body = raw(inner, "b", in: d),
                 let b = try? JSONValue.members(rawIn: body)
             else { return .ignored }
+            if action == "ac" {
+                var status = "invalid_token"
+                var reason = ""
+                if case .string(let s)? = value(b, "s", in: body) { status = s }
+                if case .string(let r)? = value(b, "d", in: body) { reason = r }
+                return .authRevoked(status: status, reason: reason)
+            }
             let path: Path
             if case .string(let p)? = value(b, "p", in: body) {
                 do {
@@ -151,9 +223,15 @@ public enum ServerMessageReader {
             } else {
                 path = .root
             }
+            var tag: Int?
+            switch value(b, "t", in: body) {
+            case .int(let t)? where t > 0 && t <= Int64(Int32.max): tag = Int(t)
+            case nil, .null?: tag = nil
+            default: throw WireError("a push with a bad tag")
+            }
             switch action {
             case "d":
-                return .data(path: path, json: raw(b, "d", in: body) ?? Array("null".utf8))
+                return .data(path: path, json: raw(b, "d", in: body) ?? Array("null".utf8), tag: tag)
             case "m":
                 guard let data = raw(b, "d", in: body), let members = try? JSONValue.members(rawIn: data) else { throw WireError("a merge without children") }
                 var children: [(Path, [UInt8])] = []
@@ -161,9 +239,13 @@ public enum ServerMessageReader {
                     guard let relative = try? Path(parsing: key) else { throw WireError("a merge with a bad path '\(key)'") }
                     children.append((relative, Array(data[range])))
                 }
-                return .merge(path: path, children: children)
+                return .merge(path: path, children: children, tag: tag)
             case "c":
-                return .listenRevoked(path: path)
+                switch value(b, "q", in: body) {
+                case .array(let list)?: return .listenRevoked(path: path, queries: list)
+                case .object(let members)?: return .listenRevoked(path: path, queries: [.object(members)])
+                default: return .listenRevoked(path: path, queries: nil)
+                }
             default:
                 return .ignored
             }

@@ -1,22 +1,40 @@
 import BanyanClientCore
+import BanyanQuery
 import BanyanTree
 import Testing
 
 /// The SDK's core against scripted server messages: latency compensation, reconciliation,
-/// rollback on refusal, resending after a reconnect, and reading the protocol.
+/// rollback on refusal, resending after a reconnect, child events and queries, transactions,
+/// onDisconnect, `.info`, and reading the protocol.
 @Suite struct ClientCoreTests {
-    static func hello() -> [UInt8] { Array(#"{"t":"c","d":{"t":"h","d":{"ts":1000,"v":"5","h":"n1","s":"S1"}}}"#.utf8) }
-    static func ok(_ n: Int64) -> [UInt8] { Array(#"{"t":"d","d":{"r":\#(n),"b":{"s":"ok","d":""}}}"#.utf8) }
-    static func data(_ path: String, _ json: String) -> [UInt8] { Array(#"{"t":"d","d":{"a":"d","b":{"p":"\#(path)","d":\#(json)}}}"#.utf8) }
+    static func hello(_ session: String = "S1") -> [UInt8] { Array(#"{"t":"c","d":{"t":"h","d":{"ts":1000,"v":"5","h":"n1","s":"\#(session)"}}}"#.utf8) }
+    static func ok(_ n: Int64, _ d: String = #""""#) -> [UInt8] { Array(#"{"t":"d","d":{"r":\#(n),"b":{"s":"ok","d":\#(d)}}}"#.utf8) }
+    static func status(_ n: Int64, _ s: String, _ text: String = "") -> [UInt8] { Array(#"{"t":"d","d":{"r":\#(n),"b":{"s":"\#(s)","d":"\#(text)"}}}"#.utf8) }
+    static func data(_ path: String, _ json: String, tag: Int? = nil) -> [UInt8] {
+        Array(#"{"t":"d","d":{"a":"d","b":{"p":"\#(path)","d":\#(json)\#(tag.map { #","t":\#($0)"# } ?? "")}}}"#.utf8)
+    }
+    static func merge(_ path: String, _ json: String, tag: Int? = nil) -> [UInt8] {
+        Array(#"{"t":"d","d":{"a":"m","b":{"p":"\#(path)","d":\#(json)\#(tag.map { #","t":\#($0)"# } ?? "")}}}"#.utf8)
+    }
+    static func path(_ s: String) -> Path {
+        // `.info` is not a valid key: the client's own locations are built from raw segments.
+        if s.hasPrefix("/.info") { return Path(segments: s.split(separator: "/").map { ChildKey(unchecked: String($0)) }) }
+        return (try? Path(parsing: s)) ?? .root
+    }
+    static func tree(_ json: String) -> Tree { (try? Tree(json: json)) ?? .empty }
+    static func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
 
-    /// A core connected to node 0.
+    /// A core connected to node 0 (its stats request, number 1, is answered).
     static func online() -> ClientCore {
         var core = ClientCore(nodeCount: 1, seed: 1)
         core.tick(now: 0)
         #expect(core.takeActions() == [.connect(node: 0)])
         core.opened()
         core.received(hello())
-        #expect(core.takeActions() == [.connected(true)])
+        let first = core.takeActions()
+        #expect(first.first == .connected(true))
+        #expect(sent(first) == [#"{"t":"d","d":{"r":1,"a":"s","b":{"c":{"sdk.swift.banyan":1}}}}"#])
+        core.received(ok(1))
         return core
     }
 
@@ -24,67 +42,385 @@ import Testing
         actions.compactMap { if case .send(let b) = $0 { return String(decoding: b, as: UTF8.self) } else { return nil } }
     }
 
-    @Test func localWriteRaisesAtOnceAndServerAnswerReconciles() throws {
+    /// Events as short strings: "<observer> <kind> <key> <json> prev=<key>".
+    static func events(_ actions: [ClientCore.Action]) -> [String] {
+        actions.compactMap {
+            guard case let .event(id, e) = $0 else { return nil }
+            return "\(id) \(e)"
+        }
+    }
+
+    @Test func localWriteRaisesAtOnceAndServerAnswerReconciles() {
         var core = Self.online()
-        core.observe(1, path: try Path(parsing: "/a"))
-        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":1,"a":"q","b":{"p":"/a","h":""}}}"#])
+        core.observe(1, path: Self.path("/a"), type: .value)
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/a","h":""}}}"#])
+        // The location's whole data makes the view complete (its ok adds nothing).
         core.received(Self.data("/a", #"{"x":1}"#))
-        core.received(Self.ok(1))
-        #expect(core.takeActions() == [.value(1, try Tree(json: #"{"x":1}"#))])
+        #expect(core.takeActions() == [.event(1, ViewEvent(.value, key: nil, tree: Self.tree(#"{"x":1}"#)))])
+        core.received(Self.ok(2, "{}"))
+        #expect(core.takeActions().isEmpty)
         // A local write: the event comes before any answer.
-        try core.set(7, path: try Path(parsing: "/a/y"), json: Array("2".utf8))
+        #expect(throws: Never.self) { try core.set(7, path: Self.path("/a/y"), json: Self.bytes("2")) }
         let actions = core.takeActions()
-        #expect(Self.sent(actions) == [#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/a/y","d":2}}}"#])
-        #expect(actions.contains(.value(1, try Tree(json: #"{"x":1,"y":2}"#))))
+        #expect(Self.sent(actions) == [#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/a/y","d":2}}}"#])
+        #expect(Self.events(actions) == [#"1 value {"x":1,"y":2}"#])
         // The echo, then the ok: no second event (nothing changed), one completion.
         core.received(Self.data("/a/y", "2"))
-        core.received(Self.ok(2))
+        core.received(Self.ok(3))
         #expect(core.takeActions() == [.completed(7, nil)])
     }
 
-    @Test func refusedWriteRollsBack() throws {
+    @Test func refusedWriteRollsBack() {
         var core = Self.online()
-        core.observe(1, path: try Path(parsing: "/a"))
+        core.observe(1, path: Self.path("/a"), type: .value)
         core.received(Self.data("/a", "5"))
-        core.received(Self.ok(1))
+        core.received(Self.ok(2, "{}"))
         _ = core.takeActions()
-        try core.set(9, path: try Path(parsing: "/a"), json: Array("6".utf8))
-        #expect(core.takeActions().contains(.value(1, Tree(.int(6)))))
-        core.received(Array(#"{"t":"d","d":{"r":2,"b":{"s":"permission_denied","d":"Permission denied"}}}"#.utf8))
-        #expect(core.takeActions() == [.value(1, Tree(.int(5))), .completed(9, .init(code: "permission_denied", message: "Permission denied"))])
+        #expect(throws: Never.self) { try core.set(9, path: Self.path("/a"), json: Self.bytes("6")) }
+        #expect(Self.events(core.takeActions()) == ["1 value 6"])
+        core.received(Self.status(3, "permission_denied", "Permission denied"))
+        let actions = core.takeActions()
+        #expect(Self.events(actions) == ["1 value 5"])
+        #expect(actions.last == .completed(9, .init(code: "permission_denied", message: "Permission denied")))
     }
 
-    @Test func unansweredWritesAndListensAreSentAgainInOrderAfterAReconnect() throws {
+    @Test func unansweredWritesAndListensAreSentAgainInOrderAfterAReconnect() {
         var core = Self.online()
-        core.observe(1, path: try Path(parsing: "/l"))
-        try core.set(1, path: try Path(parsing: "/w/1"), json: Array("1".utf8))
-        try core.set(2, path: try Path(parsing: "/w/2"), json: Array("2".utf8))
+        core.observe(1, path: Self.path("/l"), type: .value)
+        #expect(throws: Never.self) {
+            try core.set(1, path: Self.path("/w/1"), json: Self.bytes("1"))
+            try core.set(2, path: Self.path("/w/2"), json: Self.bytes("2"))
+        }
         _ = core.takeActions()
         core.closed()
         #expect(core.takeActions() == [.connected(false)])
         // Offline: a third write waits.
-        try core.set(3, path: try Path(parsing: "/w/3"), json: Array("3".utf8))
+        #expect(throws: Never.self) { try core.set(3, path: Self.path("/w/3"), json: Self.bytes("3")) }
         #expect(Self.sent(core.takeActions()).isEmpty)
-        // The back-off ends; a new connection; everything goes again, listens first, writes in order.
+        // The back-off ends; a new connection; everything goes again: stats, listens, then the
+        // writes in order.
         core.tick(now: 60_000)
         #expect(core.takeActions() == [.connect(node: 0)])
         core.received(Self.hello())
         let again = Self.sent(core.takeActions())
-        #expect(again.count == 4)
-        #expect(again[0].contains(#""a":"q""#))
-        #expect(again[1].contains(#""p":"/w/1""#) && again[2].contains(#""p":"/w/2""#) && again[3].contains(#""p":"/w/3""#))
+        #expect(again.count == 5)
+        #expect(again[0].contains(#""a":"s""#) && again[1].contains(#""a":"q""#))
+        #expect(again[2].contains(#""p":"/w/1""#) && again[3].contains(#""p":"/w/2""#) && again[4].contains(#""p":"/w/3""#))
+    }
+
+    @Test("child events: added in order with the previous key, changed, moved under an ordering, removed; local writes first")
+    func childEvents() throws {
+        var core = Self.online()
+        let params = try Query().orderByChild("n").params
+        core.observe(1, path: Self.path("/l"), params: params, type: .childAdded)
+        core.observe(2, path: Self.path("/l"), params: params, type: .childChanged)
+        core.observe(3, path: Self.path("/l"), params: params, type: .childMoved)
+        core.observe(4, path: Self.path("/l"), params: params, type: .childRemoved)
+        core.observe(5, path: Self.path("/l"), params: params, type: .value)
+        // An ordering alone loads all data: a plain listen (no tag), filtered here.
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/l","h":""}}}"#])
+        core.received(Self.data("/l", #"{"a":{"n":3},"b":{"n":1},"c":{"n":2}}"#))
+        core.received(Self.ok(2, "{}"))
+        #expect(
+            Self.events(core.takeActions()) == [
+                #"1 child_added b {"n":1} prev=nil"#, #"1 child_added c {"n":2} prev=b"#, #"1 child_added a {"n":3} prev=c"#,
+                #"5 value {"a":{"n":3},"b":{"n":1},"c":{"n":2}}"#,
+            ])
+        // b moves to the end: moved and changed, with its new previous sibling.
+        core.received(Self.data("/l/b/n", "9"))
+        #expect(
+            Self.events(core.takeActions()) == [
+                #"3 child_moved b {"n":9} prev=a"#, #"2 child_changed b {"n":9} prev=a"#, #"5 value {"a":{"n":3},"b":{"n":9},"c":{"n":2}}"#,
+            ])
+        // A local removal raises child_removed at once.
+        try core.set(8, path: Self.path("/l/c"), json: Self.bytes("null"))
+        #expect(Self.events(core.takeActions()) == [#"4 child_removed c {"n":2}"#, #"5 value {"a":{"n":3},"b":{"n":9}}"#])
+        // A second observer on the same view gets the current children and value at once.
+        core.observe(6, path: Self.path("/l"), params: params, type: .childAdded)
+        #expect(Self.events(core.takeActions()) == [#"6 child_added a {"n":3} prev=nil"#, #"6 child_added b {"n":9} prev=a"#])
+        #expect(Self.sent(core.takeActions()).isEmpty, "the view is shared: no second listen")
+    }
+
+    @Test("a limited query is a tagged listen: its own data, pushes by tag, the window kept on changes, unlisten with the query")
+    func taggedQuery() throws {
+        var core = Self.online()
+        let params = try Query().orderByKey().limitToLast(2).params
+        core.observe(1, path: Self.path("/m"), params: params, type: .childAdded)
+        core.observe(2, path: Self.path("/m"), params: params, type: .childRemoved)
+        core.observe(3, path: Self.path("/m"), params: params, type: .value)
+        #expect(
+            Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/m","q":{"i":".key","l":2,"vf":"r"},"t":1,"h":""}}}"#])
+        // Untagged data for the location does not feed the tagged view (only plain listens).
+        core.received(Self.data("/m", #"{"a":1,"b":2,"c":3}"#))
+        #expect(Self.events(core.takeActions()).isEmpty)
+        core.received(Self.data("/m", #"{"b":2,"c":3}"#, tag: 1))
+        core.received(Self.ok(2, "{}"))
+        #expect(Self.events(core.takeActions()) == ["1 child_added b 2 prev=nil", "1 child_added c 3 prev=b", #"3 value {"b":2,"c":3}"#])
+        // A new last child: the server sends it and the child leaving the window, tagged.
+        core.received(Self.merge("/m", #"{"d":4,"b":null}"#, tag: 1))
+        #expect(Self.events(core.takeActions()) == ["2 child_removed b 2", "1 child_added d 4 prev=c", #"3 value {"c":3,"d":4}"#])
+        // A local write past the window's end shows at once, pushing c out.
+        try core.set(5, path: Self.path("/m/e"), json: Self.bytes("5"))
+        #expect(Self.events(core.takeActions()) == ["2 child_removed c 3", "1 child_added e 5 prev=d", #"3 value {"d":4,"e":5}"#])
+        core.removeObserver(1)
+        core.removeObserver(2)
+        #expect(Self.sent(core.takeActions()).isEmpty)
+        core.removeObserver(3)
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":4,"a":"n","b":{"p":"/m","q":{"i":".key","l":2,"vf":"r"},"t":1}}}"#])
+    }
+
+    @Test("a query's window is filled from a complete plain listen above it without waiting for its own data")
+    func queryUnderCompleteListen() throws {
+        var core = Self.online()
+        core.observe(1, path: Self.path("/"), type: .value)
+        core.received(Self.data("/", #"{"s":{"x":{"v":1},"y":{"v":5},"z":{"v":3}}}"#))
+        core.received(Self.ok(2, "{}"))
+        _ = core.takeActions()
+        let params = try Query().orderByChild("v").startAt(Tree(.int(2))).params
+        core.observe(2, path: Self.path("/s"), params: params, type: .value)
+        let actions = core.takeActions()
+        #expect(Self.events(actions) == [#"2 value {"y":{"v":5},"z":{"v":3}}"#])
+        #expect(Self.sent(actions) == [#"{"t":"d","d":{"r":3,"a":"q","b":{"p":"/s","q":{"i":"v","sp":2},"t":1,"h":""}}}"#])
+    }
+
+    @Test("a transaction runs on the current data, sends a compare-and-set with its hash, runs again on datastale with the data the server pushed, and completes once")
+    func transactionRetriesOnStale() {
+        var core = Self.online()
+        let seen = Seen()
+        core.transaction(
+            11, path: Self.path("/counter"), applyLocally: true,
+            update: { tree in
+                seen.add(tree)
+                let n = if case .int(let i)? = tree.leaf { i } else { Int64(0) }
+                return .commit(Array(String(n + 1).utf8))
+            })
+        var sent = Self.sent(core.takeActions())
+        // Its location is listened to first, then the put with the hash of the data it saw.
+        #expect(sent == [#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/counter","h":""}}}"#, #"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/counter","d":1,"h":""}}}"#])
+        #expect(seen.all == [.empty])
+        // The server has 41: its data comes, then datastale; the function runs again on 41.
+        core.received(Self.data("/counter", "41"))
+        core.received(Self.ok(2, "{}"))
+        core.received(Self.status(3, "datastale", "stale"))
+        sent = Self.sent(core.takeActions())
+        #expect(seen.all == [.empty, Tree(.int(41))])
+        #expect(sent == [#"{"t":"d","d":{"r":4,"a":"p","b":{"p":"/counter","d":42,"h":"\#(Tree(.int(41)).hashString)"}}}"#])
+        core.received(Self.data("/counter", "42"))
+        core.received(Self.ok(4))
+        let actions = core.takeActions()
+        #expect(actions.contains(.transactionCompleted(11, .init(error: nil, committed: true, snapshot: Tree(.int(42))))))
+        // The transaction's listen is released.
+        #expect(Self.sent(actions) == [#"{"t":"d","d":{"r":5,"a":"n","b":{"p":"/counter"}}}"#])
+    }
+
+    @Test("a transaction stops after 25 stale answers with maxretries; an abort completes uncommitted with the current data")
+    func transactionMaxRetriesAndAbort() {
+        var core = Self.online()
+        core.transaction(1, path: Self.path("/t"), applyLocally: false, update: { _ in .commit(Array("7".utf8)) })
+        _ = core.takeActions()
+        var number: Int64 = 3
+        var outcome: ClientCore.TransactionOutcome?
+        for i in 0..<30 where outcome == nil {
+            core.received(Self.data("/t", "\(100 + i)"))
+            core.received(Self.status(number, "datastale"))
+            number += 1
+            for a in core.takeActions() {
+                if case .transactionCompleted(1, let o) = a { outcome = o }
+            }
+        }
+        #expect(outcome?.error?.code == "maxretries" && outcome?.committed == false)
+        #expect(number == 3 + 25, "the function ran 25 times: the first run and 24 reruns")
+
+        core.transaction(2, path: Self.path("/u"), applyLocally: true, update: { _ in .abort })
+        let actions = core.takeActions()
+        #expect(actions.contains(.transactionCompleted(2, .init(error: nil, committed: false, snapshot: .empty))))
+        #expect(!Self.sent(actions).contains { $0.contains(#""a":"p""#) })
+    }
+
+    @Test("with local events a transaction's tentative value shows at once; without, observers see only the server's data")
+    func transactionLocalEvents() {
+        var core = Self.online()
+        core.observe(1, path: Self.path("/v"), type: .value)
+        core.received(Self.data("/v", "1"))
+        core.received(Self.ok(2, "{}"))
+        _ = core.takeActions()
+        core.transaction(5, path: Self.path("/v"), applyLocally: false, update: { _ in .commit(Array("2".utf8)) })
+        #expect(Self.events(core.takeActions()).isEmpty)
+        core.transaction(6, path: Self.path("/v"), applyLocally: true, update: { _ in .commit(Array("3".utf8)) })
+        #expect(Self.events(core.takeActions()) == ["1 value 3"])
+    }
+
+    @Test("a set over a transaction's location overrides it: a stale answer then ends it with overriddenBySet")
+    func transactionOverriddenBySet() {
+        var core = Self.online()
+        core.transaction(1, path: Self.path("/p/q"), applyLocally: true, update: { _ in .commit(Array("1".utf8)) })
+        _ = core.takeActions()
+        #expect(throws: Never.self) { try core.set(2, path: Self.path("/p"), json: Self.bytes(#"{"q":5}"#)) }
+        _ = core.takeActions()
+        core.received(Self.status(3, "datastale"))
+        let actions = core.takeActions()
+        #expect(actions.contains { if case .transactionCompleted(1, let o) = $0 { o.error?.code == "overriddenBySet" } else { false } })
+    }
+
+    @Test("onDisconnect: the requests, their completions, and the local view when the connection ends; in flight when it ends: disconnected")
+    func onDisconnect() throws {
+        var core = Self.online()
+        core.observe(1, path: Self.path("/presence"), type: .value)
+        core.observe(2, path: Self.path("/.info/connected"), type: .value)
+        var actions = core.takeActions()
+        #expect(Self.events(actions) == ["2 value true"])
+        core.received(Self.data("/presence", #"{"me":"online"}"#))
+        core.received(Self.ok(2, "{}"))
+        _ = core.takeActions()
+        try core.onDisconnectSet(3, path: Self.path("/presence/me"), json: Self.bytes(#""offline""#))
+        try core.onDisconnectUpdate(4, path: Self.path("/presence"), children: [(Self.path("last"), Self.bytes(#"{".sv":"timestamp"}"#))])
+        core.onDisconnectCancel(5, path: Self.path("/elsewhere"))
+        #expect(
+            Self.sent(core.takeActions()) == [
+                #"{"t":"d","d":{"r":3,"a":"o","b":{"p":"/presence/me","d":"offline"}}}"#,
+                #"{"t":"d","d":{"r":4,"a":"om","b":{"p":"/presence","d":{"last":{".sv":"timestamp"}}}}}"#,
+                #"{"t":"d","d":{"r":5,"a":"oc","b":{"p":"/elsewhere","d":null}}}"#,
+            ])
+        core.received(Self.ok(3))
+        core.received(Self.ok(4))
+        #expect(core.takeActions() == [.completed(3, nil), .completed(4, nil)])
+        core.tick(now: 5_000)
+        core.closed()
+        actions = core.takeActions()
+        #expect(actions.contains(.completed(5, .init(code: "disconnected", message: "The connection ended before the server answered"))))
+        // The server time estimate: hello ts 1000 at local 0, now 5000 → 6000.
+        #expect(Self.events(actions) == [#"1 value {"last":6000,"me":"offline"}"#, "2 value false"])
+    }
+
+    @Test("onDisconnect calls made offline are sent on the next connection")
+    func onDisconnectQueuedOffline() throws {
+        var core = ClientCore(nodeCount: 2, seed: 3)
+        try core.onDisconnectSet(1, path: Self.path("/x"), json: Self.bytes("null"))
+        #expect(Self.sent(core.takeActions()).isEmpty)
+        core.tick(now: 0)
+        core.received(Self.hello())
+        #expect(Self.sent(core.takeActions()).last == #"{"t":"d","d":{"r":2,"a":"o","b":{"p":"/x","d":null}}}"#)
+    }
+
+    @Test("getData: online it asks the server with the query; offline it answers from a complete view, or waits for the connection")
+    func getData() throws {
+        var core = Self.online()
+        let params = try Query().orderByKey().limitToFirst(1).params
+        core.get(1, path: Self.path("/g"), params: params)
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"g","b":{"p":"/g","q":{"i":".key","l":1,"vf":"l"}}}}"#])
+        core.received(Self.ok(2, #"{"a":1}"#))
+        #expect(core.takeActions() == [.got(1, .success(Tree(sortedChildren: [(ChildKey(unchecked: "a"), Tree(.int(1)))])))])
+
+        core.observe(9, path: Self.path("/h"), type: .value)
+        core.received(Self.data("/h", #"{"k":"v"}"#))
+        core.received(Self.ok(3, "{}"))
+        _ = core.takeActions()
+        core.goOffline()
+        #expect(core.takeActions() == [.disconnect])
+        core.closed()
+        _ = core.takeActions()
+        core.get(2, path: Self.path("/h/k"))
+        #expect(core.takeActions() == [.got(2, .success(Tree(.string("v"))))])
+        core.get(3, path: Self.path("/elsewhere"))
+        #expect(core.takeActions().isEmpty, "unknown offline: asked once online")
+        core.goOnline()
+        core.tick(now: 1)
+        core.received(Self.hello())
+        #expect(Self.sent(core.takeActions()).last == #"{"t":"d","d":{"r":6,"a":"g","b":{"p":"/elsewhere","q":{}}}}"#)
+    }
+
+    @Test("a refused or revoked listen cancels its observers with permission_denied")
+    func listenRefusedAndRevoked() throws {
+        var core = Self.online()
+        core.observe(1, path: Self.path("/secret"), type: .value)
+        core.observe(2, path: Self.path("/open"), type: .childAdded)
+        core.observe(3, path: Self.path("/open"), params: try Query().limitToFirst(1).params, type: .value)
+        _ = core.takeActions()
+        core.received(Self.status(2, "permission_denied", "Permission denied"))
+        #expect(core.takeActions() == [.cancelled(1, .init(code: "permission_denied", message: "Permission denied"))])
+        core.received(Self.ok(3, "{}"))
+        core.received(Self.ok(4, "{}"))
+        _ = core.takeActions()
+        core.received(Array(#"{"t":"d","d":{"a":"c","b":{"p":"/open","q":[{"l":1,"vf":"l"}]}}}"#.utf8))
+        #expect(core.takeActions() == [.cancelled(3, .init(code: "permission_denied", message: "Permission denied"))])
+        core.received(Array(#"{"t":"d","d":{"a":"c","b":{"p":"/open"}}}"#.utf8))
+        #expect(core.takeActions() == [.cancelled(2, .init(code: "permission_denied", message: "Permission denied"))])
+    }
+
+    @Test("priorities: setValue with a priority and setPriority reorder a priority-ordered view at once")
+    func priorities() throws {
+        var core = Self.online()
+        core.observe(1, path: Self.path("/r"), type: .childMoved)
+        core.observe(2, path: Self.path("/r"), type: .value)
+        core.received(Self.data("/r", #"{"a":{".value":1,".priority":1},"b":{".value":2,".priority":2}}"#))
+        core.received(Self.ok(2, "{}"))
+        _ = core.takeActions()
+        try core.setPriority(3, path: Self.path("/r/a"), json: Self.bytes("5"))
+        var actions = core.takeActions()
+        #expect(Self.sent(actions) == [#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/r/a/.priority","d":5}}}"#])
+        #expect(Self.events(actions).first == "1 child_moved a {\".value\":1,\".priority\":5} prev=b")
+        try core.set(4, path: Self.path("/r/c"), json: Self.bytes(#"{".value":"x",".priority":0}"#))
+        actions = core.takeActions()
+        #expect(Self.events(actions) == [#"2 value {"a":{".value":1,".priority":5},"b":{".value":2,".priority":2},"c":{".value":"x",".priority":0}}"#])
+        #expect(throws: TreeError.self) { try core.setPriority(5, path: Self.path("/r/a"), json: Self.bytes("true")) }
+    }
+
+    @Test(".info/connected and .info/serverTimeOffset follow the connection, offline from the start")
+    func info() {
+        var core = ClientCore(nodeCount: 1, seed: 9)
+        core.observe(1, path: Self.path("/.info/connected"), type: .value)
+        core.observe(2, path: Self.path("/.info/serverTimeOffset"), type: .value)
+        #expect(Self.events(core.takeActions()) == ["1 value false", "2 value 0"])
+        core.tick(now: 400)
+        core.received(Self.hello())
+        #expect(Self.events(core.takeActions()) == ["1 value true", "2 value 600"])
+        core.get(3, path: Self.path("/.info/connected"))
+        #expect(core.takeActions() == [.got(3, .success(Tree(.bool(true))))])
+    }
+
+    @Test("an auth refusal or revocation drops the token; a revocation closes the connection so the next one can start with a fresh token")
+    func authRevoked() {
+        var core = ClientCore(nodeCount: 1, seed: 1, authToken: "tok")
+        core.tick(now: 0)
+        core.received(Self.hello())
+        #expect(Self.sent(core.takeActions()).last == #"{"t":"d","d":{"r":2,"a":"auth","b":{"cred":"tok"}}}"#)
+        core.received(Self.status(2, "invalid_token", "bad"))
+        #expect(core.takeActions() == [.authRevoked(.init(code: "invalid_token", message: "bad"))])
+        core.setAuthToken("tok2")
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":3,"a":"auth","b":{"cred":"tok2"}}}"#])
+        core.received(Self.ok(3, #"{"auth":null}"#))
+        core.received(Array(#"{"t":"d","d":{"a":"ac","b":{"s":"expired_token","d":"Auth token is expired."}}}"#.utf8))
+        #expect(core.takeActions() == [.authRevoked(.init(code: "expired_token", message: "Auth token is expired.")), .disconnect])
+        core.setAuthToken(nil)
+        #expect(core.takeActions().isEmpty, "nothing to drop")
+    }
+
+    @Test("keepSynced listens with no observer; data then serves a new observer at once")
+    func keepSynced() {
+        var core = Self.online()
+        core.keepSynced(Self.path("/k"), true)
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"q","b":{"p":"/k","h":""}}}"#])
+        core.received(Self.data("/k", "1"))
+        core.received(Self.ok(2, "{}"))
+        core.observe(1, path: Self.path("/k"), type: .value)
+        #expect(core.takeActions() == [.event(1, ViewEvent(.value, key: nil, tree: Tree(.int(1))))])
+        core.removeObserver(1)
+        #expect(core.takeActions().isEmpty, "still kept synced")
+        core.keepSynced(Self.path("/k"), false)
+        #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":3,"a":"n","b":{"p":"/k"}}}"#])
     }
 
     @Test func readsServerMessagesAndSplitsLargeOnes() throws {
         #expect(try ServerMessageReader.read(Self.hello()) == .hello(timestamp: 1000, session: "S1"))
         #expect(try ServerMessageReader.read(Array(#"{"t":"c","d":{"t":"r","d":"n2:9000"}}"#.utf8)) == .reset(host: "n2:9000"))
-        let merge = try ServerMessageReader.read(Array(#"{"t":"d","d":{"a":"m","b":{"p":"/a","d":{"b/c":1,"d":null}}}}"#.utf8))
-        guard case .merge(let p, let children) = merge else {
+        let merge = try ServerMessageReader.read(Array(#"{"t":"d","d":{"a":"m","b":{"p":"/a","d":{"b/c":1,"d":null},"t":3}}}"#.utf8))
+        guard case .merge(let p, let children, let tag) = merge else {
             Issue.record("not a merge: \(merge)")
             return
         }
-        #expect(p == (try Path(parsing: "/a")) && children.count == 2)
+        #expect(p == Self.path("/a") && children.count == 2 && tag == 3)
         #expect(throws: WireError.self) { _ = try ServerMessageReader.read(Array("nonsense".utf8)) }
+        #expect(throws: WireError.self) { _ = try ServerMessageReader.read(Array(#"{"t":"d","d":{"a":"d","b":{"p":"/a","d":1,"t":"x"}}}"#.utf8)) }
         let big = Array(("{\"t\":\"d\",\"d\":{\"a\":\"d\",\"b\":{\"p\":\"/x\",\"d\":\"" + String(repeating: "é", count: 20_000) + "\"}}}").utf8)
         let frames = ClientFrameJoiner.frames(big)
         #expect(frames.count > 2 && frames[0] == Array(String(frames.count - 1).utf8))
@@ -94,4 +430,11 @@ import Testing
         #expect(whole == big)
         for f in frames.dropFirst() { #expect(String(validating: f, as: UTF8.self) != nil) }
     }
+}
+
+/// What a transaction function was called with (its closure is @Sendable).
+final class Seen: @unchecked Sendable {
+    private var trees: [Tree] = []
+    func add(_ t: Tree) { trees.append(t) }
+    var all: [Tree] { trees }
 }

@@ -22,8 +22,10 @@ import Testing
         "BanyanSession": (true, ["BanyanTree", "BanyanStateMachine", "BanyanBasics"]),
         "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
-        "BanyanClientCore": (true, ["BanyanTree", "BanyanBasics"]),
-        "BanyanClient": (false, ["BanyanClientCore", "BanyanTree", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "Foundation", "Dispatch"]),
+        "BanyanClientCore": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
+        "BanyanClient": (
+            false, ["BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation", "Dispatch"]
+        ),
         // A driver: the signature checks need swift-crypto (token parsing and claims stay pure).
         "BanyanAuth": (false, ["BanyanTree", "BanyanBasics", "Crypto", "_CryptoExtras"]),
         "BanyanNode": (false, ["BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanBasics", "Logging"]),
