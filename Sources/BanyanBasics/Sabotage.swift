@@ -62,4 +62,11 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Issue 16: a state machine loaded from an image (a restart, a snapshot install) forgets the
     /// security rules it holds, so that node accepts writes the others refuse (`--rules`).
     case forgetRulesOnLoad = "forget-rules-on-load"
+    /// Issue 17: a state machine loaded from an image (a restart, a snapshot install) forgets
+    /// the client write records, so a client's resent write can be decided twice
+    /// (`--client-writes`).
+    case forgetClientWritesOnLoad = "forget-client-writes-on-load"
+    /// Issue 17: the state machine records client writes but never looks them up, so a write a
+    /// client sends again after a lost answer is decided again (`--client-writes`).
+    case ignoreClientWrites = "ignore-client-writes"
 }

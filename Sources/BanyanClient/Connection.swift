@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -99,11 +100,13 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
 
     /// Opens a connection; `received` and `ended` run on the channel's event loop.
     static func open(
-        host: String, port: Int, namespace: String, tls: ClientTLS?, group: any EventLoopGroup, received: @escaping @Sendable ([UInt8]) -> Void,
+        host: String, port: Int, namespace: String, parameters: [(String, String)] = [], tls: ClientTLS?, group: any EventLoopGroup,
+        received: @escaping @Sendable ([UInt8]) -> Void,
         ended: @escaping @Sendable () -> Void
     ) -> EventLoopFuture<any Channel> {
         let link = WebSocketLink(received: received, ended: ended)
-        let uri = "/.ws?v=5&ns=" + namespace
+        var uri = "/.ws?v=5&ns=" + (namespace.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? namespace)
+        for (name, value) in parameters { uri += "&\(name)=\(value.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? value)" }
         let upgraded = group.next().makePromise(of: Void.self)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(.seconds(5))

@@ -40,6 +40,8 @@ public final class Database: @unchecked Sendable {
     private var ticker: RepeatedTask?
     private var lastKeepAlive: Int64 = 0
     private var authRevokedBlock: (@Sendable (DatabaseError) -> Void)?
+    /// Test hooks (`_dropNextAnswerAndDisconnect`, `_setWriteNumbers`).
+    private var dropNextAnswer = false
 
     struct Observer {
         var query: DatabaseQuery
@@ -236,7 +238,7 @@ public final class Database: @unchecked Sendable {
         joiner = ClientFrameJoiner()
         let (host, port) = nodes[node % nodes.count]
         let opened = WebSocketLink.open(
-            host: host, port: port, namespace: namespace, tls: tls, group: loop,
+            host: host, port: port, namespace: namespace, parameters: core.connectionParameters, tls: tls, group: loop,
             received: { [weak self] message in
                 guard let database = self else { return }
                 database.onLoop { database.linkReceived(message, connection: number) }
@@ -254,12 +256,27 @@ public final class Database: @unchecked Sendable {
     private func linkReceived(_ message: [UInt8], connection number: Int) {
         guard connectionNumber == number else { return }
         do {
-            if let whole = try joiner.add(message) { core.received(whole) }
+            if let whole = try joiner.add(message) {
+                if dropNextAnswer, case .response? = try? ServerMessageReader.read(whole) {
+                    // The test hook: this answer is lost with its connection.
+                    dropNextAnswer = false
+                    channel?.close(promise: nil)
+                    return
+                }
+                core.received(whole)
+            }
         } catch {
             channel?.close(promise: nil)
         }
         process()
     }
+
+    /// Testing only: the next answer from the server is lost and the connection closes, as when
+    /// a connection dies after the server applied a write and before its answer arrived.
+    @_spi(Testing) public func _dropNextAnswerAndDisconnect() { _ = onLoopSync { self.dropNextAnswer = true } }
+
+    /// Testing only: whether writes carry their numbers (exactly once) when the server takes them.
+    @_spi(Testing) public func _setWriteNumbers(_ on: Bool) { _ = onLoopSync { self.core.useWriteNumbers = on } }
 
     private func linkEnded(connection number: Int) {
         guard connectionNumber == number else { return }

@@ -128,6 +128,9 @@ public struct ClientCore: Sendable {
 
     struct PendingWrite: Sendable {
         var id: WriteID
+        /// The client's own number for it (exactly once across connections, with a server that
+        /// takes numbers).
+        var number: UInt64 = 0
         var request: ClientRequest
         var changes: [Change]
         /// Shown in local views (a transaction run without local events is not).
@@ -230,11 +233,42 @@ public struct ClientCore: Sendable {
     private var actions: [Action] = []
     /// Counters sent to the server once per connection (`s`).
     public var stats: [(String, Int64)] = [("sdk.swift.banyan", 1)]
+    /// This client's stable id (Banyan's `bc`): with the write numbers, a node applies each of
+    /// its writes at most once, whatever connection carries it (docs/swift-sdk.md).
+    public let clientID: UInt64
+    /// The next write number.
+    public private(set) var nextWriteNumber: UInt64 = 1
+    /// The server of this connection takes write numbers (its hello said `bw`).
+    private var numbered = false
+    /// The session id of the last connection that said hello (sent as `ls` on the next one, so
+    /// the server ends it first).
+    private var lastSession: String?
+    /// How many numbers past the lowest unanswered write may be in flight (the server's window).
+    public static let writeWindow: UInt64 = 1_000
+    /// Whether writes carry their numbers when the server takes them (off only to show, in
+    /// tests, what happens without: a resent write can apply twice).
+    public var useWriteNumbers = true
 
-    public init(nodeCount: Int, seed: UInt64, authToken: String? = nil) {
+    /// `clientID`: the client's stable id (0: one is drawn from `seed`).
+    public init(nodeCount: Int, seed: UInt64, authToken: String? = nil, clientID: UInt64 = 0, nextWriteNumber: UInt64 = 1) {
         self.nodeCount = max(1, nodeCount)
         random = SeededRandom(seed: seed)
         self.authToken = authToken
+        var id = clientID
+        while id == 0 { id = random.next() }
+        self.clientID = id
+        self.nextWriteNumber = max(1, nextWriteNumber)
+    }
+
+    /// The parameters for the next connection's URL beyond `v` and `ns`: the client id and,
+    /// after a first connection, the last session (`ls`), percent-safe.
+    public var connectionParameters: [(String, String)] {
+        let hex = String(clientID, radix: 16)
+        var list = [("bc", String(repeating: "0", count: 16 - hex.count) + hex)]
+        if let lastSession, lastSession.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39 || $0 >= 0x41 && $0 <= 0x5A || $0 >= 0x61 && $0 <= 0x7A || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E) }) {
+            list.append(("ls", lastSession))
+        }
+        return list
     }
 
     public var isOnline: Bool {
@@ -325,11 +359,13 @@ public struct ClientCore: Sendable {
             return
         }
         switch event {
-        case let .hello(timestamp, session):
+        case let .hello(timestamp, session, writeNumbers):
             guard case .connecting(let node) = connection else { return }
             connection = .online(node: node)
             failures = 0
             sessionID = session
+            lastSession = session
+            numbered = writeNumbers && useWriteNumbers
             if timestamp > 0 { serverTimeOffset = timestamp - clockMillis }
             onDisconnectLocal = OnDisconnectTree()
             emit(.connected(true))
@@ -439,7 +475,9 @@ public struct ClientCore: Sendable {
                 sentAs: nil))
     }
 
-    private mutating func addWrite(_ write: PendingWrite) {
+    private mutating func addWrite(_ newWrite: PendingWrite) {
+        var write = newWrite
+        write.number = takeWriteNumber()
         // A set or update over a running transaction's location overrides it (Firebase's
         // `overriddenBySet`).
         for id in transactions.keys.sorted() {
@@ -464,10 +502,31 @@ public struct ClientCore: Sendable {
         return try TreeReader.read(json, at: path, serverValues: context)
     }
 
+    private mutating func takeWriteNumber() -> UInt64 {
+        defer { nextWriteNumber += 1 }
+        return nextWriteNumber
+    }
+
+    /// Every number below this was answered (the lowest unanswered write's, or the next one's).
+    private var acknowledgedBelow: UInt64 { writes.map(\.number).min() ?? nextWriteNumber }
+
     private mutating func sendWrite(_ index: Int) {
-        guard isOnline else { return }
-        let number = send(writes[index].request, as: .write(writes[index].id))
+        guard isOnline, writes[index].sentAs == nil else { return }
+        var client: (number: UInt64, acknowledgedBelow: UInt64)?
+        if numbered {
+            let lowest = acknowledgedBelow
+            // Past the server's window: it waits until earlier writes are answered.
+            guard writes[index].number < lowest + Self.writeWindow else { return }
+            client = (writes[index].number, lowest)
+        }
+        let number = send(writes[index].request, as: .write(writes[index].id), clientWrite: client)
         writes[index].sentAs = number
+    }
+
+    /// Sends, in order, the writes that waited for the window to move.
+    private mutating func sendWaitingWrites() {
+        guard isOnline else { return }
+        for i in writes.indices where writes[i].sentAs == nil { sendWrite(i) }
     }
 
     // MARK: - Transactions
@@ -504,8 +563,8 @@ public struct ClientCore: Sendable {
                 return
             }
             let write = PendingWrite(
-                id: id, request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)], visible: t.applyLocally,
-                isTransaction: true, sentAs: nil)
+                id: id, number: takeWriteNumber(), request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)],
+                visible: t.applyLocally, isTransaction: true, sentAs: nil)
             writes.append(write)
             sendWrite(writes.count - 1)
             refresh(touching: [t.path])
@@ -744,11 +803,11 @@ public struct ClientCore: Sendable {
     }
 
     @discardableResult
-    private mutating func send(_ request: ClientRequest, as what: Outstanding) -> Int64 {
+    private mutating func send(_ request: ClientRequest, as what: Outstanding, clientWrite: (number: UInt64, acknowledgedBelow: UInt64)? = nil) -> Int64 {
         let number = nextRequest
         nextRequest += 1
         outstanding[number] = what
-        emit(.send(request.body(number: number)))
+        emit(.send(request.body(number: number, clientWrite: clientWrite)))
         return number
     }
 
@@ -766,6 +825,7 @@ public struct ClientCore: Sendable {
                 if error != nil { refresh(touching: write.changes.map(\.path)) }
                 emit(.completed(id, error))
             }
+            sendWaitingWrites()
         case .listen(let key):
             guard var listen = listens[key] else { return }
             if let error {

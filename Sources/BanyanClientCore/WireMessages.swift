@@ -32,8 +32,10 @@ public enum ClientRequest: Sendable, Equatable {
         a.body(number: 0) == b.body(number: 0)
     }
 
-    /// The request as the `d` envelope: `{"t":"d","d":{"r":N,"a":…,"b":{…}}}`.
-    public func body(number: Int64) -> [UInt8] {
+    /// The request as the `d` envelope: `{"t":"d","d":{"r":N,"a":…,"b":{…}}}`. `clientWrite`:
+    /// Banyan's exactly-once extension for a put or merge, the client's number for the write
+    /// and its acknowledgement watermark (`bn`, `ba`).
+    public func body(number: Int64, clientWrite: (number: UInt64, acknowledgedBelow: UInt64)? = nil) -> [UInt8] {
         var out = Array(#"{"t":"d","d":{"r":"#.utf8)
         JSONWriter.appendInt(number, to: &out)
         func action(_ a: String) {
@@ -121,6 +123,17 @@ public enum ClientRequest: Sendable, Equatable {
             }
             out.append(UInt8(ascii: "}"))
         }
+        if let clientWrite {
+            switch self {
+            case .put, .merge:
+                out += Array(#","bn":"#.utf8)
+                JSONWriter.appendInt(Int64(clamping: clientWrite.number), to: &out)
+                out += Array(#","ba":"#.utf8)
+                JSONWriter.appendInt(Int64(clamping: clientWrite.acknowledgedBelow), to: &out)
+            default:
+                break
+            }
+        }
         out += Array("}}}".utf8)
         return out
     }
@@ -128,8 +141,9 @@ public enum ClientRequest: Sendable, Equatable {
 
 /// A message from the server, as the client acts on it.
 public enum ServerEvent: Sendable, Equatable {
-    /// The handshake: the server's time and its session id.
-    case hello(timestamp: Int64, session: String)
+    /// The handshake: the server's time, its session id, and whether it takes client write
+    /// numbers (Banyan's `bw`).
+    case hello(timestamp: Int64, session: String, writeNumbers: Bool = false)
     /// The answer to request `number`: `status` "ok" or an error code, and its data (JSON).
     case response(number: Int64, status: String, data: [UInt8])
     /// `d`: the value at an absolute path (JSON); `tag` names a filtered listen's data.
@@ -150,7 +164,7 @@ public enum ServerEvent: Sendable, Equatable {
 
     public static func == (a: ServerEvent, b: ServerEvent) -> Bool {
         switch (a, b) {
-        case let (.hello(t1, s1), .hello(t2, s2)): return t1 == t2 && s1 == s2
+        case let (.hello(t1, s1, w1), .hello(t2, s2, w2)): return t1 == t2 && s1 == s2 && w1 == w2
         case let (.response(n1, s1, d1), .response(n2, s2, d2)): return n1 == n2 && s1 == s2 && d1 == d2
         case let (.data(p1, j1, t1), .data(p2, j2, t2)): return p1 == p2 && j1 == j2 && t1 == t2
         case let (.merge(p1, c1, t1), .merge(p2, c2, t2)):
@@ -187,7 +201,9 @@ public enum ServerMessageReader {
                 if case .int(let v)? = value(hello, "ts", in: hd) { ts = v }
                 if case .double(let v)? = value(hello, "ts", in: hd) { ts = Int64(v) }
                 guard case .string(let session)? = value(hello, "s", in: hd) else { throw WireError("a hello without a session") }
-                return .hello(timestamp: ts, session: session)
+                var numbers = false
+                if case .int(let bw)? = value(hello, "bw", in: hd) { numbers = bw >= 1 }
+                return .hello(timestamp: ts, session: session, writeNumbers: numbers)
             case "r":
                 guard case .string(let host)? = value(inner, "d", in: d) else { throw WireError("a reset without a host") }
                 return .reset(host: host)

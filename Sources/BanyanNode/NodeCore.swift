@@ -155,6 +155,8 @@ public final class NodeCore {
         var loaded = try storage.load(progress: progress)
         if settings.sabotage == .forgetVote { loaded.persisted.hardState.vote = 0 }
         if settings.sabotage == .forgetRulesOnLoad { loaded.machine.forgetRules() }
+        if settings.sabotage == .forgetClientWritesOnLoad { loaded.machine.forgetClientWrites() }
+        if settings.sabotage == .ignoreClientWrites { loaded.machine.ignoresClientWrites = true }
         pacer = RoundPacer(interval: settings.roundIntervalNanoseconds)
         leaseKeeper = LeaseKeeper(leaseNanoseconds: settings.leaseNanoseconds, ignoreRenewals: settings.sabotage == .leaseIgnoresRenewals)
         replica = try Replica(
@@ -167,9 +169,11 @@ public final class NodeCore {
 
     // MARK: - Client inputs (the driver picks request ids, unique among those waiting)
 
-    public func write(_ id: RequestID, namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil) {
+    public func write(
+        _ id: RequestID, namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil, clientWrite: ClientWriteKey? = nil
+    ) {
         guard !stopped else { return output(.wrote(id, .failure(.overloaded("the node is shutting down")))) }
-        start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session, auth: auth) }
+        start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session, auth: auth, clientWrite: clientWrite) }
     }
 
     /// Opens a realtime connection's own client session (`Replica.openSession`): false when the
@@ -304,6 +308,8 @@ public final class NodeCore {
             do {
                 installed = try storage.persist(rd)
                 if settings.sabotage == .forgetRulesOnLoad { installed?.forgetRules() }
+                if settings.sabotage == .forgetClientWritesOnLoad { installed?.forgetClientWrites() }
+                if settings.sabotage == .ignoreClientWrites { installed?.ignoresClientWrites = true }
             } catch let damaged as DamagedIncomingSnapshot {
                 // Nothing of this Ready reached the disk or the network: reload as a restart
                 // would, and let the leader send the snapshot again.
@@ -420,6 +426,8 @@ public final class NodeCore {
         do {
             var loaded = try storage.load { _ in }
             if settings.sabotage == .forgetRulesOnLoad { loaded.machine.forgetRules() }
+            if settings.sabotage == .forgetClientWritesOnLoad { loaded.machine.forgetClientWrites() }
+            if settings.sabotage == .ignoreClientWrites { loaded.machine.ignoresClientWrites = true }
             let treesFor = replica.treesFor
             replica = try Replica(
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),

@@ -15,6 +15,9 @@ public struct RealtimeUpgrade: Sendable, Equatable {
     /// permessage-deflate when the client offered it acceptably (`Sec-WebSocket-Extensions`),
     /// else nil: the connection goes uncompressed. An offer never makes the upgrade fail.
     public var deflate: PerMessageDeflate? = nil
+    /// `bc` (Banyan's extension): the client's stable id, 16 hex digits, not zero. Its writes'
+    /// numbers (`bn`) name them across connections, so each applies at most once.
+    public var clientID: UInt64? = nil
 
     /// The realtime endpoints: `/.ws` (WebSocket) and `/.lp` (long polling, not served).
     public static func isRealtimePath(_ uri: String) -> Bool {
@@ -69,9 +72,17 @@ public struct RealtimeUpgrade: Sendable, Equatable {
             throw RESTError(400, "Invalid namespace \"\(namespace)\": use 1 to 63 letters, digits, '-' or '_'.")
         }
         let lastSession = param("ls").flatMap { $0.isEmpty ? nil : $0 }
+        var clientID: UInt64?
+        if let bc = param("bc") {
+            guard bc.utf8.count == 16, let id = UInt64(bc, radix: 16), id != 0 else {
+                throw RESTError(400, "Invalid client id \"bc\": use 16 hexadecimal digits, not all zero.")
+            }
+            clientID = id
+        }
         let offers = head.headers.filter { HTTPHead.isHeader($0.name, "Sec-WebSocket-Extensions") }.map(\.value)
         return RealtimeUpgrade(
-            namespace: namespace, lastSession: lastSession, host: host, accept: accept(forKey: key), deflate: PerMessageDeflate.negotiate(offers))
+            namespace: namespace, lastSession: lastSession, host: host, accept: accept(forKey: key), deflate: PerMessageDeflate.negotiate(offers),
+            clientID: clientID)
     }
 
     /// Whether a comma-separated header value holds `token` (ASCII case ignored).

@@ -378,7 +378,12 @@ public struct Replica: Sendable {
     /// Submits a client write, in the node's own session or in `session` (opened with
     /// `openSession`). The outcome arrives as `.applied` with this request id (or `.failed`).
     /// `auth` names the client the namespace's rules judge the write for (nil: not judged).
-    public mutating func write(_ request: RequestID, namespace: String, command: Command, session chosen: UInt64? = nil, auth: ClientAuth? = nil) {
+    /// `clientWrite`: the client's own name for the write (an SDK's client id and write number),
+    /// which the state machine applies at most once whatever session carries it.
+    public mutating func write(
+        _ request: RequestID, namespace: String, command: Command, session chosen: UInt64? = nil, auth: ClientAuth? = nil,
+        clientWrite: ClientWriteKey? = nil
+    ) {
         guard writes.count < configuration.maxPendingRequests else {
             events.append(.failed(request, .overloaded("\(writes.count) writes are waiting")))
             return
@@ -394,7 +399,7 @@ public struct Replica: Sendable {
         counters[owner] = counter
         let payload = CommandEnvelope(
             namespace: namespace, session: owner, seq: seq, timestamp: 0, settledBelow: counter.lowestPending, ordered: counter.ordered,
-            command: command, auth: auth
+            command: command, auth: auth, clientWrite: clientWrite
         ).encoded()
         let key = WriteKey(session: owner, seq: seq)
         writes[key] = PendingWrite(request: request, payload: payload, lastProposedTick: ticks, deadline: ticks + configuration.requestTimeoutTicks)

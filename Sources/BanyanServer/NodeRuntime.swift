@@ -314,13 +314,13 @@ public final class NodeRuntime: @unchecked Sendable {
     /// and answers are batched across threads (one wake-up covers many), which is what the
     /// per-request HTTP path wants.
     public func write(
-        namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil, on caller: any EventLoop,
+        namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil, clientWrite: ClientWriteKey? = nil, on caller: any EventLoop,
         _ done: @escaping @Sendable (WriteResult) -> Void
     ) {
         submit {
             let id = self.newRequest()
             self.writeCompletions[id] = Completion(loop: caller, done: done)
-            self.core.write(id, namespace: namespace, command: command, session: session, auth: auth)
+            self.core.write(id, namespace: namespace, command: command, session: session, auth: auth, clientWrite: clientWrite)
             self.scheduleProcess()
         }
     }

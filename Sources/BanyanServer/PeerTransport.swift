@@ -29,9 +29,10 @@ import Synchronization
 /// the same protocol before they can talk again (restart them all with the new binary;
 /// docs/runbook.md).
 /// Version 7: the same messages; it marks the log's command versions 7 (accounts) and 8
-/// (free-space alarms), which nodes of version 6 would apply as malformed.
+/// (free-space alarms), which nodes of version 6 would apply as malformed. Version 8: the same
+/// messages; it marks command version 9 (client writes, exactly once across connections).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 7
+    static let protocolVersion: UInt16 = 8
     /// Bytes queued on one connection beyond which new messages are dropped.
     static let maxQueuedBytes = 64 << 20
 

@@ -49,7 +49,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     private var dirty = false
     /// Writes held while the previous connection's end (`ls`) is being recorded, in order.
     private var holdingWrites = false
-    private var heldWrites: [(request: Int64, write: SessionCore.Write)] = []
+    private var heldWrites: [(request: Int64, write: SessionCore.Write, client: ClientWriteNumber?)] = []
     /// Set while the node drains this connection: where the reset sends the client.
     private var resetTarget: String?
     /// Bytes of a protocol message arriving in several frames, charged to the node's budget.
@@ -334,7 +334,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
                 startedListens[id] = nil
                 if let hubID = hubIDs.removeValue(forKey: id) { hub.unlisten(hubID) }
             case let .get(request, path, query): get(request, path, query)
-            case let .write(request, write): self.write(request, write)
+            case let .write(request, write, client): self.write(request, write, client)
             case let .authenticate(request, credential, _): authenticate(request, credential)
             case .unauthenticate:
                 signIn(.client(.signedOut), until: nil)
@@ -473,14 +473,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
             self.holdingWrites = false
             let held = self.heldWrites
             self.heldWrites = []
-            for (request, write) in held { self.write(request, write) }
+            for (request, write, client) in held { self.write(request, write, client) }
             self.flush()
         }
     }
 
-    private func write(_ request: Int64, _ write: SessionCore.Write) {
+    private func write(_ request: Int64, _ write: SessionCore.Write, _ number: ClientWriteNumber?) {
         if holdingWrites {
-            heldWrites.append((request, write))
+            heldWrites.append((request, write, number))
             return
         }
         if Access.writeRefused(client, hasRules: rules != nil, allowUnauthenticated: server.config.development.allowUnauthenticated) {
@@ -493,7 +493,12 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
             return perform(core.answer(request: request, status: refusal.status, data: JSONValue.string(refusal.message).bytes))
         }
         wrote = true
-        runtime.write(namespace: namespace, command: command, session: identity.connection, auth: client.commandAuth, on: hub.loop) { [weak self] result in
+        // A write the SDK numbered, on a connection that named its client (`bc`): applied at most
+        // once whatever connection carries it (docs/realtime.md, "Client writes").
+        let key = upgrade.clientID.flatMap { id in number.map { ClientWriteKey(client: id, number: $0.number, acknowledgedBelow: $0.acknowledgedBelow) } }
+        runtime.write(
+            namespace: namespace, command: command, session: identity.connection, auth: client.commandAuth, clientWrite: key, on: hub.loop
+        ) { [weak self] result in
             guard let self, !self.finished else { return }
             switch result {
             case .success(let applied):

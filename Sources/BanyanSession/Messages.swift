@@ -20,10 +20,25 @@ public enum ClientMessage: Sendable, Equatable {
 public struct Request: Sendable, Equatable {
     public var number: Int64
     public var action: Action
+    /// Banyan's extension for exactly-once writes: the SDK's number for a `p` or `m` (`bn`) and
+    /// the number below which it holds every answer (`ba`). Only read when both are present.
+    public var clientWrite: ClientWriteNumber?
 
-    public init(number: Int64, action: Action) {
+    public init(number: Int64, action: Action, clientWrite: ClientWriteNumber? = nil) {
         self.number = number
         self.action = action
+        self.clientWrite = clientWrite
+    }
+}
+
+/// A client's own number for one of its writes and its acknowledgement watermark (the client id
+/// comes with the connection: the `bc` parameter of `/.ws`).
+public struct ClientWriteNumber: Sendable, Equatable {
+    public var number: UInt64
+    public var acknowledgedBelow: UInt64
+    public init(number: UInt64, acknowledgedBelow: UInt64) {
+        self.number = number
+        self.acknowledgedBelow = acknowledgedBelow
     }
 }
 
@@ -178,7 +193,20 @@ public enum MessageReader {
             let body = payload["b"] ?? .object([])
             guard case .object = body else { throw MessageError(request: number, "Invalid request: expected the body \"b\" to be an object") }
             let raw = parsed.raw.map { RawValue(message: message, range: $0) }
-            return .request(Request(number: number, action: try readAction(action, body, raw: raw, request: number)))
+            var request = Request(number: number, action: try readAction(action, body, raw: raw, request: number))
+            if action == "p" || action == "m" {
+                switch (body["bn"], body["ba"]) {
+                case (nil, nil): break
+                case let (n?, a?):
+                    guard let n = integer(n), let a = integer(a), n > 0, a > 0, a <= n else {
+                        throw MessageError(request: number, "Invalid \"\(action)\" request: \"bn\" and \"ba\" must be positive integers, \"ba\" at most \"bn\"")
+                    }
+                    request.clientWrite = ClientWriteNumber(number: UInt64(n), acknowledgedBelow: UInt64(a))
+                default:
+                    throw MessageError(request: number, "Invalid \"\(action)\" request: \"bn\" and \"ba\" come together")
+                }
+            }
+            return .request(request)
         default:
             throw MessageError(request: nil, "Invalid message: unknown type \"\(type)\"")
         }
@@ -350,7 +378,8 @@ public enum ServerMessage {
     /// The hello (`h`): `ts` the server's epoch milliseconds (a realistic value: Android reads a
     /// Long), `h` a host the client can reach again, `s` the session id.
     public static func hello(timestamp: Int64, host: String, session: String) -> [UInt8] {
-        control("h", .object([("ts", .int(timestamp)), ("v", .string("5")), ("h", .string(host)), ("s", .string(session))]))
+        // `bw`: this server takes client write numbers (`bn`/`ba` with a `bc` client id).
+        control("h", .object([("ts", .int(timestamp)), ("v", .string("5")), ("h", .string(host)), ("s", .string(session)), ("bw", .int(1))]))
     }
 
     /// The answer to a ping. The inner `d` must be present (JS ignores a control message without it).

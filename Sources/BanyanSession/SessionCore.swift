@@ -70,7 +70,8 @@ public struct SessionCore: Sendable {
         /// A one-shot read; the node calls `answer(request:…)`.
         case get(request: Int64, path: Path, query: JSONValue?)
         /// A write, in the connection's order; the node calls `answer(request:…)` once decided.
-        case write(request: Int64, Write)
+        /// `client`: the SDK's own number for it (exactly-once across connections), if it sent one.
+        case write(request: Int64, Write, client: ClientWriteNumber?)
         /// Credentials to check; the node calls `answer(request:…)` with the claims or a failure.
         case authenticate(request: Int64, Credential, google: Bool)
         /// The client dropped its credentials.
@@ -92,7 +93,7 @@ public struct SessionCore: Sendable {
             case let (.listen(i, s), .listen(j, t)): return i == j && s == t
             case let (.unlisten(i), .unlisten(j)): return i == j
             case let (.get(r, p, q), .get(r2, p2, q2)): return r == r2 && p == p2 && q == q2
-            case let (.write(r, w), .write(r2, w2)): return r == r2 && w == w2
+            case let (.write(r, w, c), .write(r2, w2, c2)): return r == r2 && w == w2 && c == c2
             case let (.authenticate(r, c, g), .authenticate(r2, c2, g2)): return r == r2 && c == c2 && g == g2
             case (.unauthenticate, .unauthenticate), (.pauseReading, .pauseReading), (.resumeReading, .resumeReading), (.ping, .ping): return true
             case let (.stats(x), .stats(y)): return x.count == y.count && zip(x, y).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
@@ -293,15 +294,15 @@ public struct SessionCore: Sendable {
         case .get(let path, let query):
             out.append(.get(request: number, path: path, query: query))
         case .put(let path, let data, let hash):
-            out.append(.write(request: number, .put(path, data, hash: hash)))
+            out.append(.write(request: number, .put(path, data, hash: hash), client: request.clientWrite))
         case .merge(let path, let data):
-            out.append(.write(request: number, .merge(path, data)))
+            out.append(.write(request: number, .merge(path, data), client: request.clientWrite))
         case .onDisconnectPut(let path, let data):
-            out.append(.write(request: number, .onDisconnectPut(path, data)))
+            out.append(.write(request: number, .onDisconnectPut(path, data), client: nil))
         case .onDisconnectMerge(let path, let data):
-            out.append(.write(request: number, .onDisconnectMerge(path, data)))
+            out.append(.write(request: number, .onDisconnectMerge(path, data), client: nil))
         case .onDisconnectCancel(let path):
-            out.append(.write(request: number, .onDisconnectCancel(path)))
+            out.append(.write(request: number, .onDisconnectCancel(path), client: nil))
         case .auth(let credential):
             out.append(.authenticate(request: number, credential, google: false))
         case .googleAuth(let credential):

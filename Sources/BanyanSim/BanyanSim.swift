@@ -26,6 +26,8 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Add realtime connections with onDisconnect writes, node leases and fencing (a presence workload).") var sessions = false
     @Flag(help: "Security rules in the log: two rules changes; every client write names its client and is judged at its position.") var rules = false
     @Flag(help: "Account sign-ups in the log: clients race to sign up a few emails; at most one per email may succeed.") var accounts = false
+    @Flag(help: "Client writes: every data write names its client and number; a failed or timed-out write is sent again through another node and must be decided once.")
+    var clientWrites = false
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
     @Option(help: "A deliberate bug in the real code, to see the checkers catch it (docs/simulator.md, \"Self-tests\"): \(Sabotage.allCases.filter { $0 != .none }.map(\.rawValue).joined(separator: ", ")).")
@@ -52,6 +54,7 @@ struct BanyanSim: ParsableCommand {
         o.sessions = sessions
         o.rules = rules
         o.accounts = accounts
+        o.clientWrites = clientWrites
         o.trace = trace
         o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none
         return o
@@ -90,7 +93,7 @@ struct BanyanSim: ParsableCommand {
                 print(report.summary)
                 print(
                     "replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")"
-                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")\(rules ? " --rules" : "")\(accounts ? " --accounts" : "")"
+                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")\(rules ? " --rules" : "")\(accounts ? " --accounts" : "")\(clientWrites ? " --client-writes" : "")"
                         + "\(sabotage.map { " --sabotage \($0)" } ?? "")")
             } else if report.excused {
                 // Printed too: such seeds are counted apart, never silently.

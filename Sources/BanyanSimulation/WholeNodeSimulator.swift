@@ -35,6 +35,11 @@ public struct WholeNodeOptions: Sendable {
     /// sign up one of `keys` emails, so concurrent sign-ups race for them; at most one per email
     /// may succeed, and every node must hold the same accounts.
     public var accounts = false
+    /// Client writes (issue 17, command version 9): every data write names its client and
+    /// number, as the Swift SDK's do; a client whose write failed or timed out sends the same
+    /// write again through another node (up to four times), and every node must decide each
+    /// (client, number) once, answering later copies with the first one's outcome.
+    public var clientWrites = false
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -179,6 +184,10 @@ public struct WholeNodeReport: Sendable {
         /// Disks an operator replaced after losing them (the data-loss fault).
         public var disksLost = 0
         public var badSectors = 0
+        /// Client writes sent again after a failure or timeout (options.clientWrites), and those
+        /// answered from an earlier copy's outcome.
+        public var clientResends = 0
+        public var clientAlreadyApplied = 0
         /// Realtime connections opened (options.sessions), queues fired, lease fences.
         public var presences = 0
         public var presencesFired = 0
@@ -201,6 +210,9 @@ public struct WholeNodeReport: Sendable {
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads)\n"
+        if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 {
+            s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied)\n"
+        }
         if stats.presences > 0 {
             s += "  realtime connections \(stats.presences), onDisconnect queues fired \(stats.presencesFired), lease fences \(stats.leaseFences)\n"
         }
@@ -329,6 +341,9 @@ public struct WholeNodeSimulator {
         var quota: Int
         var current: Int?
         var known: [Int: Int] = [:]
+        /// Its client id and next write number (options.clientWrites).
+        var id: UInt64 = 0
+        var nextNumber: UInt64 = 1
     }
 
     private struct Operation {
@@ -341,6 +356,9 @@ public struct WholeNodeSimulator {
         var readValue: Int??
         var outcome: StateMachine.Outcome?
         var unknown = false
+        /// Its client write key (options.clientWrites) and how many times it was sent.
+        var key: ClientWriteKey?
+        var attempts = 1
     }
 
     private let options: WholeNodeOptions
@@ -439,7 +457,9 @@ public struct WholeNodeSimulator {
         nextNodeID = NodeID(swarm.nodes + 1)
         for c in 0..<options.clients {
             let quota = options.operations / options.clients + (c < options.operations % options.clients ? 1 : 0)
-            clients.append(Client(quota: quota))
+            var client = Client(quota: quota)
+            client.id = ((options.seed &+ 1) &* 0x9E37_79B9_7F4A_7C15) ^ (UInt64(c + 1) &* 0xBF58_476D_1CE4_E5B9) | 1
+            clients.append(client)
         }
         let founders = (1...NodeID(swarm.nodes)).map { $0 }
         for id in founders {
@@ -1253,6 +1273,18 @@ public struct WholeNodeSimulator {
         }
         let op = operations.count
         operations.append(Operation(client: c, node: target, kind: kind, call: now))
+        if options.clientWrites {
+            switch kind {
+            case .set, .cas, .update, .increment:
+                // One operation at a time per client: every earlier number was answered or
+                // given up, so the acknowledgement reaches this one.
+                let n = clients[c].nextNumber
+                clients[c].nextNumber += 1
+                operations[op].key = ClientWriteKey(client: clients[c].id, number: n, acknowledgedBelow: n)
+            case .read, .setRules, .signUp:
+                break
+            }
+        }
         clients[c].current = op
         let id = node.nextRequest
         node.nextRequest += 1
@@ -1279,19 +1311,24 @@ public struct WholeNodeSimulator {
             let record = AccountRecord(uid: "op\(op)", email: "E\(email)@sim.test", provider: "password", refreshKey: "k\(op)")
             core.write(id, namespace: Self.accountsProject, command: .account(.create(record)))
         case let .set(key, value):
-            core.write(id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)), auth: auth(operations[op].client))
+            core.write(
+                id, namespace: Self.namespace, command: .set(path: "/k\(key)", json: Array("\(value)".utf8)), auth: auth(operations[op].client),
+                clientWrite: operations[op].key)
         case let .cas(key, expected, new):
             let hash = expected.map { Tree(.int(Int64($0))).hashString } ?? ""
             core.write(
                 id, namespace: Self.namespace, command: .compareAndSet(path: "/k\(key)", expectedHash: hash, json: Array("\(new)".utf8)),
-                auth: auth(operations[op].client))
+                auth: auth(operations[op].client), clientWrite: operations[op].key)
         case let .update(keys, values):
             let items = zip(keys, values).map { Command.UpdateItem(path: "k\($0.0)", json: Array("\($0.1)".utf8)) }
-            core.write(id, namespace: Self.namespace, command: .update(path: "/", entries: items), auth: auth(operations[op].client))
+            core.write(
+                id, namespace: Self.namespace, command: .update(path: "/", entries: items), auth: auth(operations[op].client),
+                clientWrite: operations[op].key)
         case .increment:
             core.write(
                 id, namespace: Self.namespace,
-                command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)), auth: auth(operations[op].client))
+                command: .set(path: "/\(Self.counterKey)", json: Array(#"{".sv":{"increment":1}}"#.utf8)), auth: auth(operations[op].client),
+                clientWrite: operations[op].key)
         }
         perform(takeActions(node), on: node)
         scheduleProcess(node, after: 0)
@@ -1318,7 +1355,17 @@ public struct WholeNodeSimulator {
     private mutating func completeWrite(_ c: Int, _ result: WriteResult) {
         guard let op = clients[c].current else { return }
         switch result {
-        case .success(let applied):
+        case .success(var applied):
+            if case .alreadyApplied(let earlier) = applied.outcome {
+                // An earlier copy of this client write was decided: its outcome is the answer.
+                report.stats.clientAlreadyApplied += 1
+                switch earlier.status {
+                case "ok": applied.outcome = .ok
+                case "datastale": applied.outcome = .datastale(current: .empty)
+                case "permission_denied": applied.outcome = .permissionDenied(reason: earlier.message)
+                default: applied.outcome = .refused(earlier.message)
+                }
+            }
             operations[op].outcome = applied.outcome
             operations[op].returned = now
             report.stats.writesOK += 1
@@ -1334,6 +1381,12 @@ public struct WholeNodeSimulator {
             default: report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)")
             }
             learn(c, op: op)
+        case .failure(.overloaded) where operations[op].attempts > 1:
+            // This copy was refused before it was proposed, but an earlier one may apply: the
+            // write goes again, or its outcome stays unknown.
+            if resend(c, op) { return }
+            operations[op].unknown = true
+            report.stats.writesUnknown += 1
         case .failure(.overloaded):
             // Refused before it was proposed: it must never apply (not in the history).
             operations[op].returned = now
@@ -1341,10 +1394,34 @@ public struct WholeNodeSimulator {
             operations[op].outcome = nil
             report.stats.writesRefused += 1
         case .failure:
+            if resend(c, op) { return }
             operations[op].unknown = true
             report.stats.writesUnknown += 1
         }
         next(c)
+    }
+
+    /// A client write whose outcome is not known goes again, with the same key, through a live
+    /// node (options.clientWrites): the state machine decides it at most once.
+    private mutating func resend(_ c: Int, _ op: Int) -> Bool {
+        guard operations[op].key != nil, operations[op].attempts < 5, !closingPresences else { return false }
+        for node in nodes.values { node.requests = node.requests.filter { $0.value != c } }
+        let live = liveIDs
+        guard let target = live.isEmpty ? nil : live[clientRandom.below(live.count)], let node = nodes[target], node.core != nil else { return false }
+        operations[op].attempts += 1
+        operations[op].node = target
+        report.stats.clientResends += 1
+        let id = node.nextRequest
+        node.nextRequest += 1
+        node.requests[id] = c
+        traceLine("client \(c) op \(op) again at \(target)", 14, UInt64(op))
+        schedule(after: requestTimeoutMillis, .clientTimeout(c, op: op))
+        if node.paused {
+            node.waitingRequests.append((id, op))
+        } else {
+            submit(id, op, to: node)
+        }
+        return true
     }
 
     private mutating func completeRead(_ c: Int, _ result: Result<Tree, ReplicaError>) {
@@ -1380,6 +1457,7 @@ public struct WholeNodeSimulator {
 
     private mutating func timeout(_ c: Int, op: Int) {
         guard clients[c].current == op else { return }
+        if resend(c, op) { return }
         abandon(c)
     }
 
@@ -1626,7 +1704,7 @@ public struct WholeNodeSimulator {
                 }
                 presenceApplied[node.id, default: [:]][applied.session] = applied.seq
             }
-        case .duplicate, .malformed, .refused, .outOfOrder: break
+        case .duplicate, .malformed, .refused, .outOfOrder, .alreadyApplied: break
         }
         guard applied.outcome == .ok else { return }
         for path in applied.written {
@@ -1684,12 +1762,18 @@ public struct WholeNodeSimulator {
         // datastale, rejected) is taken once per state lineage; a retry must come back as
         // `.duplicate`, never be decided again.
         switch applied.outcome {
-        case .duplicate, .malformed, .refused, .outOfOrder: break
+        case .duplicate, .malformed, .refused, .outOfOrder, .alreadyApplied: break
         case .ok, .datastale, .rejected, .permissionDenied, .noSpace:
             if applied.session != 0,
                 writesDecided[node.id, default: []].insert(SessionWrite(session: applied.session, seq: applied.seq)).inserted == false
             {
                 report.violations.append("t=\(now) node \(node.id) decided write (session \(applied.session), seq \(applied.seq)) twice")
+            }
+            // The same for a client write, whatever session carried each copy.
+            if let key = applied.clientWrite,
+                writesDecided[node.id, default: []].insert(SessionWrite(session: key.client, seq: key.number | 1 << 63)).inserted == false
+            {
+                report.violations.append("t=\(now) node \(node.id) decided client write (client \(key.client), number \(key.number)) twice")
             }
         }
         guard applied.outcome == .ok else { return }

@@ -124,10 +124,14 @@ public struct CommandEnvelope: Sendable, Equatable {
     public var command: Command
     /// The client the rules judge the command for; nil: not subject to rules.
     public var auth: ClientAuth?
+    /// A client's own name for this write (an SDK's stable client id and its write number):
+    /// applied at most once whatever connection, node or session carries it (version 9, sets,
+    /// updates and compare-and-sets only; docs/internals/state-machine.md, "Client writes").
+    public var clientWrite: ClientWriteKey?
 
     public init(
         namespace: String = "", session: UInt64, seq: UInt64, timestamp: Int64, settledBelow: UInt64 = 0, ordered: Bool = false, command: Command,
-        auth: ClientAuth? = nil
+        auth: ClientAuth? = nil, clientWrite: ClientWriteKey? = nil
     ) {
         self.namespace = namespace
         self.session = session
@@ -137,6 +141,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         self.ordered = ordered
         self.command = command
         self.auth = auth
+        self.clientWrite = clientWrite
     }
 
     /// Version 3 adds `settledBelow`; version 4 the lease holder of `o`/`om` and the lease
@@ -148,7 +153,10 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// (`auth`: 0 none, 1 signed out, 2 a user and its JSON). Version 7 (accounts): version
     /// 6's layout and the `account` kind; only account commands are written as version 7.
     /// Version 8: version 6's layout and the `spaceAlarm` kind (the only kind written as 8).
-    static let version: UInt8 = 8
+    /// Version 9: version 6's layout with a trailer after `auth` naming the client's write
+    /// (`clientWrite`: client, number, acknowledged-below; u64 each), for sets, updates and
+    /// compare-and-sets; only commands that carry one are written as 9.
+    static let version: UInt8 = 9
     /// The kind byte's flag for `ordered` (version 5).
     static let orderedFlag: UInt8 = 0x80
     /// Where `settledBelow` sits in a version 3+ payload (after version, kind, session, seq and
@@ -157,6 +165,7 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// The version this command is written in.
     var writtenVersion: UInt8 {
+        if clientWrite != nil, command.takesClientWrite { return 9 }
         if case .spaceAlarm = command { return 8 }
         if case .account = command { return 7 }
         if auth != nil { return 6 }
@@ -263,6 +272,11 @@ public struct CommandEnvelope: Sendable, Equatable {
                 w.bytes(json)
             }
         }
+        if version == 9, let key = clientWrite {
+            w.u64(key.client)
+            w.u64(key.number)
+            w.u64(key.acknowledgedBelow)
+        }
         return w.finish()
     }
 
@@ -290,6 +304,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .signedOut?: n += 1
         case .user(let json)?: n += 9 + json.count
         }
+        if writtenVersion == 9 { n += 24 }
         return n
     }
 
@@ -300,7 +315,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     }
 
     /// Decodes a payload, or says which field is malformed: the whole payload must be one
-    /// command of a known version (2 to 8).
+    /// command of a known version (2 to 9).
     static func decode(_ bytes: [UInt8]) throws(ByteCodecError) -> CommandEnvelope {
         try ByteReader.readAll(bytes) { (r) throws(ByteCodecError) in
             var version = try r.u8("command version")
@@ -382,9 +397,16 @@ public struct CommandEnvelope: Sendable, Equatable {
                 default: throw .badValue(field: "auth kind")
                 }
             }
+            var clientWrite: ClientWriteKey?
+            if written == 9 {
+                guard command.takesClientWrite else { throw .badValue(field: "command kind") }
+                let key = ClientWriteKey(client: try r.u64("client"), number: try r.u64("client write number"), acknowledgedBelow: try r.u64("acknowledged below"))
+                guard key.client != 0, key.number != 0 else { throw .badValue(field: "client write") }
+                clientWrite = key
+            }
             return CommandEnvelope(
                 namespace: namespace, session: session, seq: seq, timestamp: stamp, settledBelow: settled, ordered: ordered, command: command,
-                auth: auth)
+                auth: auth, clientWrite: clientWrite)
         }
     }
 

@@ -109,6 +109,9 @@ public struct StateMachine: Sendable {
         /// write for the client it names (`CommandEnvelope.auth`); `reason` says which rule.
         /// Nothing changed.
         case permissionDenied(reason: String)
+        /// A client write (`CommandEnvelope.clientWrite`) already decided by an earlier copy:
+        /// not applied again; the earlier copy's outcome, for the client's answer. Nothing changed.
+        case alreadyApplied(ClientWriteOutcome)
     }
 
     /// What applying an entry did.
@@ -129,6 +132,9 @@ public struct StateMachine: Sendable {
         public var rulesChanged = false
         /// The command installed or rotated a project's signing keys (`signingKeys`).
         public var signingKeysChanged = false
+        /// The client write this command decided (nil when it carried none, or when an earlier
+        /// copy had decided it).
+        public var clientWrite: ClientWriteKey? = nil
     }
 
     /// The system namespace that holds every namespace's rules text, one string child per
@@ -137,6 +143,9 @@ public struct StateMachine: Sendable {
     public static let rulesNamespace = "$rules"
     /// The system namespace of free-space alarms: one child per node whose alarm is raised.
     public static let alarmsNamespace = "$alarms"
+    /// The `ignore-client-writes` sabotage only (never set by the server): earlier copies of a
+    /// client write are not looked up, so a resent write is decided again.
+    public var ignoresClientWrites = false
     /// Nodes whose free-space alarm is raised (derived from `alarmsNamespace`).
     public private(set) var spaceAlarms: Set<UInt64> = []
     /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
@@ -255,10 +264,16 @@ public struct StateMachine: Sendable {
         if !record.contains(envelope.seq) { record.insert(envelope.seq) }
         sessions[envelope.session] = record
         lastTimestamp = max(lastTimestamp, envelope.timestamp)
+        let clientWrite = envelope.command.takesClientWrite ? envelope.clientWrite : nil
+        if let key = clientWrite, let decided = clientWriteDecided(key) {
+            // Another copy of this client write was decided earlier (on another connection, a
+            // resend after a reconnect): it is not decided again.
+            return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: decided, written: [])
+        }
         if !spaceAlarms.isEmpty, envelope.command.addsData {
-            return Applied(
-                namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: .noSpace(nodes: spaceAlarms.sorted()),
-                written: [])
+            let outcome = Outcome.noSpace(nodes: spaceAlarms.sorted())
+            if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
+            return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: [], clientWrite: clientWrite)
         }
         switch envelope.command {
         case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder:
@@ -294,8 +309,10 @@ public struct StateMachine: Sendable {
             value = nil
         }
         if !tree.isEmpty { namespaces[envelope.namespace] = tree }
+        if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
         return Applied(
-            namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value)
+            namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value,
+            clientWrite: clientWrite)
     }
 
     /// The rules and request context a client write is judged by: nil for commands without

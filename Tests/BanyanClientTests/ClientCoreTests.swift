@@ -410,6 +410,43 @@ import Testing
         #expect(Self.sent(core.takeActions()) == [#"{"t":"d","d":{"r":3,"a":"n","b":{"p":"/k"}}}"#])
     }
 
+    @Test("with a server that takes write numbers, writes carry bn/ba, keep their numbers when sent again, and wait beyond the window; bc and ls name the client and the last session")
+    func writeNumbers() throws {
+        var core = ClientCore(nodeCount: 1, seed: 4, clientID: 0xAB)
+        #expect(core.connectionParameters.map { "\($0.0)=\($0.1)" } == ["bc=00000000000000ab"])
+        core.tick(now: 0)
+        core.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1,"v":"5","h":"n","s":"1-2-3","bw":1}}}"#.utf8))
+        _ = core.takeActions()
+        try core.set(1, path: Self.path("/a"), json: Self.bytes("1"))
+        try core.update(2, path: Self.path("/"), children: [(Self.path("b"), Self.bytes("2"))])
+        #expect(
+            Self.sent(core.takeActions()) == [
+                #"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/a","d":1,"bn":1,"ba":1}}}"#, #"{"t":"d","d":{"r":3,"a":"m","b":{"p":"/","d":{"b":2},"bn":2,"ba":1}}}"#,
+            ])
+        core.received(Self.ok(2))
+        // The connection dies before write 2's answer: the next one names the last session and
+        // sends write 2 again under the same number, acknowledging 1.
+        core.closed()
+        #expect(core.connectionParameters.map { "\($0.0)=\($0.1)" } == ["bc=00000000000000ab", "ls=1-2-3"])
+        core.tick(now: 60_000)
+        core.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1,"v":"5","h":"n","s":"1-2-4","bw":1}}}"#.utf8))
+        #expect(Self.sent(core.takeActions()).last == #"{"t":"d","d":{"r":5,"a":"m","b":{"p":"/","d":{"b":2},"bn":2,"ba":2}}}"#)
+        // A server without `bw` gets no numbers.
+        var plain = Self.online()
+        try plain.set(1, path: Self.path("/a"), json: Self.bytes("1"))
+        #expect(Self.sent(plain.takeActions()) == [#"{"t":"d","d":{"r":2,"a":"p","b":{"p":"/a","d":1}}}"#])
+        // Beyond the window (1,000 past the lowest unanswered number) writes wait, in order.
+        var many = ClientCore(nodeCount: 1, seed: 5)
+        many.tick(now: 0)
+        many.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1,"v":"5","h":"n","s":"s","bw":1}}}"#.utf8))
+        _ = many.takeActions()
+        for i in 1...1_001 { try many.set(UInt64(i), path: Self.path("/w/\(i)"), json: Self.bytes("\(i)")) }
+        let first = Self.sent(many.takeActions())
+        #expect(first.count == 1_000 && first.last?.contains(#""bn":1000,"ba":1"#) == true)
+        many.received(Self.ok(2))
+        #expect(Self.sent(many.takeActions()) == [#"{"t":"d","d":{"r":1002,"a":"p","b":{"p":"/w/1001","d":1001,"bn":1001,"ba":2}}}"#])
+    }
+
     @Test func readsServerMessagesAndSplitsLargeOnes() throws {
         #expect(try ServerMessageReader.read(Self.hello()) == .hello(timestamp: 1000, session: "S1"))
         #expect(try ServerMessageReader.read(Array(#"{"t":"c","d":{"t":"r","d":"n2:9000"}}"#.utf8)) == .reset(host: "n2:9000"))

@@ -181,7 +181,7 @@ import Testing
     @Test("control messages, with the inner d always present")
     func control() {
         #expect(Self.text(ServerMessage.hello(timestamp: 1_764_200_000_000, host: "db.example:9000", session: "s1"))
-            == #"{"t":"c","d":{"t":"h","d":{"ts":1764200000000,"v":"5","h":"db.example:9000","s":"s1"}}}"#)
+            == #"{"t":"c","d":{"t":"h","d":{"ts":1764200000000,"v":"5","h":"db.example:9000","s":"s1","bw":1}}}"#)
         #expect(Self.text(ServerMessage.pong()) == #"{"t":"c","d":{"t":"o","d":null}}"#)
         #expect(Self.text(ServerMessage.reset(host: "n2:9000")) == #"{"t":"c","d":{"t":"r","d":"n2:9000"}}"#)
         #expect(Self.text(ServerMessage.shutdown(reason: "bye")) == #"{"t":"c","d":{"t":"s","d":"bye"}}"#)

@@ -29,7 +29,7 @@ import Testing
     @Test("the hello; pings answered with pongs; keep-alives and upgrade codes ignored")
     func helloAndPing() {
         var s = SessionCore(timestamp: 1_764_200_000_000, host: "db:9000", sessionID: "abc")
-        #expect(String(decoding: s.hello, as: UTF8.self) == #"{"t":"c","d":{"t":"h","d":{"ts":1764200000000,"v":"5","h":"db:9000","s":"abc"}}}"#)
+        #expect(String(decoding: s.hello, as: UTF8.self) == #"{"t":"c","d":{"t":"h","d":{"ts":1764200000000,"v":"5","h":"db:9000","s":"abc","bw":1}}}"#)
         #expect(Self.sent(s.receive(frame: Self.frame(#"{"t":"c","d":{"t":"p","d":{}}}"#))) == [#"{"t":"c","d":{"t":"o","d":null}}"#])
         #expect(s.receive(frame: Self.frame("0")).isEmpty)
         #expect(s.receive(frame: Self.frame(#"{"t":"c","d":{"t":"n","d":{}}}"#)).isEmpty)
@@ -42,7 +42,7 @@ import Testing
         let id = try #require(Self.listenID(listen))
         #expect(Self.sent(listen).isEmpty)
         let put = s.receive(frame: Self.request(2, "p", #"{"p":"/counter","d":5,"h":"abc"}"#))
-        guard case .write(2, .put(let path, let data, hash: "abc"))? = put.first else {
+        guard case .write(2, .put(let path, let data, hash: "abc"), nil)? = put.first else {
             Issue.record("\(put)")
             return
         }
@@ -117,9 +117,9 @@ import Testing
         }
         let kinds = actions.map { o -> String in
             switch o {
-            case .write(let r, .onDisconnectPut): return "o\(r)"
-            case .write(let r, .onDisconnectMerge): return "om\(r)"
-            case .write(let r, .onDisconnectCancel): return "oc\(r)"
+            case .write(let r, .onDisconnectPut, _): return "o\(r)"
+            case .write(let r, .onDisconnectMerge, _): return "om\(r)"
+            case .write(let r, .onDisconnectCancel, _): return "oc\(r)"
             case .authenticate(let r, _, google: true): return "gauth\(r)"
             case .get(let r, _, _): return "g\(r)"
             case .unauthenticate: return "unauth"

@@ -234,3 +234,47 @@ extension WholeNodeSimulatorTests {
         #expect(caught != nil, "no seed of 20 caught a node judging without its rules")
     }
 }
+
+extension WholeNodeSimulatorTests {
+    static func clientWriteOptions(_ seed: UInt64) -> WholeNodeOptions {
+        var o = options(seed)
+        o.clientWrites = true
+        return o
+    }
+
+    /// Issue 17: data writes carry their client and number (as the Swift SDK's do); a write that
+    /// failed or timed out goes again through another node, and every node decides each
+    /// (client, number) once, answering later copies from the first one's outcome.
+    @Test("100 seeds with client writes: resent writes are decided once; some copies are answered from an earlier one")
+    func clientWriteSeeds() {
+        var failed: [UInt64] = []
+        var resent = 0
+        var earlier = 0
+        for seed in UInt64(1)...UInt64(100) {
+            let report = WholeNodeSimulator.run(Self.clientWriteOptions(seed))
+            resent += report.stats.clientResends
+            earlier += report.stats.clientAlreadyApplied
+            if !report.passed { failed.append(seed) }
+        }
+        #expect(failed.isEmpty, "failed seeds: \(failed)")
+        #expect(resent > 50 && earlier > 20, "only \(resent) resends and \(earlier) answers from earlier copies: not exercised")
+    }
+
+    @Test("the checker catches a state machine that does not look up earlier copies of a client write")
+    func ignoredClientWritesCaught() {
+        var caught: UInt64?
+        for seed in UInt64(1)...UInt64(20) {
+            var o = Self.clientWriteOptions(seed)
+            o.sabotage = .ignoreClientWrites
+            let report = WholeNodeSimulator.run(o)
+            if !report.passed {
+                let symptom = report.violations.contains { $0.contains("decided client write") || $0.contains("exactly-once") }
+                #expect(symptom || report.linearizability == .notLinearizable, "\(report.violations.prefix(3))")
+                #expect(WholeNodeSimulator.run(Self.clientWriteOptions(seed)).passed, "seed \(seed) fails without the sabotage too")
+                caught = seed
+                break
+            }
+        }
+        #expect(caught != nil, "no seed of 20 caught a client write decided twice")
+    }
+}

@@ -57,7 +57,7 @@ import Testing
         #expect(Array(restamped[18..<26]) == le(0x0A0B))
         #expect(Array(restamped[0..<18]) == Array(golden[0..<18]) && Array(restamped[26...]) == Array(golden[26...]))
         // Damage names the field; a hostile item count is refused before anything is allocated.
-        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([9] + golden.dropFirst()) }
+        #expect(throws: ByteCodecError.badValue(field: "command version")) { try CommandEnvelope.decode([10] + golden.dropFirst()) }
         // Version 5: version 4's layout, the kind's high bit saying the session is ordered; an
         // ordered command is always written so, an unordered one never.
         let ordered = CommandEnvelope(

@@ -76,9 +76,10 @@ func checkSession(_ frames: [[UInt8]]) {
                 next += session.listenStarted(id)
             case .unlisten(let id):
                 require(open.removeValue(forKey: id) != nil, "\(id) stopped but never started")
-            case .write(let request, let write):
+            case .write(let request, let write, let client):
                 unanswered.append(request)
                 checkWrite(write)
+                if let client { require(client.number > 0 && client.acknowledgedBelow > 0 && client.acknowledgedBelow <= client.number, "a client write number out of range") }
             case .get(let request, _, _), .authenticate(let request, _, _):
                 unanswered.append(request)
             case .send(let message):
