@@ -20,8 +20,41 @@ public final class Database: @unchecked Sendable {
     public let nodes: [(host: String, port: Int)]
     /// `http` or `https` (then the connection is `wss`).
     public let scheme: String
-    /// Where completion and observer blocks run (set it before the first call).
+    /// Where completion and observer blocks run (set it before the first call). The main queue
+    /// by default on Apple platforms, a serial queue of the database's own elsewhere.
     public var callbackQueue: DispatchQueue
+
+    /// Persistence on disk (set before the first use of the database, as in Firebase): the
+    /// unanswered writes and the synced data survive a restart of the app; observers get cached
+    /// data at once, offline too (docs/swift-sdk.md, "Offline and persistence").
+    public var isPersistenceEnabled: Bool {
+        get { settings.withLock { $0.persistence } }
+        set { settings.withLock { if !$0.activated { $0.persistence = newValue } } }
+    }
+    /// The disk cache's size (bytes, 1 MiB to 100 MiB; 10 MiB by default) beyond which synced
+    /// data that is neither observed nor kept synced is dropped. Unanswered writes always stay.
+    public var persistenceCacheSizeBytes: UInt {
+        get { settings.withLock { $0.cacheSize } }
+        set { settings.withLock { if !$0.activated { $0.cacheSize = min(max(newValue, 1 << 20), 100 << 20) } } }
+    }
+    /// Where the cache file goes (default: the user's application support directory, in
+    /// `banyan-client`).
+    public var persistenceDirectory: URL? {
+        get { settings.withLock { $0.directory } }
+        set { settings.withLock { if !$0.activated { $0.directory = newValue } } }
+    }
+    /// Why persistence could not be used (the database then runs without it), if it could not.
+    public var persistenceError: String? { settings.withLock { $0.error } }
+
+    struct Settings {
+        var activated = false
+        var persistence = false
+        var cacheSize: UInt = 10 << 20
+        var directory: URL?
+        var error: String?
+    }
+    private let settings = Locked(Settings())
+    private var cacheFile: CacheFile?
 
     private let group: MultiThreadedEventLoopGroup
     private let loop: any EventLoop
@@ -78,18 +111,58 @@ public final class Database: @unchecked Sendable {
         }
         nodes = list
         tls = scheme == "https" ? try ClientTLS(trustedCAFile: trustedCAFile) : nil
+        #if canImport(Darwin)
+        self.callbackQueue = callbackQueue ?? DispatchQueue.main
+        #else
         self.callbackQueue = callbackQueue ?? DispatchQueue(label: "banyan.database.callbacks")
+        #endif
         group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         loop = group.next()
-        let seed = UInt64.random(in: 1...UInt64.max)
+        seed = UInt64.random(in: 1...UInt64.max)
+        self.authToken = authToken
         core = ClientCore(nodeCount: list.count, seed: seed, authToken: authToken)
         pushIDs = PushIDGenerator(random: SeededRandom(seed: seed ^ 0x5DEE_CE66))
-        loop.execute { self.startTicking() }
+    }
+
+    private let seed: UInt64
+    private let authToken: String?
+
+    /// The first use: the settings are fixed, the cache is read, and the connection starts.
+    func activate() {
+        let start = settings.withLock { s -> Settings? in
+            guard !s.activated else { return nil }
+            s.activated = true
+            return s
+        }
+        guard let start else { return }
+        loop.execute { self.start(start) }
+    }
+
+    private func start(_ s: Settings) {
+        if s.persistence {
+            do {
+                let directory = s.directory ?? Self.defaultCacheDirectory()
+                let name = "\(nodes[0].host)_\(nodes[0].port)_\(namespace).bnycache".map { $0.isLetter || $0.isNumber || $0 == "." || $0 == "_" || $0 == "-" ? $0 : "_" }
+                let file = try CacheFile(path: directory.appendingPathComponent(String(name)).path, budget: Int(s.cacheSize))
+                core = ClientCore(nodeCount: nodes.count, seed: seed, authToken: authToken, persistence: true, restored: file.restored)
+                cacheFile = file
+            } catch {
+                settings.withLock { $0.error = "\(error)" }
+            }
+        }
+        startTicking()
+        process()
+    }
+
+    static func defaultCacheDirectory() -> URL {
+        let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first ?? URL(fileURLWithPath: NSTemporaryDirectory())
+        return base.appendingPathComponent("banyan-client")
     }
 
     deinit {
         ticker?.cancel()
         channel?.close(promise: nil)
+        cacheFile?.close()
         // The last reference may go on the database's own thread: never wait for it here.
         group.shutdownGracefully(queue: .global()) { _ in }
     }
@@ -100,7 +173,10 @@ public final class Database: @unchecked Sendable {
     /// keeps one).
     public static func database(url: String) throws -> Database { try shared.database(url: url) }
 
-    public func reference() -> DatabaseReference { DatabaseReference(database: self, path: .root) }
+    public func reference() -> DatabaseReference {
+        activate()
+        return DatabaseReference(database: self, path: .root)
+    }
 
     public func reference(withPath path: String) -> DatabaseReference { reference().child(path) }
 
@@ -119,11 +195,20 @@ public final class Database: @unchecked Sendable {
     }
 
     /// Closes the connection and stays offline (writes queue locally) until `goOnline`.
-    public func goOffline() { loop.execute { self.core.goOffline(); self.process() } }
-    public func goOnline() { loop.execute { self.core.goOnline(); self.process() } }
+    public func goOffline() {
+        activate()
+        loop.execute { self.core.goOffline(); self.process() }
+    }
+    public func goOnline() {
+        activate()
+        loop.execute { self.core.goOnline(); self.process() }
+    }
 
     /// Sets (or drops, with nil) the credential the connection uses; sent at once when online.
-    public func setAuthToken(_ token: String?) { loop.execute { self.core.setAuthToken(token); self.process() } }
+    public func setAuthToken(_ token: String?) {
+        activate()
+        loop.execute { self.core.setAuthToken(token); self.process() }
+    }
 
     /// Called (on the callback queue) when the server refuses or revokes the credential: the
     /// connection goes on unauthenticated until `setAuthToken` gives a fresh one.
@@ -136,6 +221,8 @@ public final class Database: @unchecked Sendable {
             self.core.goOffline()
             self.process()
             self.channel?.close(promise: nil)
+            self.cacheFile?.close()
+            self.cacheFile = nil
         }
         _ = try? done.wait()
     }
@@ -167,8 +254,19 @@ public final class Database: @unchecked Sendable {
     func onLoop(_ work: @escaping @Sendable () -> Void) { loop.execute(work) }
 
     private func process() {
+        var durable = false
+        defer {
+            if let file = cacheFile {
+                if durable { file.sync() }
+                if file.needsCompaction { file.compact(core.compactedRecords(budget: file.budget / 2)) }
+            }
+        }
         for action in core.takeActions() {
             switch action {
+            case let .persist(records, d):
+                guard let file = cacheFile else { continue }
+                file.append(records)
+                durable = durable || d
             case .connect(let node):
                 connect(node)
             case .send(let message):

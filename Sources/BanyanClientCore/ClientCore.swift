@@ -63,6 +63,9 @@ public struct ClientCore: Sendable {
         /// The server refused or revoked the credential; the connection goes on unauthenticated
         /// (the driver may fetch a fresh token and call `setAuthToken`).
         case authRevoked(WriteError)
+        /// Append these records to the disk cache (persistence on); `durable`: a write is among
+        /// them, so the file must be synced before the app may count on it surviving a restart.
+        case persist([ClientStore.Record], durable: Bool)
     }
 
     public struct WriteError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -243,21 +246,143 @@ public struct ClientCore: Sendable {
     /// The session id of the last connection that said hello (sent as `ls` on the next one, so
     /// the server ends it first).
     private var lastSession: String?
+    /// Persistence is on: changes to the queue and to complete locations become `.persist`.
+    public let persistence: Bool
+    /// Locations whose data the disk cache held complete (persistence on): they raise events
+    /// from the cache at once, before (or without) the server.
+    private var cachedComplete: Set<Path> = []
+    /// Writes restored from the disk whose local values wait for the first tick (server values
+    /// resolve with the clock).
+    private var restoredValuesPending = false
     /// How many numbers past the lowest unanswered write may be in flight (the server's window).
     public static let writeWindow: UInt64 = 1_000
     /// Whether writes carry their numbers when the server takes them (off only to show, in
     /// tests, what happens without: a resent write can apply twice).
     public var useWriteNumbers = true
 
-    /// `clientID`: the client's stable id (0: one is drawn from `seed`).
-    public init(nodeCount: Int, seed: UInt64, authToken: String? = nil, clientID: UInt64 = 0, nextWriteNumber: UInt64 = 1) {
+    /// `clientID`: the client's stable id (0: one is drawn from `seed`). `restored`: what the disk
+    /// cache held (persistence): its unanswered writes keep their client id and numbers; with
+    /// none, the client starts a new id (numbers are never reused under an id).
+    public init(
+        nodeCount: Int, seed: UInt64, authToken: String? = nil, clientID: UInt64 = 0, nextWriteNumber: UInt64 = 1,
+        persistence: Bool = false, restored: ClientStore.Restored? = nil
+    ) {
         self.nodeCount = max(1, nodeCount)
         random = SeededRandom(seed: seed)
         self.authToken = authToken
+        self.persistence = persistence
         var id = clientID
+        var next = max(1, nextWriteNumber)
+        if let restored, !restored.writes.isEmpty, restored.client != 0 {
+            id = restored.client
+            next = max(next, restored.nextNumber)
+        }
         while id == 0 { id = random.next() }
         self.clientID = id
-        self.nextWriteNumber = max(1, nextWriteNumber)
+        self.nextWriteNumber = next
+        if let restored {
+            server = restored.server
+            cachedComplete = restored.complete
+            if restored.client == id {
+                for stored in restored.writes {
+                    writes.append(Self.pendingWrite(from: stored))
+                }
+                restoredValuesPending = !writes.isEmpty
+            }
+        }
+        if persistence { emit(.persist([.identity(client: id, nextNumber: next)], durable: true)) }
+    }
+
+    /// The id a restored write answers to (never one the driver hands out).
+    static func restoredWriteID(_ number: UInt64) -> WriteID { 1 << 63 | number }
+
+    static func pendingWrite(from stored: ClientStore.StoredWrite) -> PendingWrite {
+        let request: ClientRequest
+        switch stored.kind {
+        case .set: request = .put(path: stored.path, data: stored.json)
+        case .priority: request = .put(path: stored.path, data: stored.json, priority: true)
+        case .transaction: request = .put(path: stored.path, data: stored.json, hash: stored.hash)
+        case .merge: request = .merge(path: stored.path, children: stored.children)
+        }
+        return PendingWrite(
+            id: restoredWriteID(stored.number), number: stored.number, request: request, changes: [], visible: stored.visible,
+            isTransaction: stored.kind == .transaction, sentAs: nil)
+    }
+
+    /// The local changes of a write, from its request (server values with the clock now).
+    private func changes(of request: ClientRequest) -> [Change] {
+        switch request {
+        case let .put(path, data, _, priority):
+            if priority {
+                guard let tree = try? TreeReader.read(data, at: path), let p = Priority(tree: tree) else { return [] }
+                return [.priority(path, p)]
+            }
+            guard let value = try? localValue(data, at: path) else { return [] }
+            return [.set(path, value)]
+        case let .merge(path, children):
+            return children.compactMap { relative, json in
+                let at = path.appending(relative)
+                return (try? localValue(json, at: at)).map { .set(at, $0) }
+            }
+        default:
+            return []
+        }
+    }
+
+    /// The stored form of a pending write.
+    private static func stored(_ write: PendingWrite) -> ClientStore.StoredWrite? {
+        switch write.request {
+        case let .put(path, data, hash, priority):
+            let kind: ClientStore.WriteKind = priority ? .priority : (hash != nil ? .transaction : .set)
+            return ClientStore.StoredWrite(number: write.number, kind: kind, path: path, json: data, hash: hash ?? "", visible: write.visible)
+        case let .merge(path, children):
+            return ClientStore.StoredWrite(number: write.number, kind: .merge, path: path, children: children, visible: write.visible)
+        default:
+            return nil
+        }
+    }
+
+    private mutating func persistWrite(_ write: PendingWrite) {
+        guard persistence, let stored = Self.stored(write) else { return }
+        emit(.persist([.write(stored)], durable: true))
+    }
+
+    private mutating func persistWriteDone(_ number: UInt64) {
+        guard persistence else { return }
+        emit(.persist([.writeDone(number)], durable: false))
+    }
+
+    /// The disk cache rewritten: identity, unanswered writes, then the server's data for complete
+    /// locations (listened or kept synced first) while they fit in `budget` bytes; locations that
+    /// do not fit are forgotten (unless listened to now).
+    public mutating func compactedRecords(budget: Int) -> [ClientStore.Record] {
+        var records: [ClientStore.Record] = [.identity(client: clientID, nextNumber: nextWriteNumber)]
+        for w in writes { if let s = Self.stored(w) { records.append(.write(s)) } }
+        let live = Set(listens.filter { $0.key.isPlain && $0.value.complete }.map(\.key.path))
+        var all = Array(live.union(cachedComplete))
+        all = all.filter { p in !all.contains { $0 != p && $0.contains(p) } }
+        all.sort { a, b in
+            let ka = keptSynced.contains(a) || live.contains(a)
+            let kb = keptSynced.contains(b) || live.contains(b)
+            return ka != kb ? ka : a < b
+        }
+        var used = records.reduce(0) { $0 + ClientStore.encode($1).count }
+        var kept: Set<Path> = []
+        for path in all {
+            let json = JSONWriter.bytes(server.child(at: path), format: .export)
+            let mustKeep = keptSynced.contains(path) || live.contains(path)
+            if !mustKeep && used + json.count > budget { continue }
+            used += json.count
+            records.append(.server(path, json))
+            records.append(.complete(path, true))
+            kept.insert(path)
+        }
+        // What did not fit is no longer cached (nor held in memory when nothing listens to it).
+        for path in cachedComplete where !kept.contains(path) {
+            cachedComplete.remove(path)
+            if !isPlainComplete(path) && !live.contains(path) { server.set(.empty, at: path) }
+        }
+        return records
     }
 
     /// The parameters for the next connection's URL beyond `v` and `ns`: the client id and,
@@ -292,6 +417,11 @@ public struct ClientCore: Sendable {
     /// The clock (ms); call often: reconnection delays run on it.
     public mutating func tick(now: Int64) {
         clockMillis = now
+        if restoredValuesPending {
+            restoredValuesPending = false
+            for i in writes.indices where writes[i].changes.isEmpty { writes[i].changes = changes(of: writes[i].request) }
+            refresh(touching: writes.flatMap { $0.changes.map(\.path) })
+        }
         switch connection {
         case .offline:
             if wantOnline { startConnecting(node: Int(random.next() % UInt64(nodeCount))) }
@@ -484,6 +614,7 @@ public struct ClientCore: Sendable {
             guard let t = transactions[id], write.changes.contains(where: { $0.path.contains(t.path) || t.path.contains($0.path) }) else { continue }
             if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil, !isOnline {
                 let removed = writes.remove(at: index)
+                persistWriteDone(removed.number)
                 refresh(touching: removed.changes.map(\.path))
                 finishTransaction(id, error: WriteError(code: "overriddenBySet", message: "The transaction was overridden by a subsequent set"), committed: false)
             } else {
@@ -491,6 +622,7 @@ public struct ClientCore: Sendable {
             }
         }
         writes.append(write)
+        persistWrite(write)
         sendWrite(writes.count - 1)
         refresh(touching: write.changes.map(\.path))
     }
@@ -566,6 +698,7 @@ public struct ClientCore: Sendable {
                 id: id, number: takeWriteNumber(), request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)],
                 visible: t.applyLocally, isTransaction: true, sentAs: nil)
             writes.append(write)
+            persistWrite(write)
             sendWrite(writes.count - 1)
             refresh(touching: [t.path])
         }
@@ -758,7 +891,8 @@ public struct ClientCore: Sendable {
 
     /// Forgets the server's data at `path` that no remaining complete plain listen keeps current.
     private mutating func prune(_ path: Path) {
-        if isPlainComplete(path) { return }
+        // With persistence the data stays: it is the cache.
+        if persistence || isPlainComplete(path) { return }
         var keep: [(Path, Tree)] = []
         for (key, listen) in listens where key.isPlain && path.contains(key.path) && listen.complete {
             keep.append((key.path, server.child(at: key.path)))
@@ -792,6 +926,7 @@ public struct ClientCore: Sendable {
                 // Its listen is gone; the transaction ends with the listen's error.
                 if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil {
                     let removed = writes.remove(at: index)
+                    persistWriteDone(removed.number)
                     refresh(touching: removed.changes.map(\.path))
                 }
                 if let t = transactions.removeValue(forKey: id) {
@@ -819,7 +954,11 @@ public struct ClientCore: Sendable {
         case .write(let id):
             guard let index = writes.firstIndex(where: { $0.id == id }) else { return }
             let write = writes.remove(at: index)
-            if write.isTransaction {
+            persistWriteDone(write.number)
+            if write.isTransaction, transactions[id] == nil {
+                // Restored from the disk: its function is gone; the write simply ends.
+                refresh(touching: write.changes.map(\.path))
+            } else if write.isTransaction {
                 transactionAnswered(id, write: write, error: error)
             } else {
                 if error != nil { refresh(touching: write.changes.map(\.path)) }
@@ -835,7 +974,10 @@ public struct ClientCore: Sendable {
             let wasComplete = listen.complete
             listen.complete = true
             listens[key] = listen
-            if !wasComplete { refresh(touching: [key.path], whole: true) }
+            if !wasComplete {
+                persistComplete(key)
+                refresh(touching: [key.path], whole: true)
+            }
         case .get(let id):
             guard let (path, params) = gets.removeValue(forKey: id) else { return }
             if error == nil, let tree = try? TreeReader.read(data, at: path, limits: .snapshot) {
@@ -915,12 +1057,17 @@ public struct ClientCore: Sendable {
             return
         }
         for (at, value) in changes { server.set(value, at: at) }
+        if persistence {
+            let kept = changes.filter { isPlainCompleteLive($0.0) }
+            if !kept.isEmpty { emit(.persist(kept.map { .server($0.0, JSONWriter.bytes($0.1, format: .export)) }, durable: false)) }
+        }
         if whole {
             // The whole location arrived: every plain listen at or below it is complete.
             var completed: [Path] = []
             for (key, listen) in listens where key.isPlain && path.contains(key.path) && !listen.complete {
                 listens[key]?.complete = true
                 completed.append(key.path)
+                persistComplete(key)
             }
             if !completed.isEmpty {
                 refresh(touching: completed, whole: true)
@@ -932,8 +1079,23 @@ public struct ClientCore: Sendable {
 
     // MARK: - Views
 
+    /// The server's data at `path` is complete here: a plain listen covering it was answered, or
+    /// the disk cache held it complete (possibly stale until the server answers).
     private func isPlainComplete(_ path: Path) -> Bool {
+        isPlainCompleteLive(path) || (!cachedComplete.isEmpty && cachedComplete.contains { $0.contains(path) })
+    }
+
+    /// A plain listen covering `path` was answered on this connection's watch.
+    private func isPlainCompleteLive(_ path: Path) -> Bool {
         listens.contains { $0.key.isPlain && $0.value.complete && $0.key.path.contains(path) }
+    }
+
+    /// A plain listen completed: with persistence its location's data goes to the disk cache,
+    /// marked complete.
+    private mutating func persistComplete(_ key: ListenKey) {
+        guard persistence, key.isPlain else { return }
+        cachedComplete.insert(key.path)
+        emit(.persist([.server(key.path, JSONWriter.bytes(server.child(at: key.path), format: .export)), .complete(key.path, true)], durable: false))
     }
 
     /// What a view shows, before its query: the server's data at its location (the plain

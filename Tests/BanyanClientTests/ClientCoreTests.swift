@@ -475,3 +475,106 @@ final class Seen: @unchecked Sendable {
     func add(_ t: Tree) { trees.append(t) }
     var all: [Tree] { trees }
 }
+
+/// The SDK's disk cache: records, replay, and a core restarted from them.
+@Suite struct ClientStoreTests {
+    static func path(_ s: String) -> Path { ClientCoreTests.path(s) }
+
+    static func file(_ records: [ClientStore.Record]) -> [UInt8] {
+        ClientStore.magic + records.flatMap { ClientStore.encode($0) }
+    }
+
+    @Test("records replay: writes without their done records stay, in order; server data and completeness; a torn or damaged tail is cut; other files are not caches")
+    func replay() throws {
+        let w1 = ClientStore.StoredWrite(number: 1, kind: .set, path: Self.path("/a"), json: Array("1".utf8))
+        let w2 = ClientStore.StoredWrite(number: 2, kind: .merge, path: Self.path("/"), children: [(Self.path("b/c"), Array("2".utf8))])
+        let w3 = ClientStore.StoredWrite(number: 3, kind: .transaction, path: Self.path("/t"), json: Array("5".utf8), hash: "h", visible: false)
+        let records: [ClientStore.Record] = [
+            .identity(client: 77, nextNumber: 1), .write(w1), .write(w2), .server(Self.path("/s"), Array(#"{"x":1}"#.utf8)), .complete(Self.path("/s"), true),
+            .writeDone(1), .write(w3), .server(Self.path("/s/x"), Array("2".utf8)),
+        ]
+        let bytes = Self.file(records)
+        let state = try #require(ClientStore.restore(bytes))
+        #expect(state.client == 77 && state.nextNumber == 4 && state.records == records.count && state.validBytes == bytes.count)
+        #expect(state.writes == [w2, w3])
+        #expect(state.server.child(at: Self.path("/s")) == (try Tree(json: #"{"x":2}"#)))
+        #expect(state.complete == [Self.path("/s")])
+        // A tail cut anywhere inside the last record: everything before it stands.
+        let lastStart = bytes.count - ClientStore.encode(records[records.count - 1]).count
+        for cut in lastStart..<bytes.count {
+            let torn = try #require(ClientStore.restore(Array(bytes.prefix(cut))))
+            #expect(torn.records == records.count - 1 && torn.validBytes == lastStart)
+        }
+        var damaged = bytes
+        damaged[lastStart + 14] ^= 0xFF
+        #expect(ClientStore.restore(damaged)?.records == records.count - 1)
+        #expect(ClientStore.restore(Array("not a cache".utf8)) == nil)
+        // Numbers are never reused: every number written counts, answered or not.
+        let done = try #require(ClientStore.restore(Self.file([.identity(client: 5, nextNumber: 1), .write(w1), .writeDone(1)])))
+        #expect(done.writes.isEmpty && done.nextNumber == 2)
+    }
+
+    @Test("a core restarted from its cache: unanswered writes keep their client id and numbers, show at once, and go first on the next connection; cached complete data raises events offline")
+    func restart() throws {
+        var first = ClientCore(nodeCount: 1, seed: 1, persistence: true)
+        var records: [ClientStore.Record] = []
+        func collect(_ actions: [ClientCore.Action]) {
+            for a in actions { if case .persist(let r, _) = a { records += r } }
+        }
+        collect(first.takeActions())
+        first.tick(now: 0)
+        first.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1,"v":"5","h":"n","s":"s1","bw":1}}}"#.utf8))
+        first.observe(1, path: Self.path("/feed"), type: .value)
+        first.received(ClientCoreTests.data("/feed", #"{"m1":"hi"}"#))
+        collect(first.takeActions())
+        first.goOffline()
+        first.closed()
+        try first.set(10, path: Self.path("/feed/m2"), json: Array(#""offline""#.utf8))
+        try first.update(11, path: Self.path("/n"), children: [(Self.path("count"), Array(#"{".sv":{"increment":1}}"#.utf8))])
+        collect(first.takeActions())
+        #expect(records.contains { if case .write(let w) = $0 { w.number == 1 } else { false } })
+
+        // A new process reads the file back.
+        let restored = try #require(ClientStore.restore(Self.file(records)))
+        var second = ClientCore(nodeCount: 1, seed: 99, persistence: true, restored: restored)
+        #expect(second.clientID == first.clientID && second.nextWriteNumber == 3)
+        _ = second.takeActions()
+        second.observe(5, path: Self.path("/feed"), type: .value)
+        second.tick(now: 10)
+        let shown = ClientCoreTests.events(second.takeActions())
+        #expect(shown.last == #"5 value {"m1":"hi","m2":"offline"}"#, "\(shown)")
+        second.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1,"v":"5","h":"n","s":"s2","bw":1}}}"#.utf8))
+        let sent = ClientCoreTests.sent(second.takeActions())
+        #expect(sent.contains(#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/feed/m2","d":"offline","bn":1,"ba":1}}}"#), "\(sent)")
+        #expect(sent.contains(#"{"t":"d","d":{"r":4,"a":"m","b":{"p":"/n","d":{"count":{".sv":{"increment":1}}},"bn":2,"ba":1}}}"#), "\(sent)")
+        // Answered: done records; nothing left for a third start.
+        second.received(ClientCoreTests.ok(3))
+        second.received(ClientCoreTests.ok(4))
+        var more: [ClientStore.Record] = []
+        for a in second.takeActions() { if case .persist(let r, _) = a { more += r } }
+        #expect(more.contains(.writeDone(1)) && more.contains(.writeDone(2)))
+        let third = try #require(ClientStore.restore(Self.file(records + more)))
+        #expect(third.writes.isEmpty && third.nextNumber == 3)
+    }
+
+    @Test("compaction keeps the writes and the locations in use, drops other cached data beyond the budget")
+    func compaction() throws {
+        var core = ClientCore(nodeCount: 1, seed: 2, persistence: true)
+        core.tick(now: 0)
+        core.received(ClientCoreTests.hello())
+        for (i, name) in ["a", "b", "c"].enumerated() {
+            core.observe(UInt64(i + 1), path: Self.path("/\(name)"), type: .value)
+            core.received(ClientCoreTests.data("/\(name)", "\"" + String(repeating: name, count: 1_000) + "\""))
+        }
+        core.removeObserver(1)
+        core.removeObserver(2)
+        core.keepSynced(Self.path("/b"), true)
+        try core.set(9, path: Self.path("/w"), json: Array("1".utf8))
+        _ = core.takeActions()
+        let records = core.compactedRecords(budget: 1_500)
+        let kept = records.compactMap { if case .complete(let p, true) = $0 { p.description } else { nil } }
+        #expect(kept.sorted() == ["/b", "/c"], "\(kept)")
+        #expect(records.contains { if case .write(let w) = $0 { w.path == Self.path("/w") } else { false } })
+        #expect(records.first == .identity(client: core.clientID, nextNumber: core.nextWriteNumber))
+    }
+}

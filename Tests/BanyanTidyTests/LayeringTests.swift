@@ -24,7 +24,7 @@ import Testing
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
         "BanyanClientCore": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanClient": (
-            false, ["BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation", "Dispatch"]
+            false, ["BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation", "Glibc", "Darwin", "Dispatch"]
         ),
         // A driver: the signature checks need swift-crypto (token parsing and claims stay pure).
         "BanyanAuth": (false, ["BanyanTree", "BanyanBasics", "Crypto", "_CryptoExtras"]),

@@ -1,0 +1,89 @@
+import BanyanClient
+import BanyanServer
+import Foundation
+import Testing
+
+/// Persistence on disk against a real node: writes made offline survive the app's restart and
+/// reach the server once; synced data serves observers at once after a restart, offline.
+@Suite(.serialized) struct SDKPersistenceTests {
+    typealias R = DatabaseTests.Recorder
+
+    static func database(_ port: Int, cache: URL) throws -> Database {
+        let db = try Database(url: "http://127.0.0.1:\(port)?ns=persist", authToken: "owner")
+        db.isPersistenceEnabled = true
+        db.persistenceDirectory = cache
+        return db
+    }
+
+    @Test("writes queued offline survive a restart (a new Database on the same cache) and apply once; cached data shows at once, offline")
+    func restartWithQueuedWrites() async throws {
+        let (node, port, dir) = try DatabaseTests.startNode()
+        let cache = URL(fileURLWithPath: dir).appendingPathComponent("client-cache")
+        defer {
+            node.shutdown()
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        // First run: sync /feed, then go offline and write.
+        let first = try Self.database(port, cache: cache)
+        try await DatabaseTests.bounded { try await first.reference(withPath: "feed/m1").setValue("hello") }
+        let synced = R()
+        first.reference(withPath: "feed").observe(.value) { s in synced.add(DatabaseTests.json(s.value)) }
+        #expect(await synced.wait { $0 == #"{"m1":"hello"}"# })
+        first.goOffline()
+        first.reference(withPath: "feed/m2").setValue("written offline", withCompletionBlock: nil)
+        first.reference(withPath: "stats").updateChildValues(["sent": ServerValue.increment(1)], withCompletionBlock: nil)
+        #expect(await synced.wait { $0 == #"{"m1":"hello","m2":"written offline"}"# })
+        #expect(first.pendingWriteCount == 2)
+        first.shutdown()
+        #expect(first.persistenceError == nil)
+
+        // Second run, offline from the start: the cache shows the data and the queued write at once.
+        let second = try Self.database(port, cache: cache)
+        second.goOffline()
+        let seen = R()
+        second.reference(withPath: "feed").observe(.value) { s in seen.add(DatabaseTests.json(s.value)) }
+        #expect(await seen.wait { $0 == #"{"m1":"hello","m2":"written offline"}"# }, "\(seen.all)")
+        #expect(second.pendingWriteCount == 2)
+        // Online: the queued writes reach the server, once each.
+        second.goOnline()
+        let check = try Database(url: "http://127.0.0.1:\(port)?ns=persist", authToken: "owner")
+        defer { check.shutdown() }
+        var stats: Int?
+        for _ in 0..<300 {
+            stats = try await DatabaseTests.bounded { try await check.reference(withPath: "stats/sent").getData().value as? Int }
+            if stats != nil && second.pendingWriteCount == 0 { break }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        #expect(stats == 1)
+        let feed = try await DatabaseTests.bounded { try await check.reference(withPath: "feed/m2").getData() }
+        #expect(feed.value as? String == "written offline")
+        second.shutdown()
+
+        // Third run: nothing left to send; the stats were not incremented again.
+        let third = try Self.database(port, cache: cache)
+        #expect(third.pendingWriteCount == 0)
+        _ = third.reference()
+        try await Task.sleep(nanoseconds: 500_000_000)
+        third.shutdown()
+        let again = try await DatabaseTests.bounded { try await check.reference(withPath: "stats/sent").getData().value as? Int }
+        #expect(again == 1)
+    }
+
+    @Test("two databases in one process cannot share a cache file: the second runs without persistence and says why")
+    func oneFilePerDatabase() async throws {
+        let dir = NSTemporaryDirectory() + "banyan-cache-\(UInt64.random(in: 0...UInt64.max))"
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let cache = URL(fileURLWithPath: dir)
+        let a = try Self.database(1, cache: cache)
+        let b = try Self.database(1, cache: cache)
+        a.goOffline()
+        b.goOffline()
+        _ = a.reference()
+        _ = b.reference()
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(a.persistenceError == nil)
+        #expect(b.persistenceError?.contains("another database") == true)
+        a.shutdown()
+        b.shutdown()
+    }
+}
