@@ -346,7 +346,7 @@ import Testing
         let port = try proxy.start(host: "127.0.0.1", port: 0)
         let json = [("Content-Type", "application/json")]
         for (method, uri, body) in [
-            (HTTPMethod.POST, "/.banyan/faults", #"{"drop_peers":[2],"peer_delay_ms":100}"#), (.GET, "/.banyan/faults", nil), (.DELETE, "/.banyan/faults", nil),
+            (HTTPMethod.GET, "/.banyan/faults", nil), (.DELETE, "/.banyan/faults", nil), (.POST, "/.banyan/faults", #"{"drop_peers":[2],"peer_delay_ms":100}"#),
             (.POST, "/%2Ebanyan/faults", #"{"disk_delay_ms":5}"#), (.GET, "/.banyan/status", nil), (.POST, "/.banyan/transfer?to=2", nil),
         ] {
             let connection = try await HTTPConnection.connect(host: "127.0.0.1", port: port, group: group)
