@@ -301,6 +301,10 @@ struct BackupLog: ParsableCommand {
     }
 
     func run() throws {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw CommandError("no archive directory at \(directory) (banyan backup --follow --out DIR makes one)")
+        }
         let archive = ArchiveDirectory(directory)
         var printed = 0
         var scanned = 0

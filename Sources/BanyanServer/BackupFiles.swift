@@ -116,6 +116,12 @@ public enum BackupFiles {
             }
         }
         guard nodeID > 0 else { throw RestoreError("the node id must be 1 or more") }
+        if let archive {
+            var isArchive: ObjCBool = false
+            guard fm.fileExists(atPath: archive, isDirectory: &isArchive), isArchive.boolValue else {
+                throw RestoreError("no archive directory at \(archive) (give the --out directory of banyan backup --follow)")
+            }
+        }
         let loaded = try load(path, reportEvery: reportEvery) { read, total in progress("backup: read \(read >> 20) of \(total >> 20) MiB") }
         progress("backup: index \(loaded.header.index), \(loaded.machine.namespaces.count) namespaces, verified")
         var replay = try RestoreReplay(machine: loaded.machine, term: max(1, loaded.header.term), target: target)
