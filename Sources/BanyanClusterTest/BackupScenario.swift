@@ -7,7 +7,9 @@ import NIOHTTP1
 /// and `restore` run as an operator runs them, against the cluster under load.
 ///
 /// - A full backup taken mid-load holds a consistent prefix of a sequential writer's writes,
-///   including every write acknowledged before the backup started.
+///   including every write acknowledged before the backup started, and restores to exactly
+///   what the source cluster held at the backup's index (its `GET /.json?at=<index>`, every
+///   data namespace), security rules included.
 /// - base backup + archive replayed `--to-index` the full backup's index equals the full
 ///   backup, namespace by namespace (two independent paths to one state).
 /// - `--to-time` a moment between two acknowledged writes holds exactly the writes before it.
@@ -19,6 +21,14 @@ extension ClusterTest {
         try? FileManager.default.removeItem(atPath: files)
         try FileManager.default.createDirectory(atPath: files, withIntermediateDirectories: true)
         let endpoints = [UInt64(1), 2, 3].flatMap { ["--endpoint", "127.0.0.1:\(cluster.clientPort($0))"] }
+        // Rules on the default namespace (open, with a validation), set before the backup: the
+        // backup must carry them.
+        let rulesPut = try await cluster.request(1, .PUT, "/.settings/rules.json?auth=owner", body: Self.rules, timeout: 15)
+        guard rulesPut.status == 200 else { throw Failure("setting the rules: \(rulesPut.status) \(rulesPut.text)") }
+        let sourceRules = try await cluster.request(1, .GET, "/.settings/rules.json?auth=owner", timeout: 15)
+        guard sourceRules.status == 200, sourceRules.text.contains("newData.isNumber()") else {
+            throw Failure("reading the rules back: \(sourceRules.status) \(sourceRules.text)")
+        }
         let archiver = try spawnBanyan(
             ["backup", "--follow", "--out", files + "/arch", "--interval-ms", "100", "--seconds", "\(Int(seconds * 6 + 60))"] + endpoints,
             log: files + "/follow.log")
@@ -32,7 +42,10 @@ extension ClusterTest {
         let full = files + "/full.bkp"
         let took = try await runBanyan(["backup", "--out", full] + endpoints)
         print(took.output.trimmingCharacters(in: .whitespacesAndNewlines))
-        guard took.status == 0 else { throw Failure("banyan backup failed: \(took.output)") }
+        guard took.status == 0, let tookIndex = Self.number(after: ": index ", in: took.output) else { throw Failure("banyan backup failed: \(took.output)") }
+        // The source at the backup's index, read at once (reads of the past reach back a
+        // snapshot interval or two, and writes go on).
+        let atIndex = try await readAt(cluster, index: tookIndex, among: live.nodes)
         await load
         await writing.value
         guard let mark = writer.mark else { throw Failure("the sequential writer never reached write 25 (\(writer.lastAcked) acknowledged)") }
@@ -54,10 +67,16 @@ extension ClusterTest {
         print(verified.output.trimmingCharacters(in: .whitespacesAndNewlines))
 
         // 1. The full backup: a consistent prefix holding every write acknowledged before it.
-        let fromFull = try await restoreAndRead(cluster, files: files, name: "full", arguments: [full])
+        guard index == tookIndex else { throw Failure("backup verify says index \(index), the backup said \(tookIndex)") }
+        let fromFull = try await restoreAndRead(cluster, files: files, name: "full", arguments: [full], rules: sourceRules.text)
         let seq = try Self.sequence(fromFull.defaultNamespace)
         guard seq >= ackedBefore else { throw Failure("the backup holds writes 1…\(seq) but \(ackedBefore) were acknowledged before it started") }
         print("full backup at index \(index): writes 1…\(seq) (≥ \(ackedBefore) acknowledged before it)")
+        guard fromFull == atIndex else {
+            throw Failure(
+                "the restored backup differs from the source at index \(index): default namespace \(fromFull.defaultNamespace.utf8.count) vs \(atIndex.defaultNamespace.utf8.count) bytes, jepsen \(fromFull.jepsen) vs \(atIndex.jepsen)")
+        }
+        print("full backup: equal to the source's GET /.json?at=\(index) in every data namespace, and its rules")
 
         // 2. base + archive to the same index: the same state.
         let archive = files + "/arch"
@@ -106,6 +125,26 @@ extension ClusterTest {
         var jepsen: String
     }
 
+    /// The default namespace's rules in the scenario: open, with a validation on /seq.
+    static let rules = #"{"rules": {".read": true, ".write": true, "seq": {"$w": {".validate": "newData.isNumber()"}}}}"#
+
+    /// The data namespaces as the source held them once `index` applied (reads of the past, as
+    /// an administrator), from the first live node that answers both.
+    func readAt(_ cluster: LocalCluster, index: UInt64, among nodes: [UInt64]) async throws -> Snapshot {
+        var refusals: [String] = []
+        for _ in 0..<20 {
+            for node in nodes {
+                let a = try? await cluster.request(node, .GET, "/.json?at=\(index)&auth=owner", timeout: 15)
+                let b = try? await cluster.request(node, .GET, "/.json?ns=jepsen&at=\(index)&auth=owner", timeout: 15)
+                if let a, let b, a.status == 200, b.status == 200 { return Snapshot(defaultNamespace: a.text, jepsen: b.text) }
+                refusals.append("node \(node): \(a.map { "\($0.status) \($0.text.prefix(160))" } ?? "no answer"), \(b.map { "\($0.status)" } ?? "no answer")")
+            }
+            // 429: another read of the past runs on that node; 503 while it catches up.
+            try await Task.sleep(nanoseconds: 200_000_000)
+        }
+        throw Failure("no node answered a read of the past at index \(index): \(refusals.suffix(3))")
+    }
+
     /// The data namespaces of a node, read from its own state.
     func read(_ cluster: LocalCluster, node: UInt64) async throws -> Snapshot {
         let a = try await cluster.request(node, .GET, "/.json?consistency=stale", timeout: 15)
@@ -116,7 +155,7 @@ extension ClusterTest {
 
     /// `banyan restore ARGUMENTS --data-dir …`, then the restored node served alone (as id 40,
     /// on its own ports) and read.
-    func restoreAndRead(_ cluster: LocalCluster, files: String, name: String, arguments: [String]) async throws -> Snapshot {
+    func restoreAndRead(_ cluster: LocalCluster, files: String, name: String, arguments: [String], rules: String? = nil) async throws -> Snapshot {
         let data = "\(files)/restored-\(name)"
         let restored = try await runBanyan(["restore"] + arguments + ["--data-dir", data, "--node-id", "1"])
         guard restored.status == 0 else { throw Failure("restore \(name) failed: \(restored.output)") }
@@ -132,6 +171,12 @@ extension ClusterTest {
         try await waitUntil("the restored node \(name) serves", timeout: 30) {
             guard let r = try? await cluster.request(40, .GET, "/.banyan/ready", timeout: 2) else { return false }
             return r.status == 200
+        }
+        if let rules {
+            let restored = try await cluster.request(40, .GET, "/.settings/rules.json?auth=owner", timeout: 15)
+            guard restored.status == 200, restored.text == rules else {
+                throw Failure("the restored node \(name) has the rules \(restored.status) \(restored.text), the source \(rules)")
+            }
         }
         return try await read(cluster, node: 40)
     }

@@ -87,7 +87,11 @@ struct ClusterTest: AsyncParsableCommand {
         // connections all come from 127.0.0.1 (so the per-client cap is raised with the total).
         let config = base + ".yaml"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        try "raft:\n  snapshot_entries: 300\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n"
+        // The backup scenario reads the source at its backup's index (`?at=`), which reaches back
+        // a snapshot interval or two: longer intervals there, so the seconds between the backup
+        // and that read cannot leave its window.
+        let snapshotEntries = scenario == .backup ? 5_000 : 300
+        try "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n"
             .write(toFile: config, atomically: true, encoding: .utf8)
         cluster.extraArguments = ["--config", config]
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }

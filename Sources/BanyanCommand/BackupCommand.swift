@@ -12,7 +12,7 @@ struct BackupCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "backup",
         abstract: "Take an online, consistent backup of a cluster, archive its log continuously, or verify a backup.",
-        subcommands: [BackupTake.self, BackupVerify.self],
+        subcommands: [BackupTake.self, BackupVerify.self, BackupLog.self],
         defaultSubcommand: BackupTake.self)
 }
 
@@ -45,6 +45,7 @@ struct BackupTake: ParsableCommand {
         guard !endpoint.isEmpty else { throw ValidationError("give at least one --endpoint") }
         guard (10...60_000).contains(intervalMs) else { throw ValidationError("--interval-ms must be between 10 and 60000") }
         if seconds != nil && !follow { throw ValidationError("--seconds goes with --follow") }
+        if let seconds, !(seconds > 0 && seconds <= 366 * 86_400) { throw ValidationError("--seconds must be more than 0 and at most a year") }
     }
 
     func run() throws {
@@ -85,7 +86,9 @@ struct BackupTake: ParsableCommand {
         let verifyStarted = Date()
         let loaded: BackupFiles.Loaded
         do {
-            loaded = try BackupFiles.load(partial)
+            loaded = try BackupFiles.load(partial) { read, total in
+                FileHandle.standardError.write(Data("verifying: read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+            }
         } catch {
             throw CommandError("the backup from \(source) is incomplete or damaged (\(error)); kept as \(partial)")
         }
@@ -100,79 +103,157 @@ struct BackupTake: ParsableCommand {
     }
 
     /// `--follow`: a base backup if the directory has none, then the committed log as it grows.
+    ///
+    /// The archive stays one cluster's: the directory records the cluster id of its first base
+    /// backup (`cluster-id`), every endpoint must report that id before it is used and every
+    /// new base backup must carry it; and on resuming, the node's copy of the last archived
+    /// entry must equal the archive's (Raft's log matching, plus the command's bytes, which
+    /// carry a random session id) before anything is appended after it. Two clusters that share
+    /// a cluster id are told apart only by that entry.
     private func followLog() throws {
         try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
         let archive = ArchiveDirectory(out)
         // `archived`: the last entry in the archive's files; `last`: where archiving continues
         // (a base backup newer than the files moves it on, and the next entries start a new file).
-        var archived = try archive.recoverLastIndex()
+        let recovered = try archive.recoverLast()
+        var archived = recovered.index
         var last = archived
         let bases = try archive.baseBackups()
-        if bases.isEmpty {
-            let source = try chooseSource()
+        var cluster = try archive.recordedCluster()
+        if cluster == nil, let newest = bases.last {
+            // An archive from before the cluster was recorded: its newest base names it.
+            let id = try BackupFiles.readHeader(out + "/" + newest.name).clusterID
+            try archive.recordCluster(id)
+            cluster = id
+        }
+        /// A base backup into the directory, refused (and removed) when it is of another cluster.
+        func takeBase(from source: String) throws -> UInt64 {
             let temporary = out + "/base-new.bkp"
             say(try download(from: source, to: temporary))
-            let index = try BackupFiles.load(temporary).header.index
-            try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: index))
-            last = max(last, index)
+            let header = try BackupFiles.readHeader(temporary)
+            if let cluster, header.clusterID != cluster {
+                try? FileManager.default.removeItem(atPath: temporary)
+                throw CommandError(Self.otherCluster(out: out, recorded: cluster, endpoint: source, reported: header.clusterID))
+            }
+            if cluster == nil {
+                try archive.recordCluster(header.clusterID)
+                cluster = header.clusterID
+            }
+            try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: header.index))
+            return header.index
+        }
+        if bases.isEmpty {
+            last = max(last, try takeBase(from: try chooseSource()))
         } else if let newest = bases.last {
             last = max(last, newest.index)
         }
-        say("archiving committed entries from index \(last + 1) into \(out)")
+        // The entry a node must hold unchanged before anything is appended after it (none when
+        // a base backup newer than the files moved `last` on: its header was checked instead).
+        var overlap: ArchivedEntry? = last == archived ? recovered.entry : nil
+        say("archiving committed entries from index \(last &+ 1) into \(out) (cluster \(cluster ?? "?"))")
         let stop = StopFlag()
         stop.installSignalHandlers()
         let deadline = seconds.map { Date().addingTimeInterval($0) }
         var current = 0
         var archivedSinceReport = 0
         var lastReport = Date()
+        var checked: Set<String> = []
+        var behindNoted: Set<String> = []
+        func next() {
+            current += 1
+            Thread.sleep(forTimeInterval: Double(intervalMs) / 1000)
+        }
         while !stop.isSet, deadline.map({ Date() < $0 }) ?? true {
             let e = endpoint[current % endpoint.count]
+            guard last < UInt64.max else { throw CommandError("the archive reached the largest log index (\(last)): nothing can follow it") }
+            // The endpoint's cluster, once per endpoint, before anything is taken from it.
+            if !checked.contains(e) {
+                guard let (code, text) = try? AdminClient(endpoint: e).call("GET", "/.banyan/status"), code == 200,
+                    let status = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any]
+                else {
+                    FileHandle.standardError.write(Data("\(e): no status; trying the next endpoint\n".utf8))
+                    next()
+                    continue
+                }
+                let reported = status["cluster_id"] as? String ?? "?"
+                if let cluster, reported != cluster {
+                    throw CommandError(Self.otherCluster(out: out, recorded: cluster, endpoint: e, reported: reported))
+                }
+                checked.insert(e)
+            }
+            let from = overlap == nil ? last + 1 : archived
             let answer: (status: Int, body: Data, headers: [String: String])
             do {
-                answer = try AdminClient(endpoint: e).fetch("GET", "/.banyan/log?from=\(last + 1)&max_bytes=\(4 << 20)")
+                answer = try AdminClient(endpoint: e).fetch("GET", "/.banyan/log?from=\(from)&max_bytes=\(4 << 20)")
             } catch {
                 FileHandle.standardError.write(Data("\(e): \(error); trying the next endpoint\n".utf8))
-                current += 1
-                Thread.sleep(forTimeInterval: Double(intervalMs) / 1000)
+                next()
                 continue
             }
             switch answer.status {
             case 200:
-                let parsed = try ArchivedEntry.parse([UInt8](answer.body))
+                let parsed: (entries: [ArchivedEntry], validEnd: Int, complete: Bool)
+                do {
+                    parsed = try ArchivedEntry.parse([UInt8](answer.body))
+                } catch let damage as BackupError {
+                    throw CommandError("\(e) sent a damaged log answer: \(damage.reason) at byte offset \(damage.offset) of its answer")
+                }
                 guard parsed.complete else { throw CommandError("\(e) sent a cut-short log answer") }
-                if let first = parsed.entries.first, first.index != last + 1 {
+                var entries = parsed.entries
+                let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
+                if let expected = overlap {
+                    guard let first = entries.first else {
+                        // This node has not committed the archive's last entry (yet): a lagging
+                        // follower, or a cluster whose log is shorter than the archive.
+                        if behindNoted.insert(e).inserted {
+                            FileHandle.standardError.write(
+                                Data("\(e): has committed up to \(commit), not yet the archive's last entry \(archived); checking continuity on another endpoint or later\n".utf8))
+                        }
+                        next()
+                        continue
+                    }
+                    guard first == expected else {
+                        throw CommandError(
+                            "\(e)'s log entry \(first.index) (term \(first.term)) is not the archive's (term \(expected.term)\(first.term == expected.term ? ", other content" : "")): "
+                                + "\(e) is not the cluster the archive in \(out) follows, or that cluster's log was replaced (a restore, say). Archive it into a new directory.")
+                    }
+                    entries.removeFirst()
+                    overlap = nil
+                    say("\(e) holds the archive's last entry \(archived) unchanged: continuing")
+                }
+                if let first = entries.first, first.index != last + 1 {
                     throw CommandError("\(e) answered from index \(first.index), not \(last + 1)")
                 }
-                try archive.append(parsed.entries, continuing: archived)
-                if let newLast = parsed.entries.last?.index {
+                try archive.append(entries, continuing: archived)
+                if let newLast = entries.last?.index {
                     last = newLast
                     archived = newLast
                 }
-                archivedSinceReport += parsed.entries.count
-                let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
+                archivedSinceReport += entries.count
                 if Date().timeIntervalSince(lastReport) >= 5 || (archivedSinceReport > 0 && commit <= last && Date().timeIntervalSince(lastReport) >= 1) {
                     say("archived \(archivedSinceReport) entries; at index \(last), the node's commit index is \(commit)")
                     archivedSinceReport = 0
                     lastReport = Date()
                 }
-                if parsed.entries.isEmpty || commit <= last { Thread.sleep(forTimeInterval: Double(intervalMs) / 1000) }
+                if entries.isEmpty || commit <= last { Thread.sleep(forTimeInterval: Double(intervalMs) / 1000) }
             case 410:
                 // The node compacted past our position (the archiver was down too long): a new
                 // base backup covers the gap; the archive continues after it.
-                FileHandle.standardError.write(Data("\(e): entries after \(last) were compacted; taking a new base backup\n".utf8))
-                let temporary = out + "/base-new.bkp"
-                say(try download(from: (try? chooseSource()) ?? e, to: temporary))
-                let index = try BackupFiles.load(temporary).header.index
-                try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: index))
-                last = max(last, index)
+                FileHandle.standardError.write(Data("\(e): entries from \(from) were compacted; taking a new base backup\n".utf8))
+                last = max(last, try takeBase(from: (try? chooseSource()) ?? e))
+                overlap = nil
             case 409, 503:
-                current += 1
-                Thread.sleep(forTimeInterval: Double(intervalMs) / 1000)
+                next()
             default:
                 throw CommandError("\(e): \(answer.status) \(String(decoding: answer.body, as: UTF8.self))")
             }
         }
         say("stopped; the archive ends at index \(last)")
+    }
+
+    static func otherCluster(out: String, recorded: String, endpoint: String, reported: String) -> String {
+        "the archive in \(out) follows cluster '\(recorded)' (its \(ArchiveDirectory.clusterFile) file), but \(endpoint) is of cluster '\(reported)': "
+            + "archive that cluster into a new directory (or give this cluster's endpoints)"
     }
 }
 
@@ -192,8 +273,59 @@ struct BackupVerify: ParsableCommand {
                 "\(file): OK. index \(loaded.header.index), term \(loaded.header.term), cluster \(loaded.header.clusterID), node \(loaded.header.sourceNode), taken \(ISO8601DateFormatter().string(from: created)), \(loaded.namespaceCount) namespaces, \(loaded.fileBytes) bytes, checked in \(String(format: "%.2f", Date().timeIntervalSince(started))) s"
             )
         } catch let e as BackupError {
-            throw CommandError("\(file) is damaged: \(e.reason) at byte offset \(e.offset)")
+            throw CommandError("\(e.file ?? file) is damaged: \(e.reason) at byte offset \(e.offset)")
         }
+    }
+}
+
+struct BackupLog: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "log",
+        abstract: "List the entries of a --follow archive: index, term, time, namespace, kind, locations written, bytes.",
+        discussion: """
+            For finding the index of a bad write: list the writes to a location around the time it \
+            went wrong (--path, --namespace, --since, --until), then restore with --to-index the \
+            entry before it, or read the location as it was with GET /path.json?at=<index>. Times are \
+            the leader's stamps; no-ops and membership changes have none.
+            """)
+    @Argument(help: "The archive directory (banyan backup --follow --out DIR).") var directory: String
+    @Option(name: .long, help: "Only entries writing this location, inside it or above it (e.g. /users/ada).") var path: String?
+    @Option(name: .long, help: "Only entries of this namespace ('' for the unnamed one).") var namespace: String?
+    @Option(name: .long, help: "From this index on.") var since: UInt64 = 0
+    @Option(name: .long, help: "Up to and including this index.") var until: UInt64?
+    @Option(name: .long, help: "Stop after this many lines.") var limit: Int?
+
+    func validate() throws {
+        if let limit, limit < 1 { throw ValidationError("--limit must be 1 or more") }
+        if let until, until < since { throw ValidationError("--until is before --since") }
+    }
+
+    func run() throws {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw CommandError("no archive directory at \(directory) (banyan backup --follow --out DIR makes one)")
+        }
+        let archive = ArchiveDirectory(directory)
+        var printed = 0
+        var scanned = 0
+        var clock = ProgressClock()
+        writeLine(ArchivedWrite.header)
+        do {
+            try archive.forEach(from: since) { entry in
+                if let until, entry.index > until { return false }
+                scanned += 1
+                if clock.due() { FileHandle.standardError.write(Data("scanned \(scanned) entries, at index \(entry.index)\n".utf8)) }
+                let write = ArchivedWrite(entry)
+                if let namespace, write.namespace != namespace { return true }
+                if let path, !write.touches(path) { return true }
+                writeLine(write.line)
+                printed += 1
+                return limit.map { printed < $0 } ?? true
+            }
+        } catch let e as BackupError {
+            throw CommandError("\(e.file ?? directory) is damaged: \(e.reason) at byte offset \(e.offset)")
+        }
+        FileHandle.standardError.write(Data("\(printed) of \(scanned) entries listed\n".utf8))
     }
 }
 
@@ -247,7 +379,8 @@ struct Restore: ParsableCommand {
                 "restored \(dataDir) for node \(nodeId): backup index \(s.backupIndex), \(s.replayed) archived entries replayed, at index \(s.restoredIndex) (last write stamped \(stamp)), \(s.namespaces) namespaces, in \(String(format: "%.2f", Date().timeIntervalSince(started))) s. Start it with: banyan serve --data-dir \(dataDir) --node-id \(nodeId)"
             )
         } catch let e as BackupError {
-            throw CommandError("\(file) is damaged: \(e.reason) at byte offset \(e.offset)")
+            // The damaged file: the backup, or one file of the archive.
+            throw CommandError("\(e.file ?? file) is damaged: \(e.reason) at byte offset \(e.offset)")
         }
     }
 }

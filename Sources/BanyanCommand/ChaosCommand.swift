@@ -338,7 +338,8 @@ struct ChaosProxyCommand: ParsableCommand {
         discussion: """
             Point a Firebase SDK at --listen instead of the node. Every chunk waits --delay-ms in each direction; each chunk \
             stalls its connection with probability --drop-rate (nothing passes either way from then on, the socket stays open); \
-            every --reset-every seconds every open connection is reset. Runs until Ctrl-C or --seconds.
+            every --reset-every seconds every open connection is reset. Requests for the node's operator routes (/.banyan/…, \
+            but health and ready) are refused with 403. Runs until Ctrl-C or --seconds.
             """)
     @Option(name: .long, help: "Where the proxy listens, host:port (loopback unless --listen-anywhere).")
     var listen: String = "127.0.0.1:9100"
@@ -366,16 +367,21 @@ struct ChaosProxyCommand: ParsableCommand {
         }
         guard (0...60_000).contains(delayMs) else { throw ValidationError("--delay-ms must be from 0 to 60000") }
         guard (0...1).contains(dropRate) else { throw ValidationError("--drop-rate must be from 0 to 1") }
-        guard resetEvery >= 0, seconds >= 0 else { throw ValidationError("--reset-every and --seconds must not be negative") }
+        do {
+            _ = try ChaosProxy.Settings.resetInterval(seconds: resetEvery)
+        } catch {
+            throw ValidationError(error.description)
+        }
+        guard seconds.isFinite, seconds >= 0, seconds <= 366 * 86_400 else { throw ValidationError("--seconds must be from 0 (until Ctrl-C) to a year") }
     }
 
     func run() throws {
-            let listen = try HostPort(parsing: self.listen)
+        let listen = try HostPort(parsing: self.listen)
         let target = try HostPort(parsing: to)
         var settings = ChaosProxy.Settings()
         settings.delay = .milliseconds(Int64(delayMs))
         settings.dropRate = dropRate
-        settings.resetEvery = resetEvery > 0 ? .milliseconds(Int64(resetEvery * 1000)) : nil
+        settings.resetEvery = try ChaosProxy.Settings.resetInterval(seconds: resetEvery)
         settings.seed = seed
         let proxy = ChaosProxy(targetHost: target.host, targetPort: target.port, settings: settings) { line in say(line) }
         let port = try proxy.start(host: listen.host, port: listen.port)

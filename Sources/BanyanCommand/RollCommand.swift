@@ -18,7 +18,9 @@ struct ClusterRoll: ParsableCommand {
             upgrade); it may return before the node is up. Before each node: if it leads, leadership moves to \
             a node already restarted (POST /.banyan/transfer). After: the node must answer as a new process of \
             the same data directory, know the leader and apply the leader's commit index of that moment, within \
-            --timeout; otherwise the roll stops and touches no other node. Operator requests send the token \
+            --timeout; otherwise the roll stops and touches no other node. Each step reports the leader changes \
+            it saw (terms passed, from the nodes' status); a step with more than --max-leader-changes stops the \
+            roll (the node is back and caught up, the others are untouched). Operator requests send the token \
             like `cluster add`.
             """)
 
@@ -32,12 +34,15 @@ struct ClusterRoll: ParsableCommand {
     var pause: Double = 0
     @Flag(name: .long, help: "Print the plan and stop.")
     var dryRun = false
+    @Option(name: .long, help: "Leader changes one node's step may cause before the roll stops (the leader's own step has its handover).")
+    var maxLeaderChanges: UInt64 = 1
 
     func validate() throws {
         guard !endpoints.isEmpty else { throw ValidationError("give every member's client address with --endpoint") }
         guard (1...86_400).contains(timeout) else { throw ValidationError("--timeout must be 1 to 86400 seconds") }
         guard (0...3600).contains(pause) else { throw ValidationError("--pause must be 0 to 3600 seconds") }
         guard !restartCommand.trimmingCharacters(in: .whitespaces).isEmpty else { throw ValidationError("--restart-command is empty") }
+        guard (1...100).contains(maxLeaderChanges) else { throw ValidationError("--max-leader-changes must be 1 to 100") }
     }
 
     var endpoints: [String] { endpointList(endpoint) }
@@ -73,25 +78,49 @@ struct ClusterRoll: ParsableCommand {
             }
         }
         var rolled: [UInt64] = []
+        // Leadership at the end of the previous step (the roll's start for the first): every
+        // change from there on is the next step's, the pause before it included.
+        let initial = RollPlan.Leadership(nodes) ?? RollPlan.Leadership(term: firstTerm, leader: leader)
+        var previous = initial
+        var changes: [(id: UInt64, count: UInt64)] = []
         for (i, id) in order.enumerated() {
             guard let e = byID[id]?.endpoint else { continue }
             let step = "[\(i + 1)/\(order.count)] node \(id)"
             try roll(id: id, endpoint: e, step: step, rolled: rolled, order: order, byID: byID)
             rolled.append(id)
+            let now = RollPlan.Leadership(endpoints.compactMap(status)) ?? previous
+            let count = RollPlan.leaderChanges(from: previous, to: now)
+            changes.append((id, count))
+            say("\(step): leader changes in this step: \(count) (\(previous) → \(now))")
+            if count > maxLeaderChanges {
+                throw stop(
+                    "\(step) saw \(count) leader changes, more than --max-leader-changes \(maxLeaderChanges) (\(previous) → \(now)); look at the nodes' logs before rolling on",
+                    rolled: rolled, order: order)
+            }
+            previous = now
             if pause > 0, i + 1 < order.count { Thread.sleep(forTimeInterval: pause) }
         }
         let final = endpoints.compactMap(status)
-        let lastTerm = final.map(\.term).max() ?? firstTerm
+        let end = RollPlan.Leadership(final) ?? previous
+        let total = RollPlan.leaderChanges(from: initial, to: end)
         let leaderNow = final.first(where: \.isLeader).map { "node \($0.id)" } ?? "unknown"
         say(
-            "rolled \(rolled.count) nodes in \(seconds(since: started)) s; term \(firstTerm) → \(lastTerm) (\(lastTerm - firstTerm) election\(lastTerm - firstTerm == 1 ? "" : "s")); leader now \(leaderNow)"
+            "rolled \(rolled.count) nodes in \(seconds(since: started)) s; term \(initial.term) → \(end.term) (\(total) leader change\(total == 1 ? "" : "s"); per node: \(changes.map { "\($0.id): \($0.count)" }.joined(separator: ", "))); leader now \(leaderNow)"
         )
     }
 
     /// One node: leadership away if it leads, the restart command, back, caught up.
     private func roll(id: UInt64, endpoint e: String, step: String, rolled: [UInt64], order: [UInt64], byID: [UInt64: RollNode]) throws {
         guard var before = status(e) else { throw stop("\(step) does not answer before its restart", rolled: rolled, order: order) }
-        if before.isLeader {
+        // Leadership can come back (the target lost an election it started): ask again, a few
+        // times; the loop ends on a fresh status saying the node does not lead, and only then
+        // is it restarted.
+        var transfers = 0
+        while before.isLeader {
+            transfers += 1
+            guard transfers <= 3 else {
+                throw stop("\(step) still leads after \(transfers - 1) leadership transfers; not restarting a leader", rolled: rolled, order: order)
+            }
             let everyone = endpoints.compactMap(status)
             guard let target = RollPlan.transferTarget(from: id, nodes: everyone, rolled: Set(rolled)) else {
                 throw stop("\(step) leads and there is no other voter to hand leadership to", rolled: rolled, order: order)
@@ -107,7 +136,9 @@ struct ClusterRoll: ParsableCommand {
                 return newLeader?.isLeader == true
             }
             say("\(step): node \(newLeader?.id ?? 0) leads (term \(newLeader?.term ?? 0)) after \(seconds(since: t0)) s")
-            before = status(e) ?? before
+            guard let now = status(e) else { throw stop("\(step) does not answer after the leadership transfer", rolled: rolled, order: order) }
+            before = now
+            if before.isLeader { say("\(step): leads again (term \(before.term)); moving leadership once more") }
         }
         let command = RollPlan.command(restartCommand, node: before)
         say("\(step): restarting (pid \(before.pid.map { "\($0)" } ?? "?")): \(command)")

@@ -57,6 +57,11 @@ public struct RestoreReplay {
         self.machine = machine
         self.term = term
         self.target = target
+        // `nextIndex` and the gap check add one to it: a (forged) backup at the largest index
+        // has no entry after it.
+        guard machine.appliedIndex < UInt64.max else {
+            throw RestoreError("the backup claims index \(machine.appliedIndex), the largest possible: it is not a state a cluster can have")
+        }
         if case .index(let i) = target {
             guard i >= machine.appliedIndex else {
                 throw RestoreError("the backup is at index \(machine.appliedIndex), after the target index \(i): use an older backup")

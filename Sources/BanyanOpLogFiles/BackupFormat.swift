@@ -42,11 +42,20 @@ public struct BackupHeader: Sendable, Equatable {
 public struct BackupError: Error, Sendable, Equatable, CustomStringConvertible {
     public var offset: UInt64
     public var reason: String
-    public init(offset: UInt64, _ reason: String) {
+    /// The file the offset is in (a backup, or one file of a log archive), when known.
+    public var file: String?
+    public init(offset: UInt64, _ reason: String, file: String? = nil) {
         self.offset = offset
         self.reason = reason
+        self.file = file
     }
-    public var description: String { "\(reason) (at byte offset \(offset))" }
+    /// The same error, naming `file` unless it already names one.
+    public func inFile(_ path: String) -> BackupError {
+        var e = self
+        if e.file == nil { e.file = path }
+        return e
+    }
+    public var description: String { (file.map { "\($0): " } ?? "") + "\(reason) (at byte offset \(offset))" }
 }
 
 public enum BackupFormat {
@@ -392,7 +401,8 @@ public struct ArchivedEntry: Sendable, Equatable {
                 return ArchivedEntry(index: index, term: term, kind: kind, payload: Array(raw[r.at...]))
             }
             guard let entry else { throw BackupError(offset: baseOffset + UInt64(at), "an archived record is malformed") }
-            if let last = entries.last, entry.index != last.index + 1 {
+            // Checked: a record at the largest index (a forged node answer) has no successor.
+            if let last = entries.last, last.index == UInt64.max || entry.index != last.index + 1 {
                 throw BackupError(offset: baseOffset + UInt64(at), "archived entry \(entry.index) follows entry \(last.index): entries are missing")
             }
             entries.append(entry)

@@ -63,6 +63,9 @@ public enum ChaosCheck {
         await load
         await adds
         controller.log("workload stopped: registers \(workload.counts); set \(set.acknowledged.count) acknowledged, \(set.unknown.count) unknown")
+        if workload.reachedCap {
+            controller.log("the register clients stopped at their cap of \(workload.maxOperations) operations (the history is checked whole); the faults and the set went on")
+        }
         // Final reads through every node (each must answer a linearizable read once caught up).
         let ids = try controller.state().ids
         var unread: [UInt64] = []
@@ -127,15 +130,18 @@ public enum ChaosCheck {
 public final class SetWorkload: Sendable {
     let cluster: any NodeRequester
     let namespace: String
+    /// Adds `run` makes at most (each acknowledged one is held until the final reads).
+    public let maxAdds: Int
     private let state = Mutex<(acknowledged: Set<Int>, unknown: Set<Int>)>(([], []))
     private let stopped = Atomic<Bool>(false)
 
     /// Ends `run` early.
     public func stop() { stopped.store(true, ordering: .relaxed) }
 
-    public init(cluster: any NodeRequester, namespace: String) {
+    public init(cluster: any NodeRequester, namespace: String, maxAdds: Int = 500_000) {
         self.cluster = cluster
         self.namespace = namespace
+        self.maxAdds = maxAdds
     }
 
     public var acknowledged: Set<Int> { state.withLock { $0.acknowledged } }
@@ -145,7 +151,7 @@ public final class SetWorkload: Sendable {
         let deadline = Date().addingTimeInterval(seconds)
         var n = 0
         var random = SystemRandomNumberGenerator()
-        while Date() < deadline && !stopped.load(ordering: .relaxed) {
+        while Date() < deadline && !stopped.load(ordering: .relaxed) && n < maxAdds {
             guard let node = nodes().randomElement(using: &random) else {
                 try? await Task.sleep(nanoseconds: 20_000_000)
                 continue

@@ -16,14 +16,33 @@ import Synchronization
 ///   side closed).
 ///
 /// Decisions come from `SeededRandom(seed)`. Each connection dials the target on its own event
-/// loop; a side that cannot take more bytes stops reading from the other (backpressure).
+/// loop; a side that cannot take more bytes stops reading from the other (backpressure), and so
+/// does a side whose bytes wait out the delay past `maxDelayedBytes` (a delay must not turn the
+/// proxy into an unbounded buffer).
+///
+/// Client requests pass through `ProxyRequestGate`: a node's operator routes (`/.banyan/…`, but
+/// health and ready) are refused with 403, so the fault switch is never reachable through the
+/// proxy, even one listening beyond loopback.
 public final class ChaosProxy: Sendable {
     public struct Settings: Sendable {
         public var delay: TimeAmount = .zero
         public var dropRate: Double = 0
         public var resetEvery: TimeAmount?
         public var seed: UInt64 = 1
+        /// Bytes of one direction of one connection that may wait out the delay before the
+        /// proxy stops reading from their sender.
+        public var maxDelayedBytes = 4 << 20
         public init() {}
+
+        /// The reset interval for `--reset-every SECONDS` (0: never); finite and at most a day,
+        /// so the milliseconds fit (an infinite interval once trapped converting to an integer).
+        public static func resetInterval(seconds: Double) throws(ChaosError) -> TimeAmount? {
+            guard seconds.isFinite, seconds >= 0, seconds <= 86_400 else {
+                throw ChaosError("--reset-every must be a number of seconds from 0 to 86400, not \(seconds)")
+            }
+            let ms = Int64((seconds * 1000).rounded())
+            return ms > 0 ? .milliseconds(ms) : nil
+        }
     }
 
     public struct Stats: Sendable, CustomStringConvertible {
@@ -34,8 +53,12 @@ public final class ChaosProxy: Sendable {
         public var stalled = 0
         public var reset = 0
         public var refused = 0
+        /// Requests the proxy refused itself (operator routes, malformed framing).
+        public var refusedRequests = 0
+        /// The most bytes one direction of one connection held back for the delay at once.
+        public var peakDelayedBytes = 0
         public var description: String {
-            "\(connections) connections (\(open) open), \(bytesToTarget) bytes to the node, \(bytesToClient) to clients, \(stalled) stalled, \(reset) reset, \(refused) refused by the node"
+            "\(connections) connections (\(open) open), \(bytesToTarget) bytes to the node, \(bytesToClient) to clients, \(stalled) stalled, \(reset) reset, \(refused) refused by the node, \(refusedRequests) requests refused by the proxy"
         }
     }
 
@@ -134,6 +157,15 @@ public final class ChaosProxy: Sendable {
         }
     }
 
+    fileprivate func delayed(_ bytes: Int) {
+        state.withLock { $0.stats.peakDelayedBytes = max($0.stats.peakDelayedBytes, bytes) }
+    }
+
+    fileprivate func refusedRequest(_ id: Int, status: Int, reason: String) {
+        state.withLock { $0.stats.refusedRequests += 1 }
+        log("connection \(id): refused a request (\(status)): \(reason)")
+    }
+
     fileprivate func stalled(_ id: Int) {
         state.withLock { $0.stats.stalled += 1 }
         log("connection \(id): stalled (nothing passes from now on; the socket stays open)")
@@ -164,6 +196,11 @@ final class ProxyPair: @unchecked Sendable {
     private weak var proxy: ChaosProxy?
     /// Confined to the pair's event loop.
     private var isStalled = false
+    private var gate = ProxyRequestGate()
+    /// Bytes waiting out the delay, toward the node and toward the client.
+    private var delayedToTarget = 0
+    private var delayedToClient = 0
+    private var reading = (client: true, target: true)
 
     init(id: Int, client: any Channel, target: any Channel, proxy: ChaosProxy) {
         self.id = id
@@ -191,31 +228,82 @@ final class ProxyPair: @unchecked Sendable {
         }
     }
 
-    /// Forwards a chunk read on one side to the other (after the delay), unless stalled.
+    /// Forwards a chunk read on one side to the other (after the delay), unless stalled; a
+    /// client's bytes go through the request gate first.
     func forward(_ buffer: ByteBuffer, toTarget: Bool) {
-        guard let proxy, !isStalled else { return }
+        guard let proxy, !isStalled, !gate.isRefused else { return }
         if proxy.drawStall() {
             isStalled = true
             proxy.stalled(id)
             return
         }
-        proxy.counted(toTarget: toTarget ? buffer.readableBytes : 0, toClient: toTarget ? 0 : buffer.readableBytes)
-        let out = toTarget ? target : client
-        let delay = proxy.settings.delay
-        if delay.nanoseconds > 0 {
-            out.eventLoop.scheduleTask(in: delay) {
-                guard !self.isStalled else { return }
-                out.writeAndFlush(buffer, promise: nil)
-            }
+        let bytes = Array(buffer.readableBytesView)
+        if toTarget {
+            apply(gate.client(bytes))
         } else {
-            out.writeAndFlush(buffer, promise: nil)
+            send(bytes, toTarget: false)
+            // The node's first answer to an upgrade decides what the held bytes are.
+            if gate.awaitingUpgrade { apply(gate.target(bytes)) }
         }
     }
 
-    /// The side that receives from `channel` stops reading while `channel` cannot take more.
+    private func apply(_ outputs: [ProxyRequestGate.Output]) {
+        for output in outputs {
+            switch output {
+            case .forward(let bytes): send(bytes, toTarget: true)
+            case .refuse(let status, let reason):
+                proxy?.refusedRequest(id, status: status, reason: reason)
+                // Nothing more goes to the node; the answer goes after what the client is
+                // already owed, then the connection ends.
+                send(ProxyRequestGate.answer(status: status, reason: reason), toTarget: false) { self.close() }
+                return
+            }
+        }
+    }
+
+    /// Writes `bytes` to one side after the delay, counting what waits; `then` runs once written.
+    private func send(_ bytes: [UInt8], toTarget: Bool, then: (@Sendable () -> Void)? = nil) {
+        guard let proxy, !bytes.isEmpty else {
+            then?()
+            return
+        }
+        proxy.counted(toTarget: toTarget ? bytes.count : 0, toClient: toTarget ? 0 : bytes.count)
+        let out = toTarget ? target : client
+        let delay = proxy.settings.delay
+        let write: @Sendable () -> Void = {
+            let written = out.writeAndFlush(out.allocator.buffer(bytes: bytes))
+            if let then { written.whenComplete { _ in then() } }
+        }
+        guard delay.nanoseconds > 0 else { return write() }
+        if toTarget { delayedToTarget += bytes.count } else { delayedToClient += bytes.count }
+        proxy.delayed(max(delayedToTarget, delayedToClient))
+        updateReading()
+        out.eventLoop.scheduleTask(in: delay) {
+            if toTarget { self.delayedToTarget -= bytes.count } else { self.delayedToClient -= bytes.count }
+            if !self.isStalled { write() } else { then?() }
+            self.updateReading()
+        }
+    }
+
+    /// Each side reads only while the other can take more and the bytes waiting out the delay
+    /// toward it are under the cap.
+    private func updateReading() {
+        let cap = proxy?.settings.maxDelayedBytes ?? Int.max
+        let clientReads = target.isWritable && delayedToTarget < cap
+        let targetReads = client.isWritable && delayedToClient < cap
+        if clientReads != reading.client {
+            reading.client = clientReads
+            _ = client.setOption(.autoRead, value: clientReads)
+        }
+        if targetReads != reading.target {
+            reading.target = targetReads
+            _ = target.setOption(.autoRead, value: targetReads)
+        }
+    }
+
+    /// Called when `channel`'s writability changes: the side that feeds it follows.
     func writabilityChanged(_ channel: any Channel) {
-        let other = channel === client ? target : client
-        _ = other.setOption(.autoRead, value: channel.isWritable)
+        updateReading()
     }
 
     func reset() {

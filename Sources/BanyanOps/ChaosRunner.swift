@@ -57,7 +57,7 @@ public final class ChaosRunner: @unchecked Sendable {
     public let started = DispatchTime.now().uptimeNanoseconds
     /// Nodes a client may send requests to now (not killed, not paused).
     public let live: LiveNodes
-    private let probes = Mutex<[(call: Double, done: Double)]>([])
+    private let probes = Mutex(ProbeLog())
     private let probeNamespace: String
     private let stopping = Atomic<Bool>(false)
 
@@ -93,8 +93,8 @@ public final class ChaosRunner: @unchecked Sendable {
                             if let r = try? await self.controller.request(node, .PUT, "/probes/\(key).json?ns=\(self.probeNamespace)", body: "\(sequence)", timeout: 2),
                                 r.status == 200
                             {
-                                let done = self.now()
-                                self.probes.withLock { $0.append((call, done)) }
+                                // Stamped under the lock, so acknowledgements are recorded in time order.
+                                self.probes.withLock { $0.record(call: call, done: self.now()) }
                             }
                         }
                         try? await Task.sleep(nanoseconds: 100_000_000)
@@ -109,22 +109,16 @@ public final class ChaosRunner: @unchecked Sendable {
     private func committed(since: Double, bound: Double) async -> Double? {
         let deadline = since + bound
         while now() < deadline {
-            if let hit = probes.withLock({ $0.filter { $0.call >= since }.map(\.done).min() }) { return hit }
+            if let hit = probes.withLock({ $0.firstAcknowledged(calledAtOrAfter: since) }) { return hit }
             try? await Task.sleep(nanoseconds: 50_000_000)
         }
         return nil
     }
 
-    /// The longest time without an acknowledged probe write between `from` and `to`.
+    /// The longest time without an acknowledged probe write between `from` and `to` (within
+    /// the probes still held: from the current fault on).
     public func longestGap(from: Double, to: Double) -> Double {
-        let points = probes.withLock { $0.map(\.done) }.filter { $0 > from && $0 < to }.sorted()
-        var last = from
-        var longest = 0.0
-        for p in points + [to] {
-            longest = max(longest, p - last)
-            last = p
-        }
-        return longest
+        probes.withLock { $0.longestGap(from: from, to: to) }
     }
 
     // MARK: - The run
@@ -195,13 +189,17 @@ public final class ChaosRunner: @unchecked Sendable {
         await probe.value
         if let failure { throw failure }
         let total = now()
+        let (longest, count) = probes.withLock { ($0.longestGapSinceStart(to: total), $0.count) }
         return Report(
-            seed: schedule.seed, faults: records, longestUnavailability: longestGap(from: 0, to: total), probeWrites: probes.withLock { $0.count },
-            seconds: total, recoveredAtEnd: recoveredAtEnd)
+            seed: schedule.seed, faults: records, longestUnavailability: longest, probeWrites: count, seconds: total, recoveredAtEnd: recoveredAtEnd)
     }
 
     /// Applies one fault, holds it, heals it and waits for the recovery.
     private func apply(_ step: ChaosSchedule.Step, index: Int) async throws -> FaultRecord {
+        // Probes from before this fault matter no more (the whole run's longest gap is kept
+        // as a running figure): what is held spans one fault, not the run.
+        let before = now()
+        probes.withLock { $0.forget(acknowledgedBefore: before) }
         let state = try controller.state()
         let ids = state.ids
         let leader = await controller.leader(among: live.nodes)
@@ -282,6 +280,57 @@ public final class ChaosRunner: @unchecked Sendable {
             record.longestUnavailability = longestGap(from: applied, to: now())
         }
         return record
+    }
+}
+
+/// Acknowledged probe writes: the recent ones (call and acknowledgement times, in the order
+/// acknowledged) for the questions a fault asks, and running figures for the whole run, so a
+/// day-long run holds one fault's worth of probes, not a day's.
+public struct ProbeLog: Sendable {
+    public private(set) var recent: [(call: Double, done: Double)] = []
+    /// Probe writes acknowledged over the run.
+    public private(set) var count = 0
+    /// The latest acknowledgement, and the longest time between two (from the run's start).
+    private var lastDone = 0.0
+    private var longest = 0.0
+
+    public init() {}
+
+    /// A probe called at `call` and acknowledged at `done` (not before the previous one's).
+    public mutating func record(call: Double, done: Double) {
+        count += 1
+        if done > lastDone {
+            longest = max(longest, done - lastDone)
+            lastDone = done
+        }
+        recent.append((call, done))
+    }
+
+    /// Drops the probes acknowledged before `time` (the running figures keep them).
+    public mutating func forget(acknowledgedBefore time: Double) {
+        let keep = recent.firstIndex { $0.done >= time } ?? recent.endIndex
+        if keep > 0 { recent.removeSubrange(..<keep) }
+    }
+
+    /// When the first probe called at or after `since` was acknowledged.
+    public func firstAcknowledged(calledAtOrAfter since: Double) -> Double? {
+        recent.lazy.filter { $0.call >= since }.map(\.done).min()
+    }
+
+    /// The longest time without an acknowledgement between `from` and `to`, among those held.
+    public func longestGap(from: Double, to: Double) -> Double {
+        var last = from
+        var longest = 0.0
+        for p in recent where p.done > from && p.done < to {
+            longest = max(longest, p.done - last)
+            last = p.done
+        }
+        return max(longest, to - last)
+    }
+
+    /// The longest time without an acknowledgement from the run's start (0) to `to`.
+    public func longestGapSinceStart(to: Double) -> Double {
+        max(longest, to - lastDone)
     }
 }
 

@@ -23,7 +23,13 @@ public final class RegisterWorkload: @unchecked Sendable {
     let namespace: String
     /// When the workload was created (`DispatchTime` uptime nanoseconds): operation times count from here.
     public let start = DispatchTime.now().uptimeNanoseconds
-    private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts)>(([], 1, Counts()))
+    private let state = Mutex<(ops: [(key: String, op: Op)], nextValue: Int, counts: Counts, started: Int)>(([], 1, Counts(), 0))
+    /// Operations `run` starts at most: the history is held whole for the checker, so a long
+    /// run (`chaos check --seconds 86400`) stops its register clients at this many, instead of
+    /// growing for the whole run. Each started operation is recorded (a write that applied but
+    /// went unrecorded would make later reads unexplainable): the history holds at most twice
+    /// as many (a compare-and-set records its read too), plus the final reads.
+    public let maxOperations: Int
 
     private let stopped = Atomic<Bool>(false)
 
@@ -33,8 +39,9 @@ public final class RegisterWorkload: @unchecked Sendable {
     /// Sabotage for the checker's self-test: reads skip ReadIndex (`consistency=stale`).
     public var staleReads = false
 
-    public init(cluster: any NodeRequester, keys: Int = 4, namespace: String = "jepsen") {
+    public init(cluster: any NodeRequester, keys: Int = 4, namespace: String = "jepsen", maxOperations: Int = 200_000) {
         self.cluster = cluster
+        self.maxOperations = maxOperations
         self.keys = (0..<keys).map { "k\($0)" }
         self.namespace = namespace
     }
@@ -57,6 +64,17 @@ public final class RegisterWorkload: @unchecked Sendable {
     }
 
     public var counts: Counts { state.withLock { $0.counts } }
+    /// `run` stopped at `maxOperations`.
+    public var reachedCap: Bool { state.withLock { $0.started >= maxOperations } }
+
+    /// Reserves one operation of `maxOperations`; false once they are used up.
+    private func reserve() -> Bool {
+        state.withLock { s in
+            guard s.started < maxOperations else { return false }
+            s.started += 1
+            return true
+        }
+    }
     public var history: [(key: String, op: Op)] { state.withLock { $0.ops } }
 
     func uri(_ key: String) -> String { "/registers/\(key).json?ns=\(namespace)" }
@@ -75,6 +93,7 @@ public final class RegisterWorkload: @unchecked Sendable {
                             try? await Task.sleep(nanoseconds: 20_000_000)
                             continue
                         }
+                        guard self.reserve() else { return }
                         switch Int.random(in: 0..<10, using: &rng) {
                         case 0..<4: await self.read(client: c, node: node, key: key)
                         case 4..<8: await self.write(client: c, node: node, key: key)

@@ -133,6 +133,37 @@ public enum RollPlan {
         node.leader != 0 && node.appliedIndex >= target
     }
 
+    /// Leadership as the nodes that answered report it: the highest term any of them knows and
+    /// the leader of that term (0: none known).
+    public struct Leadership: Sendable, Equatable, CustomStringConvertible {
+        public var term: UInt64
+        public var leader: UInt64
+
+        public init(term: UInt64, leader: UInt64) {
+            self.term = term
+            self.leader = leader
+        }
+
+        /// From statuses; nodes behind on the term do not name its leader. Nil when none answered.
+        public init?(_ nodes: [RollNode]) {
+            guard let term = nodes.map(\.term).max() else { return nil }
+            let current = nodes.filter { $0.term == term }
+            self.term = term
+            leader = current.first(where: \.isLeader)?.id ?? current.first(where: { $0.leader != 0 })?.leader ?? 0
+        }
+
+        public var description: String { "term \(term), leader \(leader == 0 ? "unknown" : "node \(leader)")" }
+    }
+
+    /// Leader changes between two observations: each new term elects at most one leader, so the
+    /// terms that passed bound them (a term that elected no one counts too: its election held
+    /// writes up). A term that went backwards (the nodes that answered later know less, e.g.
+    /// the most advanced one was down) counts nothing rather than wrapping.
+    public static func leaderChanges(from before: Leadership, to after: Leadership) -> UInt64 {
+        if after.term > before.term { return after.term - before.term }
+        return after.term == before.term && after.leader != before.leader && before.leader != 0 && after.leader != 0 ? 1 : 0
+    }
+
     /// Substitutes `{id}`, `{host}`, `{endpoint}` and `{pid}` in a restart command.
     public static func command(_ template: String, node: RollNode) -> String {
         var address = Substring(node.endpoint)

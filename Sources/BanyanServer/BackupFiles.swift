@@ -18,17 +18,45 @@ public enum BackupFiles {
 
     /// Reads a backup file, checking every frame, the whole image's checksum, and that the image
     /// decodes into a state (every tree validated as a snapshot is). A damaged file is a
-    /// `BackupError` with the offset of the damaged part. `progress(bytesRead, fileBytes)`.
-    public static func load(_ path: String, progress: (UInt64, UInt64) -> Void = { _, _ in }) throws -> Loaded {
-        guard let handle = FileHandle(forReadingAtPath: path) else { throw BackupError(offset: 0, "cannot open \(path)") }
+    /// `BackupError` naming the file and the offset of the damaged part.
+    /// `progress(bytesRead, fileBytes)` is called every `reportEvery` seconds while it reads, and
+    /// once at the end if it was called before (a small file reads silently).
+    public static func load(_ path: String, reportEvery: Double = 2, progress: (UInt64, UInt64) -> Void = { _, _ in }) throws -> Loaded {
+        do {
+            return try loadFile(path, reportEvery: reportEvery, progress: progress)
+        } catch let e as BackupError {
+            throw e.inFile(path)
+        }
+    }
+
+    /// The header alone (the cluster, index and term a backup stands for), checked.
+    public static func readHeader(_ path: String) throws -> BackupHeader {
+        guard let handle = FileHandle(forReadingAtPath: path) else { throw BackupError(offset: 0, "cannot open the file", file: path) }
+        defer { try? handle.close() }
+        let fd = handle.fileDescriptor
+        let decoder = BackupDecoder { buffer in
+            let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            guard n >= 0 else { throw BackupError(offset: 0, "cannot read: \(String(cString: strerror(errno)))", file: path) }
+            return n
+        }
+        do {
+            return try decoder.readHeader()
+        } catch let e as BackupError {
+            throw e.inFile(path)
+        }
+    }
+
+    private static func loadFile(_ path: String, reportEvery: Double, progress: (UInt64, UInt64) -> Void) throws -> Loaded {
+        guard let handle = FileHandle(forReadingAtPath: path) else { throw BackupError(offset: 0, "cannot open the file") }
         defer { try? handle.close() }
         let fd = handle.fileDescriptor
         var info = stat()
         let size = fstat(fd, &info) == 0 ? UInt64(max(0, info.st_size)) : 0
-        var lastReport: UInt64 = 0
+        var clock = ProgressClock(every: reportEvery)
+        var reported = false
         let decoder = BackupDecoder { buffer in
             let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
-            guard n >= 0 else { throw BackupError(offset: 0, "cannot read \(path): \(String(cString: strerror(errno)))") }
+            guard n >= 0 else { throw BackupError(offset: 0, "cannot read: \(String(cString: strerror(errno)))") }
             return n
         }
         let header = try decoder.readHeader()
@@ -36,8 +64,8 @@ public enum BackupFiles {
         do {
             machine = try StateMachine(limits: .snapshot, maxLength: Int(clamping: max(size, 1) &* 4096)) { buffer in
                 let n = try decoder.read(into: buffer)
-                if decoder.offset - lastReport >= 64 << 20 {
-                    lastReport = decoder.offset
+                if clock.due() {
+                    reported = true
                     progress(decoder.offset, size)
                 }
                 return n
@@ -50,8 +78,18 @@ public enum BackupFiles {
         guard machine.appliedIndex == header.index else {
             throw BackupError(offset: 0, "the image is at index \(machine.appliedIndex) but the header says \(header.index)")
         }
-        if size >= 64 << 20 { progress(decoder.offset, size) }
+        if reported { progress(decoder.offset, size) }
         return Loaded(header: header, machine: machine, fileBytes: decoder.offset, imageBytes: decoder.imageLength)
+    }
+
+    /// `path` as an absolute path without a trailing slash (`d/` names the directory `d`, whose
+    /// staging sibling must be `d.restoring-…`, not a directory inside it).
+    static func standardizedDirectory(_ path: String) throws(RestoreError) -> String {
+        guard !path.isEmpty else { throw RestoreError("the data directory is empty") }
+        var p = URL(fileURLWithPath: path).standardizedFileURL.path
+        while p.count > 1 && p.hasSuffix("/") { p.removeLast() }
+        guard p != "/" && !p.isEmpty else { throw RestoreError("'\(path)' is the root directory: restore seeds a directory of its own") }
+        return p
     }
 
     public struct RestoreSummary: Sendable {
@@ -66,10 +104,11 @@ public enum BackupFiles {
     /// replaying `archive` up to `target`. The directory is written beside it and renamed into
     /// place at the end, so it never holds a partial state.
     public static func restore(
-        backup path: String, archive: String?, target: RestoreTarget, dataDirectory: String, nodeID: UInt64,
+        backup path: String, archive: String?, target: RestoreTarget, dataDirectory given: String, nodeID: UInt64, reportEvery: Double = 2,
         progress: @escaping (String) -> Void
     ) throws -> RestoreSummary {
         let fm = FileManager.default
+        let dataDirectory = try standardizedDirectory(given)
         var isDirectory: ObjCBool = false
         if fm.fileExists(atPath: dataDirectory, isDirectory: &isDirectory) {
             guard isDirectory.boolValue, (try fm.contentsOfDirectory(atPath: dataDirectory)).isEmpty else {
@@ -77,17 +116,20 @@ public enum BackupFiles {
             }
         }
         guard nodeID > 0 else { throw RestoreError("the node id must be 1 or more") }
-        let loaded = try load(path) { read, total in progress("backup: read \(read >> 20) of \(total >> 20) MiB") }
+        if let archive {
+            var isArchive: ObjCBool = false
+            guard fm.fileExists(atPath: archive, isDirectory: &isArchive), isArchive.boolValue else {
+                throw RestoreError("no archive directory at \(archive) (give the --out directory of banyan backup --follow)")
+            }
+        }
+        let loaded = try load(path, reportEvery: reportEvery) { read, total in progress("backup: read \(read >> 20) of \(total >> 20) MiB") }
         progress("backup: index \(loaded.header.index), \(loaded.machine.namespaces.count) namespaces, verified")
         var replay = try RestoreReplay(machine: loaded.machine, term: max(1, loaded.header.term), target: target)
         if let archive {
-            var lastReport = Date()
+            var clock = ProgressClock(every: reportEvery)
             try ArchiveDirectory(archive).forEach(from: replay.nextIndex) { entry in
                 let more = try replay.apply(entry)
-                if Date().timeIntervalSince(lastReport) >= 2 {
-                    lastReport = Date()
-                    progress("archive: replayed to index \(replay.machine.appliedIndex)")
-                }
+                if clock.due() { progress("archive: replayed to index \(replay.machine.appliedIndex)") }
                 return more
             }
         }
@@ -100,17 +142,18 @@ public enum BackupFiles {
                 "the \(archive == nil ? "backup" : "archive") ends at index \(replay.machine.appliedIndex) (last write stamped \(replay.machine.lastTimestamp) ms), before the target time \(t) ms: restore with --to-index \(replay.machine.appliedIndex), or without a target, to accept that point"
             )
         }
+        // What the archive replayed is filtered as a backup is: free-space alarms raised and
+        // node addresses published after the base backup describe the source cluster's nodes
+        // (an alarm of a node id the new cluster may not even have would refuse every write).
+        let restored = BackupImage.forBackup(replay.machine)
         let staging = dataDirectory + ".restoring-\(getpid())"
         try? fm.removeItem(atPath: staging)
         let storage = try NodeStorage(
             directory: staging, logger: Logger(label: "banyan.restore"), newIncarnation: UInt64.random(in: 1...UInt64.max), progress: { _ in })
-        var reported: UInt64 = 0
+        var clock = ProgressClock(every: reportEvery)
         do {
-            try storage.seed(restored: replay.machine, term: replay.term, members: [nodeID]) { bytes in
-                if bytes >= reported + (256 << 20) {
-                    reported = bytes
-                    progress("data directory: wrote \(bytes >> 20) MiB of snapshot image")
-                }
+            try storage.seed(restored: restored, term: replay.term, members: [nodeID]) { bytes in
+                if clock.due() { progress("data directory: wrote \(bytes >> 20) MiB of snapshot image") }
             }
         } catch {
             try? fm.removeItem(atPath: staging)
@@ -126,7 +169,23 @@ public enum BackupFiles {
         }
         return RestoreSummary(
             backupIndex: loaded.header.index, restoredIndex: replay.machine.appliedIndex, replayed: replay.applied,
-            lastTimestamp: replay.machine.lastTimestamp, namespaces: replay.machine.namespaces.count)
+            lastTimestamp: restored.lastTimestamp, namespaces: restored.namespaces.count)
+    }
+}
+
+/// Whether a long operation's next progress line is due: every `every` seconds of monotonic
+/// time (operators watch time, not bytes: a slow disk must not go silent for minutes).
+public struct ProgressClock {
+    public let every: Double
+    private var last = DispatchTime.now().uptimeNanoseconds
+
+    public init(every: Double = 2) { self.every = every }
+
+    public mutating func due() -> Bool {
+        let now = DispatchTime.now().uptimeNanoseconds
+        guard Double(now &- last) / 1e9 >= every else { return false }
+        last = now
+        return true
     }
 }
 
@@ -143,10 +202,15 @@ public struct ArchiveDirectory {
         self.directory = directory
     }
 
-    /// Archive files by first index, ascending.
+    /// Archive files by first index, ascending. A file named for index 0 is refused: log
+    /// entries start at 1.
     public func files() throws -> [(name: String, first: UInt64)] {
         let names = try FileManager.default.contentsOfDirectory(atPath: directory)
-        return names.compactMap { n in ArchivedEntry.firstIndex(ofFile: n).map { (n, $0) } }.sorted { $0.first < $1.first }
+        let files = names.compactMap { n in ArchivedEntry.firstIndex(ofFile: n).map { (name: n, first: $0) } }.sorted { $0.first < $1.first }
+        if let zero = files.first, zero.first == 0 {
+            throw BackupError(offset: 0, "an archive file is named for index 0, but log entries start at 1 (not written by banyan backup --follow)", file: directory + "/" + zero.name)
+        }
+        return files
     }
 
     /// Base backups by index, ascending.
@@ -167,13 +231,18 @@ public struct ArchiveDirectory {
         let path = directory + "/" + name
         let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
         guard bytes.count >= ArchivedEntry.fileMagic.count, Array(bytes.prefix(ArchivedEntry.fileMagic.count)) == ArchivedEntry.fileMagic else {
-            throw BackupError(offset: 0, "\(path) is not a Banyan log archive (bad magic)")
+            throw BackupError(offset: 0, "not a Banyan log archive (bad magic)", file: path)
         }
+        let parsed: (entries: [ArchivedEntry], validEnd: Int, complete: Bool)
         do {
-            return try ArchivedEntry.parse(bytes, from: ArchivedEntry.fileMagic.count)
+            parsed = try ArchivedEntry.parse(bytes, from: ArchivedEntry.fileMagic.count)
         } catch let e as BackupError {
-            throw BackupError(offset: e.offset, "\(path): \(e.reason)")
+            throw e.inFile(path)
         }
+        if let named = ArchivedEntry.firstIndex(ofFile: name), let first = parsed.entries.first, first.index != named {
+            throw BackupError(offset: UInt64(ArchivedEntry.fileMagic.count), "the file is named for index \(named) but its first record is entry \(first.index)", file: path)
+        }
+        return parsed
     }
 
     /// Calls `body` with every archived entry from `index` on, in order, until it returns false.
@@ -188,7 +257,7 @@ public struct ArchiveDirectory {
             // Only the last file may end in a record cut short (an interrupted archiver);
             // anywhere else that is damage (a length field that reads too long, say).
             if !parsed.complete, position + 1 < all.count {
-                throw BackupError(offset: UInt64(parsed.validEnd), "\(directory)/\(file.name): a record is cut short before the end of the archive")
+                throw BackupError(offset: UInt64(parsed.validEnd), "a record is cut short before the end of the archive", file: directory + "/" + file.name)
             }
             for entry in parsed.entries where entry.index >= index {
                 if !(try body(entry)) { return }
@@ -199,11 +268,17 @@ public struct ArchiveDirectory {
     /// The last archived index (0: none), after cutting a record left half-written by an
     /// interrupted archiver from the last file.
     public func recoverLastIndex() throws -> UInt64 {
+        try recoverLast().index
+    }
+
+    /// The same, with the last archived entry itself (nil: no file holds an entry; `index`
+    /// is then where the last file would have started, less one).
+    public func recoverLast() throws -> (index: UInt64, entry: ArchivedEntry?) {
         // A file being created when the archiver stopped never got its name.
         for name in try FileManager.default.contentsOfDirectory(atPath: directory) where name.hasSuffix(".arch.tmp") {
             try? FileManager.default.removeItem(atPath: directory + "/" + name)
         }
-        guard let last = try files().last else { return 0 }
+        guard let last = try files().last else { return (0, nil) }
         let parsed = try read(last.name)
         if !parsed.complete {
             let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/" + last.name))
@@ -211,7 +286,9 @@ public struct ArchiveDirectory {
             try handle.synchronize()
             try handle.close()
         }
-        return parsed.entries.last?.index ?? (last.first - 1)
+        // `files()` refuses a file named for index 0, so `first - 1` cannot wrap.
+        if let entry = parsed.entries.last { return (entry.index, entry) }
+        return (last.first - 1, nil)
     }
 
     /// Appends entries, fsynced before this returns: to the last file when they continue its
@@ -225,7 +302,7 @@ public struct ArchiveDirectory {
         if let t = target {
             var info = stat()
             let size = stat(directory + "/" + t.name, &info) == 0 ? Int(info.st_size) : 0
-            if first.index != last + 1 || size >= Self.maxFileBytes { target = nil }
+            if last == UInt64.max || first.index != last + 1 || size >= Self.maxFileBytes { target = nil }
         }
         let name = target?.name ?? ArchivedEntry.fileName(firstIndex: first.index)
         let path = directory + "/" + name
@@ -244,11 +321,129 @@ public struct ArchiveDirectory {
         }
     }
 
+    /// The file naming the cluster an archive follows (its `cluster_id`), written with the
+    /// first base backup: `banyan backup --follow` refuses endpoints of another cluster.
+    public static let clusterFile = "cluster-id"
+
+    /// The cluster this archive follows, if recorded.
+    public func recordedCluster() throws -> String? {
+        let path = directory + "/" + Self.clusterFile
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        let text = try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        return text.isEmpty ? nil : text
+    }
+
+    /// Records the cluster this archive follows (written under a temporary name, fsynced, renamed).
+    public func recordCluster(_ id: String) throws {
+        let path = directory + "/" + Self.clusterFile
+        let temporary = path + ".tmp"
+        _ = FileManager.default.createFile(atPath: temporary, contents: nil)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: temporary))
+        try handle.write(contentsOf: Data((id + "\n").utf8))
+        try handle.synchronize()
+        try handle.close()
+        if FileManager.default.fileExists(atPath: path) { try FileManager.default.removeItem(atPath: path) }
+        try FileManager.default.moveItem(atPath: temporary, toPath: path)
+        Self.syncDirectory(directory)
+    }
+
     public static func syncDirectory(_ path: String) {
         let fd = open(path, O_RDONLY)
         if fd >= 0 {
             _ = fsync(fd)
             close(fd)
         }
+    }
+}
+
+/// One archived entry as `banyan backup log` lists it: what an operator needs to find the
+/// index of a bad write (its time, namespace, kind and the locations it writes).
+public struct ArchivedWrite: Sendable, Equatable {
+    public var index: UInt64
+    public var term: UInt64
+    /// The leader's timestamp (ms since 1970); nil for no-ops, configuration changes and
+    /// payloads that do not decode.
+    public var timestamp: Int64?
+    public var namespace: String?
+    /// `set`, `update`, `transaction`, `rules`, `no-op`, … (`undecodable` for a payload of a
+    /// newer version).
+    public var kind: String
+    /// The absolute locations written (an update's each); empty for commands that write none.
+    public var paths: [String]
+    /// Bytes of JSON written.
+    public var bytes: Int
+
+    public init(_ entry: ArchivedEntry) {
+        index = entry.index
+        term = entry.term
+        timestamp = nil
+        namespace = nil
+        paths = []
+        bytes = 0
+        switch entry.kind {
+        case .noop:
+            kind = "no-op"
+            return
+        case .config:
+            kind = "membership"
+            return
+        case .command: kind = "undecodable"
+        }
+        guard let envelope = CommandEnvelope(decoding: entry.payload) else { return }
+        timestamp = envelope.timestamp
+        namespace = envelope.namespace
+        func joined(_ base: String, _ items: [Command.UpdateItem]) -> [String] {
+            items.map { Self.normalized(base + "/" + $0.path) }
+        }
+        switch envelope.command {
+        case let .set(path, json):
+            (kind, paths, bytes) = ("set", [Self.normalized(path)], json.count)
+        case let .update(path, entries):
+            (kind, paths, bytes) = ("update", joined(path, entries), entries.reduce(0) { $0 + $1.json.count })
+        case let .compareAndSet(path, _, json):
+            (kind, paths, bytes) = ("transaction", [Self.normalized(path)], json.count)
+        case let .onDisconnectSet(path, json, _, _):
+            (kind, paths, bytes) = ("on-disconnect-set", [Self.normalized(path)], json.count)
+        case let .onDisconnectUpdate(path, entries, _, _):
+            (kind, paths, bytes) = ("on-disconnect-update", joined(path, entries), entries.reduce(0) { $0 + $1.json.count })
+        case let .onDisconnectCancel(path, _):
+            (kind, paths) = ("on-disconnect-cancel", [Self.normalized(path)])
+        case .connectionEnded: kind = "connection-ended"
+        case .renewLease: kind = "lease-renewal"
+        case .expireHolder: kind = "lease-expiry"
+        case let .setRules(text): (kind, bytes) = ("rules", text.count)
+        case .account: kind = "account"
+        case let .spaceAlarm(node, raised): kind = "space-alarm-\(raised ? "raised" : "cleared")-node-\(node)"
+        }
+    }
+
+    /// "/a/b" for "a/b/", "//a//b" and the like; "/" for the root.
+    static func normalized(_ path: String) -> String {
+        "/" + path.split(separator: "/").joined(separator: "/")
+    }
+
+    /// Whether the entry writes `path`, a location inside it, or a location containing it.
+    public func touches(_ path: String) -> Bool {
+        let wanted = path.split(separator: "/")
+        return paths.contains { written in
+            let segments = written.split(separator: "/")
+            return segments.starts(with: wanted) || wanted.starts(with: segments)
+        }
+    }
+
+    /// One line: index, term, time, namespace, kind, locations, bytes (tab-separated).
+    public var line: String {
+        let time = timestamp.map { Self.iso8601($0) } ?? "-"
+        let ns = namespace.map { $0.isEmpty ? "(default)" : $0 } ?? "-"
+        let locations = paths.isEmpty ? "-" : paths.count <= 4 ? paths.joined(separator: ",") : paths.prefix(4).joined(separator: ",") + ",…(\(paths.count))"
+        return "\(index)\t\(term)\t\(time)\t\(ns)\t\(kind)\t\(locations)\t\(bytes)"
+    }
+
+    public static let header = "index\tterm\ttime\tnamespace\tkind\tpaths\tbytes"
+
+    static func iso8601(_ ms: Int64) -> String {
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return f.string(from: Date(timeIntervalSince1970: Double(ms) / 1000))
     }
 }

@@ -49,6 +49,7 @@ public struct NodeConfig: Sendable, Equatable {
     public var raft = RaftTuning()
     public var http = HTTPLimits()
     public var development = DevelopmentSettings()
+    public var history = HistorySettings()
     public var auth = AuthSettings()
     public var accounts = AccountSettings()
     /// Namespace for requests that name none (no `ns`, and a Host that is an IP literal).
@@ -207,6 +208,18 @@ public struct NodeConfig: Sendable, Equatable {
 
         /// The projects served: `project_id` and `projects`.
         public var servedProjects: Set<String> { Set([projectID] + projects) }
+    }
+
+    /// What a node keeps for reads of the past (`?at=`) and log archivers (`/.banyan/log`),
+    /// docs/backup.md "Reads of the past" and docs/operations.md "Memory" for the cost.
+    public struct HistorySettings: Sendable, Equatable {
+        /// States kept at the node's last snapshots (0 to 2): reads of the past replay from the
+        /// newest at or before their index. 0: only the current state answers `?at=`.
+        public var bases: Int = 2
+        /// Payload bytes of compacted entries kept in memory for archivers and reads of the
+        /// past (0: none; an archiver must then keep up with the log).
+        public var retainedBytes: Int = 64 << 20
+        public init() {}
     }
 
     public struct DevelopmentSettings: Sendable, Equatable {
@@ -417,6 +430,14 @@ extension NodeConfig {
                     case "hash_threads": c.accounts.hashThreads = try r.int(v, "accounts.\(k)", 1...64)
                     case "max_pending_hashes": c.accounts.maxPendingHashes = try r.int(v, "accounts.\(k)", 1...100_000)
                     default: throw ConfigError("\(source): unknown key accounts.\(k)")
+                    }
+                }
+            case "history":
+                for (k, v) in try r.map(value, key) {
+                    switch k {
+                    case "bases": c.history.bases = try r.int(v, "history.bases", 0...2)
+                    case "retained_bytes": c.history.retainedBytes = try r.int(v, "history.retained_bytes", 0...(1 << 40))
+                    default: throw ConfigError("\(source): unknown key history.\(k)")
                     }
                 }
             case "development":

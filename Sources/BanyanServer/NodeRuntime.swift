@@ -231,7 +231,7 @@ public final class NodeRuntime: @unchecked Sendable {
         peerAddresses[config.nodeID] = config.advertised
         mergePeers(core.peerAddresses)
         core.output = { [unowned self] action in self.perform(action) }
-        historyBases = [core.replica.machine]
+        historyBases = config.history.bases > 0 ? [core.replica.machine] : []
         let loadedRules = core.replica.machine.rules
         rulesInForce.withLock { $0 = loadedRules }
         installSigningKeys(core.replica.machine.signingKeys(projects: config.accounts.servedProjects))
@@ -425,7 +425,7 @@ public final class NodeRuntime: @unchecked Sendable {
 
     /// Committed entries kept after the log was compacted past them, so that a log archiver
     /// (`banyan backup --follow`) polling behind the newest snapshot still finds them: at most
-    /// `archiveRetainEntries` entries and `archiveRetainBytes` bytes of payload (docs/backup.md).
+    /// `archiveRetainEntries` entries and `history.retained_bytes` of payload (docs/backup.md).
     private var retained: [ArchivedEntry] = []
     private var retainedHead = 0
     private var retainedFirst: UInt64 = 0
@@ -433,7 +433,7 @@ public final class NodeRuntime: @unchecked Sendable {
     /// At least 20,000, and as many as a snapshot interval, so reads of the past reach back to
     /// the older history base (below).
     var archiveRetainEntries: Int { max(20_000, Int(clamping: config.raft.snapshotEntries)) }
-    static let archiveRetainBytes = 64 << 20
+    var archiveRetainBytes: Int { config.history.retainedBytes }
 
     /// Copies the entries a compaction through `index` is about to drop (payloads are shared,
     /// not copied), then trims the oldest past the bounds.
@@ -441,6 +441,12 @@ public final class NodeRuntime: @unchecked Sendable {
         let raft = core.replica.raft
         let from = raft.snapshotMeta.index + 1
         guard index >= from else { return }
+        guard archiveRetainBytes > 0 else {
+            // Retention is off (`history.retained_bytes: 0`).
+            retained.removeAll()
+            (retainedHead, retainedBytes, retainedFirst) = (0, 0, 0)
+            return
+        }
         let retainedEnd = retainedFirst + UInt64(retained.count - retainedHead)
         if retained.count == retainedHead || retainedEnd != from {
             // A gap (a snapshot installed from the leader): start again from here.
@@ -462,7 +468,7 @@ public final class NodeRuntime: @unchecked Sendable {
             retained.append(Self.archived(e))
             retainedBytes += e.data.count
         }
-        while retained.count - retainedHead > archiveRetainEntries || (retainedBytes > Self.archiveRetainBytes && retained.count - retainedHead > 1) {
+        while retained.count - retainedHead > archiveRetainEntries || (retainedBytes > archiveRetainBytes && retained.count - retainedHead > 1) {
             retainedBytes -= retained[retainedHead].payload.count
             retainedHead += 1
             retainedFirst += 1
@@ -473,15 +479,18 @@ public final class NodeRuntime: @unchecked Sendable {
         }
     }
 
-    /// States from which reads of the past replay (`readAt`): the machine at the last two
-    /// snapshots this node took (or its state when it started), oldest first. Each shares its
-    /// trees with the current state, so it costs only what changed since.
+    /// States from which reads of the past replay (`readAt`): the machine at the last
+    /// `history.bases` (at most two) snapshots this node took (or its state when it started),
+    /// oldest first. Each shares its trees with the current state, so it costs only what
+    /// changed since: at worst, when everything was rewritten, a whole state each.
     private var historyBases: [StateMachine] = []
 
     private func keepHistoryBase(_ machine: StateMachine) {
+        let keep = min(2, max(0, config.history.bases))
+        guard keep > 0 else { return }
         if let last = historyBases.last, last.appliedIndex >= machine.appliedIndex { return }
         historyBases.append(machine)
-        if historyBases.count > 2 { historyBases.removeFirst(historyBases.count - 2) }
+        if historyBases.count > keep { historyBases.removeFirst(historyBases.count - keep) }
     }
 
     /// Why a read of the past has no answer.

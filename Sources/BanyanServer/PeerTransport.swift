@@ -60,6 +60,10 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     private var serverChannel: (any Channel)?
     /// The fault switch (`--allow-fault-injection` only): dropped and delayed peer traffic.
     let faults: FaultSwitch?
+    /// Bytes of delayed batches one connection may hold (fault injection only): past it new
+    /// batches are dropped, as past a live connection's queue (a delay must not buffer
+    /// without bound while the replica loop keeps sending).
+    var maxDelayedBytes = PeerTransport.maxQueuedBytes
 
     private struct State: ~Copyable {
         var addresses: [UInt64: HostPort] = [:]
@@ -308,15 +312,25 @@ final class PeerConnection: @unchecked Sendable {
     /// (a lower delay would otherwise overtake; equal deadlines run in scheduling order).
     private var delayedUntil: UInt64 = 0
     private var delayedWaiting = 0
+    /// Bytes of the batches waiting out the delay (at most the transport's `maxDelayedBytes`).
+    private(set) var delayedBytes = 0
 
     private func sendDelayed(_ messages: [Message]) {
-        let delay = UInt64(transport?.faults?.peerDelayMilliseconds ?? 0) * 1_000_000
+        guard let transport else { return }
+        let delay = UInt64(transport.faults?.peerDelayMilliseconds ?? 0) * 1_000_000
         if delay == 0 && delayedWaiting == 0 { return enqueue(messages) }
+        let bytes = messages.reduce(0) { $0 + $1.size }
+        guard delayedBytes + bytes <= transport.maxDelayedBytes else {
+            transport.droppedMessages.increment(by: messages.count)
+            return
+        }
         let at = max(NIODeadline.now().uptimeNanoseconds + delay, delayedUntil)
         delayedUntil = at
         delayedWaiting += 1
+        delayedBytes += bytes
         eventLoop.scheduleTask(deadline: .uptimeNanoseconds(at)) {
             self.delayedWaiting -= 1
+            self.delayedBytes -= bytes
             self.enqueue(messages)
         }
     }

@@ -185,4 +185,166 @@ import Testing
         #expect(b.namespaces["$cluster"] == nil)
         #expect(b.appliedIndex == 13 && b.namespaces[""] == m.namespaces[""] && b.namespaces["other"] == m.namespaces["other"])
     }
+
+    /// A restore from base + archive filters what it replayed as a backup does: a free-space
+    /// alarm raised and a node address published inside the archive describe the source's
+    /// nodes. Left in, the alarm of a node the new cluster does not have refused every write.
+    @Test func restoreLeavesOutAlarmsAndClusterStateReplayedFromTheArchive() throws {
+        let dir = try temporaryDirectory("backup-alarm")
+        let backup = dir + "/b.bkp"
+        try Self.writeBackup(Self.machine(through: 20), to: backup)
+        let archive = dir + "/arch"
+        try FileManager.default.createDirectory(atPath: archive, withIntermediateDirectories: true)
+        let address = CommandEnvelope(namespace: "$cluster", session: 78, seq: 1, timestamp: 1215, command: .set(path: "/clients/7", json: Array(#""h7:9000""#.utf8)))
+        let alarm = CommandEnvelope(namespace: StateMachine.alarmsNamespace, session: 77, seq: 1, timestamp: 1225, command: .spaceAlarm(node: 7, raised: true))
+        var entries = (21...22).map(Self.entry)
+        entries.append(ArchivedEntry(index: 23, term: 2, kind: .command, payload: address.encoded()))
+        entries.append(ArchivedEntry(index: 24, term: 2, kind: .command, payload: alarm.encoded()))
+        entries += (25...30).map(Self.entry)
+        try ArchiveDirectory(archive).append(entries, continuing: 20)
+
+        // What the source's replicas had at 30: the alarm raised, the address published, and
+        // the writes after the alarm refused.
+        var source = Self.machine(through: 20)
+        for e in entries {
+            if e.kind == .command { _ = source.apply(e.payload, index: e.index) } else { source.skip(index: e.index) }
+        }
+        #expect(source.spaceAlarms == [7] && source.namespaces["$cluster"] != nil)
+
+        for target in [RestoreTarget.latest, .index(23), .index(24)] {
+            let data = dir + "/data-\(target)".replacingOccurrences(of: " ", with: "-")
+            _ = try BackupFiles.restore(backup: backup, archive: archive, target: target, dataDirectory: data, nodeID: 1) { _ in }
+            var (m, _) = try Self.loadRestored(data)
+            #expect(m.namespaces[StateMachine.alarmsNamespace] == nil, "\(target)")
+            #expect(m.namespaces["$cluster"] == nil, "\(target)")
+            #expect(m.spaceAlarms.isEmpty, "\(target)")
+            // The restored node takes writes.
+            let write = CommandEnvelope(namespace: "", session: 99, seq: 1, timestamp: 5000, command: .set(path: "/after", json: Array("1".utf8)))
+            let applied = m.apply(write.encoded(), index: m.appliedIndex + 1)
+            #expect(applied?.outcome == .ok, "\(target): \(String(describing: applied?.outcome))")
+        }
+        // Everything else is the source's state at the target.
+        let (latest, _) = try Self.loadRestored(dir + "/data-the-end-of-the-archive")
+        #expect(latest.image() == BackupImage.forBackup(source).image())
+    }
+
+    /// `--data-dir d/` names the directory d: its staging directory is d's sibling, not a
+    /// directory inside d that the final rename deleted.
+    @Test func aTrailingSlashNamesTheSameDirectory() throws {
+        let (dir, backup, archive) = try setUp("slash")
+        let absent = dir + "/absent/"
+        _ = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: absent, nodeID: 1) { _ in }
+        #expect(try Self.loadRestored(dir + "/absent").0.appliedIndex == 50)
+        let empty = dir + "/empty"
+        try FileManager.default.createDirectory(atPath: empty, withIntermediateDirectories: true)
+        _ = try BackupFiles.restore(backup: backup, archive: archive, target: .index(30), dataDirectory: empty + "//", nodeID: 1) { _ in }
+        #expect(try Self.loadRestored(empty).0.appliedIndex == 30)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir).allSatisfy { !$0.contains(".restoring-") })
+        #expect(throws: RestoreError.self) {
+            _ = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: "/", nodeID: 1) { _ in }
+        }
+    }
+
+    /// Progress goes by time, not by bytes: with a zero interval every step reports, small
+    /// files included (they once reported only past 64 MiB of backup or 256 MiB of image).
+    @Test func progressIsReportedByTime() throws {
+        let (dir, backup, archive) = try setUp("progress")
+        var reads: [UInt64] = []
+        _ = try BackupFiles.load(backup, reportEvery: 0) { read, _ in reads.append(read) }
+        #expect(reads.count >= 2 && reads == reads.sorted())
+        var silent = 0
+        _ = try BackupFiles.load(backup) { _, _ in silent += 1 }
+        #expect(silent == 0, "a small file read within the interval reports nothing")
+        var lines: [String] = []
+        _ = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1, reportEvery: 0) {
+            lines.append($0)
+        }
+        #expect(lines.contains { $0.hasPrefix("backup: read") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("archive: replayed to index") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("data directory: wrote") }, "\(lines)")
+    }
+
+    /// Damage inside the archive names the archive's file and the offset in it, not the backup.
+    @Test func archiveDamageNamesTheArchiveFile() throws {
+        let (dir, backup, archive) = try setUp("archive-damage")
+        let name = ArchivedEntry.fileName(firstIndex: 5)
+        let path = archive + "/" + name
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        bytes[ArchivedEntry.fileMagic.count + 30] ^= 0x55
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        do {
+            _ = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+            Issue.record("a damaged archive was replayed")
+        } catch let e as BackupError {
+            #expect(e.file == path, "\(e)")
+            #expect(e.offset == UInt64(ArchivedEntry.fileMagic.count), "\(e)")
+            #expect(e.description.hasPrefix(path + ": "), "\(e)")
+        }
+        // A damaged backup names the backup.
+        var damaged = [UInt8](try Data(contentsOf: URL(fileURLWithPath: backup)))
+        damaged[damaged.count / 2] ^= 0xFF
+        try Data(damaged).write(to: URL(fileURLWithPath: dir + "/damaged.bkp"))
+        do {
+            _ = try BackupFiles.load(dir + "/damaged.bkp")
+            Issue.record("a damaged backup loaded")
+        } catch let e as BackupError {
+            #expect(e.file == dir + "/damaged.bkp")
+        }
+    }
+
+    /// Input that once trapped on arithmetic: an archive file named for index 0 (`first - 1`),
+    /// a record at the largest index followed by another (`index + 1`, reachable from a node's
+    /// `/.banyan/log` answer), a backup claiming the largest index (`appliedIndex + 1`).
+    @Test func extremeIndexesAreTypedErrors() throws {
+        let dir = try temporaryDirectory("backup-extremes")
+        let zero = dir + "/zero"
+        try FileManager.default.createDirectory(atPath: zero, withIntermediateDirectories: true)
+        try Data(ArchivedEntry.fileMagic).write(to: URL(fileURLWithPath: zero + "/" + ArchivedEntry.fileName(firstIndex: 0)))
+        #expect(throws: BackupError.self) { _ = try ArchiveDirectory(zero).recoverLastIndex() }
+        #expect(throws: BackupError.self) { try ArchiveDirectory(zero).forEach(from: 1) { _ in true } }
+
+        var answer: [UInt8] = []
+        ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: []).append(to: &answer)
+        ArchivedEntry(index: 0, term: 1, kind: .noop, payload: []).append(to: &answer)
+        #expect(throws: BackupError.self) { _ = try ArchivedEntry.parse(answer) }
+        var single: [UInt8] = []
+        ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: []).append(to: &single)
+        #expect(try ArchivedEntry.parse(single).entries.map(\.index) == [UInt64.max])
+        // Appending after the largest index starts a new file instead of adding one to it.
+        let top = dir + "/top"
+        try FileManager.default.createDirectory(atPath: top, withIntermediateDirectories: true)
+        try ArchiveDirectory(top).append([ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: [])], continuing: UInt64.max - 1)
+        try ArchiveDirectory(top).append([ArchivedEntry(index: 5, term: 1, kind: .noop, payload: [])], continuing: UInt64.max)
+
+        #expect(throws: RestoreError.self) { _ = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max), term: 1, target: .latest) }
+    }
+
+    /// `banyan backup log`: each archived entry's index, time, namespace, kind and locations,
+    /// and which entries write at, inside or above a location.
+    @Test func archivedWritesDescribeEntries() throws {
+        let (_, _, archive) = try setUp("listing")
+        var rows: [ArchivedWrite] = []
+        try ArchiveDirectory(archive).forEach(from: 0) { e in
+            rows.append(ArchivedWrite(e))
+            return true
+        }
+        #expect(rows.map(\.index) == Array(5...50))
+        let ten = try #require(rows.first { $0.index == 10 })
+        #expect(ten.kind == "set" && ten.paths == ["/items/k3"] && ten.timestamp == 1100 && ten.namespace == "" && ten.bytes > 0)
+        #expect(ten.line.hasPrefix("10\t2\t1970-01-01T00:00:01.100Z\t(default)\tset\t/items/k3\t"), "\(ten.line)")
+        let nine = try #require(rows.first { $0.index == 9 })
+        #expect(nine.kind == "no-op" && nine.timestamp == nil && nine.paths.isEmpty && !nine.touches("/"))
+        #expect(rows.filter { $0.touches("/items") }.allSatisfy { $0.index % 2 == 0 })
+        #expect(rows.filter { $0.touches("/items/k3/deeper") }.map(\.index) == rows.filter { $0.paths == ["/items/k3"] }.map(\.index))
+        #expect(rows.filter { $0.touches("/last") }.allSatisfy { $0.index % 2 == 1 })
+
+        let update = CommandEnvelope(
+            namespace: "app", session: 1, seq: 1, timestamp: 7, command: .update(path: "/a/", entries: [.init(path: "b/c", json: Array("1".utf8)), .init(path: "d", json: Array("22".utf8))]))
+        let u = ArchivedWrite(ArchivedEntry(index: 3, term: 1, kind: .command, payload: update.encoded()))
+        #expect(u.kind == "update" && u.paths == ["/a/b/c", "/a/d"] && u.bytes == 3 && u.namespace == "app")
+        #expect(u.touches("/a/b") && u.touches("/a/b/c/e") && u.touches("/") && u.touches("a/d/") && !u.touches("/a/e") && !u.touches("/b"))
+        let alarm = CommandEnvelope(namespace: StateMachine.alarmsNamespace, session: 1, seq: 2, timestamp: 8, command: .spaceAlarm(node: 4, raised: true))
+        #expect(ArchivedWrite(ArchivedEntry(index: 4, term: 1, kind: .command, payload: alarm.encoded())).kind == "space-alarm-raised-node-4")
+        #expect(ArchivedWrite(ArchivedEntry(index: 5, term: 1, kind: .command, payload: [99, 1, 2])).kind == "undecodable")
+    }
 }

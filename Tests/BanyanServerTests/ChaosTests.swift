@@ -110,6 +110,43 @@ import Testing
         #expect(found.operations.count == 4)
     }
 
+    @Test("a long run holds bounded state: the register clients stop at their cap with every started operation recorded, the set at its own; probes keep one fault's worth and running figures")
+    func longRunsAreBounded() async throws {
+        let workload = RegisterWorkload(cluster: StaleReplica(), keys: 2, namespace: "t", maxOperations: 60)
+        let started = Date()
+        await workload.run(clients: 3, seconds: 60, nodes: { [1] })
+        #expect(Date().timeIntervalSince(started) < 30, "the clients stopped at the cap, not at the deadline")
+        #expect(workload.reachedCap)
+        #expect(workload.history.count <= 120 && workload.history.count >= 60, "\(workload.history.count)")
+        #expect(workload.check() == .linearizable)
+        let set = SetWorkload(cluster: StaleReplica(), namespace: "t", maxAdds: 25)
+        await set.run(seconds: 60, nodes: { [1] })
+        #expect(set.acknowledged.count == 25)
+
+        var log = ProbeLog()
+        // A probe every 0.1 s for an hour, but none from 1000 s to 1013 s; a fault every 100 s
+        // forgets what came before it.
+        for step in 1..<36_000 {
+            let t = Double(step) / 10
+            if step % 1_000 == 0 { log.forget(acknowledgedBefore: t) }
+            if !(10_000..<10_130).contains(step) { log.record(call: t - 0.05, done: t) }
+        }
+        #expect(log.count > 35_000)
+        #expect(log.recent.count <= 1_001, "held: \(log.recent.count)")
+        #expect(abs(log.longestGapSinceStart(to: 3600) - 13) < 0.2, "\(log.longestGapSinceStart(to: 3600))")
+        #expect(abs(log.longestGap(from: 3500, to: 3600) - 0.1) < 0.05)
+        #expect(log.firstAcknowledged(calledAtOrAfter: 3550) != nil)
+    }
+
+    @Test("--reset-every must be finite and at most a day (an infinite interval trapped converting to milliseconds)")
+    func resetIntervalIsBounded() throws {
+        #expect(try ChaosProxy.Settings.resetInterval(seconds: 0) == nil)
+        #expect(try ChaosProxy.Settings.resetInterval(seconds: 1.5) == .milliseconds(1_500))
+        for bad in [Double.infinity, -Double.infinity, .nan, -1, 86_401, 1e300] {
+            #expect(throws: ChaosError.self, "\(bad)") { _ = try ChaosProxy.Settings.resetInterval(seconds: bad) }
+        }
+    }
+
     // MARK: - A node's endpoint
 
     /// A single node on loopback, ports chosen by the system.
@@ -209,6 +246,160 @@ import Testing
         #expect(stalling.stats.stalled == 1 && stalling.stats.bytesToTarget == 0 && stalling.stats.bytesToClient == 0)
     }
 
+    // MARK: - The proxy's request gate
+
+    static func gateOutputs(_ chunks: [String]) -> [ProxyRequestGate.Output] {
+        var gate = ProxyRequestGate()
+        var out: [ProxyRequestGate.Output] = []
+        for chunk in chunks { out += gate.client(Array(chunk.utf8)) }
+        return out
+    }
+
+    static func forwarded(_ outputs: [ProxyRequestGate.Output]) -> String {
+        outputs.map { if case .forward(let b) = $0 { String(decoding: b, as: UTF8.self) } else { "" } }.joined()
+    }
+
+    static func refusal(_ outputs: [ProxyRequestGate.Output]) -> Int? {
+        for o in outputs { if case .refuse(let status, _) = o { return status } }
+        return nil
+    }
+
+    @Test("the proxy's gate: data requests pass byte for byte (bodies never read as requests); operator routes are refused in every spelling, health and ready pass")
+    func gateRefusesOperatorRoutes() {
+        // Bodies that look like requests: they are data, and pass.
+        let body = "GET /.banyan/faults HTTP/1.1\r\n\r\n"
+        let put = "PUT /a.json HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
+        let get = "GET /b.json?print=pretty HTTP/1.1\r\nHost: x\r\n\r\n"
+        let chunk = "GET /.banyan/faults HTTP/1.1\r\n\r\n"
+        let chunked = "POST /c.json HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\(String(chunk.utf8.count, radix: 16))\r\n\(chunk)\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        let stream = put + get + chunked
+        #expect(Self.forwarded(Self.gateOutputs([stream])) == stream)
+        #expect(Self.refusal(Self.gateOutputs([stream])) == nil)
+        // The same, a byte at a time.
+        #expect(Self.forwarded(Self.gateOutputs(stream.map { String($0) })) == stream)
+        for ok in ["/.banyan/health", "/.banyan/ready", "/.banyan/ready?x=1"] {
+            let outputs = Self.gateOutputs(["GET \(ok) HTTP/1.1\r\nHost: x\r\n\r\n"])
+            #expect(Self.refusal(outputs) == nil, "\(ok)")
+        }
+        for target in [
+            "/.banyan/faults", "/.banyan/faults?x", "/%2Ebanyan/faults", "/%2ebanyan%2Ffaults", "/.BANYAN/faults", "http://127.0.0.1:9000/.banyan/faults",
+            "/.banyan/status", "/.banyan/transfer?to=2", "/.banyan/backup", "/.banyan", "/.banyan/health/x",
+        ] {
+            for method in ["GET", "POST", "DELETE"] {
+                let outputs = Self.gateOutputs([get + "\(method) \(target) HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}" + get])
+                #expect(Self.refusal(outputs) == 403, "\(method) \(target)")
+                // What came before the refused request went on; nothing after it.
+                #expect(Self.forwarded(outputs) == get, "\(method) \(target)")
+            }
+        }
+        // Framing two parsers could read differently is refused.
+        for bad in [
+            "POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST /a HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST /a HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST /a HTTP/1.1\r\nContent-Length: -3\r\n\r\n",
+            "GET /a HTTP/1.1\r\nX: 1\r\n folded\r\n\r\n",
+            "GET /a HTTP/1.1\nHost: x\r\n\r\n",
+            "CONNECT 127.0.0.1:9000 HTTP/1.1\r\n\r\n",
+            "GET /a HTTP/2.0\r\n\r\n",
+            "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        ] {
+            let status = Self.refusal(Self.gateOutputs([bad]))
+            #expect(status != nil && status != 403, "\(bad.debugDescription)")
+        }
+        #expect(Self.refusal(Self.gateOutputs([String(repeating: "a", count: ProxyRequestGate.maxHeadBytes + 10)])) == 431)
+    }
+
+    @Test("the proxy's gate: an upgrade as a connection's first request becomes a tunnel only once the node answers 101; otherwise what followed is read as requests; a later upgrade is refused")
+    func gateHandlesUpgrades() {
+        let upgrade = "GET /.ws?v=5 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        let sneaky = "GET /.banyan/faults HTTP/1.1\r\n\r\n"
+        var gate = ProxyRequestGate()
+        #expect(Self.forwarded(gate.client(Array(upgrade.utf8))) == upgrade)
+        #expect(gate.awaitingUpgrade)
+        #expect(gate.client(Array(sneaky.utf8)).isEmpty, "held until the node answers")
+        #expect(Self.forwarded(gate.target(Array("HTTP/1.1 101 Switching Protocols\r\n".utf8))) == sneaky, "WebSocket bytes now")
+        #expect(gate.isTunnel && Self.forwarded(gate.client(Array(sneaky.utf8))) == sneaky)
+
+        var refusedUpgrade = ProxyRequestGate()
+        _ = refusedUpgrade.client(Array(upgrade.utf8))
+        _ = refusedUpgrade.client(Array(sneaky.utf8))
+        let after = refusedUpgrade.target(Array("HTTP/1.1 400 Bad Request\r\n".utf8))
+        #expect(Self.refusal(after) == 403, "the held bytes were read as a request")
+        #expect(Self.forwarded(after).isEmpty)
+
+        let later = Self.gateOutputs(["GET /a.json HTTP/1.1\r\n\r\n" + upgrade])
+        #expect(Self.refusal(later) == 400)
+    }
+
+    @Test("through the proxy a node's fault switch and operator routes answer 403 and change nothing; data, health and ready pass; the node itself still has its switch")
+    func proxyRefusesTheFaultSwitch() async throws {
+        let dir = try temporaryDirectory("chaos-proxy-gate")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = Self.loopbackConfig(dir + "/data")
+        c.allowFaultInjection = true
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let group = MultiThreadedEventLoopGroup.singleton
+        let proxy = ChaosProxy(targetHost: "127.0.0.1", targetPort: clientPort(node), settings: ChaosProxy.Settings()) { _ in }
+        defer { proxy.stop() }
+        let port = try proxy.start(host: "127.0.0.1", port: 0)
+        let json = [("Content-Type", "application/json")]
+        for (method, uri, body) in [
+            (HTTPMethod.GET, "/.banyan/faults", nil), (.DELETE, "/.banyan/faults", nil), (.POST, "/.banyan/faults", #"{"drop_peers":[2],"peer_delay_ms":100}"#),
+            (.POST, "/%2Ebanyan/faults", #"{"disk_delay_ms":5}"#), (.GET, "/.banyan/status", nil), (.POST, "/.banyan/transfer?to=2", nil),
+        ] {
+            let connection = try await HTTPConnection.connect(host: "127.0.0.1", port: port, group: group)
+            defer { connection.close() }
+            let r = try await connection.send(method, uri, headers: json, body: body.map { Array($0.utf8) })
+            #expect(r.status == 403 && r.text.contains("refused_by_chaos_proxy"), "\(method) \(uri): \(r.status) \(r.text)")
+        }
+        #expect(node.runtime.faults?.current == FaultSwitch.Faults(), "nothing reached the switch")
+        #expect(proxy.stats.refusedRequests == 6)
+        let connection = try await HTTPConnection.connect(host: "127.0.0.1", port: port, group: group)
+        defer { connection.close() }
+        #expect(try await connection.send(.GET, "/.banyan/health").status == 200)
+        var put = try await connection.send(.PUT, "/greeting.json?ns=proxy", body: Array(#""hello""#.utf8))
+        for _ in 0..<50 where put.status == 503 {
+            try await Task.sleep(nanoseconds: 100_000_000)
+            put = try await connection.send(.PUT, "/greeting.json?ns=proxy", body: Array(#""hello""#.utf8))
+        }
+        #expect(put.status == 200)
+        #expect(try await connection.send(.GET, "/greeting.json?ns=proxy").text == #""hello""#)
+        let direct = try await HTTPConnection.connect(host: "127.0.0.1", port: clientPort(node), group: group)
+        defer { direct.close() }
+        #expect(try await direct.send(.GET, "/.banyan/faults").status == 200)
+    }
+
+    @Test("bytes waiting out the proxy's delay are bounded: past the cap it stops reading from the sender (backpressure), and the write still completes")
+    func proxyDelayIsBounded() async throws {
+        let dir = try temporaryDirectory("chaos-proxy-delay")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = Self.loopbackConfig(dir + "/data")
+        c.http.maxBodyBytes = 8 << 20
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let group = MultiThreadedEventLoopGroup.singleton
+        var settings = ChaosProxy.Settings()
+        settings.delay = .milliseconds(100)
+        settings.maxDelayedBytes = 1 << 20
+        let proxy = ChaosProxy(targetHost: "127.0.0.1", targetPort: clientPort(node), settings: settings) { _ in }
+        defer { proxy.stop() }
+        let port = try proxy.start(host: "127.0.0.1", port: 0)
+        let connection = try await HTTPConnection.connect(host: "127.0.0.1", port: port, group: group)
+        defer { connection.close() }
+        let big = Array(("\"" + String(repeating: "x", count: 6 << 20) + "\"").utf8)
+        var put = try await connection.send(.PUT, "/big.json?ns=proxy", body: big, timeout: .seconds(60))
+        for _ in 0..<50 where put.status == 503 {
+            try await Task.sleep(nanoseconds: 100_000_000)
+            put = try await connection.send(.PUT, "/big.json?ns=proxy", body: big, timeout: .seconds(60))
+        }
+        #expect(put.status == 200)
+        let peak = proxy.stats.peakDelayedBytes
+        // At most the cap plus the read that crossed it (a read is at most 64 KiB).
+        #expect(peak > 0 && peak <= (1 << 20) + (256 << 10), "peak bytes held for the delay: \(peak)")
+    }
+
     // MARK: - Real processes
 
     static func banyanBinary() throws -> String {
@@ -296,6 +487,27 @@ import Testing
         throw ChaosError("no write committed through nodes \(nodes) within \(bound) s")
     }
 
+    /// The fastest of `tries` acknowledged writes through `node` (seconds), each retried until
+    /// acknowledged (at most `bound` seconds in all).
+    static func fastestWrite(_ controller: ChaosController, through node: UInt64, tries: Int, bound: Double = 30) async throws -> Double {
+        let deadline = Date().addingTimeInterval(bound)
+        var fastest = Double.infinity
+        var done = 0
+        var n = 0
+        while done < tries && Date() < deadline {
+            n += 1
+            let started = Date()
+            if let r = try? await controller.request(node, .PUT, "/probe/latency\(n).json?ns=chaostest-probe", body: "\(n)", timeout: 5), r.status == 200 {
+                fastest = min(fastest, Date().timeIntervalSince(started))
+                done += 1
+            } else {
+                try await Task.sleep(nanoseconds: 100_000_000)
+            }
+        }
+        guard done > 0 else { throw ChaosError("no write through node \(node) was acknowledged within \(bound) s") }
+        return fastest
+    }
+
     @Test(
         "kill+restart, pause+resume, partition+heal and slow, each on the leader through the banyan chaos commands under a register and a set workload: linearizable, nothing lost; Ctrl-C of cluster local stops the restarted node too",
         .timeLimit(.minutes(3)))
@@ -359,14 +571,26 @@ import Testing
         try await run("heal")
         #expect(try controller.state().nodes.allSatisfy { $0.faults.dropPeers.isEmpty })
 
-        // The leader's peer messages and fsyncs slowed, then back to full speed.
+        // The leader's peer messages and fsyncs slowed, then back to full speed: the state
+        // file, the node's own switch, and the latency of writes through it all say so.
         let slowed = try await Self.waitForLeader(controller)
         try await run("slow", "--node", "\(slowed)", "--delay-ms", "300")
         #expect(try controller.state().node(slowed).faults == NodeFaults(peerDelayMs: 300, diskDelayMs: 300))
+        let slowSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
+        #expect(slowSwitch.status == 200 && slowSwitch.text.contains(#""peer_delay_ms":300"#) && slowSwitch.text.contains(#""disk_delay_ms":300"#), "\(slowSwitch.text)")
         let slowWrite = try await Self.writeCommits(controller, through: [1, 2, 3])
+        // Leader or not (the delay may cost it the leadership), a write through the slowed node
+        // waits for a delayed peer message (replication, or the forward to the leader).
+        let slowLatency = try await Self.fastestWrite(controller, through: slowed, tries: 3)
         try await Task.sleep(nanoseconds: 1_500_000_000)
         try await run("slow", "--node", "\(slowed)", "--delay-ms", "0")
+        let clearedSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
+        #expect(clearedSwitch.text == #"{"drop_peers":[],"peer_delay_ms":0,"disk_delay_ms":0}"#, "\(clearedSwitch.text)")
         let afterAll = try await Self.writeCommits(controller, through: [1, 2, 3])
+        let fastLatency = try await Self.fastestWrite(controller, through: slowed, tries: 5)
+        print(String(format: "chaos test: the fastest write through the slowed node took %.3f s slowed, %.3f s after", slowLatency, fastLatency))
+        #expect(slowLatency >= 0.28, "a write through a node whose peer messages wait 300 ms took \(slowLatency) s")
+        #expect(fastLatency < 0.28 && fastLatency < slowLatency, "after clearing: \(fastLatency) s")
         print(
             String(
                 format: "chaos test: a write committed %.1f s after kill -9, %.1f s after SIGSTOP, %.1f s after the partition, %.1f s under slowness, %.1f s after the heal",

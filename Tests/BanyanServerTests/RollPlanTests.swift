@@ -56,4 +56,25 @@ import Testing
         n.endpoint = "http://[::1]:9000"
         #expect(RollPlan.command("{host}", node: n) == "[::1]")
     }
+
+    @Test("leader changes per step: the terms that passed; a term seen going backwards counts nothing instead of wrapping")
+    func leaderChanges() throws {
+        func at(_ id: UInt64, term: UInt64, leader: UInt64) -> RollNode {
+            var n = Self.node(id, leader: leader)
+            n.term = term
+            return n
+        }
+        let before = try #require(RollPlan.Leadership([at(1, term: 4, leader: 2), at(2, term: 4, leader: 2), at(3, term: 4, leader: 2)]))
+        #expect(before == RollPlan.Leadership(term: 4, leader: 2))
+        // A node behind on the term does not name the leader.
+        let after = try #require(RollPlan.Leadership([at(1, term: 5, leader: 3), at(2, term: 4, leader: 2), at(3, term: 5, leader: 3)]))
+        #expect(after == RollPlan.Leadership(term: 5, leader: 3))
+        #expect(RollPlan.leaderChanges(from: before, to: after) == 1)
+        #expect(RollPlan.leaderChanges(from: before, to: RollPlan.Leadership(term: 7, leader: 1)) == 3)
+        #expect(RollPlan.leaderChanges(from: before, to: before) == 0)
+        // The node that knew the highest term did not answer this time: no wrap-around.
+        #expect(RollPlan.leaderChanges(from: RollPlan.Leadership(term: 9, leader: 1), to: RollPlan.Leadership(term: 8, leader: 1)) == 0)
+        #expect(RollPlan.leaderChanges(from: RollPlan.Leadership(term: UInt64.max, leader: 1), to: RollPlan.Leadership(term: 0, leader: 0)) == 0)
+        #expect(RollPlan.Leadership([]) == nil)
+    }
 }

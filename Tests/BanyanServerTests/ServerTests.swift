@@ -134,13 +134,13 @@ final class Inbox: Sendable {
         let port: Int
     }
 
-    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup) throws -> Tree {
+    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup, faults: FaultSwitch? = nil) throws -> Tree {
         let files = try DevCertificates.ensureDevelopmentCertificates(directory: certDir, nodeName: name ?? "node\(id)", hosts: ["localhost", "127.0.0.1"])
         let inbox = Inbox()
         let t = try PeerTransport(
             nodeID: id, clusterID: cluster, advertised: HostPort(host: "127.0.0.1", port: 0), group: group,
             serverTLS: try PeerTLS.serverConfiguration(node: files.node, ca: files.ca), clientTLS: try PeerTLS.clientConfiguration(node: files.node, ca: files.ca),
-            logger: Logger(label: "test")
+            logger: Logger(label: "test"), faults: faults
         ) { _, _, messages in inbox.add(messages) }
         let bound = try t.listen(on: HostPort(host: "127.0.0.1", port: 0))
         return Tree(transport: t, inbox: inbox, port: bound?.port ?? 0)
@@ -191,6 +191,30 @@ final class Inbox: Sendable {
         #expect(await eventually({ !channel.isActive }, seconds: 5))
         #expect(n1.inbox.count == 1)
         for t in [n1.transport, n2.transport, impostor.transport, stranger.transport, liar.transport] { t.shutdown() }
+        try await group.shutdownGracefully()
+    }
+
+    @Test("batches delayed by the fault switch count against a bound: past it new ones are dropped, not held without limit")
+    func delayedBatchesAreBounded() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let certs = try temporaryDirectory("peer-delay")
+        defer { try? FileManager.default.removeItem(atPath: certs) }
+        let faults = FaultSwitch()
+        faults.set(FaultSwitch.Faults(peerDelayMilliseconds: 1_000))
+        let receiver = try node(1, certDir: certs, group: group)
+        let sender = try node(2, certDir: certs, group: group, faults: faults)
+        // Room for ten heartbeats (40 bytes each) while they wait.
+        sender.transport.maxDelayedBytes = 10 * heartbeat(from: 2, to: 1).size
+        sender.transport.updateAddresses([1: HostPort(host: "127.0.0.1", port: receiver.port)])
+        for _ in 0..<100 { sender.transport.send([heartbeat(from: 2, to: 1)]) }
+        #expect(await eventually({ receiver.inbox.count >= 10 }, seconds: 10))
+        // Nothing more arrives: the other 90 were dropped when sent.
+        try await Task.sleep(nanoseconds: 1_500_000_000)
+        #expect(receiver.inbox.count == 10)
+        // Once the delayed ones went, there is room again.
+        sender.transport.send([heartbeat(from: 2, to: 1)])
+        #expect(await eventually({ receiver.inbox.count == 11 }, seconds: 10))
+        for t in [receiver.transport, sender.transport] { t.shutdown() }
         try await group.shutdownGracefully()
     }
 }
