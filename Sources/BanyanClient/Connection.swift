@@ -132,7 +132,11 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
                     channel.pipeline.addHandler(request)
                 }
             }
-        return bootstrap.connect(host: host, port: port).flatMap { channel in
+        let connected = bootstrap.connect(host: host, port: port)
+        // A connection that never opens (refused, timed out) must still settle the upgrade's
+        // promise: NIO traps on a promise dropped unfulfilled in debug builds.
+        connected.whenFailure { upgraded.fail($0) }
+        return connected.flatMap { channel in
             channel.closeFuture.whenComplete { _ in
                 upgraded.fail(ChannelError.ioOnClosedChannel)
                 link.finish()

@@ -23,8 +23,13 @@ import Testing
         "BanyanListen": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
         "BanyanReplica": (true, ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanBasics"]),
         "BanyanClientCore": (true, ["BanyanTree", "BanyanQuery", "BanyanBasics"]),
+        // FoundationNetworking: `Auth`'s URLSession on Linux (the account service's HTTP API).
         "BanyanClient": (
-            false, ["BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation", "Glibc", "Darwin", "Dispatch"]
+            false,
+            [
+                "BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation",
+                "FoundationNetworking", "Glibc", "Darwin", "Dispatch",
+            ]
         ),
         // A driver: the signature checks need swift-crypto (token parsing and claims stay pure).
         "BanyanAuth": (false, ["BanyanTree", "BanyanBasics", "Crypto", "_CryptoExtras"]),
