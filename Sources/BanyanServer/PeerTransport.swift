@@ -239,7 +239,12 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         }
     }
 
+    /// Outbound connection attempts made (tests: an unreachable peer is dialled at the back-off's
+    /// pace, not once per message).
+    let dialAttempts = Atomic<Int>(0)
+
     fileprivate func dial(_ connection: PeerConnection) -> EventLoopFuture<any Channel> {
+        dialAttempts.add(1, ordering: .relaxed)
         let host = connection.address.host
         let isIP = (try? SocketAddress(ipAddress: host, port: 0)) != nil
         return ClientBootstrap(group: connection.eventLoop)
@@ -368,8 +373,13 @@ final class PeerConnection: @unchecked Sendable {
         channel.writeAndFlush(buffer, promise: nil)
     }
 
+    /// Set between a failed attempt and its back-off's end: messages queued meanwhile wait for
+    /// the scheduled retry instead of dialling at once (a leader's every send to a dead peer did,
+    /// dozens of times a second, on its replica loop).
+    private var backingOff = false
+
     private func connectIfNeeded() {
-        guard !connecting, channel == nil, !closed, let transport else { return }
+        guard !connecting, !backingOff, channel == nil, !closed, let transport else { return }
         connecting = true
         transport.dial(self).whenComplete { result in
             self.connecting = false
@@ -435,7 +445,9 @@ final class PeerConnection: @unchecked Sendable {
         }
         let delay = backoffMs + Int64.random(in: 0...(backoffMs / 2))
         backoffMs = min(backoffMs * 2, 2_000)
+        backingOff = true
         eventLoop.scheduleTask(in: .milliseconds(delay)) {
+            self.backingOff = false
             if !self.pending.isEmpty { self.connectIfNeeded() }
         }
     }

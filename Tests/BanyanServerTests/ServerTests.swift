@@ -194,6 +194,29 @@ final class Inbox: Sendable {
         try await group.shutdownGracefully()
     }
 
+    @Test("an unreachable peer is dialled at the back-off's pace, not once per message sent to it")
+    func deadPeerDialledWithBackOff() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let certs = try temporaryDirectory("peer-dead")
+        defer { try? FileManager.default.removeItem(atPath: certs) }
+        let sender = try node(2, certDir: certs, group: group)
+        // A port nothing listens on: every attempt is refused at once.
+        let dead = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0).get()
+        let port = dead.localAddress?.port ?? 1
+        try await dead.close()
+        sender.transport.updateAddresses([1: HostPort(host: "127.0.0.1", port: port)])
+        // A leader's heartbeats and appends: a message every 5 ms for a second.
+        for _ in 0..<200 {
+            sender.transport.send([heartbeat(from: 2, to: 1)])
+            try await Task.sleep(nanoseconds: 5_000_000)
+        }
+        let attempts = sender.transport.dialAttempts.load(ordering: .relaxed)
+        // Back-off 50, 100, 200, 400, 800 ms (+ up to half again): at most about six in a second.
+        #expect(attempts >= 2 && attempts <= 10, "\(attempts) dials in a second")
+        sender.transport.shutdown()
+        try await group.shutdownGracefully()
+    }
+
     @Test("batches delayed by the fault switch count against a bound: past it new ones are dropped, not held without limit")
     func delayedBatchesAreBounded() async throws {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
