@@ -206,11 +206,13 @@ let package = Package(
 
         // MARK: - Layer 5 (executables)
 
-        // The `banyan` command: `serve`, `cluster`, `status`, `certs`, and the offline data tools.
+        // The `banyan` command: `serve`, `cluster`, `status`, `certs`, `bench`, and the offline data tools.
         .executableTarget(
             name: "BanyanCommand",
             dependencies: [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles",
+                // `banyan bench --sdk` measures the Swift SDK.
+                "BanyanClient",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

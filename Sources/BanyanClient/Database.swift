@@ -238,6 +238,9 @@ public final class Database: @unchecked Sendable {
     private static func nowMillis() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
 
     private func startTicking() {
+        // The clock before any call runs: a server value written first thing (before the first
+        // tick) shows locally as the time now, not as 1970.
+        core.tick(now: Self.nowMillis())
         ticker = loop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(50)) { [weak self] _ in
             guard let self else { return }
             let now = Self.nowMillis()

@@ -503,7 +503,7 @@ public struct ClientCore: Sendable {
             if !stats.isEmpty { send(.stats(stats), as: .ignored) }
             if let token = authToken { send(.auth(token: token), as: .auth) }
             for key in listens.keys.sorted() { sendListen(key) }
-            for i in writes.indices { sendWrite(i) }
+            sendWaitingWrites()
             for (id, op) in queuedOnDisconnect { sendOnDisconnect(id, op) }
             queuedOnDisconnect = []
             for id in gets.keys.sorted() { sendGet(id) }
@@ -640,25 +640,33 @@ public struct ClientCore: Sendable {
     }
 
     /// Every number below this was answered (the lowest unanswered write's, or the next one's).
-    private var acknowledgedBelow: UInt64 { writes.map(\.number).min() ?? nextWriteNumber }
+    /// `writes` is in number order (each new write, transactions' reruns included, is appended
+    /// with the next number; restored ones come back in their order), so that is the first.
+    private var acknowledgedBelow: UInt64 { writes.first?.number ?? nextWriteNumber }
 
-    private mutating func sendWrite(_ index: Int) {
-        guard isOnline, writes[index].sentAs == nil else { return }
+    /// Sends write `index` unless it was sent on this connection; false when it must wait for
+    /// the window (and so must every later one).
+    @discardableResult
+    private mutating func sendWrite(_ index: Int) -> Bool {
+        guard isOnline, writes[index].sentAs == nil else { return true }
         var client: (number: UInt64, acknowledgedBelow: UInt64)?
         if numbered {
             let lowest = acknowledgedBelow
             // Past the server's window: it waits until earlier writes are answered.
-            guard writes[index].number < lowest + Self.writeWindow else { return }
+            guard writes[index].number < lowest + Self.writeWindow else { return false }
             client = (writes[index].number, lowest)
         }
         let number = send(writes[index].request, as: .write(writes[index].id), clientWrite: client)
         writes[index].sentAs = number
+        return true
     }
 
-    /// Sends, in order, the writes that waited for the window to move.
+    /// Sends, in order, the writes not sent on this connection, up to the window. (One pass
+    /// that stops at the window: with many writes queued, each answer costs what it sends, not
+    /// a scan of the whole queue.)
     private mutating func sendWaitingWrites() {
         guard isOnline else { return }
-        for i in writes.indices where writes[i].sentAs == nil { sendWrite(i) }
+        for i in writes.indices where !sendWrite(i) { break }
     }
 
     // MARK: - Transactions

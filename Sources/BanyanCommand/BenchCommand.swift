@@ -39,9 +39,18 @@ struct Bench: ParsableCommand {
     var deliveryRates: String = "10,20,40"
     @Option(name: .long, help: "With --realtime: connections writing together in the deliveries phase (each waits for its own answers).")
     var deliveryWriters: Int = 1
+    @Flag(name: .long, help: "Measure the Swift SDK instead (1-node and 3-node clusters): writes per second through one connection, local event latency, memory per 10,000 cached children.")
+    var sdk = false
+    @Option(name: .long, help: "With --sdk: setValue calls per round (three rounds per cluster).")
+    var sdkWrites: Int = 20_000
+    @Option(name: .long, help: "With --sdk: writes timed one at a time for the latency percentiles.")
+    var sdkSamples: Int = 1_000
+    @Option(name: .long, help: "With --sdk: children of the list whose cached memory is measured.")
+    var sdkChildren: Int = 10_000
 
     func run() throws {
         if realtime { return try runRealtime() }
+        if sdk { return try runSDK() }
         if let backup {
             let counts = backup.split(separator: ",").compactMap { Int($0) }
             guard !counts.isEmpty, counts.allSatisfy({ (1...10_000_000).contains($0) }), counts == counts.sorted() else {
@@ -91,6 +100,19 @@ extension Bench {
         bench.seconds = seconds
         bench.deliveryRates = rates
         bench.deliveryWriters = deliveryWriters
+        bench.portBase = portBase
+        let configured = bench
+        try runBenchmark { log in try await configured.run(log: log) }
+    }
+
+    func runSDK() throws {
+        guard (1_000...1_000_000).contains(sdkWrites), (100...100_000).contains(sdkSamples), (1_000...1_000_000).contains(sdkChildren) else {
+            throw ValidationError("--sdk-writes 1000-1000000, --sdk-samples 100-100000, --sdk-children 1000-1000000")
+        }
+        var bench = SDKBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
+        bench.writes = sdkWrites
+        bench.samples = sdkSamples
+        bench.children = sdkChildren
         bench.portBase = portBase
         let configured = bench
         try runBenchmark { log in try await configured.run(log: log) }

@@ -155,6 +155,47 @@ import Testing
         }
     }
 
+    @Test("a server timestamp written first thing, before the database's first tick, shows locally as the time now (found by the example chat: it showed 1970)")
+    func localTimestampBeforeTheFirstTick() async throws {
+        try await Self.withNode { port in
+            // A cache holding many queued writes makes the database's start take a while, so
+            // the calls below queue up behind it, ahead of its first tick (as in an app that
+            // writes at launch).
+            let cache = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("banyan-stamp-\(UInt64.random(in: 0...UInt64.max))")
+            defer { try? FileManager.default.removeItem(at: cache) }
+            func persistent() throws -> Database {
+                let db = try Self.database(port)
+                db.isPersistenceEnabled = true
+                db.persistenceDirectory = cache
+                return db
+            }
+            let first = try persistent()
+            first.goOffline()
+            for i in 0..<500 { first.reference(withPath: "queued/\(i)").setValue(["n": i, "text": "queued while offline"], withCompletionBlock: nil) }
+            #expect(first.pendingWriteCount == 500)
+            first.shutdown()
+
+            let db = try persistent()
+            defer { db.shutdown() }
+            db.goOffline()
+            let ref = db.reference(withPath: "stamps/first")
+            ref.setValue(["at": ServerValue.timestamp()], withCompletionBlock: nil)
+            let seen = R()
+            ref.child("at").observe(.value) { s in seen.add("\(s.value as? Int ?? -1)") }
+            let before = Int(Date().timeIntervalSince1970 * 1000) - 60_000
+            #expect(await seen.wait { _ in !seen.all.isEmpty })
+            #expect(seen.all.allSatisfy { (Int($0) ?? 0) > before }, "\(seen.all)")
+            // Online, the server fills in its own time (the queued writes go first).
+            db.goOnline()
+            for _ in 0..<600 where db.pendingWriteCount > 0 { try await Task.sleep(nanoseconds: 100_000_000) }
+            #expect(db.pendingWriteCount == 0)
+            let other = try Self.database(port)
+            defer { other.shutdown() }
+            let stored = try await DatabaseTests.bounded { try await other.reference(withPath: "stamps/first/at").getData() }
+            #expect((stored.value as? Int ?? 0) > before)
+        }
+    }
+
     struct Profile: Codable, Equatable {
         var name: String
         var age: Int

@@ -53,9 +53,9 @@ import Testing
         "BanyanCommand": (
             false,
             [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "Logging", "NIOCore",
-                "NIOHTTP1", "ArgumentParser",
-                "Foundation", "FoundationNetworking", "Dispatch",
+                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "BanyanClient", "Logging",
+                "NIOCore", "NIOHTTP1", "ArgumentParser",
+                "Foundation", "FoundationNetworking", "Dispatch", "Glibc",
             ]
         ),
         "BanyanOps": (false, ["BanyanCheckers", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
