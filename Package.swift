@@ -32,6 +32,8 @@ let package = Package(
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
         .executable(name: "banyan-sim", targets: ["BanyanSim"]),
         .executable(name: "banyan-cluster-test", targets: ["BanyanClusterTest"]),
+        // The example chat over the Swift SDK (Examples/Chat; docs/client-guide.md).
+        .executable(name: "banyan-chat", targets: ["BanyanChat"]),
         // The Swift client SDK (docs/swift-sdk.md). Other internal modules are not products
         // (house style B10). This toolchain accepts the package's `unsafeFlags` when it is a
         // dependency (checked with path, revision and version dependencies; docs/swift-sdk.md).
@@ -228,6 +230,16 @@ let package = Package(
                 "BanyanOps", "BanyanCheckers", .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
+            swiftSettings: strictSettings
+        ),
+        // `swift run banyan-chat`: the example app, a terminal chat with presence that uses only
+        // the SDK's public API (docs/client-guide.md, "The example app"). Its sources live under
+        // Examples/; `Examples/Chat/check.sh` runs it against a real node (.ci/run).
+        .executableTarget(
+            name: "BanyanChat",
+            dependencies: ["BanyanClient"],
+            path: "Examples/Chat",
+            exclude: ["check.sh"],
             swiftSettings: strictSettings
         ),
         // `swift run -c release banyan-sim`: the seeded cluster simulator (docs/simulator.md).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the chat example end to end against a real node (docs/client-guide.md, "The example
-# app"): builds Examples/Chat (its own package, depending on this repository by path), starts
-# `banyan serve` on a spare port, and runs chats non-interactively:
+# app"): starts `banyan serve` on a spare port and runs `banyan-chat` (built by `swift build`
+# with the rest of the package) non-interactively:
 #
 #   1. carol says something while no server runs: her message waits in her offline cache;
 #   2. the node starts; bob and ada join, each says hello: each sees the other's message and
@@ -9,12 +9,14 @@
 #   3. carol starts again: her queued message goes out, once, and she joins the list;
 #   4. ada leaves: the server's onDisconnect takes her off bob's list.
 #
-# Usage: Examples/Chat/check.sh [path to the banyan binary, default .build/debug/banyan]
+# Usage: Examples/Chat/check.sh [BANYAN [BANYAN_CHAT]]   (default .build/debug/banyan and the
+# banyan-chat beside it)
 # Environment: CHAT_CHECK_PORT (client port, default 32510; the peer port is 100 above it).
 # Every wait is bounded; every process started here is stopped on exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 banyan=${1:-$root/.build/debug/banyan}
+chat=${2:-$(dirname "$banyan")/banyan-chat}
 port=${CHAT_CHECK_PORT:-32510}
 peer=$((port + 100))
 work=$(mktemp -d)
@@ -32,10 +34,7 @@ fail() {
   exit 1
 }
 [ -x "$banyan" ] || fail "no banyan binary at $banyan (swift build first)"
-
-echo "== building Examples/Chat =="
-timeout 1800 swift build --package-path "$root/Examples/Chat"
-chat="$(swift build --package-path "$root/Examples/Chat" --show-bin-path)/chat"
+[ -x "$chat" ] || fail "no banyan-chat binary at $chat (swift build first)"
 
 url="http://127.0.0.1:$port?ns=chatcheck"
 run_chat() { # name, output file, then chat arguments

@@ -1,6 +1,6 @@
 // A terminal chat room with presence, over Banyan's Swift SDK (the Firebase iOS database API).
 //
-//   swift run --package-path Examples/Chat chat --url 'http://127.0.0.1:9000?ns=chat' --name ada
+//   swift run banyan-chat --url 'http://127.0.0.1:9000?ns=chat' --name ada
 //
 // Data (one tree per room):
 //   rooms/<room>/messages/<push id>               {name, text, at}   at: the server's timestamp

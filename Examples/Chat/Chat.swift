@@ -20,7 +20,7 @@ struct Options {
     var history = 50
 
     static let usage = """
-        usage: chat --url 'http://host:port?ns=name' --name NAME [options]
+        usage: banyan-chat --url 'http://host:port?ns=name' --name NAME [options]
 
           --url URL          a Banyan node (as the Firebase emulator is given); required
           --name NAME        your name in the room; required
@@ -243,14 +243,14 @@ enum ChatProgram {
         do {
             options = try Options.parse(Array(CommandLine.arguments.dropFirst()))
         } catch {
-            FileHandle.standardError.write(Data("chat: \(error)\n\n\(Options.usage)\n".utf8))
+            FileHandle.standardError.write(Data("banyan-chat: \(error)\n\n\(Options.usage)\n".utf8))
             exit(2)
         }
         let chat: Chat
         do {
             chat = try Chat(options)
         } catch {
-            FileHandle.standardError.write(Data("chat: \(error)\n".utf8))
+            FileHandle.standardError.write(Data("banyan-chat: \(error)\n".utf8))
             exit(2)
         }
         chat.start()
