@@ -104,6 +104,10 @@ final class Chat: @unchecked Sendable {
     private var online: [String]?
     private var shown: [String]?
     private var connected: Bool?
+    /// Set (on `queue`) when the chat starts leaving: callbacks after that print nothing (shutting
+    /// the database down ends the connection and applies this chat's onDisconnect writes to its
+    /// local view, which would otherwise show as "offline" and an emptied list after "bye").
+    private var leaving = false
     private let finishing = NSLock()
     private var finished = false
     /// Kept for the life of the program.
@@ -134,6 +138,7 @@ final class Chat: @unchecked Sendable {
         }
 
         db.reference(withPath: ".info/connected").observe(.value) { [self] snapshot in
+            guard !leaving else { return }
             let now = snapshot.value as? Bool ?? false
             guard now != connected else { return }
             let before = connected
@@ -155,13 +160,16 @@ final class Chat: @unchecked Sendable {
         if options.persistence { messages.keepSynced(true) }
 
         // The last messages, then each new one (a toLast window: the SDK keeps it filled).
-        messages.queryLimited(toLast: UInt(options.history)).observe(.childAdded, with: { snapshot in
+        messages.queryLimited(toLast: UInt(options.history)).observe(.childAdded, with: { [self] snapshot in
+            guard !leaving else { return }
             Out.line(Self.format(snapshot))
-        }, withCancel: { error in
+        }, withCancel: { [self] error in
+            guard !leaving else { return }
             Out.line("! cannot read the room: \(error)")
         })
 
         members.observe(.value) { [self] snapshot in
+            guard !leaving else { return }
             online = snapshot.children.filter { $0.childSnapshot(forPath: "connections").hasChildren() }.compactMap(\.key).sorted()
             showPresence()
         }
@@ -229,7 +237,10 @@ final class Chat: @unchecked Sendable {
                 "* \(left) write\(left == 1 ? "" : "s") not yet sent: "
                     + (db.isPersistenceEnabled && db.persistenceError == nil ? "kept in the cache and sent at the next start" : "lost (no offline cache)"))
         }
+        queue.sync { leaving = true }
         db.shutdown()
+        // Callbacks already queued run (and print nothing) before the last line.
+        queue.sync {}
         Out.line("* bye")
         exit(0)
     }

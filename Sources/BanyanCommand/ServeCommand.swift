@@ -59,6 +59,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Inbound peer connections on a thread of their own (true, the default) or on the replica loop (false).")
     var peerInboundThread: Bool?
 
+    @Option(name: .long, help: "Raft election timeout in ticks of raft.tick_ms (overrides raft.election_ticks; default 10, 200-400 ms). Larger values ride through CPU starvation on small machines at the cost of slower failover.")
+    var electionTicks: Int?
+
     @Flag(
         name: .long,
         help: "Accept fault requests at /.banyan/faults (banyan chaos: dropped and delayed peer traffic, slow fsyncs). Local testing only: refused unless --listen and --peer-listen are loopback.")
@@ -103,6 +106,10 @@ struct NodeOptions: ParsableArguments {
             c.threads = threads
         }
         if let peerInboundThread { c.peerInboundThread = peerInboundThread }
+        if let electionTicks {
+            guard (2...10_000).contains(electionTicks) else { throw ValidationError("--election-ticks must be between 2 and 10000") }
+            c.raft.electionTicks = electionTicks
+        }
         if allowFaultInjection { c.allowFaultInjection = true }
         try c.validate()
         return c

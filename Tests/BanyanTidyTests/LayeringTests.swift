@@ -63,6 +63,8 @@ import Testing
         "BanyanSim": (false, ["BanyanSimulation", "BanyanBasics", "ArgumentParser"]),
         // The example app (Examples/Chat): the SDK's public product only, as an app would use it.
         "BanyanChat": (false, ["BanyanClient", "Foundation", "Dispatch", "Glibc", "Darwin"]),
+        // An app on the SDK's public API only (the SDK's multi-process tests).
+        "BanyanSDKProbe": (false, ["BanyanClient", "Foundation", "Glibc", "Darwin"]),
         "BanyanBench": (
             false,
             [
