@@ -109,7 +109,8 @@ extension Bench {
         guard (1_000...1_000_000).contains(sdkWrites), (100...100_000).contains(sdkSamples), (1_000...1_000_000).contains(sdkChildren) else {
             throw ValidationError("--sdk-writes 1000-1000000, --sdk-samples 100-100000, --sdk-children 1000-1000000")
         }
-        var bench = SDKBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir)
+        // A directory of its own under --dir (it is emptied first).
+        var bench = SDKBench(executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path, directory: dir + "/sdk")
         bench.writes = sdkWrites
         bench.samples = sdkSamples
         bench.children = sdkChildren
