@@ -26,6 +26,7 @@ import Glibc
         private var released = 0
         private var closedAfterUpgrade = 0
         private var messages: [String] = []
+        private var stopped = false
 
         init() throws {
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -57,6 +58,7 @@ import Glibc
         func release() { lock.withLock { released += 1 } }
 
         func stop() {
+            lock.withLock { stopped = true }
             shutdown(listener, Int32(SHUT_RDWR))
             close(listener)
         }
@@ -84,9 +86,14 @@ import Glibc
             let key = request.split(separator: "\r\n").first { $0.lowercased().hasPrefix("sec-websocket-key:") }
                 .map { $0.split(separator: ":", maxSplits: 1)[1].trimmingCharacters(in: .whitespaces) } ?? ""
             lock.withLock { requests += 1 }
-            // Held until the test releases it (bounded: 20 s).
-            let deadline = Date().addingTimeInterval(20)
-            while lock.withLock({ released < number }), Date() < deadline { usleep(2_000) }
+            // Held until the test releases it or stops the node (bounded: 10 minutes). Not a
+            // short bound: in the full suite the simulator's tests can hold the concurrency pool
+            // for minutes, so the test's own steps may run long after the request came, and an
+            // answer sent before the test's goOffline would let the client online (seen in a
+            // full run: the test body resumed after the 20 s this once was).
+            let deadline = Date().addingTimeInterval(600)
+            while lock.withLock({ released < number && !stopped }), Date() < deadline { usleep(2_000) }
+            if lock.withLock({ stopped }) { return }
             let accept = Base64.encode(SHA1.hash(Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8)))
             let head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: \(accept)\r\n\r\n"
             let hello = Array(#"{"t":"c","d":{"t":"h","d":{"ts":1000,"v":"5","h":"scripted","s":"S\#(number)"}}}"#.utf8)
