@@ -27,6 +27,9 @@ let optimisedDriverSettings: [SwiftSetting] = strictSettings + [.unsafeFlags(["-
 
 let package = Package(
     name: "Banyan",
+    // Apple platforms: the SDK uses Foundation's `NSLock.withLock` (macOS 14, iOS 17) and
+    // Swift concurrency. Not built on an Apple platform yet (docs/client-guide.md, "Differences").
+    platforms: [.macOS(.v14), .iOS(.v17), .tvOS(.v17), .watchOS(.v10)],
     products: [
         .executable(name: "banyan", targets: ["BanyanCommand"]),
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),

@@ -20,9 +20,15 @@ public final class Database: @unchecked Sendable {
     public let nodes: [(host: String, port: Int)]
     /// `http` or `https` (then the connection is `wss`).
     public let scheme: String
-    /// Where completion and observer blocks run (set it before the first call). The main queue
-    /// by default on Apple platforms, a serial queue of the database's own elsewhere.
-    public var callbackQueue: DispatchQueue
+    /// Where completion and observer blocks run (set it before the first call; a change applies
+    /// to the callbacks scheduled after it). The main queue by default on Apple platforms, a
+    /// serial queue of the database's own elsewhere. Read by the database's loop, set by the
+    /// app: kept under a lock.
+    public var callbackQueue: DispatchQueue {
+        get { callbackQueueStore.withLock { $0 } }
+        set { callbackQueueStore.withLock { $0 = newValue } }
+    }
+    private let callbackQueueStore: Locked<DispatchQueue>
 
     /// Persistence on disk (set before the first use of the database, as in Firebase): the
     /// unanswered writes and the synced data survive a restart of the app; observers get cached
@@ -44,7 +50,12 @@ public final class Database: @unchecked Sendable {
         set { settings.withLock { if !$0.activated { $0.directory = newValue } } }
     }
     /// Why persistence could not be used (the database then runs without it), if it could not.
-    public var persistenceError: String? { settings.withLock { $0.error } }
+    /// Once the database is in use, read after its start on the database's thread (where the
+    /// file is opened), so a first use followed by this read sees the outcome.
+    public var persistenceError: String? {
+        if settings.withLock({ $0.activated }), !loop.inEventLoop { _ = onLoopSync { () } }
+        return settings.withLock { $0.error }
+    }
 
     struct Settings {
         var activated = false
@@ -112,9 +123,9 @@ public final class Database: @unchecked Sendable {
         nodes = list
         tls = scheme == "https" ? try ClientTLS(trustedCAFile: trustedCAFile) : nil
         #if canImport(Darwin)
-        self.callbackQueue = callbackQueue ?? DispatchQueue.main
+        callbackQueueStore = Locked(callbackQueue ?? DispatchQueue.main)
         #else
-        self.callbackQueue = callbackQueue ?? DispatchQueue(label: "banyan.database.callbacks")
+        callbackQueueStore = Locked(callbackQueue ?? DispatchQueue(label: "banyan.database.callbacks"))
         #endif
         group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         loop = group.next()
@@ -171,7 +182,11 @@ public final class Database: @unchecked Sendable {
 
     /// `Database.database(url:)`: the database for this URL (one instance per URL, as Firebase
     /// keeps one).
-    public static func database(url: String) throws -> Database { try shared.database(url: url) }
+    public static func database(url: String) throws -> Database { try shared.database(url: url, nodes: []) }
+
+    /// `Database.database(url:)` with the cluster's other nodes (`host:port`, in the order failover
+    /// tries them after the URL's node): one instance per URL and node list.
+    public static func database(url: String, nodes: [String]) throws -> Database { try shared.database(url: url, nodes: nodes) }
 
     public func reference() -> DatabaseReference {
         activate()
@@ -542,12 +557,13 @@ final class IDSource: @unchecked Sendable {
 /// The instances `Database.database(url:)` hands out, one per URL.
 final class SharedDatabases: @unchecked Sendable {
     private let lock = NSLock()
-    private var instances: [String: Database] = [:]
-    func database(url: String) throws -> Database {
+    private var instances: [[String]: Database] = [:]
+    func database(url: String, nodes: [String]) throws -> Database {
         try lock.withLock {
-            if let d = instances[url] { return d }
-            let d = try Database(url: url)
-            instances[url] = d
+            let key = [url] + nodes
+            if let d = instances[key] { return d }
+            let d = try Database(url: url, nodes: nodes)
+            instances[key] = d
             return d
         }
     }

@@ -42,8 +42,8 @@ public class DatabaseQuery: @unchecked Sendable {
     public func queryOrderedByKey() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByKey() } }
     public func queryOrderedByValue() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByValue() } }
     public func queryOrderedByPriority() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByPriority() } }
-    public func queryLimited(toFirst limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToFirst(Int(limit)) } }
-    public func queryLimited(toLast limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToLast(Int(limit)) } }
+    public func queryLimited(toFirst limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToFirst(Int(clamping: limit)) } }
+    public func queryLimited(toLast limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToLast(Int(clamping: limit)) } }
 
     public func queryStarting(atValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryStarting(atValue:)") { q, v, k throws(QueryError) in try q.startAt(v, key: k) } }
     public func queryStarting(atValue value: Any?, childKey: String?) -> DatabaseQuery {
