@@ -359,34 +359,37 @@ public struct ClientCore: Sendable {
     }
 
     /// The disk cache rewritten: identity, unanswered writes, then the server's data for complete
-    /// locations (listened or kept synced first) while they fit in `budget` bytes; locations that
-    /// do not fit are forgotten (unless listened to now).
+    /// locations while they fit in `budget` bytes: first every location listened to now or kept
+    /// synced (whatever their size), then the others in path order. A location inside one already
+    /// written is covered by it. Locations that do not fit are forgotten, and their data dropped
+    /// from memory too, except the listened or kept-synced locations inside them.
     public mutating func compactedRecords(budget: Int) -> [ClientStore.Record] {
         var records: [ClientStore.Record] = [.identity(client: clientID, nextNumber: nextWriteNumber)]
         for w in writes { if let s = Self.stored(w) { records.append(.write(s)) } }
         let live = Set(listens.filter { $0.key.isPlain && $0.value.complete }.map(\.key.path))
-        var all = Array(live.union(cachedComplete))
-        all = all.filter { p in !all.contains { $0 != p && $0.contains(p) } }
-        all.sort { a, b in
-            let ka = keptSynced.contains(a) || live.contains(a)
-            let kb = keptSynced.contains(b) || live.contains(b)
-            return ka != kb ? ka : a < b
-        }
+        let candidates = live.union(cachedComplete)
+        let mustKeep = candidates.filter { keptSynced.contains($0) || live.contains($0) }
         var used = records.reduce(0) { $0 + ClientStore.encode($1).count }
-        var kept: Set<Path> = []
-        for path in all {
+        var kept: [Path] = []
+        func covered(_ path: Path) -> Bool { kept.contains { $0.contains(path) } }
+        // Outermost first within each group (a shorter path sorts before the paths inside it).
+        for path in mustKeep.sorted() + candidates.subtracting(mustKeep).sorted() where !covered(path) {
             let json = JSONWriter.bytes(server.child(at: path), format: .export)
-            let mustKeep = keptSynced.contains(path) || live.contains(path)
-            if !mustKeep && used + json.count > budget { continue }
+            if !mustKeep.contains(path) && used + json.count > budget { continue }
             used += json.count
             records.append(.server(path, json))
             records.append(.complete(path, true))
-            kept.insert(path)
+            kept.append(path)
         }
-        // What did not fit is no longer cached (nor held in memory when nothing listens to it).
-        for path in cachedComplete where !kept.contains(path) {
+        // What did not fit is no longer cached, nor held in memory when nothing listens to it; the
+        // listened or kept-synced locations inside it keep their data (and their cache entries).
+        for path in cachedComplete where !covered(path) {
             cachedComplete.remove(path)
-            if !isPlainComplete(path) && !live.contains(path) { server.set(.empty, at: path) }
+            guard !isPlainComplete(path), !live.contains(path) else { continue }
+            let inside = kept.filter { path.contains($0) && $0 != path }
+            let saved = inside.map { ($0, server.child(at: $0)) }
+            server.set(.empty, at: path)
+            for (at, tree) in saved { server.set(tree, at: at) }
         }
         return records
     }

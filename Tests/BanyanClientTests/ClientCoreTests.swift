@@ -626,4 +626,35 @@ final class Seen: @unchecked Sendable {
         #expect(records.contains { if case .write(let w) = $0 { w.path == Self.path("/w") } else { false } })
         #expect(records.first == .identity(client: core.clientID, nextNumber: core.nextWriteNumber))
     }
+
+    @Test("compaction keeps the listened and kept-synced locations inside a cached location that does not fit, in the file and in memory")
+    func compactionNested() throws {
+        var core = ClientCore(nodeCount: 1, seed: 3, persistence: true)
+        core.tick(now: 0)
+        core.received(ClientCoreTests.hello())
+        let filler = String(repeating: "x", count: 3_000)
+        core.observe(1, path: Self.path("/big"), type: .value)
+        core.received(ClientCoreTests.data("/big", #"{"filler":"\#(filler)","live":{"a":1},"kept":{"b":2}}"#))
+        core.observe(2, path: Self.path("/big/live"), type: .value)
+        core.keepSynced(Self.path("/big/kept"), true)
+        core.removeObserver(1)
+        core.received(ClientCoreTests.data("/big/live", #"{"a":1}"#))
+        core.received(ClientCoreTests.data("/big/kept", #"{"b":2}"#))
+        _ = core.takeActions()
+        let records = core.compactedRecords(budget: 1_000)
+        let kept = records.compactMap { if case .complete(let p, true) = $0 { p.description } else { nil } }
+        #expect(kept.sorted() == ["/big/kept", "/big/live"], "\(kept)")
+        // In memory: the live view kept its data (a change from the server shows both fields).
+        core.received(ClientCoreTests.merge("/big/live", #"{"c":3}"#))
+        let shown = ClientCoreTests.events(core.takeActions())
+        #expect(shown == [#"2 value {"a":1,"c":3}"#], "\(shown)")
+        // From the file: a new core shows the kept-synced data offline.
+        let restored = try #require(ClientStore.restore(Self.file(records)))
+        var second = ClientCore(nodeCount: 1, seed: 4, persistence: true, restored: restored)
+        _ = second.takeActions()
+        second.observe(7, path: Self.path("/big/kept"), type: .value)
+        second.tick(now: 10)
+        let offline = ClientCoreTests.events(second.takeActions())
+        #expect(offline.last == #"7 value {"b":2}"#, "\(offline)")
+    }
 }
