@@ -41,6 +41,7 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
     typealias OutboundOut = WebSocketFrame
 
     private let received: @Sendable ([UInt8]) -> Void
+    private let heard: @Sendable () -> Void
     private let ended: @Sendable () -> Void
     private var message: [UInt8] = []
     private var inText = false
@@ -48,8 +49,9 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
     /// The most bytes one WebSocket message may reach before the connection is closed.
     static let maxMessageBytes = 64 << 20
 
-    init(received: @escaping @Sendable ([UInt8]) -> Void, ended: @escaping @Sendable () -> Void) {
+    init(received: @escaping @Sendable ([UInt8]) -> Void, heard: @escaping @Sendable () -> Void, ended: @escaping @Sendable () -> Void) {
         self.received = received
+        self.heard = heard
         self.ended = ended
     }
 
@@ -64,6 +66,11 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
         case .ping:
             let pong = WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)
             context.writeAndFlush(wrapOutboundOut(pong), promise: nil)
+            // The node is alive (its keep-alive): the client's silence timer starts again.
+            heard()
+            return
+        case .pong:
+            heard()
             return
         case .connectionClose:
             context.close(promise: nil)
@@ -80,6 +87,9 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
             let whole = message
             message = []
             received(whole)
+        } else if inText {
+            // Part of a message still arriving: the node is alive.
+            heard()
         }
     }
 
@@ -98,13 +108,17 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
         ended()
     }
 
-    /// Opens a connection; `received` and `ended` run on the channel's event loop.
+    /// Opens a connection; `socketOpened` (the TCP connection is up, the upgrade starts: the
+    /// channel to close if the attempt is abandoned), `received`, `heard` (a frame that is not a
+    /// whole message: a ping, part of a message) and `ended` run on the channel's event loop.
     static func open(
         host: String, port: Int, namespace: String, parameters: [(String, String)] = [], tls: ClientTLS?, group: any EventLoopGroup,
+        socketOpened: @escaping @Sendable (any Channel) -> Void = { _ in },
         received: @escaping @Sendable ([UInt8]) -> Void,
+        heard: @escaping @Sendable () -> Void = {},
         ended: @escaping @Sendable () -> Void
     ) -> EventLoopFuture<any Channel> {
-        let link = WebSocketLink(received: received, ended: ended)
+        let link = WebSocketLink(received: received, heard: heard, ended: ended)
         var uri = "/.ws?v=5&ns=" + (namespace.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? namespace)
         for (name, value) in parameters { uri += "&\(name)=\(value.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? value)" }
         let upgraded = group.next().makePromise(of: Void.self)
@@ -137,6 +151,7 @@ final class WebSocketLink: ChannelInboundHandler, @unchecked Sendable {
         // promise: NIO traps on a promise dropped unfulfilled in debug builds.
         connected.whenFailure { upgraded.fail($0) }
         return connected.flatMap { channel in
+            socketOpened(channel)
             channel.closeFuture.whenComplete { _ in
                 upgraded.fail(ChannelError.ioOnClosedChannel)
                 link.finish()

@@ -57,12 +57,39 @@ public final class Database: @unchecked Sendable {
         return settings.withLock { $0.error }
     }
 
+    /// Failover (docs/swift-sdk.md, "Failover"; set before the first use of the database): the
+    /// seconds a connection attempt may take from opening the socket to the server's hello
+    /// (10 by default) before the client gives the node up and tries the next.
+    public var connectionTimeout: TimeInterval {
+        get { settings.withLock { Double($0.timeouts.connectMillis) / 1000 } }
+        set { settings.withLock { if !$0.activated, let ms = Self.millis(newValue) { $0.timeouts.connectMillis = ms } } }
+    }
+    /// The seconds the connection may go without hearing from the node (30 by default) before
+    /// the client pings it.
+    public var idleTimeout: TimeInterval {
+        get { settings.withLock { Double($0.timeouts.idleMillis) / 1000 } }
+        set { settings.withLock { if !$0.activated, let ms = Self.millis(newValue) { $0.timeouts.idleMillis = ms } } }
+    }
+    /// The seconds the node then has to send anything (15 by default) before the client closes
+    /// the connection and fails over to the next node.
+    public var pingTimeout: TimeInterval {
+        get { settings.withLock { Double($0.timeouts.pingAnswerMillis) / 1000 } }
+        set { settings.withLock { if !$0.activated, let ms = Self.millis(newValue) { $0.timeouts.pingAnswerMillis = ms } } }
+    }
+
+    /// Seconds as ms (at least 1 ms, at most a day); nil for a value that is not a duration.
+    static func millis(_ seconds: TimeInterval) -> Int64? {
+        guard seconds.isFinite, seconds > 0 else { return nil }
+        return Int64((min(seconds, 86_400) * 1000).rounded(.up))
+    }
+
     struct Settings {
         var activated = false
         var persistence = false
         var cacheSize: UInt = 10 << 20
         var directory: URL?
         var error: String?
+        var timeouts = ClientCore.Timeouts()
     }
     private let settings = Locked(Settings())
     private var cacheFile: CacheFile?
@@ -73,6 +100,8 @@ public final class Database: @unchecked Sendable {
     // Confined to `loop`:
     private var core: ClientCore
     private var channel: (any Channel)?
+    /// The current attempt's socket while its upgrade is under way (closed if it is abandoned).
+    private var opening: (any Channel)?
     private var connectionNumber = 0
     private var joiner = ClientFrameJoiner()
     private var observers: [UInt64: Observer] = [:]
@@ -150,6 +179,7 @@ public final class Database: @unchecked Sendable {
     }
 
     private func start(_ s: Settings) {
+        core.timeouts = s.timeouts
         if s.persistence {
             do {
                 let directory = s.directory ?? Self.defaultCacheDirectory()
@@ -297,12 +327,20 @@ public final class Database: @unchecked Sendable {
             case .send(let message):
                 if let channel { write(message, on: channel) }
             case .disconnect:
-                if let channel {
-                    channel.close(promise: nil)
+                if core.holdsConnection, let open = channel ?? opening {
+                    // The core waits for the end: `closed()` comes from `linkEnded` or
+                    // `linkOpened`.
+                    open.close(promise: nil)
                 } else {
-                    // An attempt still opening (`goOffline` meanwhile): it is dropped when it
-                    // opens or fails (its number is no longer the current one).
+                    // The core has let go of the connection (`goOffline` during an attempt, a
+                    // node that answered nothing in time): it is dropped now, its socket closed
+                    // even mid-upgrade; an attempt not yet connected is closed when it opens
+                    // (its number is no longer the current one).
                     connectionNumber += 1
+                    channel?.close(promise: nil)
+                    opening?.close(promise: nil)
+                    channel = nil
+                    opening = nil
                 }
             case let .event(id, event):
                 deliver(id, event)
@@ -365,12 +403,21 @@ public final class Database: @unchecked Sendable {
         connectionNumber += 1
         let number = connectionNumber
         joiner = ClientFrameJoiner()
+        opening = nil
         let (host, port) = nodes[node % nodes.count]
         let opened = WebSocketLink.open(
             host: host, port: port, namespace: namespace, parameters: core.connectionParameters, tls: tls, group: loop,
+            socketOpened: { [weak self] socket in
+                guard let database = self else { return }
+                database.onLoop { database.linkSocketOpened(socket, connection: number) }
+            },
             received: { [weak self] message in
                 guard let database = self else { return }
                 database.onLoop { database.linkReceived(message, connection: number) }
+            },
+            heard: { [weak self] in
+                guard let database = self else { return }
+                database.onLoop { if database.connectionNumber == number { database.core.heard() } }
             },
             ended: { [weak self] in
                 guard let database = self else { return }
@@ -380,6 +427,14 @@ public final class Database: @unchecked Sendable {
             guard let database = self else { return }
             database.onLoop { database.linkOpened(result, connection: number) }
         }
+    }
+
+    private func linkSocketOpened(_ socket: any Channel, connection number: Int) {
+        guard connectionNumber == number else {
+            socket.close(promise: nil)
+            return
+        }
+        opening = socket
     }
 
     private func linkReceived(_ message: [UInt8], connection number: Int) {
@@ -393,6 +448,9 @@ public final class Database: @unchecked Sendable {
                     return
                 }
                 core.received(whole)
+            } else {
+                // A frame of a message in parts (or its count): the node is alive.
+                core.heard()
             }
         } catch {
             channel?.close(promise: nil)
@@ -410,6 +468,7 @@ public final class Database: @unchecked Sendable {
     private func linkEnded(connection number: Int) {
         guard connectionNumber == number else { return }
         channel = nil
+        opening = nil
         core.closed()
         process()
     }
@@ -419,6 +478,7 @@ public final class Database: @unchecked Sendable {
             if case .success(let c) = result { c.close(promise: nil) }
             return
         }
+        opening = nil
         switch result {
         case .success(let c):
             channel = c

@@ -108,6 +108,35 @@ public struct ClientCore: Sendable {
     /// The most times a transaction runs again after the server found its data stale.
     public static let maxTransactionRetries = 25
 
+    /// How long the client waits on a node before it takes the node for dead, closes the
+    /// connection and fails over to the next node (docs/swift-sdk.md, "Failover"). A node that
+    /// is stopped, hung or cut off by a partition still completes TCP handshakes (its kernel
+    /// does) and then says nothing: these timers notice it. All in ms, on the `tick` clock.
+    public struct Timeouts: Sendable, Equatable {
+        /// From the start of an attempt (the socket, the WebSocket upgrade) to the server's
+        /// hello.
+        public var connectMillis: Int64
+        /// Nothing heard from the node for this long while online: the client sends a protocol
+        /// ping (`{"t":"c","d":{"t":"p","d":{}}}`), which a live server answers with a pong.
+        public var idleMillis: Int64
+        /// Nothing at all heard for this long after that ping: the node is taken for dead.
+        public var pingAnswerMillis: Int64
+
+        public init(connectMillis: Int64 = 10_000, idleMillis: Int64 = 30_000, pingAnswerMillis: Int64 = 15_000) {
+            self.connectMillis = max(1, connectMillis)
+            self.idleMillis = max(1, idleMillis)
+            self.pingAnswerMillis = max(1, pingAnswerMillis)
+        }
+    }
+
+    /// A gap between two ticks at least this long means the client itself was not running (a
+    /// suspended app, a stalled thread): silence over such a gap proves nothing about the node,
+    /// so a ping's wait for an answer starts again.
+    public static let stallMillis: Int64 = 2_000
+
+    /// The protocol's ping (answered by the server with a pong).
+    static let ping: [UInt8] = Array(#"{"t":"c","d":{"t":"p","d":{}}}"#.utf8)
+
     // MARK: - State
 
     enum Connection: Sendable, Equatable {
@@ -239,6 +268,16 @@ public struct ClientCore: Sendable {
     public private(set) var serverTimeOffset: Int64 = 0
     public private(set) var sessionID: String?
     private var clockMillis: Int64 = 0
+    /// The clock at the last tick (nil before the first).
+    private var lastTick: Int64?
+    /// The timers that find a dead or silent node (settable before or between connections).
+    public var timeouts = Timeouts()
+    /// When the current attempt started (`connecting`).
+    private var attemptStarted: Int64 = 0
+    /// When anything (a frame, a WebSocket ping) last came from the node (`online`).
+    private var lastHeard: Int64 = 0
+    /// When the ping of the current silence went out (nil: none sent).
+    private var pingSent: Int64?
     private var actions: [Action] = []
     /// Counters sent to the server once per connection (`s`).
     public var stats: [(String, Int64)] = [("sdk.swift.banyan", 1)]
@@ -429,9 +468,12 @@ public struct ClientCore: Sendable {
 
     // MARK: - Time and the connection
 
-    /// The clock (ms); call often: reconnection delays run on it.
+    /// The clock (ms); call often (every 50 ms, say): reconnection delays and the timers that
+    /// find a dead node run on it.
     public mutating func tick(now: Int64) {
         clockMillis = now
+        let stalled = lastTick.map { now - $0 >= Self.stallMillis } ?? false
+        lastTick = now
         if restoredValuesPending {
             restoredValuesPending = false
             for i in writes.indices where writes[i].changes.isEmpty { writes[i].changes = changes(of: writes[i].request) }
@@ -442,14 +484,54 @@ public struct ClientCore: Sendable {
             if wantOnline { startConnecting(node: resumeNode) }
         case let .waiting(until, node):
             if now >= until { startConnecting(node: node) }
-        case .connecting, .online:
-            break
+        case .connecting:
+            // No hello in time: the node accepted the connection (or its kernel did) and says
+            // nothing, or the upgrade hangs.
+            if now - attemptStarted >= timeouts.connectMillis { abandonConnection() }
+        case .online:
+            if let sent = pingSent {
+                if stalled {
+                    // The client was not running: the ping's answer may be waiting unread.
+                    pingSent = now
+                } else if now - sent >= timeouts.pingAnswerMillis {
+                    abandonConnection()
+                }
+            } else if now - lastHeard >= timeouts.idleMillis {
+                pingSent = now
+                emit(.send(Self.ping))
+            }
         }
     }
 
     private mutating func startConnecting(node: Int) {
         connection = .connecting(node: node)
+        attemptStarted = clockMillis
         emit(.connect(node: node))
+    }
+
+    /// The node is taken for dead: the driver closes the connection (an attempt still opening
+    /// too) and forgets it, and the client goes on as after any lost connection: back-off, the
+    /// next node, listens and unanswered writes sent again there.
+    private mutating func abandonConnection() {
+        emit(.disconnect)
+        closed()
+    }
+
+    /// The connection is in use or being opened: a `.disconnect` then asks the driver to close
+    /// it and report the end with `closed()`. Otherwise (after `goOffline` during an attempt, or
+    /// after a timeout) the core has already let go of it and the driver just drops it.
+    public var holdsConnection: Bool {
+        switch connection {
+        case .connecting, .online: true
+        case .offline, .waiting: false
+        }
+    }
+
+    /// The driver heard from the node without a whole message for `received` (a frame of a
+    /// message in parts, a WebSocket ping): the node is alive.
+    public mutating func heard() {
+        lastHeard = clockMillis
+        pingSent = nil
     }
 
     /// The driver opened the connection; the server's hello follows.
@@ -461,10 +543,11 @@ public struct ClientCore: Sendable {
         let node: Int
         switch connection {
         case .online(let n), .connecting(let n): node = n
-        case .waiting(_, let n): node = n
-        // Already offline (`goOffline` during a connection attempt): nothing more to do.
-        case .offline: return
+        // Already offline (`goOffline` during a connection attempt) or waiting (the core gave
+        // the connection up on a timeout; or a second report of the same end): nothing more.
+        case .offline, .waiting: return
         }
+        pingSent = nil
         let wasOnline = isOnline
         let lost = outstanding
         outstanding.removeAll()
@@ -500,6 +583,7 @@ public struct ClientCore: Sendable {
 
     /// A whole message from the server.
     public mutating func received(_ message: [UInt8]) {
+        heard()
         let event: ServerEvent
         do {
             event = try ServerMessageReader.read(message)

@@ -11,11 +11,11 @@ import Glibc
 /// The Swift SDK against 3-node clusters of real `banyan serve` processes (issue 17's proof,
 /// docs/swift-sdk.md "Proof"): every API group with clients attached to different nodes, a
 /// client failing over when `kill -9` takes its node (a follower, then the leader) while it
-/// listens and writes, and an app's offline queue across real process deaths and restarts
-/// (`banyan-sdk-probe`).
+/// listens and writes, a client failing over when its node is stopped (SIGSTOP: silent, TCP up),
+/// and an app's offline queue across real process deaths and restarts (`banyan-sdk-probe`).
 ///
 /// Each test starts its own cluster on client ports 31500+10k+1…3 and peer ports 31600+10k+1…3
-/// (k: the test's slot), and stops it at the end. About 10 s in all on two cores. In the full
+/// (k: the test's slot, 0…4), and stops it at the end. About 10 s in all on two cores. In the full
 /// `swift test` the simulator's CPU-bound tests hold the concurrency pool's threads for minutes,
 /// so these tests may start late (measured: after 8 minutes, then 22 s for the API tour instead
 /// of 4); every wait is therefore bounded generously and checks its condition once more after
@@ -629,6 +629,136 @@ struct ClusterSDKTests {
         print(
             "failover (\(victim.rawValue)): node \(target) killed, the client on \(node) after \(String(format: "%.2f", reconnected)) s, leader \(newLeader); "
                 + "\(keys.count) child_added events, \(rounds) increments and appends (\(unansweredAtKill) writes unanswered at the kill)")
+    }
+
+    @Test("a stopped node (SIGSTOP: its kernel keeps the TCP connection up, nothing answers) under a client that observes a list another client appends to and writes: the client's timers find the node silent and it fails over within its configured time, sees every child_added once and in order, and each of its writes lands once, also after the node resumes")
+    func stoppedNode() async throws {
+        let cluster = try Cluster("sigstop", slot: 4, namespace: "sigstop")
+        let stopped = Log<pid_t>()
+        defer {
+            // A stopped process ignores SIGTERM until continued.
+            for pid in stopped.all { kill(pid, SIGCONT) }
+            cluster.stop()
+        }
+        try await cluster.startAll()
+        let leader = try await cluster.leader()
+        // F starts on a follower; W, the appender, on the node F does not fail over to first.
+        let first: UInt64 = leader % 3 + 1
+        let writerNode = cluster.others(first)[1]
+        let f = try cluster.database(first: first)
+        let idle = 2.0
+        let ping = 2.0
+        let connect = 3.0
+        f.idleTimeout = idle
+        f.pingTimeout = ping
+        f.connectionTimeout = connect
+        let w = try cluster.database(first: writerNode)
+        defer {
+            f.shutdown()
+            w.shutdown()
+        }
+        #expect(await Self.online(f) != nil)
+        #expect(await Self.online(w) == cluster.address(writerNode))
+
+        let added = Log<Added>()
+        let list = f.reference(withPath: "list")
+        list.observe(.childAdded, andPreviousSiblingKeyWith: { s, p in added.add(Added(key: s.key ?? "", previous: p)) })
+        _ = try await Self.bounded { try await list.observeSingleEvent(of: .value) }
+        let connected = R()
+        f.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
+
+        let stop = Flag()
+        let acknowledged = Log<String>()
+        let writerErrors = Log<String>()
+        let appends = w.reference(withPath: "list")
+        let writer = Task {
+            var i = 0
+            while !stop.isSet {
+                let child = appends.childByAutoId()
+                do {
+                    try await child.setValue(i)
+                    acknowledged.add(child.key ?? "")
+                } catch {
+                    writerErrors.add("\(i): \(error)")
+                }
+                i += 1
+                try? await Task.sleep(nanoseconds: 10_000_000)
+            }
+        }
+        let own = OwnWrites(f)
+        let made = own.made
+        let completions = own.completions
+        let ownWrites = Task {
+            while !stop.isSet {
+                own.round()
+                try? await Task.sleep(nanoseconds: 20_000_000)
+            }
+        }
+        defer { stop.set() }
+
+        #expect(await Self.eventually { added.count >= 20 && made.count >= 20 }, "before the stop: \(added.count) events, \(made.count) rounds")
+        // Stop the node F is on now (the one it started on, unless a slow moment already moved
+        // it): TCP stays up, the node answers nothing.
+        let onNode = f.connectedNode
+        let victim = try #require([UInt64(1), 2, 3].first { cluster.address($0) == onNode }, "F is on \(onNode ?? "nothing")")
+        let victimPID = try #require(cluster.pid(victim))
+        kill(victimPID, SIGSTOP)
+        stopped.add(victimPID)
+        let stoppedAt = Date()
+        let seenAtStop = added.count
+        let madeAtStop = made.count
+        let moved = await Self.eventually(seconds: 60, every: 0.05) { (f.connectedNode.map { $0 != cluster.address(victim) }) ?? false }
+        let movedAfter = Date().timeIntervalSince(stoppedAt)
+        let node = f.connectedNode ?? "nothing"
+        #expect(moved, "the client did not leave the stopped node within 60 s (on \(node))\n\(cluster.logTails())")
+        // By design: silent for `idle`, the ping unanswered for `ping`, a back-off under a
+        // second, then the next node (a live one) answers at once; 10 s of slack for a loaded
+        // machine.
+        #expect(movedAfter < idle + ping + 1 + 10, "moved after \(movedAfter) s")
+        #expect(
+            await Self.eventually(seconds: 120) { added.count >= seenAtStop + 20 && made.count >= madeAtStop + 20 },
+            "after the failover: \(added.count) events (\(seenAtStop) at the stop), \(made.count) rounds")
+        stop.set()
+        try await Self.bounded(120) { await writer.value }
+        try await Self.bounded(120) { await ownWrites.value }
+
+        // Every write of F is answered, once, with success.
+        let rounds = made.count
+        #expect(await Self.eventually(seconds: 120) { completions.count >= 2 * rounds }, "\(completions.count) of \(2 * rounds) answered")
+        #expect(completions.count == 2 * rounds && completions.all.allSatisfy { $0 == "ok" }, "\(completions.all.filter { $0 != "ok" })")
+        #expect(writerErrors.all.isEmpty, "\(writerErrors.all)")
+
+        // F saw W's last child, every earlier one once and in order.
+        let keys = acknowledged.all
+        #expect(await Self.eventually(seconds: 120) { added.all.contains { $0.key == keys.last } }, "\(added.count) events of \(keys.count)")
+        let seen = added.all
+        let seenKeys = seen.map(\.key)
+        let duplicates = Dictionary(grouping: seenKeys, by: { $0 }).filter { $0.value.count > 1 }.keys.sorted()
+        let missing = Set(keys).subtracting(seenKeys).sorted()
+        #expect(duplicates.isEmpty, "child_added twice for \(duplicates.count) children: \(duplicates.prefix(5))…")
+        #expect(missing.isEmpty, "child_added never raised for \(missing.count) children: \(missing.prefix(5))…")
+        #expect(seenKeys == keys, "the events differ from the appends: \(seenKeys.count) events, \(keys.count) appends")
+        let wrongPrevious = seen.indices.filter { i in seen[i].previous != (i == 0 ? nil : seen[i - 1].key) }
+        #expect(wrongPrevious.isEmpty, "previous sibling keys wrong at \(wrongPrevious.prefix(5))")
+        #expect(connected.all.contains("false") && connected.all.last == "true", "\(connected.all)")
+
+        // Each of F's writes applied exactly once.
+        let counter = try await Self.bounded { try await w.reference(withPath: "counter").getData().value as? Int }
+        #expect(counter == rounds, "the counter is \(counter.map(String.init) ?? "nil") after \(rounds) acknowledged increments")
+        let mine = try await Self.bounded { try await w.reference(withPath: "mine").getData() }
+        #expect(mine.children.compactMap { $0.value as? Int } == Array(0..<rounds), "\(mine.childrenCount) children for \(rounds) appends")
+
+        // The node resumes and reads what F sent it before the failover (its socket buffer):
+        // nothing applies twice.
+        kill(victimPID, SIGCONT)
+        #expect(await cluster.waitReady(victim, seconds: 120), "node \(victim) not ready after SIGCONT\n\(cluster.logTails())")
+        try await Task.sleep(nanoseconds: 2_000_000_000)
+        let counterAfter = try await Self.bounded { try await w.reference(withPath: "counter").getData().value as? Int }
+        let mineAfter = try await Self.bounded { try await w.reference(withPath: "mine").getData() }
+        #expect(counterAfter == rounds && mineAfter.childrenCount == rounds, "after the resume: counter \(counterAfter.map(String.init) ?? "nil"), \(mineAfter.childrenCount) children, \(rounds) rounds")
+        print(
+            "stopped node: node \(victim) stopped (leader \(leader)), the client on \(node) after \(String(format: "%.2f", movedAfter)) s "
+                + "(idle \(idle) s + ping \(ping) s); \(keys.count) child_added events, \(rounds) increments and appends")
     }
 
     /// The failing-over client's own writes: each round an increment of `counter` and an

@@ -57,15 +57,18 @@ import Glibc
         /// Lets the next held request be answered.
         func release() { lock.withLock { released += 1 } }
 
+        /// Stops accepting (the serving thread closes the listener: closed here, its number could
+        /// be reused by the next test's node while this thread is still about to call `accept`
+        /// on it, and it would take that node's connections).
         func stop() {
             lock.withLock { stopped = true }
             shutdown(listener, Int32(SHUT_RDWR))
-            close(listener)
         }
 
         private func serve() {
             var served = 0
-            while true {
+            defer { close(listener) }
+            while !lock.withLock({ stopped }) {
                 let fd = accept(listener, nil, nil)
                 guard fd >= 0 else { return }
                 served += 1
@@ -98,7 +101,9 @@ import Glibc
             let head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: \(accept)\r\n\r\n"
             let hello = Array(#"{"t":"c","d":{"t":"h","d":{"ts":1000,"v":"5","h":"scripted","s":"S\#(number)"}}}"#.utf8)
             let reply = Array(head.utf8) + [0x81, UInt8(hello.count)] + hello
-            _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+            // The client may have closed the connection meanwhile (it gave up the attempt): no
+            // SIGPIPE for the test process.
+            _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             // Then read the client's frames (masked) until it closes the connection.
             var pending: [UInt8] = []
             while let more = read(fd) {
@@ -139,12 +144,15 @@ import Glibc
         }
     }
 
-    @Test("goOffline while the upgrade is under way: the attempt is dropped and its socket closed once it opens, its hello brings nothing online, writes stay queued; goOnline connects again and sends them")
+    @Test("goOffline while the upgrade is under way: the attempt is dropped and its socket closed (at once, mid-upgrade), its hello brings nothing online, writes stay queued; goOnline connects again and sends them")
     func goOfflineWhileConnecting() async throws {
         let node = try ScriptedNode()
         defer { node.stop() }
         let db = try Database(url: "http://127.0.0.1:\(node.port)?ns=scripted")
         defer { db.shutdown() }
+        // The held attempt must not time out while the test runs (it may run late in the full
+        // suite): this test is about goOffline, the timeout's test is below.
+        db.connectionTimeout = 600
         let connected = R()
         db.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
         // The client is connecting: the node holds its upgrade request.
@@ -154,7 +162,8 @@ import Glibc
         // Read on the database's loop: goOffline and the write were handled before the answer.
         #expect(db.pendingWriteCount == 1)
         node.release()
-        // The abandoned connection is closed by the client as soon as its upgrade completes.
+        // The abandoned connection is closed by the client (at once, mid-upgrade: the node sees
+        // the end when it answers).
         #expect(await ClusterSDKTests.eventually(seconds: 20) { node.closedCount == 1 }, "the abandoned connection stayed open")
         #expect(db.connectedNode == nil && db.pendingWriteCount == 1)
         #expect(!node.received.contains { $0.contains(#""a":"p""#) }, "a write went out while offline: \(node.received)")
@@ -166,5 +175,37 @@ import Glibc
         let sent = await ClusterSDKTests.eventually(seconds: 20) { node.received.contains { $0.contains(#""a":"p""#) && $0.contains(#""p":"/w""#) } }
         #expect(sent, "\(node.received)")
         #expect(node.requestCount == 2)
+    }
+    @Test("a node that holds the WebSocket upgrade (accepts the connection, never answers): the client gives the attempt up after its connection timeout, closes the socket and connects to the next node in the list")
+    func heldUpgradeFailsOverToTheNextNode() async throws {
+        let held = try ScriptedNode()
+        let answering = try ScriptedNode()
+        defer {
+            held.stop()
+            answering.stop()
+        }
+        answering.release()
+        let db = try Database(url: "http://127.0.0.1:\(held.port)?ns=scripted", nodes: ["127.0.0.1:\(answering.port)"])
+        defer { db.shutdown() }
+        db.connectionTimeout = 1
+        let connected = R()
+        let started = Date()
+        db.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
+        db.reference(withPath: "w").setValue(1, withCompletionBlock: nil)
+        #expect(await ClusterSDKTests.eventually(seconds: 20) { held.requestCount == 1 })
+        // Given up after 1 s; the back-off (under a second), then the second node answers.
+        #expect(await connected.wait(seconds: 30) { $0 == "true" }, "\(connected.all)")
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(db.connectedNode == "127.0.0.1:\(answering.port)")
+        #expect(answering.requestCount == 1)
+        let sent = await ClusterSDKTests.eventually(seconds: 20) { answering.received.contains { $0.contains(#""a":"p""#) && $0.contains(#""p":"/w""#) } }
+        #expect(sent, "\(answering.received)")
+        // The held attempt's socket was closed by the client: answered now, the node sees the end
+        // at once, and the client sent nothing on it.
+        held.release()
+        #expect(await ClusterSDKTests.eventually(seconds: 20) { held.closedCount == 1 }, "the abandoned connection stayed open")
+        #expect(held.received.isEmpty, "\(held.received)")
+        #expect(held.requestCount == 1)
+        print("held upgrade: online on the second node \(String(format: "%.2f", elapsed)) s after the start (timeout 1 s)")
     }
 }
