@@ -10,8 +10,13 @@ public import BanyanTree
 ///
 /// What it guarantees:
 /// - A local write raises events at once (latency compensation) and is reconciled when the server
-///   answers: an `ok` keeps the view (the server's echo arrived before it); a refusal removes the
-///   write and the view reverts, with the events that undo it.
+///   answers: an `ok` removes it and the view shows the server's data (normally unchanged: the
+///   server's echo arrived before it); a refusal removes the write and the view reverts, with the
+///   events that undo it.
+/// - The local view costs what a write touches, not what is queued: the local tree (the server's
+///   data with the visible pending writes applied in order) is kept incrementally, and the
+///   pending writes are indexed by path (`WriteIndex`), so a write, an answer or a push costs its
+///   depth plus the pending writes overlapping its locations, whatever the queue's length.
 /// - Writes go to the server in the order they were made, and are sent again in order on every new
 ///   connection until answered.
 /// - Every view is a location and a query; observers of one view share it. A view raises child
@@ -239,7 +244,16 @@ public struct ClientCore: Sendable {
     private var wantOnline = true
     private var nextRequest: Int64 = 1
     private var outstanding: [Int64: Outstanding] = [:]
-    private var writes: [PendingWrite] = []
+    /// The unanswered writes, in the order they were made.
+    private var writes = WriteQueue()
+    /// The visible ones by the paths they change.
+    private var writeIndex = WriteIndex()
+    /// The local tree: `server` with the visible pending writes applied in order, kept current
+    /// incrementally (a new write applies its own changes; a change of `server` or a removed
+    /// write recomputes only the locations it touched), so no step replays the whole queue.
+    private var local: Tree = .empty
+    /// Every write before this sequence was sent on this connection (where sending resumes).
+    private var unsentFrom: UInt64 = 1
     private var listens: [ListenKey: Listen] = [:]
     private var tags: [Int: ListenKey] = [:]
     private var nextTag = 1
@@ -327,6 +341,7 @@ public struct ClientCore: Sendable {
         self.nextWriteNumber = next
         if let restored {
             server = restored.server
+            local = server
             cachedComplete = restored.complete
             if restored.client == id {
                 for stored in restored.writes {
@@ -404,7 +419,7 @@ public struct ClientCore: Sendable {
     /// from memory too, except the listened or kept-synced locations inside them.
     public mutating func compactedRecords(budget: Int) -> [ClientStore.Record] {
         var records: [ClientStore.Record] = [.identity(client: clientID, nextNumber: nextWriteNumber)]
-        for w in writes { if let s = Self.stored(w) { records.append(.write(s)) } }
+        for w in writes.all { if let s = Self.stored(w) { records.append(.write(s)) } }
         let live = Set(listens.filter { $0.key.isPlain && $0.value.complete }.map(\.key.path))
         let candidates = live.union(cachedComplete)
         let mustKeep = candidates.filter { keptSynced.contains($0) || live.contains($0) }
@@ -429,6 +444,7 @@ public struct ClientCore: Sendable {
             let saved = inside.map { ($0, server.child(at: $0)) }
             server.set(.empty, at: path)
             for (at, tree) in saved { server.set(tree, at: at) }
+            recomputeLocal(at: path)
         }
         return records
     }
@@ -476,8 +492,16 @@ public struct ClientCore: Sendable {
         lastTick = now
         if restoredValuesPending {
             restoredValuesPending = false
-            for i in writes.indices where writes[i].changes.isEmpty { writes[i].changes = changes(of: writes[i].request) }
-            refresh(touching: writes.flatMap { $0.changes.map(\.path) })
+            // In order, each on the local view with the writes before it applied.
+            for seq in writes.seqs {
+                guard let write = writes[seq], write.changes.isEmpty else { continue }
+                let list = changes(of: write.request)
+                writes[seq]?.changes = list
+                guard write.visible else { continue }
+                for change in list { writeIndex.insert(seq, change: change) }
+                for change in list { recomputeLocal(at: change.path) }
+            }
+            refresh(touching: writes.all.flatMap { $0.changes.map(\.path) })
         }
         switch connection {
         case .offline:
@@ -551,7 +575,8 @@ public struct ClientCore: Sendable {
         let wasOnline = isOnline
         let lost = outstanding
         outstanding.removeAll()
-        for i in writes.indices { writes[i].sentAs = nil }
+        writes.modifyAll { $0.sentAs = nil }
+        unsentFrom = writes.startSeq
         for key in listens.keys { listens[key]?.sentAs = nil }
         if wasOnline {
             // onDisconnect calls in flight: their registration died with the connection (if it
@@ -726,8 +751,7 @@ public struct ClientCore: Sendable {
         // `overriddenBySet`).
         for id in transactions.keys.sorted() {
             guard let t = transactions[id], write.changes.contains(where: { $0.path.contains(t.path) || t.path.contains($0.path) }) else { continue }
-            if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil, !isOnline {
-                let removed = writes.remove(at: index)
+            if let seq = writes.seq(of: id), writes[seq]?.sentAs == nil, !isOnline, let removed = removeWrite(seq) {
                 persistWriteDone(removed.number)
                 refresh(touching: removed.changes.map(\.path))
                 finishTransaction(id, error: WriteError(code: "overriddenBySet", message: "The transaction was overridden by a subsequent set"), committed: false)
@@ -735,9 +759,9 @@ public struct ClientCore: Sendable {
                 transactions[id]?.overridden = true
             }
         }
-        writes.append(write)
+        let seq = appendWrite(write)
         persistWrite(write)
-        sendWrite(writes.count - 1)
+        sendWrite(seq)
         refresh(touching: write.changes.map(\.path))
     }
 
@@ -758,29 +782,35 @@ public struct ClientCore: Sendable {
     /// with the next number; restored ones come back in their order), so that is the first.
     private var acknowledgedBelow: UInt64 { writes.first?.number ?? nextWriteNumber }
 
-    /// Sends write `index` unless it was sent on this connection; false when it must wait for
+    /// Sends write `seq` unless it was sent on this connection; false when it must wait for
     /// the window (and so must every later one).
     @discardableResult
-    private mutating func sendWrite(_ index: Int) -> Bool {
-        guard isOnline, writes[index].sentAs == nil else { return true }
+    private mutating func sendWrite(_ seq: UInt64) -> Bool {
+        guard isOnline, let write = writes[seq], write.sentAs == nil else { return true }
         var client: (number: UInt64, acknowledgedBelow: UInt64)?
         if numbered {
             let lowest = acknowledgedBelow
             // Past the server's window: it waits until earlier writes are answered.
-            guard writes[index].number < lowest + Self.writeWindow else { return false }
-            client = (writes[index].number, lowest)
+            guard write.number < lowest + Self.writeWindow else { return false }
+            client = (write.number, lowest)
         }
-        let number = send(writes[index].request, as: .write(writes[index].id), clientWrite: client)
-        writes[index].sentAs = number
+        let number = send(write.request, as: .write(write.id), clientWrite: client)
+        writes[seq]?.sentAs = number
         return true
     }
 
-    /// Sends, in order, the writes not sent on this connection, up to the window. (One pass
-    /// that stops at the window: with many writes queued, each answer costs what it sends, not
-    /// a scan of the whole queue.)
+    /// Sends, in order, the writes not sent on this connection, up to the window. (It resumes
+    /// where the last pass stopped and stops at the window: with many writes queued, each answer
+    /// costs what it sends, not a scan of the whole queue.)
     private mutating func sendWaitingWrites() {
         guard isOnline else { return }
-        for i in writes.indices where !sendWrite(i) { break }
+        var seq = max(unsentFrom, writes.startSeq)
+        let end = writes.endSeq
+        while seq < end {
+            if let write = writes[seq], write.sentAs == nil, !sendWrite(seq) { break }
+            seq += 1
+        }
+        unsentFrom = seq
     }
 
     // MARK: - Transactions
@@ -819,9 +849,9 @@ public struct ClientCore: Sendable {
             let write = PendingWrite(
                 id: id, number: takeWriteNumber(), request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)],
                 visible: t.applyLocally, isTransaction: true, sentAs: nil)
-            writes.append(write)
+            let seq = appendWrite(write)
             persistWrite(write)
-            sendWrite(writes.count - 1)
+            sendWrite(seq)
             refresh(touching: [t.path])
         }
     }
@@ -898,6 +928,7 @@ public struct ClientCore: Sendable {
             changes.append((path, tree))
         }
         for (path, tree) in changes { server.set(tree, at: path) }
+        for (path, _) in changes { recomputeLocal(at: path) }
         refresh(touching: changes.map(\.0))
     }
 
@@ -1021,6 +1052,7 @@ public struct ClientCore: Sendable {
         }
         server.set(.empty, at: path)
         for (p, tree) in keep { server.set(tree, at: p) }
+        recomputeLocal(at: path)
     }
 
     private mutating func sendListen(_ key: ListenKey) {
@@ -1046,8 +1078,7 @@ public struct ClientCore: Sendable {
             keptSynced.remove(key.path)
             for id in transactions.keys.sorted() where transactions[id]?.path == key.path {
                 // Its listen is gone; the transaction ends with the listen's error.
-                if let index = writes.firstIndex(where: { $0.id == id }), writes[index].sentAs == nil {
-                    let removed = writes.remove(at: index)
+                if let seq = writes.seq(of: id), writes[seq]?.sentAs == nil, let removed = removeWrite(seq) {
                     persistWriteDone(removed.number)
                     refresh(touching: removed.changes.map(\.path))
                 }
@@ -1074,8 +1105,7 @@ public struct ClientCore: Sendable {
         let error = status == "ok" ? nil : WriteError(code: status, message: Self.text(data))
         switch what {
         case .write(let id):
-            guard let index = writes.firstIndex(where: { $0.id == id }) else { return }
-            let write = writes.remove(at: index)
+            guard let seq = writes.seq(of: id), let write = removeWrite(seq) else { return }
             persistWriteDone(write.number)
             if write.isTransaction, transactions[id] == nil {
                 // Restored from the disk: its function is gone; the write simply ends.
@@ -1083,7 +1113,10 @@ public struct ClientCore: Sendable {
             } else if write.isTransaction {
                 transactionAnswered(id, write: write, error: error)
             } else {
-                if error != nil { refresh(touching: write.changes.map(\.path)) }
+                // A refusal reverts the write; an ok normally changes nothing (the server's echo
+                // came first), but the server's own values (timestamps) or an answer out of order
+                // may differ from what the view showed, as in Firebase's ack.
+                refresh(touching: write.changes.map(\.path))
                 emit(.completed(id, error))
             }
             sendWaitingWrites()
@@ -1179,6 +1212,7 @@ public struct ClientCore: Sendable {
             return
         }
         for (at, value) in changes { server.set(value, at: at) }
+        for (at, _) in changes { recomputeLocal(at: at) }
         if persistence {
             let kept = changes.filter { isPlainCompleteLive($0.0) }
             if !kept.isEmpty { emit(.persist(kept.map { .server($0.0, JSONWriter.bytes($0.1, format: .export)) }, durable: false)) }
@@ -1225,31 +1259,24 @@ public struct ClientCore: Sendable {
     /// and whether it is known.
     private func eventCache(_ key: ViewKey, _ view: View) -> (tree: Tree, complete: Bool) {
         if key.path.first?.string == ".info" { return (infoTree.child(at: key.path.droppingFirst), true) }
-        var base: Tree
-        var complete: Bool
-        if isPlainComplete(key.path) {
-            base = server.child(at: key.path)
-            complete = true
-        } else if let listenKey = view.listen, !listenKey.isPlain, let listen = listens[listenKey] {
-            base = listen.cache
-            complete = listen.complete
-        } else {
-            base = server.child(at: key.path)
-            complete = false
+        if isPlainComplete(key.path) { return (local.child(at: key.path), true) }
+        if let listenKey = view.listen, !listenKey.isPlain, let listen = listens[listenKey] {
+            let tree = overlay(listen.cache, at: key.path, writeIndex.relevant(to: key.path))
+            return (tree, listen.complete || coveredByWrite(key.path))
         }
-        base = overlay(base, at: key.path)
-        if !complete { complete = coveredByWrite(key.path) }
-        return (base, complete)
+        return (local.child(at: key.path), coveredByWrite(key.path))
     }
 
     /// The local view at `path`: the server's data with the pending writes applied in order.
     func view(at path: Path) -> Tree {
-        overlay(server.child(at: path), at: path)
+        local.child(at: path)
     }
 
-    private func overlay(_ base: Tree, at path: Path) -> Tree {
+    /// `base`, the data at `path`, with the changes of the writes `seqs` (in order) applied.
+    private func overlay(_ base: Tree, at path: Path, _ seqs: [UInt64]) -> Tree {
         var tree = base
-        for write in writes where write.visible {
+        for seq in seqs {
+            guard let write = writes[seq], write.visible else { continue }
             for change in write.changes {
                 switch change {
                 case let .set(at, value):
@@ -1268,9 +1295,63 @@ public struct ClientCore: Sendable {
 
     /// Whether a pending write sets a location that contains `path`.
     private func coveredByWrite(_ path: Path) -> Bool {
-        writes.contains { w in
-            w.visible && w.changes.contains { if case .set(let at, _) = $0 { at.contains(path) } else { false } }
+        writeIndex.coversBySet(path)
+    }
+
+    // MARK: - The local tree
+
+    /// Queues a write: a visible one is indexed and its changes applied to the local tree (the
+    /// last write applies last, so nothing else is replayed).
+    private mutating func appendWrite(_ write: PendingWrite) -> UInt64 {
+        let seq = writes.append(write)
+        guard write.visible else { return seq }
+        for change in write.changes {
+            writeIndex.insert(seq, change: change)
+            switch change {
+            case let .set(at, value): local.set(value, at: at)
+            case let .priority(at, priority): _ = local.setPriority(priority, at: at)
+            }
         }
+        return seq
+    }
+
+    /// Removes a write (answered, refused, overridden or ended): the local tree is recomputed
+    /// where it wrote.
+    private mutating func removeWrite(_ seq: UInt64) -> PendingWrite? {
+        guard let write = writes.remove(seq) else { return nil }
+        guard write.visible else { return write }
+        for change in write.changes { writeIndex.remove(seq, change: change) }
+        for change in write.changes { recomputeLocal(at: change.path) }
+        return write
+    }
+
+    /// Recomputes the local tree at `path` after the server's data or the pending writes changed
+    /// there: the server's data at the location with the writes that overlap it applied in
+    /// order. That is exact when no ancestor has data of its own that the writes' order could
+    /// change (a leaf a write below replaces, a priority a parent's emptying drops, a write of
+    /// its own); otherwise the highest such ancestor is recomputed instead. The cost is the
+    /// depth plus the writes overlapping the location recomputed, not the whole queue.
+    private mutating func recomputeLocal(at path: Path) {
+        var depth = writeIndex.firstAncestorWithWrites(of: path) ?? path.count
+        var serverNode = server
+        var localNode = local
+        for (level, key) in path.segments.enumerated() where level < depth {
+            if Self.hasOwnData(serverNode) || Self.hasOwnData(localNode) {
+                depth = level
+                break
+            }
+            serverNode = serverNode.child(key)
+            localNode = localNode.child(key)
+        }
+        let target = depth >= path.count ? path : Path(segments: Array(path.segments.prefix(depth)))
+        local.set(overlay(server.child(at: target), at: target, writeIndex.relevant(to: target)), at: target)
+    }
+
+    /// A leaf or a node with a priority: data of its own beyond its children.
+    private static func hasOwnData(_ node: Tree) -> Bool {
+        if node.isLeaf { return true }
+        if case .none = node.priority { return false }
+        return true
     }
 
     /// `.info`: `connected` and `serverTimeOffset`.
