@@ -95,6 +95,8 @@ public enum BackupFiles {
     public struct RestoreSummary: Sendable {
         public var backupIndex: UInt64
         public var restoredIndex: UInt64
+        /// The restored node's term: the source's last plus `RestoreReplay.restoredTermOffset`.
+        public var restoredTerm: UInt64
         public var replayed: Int
         public var lastTimestamp: Int64
         public var namespaces: Int
@@ -134,6 +136,7 @@ public enum BackupFiles {
             }
         }
         try replay.checkEnded()
+        let restoredTerm = try replay.restoredTerm()
         if case .time(let t) = target, !replay.reachedTarget {
             // Nothing says what happened between the last archived write and the target time:
             // refuse rather than restore an earlier point silently (as PostgreSQL does when
@@ -152,7 +155,7 @@ public enum BackupFiles {
             directory: staging, logger: Logger(label: "banyan.restore"), newIncarnation: UInt64.random(in: 1...UInt64.max), progress: { _ in })
         var clock = ProgressClock(every: reportEvery)
         do {
-            try storage.seed(restored: restored, term: replay.term, members: [nodeID]) { bytes in
+            try storage.seed(restored: restored, term: restoredTerm, members: [nodeID]) { bytes in
                 if clock.due() { progress("data directory: wrote \(bytes >> 20) MiB of snapshot image") }
             }
         } catch {
@@ -168,7 +171,7 @@ public enum BackupFiles {
             close(dirFD)
         }
         return RestoreSummary(
-            backupIndex: loaded.header.index, restoredIndex: replay.machine.appliedIndex, replayed: replay.applied,
+            backupIndex: loaded.header.index, restoredIndex: replay.machine.appliedIndex, restoredTerm: restoredTerm, replayed: replay.applied,
             lastTimestamp: restored.lastTimestamp, namespaces: restored.namespaces.count)
     }
 }
@@ -441,9 +444,19 @@ public struct ArchivedWrite: Sendable, Equatable {
 
     public static let header = "index\tterm\ttime\tnamespace\tkind\tpaths\tbytes"
 
+    /// One for every line (a formatter made per line once slowed the listing of a long archive).
+    /// Whole seconds: the milliseconds are written from the integer, not from a `Double` that
+    /// may fall just below them.
+    private static let secondsFormat = Date.ISO8601FormatStyle()
+
+    /// `2026-11-18T11:06:40.123Z` for 1795000000123.
     static func iso8601(_ ms: Int64) -> String {
-        let f = ISO8601DateFormatter()
-        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return f.string(from: Date(timeIntervalSince1970: Double(ms) / 1000))
+        let remainder = ms % 1000
+        let milliseconds = remainder < 0 ? remainder + 1000 : remainder
+        let seconds = ms / 1000 - (remainder < 0 ? 1 : 0)
+        var text = Date(timeIntervalSince1970: Double(seconds)).formatted(secondsFormat)
+        if text.hasSuffix("Z") { text.removeLast() }
+        let digits = String(milliseconds)
+        return text + "." + String(repeating: "0", count: 3 - digits.count) + digits + "Z"
     }
 }

@@ -62,7 +62,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let faults: FaultSwitch?
     /// Bytes of delayed batches one connection may hold (fault injection only): past it new
     /// batches are dropped, as past a live connection's queue (a delay must not buffer
-    /// without bound while the replica loop keeps sending).
+    /// without bound while the replica loop keeps sending). A budget beside the connection's
+    /// queue, not within it: a delayed peer holds up to twice `maxQueuedBytes` (docs/chaos.md).
     var maxDelayedBytes = PeerTransport.maxQueuedBytes
 
     private struct State: ~Copyable {

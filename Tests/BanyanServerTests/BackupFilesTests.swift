@@ -319,6 +319,64 @@ import Testing
         #expect(throws: RestoreError.self) { _ = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max), term: 1, target: .latest) }
     }
 
+    /// A backup just below the largest index is a state a replay may start from, but an archive
+    /// whose replay ends at the largest index would seed a node that cannot append its first
+    /// entry: the end of the replay is checked too, and nothing is written.
+    @Test func replayEndingAtTheLargestIndexIsRefused() throws {
+        var replay = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .latest)
+        #expect(try replay.apply(ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: [])))
+        #expect(replay.machine.appliedIndex == UInt64.max)
+        #expect(throws: RestoreError.self) { try replay.checkEnded() }
+        var indexed = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .index(UInt64.max))
+        _ = try indexed.apply(ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: []))
+        #expect(throws: RestoreError.self) { try indexed.checkEnded() }
+
+        // The same through `banyan restore`'s path: a forged backup and archive.
+        let dir = try temporaryDirectory("backup-forged-end")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try Self.writeBackup(StateMachine(appliedIndex: UInt64.max - 1), to: dir + "/b.bkp")
+        let archive = dir + "/arch"
+        try FileManager.default.createDirectory(atPath: archive, withIntermediateDirectories: true)
+        try ArchiveDirectory(archive).append([ArchivedEntry(index: UInt64.max, term: 2, kind: .noop, payload: [])], continuing: UInt64.max - 1)
+        do {
+            _ = try BackupFiles.restore(backup: dir + "/b.bkp", archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+            Issue.record("a replay ending at the largest index was restored")
+        } catch let e as RestoreError {
+            #expect(e.description.contains("largest possible"), "\(e)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir + "/data"), "nothing was written")
+        // One below it is a state like any other.
+        let fine = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .latest)
+        try fine.checkEnded()
+    }
+
+    /// A restored cluster starts its terms 2^32 above the source's: its (index, term) pairs
+    /// never equal the source's, which is what `backup --follow` checks a 410 against.
+    @Test func restoredTermStartsANewHistory() throws {
+        let (dir, backup, archive) = try setUp("restored-term")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let summary = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+        #expect(summary.restoredTerm == 2 + (1 << 32))
+        let storage = try NodeStorage(directory: dir + "/data", logger: Logger(label: "test"), progress: { _ in })
+        let loaded = try storage.load(progress: { _ in })
+        #expect(loaded.persisted.hardState.term == 2 + (1 << 32) && loaded.persisted.snapshot.term == 2 + (1 << 32))
+        let huge = try RestoreReplay(machine: StateMachine(appliedIndex: 5), term: UInt64.max - 7, target: .latest)
+        #expect(throws: RestoreError.self) { _ = try huge.restoredTerm() }
+    }
+
+    /// `backup log`'s times: milliseconds exact (from the integer), before 1970 too, and any
+    /// stamp a forged entry may carry formats without trapping.
+    @Test func listedTimesAreExact() {
+        #expect(ArchivedWrite.iso8601(0) == "1970-01-01T00:00:00.000Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_123) == "2026-11-18T11:06:40.123Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_999) == "2026-11-18T11:06:40.999Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_001) == "2026-11-18T11:06:40.001Z")
+        #expect(ArchivedWrite.iso8601(-1) == "1969-12-31T23:59:59.999Z")
+        for extreme in [Int64.max, Int64.min, Int64.max / 1000, Int64.min / 1000] {
+            #expect(ArchivedWrite.iso8601(extreme).hasSuffix("Z"))
+        }
+    }
+
     /// `banyan backup log`: each archived entry's index, time, namespace, kind and locations,
     /// and which entries write at, inside or above a location.
     @Test func archivedWritesDescribeEntries() throws {

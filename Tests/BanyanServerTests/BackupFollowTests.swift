@@ -13,10 +13,11 @@ import Testing
     }
 
     /// A single node of cluster `cluster` with `writes` writes to /v (and its data directory).
-    static func node(_ name: String, cluster: String, writes: Int) async throws -> (BanyanNode, Int, String) {
+    static func node(_ name: String, cluster: String, writes: Int, configure: (inout NodeConfig) -> Void = { _ in }) async throws -> (BanyanNode, Int, String) {
         let dir = try temporaryDirectory("follow-\(name)")
         var c = singleNodeConfig(dir)
         c.clusterID = cluster
+        configure(&c)
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         let port = clientPort(node)
         let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/v.json?auth=owner", body: "0"))?.status ?? 0) == 200 }, seconds: 30)
@@ -31,8 +32,101 @@ import Testing
         }
     }
 
-    static func follow(_ archive: String, port: Int) async throws -> (status: Int32, output: String) {
-        try await banyan(["backup", "--follow", "--out", archive, "--seconds", "2", "--interval-ms", "100", "--endpoint", "127.0.0.1:\(port)"])
+    static func follow(_ archive: String, port: Int, _ extra: [String] = []) async throws -> (status: Int32, output: String) {
+        try await banyan(["backup", "--follow", "--out", archive, "--seconds", "2", "--interval-ms", "100", "--endpoint", "127.0.0.1:\(port)"] + extra)
+    }
+
+    /// A node's status fields, as numbers.
+    static func status(_ port: Int) -> [String: Any] {
+        guard let (code, body) = try? httpExchange(port: port, "GET", "/.banyan/status"), code == 200 else { return [:] }
+        return (try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    static func number(_ status: [String: Any], _ key: String) -> UInt64? { (status[key] as? NSNumber)?.uint64Value }
+
+    /// Waits (at most 30 s) until the node's snapshot covers everything it committed: its log
+    /// then starts right after its commit index. Returns that index.
+    static func compactedThroughCommit(_ port: Int) async -> UInt64? {
+        var at: UInt64?
+        _ = await eventually(
+            {
+                let s = status(port)
+                guard let commit = number(s, "commit_index"), number(s, "snapshot_index") == commit, commit > 0 else { return false }
+                at = commit
+                return true
+            }, seconds: 30)
+        return at
+    }
+
+    static func bases(_ archive: String) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: archive).filter { $0.hasPrefix("base-") }.sorted()
+    }
+
+    @Test("a 410 is checked against the archive's last entry: a node whose log starts right after it continues the archive with no new base backup; a gap stops the command unless --allow-new-base; a restored cluster (its terms 2^32 above) is refused even where its log starts right after the archive's end")
+    func compactedNodes() async throws {
+        let scratch = try temporaryDirectory("follow-compacted")
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let archive = scratch + "/arch"
+        // A snapshot after every entry, and no compacted entries kept: every poll behind the
+        // log's start gets a 410.
+        let compacting: (inout NodeConfig) -> Void = { c in
+            c.raft.snapshotEntries = 1
+            c.history.retainedBytes = 0
+        }
+        let (delta, port, deltaDir) = try await Self.node("delta", cluster: "delta", writes: 3, configure: compacting)
+        defer {
+            delta.shutdown()
+            try? FileManager.default.removeItem(atPath: deltaDir)
+        }
+        let first = try await Self.follow(archive, port: port)
+        #expect(first.status == 0, "\(first.output)")
+        let end = try #require(await Self.compactedThroughCommit(port))
+        let last = try ArchiveDirectory(archive).recoverLast()
+        #expect(last.index == end, "the archive holds everything committed: \(first.output)")
+        let basesBefore = try Self.bases(archive)
+        #expect(basesBefore.count == 1)
+
+        // The node's log starts at end + 1: its 410 names entry `end` and its term, which is the
+        // archive's. Archiving continues with no new base backup.
+        let resumed = try await Self.follow(archive, port: port)
+        print("resumed on a node whose log starts after the archive's end: \(resumed.output)")
+        #expect(resumed.status == 0, "\(resumed.output)")
+        #expect(resumed.output.contains("log starts after entry \(end), of term \(last.entry?.term ?? 0) as in the archive: continuing"), "\(resumed.output)")
+        #expect(try Self.bases(archive) == basesBefore, "no new base backup: \(resumed.output)")
+
+        // A cluster restored from this archive, under the same cluster id: its log starts right
+        // after the archive's last entry too, but its term there is not the archive's.
+        let restoredData = scratch + "/restored"
+        let restored = try await Self.banyan(["restore", archive + "/" + (basesBefore.first ?? ""), "--archive", archive, "--data-dir", restoredData])
+        #expect(restored.status == 0 && restored.output.contains("at index \(end) "), "\(restored.output)")
+        var r = singleNodeConfig(scratch)
+        r.dataDirectory = restoredData
+        r.clusterID = "delta"
+        let phoenix = try BanyanNode.start(config: r, logger: Logger(label: "test"))
+        defer { phoenix.shutdown() }
+        let phoenixPort = clientPort(phoenix)
+        #expect(await eventually({ ((try? httpExchange(port: phoenixPort, "PUT", "/p.json?auth=owner", body: "1"))?.status ?? 0) == 200 }, seconds: 30))
+        let filesBefore = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
+        let impostor = try await Self.follow(archive, port: phoenixPort)
+        print("a restored cluster: \(impostor.output.split(separator: "\n").last ?? "")")
+        #expect(impostor.status != 0 && impostor.output.contains("log starts after entry \(end) of term") && impostor.output.contains("is not the cluster the archive"), "\(impostor.output)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: archive).sorted() == filesBefore, "nothing was appended")
+        #expect(try ArchiveDirectory(archive).recoverLastIndex() == end)
+        phoenix.shutdown()
+
+        // More writes, compacted while no archiver runs: entries end+1… are gone from the node.
+        try Self.write(port, 3, from: 100)
+        let later = try #require(await Self.compactedThroughCommit(port))
+        #expect(later > end + 1)
+        let files = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
+        let stopped = try await Self.follow(archive, port: port)
+        print("a gap: \(stopped.output.split(separator: "\n").last ?? "")")
+        #expect(stopped.status != 0 && stopped.output.contains("--allow-new-base") && stopped.output.contains("after the archive's end \(end)"), "\(stopped.output)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: archive).sorted() == files, "nothing was written")
+        let allowed = try await Self.follow(archive, port: port, ["--allow-new-base"])
+        #expect(allowed.status == 0 && allowed.output.contains("taking a new base backup (--allow-new-base)"), "\(allowed.output)")
+        let basesAfter = try Self.bases(archive)
+        #expect(basesAfter.count == 2 && basesAfter.contains(ArchiveDirectory.baseName(index: later)), "\(basesAfter)")
     }
 
     @Test("--follow records its cluster, resumes only where the node holds the archive's last entry unchanged, and refuses another cluster (by id, or by its log under the same id); backup log lists the writes")
