@@ -42,14 +42,14 @@ struct BackupTake: ParsableCommand {
     var anyNode = false
     @Flag(
         name: .long,
-        help: "With --follow: when no endpoint holds the entries after the archive's end any more (compacted), take a new base backup and go on instead of stopping.")
-    var allowNewBase = false
+        help: "With --follow: when no endpoint holds the entries after the archive's end any more (compacted), stop instead of taking a new base backup and going on.")
+    var noNewBase = false
 
     func validate() throws {
         guard !endpoint.isEmpty else { throw ValidationError("give at least one --endpoint") }
         guard (10...60_000).contains(intervalMs) else { throw ValidationError("--interval-ms must be between 10 and 60000") }
         if seconds != nil && !follow { throw ValidationError("--seconds goes with --follow") }
-        if allowNewBase && !follow { throw ValidationError("--allow-new-base goes with --follow") }
+        if noNewBase && !follow { throw ValidationError("--no-new-base goes with --follow") }
         if let seconds, !(seconds > 0 && seconds <= 366 * 86_400) { throw ValidationError("--seconds must be more than 0 and at most a year") }
     }
 
@@ -82,17 +82,19 @@ struct BackupTake: ParsableCommand {
         FileManager.default.createFile(atPath: partial, contents: nil)
         guard let handle = FileHandle(forWritingAtPath: partial) else { throw CommandError("cannot create \(partial)") }
         let started = Date()
+        let receiving = ProgressMeter()
         let received = try StreamingDownload.run(endpoint: source, path: "/.banyan/backup", into: handle) { bytes in
-            FileHandle.standardError.write(Data("received \(bytes >> 20) MiB\n".utf8))
+            FileHandle.standardError.write(Data("received \(receiving.describe(bytes))\n".utf8))
         }
         try handle.synchronize()
         try handle.close()
         let seconds = Date().timeIntervalSince(started)
         let verifyStarted = Date()
+        let verifying = ProgressMeter()
         let loaded: BackupFiles.Loaded
         do {
             loaded = try BackupFiles.load(partial) { read, total in
-                FileHandle.standardError.write(Data("verifying: read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+                FileHandle.standardError.write(Data("verifying: read \(verifying.describe(read, of: total))\n".utf8))
             }
         } catch {
             throw CommandError("the backup from \(source) is incomplete or damaged (\(error)); kept as \(partial)")
@@ -122,14 +124,20 @@ struct BackupTake: ParsableCommand {
     /// matching; a restored cluster's terms start far above its source's, so it never matches)
     /// and archiving goes on from the next index. When the node's log starts further on, the
     /// entries in between are gone from it: the other endpoints are tried, and when none has
-    /// them the command stops, unless `--allow-new-base` lets a new base backup cover the gap
-    /// (checked by cluster id alone: nothing on a node proves continuity across a gap).
+    /// them a new base backup (checked by cluster id) covers the gap and archiving continues
+    /// after it, saying which points in time the archive can no longer restore; with
+    /// `--no-new-base` the command stops instead.
     private func followLog() throws {
         try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
         let archive = ArchiveDirectory(out)
         // `archived`: the last entry in the archive's files; `last`: where archiving continues
         // (a base backup newer than the files moves it on, and the next entries start a new file).
         let recovered = try archive.recoverLast()
+        if let end = try archive.recordedEnd(), end > recovered.index {
+            throw CommandError(
+                "the archive in \(out) records its last entry as index \(end) (its \(ArchiveDirectory.endFile) file), but its log files end at index \(recovered.index): "
+                    + "files were deleted, moved or cut short. Put them back, or archive into a new directory")
+        }
         var archived = recovered.index
         var last = archived
         let bases = try archive.baseBackups()
@@ -288,13 +296,22 @@ struct BackupTake: ParsableCommand {
                     next()
                     continue
                 }
-                guard allowNewBase else {
+                guard !noNewBase else {
                     throw CommandError(
                         "no endpoint holds the entries after the archive's end \(last) any more (\(e)'s log starts at \(first)): they were compacted while the archiver was away. "
-                            + "A new base backup would leave a gap whose continuity nothing can check: run again with --allow-new-base to accept that, or archive into a new directory.")
+                            + "Stopping (--no-new-base): run again without it to take a new base backup and go on, or archive into a new directory.")
                 }
-                FileHandle.standardError.write(Data("taking a new base backup (--allow-new-base): the archive's entries end at \(last), the base covers what came after\n".utf8))
-                last = max(last, try takeBase(from: (try? chooseSource()) ?? e))
+                say(
+                    "gap: no endpoint holds the entries after the archive's end \(last) any more (\(e)'s log starts at \(first); they were compacted while the archiver was away): "
+                        + "taking a new base backup to continue")
+                let gapStart = last + 1
+                let base = try takeBase(from: (try? chooseSource()) ?? e)
+                if base >= gapStart {
+                    say(
+                        "new base backup at index \(base) (\(ArchiveDirectory.baseName(index: base))): the archive holds no entries \(gapStart)…\(base), so no point in time from \(gapStart) to \(base - 1) can be restored from it; "
+                            + "a restore to index \(base) or later starts from this base. Archiving continues from index \(base + 1)")
+                }
+                last = max(last, base)
                 overlap = nil
                 lastEntry = nil
                 gapSince = nil
@@ -330,9 +347,10 @@ struct BackupVerify: ParsableCommand {
 
     func run() throws {
         let started = Date()
+        let reading = ProgressMeter()
         do {
             let loaded = try BackupFiles.load(file) { read, total in
-                FileHandle.standardError.write(Data("read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+                FileHandle.standardError.write(Data("read \(reading.describe(read, of: total))\n".utf8))
             }
             let created = Date(timeIntervalSince1970: Double(loaded.header.createdAt) / 1000)
             print(

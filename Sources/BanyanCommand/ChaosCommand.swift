@@ -340,7 +340,8 @@ struct ChaosProxyCommand: ParsableCommand {
             stalls its connection with probability --drop-rate (nothing passes either way from then on, the socket stays open); \
             every --reset-every seconds every open connection is reset. Requests for the node's operator routes (/.banyan/…, \
             but health and ready) are refused with 403; so are requests carrying the emulator's owner token when --listen is \
-            not loopback (unless --allow-owner-token). A TLS client (a node serving TLS on its client port) is refused at \
+            not loopback (unless --allow-owner-token), and such a proxy starts only in front of a node that refuses that \
+            token (checked before listening: a realtime client's token travels where the proxy cannot read it). A TLS client (a node serving TLS on its client port) is refused at \
             once unless --tls-passthrough, which passes TLS connections unread: no request inside them is checked. Runs \
             until Ctrl-C or --seconds.
             """)
@@ -397,6 +398,17 @@ struct ChaosProxyCommand: ParsableCommand {
         settings.seed = seed
         settings.tlsPassthrough = tlsPassthrough
         settings.ownerToken = allowOwnerToken ? .pass : .refuseBeyondLoopback
+        if !listen.isLoopback && !allowOwnerToken {
+            // Before listening: nothing is exposed if the node takes the owner token.
+            let answer = OutcomeBox()
+            let (host, port) = (target.host, target.port)
+            try runBlocking {
+                if let status = await ChaosProxy.ownerTokenProbe(host: host, port: port) { answer.set("\(status)") }
+            }
+            if let refusal = ChaosProxy.exposureRefusal(listen: self.listen, listenIsLoopback: false, allowOwnerToken: false, to: to, probe: answer.get().flatMap { Int($0) }) {
+                throw CommandError(refusal)
+            }
+        }
         let proxy = ChaosProxy(targetHost: target.host, targetPort: target.port, settings: settings) { line in say(line) }
         let port = try proxy.start(host: listen.host, port: listen.port)
         let gate = proxy.requestGateOptions

@@ -1,5 +1,6 @@
 import BanyanBasics
 public import NIOCore
+import NIOHTTP1
 import NIOPosix
 import Glibc
 import Synchronization
@@ -407,5 +408,40 @@ final class RelayHandler: ChannelInboundHandler, @unchecked Sendable {
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         context.close(promise: nil)
+    }
+}
+
+extension ChaosProxy {
+    /// The status the node at `host:port` answers an administrators-only request carrying the
+    /// emulator's `owner` token with (`GET /.settings/rules.json`, `Authorization: Bearer
+    /// owner`): 200 when the token is an administrator's key there, 401 when it is not; nil
+    /// when the node does not answer (down, or serving TLS).
+    public static func ownerTokenProbe(host: String, port: Int) async -> Int? {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { group.shutdownGracefully { _ in } }
+        guard let connection = try? await HTTPConnection.connect(host: host, port: port, group: group, timeout: .seconds(5)) else { return nil }
+        defer { connection.close() }
+        return try? await connection.send(.GET, "/.settings/rules.json", headers: [("Authorization", "Bearer owner")], timeout: .seconds(5)).status
+    }
+
+    /// Why a proxy must not start, if it must not: one listening beyond loopback hands every
+    /// client the node's loopback privileges, and a node accepts the owner token from loopback
+    /// (docs/chaos.md, "The owner token"). The proxy refuses the token in the requests it can
+    /// read, but not inside a realtime connection (an SDK's `auth` message travels in WebSocket
+    /// frames the proxy never reads): so beyond loopback it starts only in front of a node that
+    /// refuses the token (`probe`: `ownerTokenProbe`'s answer, 401), or with `--allow-owner-token`.
+    public static func exposureRefusal(listen: String, listenIsLoopback: Bool, allowOwnerToken: Bool, to: String, probe: Int?) -> String? {
+        guard !listenIsLoopback, !allowOwnerToken else { return nil }
+        switch probe {
+        case 200?:
+            return "the node at \(to) accepts the emulator's owner token (development.accept_owner_token), and every connection through the proxy comes from loopback: "
+                + "anyone who reaches \(listen) would be an administrator, over a WebSocket too, where the proxy cannot see the token. "
+                + "Start the node with `development: {accept_owner_token: false}`, listen on loopback, or add --allow-owner-token to mean it"
+        case nil:
+            return "cannot check whether the node at \(to) accepts the emulator's owner token (no answer): a proxy beyond loopback starts only in front of a node that refuses it. "
+                + "Start the node first, or add --allow-owner-token to mean it"
+        default:
+            return nil
+        }
     }
 }

@@ -62,7 +62,7 @@ import Testing
         try FileManager.default.contentsOfDirectory(atPath: archive).filter { $0.hasPrefix("base-") }.sorted()
     }
 
-    @Test("a 410 is checked against the archive's last entry: a node whose log starts right after it continues the archive with no new base backup; a gap stops the command unless --allow-new-base; a restored cluster (its terms 2^32 above) is refused even where its log starts right after the archive's end")
+    @Test("a 410 is checked against the archive's last entry: a node whose log starts right after it continues the archive with no new base backup; across a gap a new base backup is taken and archiving goes on, saying which points cannot be restored (--no-new-base stops instead); a restored cluster (its terms 2^32 above) is refused even where its log starts right after the archive's end")
     func compactedNodes() async throws {
         let scratch = try temporaryDirectory("follow-compacted")
         defer { try? FileManager.default.removeItem(atPath: scratch) }
@@ -119,14 +119,25 @@ import Testing
         let later = try #require(await Self.compactedThroughCommit(port))
         #expect(later > end + 1)
         let files = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
-        let stopped = try await Self.follow(archive, port: port)
-        print("a gap: \(stopped.output.split(separator: "\n").last ?? "")")
-        #expect(stopped.status != 0 && stopped.output.contains("--allow-new-base") && stopped.output.contains("after the archive's end \(end)"), "\(stopped.output)")
+        let stopped = try await Self.follow(archive, port: port, ["--no-new-base"])
+        print("a gap with --no-new-base: \(stopped.output.split(separator: "\n").last ?? "")")
+        #expect(stopped.status != 0 && stopped.output.contains("--no-new-base") && stopped.output.contains("after the archive's end \(end)"), "\(stopped.output)")
         #expect(try FileManager.default.contentsOfDirectory(atPath: archive).sorted() == files, "nothing was written")
-        let allowed = try await Self.follow(archive, port: port, ["--allow-new-base"])
-        #expect(allowed.status == 0 && allowed.output.contains("taking a new base backup (--allow-new-base)"), "\(allowed.output)")
+        let continued = try await Self.follow(archive, port: port)
+        print("a gap: \(continued.output)")
+        #expect(continued.status == 0, "\(continued.output)")
+        #expect(continued.output.contains("gap: no endpoint holds the entries after the archive's end \(end)") && continued.output.contains("taking a new base backup to continue"), "\(continued.output)")
+        #expect(
+            continued.output.contains("new base backup at index \(later) (\(ArchiveDirectory.baseName(index: later))): the archive holds no entries \(end + 1)…\(later)")
+                && continued.output.contains("Archiving continues from index \(later + 1)"), "\(continued.output)")
         let basesAfter = try Self.bases(archive)
         #expect(basesAfter.count == 2 && basesAfter.contains(ArchiveDirectory.baseName(index: later)), "\(basesAfter)")
+        // It went on after the base (every later poll finds the node's log starting right
+        // after it) until --seconds ended it.
+        #expect(continued.output.contains("stopped; the archive ends at index "), "\(continued.output)")
+        // A restore from the new base stands at its index.
+        let fromNew = try await Self.banyan(["restore", archive + "/" + ArchiveDirectory.baseName(index: later), "--archive", archive, "--data-dir", scratch + "/from-new"])
+        #expect(fromNew.status == 0 && fromNew.output.contains("at index \(later) "), "\(fromNew.output)")
     }
 
     @Test("--follow records its cluster, resumes only where the node holds the archive's last entry unchanged, and refuses another cluster (by id, or by its log under the same id); backup log lists the writes")

@@ -241,6 +241,31 @@ extension ChaosTests {
         #expect(!ChaosProxy.isLoopback(try SocketAddress(ipAddress: "::", port: 1)))
     }
 
+    @Test("beyond loopback a proxy starts only in front of a node that refuses the owner token (a WebSocket's token is out of its sight): the probe gets 200 from a node taking it, 401 from one refusing it, nothing from no node; loopback and --allow-owner-token need no probe")
+    func exposedProxyNeedsANodeRefusingTheOwnerToken() async throws {
+        let dir = try temporaryDirectory("chaos-proxy-probe")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let accepting = try BanyanNode.start(config: Self.loopbackConfig(dir + "/a"), logger: Logger(label: "test"))
+        defer { accepting.shutdown() }
+        var r = Self.loopbackConfig(dir + "/r")
+        r.development.acceptOwnerToken = false
+        let refusing = try BanyanNode.start(config: r, logger: Logger(label: "test"))
+        let refusingPort = clientPort(refusing)
+        #expect(await ChaosProxy.ownerTokenProbe(host: "127.0.0.1", port: clientPort(accepting)) == 200)
+        #expect(await ChaosProxy.ownerTokenProbe(host: "127.0.0.1", port: refusingPort) == 401)
+        refusing.shutdown()
+        #expect(await ChaosProxy.ownerTokenProbe(host: "127.0.0.1", port: refusingPort) == nil, "nothing listens there any more")
+
+        let exposed = "0.0.0.0:9100"
+        let taken = ChaosProxy.exposureRefusal(listen: exposed, listenIsLoopback: false, allowOwnerToken: false, to: "127.0.0.1:9000", probe: 200)
+        #expect(taken?.contains("accepts the emulator's owner token") == true && taken?.contains("accept_owner_token: false") == true, "\(taken ?? "started")")
+        let unknown = ChaosProxy.exposureRefusal(listen: exposed, listenIsLoopback: false, allowOwnerToken: false, to: "127.0.0.1:9000", probe: nil)
+        #expect(unknown?.contains("cannot check") == true, "\(unknown ?? "started")")
+        #expect(ChaosProxy.exposureRefusal(listen: exposed, listenIsLoopback: false, allowOwnerToken: false, to: "127.0.0.1:9000", probe: 401) == nil)
+        #expect(ChaosProxy.exposureRefusal(listen: exposed, listenIsLoopback: false, allowOwnerToken: true, to: "127.0.0.1:9000", probe: 200) == nil)
+        #expect(ChaosProxy.exposureRefusal(listen: "127.0.0.1:9100", listenIsLoopback: true, allowOwnerToken: false, to: "127.0.0.1:9000", probe: 200) == nil)
+    }
+
     @Test("the gate: a first byte 0x16 is a TLS handshake, refused (a TLS alert) or, with passthrough, a tunnel from its first byte; 0x16 later is data; the owner token is found however it is spelled")
     func gateTLSAndOwner() {
         let hello: [UInt8] = [0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5]
