@@ -32,6 +32,7 @@ let package = Package(
         .executable(name: "banyan-bench", targets: ["BanyanBench"]),
         .executable(name: "banyan-sim", targets: ["BanyanSim"]),
         .executable(name: "banyan-cluster-test", targets: ["BanyanClusterTest"]),
+        .executable(name: "banyan-sdk-probe", targets: ["BanyanSDKProbe"]),
         // The Swift client SDK (docs/swift-sdk.md). Other internal modules are not products
         // (house style B10). This toolchain accepts the package's `unsafeFlags` when it is a
         // dependency (checked with path, revision and version dependencies; docs/swift-sdk.md).
@@ -228,6 +229,10 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // `banyan-sdk-probe`: an app process on the Swift SDK that queues writes offline, delivers
+        // them after a restart, or holds onDisconnect writes until it is killed (the SDK's
+        // multi-process tests, Tests/BanyanClientTests/ClusterSDKTests.swift).
+        .executableTarget(name: "BanyanSDKProbe", dependencies: ["BanyanClient"], swiftSettings: strictSettings),
         // `swift run -c release banyan-sim`: the seeded cluster simulator (docs/simulator.md).
         .executableTarget(
             name: "BanyanSim",
@@ -307,7 +312,8 @@ let package = Package(
         .testTarget(
             name: "BanyanClientTests",
             dependencies: [
-                "BanyanClient", "BanyanClientCore", "BanyanServer", "BanyanTree", .product(name: "Logging", package: "swift-log"),
+                "BanyanClient", "BanyanClientCore", "BanyanServer", "BanyanTree", "BanyanOps", .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

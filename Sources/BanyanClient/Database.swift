@@ -233,6 +233,13 @@ public final class Database: @unchecked Sendable {
     /// Writes not yet answered by the server.
     public var pendingWriteCount: Int { onLoopSync { self.core.pendingWriteCount } ?? 0 }
 
+    /// The node the connection is online with, as `host:port` (nil while offline or
+    /// connecting): where the first connection went, and where a failover took the client. Not
+    /// for use inside a transaction block (they run on the database's own thread).
+    public var connectedNode: String? {
+        onLoopSync { self.core.onlineNode.map { "\(self.nodes[$0 % self.nodes.count].host):\(self.nodes[$0 % self.nodes.count].port)" } } ?? nil
+    }
+
     // MARK: - The loop
 
     private static func nowMillis() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
@@ -272,7 +279,13 @@ public final class Database: @unchecked Sendable {
             case .send(let message):
                 if let channel { write(message, on: channel) }
             case .disconnect:
-                channel?.close(promise: nil)
+                if let channel {
+                    channel.close(promise: nil)
+                } else {
+                    // An attempt still opening (`goOffline` meanwhile): it is dropped when it
+                    // opens or fails (its number is no longer the current one).
+                    connectionNumber += 1
+                }
             case let .event(id, event):
                 deliver(id, event)
             case let .cancelled(id, reason):

@@ -228,6 +228,12 @@ public struct ClientCore: Sendable {
     private var onDisconnectLocal = OnDisconnectTree()
     private var random: SeededRandom
     private var failures = 0
+    /// The node a connection started from offline tries first: the first of the list (the
+    /// database's URL) at start, afterwards the node of the last connection.
+    private var resumeNode = 0
+    /// The connection is closing because `goOffline` asked (not a failure: no back-off, and a
+    /// `goOnline` before it ended reconnects to the same node).
+    private var closingForOffline = false
     private var authToken: String?
     /// The server's clock minus the local one (ms), from the last hello.
     public private(set) var serverTimeOffset: Int64 = 0
@@ -401,6 +407,12 @@ public struct ClientCore: Sendable {
         return false
     }
 
+    /// The index (in the node list) of the node the connection is online with; nil otherwise.
+    public var onlineNode: Int? {
+        if case .online(let node) = connection { return node }
+        return nil
+    }
+
     /// Writes not yet answered by the server (sets, updates, priorities and transactions).
     public var pendingWriteCount: Int { writes.count }
 
@@ -424,7 +436,7 @@ public struct ClientCore: Sendable {
         }
         switch connection {
         case .offline:
-            if wantOnline { startConnecting(node: Int(random.next() % UInt64(nodeCount))) }
+            if wantOnline { startConnecting(node: resumeNode) }
         case let .waiting(until, node):
             if now >= until { startConnecting(node: node) }
         case .connecting, .online:
@@ -447,7 +459,8 @@ public struct ClientCore: Sendable {
         switch connection {
         case .online(let n), .connecting(let n): node = n
         case .waiting(_, let n): node = n
-        case .offline: node = 0
+        // Already offline (`goOffline` during a connection attempt): nothing more to do.
+        case .offline: return
         }
         let wasOnline = isOnline
         let lost = outstanding
@@ -463,14 +476,18 @@ public struct ClientCore: Sendable {
                 }
             }
         }
-        if wantOnline {
+        if wantOnline && closingForOffline {
+            connection = .waiting(until: clockMillis, node: node)
+        } else if wantOnline {
             failures += 1
             let base = min(30_000, 300 << min(failures, 7))
             let jitter = Int64(random.next() % UInt64(base / 2 + 1))
             connection = .waiting(until: clockMillis + Int64(base / 2) + jitter, node: (node + 1) % nodeCount)
         } else {
             connection = .offline
+            resumeNode = node
         }
+        closingForOffline = false
         if wasOnline {
             runLocalOnDisconnect()
             emit(.connected(false))
@@ -555,8 +572,18 @@ public struct ClientCore: Sendable {
     public mutating func goOffline() {
         wantOnline = false
         switch connection {
-        case .online, .connecting: emit(.disconnect)
-        case .waiting: connection = .offline
+        case .online:
+            closingForOffline = true
+            emit(.disconnect)
+        case .connecting(let node):
+            // The attempt is abandoned now (the driver drops it, even if it opens later): a hello
+            // arriving after this must not bring the client online.
+            connection = .offline
+            resumeNode = node
+            emit(.disconnect)
+        case .waiting(_, let node):
+            connection = .offline
+            resumeNode = node
         case .offline: break
         }
     }

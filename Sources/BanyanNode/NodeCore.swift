@@ -92,6 +92,14 @@ public final class NodeCore {
         /// expires a holder silent this long. The same on every node.
         public var leaseNanoseconds: UInt64 = Self.defaultLeaseNanoseconds
         public static let defaultLeaseNanoseconds: UInt64 = 20_000_000_000
+        /// Expiry of idle records (docs/internals/state-machine.md, "Expiry"): a client's write
+        /// records after it wrote nothing for this long (7 days: an SDK offline longer than that,
+        /// whose answers were lost, may see those writes applied again), an ended connection's
+        /// session record after this long (1 hour: nothing of it travels that long), and how
+        /// often (ticks) the leader checks whether something is due.
+        public var clientsIdleMillis: UInt64 = 7 * 24 * 3_600_000
+        public var endedMillis: UInt64 = 3_600_000
+        public var expiryCheckTicks = 3_000
 
         public init(replica: ReplicaConfiguration) { self.replica = replica }
     }
@@ -107,6 +115,10 @@ public final class NodeCore {
     public private(set) var stopped = false
     /// Peer addresses learned from `$cluster/peers`.
     public private(set) var peerAddresses: [NodeID: String] = [:]
+    /// Ticks since the last expiry check, and the expiry this node proposed that has not applied
+    /// or failed yet.
+    private var expiryTicks = 0
+    private var expiryRequest: RequestID?
 
     private let logger: Logger
     private let monotonicNanoseconds: () -> UInt64
@@ -273,6 +285,21 @@ public final class NodeCore {
     public func tick(now: Int64) {
         guard !stopped else { return }
         replica.tick(now: now)
+        expiryTicks += 1
+        if expiryTicks >= settings.expiryCheckTicks {
+            expiryTicks = 0
+            // The leader proposes an expiry when the oldest idle record is due (one check of the
+            // first entry of each time index; the entry removes a bounded batch).
+            // One at a time: while an expiry waits to apply, the records it removes still look due.
+            if replica.raft.role == .leader, expiryRequest == nil,
+                replica.machine.idleToExpire(clientsIdleMillis: settings.clientsIdleMillis, endedMillis: settings.endedMillis)
+            {
+                nextInternalRequest += 1
+                expiryRequest = nextInternalRequest
+                replica.write(
+                    nextInternalRequest, namespace: "", command: .expireIdle(clientsIdleMillis: settings.clientsIdleMillis, endedMillis: settings.endedMillis))
+            }
+        }
         let expiries = leaseKeeper.check(now: monotonicNanoseconds(), isLeader: replica.raft.role == .leader, machine: replica.machine)
         for e in expiries {
             nextInternalRequest += 1
@@ -486,6 +513,7 @@ public final class NodeCore {
             switch event {
             case let .applied(result, tree, request):
                 applied += 1
+                if let request, request == expiryRequest { expiryRequest = nil }
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }
                 if !result.ended.isEmpty { output(.note(.connectionsEnded(result.ended))) }
@@ -503,6 +531,7 @@ public final class NodeCore {
                     output(.read(id, .success(tree)))
                 }
             case let .failed(id, error):
+                if id == expiryRequest { expiryRequest = nil }
                 guard let waiter = waiters.removeValue(forKey: id) else { continue }
                 end(id, waiter, error)
             case let .membershipChanged(id, membership):

@@ -551,6 +551,7 @@ public struct ArchivedWrite: Sendable, Equatable {
         case let .setRules(text): (kind, bytes) = ("rules", text.count)
         case .account: kind = "account"
         case let .spaceAlarm(node, raised): kind = "space-alarm-\(raised ? "raised" : "cleared")-node-\(node)"
+        case .expireIdle: kind = "expire-idle"
         }
     }
 

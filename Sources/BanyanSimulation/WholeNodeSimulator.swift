@@ -184,6 +184,8 @@ public struct WholeNodeReport: Sendable {
         /// Disks an operator replaced after losing them (the data-loss fault).
         public var disksLost = 0
         public var badSectors = 0
+        /// Idle records expired (client write records and ended connections' sessions).
+        public var expired = 0
         /// Client writes sent again after a failure or timeout (options.clientWrites), and those
         /// answered from an earlier copy's outcome.
         public var clientResends = 0
@@ -210,8 +212,8 @@ public struct WholeNodeReport: Sendable {
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads)\n"
-        if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 {
-            s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied)\n"
+        if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 || stats.expired > 0 {
+            s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied); idle records expired \(stats.expired)\n"
         }
         if stats.presences > 0 {
             s += "  realtime connections \(stats.presences), onDisconnect queues fired \(stats.presencesFired), lease fences \(stats.leaseFences)\n"
@@ -404,6 +406,8 @@ public struct WholeNodeSimulator {
     private var incrementsApplied: [NodeID: Set<UInt64>] = [:]
     /// Every session write decided in each node's current state lineage (exactly once).
     private var writesDecided: [NodeID: Set<SessionWrite>] = [:]
+    /// Idle records each node expired (the report shows the most any node did).
+    private var expiredByNode: [NodeID: Int] = [:]
     private struct SessionWrite: Hashable {
         var session: UInt64
         var seq: UInt64
@@ -613,6 +617,17 @@ public struct WholeNodeSimulator {
         default: s.replica.prepareThreshold = 90
         }
         s.replica.maxPreparing = 1 + Int(options.seed / 3 % 4)
+        if options.sessions || options.clientWrites {
+            // Expiry of idle records within a run's minutes: client write records after 40 s
+            // without a write (a client's resends end within 15 s of its first copy), ended
+            // connections' session records after 60 s (longer than a node keeps retrying a
+            // connection's writes and end); checked every 5 s (checked every second, the extra
+            // entries kept a slow cluster, seed 133 of --sessions, from settling within the
+            // liveness budget).
+            s.clientsIdleMillis = 40_000
+            s.endedMillis = 60_000
+            s.expiryCheckTicks = 500
+        }
         return s
     }
 
@@ -658,6 +673,8 @@ public struct WholeNodeSimulator {
             }
             node.durableBeforeDown = nil
             core.watch(0, watch: 1, namespace: Self.namespace, stale: true)
+            // The node's own commands (expiry of idle records) name no namespace.
+            if options.sessions || options.clientWrites { core.watch(0, watch: 3, namespace: "", stale: true) }
             if options.sessions {
                 core.watch(0, watch: 2, namespace: Self.presenceNamespace, stale: true)
                 node.lease = LeaseHolder(
@@ -746,8 +763,8 @@ public struct WholeNodeSimulator {
             case let .read(id, result):
                 guard let c = node.requests.removeValue(forKey: id) else { continue }
                 completeRead(c, result)
-            case .membership:
-                break
+            case let .membership(_, result):
+                if case .failure(let error) = result { traceLine("membership-failed \(node.id): \(error)", 23, node.id) }
             case let .watch(_, event):
                 switch event {
                 case let .applied(applied, tree):
@@ -1757,6 +1774,10 @@ public struct WholeNodeSimulator {
     // MARK: - Checkers
 
     private mutating func observeApplied(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
+        if applied.expired > 0 {
+            expiredByNode[node.id, default: 0] += applied.expired
+            report.stats.expired = max(report.stats.expired, expiredByNode[node.id] ?? 0)
+        }
         guard applied.namespace == Self.namespace else { return }
         // Exactly once per session write, whatever the command: every decision (applied,
         // datastale, rejected) is taken once per state lineage; a retry must come back as
@@ -2067,7 +2088,19 @@ public struct WholeNodeSimulator {
             return
         }
         if now - healed > options.livenessBudgetMillis {
-            report.livenessFailure = "t=\(now) not converged \(options.livenessBudgetMillis) ms after healing: \(clusterState())"
+            var waiting = ""
+            if options.sessions {
+                let queues = currentLeader.flatMap { nodes[$0]?.core?.replica.machine.disconnects.values.filter { $0.namespace == Self.presenceNamespace }.count } ?? -1
+                waiting = " (presences open \(presences.filter(\.open).count), queues left \(queues))"
+                if let machine = currentLeader.flatMap({ nodes[$0]?.core?.replica.machine }) {
+                    for (connection, queue) in machine.disconnects.sorted(by: { $0.key < $1.key }) where queue.namespace == Self.presenceNamespace {
+                        let p = presences.firstIndex { $0.id == connection }
+                        waiting += " [queue of connection \(connection) (presence \(p.map(String.init) ?? "?")), holder \(queue.holder), session record \(machine.sessions[connection].map { "\($0)" } ?? "none")]"
+                    }
+                }
+            }
+            if finalWrite?.done != true { waiting += " (final write not done)" }
+            report.livenessFailure = "t=\(now) not converged \(options.livenessBudgetMillis) ms after healing\(waiting): \(clusterState())"
             report.beyondFaultBudget = beyondFaultBudgetNow()
             finished = true
         }
@@ -2098,7 +2131,9 @@ public struct WholeNodeSimulator {
         for id in lr.replica.raft.membership.all {
             guard let core = nodes[id]?.core else { continue }
             if core.replica.machine.image() != reference {
-                report.violations.append("t=\(now) convergence: node \(id)'s state differs from the leader's at index \(lr.replica.raft.commitIndex)")
+                report.violations.append(
+                    "t=\(now) convergence: node \(id)'s state differs from the leader's at index \(lr.replica.raft.commitIndex)"
+                        + Self.stateDifference(core.replica.machine, lr.replica.machine))
             }
         }
         var counter = 0
@@ -2111,6 +2146,19 @@ public struct WholeNodeSimulator {
         if counter < acked || counter > acked + maybe {
             report.violations.append("exactly-once: the counter is \(counter) after \(acked) acknowledged and \(maybe) unknown increments")
         }
+    }
+
+    /// Where two states differ (for the convergence violation's message).
+    static func stateDifference(_ a: StateMachine, _ b: StateMachine) -> String {
+        var parts: [String] = []
+        if a.appliedIndex != b.appliedIndex { parts.append("applied \(a.appliedIndex) vs \(b.appliedIndex)") }
+        let names = Set(a.namespaces.keys).union(b.namespaces.keys).sorted()
+        for n in names where a.tree(n) != b.tree(n) { parts.append("namespace \(n.isEmpty ? "(default)" : n)") }
+        let sessions = Set(a.sessions.keys).union(b.sessions.keys).sorted()
+        let differing = sessions.filter { a.sessions[$0] != b.sessions[$0] }
+        if !differing.isEmpty { parts.append("\(differing.count) session records (first \(differing[0]): \(String(describing: a.sessions[differing[0]])) vs \(String(describing: b.sessions[differing[0]])))") }
+        if a.disconnects.count != b.disconnects.count { parts.append("queues \(a.disconnects.count) vs \(b.disconnects.count)") }
+        return parts.isEmpty ? "" : " (" + parts.joined(separator: "; ") + ")"
     }
 
     /// Account sign-ups (`--accounts`): at most one acknowledged per email, and it owns the email

@@ -120,6 +120,12 @@ struct ClientWriteRecord {
         node.set(Tree(sortedChildren: fields), at: Path(segments: [Self.f, Self.key(n)]))
     }
 
+    /// The leader's time of the client's last write (nil for a new record).
+    var lastUsed: Int64? {
+        if case .int(let t)? = node.child(Self.t).leaf { return t }
+        return nil
+    }
+
     mutating func touch(_ timestamp: Int64) {
         if case .int(let t)? = node.child(Self.t).leaf, t >= timestamp { return }
         node.set(Tree(.int(timestamp)), at: Path(segments: [Self.t]))
@@ -169,17 +175,20 @@ extension StateMachine {
         defer { namespaces[Self.clientsNamespace] = namespace }
         let child = Self.clientKey(key.client)
         var record = ClientWriteRecord(tree: namespace.child(child))
+        let lastUse = record.lastUsed
         record.acknowledge(below: key.acknowledgedBelow)
         record.insert(key.number)
         if let failure = Self.clientFailure(outcome) { record.setFailure(key.number, failure) }
         record.touch(timestamp)
         namespace.set(record.node, at: Path(segments: [child]))
+        if let used = record.lastUsed { indexClientUse(key.client, old: lastUse, new: used) }
     }
 
     /// Drops every client write record (the `forget-client-writes-on-load` sabotage only: a
     /// state machine that lost them would decide a resent write twice).
     public mutating func forgetClientWrites() {
         namespaces[Self.clientsNamespace] = nil
+        clientIdleIndex = SortedTree()
     }
 
     /// The remembered form of an outcome that is not a success (nil for `.ok`).

@@ -49,6 +49,12 @@ public enum Command: Sendable, Equatable {
     /// node's alarm is raised, writes that add data are refused (`noSpace`) on every node at the
     /// same log position; deletes go on. The node's own command (never a client's). Version 8.
     case spaceAlarm(node: UInt64, raised: Bool)
+    /// Forgets what idles past its retention (the leader's own command, docs/internals/
+    /// state-machine.md, "Expiry"): client write records whose client last wrote more than
+    /// `clientsIdleMillis` before this entry, and the session records of connections that ended
+    /// more than `endedMillis` before it. At most `StateMachine.expiryBatch` of each per entry.
+    /// Version 9.
+    case expireIdle(clientsIdleMillis: UInt64, endedMillis: UInt64)
 
     public struct UpdateItem: Sendable, Equatable {
         public var path: String
@@ -94,7 +100,7 @@ extension Command {
             case .signIn(_, _, let createIfAbsent): return createIfAbsent != nil
             case .delete, .installKey: return false
             }
-        case .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .spaceAlarm:
+        case .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .spaceAlarm, .expireIdle:
             return false
         }
     }
@@ -166,6 +172,7 @@ public struct CommandEnvelope: Sendable, Equatable {
     /// The version this command is written in.
     var writtenVersion: UInt8 {
         if clientWrite != nil, command.takesClientWrite { return 9 }
+        if case .expireIdle = command { return 9 }
         if case .spaceAlarm = command { return 8 }
         if case .account = command { return 7 }
         if auth != nil { return 6 }
@@ -175,6 +182,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .setRules: return 6
         case .account: return 7
         case .spaceAlarm: return 8
+        case .expireIdle: return 9
         case .onDisconnectSet, .onDisconnectUpdate, .renewLease, .expireHolder: return 4
         case .set, .update, .compareAndSet, .onDisconnectCancel, .connectionEnded: return 3
         }
@@ -201,6 +209,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case .setRules: w.u8(10 | flags)
         case .account: w.u8(11 | flags)
         case .spaceAlarm: w.u8(12 | flags)
+        case .expireIdle: w.u8(13 | flags)
         }
         w.u64(session)
         w.u64(seq)
@@ -262,6 +271,10 @@ public struct CommandEnvelope: Sendable, Equatable {
             w.string("")
             w.u64(node)
             w.u8(raised ? 1 : 0)
+        case let .expireIdle(clients, ended):
+            w.string("")
+            w.u64(clients)
+            w.u64(ended)
         }
         if version >= 6 {
             switch auth {
@@ -298,6 +311,7 @@ public struct CommandEnvelope: Sendable, Equatable {
         case let .setRules(text): n += 16 + text.count
         case let .account(op): n += 16 + op.encoded.count
         case .spaceAlarm: n += 17
+        case .expireIdle: n += 24
         }
         switch auth {
         case nil: n += writtenVersion >= 6 ? 1 : 0
@@ -377,6 +391,9 @@ public struct CommandEnvelope: Sendable, Equatable {
             case 11 where written == 7:
                 guard path.isEmpty, let op = AccountOp(decoding: try r.bytes("account")) else { throw .badValue(field: "account") }
                 command = .account(op)
+            case 13 where written == 9:
+                guard path.isEmpty else { throw .badValue(field: "path") }
+                command = .expireIdle(clientsIdleMillis: try r.u64("clients idle"), endedMillis: try r.u64("ended"))
             case 12 where written == 8:
                 guard path.isEmpty else { throw .badValue(field: "path") }
                 let node = try r.u64("node")
@@ -398,7 +415,9 @@ public struct CommandEnvelope: Sendable, Equatable {
                 }
             }
             var clientWrite: ClientWriteKey?
-            if written == 9 {
+            if written == 9, case .expireIdle = command {
+                // Version 9's own kind: no client write trailer.
+            } else if written == 9 {
                 guard command.takesClientWrite else { throw .badValue(field: "command kind") }
                 let key = ClientWriteKey(client: try r.u64("client"), number: try r.u64("client write number"), acknowledgedBelow: try r.u64("acknowledged below"))
                 guard key.client != 0, key.number != 0 else { throw .badValue(field: "client write") }

@@ -124,7 +124,7 @@ extension StateMachine {
                 }
             case let .expireHolder(holder, lastRenewal):
                 return expire(holder, lastRenewal: lastRenewal, envelope)
-            case .set, .update, .compareAndSet, .setRules, .account, .spaceAlarm:
+            case .set, .update, .compareAndSet, .setRules, .account, .spaceAlarm, .expireIdle:
                 applied.outcome = .malformed
             }
         } catch {
@@ -192,7 +192,7 @@ extension StateMachine {
         }
         var record = sessions.removeValue(forKey: connection) ?? SessionRecord()
         let already = record.ended
-        record.ended = true
+        markEnded(connection, &record)
         sessions[connection] = record
         if !already { applied.ended = [connection] }
         guard !already, let queue = takeQueue(connection) else { return applied }
@@ -248,7 +248,7 @@ extension StateMachine {
         for connection in connections {
             guard let queue = takeQueue(connection) else { continue }
             var record = sessions.removeValue(forKey: connection) ?? SessionRecord()
-            record.ended = true
+            markEnded(connection, &record)
             sessions[connection] = record
             applied.ended.append(connection)
             do throws(TreeError) {

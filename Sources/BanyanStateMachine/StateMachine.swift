@@ -15,11 +15,15 @@ public struct SessionRecord: Sendable, Equatable {
     /// The session is a realtime connection that ended (`Command.connectionEnded` applied): its
     /// onDisconnect writes ran, and nothing it sends afterwards applies.
     public internal(set) var ended: Bool
+    /// When it ended (the leader's time of the entry that ended it): its record goes once the
+    /// ended retention has passed (docs/internals/state-machine.md, "Expiry").
+    public internal(set) var endedAt: Int64?
 
-    public init(contiguous: UInt64 = 0, above: [UInt64] = [], ended: Bool = false) {
+    public init(contiguous: UInt64 = 0, above: [UInt64] = [], ended: Bool = false, endedAt: Int64? = nil) {
         self.contiguous = contiguous
         self.above = above.filter { $0 > contiguous }.sorted()
         self.ended = ended
+        self.endedAt = ended ? endedAt : nil
     }
 
     public func contains(_ seq: UInt64) -> Bool {
@@ -135,6 +139,8 @@ public struct StateMachine: Sendable {
         /// The client write this command decided (nil when it carried none, or when an earlier
         /// copy had decided it).
         public var clientWrite: ClientWriteKey? = nil
+        /// Records an `expireIdle` removed.
+        public var expired = 0
     }
 
     /// The system namespace that holds every namespace's rules text, one string child per
@@ -183,6 +189,10 @@ public struct StateMachine: Sendable {
     /// Holder → namespace → queues held under it (derived from `disconnects`, not in the image):
     /// what the leader's lease keeper watches.
     public internal(set) var queuedHolders: [UInt64: [String: Int]]
+    /// Clients by the time of their last write, and ended connections by the time they ended
+    /// (derived from `$clients` and `sessions`, not in the image): what expiry walks.
+    var clientIdleIndex = SortedTree<TimeID, Void>()
+    var endedIndex = SortedTree<TimeID, Void>()
 
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
@@ -198,6 +208,7 @@ public struct StateMachine: Sendable {
         self.leases = leases
         self.expiredHolders = expiredHolders
         self.queuedHolders = Self.countHolders(queues)
+        (clientIdleIndex, endedIndex) = Self.expiryIndexes(clients: self.namespaces[Self.clientsNamespace] ?? .empty, sessions: sessions)
         self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
         self.spaceAlarms = Set((self.namespaces[Self.alarmsNamespace] ?? .empty).children.keys.compactMap { UInt64($0.string) })
     }
@@ -284,6 +295,8 @@ public struct StateMachine: Sendable {
             return applySetRules(envelope, text: text)
         case .account(let op):
             return applyAccount(envelope, op: op)
+        case let .expireIdle(clients, ended):
+            return applyExpireIdle(envelope, clientsIdleMillis: clients, endedMillis: ended)
         case .set, .update, .compareAndSet:
             break
         }
@@ -407,7 +420,7 @@ public struct StateMachine: Sendable {
     ) throws(TreeError) -> Outcome {
         switch command {
         case .onDisconnectSet, .onDisconnectUpdate, .onDisconnectCancel, .connectionEnded, .renewLease, .expireHolder, .setRules, .account,
-            .spaceAlarm:
+            .spaceAlarm, .expireIdle:
             return .malformed  // handled by `applyConnectionCommand`, `applySetRules` and `applyAccount`
         case let .set(pathText, json):
             let location = try WritePath(parsing: pathText)
@@ -496,7 +509,10 @@ public struct StateMachine: Sendable {
 
     // MARK: - Snapshot image
 
-    static let magic: [UInt8] = Array("BNYSM004".utf8)
+    static let magic: [UInt8] = Array("BNYSM005".utf8)
+    /// Images written before ended connections carried their end time still load (an ended
+    /// record's time is then the image's last timestamp).
+    static let magicVersion4: [UInt8] = Array("BNYSM004".utf8)
     /// Images written before node leases (queues without holders, no leases) still load.
     static let magicVersion3: [UInt8] = Array("BNYSM003".utf8)
     /// Images written before onDisconnect queues (no ended flags, no queues) still load.
@@ -524,6 +540,7 @@ public struct StateMachine: Sendable {
             w.u64(UInt64(record.above.count))
             for s in record.above { w.u64(s) }
             w.u8(record.ended ? 1 : 0)
+            if record.ended { w.u64(UInt64(bitPattern: record.endedAt ?? lastTimestamp)) }
         }
         w.u64(UInt64(namespaces.count))
         try emit(w.out)
@@ -626,10 +643,13 @@ public struct StateMachine: Sendable {
         namespaces: [String: Tree], applied: UInt64, sessions: [UInt64: SessionRecord], stamp: Int64, disconnects: [UInt64: DisconnectQueue],
         leases: [UInt64: Lease], expired: Set<UInt64>
     ) {
-        guard let header = try source.take(Self.magic.count), header == Self.magic || header == Self.magicVersion3 || header == Self.magicVersion2 else {
+        guard let header = try source.take(Self.magic.count),
+            header == Self.magic || header == Self.magicVersion4 || header == Self.magicVersion3 || header == Self.magicVersion2
+        else {
             throw ImageError.badHeader
         }
-        let version4 = header == Self.magic
+        let version5 = header == Self.magic
+        let version4 = version5 || header == Self.magicVersion4
         let version3 = version4 || header == Self.magicVersion3
         let bound = UInt64(Swift.max(0, maxLength))
         guard let applied = try source.u64(), let stamp = try source.u64(), let count = try source.u64(), count <= bound / 24 else {
@@ -646,11 +666,20 @@ public struct StateMachine: Sendable {
                 above.append(q)
             }
             var ended = false
+            var endedAt: Int64?
             if version3 {
                 guard let flag = try source.take(1), flag[0] <= 1 else { throw ImageError.truncated }
                 ended = flag[0] == 1
+                if ended {
+                    if version5 {
+                        guard let at = try source.u64() else { throw ImageError.truncated }
+                        endedAt = Int64(bitPattern: at)
+                    } else {
+                        endedAt = Int64(bitPattern: stamp)
+                    }
+                }
             }
-            sessions[s] = SessionRecord(contiguous: contiguous, above: above, ended: ended)
+            sessions[s] = SessionRecord(contiguous: contiguous, above: above, ended: ended, endedAt: endedAt)
         }
         guard let namespaceCount = try source.u64(), namespaceCount <= bound else { throw ImageError.truncated }
         var namespaces: [String: Tree] = [:]

@@ -108,6 +108,55 @@ import Testing
         #expect(again[2].contains(#""p":"/w/1""#) && again[3].contains(#""p":"/w/2""#) && again[4].contains(#""p":"/w/3""#))
     }
 
+    @Test("the first connection goes to the first node (the URL's) whatever the seed; a failure moves to the next; goOffline while connecting drops the attempt, and goOnline resumes at that node")
+    func nodeOrderAndOfflineDuringAnAttempt() throws {
+        for seed: UInt64 in [1, 2, 3, 4, 5, 6, 7, 8] {
+            var core = ClientCore(nodeCount: 3, seed: seed)
+            core.tick(now: 0)
+            #expect(core.takeActions() == [.connect(node: 0)], "seed \(seed)")
+        }
+        var core = ClientCore(nodeCount: 3, seed: 1)
+        core.tick(now: 0)
+        _ = core.takeActions()
+        core.received(Self.hello())
+        _ = core.takeActions()
+        #expect(core.onlineNode == 0)
+        // Node 0 dies: the next attempt goes to node 1 once the back-off ends.
+        core.closed()
+        _ = core.takeActions()
+        #expect(core.onlineNode == nil)
+        core.tick(now: 60_000)
+        #expect(core.takeActions() == [.connect(node: 1)])
+        // goOffline while that attempt is under way: it is dropped at once, and its hello, if it
+        // still comes, does not bring the client online (a write made offline stays queued).
+        core.goOffline()
+        #expect(core.takeActions() == [.disconnect])
+        try core.set(1, path: Self.path("/w"), json: Self.bytes("1"))
+        core.received(Self.hello("late"))
+        let late = core.takeActions()
+        #expect(!late.contains(.connected(true)) && Self.sent(late).isEmpty, "\(late)")
+        #expect(!core.isOnline && core.onlineNode == nil)
+        core.closed()
+        core.tick(now: 120_000)
+        #expect(core.takeActions().isEmpty, "offline: no attempt")
+        // goOnline: the next attempt goes to node 1 again, where the client was going.
+        core.goOnline()
+        core.tick(now: 120_050)
+        #expect(core.takeActions() == [.connect(node: 1)])
+        core.received(Self.hello("S2"))
+        let online = core.takeActions()
+        #expect(online.first == .connected(true) && Self.sent(online).contains { $0.contains(#""p":"/w""#) }, "\(online)")
+        #expect(core.onlineNode == 1)
+        // goOffline and goOnline before the connection has ended: no back-off, the same node.
+        core.goOffline()
+        core.goOnline()
+        #expect(core.takeActions() == [.disconnect])
+        core.closed()
+        _ = core.takeActions()
+        core.tick(now: 120_100)
+        #expect(core.takeActions() == [.connect(node: 1)])
+    }
+
     @Test("child events: added in order with the previous key, changed, moved under an ordering, removed; local writes first")
     func childEvents() throws {
         var core = Self.online()

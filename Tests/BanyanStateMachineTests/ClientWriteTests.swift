@@ -138,3 +138,96 @@ import Testing
         #expect(restored.value("/n") == Tree(.int(1)))
     }
 }
+
+/// Expiry of idle records: client write records after their client's idle retention, ended
+/// connections' session records after theirs; oldest first, in bounded batches; due only when
+/// the oldest entry is past its retention.
+@Suite struct ExpiryTests {
+    typealias Log = ClientWriteTests.Log
+
+    @Test("idle client records and ended sessions expire after their retentions, oldest first; live ones stay")
+    func expires() {
+        var log = Log()
+        let increment = ClientWriteTests.increment
+        // Client 1 writes at t=1,000; client 2 at t=50,000; connection 300 ends at t=60,000.
+        #expect(log.apply(increment, session: 1, key: ClientWriteKey(client: 1, number: 1, acknowledgedBelow: 1), timestamp: 1_000) == .ok)
+        #expect(log.apply(increment, session: 2, key: ClientWriteKey(client: 2, number: 1, acknowledgedBelow: 1), timestamp: 50_000) == .ok)
+        #expect(log.apply(.connectionEnded(connection: 300, secret: 0), session: 300, key: nil, timestamp: 60_000) != nil)
+        #expect(log.machine.sessions[300]?.ended == true)
+        // At t=60,000 with a 30 s client retention: client 1 is due, client 2 and the end not.
+        #expect(log.machine.idleToExpire(clientsIdleMillis: 30_000, endedMillis: 30_000))
+        #expect(!log.machine.idleToExpire(clientsIdleMillis: 70_000, endedMillis: 30_000))
+        #expect(log.apply(.expireIdle(clientsIdleMillis: 30_000, endedMillis: 30_000), session: 9, key: nil, timestamp: 60_000) == .ok)
+        // Client 1's number 1 is forgotten: a copy now applies again (what the retention trades).
+        #expect(log.apply(increment, session: 3, key: ClientWriteKey(client: 1, number: 1, acknowledgedBelow: 1), timestamp: 60_001) == .ok)
+        #expect(log.apply(increment, session: 3, key: ClientWriteKey(client: 2, number: 1, acknowledgedBelow: 1), timestamp: 60_002) == .alreadyApplied(.ok))
+        #expect(log.machine.sessions[300]?.ended == true)
+        // Later, the end expires too.
+        #expect(log.apply(.expireIdle(clientsIdleMillis: 1_000_000, endedMillis: 30_000), session: 9, key: nil, timestamp: 95_000) == .ok)
+        #expect(log.machine.sessions[300] == nil)
+        #expect(!log.machine.idleToExpire(clientsIdleMillis: 1_000_000, endedMillis: 30_000))
+        // The command round-trips (version 9, kind 13).
+        let envelope = CommandEnvelope(session: 9, seq: 1, timestamp: 5, command: .expireIdle(clientsIdleMillis: 7, endedMillis: 8))
+        #expect(envelope.encoded()[0] == 9 && CommandEnvelope(decoding: envelope.encoded()) == envelope)
+    }
+
+    @Test("one expiry removes at most a batch of each kind; the rest is due at once")
+    func batches() {
+        var log = Log()
+        for c in UInt64(1)...UInt64(StateMachine.expiryBatch + 5) {
+            _ = log.apply(.set(path: "/x", json: Array("1".utf8)), session: 1, key: ClientWriteKey(client: c, number: 1, acknowledgedBelow: 1), timestamp: 1_000)
+        }
+        #expect(log.apply(.expireIdle(clientsIdleMillis: 10, endedMillis: 10), session: 9, key: nil, timestamp: 100_000) == .ok)
+        #expect(log.machine.tree(StateMachine.clientsNamespace).childCount == 5)
+        #expect(log.machine.idleToExpire(clientsIdleMillis: 10, endedMillis: 10))
+        #expect(log.apply(.expireIdle(clientsIdleMillis: 10, endedMillis: 10), session: 9, key: nil, timestamp: 100_000) == .ok)
+        #expect(log.machine.tree(StateMachine.clientsNamespace).isEmpty && log.machine.idleIndexCounts.clients == 0)
+    }
+}
+
+extension ExpiryTests {
+    @Test("the indexes are rebuilt from an image: a machine loaded mid-run expires exactly what the live one does; a version-4 image's ended sessions count as ended at its last timestamp")
+    func rebuiltFromImage() throws {
+        var log = Log()
+        for c in UInt64(1)...UInt64(30) {
+            _ = log.apply(.set(path: "/c\(c)", json: Array("1".utf8)), session: 1, key: ClientWriteKey(client: c, number: 1, acknowledgedBelow: 1), timestamp: Int64(c) * 1_000)
+        }
+        for s in UInt64(100)...UInt64(120) {
+            _ = log.apply(.connectionEnded(connection: s, secret: 0), session: s, key: nil, timestamp: Int64(s) * 500)
+        }
+        var reloaded = Log()
+        reloaded.machine = try StateMachine(image: log.machine.image())
+        reloaded.index = log.index
+        reloaded.seqs = log.seqs
+        #expect(reloaded.machine.idleIndexCounts == log.machine.idleIndexCounts && log.machine.idleIndexCounts == (30, 21))
+        let expire = Command.expireIdle(clientsIdleMillis: 45_500, endedMillis: 5_750)
+        #expect(log.apply(expire, session: 9, key: nil, timestamp: 61_000) == .ok)
+        #expect(reloaded.apply(expire, session: 9, key: nil, timestamp: 61_000) == .ok)
+        #expect(log.machine.image() == reloaded.machine.image())
+        #expect(log.machine.idleIndexCounts == (15, 10))
+        // A version-4 image (no end times): its ended sessions end at the image's time.
+        let v5 = log.machine.image()
+        let ended = try #require(log.machine.sessions[118])
+        #expect(ended.ended && ended.endedAt == 59_000)
+        var v4 = Array("BNYSM004".utf8) + v5[8...]
+        // Take out every end time: after each session's ended byte 1 come 8 bytes of time.
+        var out = Array(v4[0..<32])
+        var at = 32
+        let count = Int(log.machine.sessions.count)
+        for _ in 0..<count {
+            out += v4[at..<(at + 24)]
+            let n = Int(v4[at + 16]) | Int(v4[at + 17]) << 8
+            at += 24
+            out += v4[at..<(at + 8 * n)]
+            at += 8 * n
+            let flag = v4[at]
+            out.append(flag)
+            at += 1
+            if flag == 1 { at += 8 }
+        }
+        out += v4[at...]
+        v4 = out
+        let old = try StateMachine(image: v4)
+        #expect(old.sessions[118]?.endedAt == old.lastTimestamp && old.idleIndexCounts.ended == 10)
+    }
+}

@@ -61,6 +61,8 @@ import Testing
         "BanyanOps": (false, ["BanyanCheckers", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
         "BanyanSim": (false, ["BanyanSimulation", "BanyanBasics", "ArgumentParser"]),
+        // An app on the SDK's public API only (the SDK's multi-process tests).
+        "BanyanSDKProbe": (false, ["BanyanClient", "Foundation", "Glibc", "Darwin"]),
         "BanyanBench": (
             false,
             [
