@@ -1,7 +1,7 @@
 import BanyanNode
 import BanyanOpLogFiles
 import BanyanRaft
-import BanyanServer
+@testable import BanyanServer
 import BanyanStateMachine
 import BanyanTree
 import Foundation
