@@ -40,11 +40,16 @@ struct BackupTake: ParsableCommand {
     var intervalMs: Int = 500
     @Flag(name: .long, help: "Take the backup from the first answering endpoint, even the leader.")
     var anyNode = false
+    @Flag(
+        name: .long,
+        help: "With --follow: when no endpoint holds the entries after the archive's end any more (compacted), stop instead of taking a new base backup and going on.")
+    var noNewBase = false
 
     func validate() throws {
         guard !endpoint.isEmpty else { throw ValidationError("give at least one --endpoint") }
         guard (10...60_000).contains(intervalMs) else { throw ValidationError("--interval-ms must be between 10 and 60000") }
         if seconds != nil && !follow { throw ValidationError("--seconds goes with --follow") }
+        if noNewBase && !follow { throw ValidationError("--no-new-base goes with --follow") }
         if let seconds, !(seconds > 0 && seconds <= 366 * 86_400) { throw ValidationError("--seconds must be more than 0 and at most a year") }
     }
 
@@ -77,17 +82,19 @@ struct BackupTake: ParsableCommand {
         FileManager.default.createFile(atPath: partial, contents: nil)
         guard let handle = FileHandle(forWritingAtPath: partial) else { throw CommandError("cannot create \(partial)") }
         let started = Date()
+        let receiving = ProgressMeter()
         let received = try StreamingDownload.run(endpoint: source, path: "/.banyan/backup", into: handle) { bytes in
-            FileHandle.standardError.write(Data("received \(bytes >> 20) MiB\n".utf8))
+            FileHandle.standardError.write(Data("received \(receiving.describe(bytes))\n".utf8))
         }
         try handle.synchronize()
         try handle.close()
         let seconds = Date().timeIntervalSince(started)
         let verifyStarted = Date()
+        let verifying = ProgressMeter()
         let loaded: BackupFiles.Loaded
         do {
             loaded = try BackupFiles.load(partial) { read, total in
-                FileHandle.standardError.write(Data("verifying: read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+                FileHandle.standardError.write(Data("verifying: read \(verifying.describe(read, of: total))\n".utf8))
             }
         } catch {
             throw CommandError("the backup from \(source) is incomplete or damaged (\(error)); kept as \(partial)")
@@ -110,12 +117,27 @@ struct BackupTake: ParsableCommand {
     /// entry must equal the archive's (Raft's log matching, plus the command's bytes, which
     /// carry a random session id) before anything is appended after it. Two clusters that share
     /// a cluster id are told apart only by that entry.
+    ///
+    /// A node that compacted that entry into its snapshot answers 410 with the first index it
+    /// still serves and the term of the entry before it: when that entry is the archive's last
+    /// and its term is the archive's, the node's history continues the archive (Raft's log
+    /// matching; a restored cluster's terms start far above its source's, so it never matches)
+    /// and archiving goes on from the next index. When the node's log starts further on, the
+    /// entries in between are gone from it: the other endpoints are tried, and when none has
+    /// them a new base backup (checked by cluster id) covers the gap and archiving continues
+    /// after it, saying which points in time the archive can no longer restore; with
+    /// `--no-new-base` the command stops instead.
     private func followLog() throws {
         try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
         let archive = ArchiveDirectory(out)
         // `archived`: the last entry in the archive's files; `last`: where archiving continues
         // (a base backup newer than the files moves it on, and the next entries start a new file).
         let recovered = try archive.recoverLast()
+        if let end = try archive.recordedEnd(), end > recovered.index {
+            throw CommandError(
+                "the archive in \(out) records its last entry as index \(end) (its \(ArchiveDirectory.endFile) file), but its log files end at index \(recovered.index): "
+                    + "files were deleted, moved or cut short. Put them back, or archive into a new directory")
+        }
         var archived = recovered.index
         var last = archived
         let bases = try archive.baseBackups()
@@ -150,6 +172,12 @@ struct BackupTake: ParsableCommand {
         // The entry a node must hold unchanged before anything is appended after it (none when
         // a base backup newer than the files moved `last` on: its header was checked instead).
         var overlap: ArchivedEntry? = last == archived ? recovered.entry : nil
+        // The archive's last entry while it is where archiving continues (nil after a base
+        // backup newer than the files): what a 410 answer is checked against.
+        var lastEntry: ArchivedEntry? = overlap
+        // Endpoints tried since one answered that the entries after the archive's end are
+        // gone from its log (nil: none did since the archive last grew).
+        var gapSince: Int?
         say("archiving committed entries from index \(last &+ 1) into \(out) (cluster \(cluster ?? "?"))")
         let stop = StopFlag()
         stop.installSignalHandlers()
@@ -200,6 +228,7 @@ struct BackupTake: ParsableCommand {
                 }
                 guard parsed.complete else { throw CommandError("\(e) sent a cut-short log answer") }
                 var entries = parsed.entries
+                gapSince = nil
                 let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
                 if let expected = overlap {
                     guard let first = entries.first else {
@@ -225,9 +254,11 @@ struct BackupTake: ParsableCommand {
                     throw CommandError("\(e) answered from index \(first.index), not \(last + 1)")
                 }
                 try archive.append(entries, continuing: archived)
-                if let newLast = entries.last?.index {
-                    last = newLast
-                    archived = newLast
+                if let newLast = entries.last {
+                    last = newLast.index
+                    archived = newLast.index
+                    lastEntry = newLast
+                    gapSince = nil
                 }
                 archivedSinceReport += entries.count
                 if Date().timeIntervalSince(lastReport) >= 5 || (archivedSinceReport > 0 && commit <= last && Date().timeIntervalSince(lastReport) >= 1) {
@@ -237,11 +268,53 @@ struct BackupTake: ParsableCommand {
                 }
                 if entries.isEmpty || commit <= last { Thread.sleep(forTimeInterval: Double(intervalMs) / 1000) }
             case 410:
-                // The node compacted past our position (the archiver was down too long): a new
-                // base backup covers the gap; the archive continues after it.
-                FileHandle.standardError.write(Data("\(e): entries from \(from) were compacted; taking a new base backup\n".utf8))
-                last = max(last, try takeBase(from: (try? chooseSource()) ?? e))
+                // The node compacted past `from`. If its log starts right after the archive's
+                // last entry, that entry's term says whether it continues the archive.
+                let gone = Self.compactedAnswer(answer.body)
+                if let gone, let anchor = lastEntry, last == anchor.index, gone.previousIndex == anchor.index {
+                    guard gone.previousTerm == anchor.term else {
+                        throw CommandError(
+                            "\(e)'s log starts after entry \(anchor.index) of term \(gone.previousTerm), but the archive's entry \(anchor.index) is of term \(anchor.term): "
+                                + "\(e) is not the cluster the archive in \(out) follows, or that cluster's log was replaced (a restore, say). Archive it into a new directory.")
+                    }
+                    gapSince = nil
+                    guard overlap != nil else {
+                        // Asked from the next index already: nothing to do but ask again later.
+                        next()
+                        continue
+                    }
+                    say("\(e)'s log starts after entry \(anchor.index), of term \(anchor.term) as in the archive: continuing")
+                    overlap = nil
+                    continue
+                }
+                // The entries after the archive's end are gone from this node; another
+                // endpoint may still hold them.
+                let first = gone.map { "\($0.firstIndex)" } ?? "an index it does not name"
+                if gapSince == nil { gapSince = current }
+                FileHandle.standardError.write(Data("\(e): its log starts at \(first), after the archive's end \(last): entries \(last + 1)… are gone from it\n".utf8))
+                guard let since = gapSince, current - since + 1 >= endpoint.count else {
+                    next()
+                    continue
+                }
+                guard !noNewBase else {
+                    throw CommandError(
+                        "no endpoint holds the entries after the archive's end \(last) any more (\(e)'s log starts at \(first)): they were compacted while the archiver was away. "
+                            + "Stopping (--no-new-base): run again without it to take a new base backup and go on, or archive into a new directory.")
+                }
+                say(
+                    "gap: no endpoint holds the entries after the archive's end \(last) any more (\(e)'s log starts at \(first); they were compacted while the archiver was away): "
+                        + "taking a new base backup to continue")
+                let gapStart = last + 1
+                let base = try takeBase(from: (try? chooseSource()) ?? e)
+                if base >= gapStart {
+                    say(
+                        "new base backup at index \(base) (\(ArchiveDirectory.baseName(index: base))): the archive holds no entries \(gapStart)…\(base), so no point in time from \(gapStart) to \(base - 1) can be restored from it; "
+                            + "a restore to index \(base) or later starts from this base. Archiving continues from index \(base + 1)")
+                }
+                last = max(last, base)
                 overlap = nil
+                lastEntry = nil
+                gapSince = nil
             case 409, 503:
                 next()
             default:
@@ -249,6 +322,16 @@ struct BackupTake: ParsableCommand {
             }
         }
         say("stopped; the archive ends at index \(last)")
+    }
+
+    /// The first index a node still serves and the entry before it, from its 410 answer to
+    /// `GET /.banyan/log`; nil when the answer does not name them (a node from before they were).
+    static func compactedAnswer(_ body: Data) -> (firstIndex: UInt64, previousIndex: UInt64, previousTerm: UInt64)? {
+        guard let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any],
+            let first = (object["first_index"] as? NSNumber)?.uint64Value, first > 0,
+            let term = (object["previous_term"] as? NSNumber)?.uint64Value
+        else { return nil }
+        return (first, first - 1, term)
     }
 
     static func otherCluster(out: String, recorded: String, endpoint: String, reported: String) -> String {
@@ -264,9 +347,10 @@ struct BackupVerify: ParsableCommand {
 
     func run() throws {
         let started = Date()
+        let reading = ProgressMeter()
         do {
             let loaded = try BackupFiles.load(file) { read, total in
-                FileHandle.standardError.write(Data("read \(read >> 20) of \(total >> 20) MiB\n".utf8))
+                FileHandle.standardError.write(Data("read \(reading.describe(read, of: total))\n".utf8))
             }
             let created = Date(timeIntervalSince1970: Double(loaded.header.createdAt) / 1000)
             print(
@@ -376,7 +460,7 @@ struct Restore: ParsableCommand {
             }
             let stamp = s.lastTimestamp > 0 ? ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double(s.lastTimestamp) / 1000)) : "none"
             print(
-                "restored \(dataDir) for node \(nodeId): backup index \(s.backupIndex), \(s.replayed) archived entries replayed, at index \(s.restoredIndex) (last write stamped \(stamp)), \(s.namespaces) namespaces, in \(String(format: "%.2f", Date().timeIntervalSince(started))) s. Start it with: banyan serve --data-dir \(dataDir) --node-id \(nodeId)"
+                "restored \(dataDir) for node \(nodeId): backup index \(s.backupIndex), \(s.replayed) archived entries replayed, at index \(s.restoredIndex) (last write stamped \(stamp)), term \(s.restoredTerm) (a new history: the source's terms + 2^32), \(s.namespaces) namespaces, in \(String(format: "%.2f", Date().timeIntervalSince(started))) s. Start it with: banyan serve --data-dir \(dataDir) --node-id \(nodeId)"
             )
         } catch let e as BackupError {
             // The damaged file: the backup, or one file of the archive.

@@ -339,7 +339,11 @@ struct ChaosProxyCommand: ParsableCommand {
             Point a Firebase SDK at --listen instead of the node. Every chunk waits --delay-ms in each direction; each chunk \
             stalls its connection with probability --drop-rate (nothing passes either way from then on, the socket stays open); \
             every --reset-every seconds every open connection is reset. Requests for the node's operator routes (/.banyan/…, \
-            but health and ready) are refused with 403. Runs until Ctrl-C or --seconds.
+            but health and ready) are refused with 403; so are requests carrying the emulator's owner token when --listen is \
+            not loopback (unless --allow-owner-token), and such a proxy starts only in front of a node that refuses that \
+            token (checked before listening: a realtime client's token travels where the proxy cannot read it). A TLS client (a node serving TLS on its client port) is refused at \
+            once unless --tls-passthrough, which passes TLS connections unread: no request inside them is checked. Runs \
+            until Ctrl-C or --seconds.
             """)
     @Option(name: .long, help: "Where the proxy listens, host:port (loopback unless --listen-anywhere).")
     var listen: String = "127.0.0.1:9100"
@@ -357,6 +361,10 @@ struct ChaosProxyCommand: ParsableCommand {
     var seconds: Double = 0
     @Flag(name: .long, help: "Allow a --listen address that is not loopback.")
     var listenAnywhere = false
+    @Flag(name: .long, help: "Pass TLS connections through unread (for a node serving TLS): the proxy then checks no request inside them.")
+    var tlsPassthrough = false
+    @Flag(name: .long, help: "Pass requests carrying the emulator's owner token even when --listen is not loopback.")
+    var allowOwnerToken = false
 
     func validate() throws {
         guard let listen = try? HostPort(parsing: listen), (try? HostPort(parsing: to)) != nil else {
@@ -364,6 +372,11 @@ struct ChaosProxyCommand: ParsableCommand {
         }
         guard listenAnywhere || listen.isLoopback else {
             throw ValidationError("--listen \(self.listen) is not a loopback address: the proxy is for local testing (add --listen-anywhere to mean it)")
+        }
+        if tlsPassthrough && !listen.isLoopback && !allowOwnerToken {
+            throw ValidationError(
+                "--tls-passthrough with --listen \(self.listen) (not loopback) would pass the emulator's owner token unseen inside TLS, to anyone who reaches the proxy: add --allow-owner-token to mean it, or listen on loopback"
+            )
         }
         guard (0...60_000).contains(delayMs) else { throw ValidationError("--delay-ms must be from 0 to 60000") }
         guard (0...1).contains(dropRate) else { throw ValidationError("--drop-rate must be from 0 to 1") }
@@ -383,10 +396,25 @@ struct ChaosProxyCommand: ParsableCommand {
         settings.dropRate = dropRate
         settings.resetEvery = try ChaosProxy.Settings.resetInterval(seconds: resetEvery)
         settings.seed = seed
+        settings.tlsPassthrough = tlsPassthrough
+        settings.ownerToken = allowOwnerToken ? .pass : .refuseBeyondLoopback
+        if !listen.isLoopback && !allowOwnerToken {
+            // Before listening: nothing is exposed if the node takes the owner token.
+            let answer = OutcomeBox()
+            let (host, port) = (target.host, target.port)
+            try runBlocking {
+                if let status = await ChaosProxy.ownerTokenProbe(host: host, port: port) { answer.set("\(status)") }
+            }
+            if let refusal = ChaosProxy.exposureRefusal(listen: self.listen, listenIsLoopback: false, allowOwnerToken: false, to: to, probe: answer.get().flatMap { Int($0) }) {
+                throw CommandError(refusal)
+            }
+        }
         let proxy = ChaosProxy(targetHost: target.host, targetPort: target.port, settings: settings) { line in say(line) }
         let port = try proxy.start(host: listen.host, port: listen.port)
+        let gate = proxy.requestGateOptions
         say(
-            "proxy: \(listen.host):\(port) -> \(to), delay \(delayMs) ms, drop rate \(dropRate), reset every \(resetEvery > 0 ? "\(resetEvery) s" : "never"), seed \(seed)"
+            "proxy: \(listen.host):\(port) -> \(to), delay \(delayMs) ms, drop rate \(dropRate), reset every \(resetEvery > 0 ? "\(resetEvery) s" : "never"), seed \(seed); "
+                + "TLS \(gate.tlsPassthrough ? "passed through unread" : "refused"), owner token \(gate.refuseOwnerToken ? "refused" : "passed")"
         )
         if seconds > 0 {
             Thread.sleep(forTimeInterval: seconds)

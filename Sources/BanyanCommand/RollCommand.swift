@@ -16,7 +16,10 @@ struct ClusterRoll: ParsableCommand {
             BANYAN_ROLL_PID), e.g. 'ssh {host} sudo systemctl restart banyan' or 'systemctl restart banyan@{id}'. \
             It must stop the node and start it again on the same data directory (with a new binary for an \
             upgrade); it may return before the node is up. Before each node: if it leads, leadership moves to \
-            a node already restarted (POST /.banyan/transfer). After: the node must answer as a new process of \
+            a node already restarted (POST /.banyan/transfer); then it is drained (POST /.banyan/drain: its realtime \
+            clients are sent to other members and /.banyan/ready answers 503), waiting up to --drain-timeout for its \
+            realtime connections to leave. A node stopped with SIGTERM answers the requests it has read before it \
+            exits (http.stop_grace_s). After: the node must answer as a new process of \
             the same data directory, know the leader and apply the leader's commit index of that moment, within \
             --timeout; otherwise the roll stops and touches no other node. Each step reports the leader changes \
             it saw (terms passed, from the nodes' status); a step with more than --max-leader-changes stops the \
@@ -36,6 +39,8 @@ struct ClusterRoll: ParsableCommand {
     var dryRun = false
     @Option(name: .long, help: "Leader changes one node's step may cause before the roll stops (the leader's own step has its handover).")
     var maxLeaderChanges: UInt64 = 1
+    @Option(name: .long, help: "Seconds to wait for a drained node's realtime connections to leave before its restart (0: do not drain).")
+    var drainTimeout: Int = 30
 
     func validate() throws {
         guard !endpoints.isEmpty else { throw ValidationError("give every member's client address with --endpoint") }
@@ -43,6 +48,7 @@ struct ClusterRoll: ParsableCommand {
         guard (0...3600).contains(pause) else { throw ValidationError("--pause must be 0 to 3600 seconds") }
         guard !restartCommand.trimmingCharacters(in: .whitespaces).isEmpty else { throw ValidationError("--restart-command is empty") }
         guard (1...100).contains(maxLeaderChanges) else { throw ValidationError("--max-leader-changes must be 1 to 100") }
+        guard (0...3600).contains(drainTimeout) else { throw ValidationError("--drain-timeout must be 0 to 3600 seconds") }
     }
 
     var endpoints: [String] { endpointList(endpoint) }
@@ -140,6 +146,7 @@ struct ClusterRoll: ParsableCommand {
             before = now
             if before.isLeader { say("\(step): leads again (term \(before.term)); moving leadership once more") }
         }
+        drain(endpoint: e, step: step)
         let command = RollPlan.command(restartCommand, node: before)
         say("\(step): restarting (pid \(before.pid.map { "\($0)" } ?? "?")): \(command)")
         let t0 = Date()
@@ -179,6 +186,44 @@ struct ClusterRoll: ParsableCommand {
             return RollPlan.caughtUp(now, target: target)
         }
         say("\(step): caught up (applied \(applied) ≥ leader's commit \(target)) \(seconds(since: t0)) s after the restart began")
+    }
+
+    /// Moves the node's realtime clients to the other members before its restart (docs/realtime.md,
+    /// "Draining a node"): each gets the protocol's reset and reconnects to a node that stays up
+    /// instead of losing its connection, and `/.banyan/ready` answers 503 so a load balancer
+    /// stops sending it clients. Waits (at most `--drain-timeout`) for them to leave. A drain
+    /// that cannot happen (no other member ready to take them, an old node) does not stop the
+    /// roll: the restart then ends those connections, and their SDKs reconnect by themselves.
+    private func drain(endpoint e: String, step: String) {
+        guard drainTimeout > 0 else { return }
+        let client = AdminClient(endpoint: e)
+        guard let (code, text) = try? client.call("POST", "/.banyan/drain") else {
+            say("\(step): cannot ask it to drain (no answer); restarting without draining")
+            return
+        }
+        guard code == 200 else {
+            say("\(step): not drained (\(code) \(text.prefix(200))); restarting without draining")
+            return
+        }
+        let t0 = Date()
+        let deadline = t0.addingTimeInterval(TimeInterval(drainTimeout))
+        var left = -1
+        while true {
+            if let (status, state) = try? client.call("GET", "/.banyan/drain"), status == 200,
+                let object = (try? JSONSerialization.jsonObject(with: Data(state.utf8))) as? [String: Any],
+                let connections = (object["connections"] as? NSNumber)?.intValue
+            {
+                left = connections
+                if left == 0 { break }
+            }
+            guard Date() < deadline else { break }
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+        if left == 0 {
+            say("\(step): drained (no realtime connection left) after \(seconds(since: t0)) s")
+        } else {
+            say("\(step): \(left < 0 ? "drain state unknown" : "\(left) realtime connections still open") after \(drainTimeout) s; restarting anyway")
+        }
     }
 
     /// Runs the restart command; it must exit 0 within the timeout.

@@ -170,8 +170,14 @@ struct Serve: ParsableCommand {
         hangUp.resume()
         stop.wait()
         hangUp.cancel()
-        logger.notice("shutting down")
-        node.shutdown()
+        let grace = config.http.stopGraceSeconds
+        logger.notice("stopping: no longer accepting connections; answering the requests already read", metadata: ["in_flight": "\(node.requestsInFlight)", "grace_s": "\(grace)"])
+        let cut = node.stop(grace: .seconds(grace))
+        if cut > 0 {
+            logger.warning("stopped with requests unanswered after the grace period", metadata: ["requests": "\(cut)", "grace_s": "\(grace)"])
+        } else {
+            logger.notice("shut down")
+        }
     }
 }
 

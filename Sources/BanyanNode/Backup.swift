@@ -101,10 +101,33 @@ public struct RestoreReplay {
     }
 
     /// Whether the replay ended where it was asked to: an index target must have been reached
-    /// exactly (a time target or `latest` ends wherever the archive does).
+    /// exactly (a time target or `latest` ends wherever the archive does), and below the largest
+    /// index: the restored node appends its first entry (a new leader's no-op) after the last
+    /// one applied, so a (forged) archive whose replay ends at the largest index would make a
+    /// node that fails on its first election.
     public func checkEnded() throws(RestoreError) {
+        guard machine.appliedIndex < UInt64.max else {
+            throw RestoreError(
+                "the archive's replay ends at index \(machine.appliedIndex), the largest possible: a restored node could append nothing after it (the archive is not a cluster's history)")
+        }
         if case .index(let i) = target, machine.appliedIndex != i {
             throw RestoreError("the archive ends at index \(machine.appliedIndex), before the target index \(i)")
         }
+    }
+
+    /// How far above the source's terms a restored cluster's terms start (2^32).
+    public static let restoredTermOffset: UInt64 = 1 << 32
+
+    /// The term the restored node starts in: the last replayed term plus `restoredTermOffset`.
+    /// A restored cluster's history is a new one that shares the source's indexes: starting its
+    /// terms far above anything the source reached keeps its (index, term) pairs from ever
+    /// equalling the source's, which is how `banyan backup --follow` tells, from a node's 410
+    /// answer alone, whether the node's history continues an archive (docs/backup.md).
+    public func restoredTerm() throws(RestoreError) -> UInt64 {
+        let (jumped, overflow) = term.addingReportingOverflow(Self.restoredTermOffset)
+        guard !overflow, jumped < UInt64.max - Self.restoredTermOffset else {
+            throw RestoreError("the backup or archive names term \(term): too large for a restored cluster's terms (it is not a cluster's history)")
+        }
+        return jumped
     }
 }

@@ -1,5 +1,6 @@
 import BanyanBasics
 public import NIOCore
+import NIOHTTP1
 import NIOPosix
 import Glibc
 import Synchronization
@@ -22,13 +23,29 @@ import Synchronization
 ///
 /// Client requests pass through `ProxyRequestGate`: a node's operator routes (`/.banyan/…`, but
 /// health and ready) are refused with 403, so the fault switch is never reachable through the
-/// proxy, even one listening beyond loopback.
+/// proxy, even one listening beyond loopback; there the emulator's `owner` token is refused too
+/// (unless `ownerToken` is `.pass`). A TLS connection cannot be read: it passes unread only with
+/// `tlsPassthrough`, and is refused otherwise.
 public final class ChaosProxy: Sendable {
+    /// What the proxy does with requests carrying the emulator's `owner` credential.
+    public enum OwnerToken: Sendable, Equatable {
+        /// Refused when the proxy listens on an address that is not loopback (the default).
+        case refuseBeyondLoopback
+        /// Always refused.
+        case refuse
+        /// Passed (`--allow-owner-token`).
+        case pass
+    }
+
     public struct Settings: Sendable {
         public var delay: TimeAmount = .zero
         public var dropRate: Double = 0
         public var resetEvery: TimeAmount?
         public var seed: UInt64 = 1
+        /// Pass connections that start a TLS handshake through unread (`--tls-passthrough`);
+        /// otherwise they are refused at once.
+        public var tlsPassthrough = false
+        public var ownerToken = OwnerToken.refuseBeyondLoopback
         /// Bytes of one direction of one connection that may wait out the delay before the
         /// proxy stops reading from their sender.
         public var maxDelayedBytes = 4 << 20
@@ -53,12 +70,15 @@ public final class ChaosProxy: Sendable {
         public var stalled = 0
         public var reset = 0
         public var refused = 0
-        /// Requests the proxy refused itself (operator routes, malformed framing).
+        /// Requests the proxy refused itself (operator routes, the owner token, malformed
+        /// framing, TLS without `tlsPassthrough`).
         public var refusedRequests = 0
+        /// Connections that started a TLS handshake and passed through unread.
+        public var tlsConnections = 0
         /// The most bytes one direction of one connection held back for the delay at once.
         public var peakDelayedBytes = 0
         public var description: String {
-            "\(connections) connections (\(open) open), \(bytesToTarget) bytes to the node, \(bytesToClient) to clients, \(stalled) stalled, \(reset) reset, \(refused) refused by the node, \(refusedRequests) requests refused by the proxy"
+            "\(connections) connections (\(open) open\(tlsConnections > 0 ? ", \(tlsConnections) TLS passed through" : "")), \(bytesToTarget) bytes to the node, \(bytesToClient) to clients, \(stalled) stalled, \(reset) reset, \(refused) refused by the node, \(refusedRequests) requests refused by the proxy"
         }
     }
 
@@ -69,6 +89,8 @@ public final class ChaosProxy: Sendable {
     private let log: @Sendable (String) -> Void
     private let state = Mutex<(random: SeededRandom, stats: Stats, pairs: [Int: ProxyPair], next: Int)>((SeededRandom(seed: 1), Stats(), [:], 0))
     private let server = Mutex<(channel: (any Channel)?, resetTask: RepeatedTask?)>((nil, nil))
+    /// What every connection's gate applies, fixed once the proxy listens.
+    private let gateOptions = Mutex(ProxyRequestGate.Options())
 
     public init(targetHost: String, targetPort: Int, settings: Settings, threads: Int = 1, log: @escaping @Sendable (String) -> Void) {
         self.targetHost = targetHost
@@ -93,13 +115,31 @@ public final class ChaosProxy: Sendable {
                 self.accepted(channel)
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
+        // The owner token is refused unless the bound address is loopback; until the bind says
+        // which it is, a connection accepted at once gets the refusal (the cautious answer).
+        let tlsPassthrough = settings.tlsPassthrough
+        let ownerToken = settings.ownerToken
+        gateOptions.withLock { $0 = ProxyRequestGate.Options(tlsPassthrough: tlsPassthrough, refuseOwnerToken: ownerToken != .pass) }
         let channel = try bootstrap.bind(host: host, port: port).wait()
+        let loopback = channel.localAddress.map(Self.isLoopback) ?? false
+        gateOptions.withLock {
+            $0.refuseOwnerToken = ownerToken == .refuse || (ownerToken == .refuseBeyondLoopback && !loopback)
+        }
         var task: RepeatedTask?
         if let every = settings.resetEvery, every.nanoseconds > 0 {
             task = group.next().scheduleRepeatedTask(initialDelay: every, delay: every) { _ in self.resetAll() }
         }
         server.withLock { $0 = (channel, task) }
         return channel.localAddress?.port ?? port
+    }
+
+    /// What the gates apply (after `start`).
+    public var requestGateOptions: ProxyRequestGate.Options { gateOptions.withLock { $0 } }
+
+    /// Whether an address is loopback: 127.0.0.0/8, ::1, or an IPv4-mapped loopback address.
+    static func isLoopback(_ address: SocketAddress) -> Bool {
+        guard let ip = address.ipAddress?.lowercased() else { return false }
+        return ip.hasPrefix("127.") || ip == "::1" || ip.hasPrefix("::ffff:127.")
     }
 
     public func stop() {
@@ -128,7 +168,7 @@ public final class ChaosProxy: Sendable {
             .whenComplete { result in
                 switch result {
                 case .success(let target):
-                    let pair = ProxyPair(id: id, client: client, target: target, proxy: self)
+                    let pair = ProxyPair(id: id, client: client, target: target, proxy: self, options: self.gateOptions.withLock { $0 })
                     self.state.withLock { s in
                         s.pairs[id] = pair
                         s.stats.open += 1
@@ -166,6 +206,21 @@ public final class ChaosProxy: Sendable {
         log("connection \(id): refused a request (\(status)): \(reason)")
     }
 
+    fileprivate func refusedTLS(_ id: Int, reason: String) {
+        state.withLock { $0.stats.refusedRequests += 1 }
+        log("connection \(id): refused: \(reason)")
+    }
+
+    fileprivate func passedTLS(_ id: Int) {
+        let first = state.withLock { s in
+            s.stats.tlsConnections += 1
+            return s.stats.tlsConnections == 1
+        }
+        if first {
+            log("connection \(id): TLS, passed through unread (--tls-passthrough; later TLS connections are not logged): the proxy sees no request inside, so it refuses neither operator routes nor the owner token there")
+        }
+    }
+
     fileprivate func stalled(_ id: Int) {
         state.withLock { $0.stats.stalled += 1 }
         log("connection \(id): stalled (nothing passes from now on; the socket stays open)")
@@ -196,17 +251,18 @@ final class ProxyPair: @unchecked Sendable {
     private weak var proxy: ChaosProxy?
     /// Confined to the pair's event loop.
     private var isStalled = false
-    private var gate = ProxyRequestGate()
+    private var gate: ProxyRequestGate
     /// Bytes waiting out the delay, toward the node and toward the client.
     private var delayedToTarget = 0
     private var delayedToClient = 0
     private var reading = (client: true, target: true)
 
-    init(id: Int, client: any Channel, target: any Channel, proxy: ChaosProxy) {
+    init(id: Int, client: any Channel, target: any Channel, proxy: ChaosProxy, options: ProxyRequestGate.Options) {
         self.id = id
         self.client = client
         self.target = target
         self.proxy = proxy
+        gate = ProxyRequestGate(options: options)
     }
 
     func install() {
@@ -239,7 +295,10 @@ final class ProxyPair: @unchecked Sendable {
         }
         let bytes = Array(buffer.readableBytesView)
         if toTarget {
-            apply(gate.client(bytes))
+            let wasTLS = gate.isTLS
+            let outputs = gate.client(bytes)
+            if gate.isTLS && !wasTLS { proxy.passedTLS(id) }
+            apply(outputs)
         } else {
             send(bytes, toTarget: false)
             // The node's first answer to an upgrade decides what the held bytes are.
@@ -256,6 +315,10 @@ final class ProxyPair: @unchecked Sendable {
                 // Nothing more goes to the node; the answer goes after what the client is
                 // already owed, then the connection ends.
                 send(ProxyRequestGate.answer(status: status, reason: reason), toTarget: false) { self.close() }
+                return
+            case .refuseTLS(let reason):
+                proxy?.refusedTLS(id, reason: reason)
+                send(ProxyRequestGate.tlsAccessDenied, toTarget: false) { self.close() }
                 return
             }
         }
@@ -345,5 +408,40 @@ final class RelayHandler: ChannelInboundHandler, @unchecked Sendable {
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         context.close(promise: nil)
+    }
+}
+
+extension ChaosProxy {
+    /// The status the node at `host:port` answers an administrators-only request carrying the
+    /// emulator's `owner` token with (`GET /.settings/rules.json`, `Authorization: Bearer
+    /// owner`): 200 when the token is an administrator's key there, 401 when it is not; nil
+    /// when the node does not answer (down, or serving TLS).
+    public static func ownerTokenProbe(host: String, port: Int) async -> Int? {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { group.shutdownGracefully { _ in } }
+        guard let connection = try? await HTTPConnection.connect(host: host, port: port, group: group, timeout: .seconds(5)) else { return nil }
+        defer { connection.close() }
+        return try? await connection.send(.GET, "/.settings/rules.json", headers: [("Authorization", "Bearer owner")], timeout: .seconds(5)).status
+    }
+
+    /// Why a proxy must not start, if it must not: one listening beyond loopback hands every
+    /// client the node's loopback privileges, and a node accepts the owner token from loopback
+    /// (docs/chaos.md, "The owner token"). The proxy refuses the token in the requests it can
+    /// read, but not inside a realtime connection (an SDK's `auth` message travels in WebSocket
+    /// frames the proxy never reads): so beyond loopback it starts only in front of a node that
+    /// refuses the token (`probe`: `ownerTokenProbe`'s answer, 401), or with `--allow-owner-token`.
+    public static func exposureRefusal(listen: String, listenIsLoopback: Bool, allowOwnerToken: Bool, to: String, probe: Int?) -> String? {
+        guard !listenIsLoopback, !allowOwnerToken else { return nil }
+        switch probe {
+        case 200?:
+            return "the node at \(to) accepts the emulator's owner token (development.accept_owner_token), and every connection through the proxy comes from loopback: "
+                + "anyone who reaches \(listen) would be an administrator, over a WebSocket too, where the proxy cannot see the token. "
+                + "Start the node with `development: {accept_owner_token: false}`, listen on loopback, or add --allow-owner-token to mean it"
+        case nil:
+            return "cannot check whether the node at \(to) accepts the emulator's owner token (no answer): a proxy beyond loopback starts only in front of a node that refuses it. "
+                + "Start the node first, or add --allow-owner-token to mean it"
+        default:
+            return nil
+        }
     }
 }

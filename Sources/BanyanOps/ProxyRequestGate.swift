@@ -10,14 +10,38 @@
 /// `chunked`, differing lengths, folded header lines, bare line feeds. A WebSocket upgrade passes
 /// only as a connection's first request: then the first bytes the node sends answer it, and once
 /// they are `101` the rest of the connection is a tunnel (WebSocket frames, not requests); any
-/// other answer and the held bytes are read as requests again. Pure; one per connection.
+/// other answer and the held bytes are read as requests again.
+///
+/// A connection whose first byte is 0x16 starts a TLS handshake (a client of a node serving TLS
+/// on its client port): nothing in it can be read, so it passes as an opaque tunnel only when
+/// `Options.tlsPassthrough` allows it, and is otherwise refused at once (a TLS alert, not an
+/// HTTP answer the client could not read). With `Options.refuseOwnerToken` (a proxy listening
+/// beyond loopback), a request carrying the emulator's `owner` credential is refused with 403.
+/// Pure; one per connection.
 public struct ProxyRequestGate: Sendable {
     public enum Output: Sendable, Equatable {
         /// Bytes that go on to the node.
         case forward([UInt8])
         /// Answer the client with this status and reason, and end the connection.
         case refuse(status: Int, reason: String)
+        /// A TLS client that may not pass: answer with a TLS alert and end the connection.
+        case refuseTLS(reason: String)
     }
+
+    public struct Options: Sendable, Equatable {
+        /// Pass a connection that starts a TLS handshake through unread.
+        public var tlsPassthrough = false
+        /// Refuse requests carrying the `owner` credential (`auth=owner`, `access_token=owner`,
+        /// `Authorization: Bearer owner`).
+        public var refuseOwnerToken = false
+        public init(tlsPassthrough: Bool = false, refuseOwnerToken: Bool = false) {
+            self.tlsPassthrough = tlsPassthrough
+            self.refuseOwnerToken = refuseOwnerToken
+        }
+    }
+
+    /// The first byte of a TLS handshake record (RFC 8446, 5.1).
+    static let tlsHandshakeByte: UInt8 = 0x16
 
     /// The operator routes a client may reach through the proxy (a load balancer's checks).
     public static let allowedOperatorPaths: Set<String> = ["/.banyan/health", "/.banyan/ready"]
@@ -45,8 +69,14 @@ public struct ProxyRequestGate: Sendable {
     private var response: [UInt8] = []
     private var requests = 0
     private var upgradeAfterBody = false
+    private var sawFirstByte = false
+    public let options: Options
+    /// The connection started a TLS handshake and passes through unread.
+    public private(set) var isTLS = false
 
-    public init() {}
+    public init(options: Options = Options()) {
+        self.options = options
+    }
 
     /// The connection waits for the node's answer to its upgrade request.
     public var awaitingUpgrade: Bool {
@@ -92,6 +122,23 @@ public struct ProxyRequestGate: Sendable {
                 held += bytes[i...]
                 i = bytes.count
             case .head:
+                if !sawFirstByte {
+                    sawFirstByte = true
+                    if bytes[i] == Self.tlsHandshakeByte {
+                        guard options.tlsPassthrough else {
+                            out.append(
+                                .refuseTLS(
+                                    reason:
+                                        "a TLS client (the node serves TLS on its client port?): the proxy cannot read requests inside TLS, so it passes TLS only with --tls-passthrough"
+                                ))
+                            state = .refused
+                            return out
+                        }
+                        isTLS = true
+                        state = .tunnel
+                        continue
+                    }
+                }
                 var complete = false
                 while i < bytes.count {
                     line.append(bytes[i])
@@ -114,7 +161,7 @@ public struct ProxyRequestGate: Sendable {
                 }
                 let head = line
                 line = []
-                switch Self.inspect(head, first: requests == 0) {
+                switch Self.inspect(head, first: requests == 0, refuseOwnerToken: options.refuseOwnerToken) {
                 case .failure(let refusal):
                     refuse(refusal.status, refusal.reason)
                 case .success(let request):
@@ -232,7 +279,7 @@ public struct ProxyRequestGate: Sendable {
     }
 
     /// Checks one complete head (request line, header lines, the empty line).
-    static func inspect(_ head: [UInt8], first: Bool) -> Result<Request, Refusal> {
+    static func inspect(_ head: [UInt8], first: Bool, refuseOwnerToken: Bool = false) -> Result<Request, Refusal> {
         // Lines end in CRLF: a bare CR or LF is refused (parsers disagree on them).
         var lines: [ArraySlice<UInt8>] = []
         var start = head.startIndex
@@ -267,6 +314,9 @@ public struct ProxyRequestGate: Sendable {
                     status: 403,
                     reason: "the chaos proxy does not pass a node's operator routes (/.banyan/…, but health and ready): its fault switch, membership and backups stay off the network"))
         }
+        if refuseOwnerToken && queryCarriesOwner(target) {
+            return .failure(Refusal(status: 403, reason: ownerRefusal))
+        }
         var lengths: Set<String> = []
         var chunked = false
         var transferEncoding = false
@@ -297,6 +347,8 @@ public struct ProxyRequestGate: Sendable {
                 guard chunked else { return .failure(Refusal(status: 400, reason: "a transfer coding other than chunked")) }
             case "upgrade":
                 upgrade = true
+            case "authorization" where refuseOwnerToken && isOwnerCredential(value):
+                return .failure(Refusal(status: 403, reason: ownerRefusal))
             default:
                 break
             }
@@ -311,6 +363,34 @@ public struct ProxyRequestGate: Sendable {
         let length = lengths.first.flatMap { Int($0) } ?? 0
         let framing: Framing = chunked ? .chunked : length > 0 ? .length(length) : .empty
         return .success(Request(framing: framing, upgrade: upgrade, path: path))
+    }
+
+    static let ownerRefusal =
+        "the chaos proxy listens beyond loopback and the emulator's owner token would make anyone who reaches it an administrator (the node cannot tell the proxy's connections from local ones): it refuses requests carrying auth=owner, access_token=owner or Authorization: Bearer owner (start it with --allow-owner-token to pass them)"
+
+    /// Whether an `Authorization` value names the owner, as the node reads it (`Bearer owner`
+    /// or a bare `owner`), in any case and spacing.
+    static func isOwnerCredential(_ value: String) -> Bool {
+        var token = Substring(value.trimmingSpaces())
+        if token.lowercased().hasPrefix("bearer") {
+            token = token.dropFirst(6)
+            while let f = token.first, f == " " || f == "\t" { token = token.dropFirst() }
+        }
+        return token == "owner"
+    }
+
+    /// Whether a request target's query has `auth` or `access_token` equal to `owner`, names and
+    /// values percent-decoded (`+` as a space) as the node decodes them.
+    static func queryCarriesOwner(_ target: String) -> Bool {
+        let noFragment = target.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        guard let mark = noFragment.firstIndex(of: "?") else { return false }
+        for pair in noFragment[noFragment.index(after: mark)...].split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            let name = percentDecoded(String(parts[0]).replacingPluses())
+            let value = parts.count > 1 ? percentDecoded(String(parts[1]).replacingPluses()) : ""
+            if (name == "auth" || name == "access_token") && value == "owner" { return true }
+        }
+        return false
     }
 
     /// The path of a request target (origin form, or absolute form's path); nil when malformed.
@@ -411,7 +491,17 @@ public struct ProxyRequestGate: Sendable {
     }
 }
 
+extension ProxyRequestGate {
+    /// A fatal TLS alert record, `access_denied` (RFC 8446, 6.2), in the plaintext record layer a
+    /// handshake starts with: a TLS client reports the refusal instead of a bare closed socket.
+    public static let tlsAccessDenied: [UInt8] = [0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x31]
+}
+
 extension String {
+    fileprivate func replacingPluses() -> String {
+        String(unicodeScalars.map { $0 == "+" ? " " : Character($0) })
+    }
+
     fileprivate func trimmingSpaces() -> String {
         var s = Substring(self)
         while let f = s.first, f == " " || f == "\t" { s = s.dropFirst() }

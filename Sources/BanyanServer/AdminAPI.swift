@@ -105,10 +105,12 @@ struct AdminAPI {
             }
             return runtime.committedEntries(from: from, maxBytes: min(maxBytes, Self.maxLogBytes)).map { answer in
                 switch answer {
-                case .compacted(let first):
+                case .compacted(let first, let previousTerm):
+                    // `previous_term` is the term of entry `first_index - 1`: an archiver
+                    // holding that entry with that term continues from `first_index`.
                     return .json(
                         .gone,
-                        #"{"error":"entries before \#(first) were compacted into this node's snapshot: take a new base backup","first_index":\#(first)}"#)
+                        #"{"error":"entries before \#(first) were compacted into this node's snapshot","first_index":\#(first),"previous_index":\#(first - 1),"previous_term":\#(previousTerm)}"#)
                 case .entries(let entries, let commit):
                     var body: [UInt8] = []
                     for e in entries { e.append(to: &body) }

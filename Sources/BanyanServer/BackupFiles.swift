@@ -95,6 +95,8 @@ public enum BackupFiles {
     public struct RestoreSummary: Sendable {
         public var backupIndex: UInt64
         public var restoredIndex: UInt64
+        /// The restored node's term: the source's last plus `RestoreReplay.restoredTermOffset`.
+        public var restoredTerm: UInt64
         public var replayed: Int
         public var lastTimestamp: Int64
         public var namespaces: Int
@@ -122,18 +124,42 @@ public enum BackupFiles {
                 throw RestoreError("no archive directory at \(archive) (give the --out directory of banyan backup --follow)")
             }
         }
-        let loaded = try load(path, reportEvery: reportEvery) { read, total in progress("backup: read \(read >> 20) of \(total >> 20) MiB") }
+        let reading = ProgressMeter()
+        let loaded = try load(path, reportEvery: reportEvery) { read, total in progress("backup: read \(reading.describe(read, of: total))") }
         progress("backup: index \(loaded.header.index), \(loaded.machine.namespaces.count) namespaces, verified")
         var replay = try RestoreReplay(machine: loaded.machine, term: max(1, loaded.header.term), target: target)
+        // Where the archiver recorded the archive's end (nil: an archive from before it did).
+        let recordedEnd = try archive.flatMap { try ArchiveDirectory($0).recordedEnd() }
         if let archive {
             var clock = ProgressClock(every: reportEvery)
+            let start = replay.machine.appliedIndex
+            let goal: UInt64?
+            switch target {
+            case .index(let i): goal = i
+            case .latest: goal = recordedEnd
+            case .time: goal = nil
+            }
+            let replaying = ProgressMeter(unit: .entries)
             try ArchiveDirectory(archive).forEach(from: replay.nextIndex) { entry in
                 let more = try replay.apply(entry)
-                if clock.due() { progress("archive: replayed to index \(replay.machine.appliedIndex)") }
+                if clock.due() {
+                    let done = replay.machine.appliedIndex - start
+                    let total = goal.map { $0 > start ? $0 - start : 0 }
+                    progress("archive: replayed to index \(replay.machine.appliedIndex): \(replaying.describe(done, of: total))")
+                }
                 return more
             }
         }
+        if let archive, let end = recordedEnd, !replay.reachedTarget, replay.machine.appliedIndex < end {
+            // The files end before the archiver's record of what it archived: a file was deleted
+            // or moved, or cut short at a record boundary (which its records alone cannot show).
+            throw RestoreError(
+                "the archive in \(archive) records its last entry as index \(end) (its \(ArchiveDirectory.endFile) file), but its files end at index \(replay.machine.appliedIndex): "
+                    + "entries \(replay.machine.appliedIndex + 1)…\(end) are missing (a log file deleted, moved or cut short). Restore those files, or restore with --to-index \(replay.machine.appliedIndex) to accept that point"
+            )
+        }
         try replay.checkEnded()
+        let restoredTerm = try replay.restoredTerm()
         if case .time(let t) = target, !replay.reachedTarget {
             // Nothing says what happened between the last archived write and the target time:
             // refuse rather than restore an earlier point silently (as PostgreSQL does when
@@ -151,9 +177,10 @@ public enum BackupFiles {
         let storage = try NodeStorage(
             directory: staging, logger: Logger(label: "banyan.restore"), newIncarnation: UInt64.random(in: 1...UInt64.max), progress: { _ in })
         var clock = ProgressClock(every: reportEvery)
+        let writing = ProgressMeter()
         do {
-            try storage.seed(restored: restored, term: replay.term, members: [nodeID]) { bytes in
-                if clock.due() { progress("data directory: wrote \(bytes >> 20) MiB of snapshot image") }
+            try storage.seed(restored: restored, term: restoredTerm, members: [nodeID]) { bytes in
+                if clock.due() { progress("data directory: wrote \(writing.describe(bytes)) of snapshot image") }
             }
         } catch {
             try? fm.removeItem(atPath: staging)
@@ -168,7 +195,7 @@ public enum BackupFiles {
             close(dirFD)
         }
         return RestoreSummary(
-            backupIndex: loaded.header.index, restoredIndex: replay.machine.appliedIndex, replayed: replay.applied,
+            backupIndex: loaded.header.index, restoredIndex: replay.machine.appliedIndex, restoredTerm: restoredTerm, replayed: replay.applied,
             lastTimestamp: restored.lastTimestamp, namespaces: restored.namespaces.count)
     }
 }
@@ -186,6 +213,80 @@ public struct ProgressClock {
         guard Double(now &- last) / 1e9 >= every else { return false }
         last = now
         return true
+    }
+}
+
+/// The text of a progress line (`banyan backup`, `backup verify`, `restore`): how much is done,
+/// of how much when that is known (with the share), the rate since the start, and the time left
+/// at that rate. Sizes in binary units with one decimal (`312.0 KiB`, `1.5 GiB`), entries with
+/// thousands separated (`12,345 entries`), so a line reads the same at every scale.
+public struct ProgressMeter: Sendable {
+    public enum Unit: Sendable { case bytes, entries }
+    public let unit: Unit
+    /// When the operation started (monotonic nanoseconds).
+    public let started: UInt64
+
+    /// `started`: monotonic nanoseconds (nil: now).
+    public init(unit: Unit = .bytes, started: UInt64? = nil) {
+        self.unit = unit
+        self.started = started ?? DispatchTime.now().uptimeNanoseconds
+    }
+
+    /// `12.3 MiB of 40.0 MiB (30%), 4.1 MiB/s, about 7 s left`; without a total (or a zero
+    /// one) `12.3 MiB, 4.1 MiB/s`; the rate is left out until time has passed.
+    public func describe(_ done: UInt64, of total: UInt64? = nil, now given: UInt64? = nil) -> String {
+        let now = given ?? DispatchTime.now().uptimeNanoseconds
+        var text = amount(done)
+        let total = total.flatMap { $0 > 0 ? $0 : nil }
+        if let total {
+            let share = Int(min(100, (Double(done) / Double(total) * 100).rounded(.down)))
+            text += " of \(amount(total)) (\(share)%)"
+        }
+        let seconds = Double(now &- started) / 1e9
+        guard now > started, seconds >= 0.001 else { return text }
+        let rate = Double(done) / seconds
+        text += ", " + (unit == .bytes ? Self.bytes(rate) + "/s" : Self.grouped(UInt64(min(rate.rounded(), 1e18))) + " entries/s")
+        if let total, total > done, rate > 0 {
+            text += ", about " + Self.duration(Double(total - done) / rate) + " left"
+        }
+        return text
+    }
+
+    private func amount(_ n: UInt64) -> String {
+        unit == .bytes ? Self.bytes(Double(n)) : Self.grouped(n) + (n == 1 ? " entry" : " entries")
+    }
+
+    /// `17 B`, `312.0 KiB`, `12.3 MiB`, `1.5 GiB`, `2.0 TiB`.
+    public static func bytes(_ n: Double) -> String {
+        guard n.isFinite, n >= 1024 else { return "\(n.isFinite ? Int(max(0, n)) : 0) B" }
+        var value = n / 1024
+        for unit in ["KiB", "MiB", "GiB"] {
+            if value < 1024 { return String(format: "%.1f", value) + " " + unit }
+            value /= 1024
+        }
+        return String(format: "%.1f TiB", value)
+    }
+
+    /// `1,234,567`.
+    public static func grouped(_ n: UInt64) -> String {
+        let digits = Array(String(n))
+        var out = ""
+        for (i, d) in digits.enumerated() {
+            if i > 0 && (digits.count - i) % 3 == 0 { out.append(",") }
+            out.append(d)
+        }
+        return out
+    }
+
+    /// `0.4 s`, `42 s`, `3 min 05 s`, `2 h 07 min`.
+    public static func duration(_ seconds: Double) -> String {
+        guard seconds.isFinite, seconds >= 0 else { return "?" }
+        if seconds < 10 { return String(format: "%.1f s", seconds) }
+        guard seconds < 1e9 else { return "a very long time" }
+        let s = Int(seconds.rounded())
+        if s < 60 { return "\(s) s" }
+        if s < 3600 { return String(format: "%d min %02d s", s / 60, s % 60) }
+        return String(format: "%d h %02d min", s / 3600, (s % 3600) / 60)
     }
 }
 
@@ -319,6 +420,42 @@ public struct ArchiveDirectory {
             try fm.moveItem(atPath: writing, toPath: path)
             Self.syncDirectory(directory)
         }
+        if let end = entries.last { try recordEnd(end.index) }
+    }
+
+    /// The file recording the index of the archive's last entry, rewritten after each append
+    /// once the entries are on disk: `restore` checks that its replay reaches it, so a log file
+    /// deleted or cut short at a record boundary (which the records alone cannot show) is
+    /// refused, not restored to an earlier point silently.
+    public static let endFile = "archive-end"
+
+    /// The last archived index the archiver recorded (nil: none recorded, an archive from
+    /// before the record); a file that does not hold one index is damage.
+    public func recordedEnd() throws -> UInt64? {
+        let path = directory + "/" + Self.endFile
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        let text = try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let index = UInt64(text) else {
+            throw BackupError(offset: 0, "the archive's end record holds '\(text.prefix(40))', not an index", file: path)
+        }
+        return index
+    }
+
+    /// Records `index` as the archive's last entry (a temporary file, fsynced and renamed; the
+    /// directory is synced too, so a crash leaves this record or the one before it, never one
+    /// beyond the entries on disk).
+    func recordEnd(_ index: UInt64) throws {
+        let path = directory + "/" + Self.endFile
+        let temporary = path + ".tmp"
+        _ = FileManager.default.createFile(atPath: temporary, contents: nil)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: temporary))
+        try handle.write(contentsOf: Data("\(index)\n".utf8))
+        try handle.synchronize()
+        try handle.close()
+        guard rename(temporary, path) == 0 else {
+            throw BackupError(offset: 0, "cannot rename \(temporary): \(String(cString: strerror(errno)))", file: path)
+        }
+        Self.syncDirectory(directory)
     }
 
     /// The file naming the cluster an archive follows (its `cluster_id`), written with the
@@ -442,9 +579,19 @@ public struct ArchivedWrite: Sendable, Equatable {
 
     public static let header = "index\tterm\ttime\tnamespace\tkind\tpaths\tbytes"
 
+    /// One for every line (a formatter made per line once slowed the listing of a long archive).
+    /// Whole seconds: the milliseconds are written from the integer, not from a `Double` that
+    /// may fall just below them.
+    private static let secondsFormat = Date.ISO8601FormatStyle()
+
+    /// `2026-11-18T11:06:40.123Z` for 1795000000123.
     static func iso8601(_ ms: Int64) -> String {
-        let f = ISO8601DateFormatter()
-        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return f.string(from: Date(timeIntervalSince1970: Double(ms) / 1000))
+        let remainder = ms % 1000
+        let milliseconds = remainder < 0 ? remainder + 1000 : remainder
+        let seconds = ms / 1000 - (remainder < 0 ? 1 : 0)
+        var text = Date(timeIntervalSince1970: Double(seconds)).formatted(secondsFormat)
+        if text.hasSuffix("Z") { text.removeLast() }
+        let digits = String(milliseconds)
+        return text + "." + String(repeating: "0", count: 3 - digits.count) + digits + "Z"
     }
 }

@@ -149,6 +149,35 @@ public final class BanyanNode: Sendable {
         tls.reload(trigger: trigger)
     }
 
+    /// Requests this node has read and not yet answered (what `stop(grace:)` waits for).
+    public var requestsInFlight: Int { http.requestsInFlight.load(ordering: .relaxed) }
+
+    /// A graceful stop (`banyan serve` on SIGTERM or SIGINT): the client port stops accepting
+    /// (new clients are refused at once, and move to another node), answers close their
+    /// connections, and the requests already read are answered, for at most `grace` (the node
+    /// keeps its cluster role meanwhile, so their writes commit); then `shutdown`. None may be
+    /// in flight for `quiet` first: a connection accepted just before the socket closed may
+    /// not have been read yet. Returns the requests still unanswered when the grace ran out
+    /// (0: none was cut).
+    @discardableResult
+    public func stop(grace: Duration, quiet: Duration = .milliseconds(200)) -> Int {
+        http.stopAccepting()
+        let deadline = ContinuousClock.now + grace
+        var quietSince = ContinuousClock.now
+        var waiting = requestsInFlight
+        while ContinuousClock.now < deadline {
+            if waiting > 0 {
+                quietSince = ContinuousClock.now
+            } else if ContinuousClock.now - quietSince >= quiet {
+                break
+            }
+            Thread.sleep(forTimeInterval: 0.01)
+            waiting = requestsInFlight
+        }
+        shutdown()
+        return waiting
+    }
+
     public func shutdown() {
         expiryCheck.cancel()
         http.shutdown()

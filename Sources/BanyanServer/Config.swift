@@ -130,6 +130,10 @@ public struct NodeConfig: Sendable, Equatable {
         /// connection with no request by then is simply closed. Event streams are exempt.
         public var requestReadTimeoutSeconds: Int = 30
         public var keepAliveSeconds: Int = 30
+        /// On SIGTERM or SIGINT the node stops accepting connections, then waits up to this many
+        /// seconds for the requests it has read to be answered (their writes commit through
+        /// the cluster meanwhile) before it closes everything (`BanyanNode.stop(grace:)`).
+        public var stopGraceSeconds: Int = 10
         /// Origins whose browser pages may read answers (`Access-Control-Allow-Origin`): exact
         /// origins (`https://app.example.com`), or `*` for any, which only a development node
         /// may use. Nil: `*` while `development.allow_unauthenticated` is on, else none.
@@ -393,6 +397,7 @@ extension NodeConfig {
                     case "max_streams_per_client": c.http.maxStreamsPerClient = try r.int(v, "http.max_streams_per_client", 1...1_000_000)
                     case "request_read_timeout_s": c.http.requestReadTimeoutSeconds = try r.int(v, "http.request_read_timeout_s", 1...3_600)
                     case "keep_alive_s": c.http.keepAliveSeconds = try r.int(v, "http.keep_alive_s", 1...3_600)
+                    case "stop_grace_s": c.http.stopGraceSeconds = try r.int(v, "http.stop_grace_s", 0...300)
                     case "cors_origins":
                         guard let list = v as? [Any] else { throw ConfigError("\(source): http.cors_origins must be a list of origins") }
                         c.http.corsOrigins = try list.map { (item) throws(ConfigError) in try r.string(item, "http.cors_origins") }

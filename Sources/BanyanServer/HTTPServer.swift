@@ -38,6 +38,11 @@ final class HTTPServer: Sendable {
     let backupRunning = Atomic<Bool>(false)
     /// Answers written (for tests and status: how far a connection got).
     let answers = Atomic<Int>(0)
+    /// Requests whose head arrived and whose answer is not yet written (an event stream, an
+    /// upgrade or a backup counts until it starts): what a stopping node waits for.
+    let requestsInFlight = Atomic<Int>(0)
+    /// The node is stopping (`stopAccepting`): every answer closes its connection.
+    let stopping = Atomic<Bool>(false)
     let refused = Counter(label: "banyan_http_refused_connections_total")
     let streamsOpen = Gauge(label: "banyan_sse_streams")
     let latency: Metrics.Timer = Metrics.Timer(label: "banyan_http_request_duration_seconds")
@@ -184,6 +189,15 @@ final class HTTPServer: Sendable {
             if attempt == 30 { self.logger.warning("could not publish this node's client address yet; retrying", metadata: ["address": "\(address)"]) }
             loop.scheduleTask(in: .seconds(2)) { self.publishClientAddress(address, loop: loop, attempt: attempt + 1) }
         }
+    }
+
+    /// The first step of a graceful stop: the listening socket closes (new clients are refused at
+    /// once and go to another node), and answers from now on close their connections, so no
+    /// client sends another request on one. Requests already read go on.
+    func stopAccepting() {
+        stopping.store(true, ordering: .releasing)
+        let ch = channel.withLock { $0 }
+        try? ch?.close().wait()
     }
 
     func shutdown() {
@@ -580,6 +594,22 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var streaming: StreamState?
     /// The client address an open stream is counted under (`HTTPServer.admitStream`).
     private var streamClient: String?
+    /// This connection's request is counted in `HTTPServer.requestsInFlight`.
+    private var inFlight = false
+
+    private func beginRequest() {
+        guard !inFlight else { return }
+        inFlight = true
+        server.requestsInFlight.wrappingAdd(1, ordering: .relaxed)
+    }
+
+    /// The request was answered, became a stream, an upgrade or a backup, or its connection
+    /// closed.
+    private func endRequest() {
+        guard inFlight else { return }
+        inFlight = false
+        server.requestsInFlight.wrappingSubtract(1, ordering: .relaxed)
+    }
     private var started: UInt64 = 0
     /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
     /// connection opening or of the previous response (a client dripping a byte at a time cannot
@@ -692,6 +722,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private func handle(context: ChannelHandlerContext, _ part: HTTPServerRequestPart) {
         switch part {
         case .head(let h):
+            beginRequest()
             head = h
             body = []
             tooLarge = false
@@ -755,6 +786,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        endRequest()
         deadlineAt = nil
         deadlineTimer?.cancel()
         deadlineTimer = nil
@@ -1134,13 +1166,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
         busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
-        let keepAlive = head.isKeepAlive && !close && !closing
+        let keepAlive = head.isKeepAlive && !close && !closing && !server.stopping.load(ordering: .relaxed)
         let buffer = encode(
             reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, origin: head.headers.first(name: "Origin"), context: context)
         // A promise only when the close must wait for the write (one allocation less per answer).
         let done = keepAlive ? nil : context.eventLoop.makePromise(of: Void.self)
         server.answers.wrappingAdd(1, ordering: .relaxed)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
+        endRequest()
         unwritable = !context.channel.isWritable
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
@@ -1179,6 +1212,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// and the connection's `RealtimeSessionHandler` (docs/realtime.md). Anything the client
     /// pipelined after its upgrade request is dropped (RFC 6455: it waits for the answer).
     private func switchToWebSocket(context: ChannelHandlerContext, head: HTTPRequestHead, upgrade: RealtimeUpgrade) {
+        // A realtime connection is not a request a stopping node waits for (a drain moves it).
+        endRequest()
         let client = HTTPServer.clientKey(context.remoteAddress)
         guard server.admitStream(from: client) else {
             server.refusedStreams.increment()
@@ -1286,6 +1321,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 // Nothing else is read or answered on this connection.
                 handler.closing = true
                 handler.dropQueue()
+                handler.endRequest()
                 let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
                 var buffer = context.channel.allocator.buffer(capacity: 256)
                 _ = HTTPResponseWriter.writeHead(
@@ -1329,6 +1365,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         streaming = state
         streamClient = client
         server.streamOpened()
+        endRequest()
         var buffer = context.channel.allocator.buffer(capacity: 160)
         HTTPResponseWriter.writeHead(
             version: head.version, status: .ok,

@@ -384,8 +384,11 @@ public final class NodeRuntime: @unchecked Sendable {
         /// Entries from the index asked for (possibly none yet), at most about `maxBytes` of
         /// them (always one when one is committed); `commit` is this node's commit index.
         case entries([ArchivedEntry], commit: UInt64)
-        /// The index asked for is below this node's log (compacted into its snapshot).
-        case compacted(firstIndex: UInt64)
+        /// The index asked for is below this node's log (compacted into its snapshot):
+        /// `firstIndex` is the first entry it still serves, `previousTerm` the term of the
+        /// entry before it, so an archiver that holds that entry can check that this node's
+        /// history continues its own (Raft's log matching) and go on from `firstIndex`.
+        case compacted(firstIndex: UInt64, previousTerm: UInt64)
     }
 
     /// Entries `from`… up to this node's commit index, from the entries retained after the last
@@ -402,11 +405,12 @@ public final class NodeRuntime: @unchecked Sendable {
                 // Served from the retained entries when they reach back to `from` and on to the log.
                 // Nothing retained (a node that restarted, or installed the leader's snapshot):
                 // the log's first index is where history starts here.
-                guard self.retained.count > self.retainedHead else { return .compacted(firstIndex: first) }
+                let logStart = CommittedEntries.compacted(firstIndex: first, previousTerm: raft.snapshotMeta.term)
+                guard self.retained.count > self.retainedHead else { return logStart }
                 let retainedFirst = self.retainedFirst
                 let retainedEnd = retainedFirst + UInt64(self.retained.count - self.retainedHead)
-                guard retainedEnd >= first else { return .compacted(firstIndex: first) }
-                guard retainedFirst <= from else { return .compacted(firstIndex: retainedFirst) }
+                guard retainedEnd >= first else { return logStart }
+                guard retainedFirst <= from else { return .compacted(firstIndex: retainedFirst, previousTerm: self.retainedPreviousTerm) }
                 while index < first, bytes < maxBytes {
                     let e = self.retained[self.retainedHead + Int(index - retainedFirst)]
                     out.append(e)
@@ -429,6 +433,8 @@ public final class NodeRuntime: @unchecked Sendable {
     private var retained: [ArchivedEntry] = []
     private var retainedHead = 0
     private var retainedFirst: UInt64 = 0
+    /// The term of the entry before `retainedFirst` (what a 410 names beside it).
+    private var retainedPreviousTerm: UInt64 = 0
     private var retainedBytes = 0
     /// At least 20,000, and as many as a snapshot interval, so reads of the past reach back to
     /// the older history base (below).
@@ -444,7 +450,7 @@ public final class NodeRuntime: @unchecked Sendable {
         guard archiveRetainBytes > 0 else {
             // Retention is off (`history.retained_bytes: 0`).
             retained.removeAll()
-            (retainedHead, retainedBytes, retainedFirst) = (0, 0, 0)
+            (retainedHead, retainedBytes, retainedFirst, retainedPreviousTerm) = (0, 0, 0, 0)
             return
         }
         let retainedEnd = retainedFirst + UInt64(retained.count - retainedHead)
@@ -454,6 +460,7 @@ public final class NodeRuntime: @unchecked Sendable {
             retainedHead = 0
             retainedBytes = 0
             retainedFirst = from
+            retainedPreviousTerm = raft.snapshotMeta.term
         }
         // Only the newest entries can stay: skip what would be trimmed at once.
         let start = index - from + 1 > UInt64(archiveRetainEntries) ? index - UInt64(archiveRetainEntries) + 1 : from
@@ -462,6 +469,7 @@ public final class NodeRuntime: @unchecked Sendable {
             retainedHead = 0
             retainedBytes = 0
             retainedFirst = start
+            retainedPreviousTerm = raft.term(at: start - 1) ?? 0
         }
         for i in start...index {
             guard let e = raft.entry(at: i) else { break }
@@ -470,6 +478,7 @@ public final class NodeRuntime: @unchecked Sendable {
         }
         while retained.count - retainedHead > archiveRetainEntries || (retainedBytes > archiveRetainBytes && retained.count - retainedHead > 1) {
             retainedBytes -= retained[retainedHead].payload.count
+            retainedPreviousTerm = retained[retainedHead].term
             retainedHead += 1
             retainedFirst += 1
         }

@@ -62,7 +62,9 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let faults: FaultSwitch?
     /// Bytes of delayed batches one connection may hold (fault injection only): past it new
     /// batches are dropped, as past a live connection's queue (a delay must not buffer
-    /// without bound while the replica loop keeps sending).
+    /// without bound while the replica loop keeps sending). Counted in `Message.size` (an
+    /// estimate, not the encoded bytes), and beside the connection's queue, not within it: a
+    /// delayed peer may hold this much more than an undelayed one (docs/chaos.md).
     var maxDelayedBytes = PeerTransport.maxQueuedBytes
 
     private struct State: ~Copyable {

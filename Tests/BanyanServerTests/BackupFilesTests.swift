@@ -1,7 +1,7 @@
 import BanyanNode
 import BanyanOpLogFiles
 import BanyanRaft
-import BanyanServer
+@testable import BanyanServer
 import BanyanStateMachine
 import BanyanTree
 import Foundation
@@ -262,6 +262,11 @@ import Testing
         #expect(lines.contains { $0.hasPrefix("backup: read") }, "\(lines)")
         #expect(lines.contains { $0.hasPrefix("archive: replayed to index") }, "\(lines)")
         #expect(lines.contains { $0.hasPrefix("data directory: wrote") }, "\(lines)")
+        // Formatted (ProgressMeter): the backup's size of its total, and the replay's entries of
+        // the 30 between the backup (20) and the archive's recorded end (50).
+        #expect(lines.contains { $0.hasPrefix("backup: read ") && $0.contains(" of ") && $0.contains("%)") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("archive: replayed to index ") && $0.contains(" of 30 entries (") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("archive: replayed to index 50: 30 entries of 30 entries (100%)") }, "\(lines)")
     }
 
     /// Damage inside the archive names the archive's file and the offset in it, not the backup.
@@ -317,6 +322,129 @@ import Testing
         try ArchiveDirectory(top).append([ArchivedEntry(index: 5, term: 1, kind: .noop, payload: [])], continuing: UInt64.max)
 
         #expect(throws: RestoreError.self) { _ = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max), term: 1, target: .latest) }
+    }
+
+    /// Each append records the archive's last index (`archive-end`); a restore whose replay
+    /// ends before it (a log file deleted, or cut at a record boundary, which the records alone
+    /// cannot show) is refused, naming the missing entries, and writes nothing.
+    @Test func replayMustReachTheRecordedEnd() throws {
+        let (dir, backup, archive) = try setUp("recorded-end")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let a = ArchiveDirectory(archive)
+        #expect(try a.recordedEnd() == 50)
+        // 51… in a file of its own (appended as after a gap), then that file is lost.
+        try a.append((51...60).map(Self.entry), continuing: 49)
+        #expect(try a.recordedEnd() == 60)
+        let whole = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/whole", nodeID: 1) { _ in }
+        #expect(whole.restoredIndex == 60)
+        try FileManager.default.removeItem(atPath: archive + "/" + ArchivedEntry.fileName(firstIndex: 51))
+        for target in [RestoreTarget.latest, .index(55), .time(1_000_000)] {
+            do {
+                _ = try BackupFiles.restore(backup: backup, archive: archive, target: target, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+                Issue.record("\(target): restored without entries 51…60")
+            } catch let e as RestoreError {
+                #expect(e.description.contains("records its last entry as index 60") && e.description.contains("entries 51…60 are missing"), "\(target): \(e)")
+            }
+            #expect(!FileManager.default.fileExists(atPath: dir + "/data"), "nothing was written")
+        }
+        // A target the remaining files reach is restored.
+        #expect(try BackupFiles.restore(backup: backup, archive: archive, target: .index(45), dataDirectory: dir + "/early", nodeID: 1) { _ in }.restoredIndex == 45)
+        // Cut at a record boundary: every record left is whole, the end record says more.
+        var kept = ArchivedEntry.fileMagic
+        for e in (5...40).map(Self.entry) { e.append(to: &kept) }
+        let file = archive + "/" + ArchivedEntry.fileName(firstIndex: 5)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: file))
+        try handle.truncate(atOffset: UInt64(kept.count))
+        try handle.close()
+        #expect(throws: RestoreError("the archive in \(archive) records its last entry as index 60 (its archive-end file), but its files end at index 40: entries 41…60 are missing (a log file deleted, moved or cut short). Restore those files, or restore with --to-index 40 to accept that point")) {
+            _ = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+        }
+        // An end record that is not an index is damage, named as such.
+        try Data("sixty\n".utf8).write(to: URL(fileURLWithPath: archive + "/" + ArchiveDirectory.endFile))
+        #expect(throws: BackupError.self) { _ = try a.recordedEnd() }
+        // An archive from before the record (none): the files alone decide, as before.
+        try FileManager.default.removeItem(atPath: archive + "/" + ArchiveDirectory.endFile)
+        #expect(try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/unrecorded", nodeID: 1) { _ in }.restoredIndex == 40)
+    }
+
+    /// Progress lines: sizes in binary units, entries grouped, the share, rate and time left
+    /// (the clock injected, so the figures are exact).
+    @Test func progressLines() {
+        let second: UInt64 = 1_000_000_000
+        let bytes = ProgressMeter(started: 10 * second)
+        #expect(bytes.describe(0, now: 10 * second) == "0 B")
+        #expect(bytes.describe(512, now: 10 * second) == "512 B")
+        #expect(bytes.describe(3 << 20, of: 12 << 20, now: 12 * second) == "3.0 MiB of 12.0 MiB (25%), 1.5 MiB/s, about 6.0 s left")
+        #expect(bytes.describe(5 << 30, now: 20 * second) == "5.0 GiB, 512.0 MiB/s")
+        #expect(bytes.describe(12 << 20, of: 12 << 20, now: 14 * second) == "12.0 MiB of 12.0 MiB (100%), 3.0 MiB/s")
+        #expect(bytes.describe(14 << 20, of: 12 << 20, now: 14 * second) == "14.0 MiB of 12.0 MiB (100%), 3.5 MiB/s")
+        #expect(bytes.describe(10, of: 0, now: 11 * second) == "10 B, 10 B/s", "a zero total is no total")
+        let entries = ProgressMeter(unit: .entries, started: 0)
+        #expect(entries.describe(1, now: 0) == "1 entry")
+        #expect(entries.describe(12_345, of: 1_234_567, now: 5 * second) == "12,345 entries of 1,234,567 entries (0%), 2,469 entries/s, about 8 min 15 s left")
+        #expect(ProgressMeter.bytes(1023) == "1023 B" && ProgressMeter.bytes(1024) == "1.0 KiB" && ProgressMeter.bytes(3 * 1_099_511_627_776) == "3.0 TiB")
+        #expect(ProgressMeter.bytes(-1) == "0 B" && ProgressMeter.bytes(.infinity) == "0 B")
+        #expect(ProgressMeter.grouped(0) == "0" && ProgressMeter.grouped(999) == "999" && ProgressMeter.grouped(1000) == "1,000" && ProgressMeter.grouped(UInt64.max) == "18,446,744,073,709,551,615")
+        #expect(ProgressMeter.duration(0.4) == "0.4 s" && ProgressMeter.duration(42) == "42 s" && ProgressMeter.duration(185) == "3 min 05 s" && ProgressMeter.duration(7620) == "2 h 07 min")
+        #expect(ProgressMeter.duration(.nan) == "?" && ProgressMeter.duration(1e12) == "a very long time")
+    }
+
+    /// A backup just below the largest index is a state a replay may start from, but an archive
+    /// whose replay ends at the largest index would seed a node that cannot append its first
+    /// entry: the end of the replay is checked too, and nothing is written.
+    @Test func replayEndingAtTheLargestIndexIsRefused() throws {
+        var replay = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .latest)
+        #expect(try replay.apply(ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: [])))
+        #expect(replay.machine.appliedIndex == UInt64.max)
+        #expect(throws: RestoreError.self) { try replay.checkEnded() }
+        var indexed = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .index(UInt64.max))
+        _ = try indexed.apply(ArchivedEntry(index: UInt64.max, term: 1, kind: .noop, payload: []))
+        #expect(throws: RestoreError.self) { try indexed.checkEnded() }
+
+        // The same through `banyan restore`'s path: a forged backup and archive.
+        let dir = try temporaryDirectory("backup-forged-end")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try Self.writeBackup(StateMachine(appliedIndex: UInt64.max - 1), to: dir + "/b.bkp")
+        let archive = dir + "/arch"
+        try FileManager.default.createDirectory(atPath: archive, withIntermediateDirectories: true)
+        try ArchiveDirectory(archive).append([ArchivedEntry(index: UInt64.max, term: 2, kind: .noop, payload: [])], continuing: UInt64.max - 1)
+        do {
+            _ = try BackupFiles.restore(backup: dir + "/b.bkp", archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+            Issue.record("a replay ending at the largest index was restored")
+        } catch let e as RestoreError {
+            #expect(e.description.contains("largest possible"), "\(e)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir + "/data"), "nothing was written")
+        // One below it is a state like any other.
+        let fine = try RestoreReplay(machine: StateMachine(appliedIndex: UInt64.max - 1), term: 1, target: .latest)
+        try fine.checkEnded()
+    }
+
+    /// A restored cluster starts its terms 2^32 above the source's: its (index, term) pairs
+    /// never equal the source's, which is what `backup --follow` checks a 410 against.
+    @Test func restoredTermStartsANewHistory() throws {
+        let (dir, backup, archive) = try setUp("restored-term")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let summary = try BackupFiles.restore(backup: backup, archive: archive, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+        #expect(summary.restoredTerm == 2 + (1 << 32))
+        let storage = try NodeStorage(directory: dir + "/data", logger: Logger(label: "test"), progress: { _ in })
+        let loaded = try storage.load(progress: { _ in })
+        #expect(loaded.persisted.hardState.term == 2 + (1 << 32) && loaded.persisted.snapshot.term == 2 + (1 << 32))
+        let huge = try RestoreReplay(machine: StateMachine(appliedIndex: 5), term: UInt64.max - 7, target: .latest)
+        #expect(throws: RestoreError.self) { _ = try huge.restoredTerm() }
+    }
+
+    /// `backup log`'s times: milliseconds exact (from the integer), before 1970 too, and any
+    /// stamp a forged entry may carry formats without trapping.
+    @Test func listedTimesAreExact() {
+        #expect(ArchivedWrite.iso8601(0) == "1970-01-01T00:00:00.000Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_123) == "2026-11-18T11:06:40.123Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_999) == "2026-11-18T11:06:40.999Z")
+        #expect(ArchivedWrite.iso8601(1_795_000_000_001) == "2026-11-18T11:06:40.001Z")
+        #expect(ArchivedWrite.iso8601(-1) == "1969-12-31T23:59:59.999Z")
+        for extreme in [Int64.max, Int64.min, Int64.max / 1000, Int64.min / 1000] {
+            #expect(ArchivedWrite.iso8601(extreme).hasSuffix("Z"))
+        }
     }
 
     /// `banyan backup log`: each archived entry's index, time, namespace, kind and locations,

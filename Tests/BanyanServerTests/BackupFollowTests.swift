@@ -13,10 +13,11 @@ import Testing
     }
 
     /// A single node of cluster `cluster` with `writes` writes to /v (and its data directory).
-    static func node(_ name: String, cluster: String, writes: Int) async throws -> (BanyanNode, Int, String) {
+    static func node(_ name: String, cluster: String, writes: Int, configure: (inout NodeConfig) -> Void = { _ in }) async throws -> (BanyanNode, Int, String) {
         let dir = try temporaryDirectory("follow-\(name)")
         var c = singleNodeConfig(dir)
         c.clusterID = cluster
+        configure(&c)
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         let port = clientPort(node)
         let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/v.json?auth=owner", body: "0"))?.status ?? 0) == 200 }, seconds: 30)
@@ -31,8 +32,135 @@ import Testing
         }
     }
 
-    static func follow(_ archive: String, port: Int) async throws -> (status: Int32, output: String) {
-        try await banyan(["backup", "--follow", "--out", archive, "--seconds", "2", "--interval-ms", "100", "--endpoint", "127.0.0.1:\(port)"])
+    static func follow(_ archive: String, port: Int, _ extra: [String] = []) async throws -> (status: Int32, output: String) {
+        try await banyan(["backup", "--follow", "--out", archive, "--seconds", "2", "--interval-ms", "100", "--endpoint", "127.0.0.1:\(port)"] + extra)
+    }
+
+    /// A node's status fields, as numbers.
+    static func status(_ port: Int) -> [String: Any] {
+        guard let (code, body) = try? httpExchange(port: port, "GET", "/.banyan/status"), code == 200 else { return [:] }
+        return (try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    static func number(_ status: [String: Any], _ key: String) -> UInt64? { (status[key] as? NSNumber)?.uint64Value }
+
+    static func bases(_ archive: String) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: archive).filter { $0.hasPrefix("base-") }.sorted()
+    }
+
+    @Test("a 410 is checked against the archive's last entry: a node whose log starts right after it continues the archive with no new base backup; across a gap a new base backup is taken and archiving goes on, saying which points cannot be restored (--no-new-base stops instead); a restored cluster (its terms 2^32 above) is refused even where its log starts right after the archive's end")
+    func compactedNodes() async throws {
+        let scratch = try temporaryDirectory("follow-compacted")
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let archive = scratch + "/arch"
+        // A snapshot after every entry; compacted entries are kept for archivers until the node
+        // restarts (a restarted node keeps none), so restarts decide where its log starts.
+        let compacting: (inout NodeConfig) -> Void = { c in c.raft.snapshotEntries = 1 }
+        var (delta, port, deltaDir) = try await Self.node("delta", cluster: "delta", writes: 3, configure: compacting)
+        defer {
+            delta.shutdown()
+            try? FileManager.default.removeItem(atPath: deltaDir)
+        }
+        func restart(_ configure: (inout NodeConfig) -> Void) async throws {
+            delta.shutdown()
+            var c = singleNodeConfig(deltaDir)
+            c.clusterID = "delta"
+            configure(&c)
+            delta = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+            port = clientPort(delta)
+            let p = port
+            #expect(await eventually({ ((try? httpExchange(port: p, "GET", "/.banyan/ready"))?.status ?? 0) == 200 }, seconds: 30))
+        }
+        let base = try await Self.follow(archive, port: port)
+        #expect(base.status == 0, "\(base.output)")
+        // Entries after the base, compacted at once and served from what the node keeps.
+        let baseIndex = try #require(try Self.bases(archive).first.flatMap { UInt64($0.dropFirst(5).dropLast(4)) })
+        try Self.write(port, 4, from: 10)
+        let first = try await Self.follow(archive, port: port)
+        #expect(first.status == 0, "\(first.output)")
+        // The archive as an archiver that stopped at the node's snapshot index leaves it (the
+        // node's lease renewals keep committing, so its snapshot may trail the archive's end by
+        // an entry or two): cut after that entry, its end record with it.
+        var snapshot: UInt64 = 0
+        #expect(await eventually({ snapshot = Self.number(Self.status(port), "snapshot_index") ?? 0; return snapshot > baseIndex }, seconds: 30))
+        let end = snapshot
+        let archived = try ArchiveDirectory(archive).recoverLastIndex()
+        #expect(archived >= end, "the archive holds the snapshot's entry: \(first.output)")
+        let file = try #require(try ArchiveDirectory(archive).files().last { $0.first <= end })
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: archive + "/" + file.name)))
+        var kept = ArchivedEntry.fileMagic
+        for e in try ArchivedEntry.parse(bytes, from: ArchivedEntry.fileMagic.count).entries where e.index <= end { e.append(to: &kept) }
+        for later in try ArchiveDirectory(archive).files() where later.first > end { try FileManager.default.removeItem(atPath: archive + "/" + later.name) }
+        try Data(kept).write(to: URL(fileURLWithPath: archive + "/" + file.name))
+        try Data("\(end)\n".utf8).write(to: URL(fileURLWithPath: archive + "/" + ArchiveDirectory.endFile))
+        let last = try ArchiveDirectory(archive).recoverLast()
+        #expect(last.index == end && last.entry != nil, "the archive ends at the node's snapshot")
+        let basesBefore = try Self.bases(archive)
+        #expect(basesBefore.count == 1)
+
+        // Restarted (keeping nothing compacted, snapshots rare): its log starts at end + 1, and
+        // its 410 names entry `end` and its term, which is the archive's. Archiving continues
+        // with no new base backup.
+        try await restart { c in c.history.retainedBytes = 0 }
+        let resumed = try await Self.follow(archive, port: port)
+        print("resumed on a node whose log starts after the archive's end: \(resumed.output)")
+        #expect(resumed.status == 0, "\(resumed.output)")
+        #expect(resumed.output.contains("log starts after entry \(end), of term \(last.entry?.term ?? 0) as in the archive: continuing"), "\(resumed.output)")
+        #expect(try Self.bases(archive) == basesBefore, "no new base backup: \(resumed.output)")
+        let end2 = try ArchiveDirectory(archive).recoverLastIndex()
+        #expect(end2 > end, "the restarted node's entries were archived: \(resumed.output)")
+
+        // A cluster restored from this archive, under the same cluster id: its log starts right
+        // after the archive's last entry too, but its term there is not the archive's.
+        let restoredData = scratch + "/restored"
+        let restored = try await Self.banyan(["restore", archive + "/" + (basesBefore.first ?? ""), "--archive", archive, "--data-dir", restoredData])
+        #expect(restored.status == 0 && restored.output.contains("at index \(end2) "), "\(restored.output)")
+        var r = singleNodeConfig(scratch)
+        r.dataDirectory = restoredData
+        r.clusterID = "delta"
+        r.history.retainedBytes = 0
+        let phoenix = try BanyanNode.start(config: r, logger: Logger(label: "test"))
+        defer { phoenix.shutdown() }
+        let phoenixPort = clientPort(phoenix)
+        #expect(await eventually({ ((try? httpExchange(port: phoenixPort, "PUT", "/p.json?auth=owner", body: "1"))?.status ?? 0) == 200 }, seconds: 30))
+        let filesBefore = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
+        let impostor = try await Self.follow(archive, port: phoenixPort)
+        print("a restored cluster: \(impostor.output.split(separator: "\n").last ?? "")")
+        #expect(impostor.status != 0 && impostor.output.contains("log starts after entry \(end2) of term") && impostor.output.contains("is not the cluster the archive"), "\(impostor.output)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: archive).sorted() == filesBefore, "nothing was appended")
+        #expect(try ArchiveDirectory(archive).recoverLastIndex() == end2)
+
+        // More writes while no archiver runs, then a restart that compacts them all and keeps
+        // none: entries end2+1… are gone from the node.
+        try Self.write(port, 3, from: 100)
+        try await restart { c in
+            compacting(&c)
+            c.history.retainedBytes = 0
+        }
+        var later: UInt64 = 0
+        #expect(await eventually({ later = Self.number(Self.status(port), "snapshot_index") ?? 0; return later > end2 + 1 }, seconds: 30))
+        let files = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
+        let stopped = try await Self.follow(archive, port: port, ["--no-new-base"])
+        print("a gap with --no-new-base: \(stopped.output.split(separator: "\n").last ?? "")")
+        #expect(stopped.status != 0 && stopped.output.contains("--no-new-base") && stopped.output.contains("after the archive's end \(end2)"), "\(stopped.output)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: archive).sorted() == files, "nothing was written")
+        let continued = try await Self.follow(archive, port: port)
+        print("a gap: \(continued.output)")
+        #expect(continued.status == 0, "\(continued.output)")
+        #expect(continued.output.contains("gap: no endpoint holds the entries after the archive's end \(end2)") && continued.output.contains("taking a new base backup to continue"), "\(continued.output)")
+        // The new base is at the node's commit index when it was taken: `later` or past it
+        // (the node's lease renewals commit entries of their own).
+        let basesAfter = try Self.bases(archive)
+        let newBase = try #require(basesAfter.last.flatMap { UInt64($0.dropFirst(5).dropLast(4)) })
+        #expect(basesAfter.count == 2 && newBase >= later, "\(basesAfter)")
+        #expect(
+            continued.output.contains("new base backup at index \(newBase) (\(ArchiveDirectory.baseName(index: newBase))): the archive holds no entries \(end2 + 1)…\(newBase)")
+                && continued.output.contains("Archiving continues from index \(newBase + 1)"), "\(continued.output)")
+        // It went on after the base until --seconds ended it.
+        #expect(continued.output.contains("stopped; the archive ends at index "), "\(continued.output)")
+        // A restore from the new base (and what was archived after it) works.
+        let fromNew = try await Self.banyan(["restore", archive + "/" + ArchiveDirectory.baseName(index: newBase), "--archive", archive, "--data-dir", scratch + "/from-new"])
+        #expect(fromNew.status == 0 && fromNew.output.contains("backup index \(newBase),"), "\(fromNew.output)")
     }
 
     @Test("--follow records its cluster, resumes only where the node holds the archive's last entry unchanged, and refuses another cluster (by id, or by its log under the same id); backup log lists the writes")

@@ -514,7 +514,7 @@ import Testing
     func faultsUnderLoad() async throws {
         let dir = try temporaryDirectory("chaos-faults")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let supervisor = try Self.startCluster(dir, clientPort: 30700, peerPort: 30710)
+        let supervisor = try Self.startCluster(dir, clientPort: testPort(30700), peerPort: testPort(30710))
         defer { Self.stop(supervisor, dir) }
         let controller = ChaosController(directory: dir) { _ in }
         defer { controller.shutdown() }
@@ -632,7 +632,7 @@ import Testing
     func checkCommand() async throws {
         let dir = try temporaryDirectory("chaos-check")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let supervisor = try Self.startCluster(dir, clientPort: 30720, peerPort: 30730)
+        let supervisor = try Self.startCluster(dir, clientPort: testPort(30720), peerPort: testPort(30730))
         defer { Self.stop(supervisor, dir) }
         let controller = ChaosController(directory: dir) { _ in }
         defer { controller.shutdown() }

@@ -12,7 +12,7 @@ import Testing
 /// Issue 19's certificate rotation and rolling restart against real `banyan serve` processes and
 /// the real `banyan` commands, each under a continuous write load (docs/certificates.md,
 /// docs/runbook.md "Rolling restart or upgrade"). Ports 30801-30803/30901-30903 (rotation) and
-/// 30821-30823/30921-30923 (roll).
+/// 30821-30823/30921-30923 (roll), moved by `BANYAN_TEST_PORT_BASE` (`testPort`).
 ///
 /// Opt-in (`BANYAN_CLUSTER_TESTS=1`, house style B11), run by `.ci/run` in a step of their own:
 /// in the full `swift test` the simulator's CPU-bound tests hold every thread of the concurrency
@@ -225,7 +225,7 @@ struct RotationAndRollTests {
     @Test("CA rotation under load: a new CA joins every bundle, node certificates are reissued and reloaded one by one, the old CA leaves; no write fails, and a peer with an old-CA certificate is refused at the end")
     func caRotationUnderLoad() async throws {
         let dir = try temporaryDirectory("rotation")
-        let cluster = LocalCluster(executable: try Self.banyan(), directory: dir + "/cluster", nodes: 3, clientPortBase: 30800, peerPortBase: 30900)
+        let cluster = LocalCluster(executable: try Self.banyan(), directory: dir + "/cluster", nodes: 3, clientPortBase: testPort(30800), peerPortBase: testPort(30900))
         defer {
             cluster.shutdown()
             try? FileManager.default.removeItem(atPath: dir)
@@ -347,7 +347,7 @@ struct RotationAndRollTests {
     func rollingRestartUnderLoad() async throws {
         let dir = try temporaryDirectory("roll")
         let banyan = try Self.banyan()
-        let cluster = LocalCluster(executable: banyan, directory: dir + "/cluster", nodes: 3, clientPortBase: 30820, peerPortBase: 30920)
+        let cluster = LocalCluster(executable: banyan, directory: dir + "/cluster", nodes: 3, clientPortBase: testPort(30820), peerPortBase: testPort(30920))
         let ids: [UInt64] = [1, 2, 3]
         // Nodes the restart script starts are not the cluster object's children: their pids
         // are in node<id>.pid, and they are stopped here at the end.
@@ -436,11 +436,12 @@ struct RotationAndRollTests {
         )
         #expect(acknowledged > 50)
         #expect(load.failed.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
-        // A node that restarts refuses connections (its clients move on at once); beyond that,
-        // only the writes in flight when a node stopped or leadership moved may fail: a few per
-        // client and restart, not a stream of timeouts. And no write waits long.
+        // A node that restarts refuses connections (its clients move on at once, nothing was
+        // sent). Nothing else may fail: the roll drains each node first, a stopping node answers
+        // the requests it has read before it exits, and writes survive the leader's handover. An
+        // attempt answered 5xx, reset or timed out counts.
         print("roll: attempts that failed other than refused at connect: \(load.otherErrors.withLock { $0 })")
-        #expect(load.erredAttempts <= 4 * 3 * 2, "attempts that failed other than refused at connect: \(load.erredAttempts), \(load.otherErrors.withLock { $0 })")
+        #expect(load.erredAttempts == 0, "attempts that failed other than refused at connect: \(load.erredAttempts), \(load.otherErrors.withLock { $0 })")
         #expect(slowest < 5, "the slowest write took \(slowest) s")
         #expect(load.slowWrites.load(ordering: .relaxed) <= 4 * 3, "writes over 2 s: \(load.slowWrites.load(ordering: .relaxed))")
         #expect(try await load.checkFinalValues(through: 1).isEmpty)

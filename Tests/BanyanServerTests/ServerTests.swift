@@ -46,6 +46,14 @@ func loopbackSocket(port: Int, receiveTimeoutMicroseconds: Int) throws -> Int32 
     return fd
 }
 
+/// A fixed port of a multi-process test (they use 30700-30999), moved by
+/// `BANYAN_TEST_PORT_BASE`: 30700 becomes that base and every other such port keeps its offset,
+/// so a run beside other clusters on one machine can keep to a range of its own.
+func testPort(_ port: Int) -> Int {
+    guard let text = ProcessInfo.processInfo.environment["BANYAN_TEST_PORT_BASE"], let base = Int(text), (1024...65_000).contains(base) else { return port }
+    return port - 30_700 + base
+}
+
 /// The port of a running node's client API.
 func clientPort(_ node: BanyanNode) -> Int { Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0 }
 
