@@ -83,8 +83,16 @@ import Testing
         {
             let path = String(uri.prefix { $0 != "?" })
             if method == .PUT, let body {
-                store.withLock { s in s[path] = (s[path]?.first ?? body, body) }
-                return HTTPResult(status: 200, headers: [], body: Array(body.utf8))
+                // A conditional write holds to its ETag, as a node does (ignored, concurrent
+                // compare-and-sets of the long-run test all swapped and the history was not
+                // linearizable: a flaky failure).
+                let expected = headers.first { $0.0.lowercased() == "if-match" }?.1
+                let swapped = store.withLock { s -> Bool in
+                    if let expected, expected != "e-\(s[path]?.last ?? "null")" { return false }
+                    s[path] = (s[path]?.first ?? body, body)
+                    return true
+                }
+                return HTTPResult(status: swapped ? 200 : 412, headers: [], body: Array((swapped ? body : "null").utf8))
             }
             let value = store.withLock { s in id == 2 ? s[path]?.first : s[path]?.last } ?? "null"
             return HTTPResult(status: 200, headers: [("ETag", "e-\(value)")], body: Array(value.utf8))
