@@ -17,6 +17,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 banyan=${1:-$root/.build/debug/banyan}
 chat=${2:-$(dirname "$banyan")/banyan-chat}
+# Absolute: the node is started from a directory of its own (a relative path failed there in CI).
+case "$banyan" in /*) ;; *) banyan="$PWD/$banyan" ;; esac
+case "$chat" in /*) ;; *) chat="$PWD/$chat" ;; esac
 port=${CHAT_CHECK_PORT:-32510}
 peer=$((port + 100))
 work=$(mktemp -d)
