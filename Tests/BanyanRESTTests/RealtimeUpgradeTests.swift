@@ -45,6 +45,19 @@ import Testing
         #expect(status(Result { () throws(RESTError) in try RealtimeUpgrade.parse(head("POST", "/.ws?v=5", Self.upgradeHeaders), defaultNamespace: "d") }) == 405)
     }
 
+    @Test("the client id (bc, exactly-once writes): 16 hex digits, not all zero; anything else is 400 naming the parameter")
+    func clientID() throws {
+        #expect(try upgrade("/.ws?v=5&ns=a&bc=00000000000000ff").get().clientID == 0xff)
+        #expect(try upgrade("/.ws?v=5&ns=a").get().clientID == nil)
+        for bad in ["0000000000000000", "ff", "00000000000000ff0", "zzzzzzzzzzzzzzzz", "", "%00%00"] {
+            guard case .failure(let e) = upgrade("/.ws?v=5&ns=a&bc=\(bad)") else {
+                Issue.record("bc=\(bad) accepted")
+                continue
+            }
+            #expect(e.status == 400 && e.message.contains("bc"), "bc=\(bad): \(e.message)")
+        }
+    }
+
     // MARK: - permessage-deflate (RFC 7692)
 
     func negotiated(_ values: String...) -> PerMessageDeflate? { PerMessageDeflate.negotiate(values) }

@@ -18,6 +18,26 @@ import Testing
 
     static func path(_ text: String) throws -> Path { try Path(parsing: text) }
 
+    @Test("client write numbers (bn, ba) on p and m: read together; missing one, zero, negative, fractional, not a number, or ba above bn is an error naming the request")
+    func clientWriteNumbers() throws {
+        guard case .request(let r) = try Self.read(#"{"t":"d","d":{"r":4,"a":"p","b":{"p":"/x","d":1,"bn":7,"ba":3}}}"#) else {
+            Issue.record("not a request")
+            return
+        }
+        #expect(r.clientWrite == ClientWriteNumber(number: 7, acknowledgedBelow: 3))
+        for bad in [#""bn":7"#, #""ba":3"#, #""bn":0,"ba":0"#, #""bn":-1,"ba":1"#, #""bn":2.5,"ba":1"#, #""bn":"7","ba":1"#, #""bn":3,"ba":4"#] {
+            for action in ["p", "m"] {
+                let data = action == "p" ? "1" : #"{"a":1}"#
+                do {
+                    _ = try Self.read(#"{"t":"d","d":{"r":9,"a":"\#(action)","b":{"p":"/x","d":\#(data),\#(bad)}}}"#)
+                    Issue.record("accepted \(action) with \(bad)")
+                } catch {
+                    #expect(error.request == 9 && error.message.contains("bn"), "\(bad): \(error.message)")
+                }
+            }
+        }
+    }
+
     @Test("control messages: ping, the upgrade codes and unknown codes")
     func control() throws {
         #expect(try Self.read(#"{"t":"c","d":{"t":"p","d":{}}}"#) == .ping)
