@@ -149,7 +149,7 @@ struct BackupTake: ParsableCommand {
             cluster = id
         }
         /// A base backup into the directory, refused (and removed) when it is of another cluster.
-        func takeBase(from source: String) throws -> UInt64 {
+        func takeBase(from source: String) throws -> BackupHeader {
             let temporary = out + "/base-new.bkp"
             say(try download(from: source, to: temporary))
             let header = try BackupFiles.readHeader(temporary)
@@ -162,19 +162,47 @@ struct BackupTake: ParsableCommand {
                 cluster = header.clusterID
             }
             try FileManager.default.moveItem(atPath: temporary, toPath: out + "/" + ArchiveDirectory.baseName(index: header.index))
-            return header.index
+            return header
         }
+        // The base backup `last` continues from when it is newer than the files.
+        var newestBase: BackupHeader?
         if bases.isEmpty {
-            last = max(last, try takeBase(from: try chooseSource()))
+            let header = try takeBase(from: try chooseSource())
+            if header.index >= last { newestBase = header }
+            last = max(last, header.index)
         } else if let newest = bases.last {
+            let header = try BackupFiles.readHeader(out + "/" + newest.name)
+            if header.index > last || recovered.entry == nil { newestBase = header }
             last = max(last, newest.index)
         }
         // The entry a node must hold unchanged before anything is appended after it (none when
         // a base backup newer than the files moved `last` on: its header was checked instead).
         var overlap: ArchivedEntry? = last == archived ? recovered.entry : nil
-        // The archive's last entry while it is where archiving continues (nil after a base
-        // backup newer than the files): what a 410 answer is checked against.
-        var lastEntry: ArchivedEntry? = overlap
+        /// Where a node's history must match the archive's before entries after it are taken:
+        /// the archive's last entry, or the base backup `last` is at (its index and the term of
+        /// its entry, Raft's log matching). Nil only after a base from before backups recorded
+        /// that term (format 1), whose cluster id alone is checked.
+        var anchor: (index: UInt64, term: UInt64)? = overlap.map { ($0.index, $0.term) }
+        /// The base backup's record of its entry's content, checked with the anchor when known.
+        var baseChecksum: UInt32?
+        /// The anchor is a base backup's and no node has shown it holds that entry yet: entries
+        /// are asked from the base's index, so the first one answered is checked against it.
+        var baseUnchecked = false
+        func anchorAtBase(_ header: BackupHeader) {
+            guard header.index == last, overlap == nil else { return }
+            if header.indexTerm > 0 {
+                anchor = (header.index, header.indexTerm)
+                baseChecksum = header.indexEntryChecksum
+                baseUnchecked = true
+            } else {
+                anchor = nil
+                baseUnchecked = false
+                if header.index > 0 {
+                    say("the base backup at index \(header.index) does not record its entry's term (an older format): only the cluster id is checked before archiving after it")
+                }
+            }
+        }
+        if let newestBase { anchorAtBase(newestBase) }
         // Endpoints tried since one answered that the entries after the archive's end are
         // gone from its log (nil: none did since the archive last grew).
         var gapSince: Int?
@@ -209,7 +237,7 @@ struct BackupTake: ParsableCommand {
                 }
                 checked.insert(e)
             }
-            let from = overlap == nil ? last + 1 : archived
+            let from = overlap != nil ? archived : baseUnchecked ? last : last + 1
             let answer: (status: Int, body: Data, headers: [String: String])
             do {
                 answer = try AdminClient(endpoint: e).fetch("GET", "/.banyan/log?from=\(from)&max_bytes=\(4 << 20)")
@@ -230,25 +258,27 @@ struct BackupTake: ParsableCommand {
                 var entries = parsed.entries
                 gapSince = nil
                 let commit = UInt64(answer.headers["x-banyan-commit-index"] ?? "") ?? last
-                if let expected = overlap {
+                if overlap != nil || baseUnchecked {
+                    let what = overlap != nil ? "the archive's last entry \(archived)" : "the base backup's index \(last)"
                     guard let first = entries.first else {
-                        // This node has not committed the archive's last entry (yet): a lagging
-                        // follower, or a cluster whose log is shorter than the archive.
+                        // This node has not committed that entry (yet): a lagging follower, or a
+                        // cluster whose log is shorter than the archive.
                         if behindNoted.insert(e).inserted {
                             FileHandle.standardError.write(
-                                Data("\(e): has committed up to \(commit), not yet the archive's last entry \(archived); checking continuity on another endpoint or later\n".utf8))
+                                Data("\(e): has committed up to \(commit), not yet \(what); checking continuity on another endpoint or later\n".utf8))
                         }
                         next()
                         continue
                     }
-                    guard first == expected else {
+                    if let difference = Self.discontinuity(first, overlap: overlap, base: anchor, baseChecksum: baseChecksum) {
                         throw CommandError(
-                            "\(e)'s log entry \(first.index) (term \(first.term)) is not the archive's (term \(expected.term)\(first.term == expected.term ? ", other content" : "")): "
-                                + "\(e) is not the cluster the archive in \(out) follows, or that cluster's log was replaced (a restore, say). Archive it into a new directory.")
+                            "\(e)'s log entry \(difference): \(e) is not the cluster the archive in \(out) follows, or that cluster's log was replaced (a restore, say). Archive it into a new directory.")
                     }
                     entries.removeFirst()
+                    say(overlap != nil ? "\(e) holds the archive's last entry \(archived) unchanged: continuing" : "\(e) holds the base backup's entry \(first.index) of term \(first.term): continuing")
                     overlap = nil
-                    say("\(e) holds the archive's last entry \(archived) unchanged: continuing")
+                    baseUnchecked = false
+                    baseChecksum = nil
                 }
                 if let first = entries.first, first.index != last + 1 {
                     throw CommandError("\(e) answered from index \(first.index), not \(last + 1)")
@@ -257,7 +287,7 @@ struct BackupTake: ParsableCommand {
                 if let newLast = entries.last {
                     last = newLast.index
                     archived = newLast.index
-                    lastEntry = newLast
+                    anchor = (newLast.index, newLast.term)
                     gapSince = nil
                 }
                 archivedSinceReport += entries.count
@@ -271,20 +301,21 @@ struct BackupTake: ParsableCommand {
                 // The node compacted past `from`. If its log starts right after the archive's
                 // last entry, that entry's term says whether it continues the archive.
                 let gone = Self.compactedAnswer(answer.body)
-                if let gone, let anchor = lastEntry, last == anchor.index, gone.previousIndex == anchor.index {
+                if let gone, let anchor, last == anchor.index, gone.previousIndex == anchor.index {
                     guard gone.previousTerm == anchor.term else {
                         throw CommandError(
                             "\(e)'s log starts after entry \(anchor.index) of term \(gone.previousTerm), but the archive's entry \(anchor.index) is of term \(anchor.term): "
                                 + "\(e) is not the cluster the archive in \(out) follows, or that cluster's log was replaced (a restore, say). Archive it into a new directory.")
                     }
                     gapSince = nil
-                    guard overlap != nil else {
+                    guard overlap != nil || baseUnchecked else {
                         // Asked from the next index already: nothing to do but ask again later.
                         next()
                         continue
                     }
                     say("\(e)'s log starts after entry \(anchor.index), of term \(anchor.term) as in the archive: continuing")
                     overlap = nil
+                    baseUnchecked = false
                     continue
                 }
                 // The entries after the archive's end are gone from this node; another
@@ -305,7 +336,8 @@ struct BackupTake: ParsableCommand {
                     "gap: no endpoint holds the entries after the archive's end \(last) any more (\(e)'s log starts at \(first); they were compacted while the archiver was away): "
                         + "taking a new base backup to continue")
                 let gapStart = last + 1
-                let base = try takeBase(from: (try? chooseSource()) ?? e)
+                let header = try takeBase(from: (try? chooseSource()) ?? e)
+                let base = header.index
                 if base >= gapStart {
                     say(
                         "new base backup at index \(base) (\(ArchiveDirectory.baseName(index: base))): the archive holds no entries \(gapStart)…\(base), so no point in time from \(gapStart) to \(base - 1) can be restored from it; "
@@ -313,7 +345,10 @@ struct BackupTake: ParsableCommand {
                 }
                 last = max(last, base)
                 overlap = nil
-                lastEntry = nil
+                anchor = nil
+                baseUnchecked = false
+                baseChecksum = nil
+                anchorAtBase(header)
                 gapSince = nil
             case 409, 503:
                 next()
@@ -322,6 +357,19 @@ struct BackupTake: ParsableCommand {
             }
         }
         say("stopped; the archive ends at index \(last)")
+    }
+
+    /// How a node's entry differs from what the archive holds where it continues (nil: the same):
+    /// the archive's last entry (`overlap`, compared whole), else the base backup's entry
+    /// (`base`: index and term, and the content checksum when the base recorded it).
+    static func discontinuity(_ first: ArchivedEntry, overlap: ArchivedEntry?, base: (index: UInt64, term: UInt64)?, baseChecksum: UInt32?) -> String? {
+        if let expected = overlap {
+            guard first != expected else { return nil }
+            return "\(first.index) (term \(first.term)) is not the archive's (term \(expected.term)\(first.term == expected.term ? ", other content" : ""))"
+        }
+        guard let base else { return nil }
+        guard first.index != base.index || first.term != base.term || baseChecksum.map({ $0 != first.contentChecksum }) == true else { return nil }
+        return "\(first.index) is of term \(first.term)\(first.term == base.term ? " with other content" : ""), but the archive's base backup records its entry \(base.index) as of term \(base.term)"
     }
 
     /// The first index a node still serves and the entry before it, from its 410 answer to
@@ -354,7 +402,7 @@ struct BackupVerify: ParsableCommand {
             }
             let created = Date(timeIntervalSince1970: Double(loaded.header.createdAt) / 1000)
             print(
-                "\(file): OK. index \(loaded.header.index), term \(loaded.header.term), cluster \(loaded.header.clusterID), node \(loaded.header.sourceNode), taken \(ISO8601DateFormatter().string(from: created)), \(loaded.namespaceCount) namespaces, \(loaded.fileBytes) bytes, checked in \(String(format: "%.2f", Date().timeIntervalSince(started))) s"
+                "\(file): OK. index \(loaded.header.index)\(loaded.header.indexTerm > 0 ? " (an entry of term \(loaded.header.indexTerm))" : ""), term \(loaded.header.term), cluster \(loaded.header.clusterID), node \(loaded.header.sourceNode), taken \(ISO8601DateFormatter().string(from: created)), \(loaded.namespaceCount) namespaces, \(loaded.fileBytes) bytes, checked in \(String(format: "%.2f", Date().timeIntervalSince(started))) s"
             )
         } catch let e as BackupError {
             throw CommandError("\(e.file ?? file) is damaged: \(e.reason) at byte offset \(e.offset)")

@@ -13,9 +13,12 @@ public import BanyanOpLog
 ///     end:    0 (u32) | frame count (u64) | image length (u64) | CRC32C of the whole image (u32)
 ///             | CRC32C of these 20 bytes (u32) | "BNYBEND1"
 ///
-/// Header fields: format version (u16, 1), cluster id (string), source node (u64), index (u64),
+/// Header fields: format version (u16, 2), cluster id (string), source node (u64), index (u64),
 /// term (u64), the leader timestamp of the last applied command (i64, ms), the time the backup
-/// was taken (i64, ms). Integers little-endian; strings are a u64 length and UTF-8.
+/// was taken (i64, ms), and (version 2 only) the term of the entry at `index` (u64, 0: unknown)
+/// and its content checksum (u8 1 then u32 `ArchivedEntry.contentChecksum`, or u8 0: unknown).
+/// Integers little-endian; strings are a u64 length and UTF-8. Version 1 files still read (their
+/// entry term is unknown).
 public struct BackupHeader: Sendable, Equatable {
     public var clusterID: String
     public var sourceNode: UInt64
@@ -26,14 +29,27 @@ public struct BackupHeader: Sendable, Equatable {
     /// The leader's timestamp of the last command applied (0: none).
     public var lastTimestamp: Int64
     public var createdAt: Int64
+    /// The term of the log entry at `index` (0: unknown: a version 1 file, or index 0). With the
+    /// index it names the source's history (Raft's log matching): `banyan backup --follow`
+    /// checks that a node continues it before archiving entries after a base backup.
+    public var indexTerm: UInt64
+    /// `ArchivedEntry.contentChecksum` of the entry at `index` (nil: unknown, as when the source
+    /// had compacted it into its snapshot). Two clusters that share an id and a term history are
+    /// told apart by it: a command's bytes carry a random session id.
+    public var indexEntryChecksum: UInt32?
 
-    public init(clusterID: String, sourceNode: UInt64, index: UInt64, term: UInt64, lastTimestamp: Int64, createdAt: Int64) {
+    public init(
+        clusterID: String, sourceNode: UInt64, index: UInt64, term: UInt64, lastTimestamp: Int64, createdAt: Int64, indexTerm: UInt64 = 0,
+        indexEntryChecksum: UInt32? = nil
+    ) {
         self.clusterID = clusterID
         self.sourceNode = sourceNode
         self.index = index
         self.term = term
         self.lastTimestamp = lastTimestamp
         self.createdAt = createdAt
+        self.indexTerm = indexTerm
+        self.indexEntryChecksum = indexEntryChecksum
     }
 }
 
@@ -61,7 +77,9 @@ public struct BackupError: Error, Sendable, Equatable, CustomStringConvertible {
 public enum BackupFormat {
     public static let magic: [UInt8] = Array("BNYBAK01".utf8)
     public static let endMagic: [UInt8] = Array("BNYBEND1".utf8)
-    public static let version: UInt16 = 1
+    public static let version: UInt16 = 2
+    /// The oldest format version this build still reads.
+    public static let oldestVersion: UInt16 = 1
     /// Image bytes per frame: large enough to compress well, small enough to hold one at a time.
     public static let frameImageBytes = 4 << 20
     /// The largest frame a reader accepts (compressed or not): anything beyond is damage.
@@ -78,6 +96,13 @@ public enum BackupFormat {
         fields.u64(h.term)
         fields.i64(h.lastTimestamp)
         fields.i64(h.createdAt)
+        fields.u64(h.indexTerm)
+        if let c = h.indexEntryChecksum {
+            fields.u8(1)
+            fields.u32(c)
+        } else {
+            fields.u8(0)
+        }
         var w = ByteWriter(capacity: fields.count + 16)
         w.raw(magic)
         w.u32(UInt32(fields.count))
@@ -89,10 +114,24 @@ public enum BackupFormat {
     static func decodeHeaderFields(_ fields: [UInt8]) throws(ByteCodecError) -> BackupHeader {
         try ByteReader.readAll(fields) { (r: inout ByteReader) throws(ByteCodecError) -> BackupHeader in
             let v = try r.u16("backup format version")
-            guard v == version else { throw ByteCodecError.badValue(field: "backup format version \(v) (this build reads \(version))") }
-            return BackupHeader(
+            guard v >= oldestVersion && v <= version else {
+                throw ByteCodecError.badValue(field: "backup format version \(v) (this build reads \(oldestVersion) to \(version))")
+            }
+            var h = BackupHeader(
                 clusterID: try r.string("cluster id"), sourceNode: try r.u64("source node"), index: try r.u64("index"),
                 term: try r.u64("term"), lastTimestamp: try r.i64("last timestamp"), createdAt: try r.i64("created at"))
+            if v >= 2 {
+                h.indexTerm = try r.u64("term of the entry at the index")
+                guard h.indexTerm <= h.term else {
+                    throw ByteCodecError.badValue(field: "term of the entry at the index \(h.indexTerm), above the backup's term \(h.term)")
+                }
+                switch try r.u8("entry checksum presence") {
+                case 0: break
+                case 1: h.indexEntryChecksum = try r.u32("entry checksum")
+                case let p: throw ByteCodecError.badValue(field: "entry checksum presence \(p) (0 or 1)")
+                }
+            }
+            return h
         }
     }
 }
@@ -347,6 +386,14 @@ public struct ArchivedEntry: Sendable, Equatable {
     }
 
     public static let fileMagic: [UInt8] = Array("BNYARC01".utf8)
+
+    /// CRC32C of the kind and payload (not the index or term): what a backup header records of
+    /// the entry at its index.
+    public var contentChecksum: UInt32 {
+        var bytes = [kind.rawValue]
+        bytes.append(contentsOf: payload)
+        return CRC32C.checksum(bytes)
+    }
     /// The largest record a reader accepts (a log entry is at most a request body, 16 MiB, plus framing).
     public static let maxRecordBytes = 64 << 20
 

@@ -49,7 +49,8 @@ struct AdminAPI {
         case .health:
             return runtime.loop.makeSucceededFuture(.json(.ok, #"{"status":"ok"}"#))
         case .ready:
-            let draining = server.isDraining
+            // A stopping node is not ready either: a load balancer moves away before it closes.
+            let draining = server.isDraining || server.isStopping
             return runtime.status().map { s in
                 let ready = s.leader != 0 && s.appliedIndex >= s.commitIndex && !draining
                 return .json(

@@ -191,13 +191,60 @@ final class HTTPServer: Sendable {
         }
     }
 
-    /// The first step of a graceful stop: the listening socket closes (new clients are refused at
-    /// once and go to another node), and answers from now on close their connections, so no
-    /// client sends another request on one. Requests already read go on.
-    func stopAccepting() {
+    /// The first step of a graceful stop: the listening socket closes (new clients are refused
+    /// and go to another node), and answers from now on close their connections, so no client
+    /// sends another request on one. Requests already read go on.
+    ///
+    /// Closing a listening socket resets the connections the kernel completed but the node had
+    /// not accepted yet: clients that may have sent a request would see it fail with nothing
+    /// read. So, on Linux, the socket first drops new connection attempts (a socket filter that
+    /// drops every packet: their SYNs go unanswered, are retried after a second and are refused
+    /// by then), the node accepts what is already queued (the accept queue's length is the
+    /// listener's `tcpi_unacked`) and serves it, and only then closes (docs/server.md,
+    /// "Stopping"). `within` bounds that wait.
+    var isStopping: Bool { stopping.load(ordering: .relaxed) }
+
+    func stopAccepting(within: Duration = .seconds(2)) {
         stopping.store(true, ordering: .releasing)
-        let ch = channel.withLock { $0 }
-        try? ch?.close().wait()
+        guard let ch = channel.withLock({ $0 }) else { return }
+        if let provider = ch as? any SocketOptionProvider, Self.dropNewConnections(provider) {
+            let deadline = ContinuousClock.now + within
+            var drained = false
+            while ContinuousClock.now < deadline {
+                guard let info = try? provider.getTCPInfo().wait() else { break }
+                if info.tcpi_unacked == 0 {
+                    drained = true
+                    break
+                }
+                Thread.sleep(forTimeInterval: 0.002)
+            }
+            if !drained { logger.warning("stopping: the accept queue did not empty in time; connections still queued are reset", metadata: ["within": "\(within)"]) }
+        }
+        try? ch.close().wait()
+    }
+
+    /// Attaches a classic BPF program that drops every packet to the listening socket (one
+    /// instruction, `ret #0`): no new connection completes; those already queued stay.
+    static func dropNewConnections(_ provider: any SocketOptionProvider) -> Bool {
+        #if os(Linux)
+        // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k } = BPF_RET | BPF_K (0x06), k = 0.
+        let instruction = UnsafeMutableRawPointer.allocate(byteCount: 8, alignment: 8)
+        defer { instruction.deallocate() }
+        instruction.initializeMemory(as: UInt8.self, repeating: 0, count: 8)
+        instruction.storeBytes(of: UInt16(0x06).littleEndian, as: UInt16.self)
+        // struct sock_fprog { unsigned short len; struct sock_filter *filter }.
+        let program = SocketFilterProgram(length: 1, filter: instruction)
+        do {
+            try provider.unsafeSetSocketOption(
+                level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(26 /* SO_ATTACH_FILTER */), value: program
+            ).wait()
+            return true
+        } catch {
+            return false
+        }
+        #else
+        return false
+        #endif
     }
 
     func shutdown() {
@@ -1579,4 +1626,11 @@ enum HTTPResponseWriter {
     static func isFieldText(_ text: String) -> Bool {
         text.utf8.allSatisfy { $0 >= 0x20 ? $0 != 0x7F : $0 == 0x09 }
     }
+}
+
+/// `struct sock_fprog` (linux/filter.h): a length and a pointer, laid out as C lays them out
+/// (the pointer at offset 8). The pointer is read only during the `setsockopt` call.
+struct SocketFilterProgram: @unchecked Sendable {
+    var length: UInt16
+    var filter: UnsafeMutableRawPointer
 }

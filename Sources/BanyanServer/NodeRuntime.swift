@@ -368,9 +368,15 @@ public final class NodeRuntime: @unchecked Sendable {
                 case .failure(let e): caller.execute { done(.failure(e)) }
                 case .success:
                     let machine = BackupImage.forBackup(self.core.replica.machine)
+                    let raft = self.core.replica.raft
+                    let applied = machine.appliedIndex
+                    // The term of the entry at the image's index: in the log, or the snapshot's
+                    // last entry (0 only for index 0, which has no entry).
+                    let indexTerm = raft.term(at: applied) ?? (raft.snapshotMeta.index == applied ? raft.snapshotMeta.term : 0)
                     let header = BackupHeader(
-                        clusterID: self.config.clusterID, sourceNode: self.config.nodeID, index: machine.appliedIndex,
-                        term: self.core.replica.raft.term, lastTimestamp: machine.lastTimestamp, createdAt: Self.wallClock())
+                        clusterID: self.config.clusterID, sourceNode: self.config.nodeID, index: applied,
+                        term: raft.term, lastTimestamp: machine.lastTimestamp, createdAt: Self.wallClock(), indexTerm: indexTerm,
+                        indexEntryChecksum: raft.entry(at: applied).map { Self.archived($0).contentChecksum })
                     caller.execute { done(.success((machine, header))) }
                 }
             }

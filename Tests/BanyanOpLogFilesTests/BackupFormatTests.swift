@@ -6,7 +6,86 @@ import Testing
 /// The backup file format (docs/backup.md): round trips, and every kind of damage refused with
 /// the offset of the damaged part.
 @Suite struct BackupFormatTests {
-    static let header = BackupHeader(clusterID: "c1", sourceNode: 2, index: 99, term: 4, lastTimestamp: 1_700_000_000_000, createdAt: 1_700_000_000_500)
+    static let header = BackupHeader(
+        clusterID: "c1", sourceNode: 2, index: 99, term: 4, lastTimestamp: 1_700_000_000_000, createdAt: 1_700_000_000_500, indexTerm: 3,
+        indexEntryChecksum: 0xDEAD_BEEF)
+
+    /// A header as `fields` spell it (the version first), framed as a file's.
+    static func headerFile(_ fields: (inout ByteWriter) -> Void) -> [UInt8] {
+        var f = ByteWriter()
+        fields(&f)
+        var w = ByteWriter()
+        w.raw(BackupFormat.magic)
+        w.u32(UInt32(f.count))
+        w.raw(f.out)
+        w.u32(CRC32C.checksum(f.out))
+        return w.finish()
+    }
+
+    /// A decoder reading `file` from memory.
+    static func decoder(_ file: [UInt8]) -> BackupDecoder {
+        var at = 0
+        return BackupDecoder { dst in
+            let n = min(dst.count, file.count - at)
+            file.withUnsafeBufferPointer { src in _ = dst.initialize(from: UnsafeBufferPointer(rebasing: src[at..<(at + n)])) }
+            at += n
+            return n
+        }
+    }
+
+    static func headerOf(_ file: [UInt8]) throws -> BackupHeader { try decoder(file).readHeader() }
+
+    @Test("format 2 records the term and content checksum of the entry at the index (either may be unknown); format 1 files still read, with both unknown; a term above the backup's, a bad presence byte or a newer version are refused")
+    func headerVersions() throws {
+        func common(_ w: inout ByteWriter, version: UInt16) {
+            w.u16(version)
+            w.string("c1")
+            w.u64(2)
+            w.u64(99)
+            w.u64(4)
+            w.i64(1_700_000_000_000)
+            w.i64(1_700_000_000_500)
+        }
+        // Round trips, with and without the checksum.
+        #expect(try Self.headerOf(BackupFormat.encodeHeader(Self.header)) == Self.header)
+        var unknown = Self.header
+        unknown.indexEntryChecksum = nil
+        unknown.indexTerm = 0
+        #expect(try Self.headerOf(BackupFormat.encodeHeader(unknown)) == unknown)
+        // Version 1: no entry fields.
+        let v1 = try Self.headerOf(Self.headerFile { common(&$0, version: 1) })
+        #expect(v1.index == 99 && v1.term == 4 && v1.indexTerm == 0 && v1.indexEntryChecksum == nil)
+        // Version 1 with version 2's fields after it: trailing bytes.
+        #expect(throws: (any Error).self) {
+            try Self.headerOf(Self.headerFile { w in
+                common(&w, version: 1)
+                w.u64(3)
+                w.u8(0)
+            })
+        }
+        // Version 2 without them: cut short.
+        #expect(throws: (any Error).self) { try Self.headerOf(Self.headerFile { common(&$0, version: 2) }) }
+        // Refused: the entry's term above the backup's (5 > 4), a presence byte other than 0 or
+        // 1, a version this build does not know.
+        for (version, entryTerm, presence) in [(UInt16(2), UInt64(5), UInt8(0)), (2, 3, 2), (3, 3, 0)] {
+            #expect(throws: (any Error).self, "version \(version), entry term \(entryTerm), presence \(presence)") {
+                try Self.headerOf(Self.headerFile { w in
+                    common(&w, version: version)
+                    w.u64(entryTerm)
+                    w.u8(presence)
+                    if presence != 0 { w.u32(1) }
+                })
+            }
+        }
+    }
+
+    @Test("an entry's content checksum covers its kind and payload, not its index or term")
+    func contentChecksum() {
+        let a = ArchivedEntry(index: 5, term: 2, kind: .command, payload: [1, 2, 3])
+        #expect(ArchivedEntry(index: 6, term: 9, kind: .command, payload: [1, 2, 3]).contentChecksum == a.contentChecksum)
+        #expect(ArchivedEntry(index: 5, term: 2, kind: .command, payload: [1, 2, 4]).contentChecksum != a.contentChecksum)
+        #expect(ArchivedEntry(index: 5, term: 2, kind: .noop, payload: []).contentChecksum != ArchivedEntry(index: 5, term: 2, kind: .config, payload: []).contentChecksum)
+    }
 
     /// Image bytes that compress somewhat (seeded, so runs are reproducible).
     static func image(_ count: Int, seed: UInt64 = 7) -> [UInt8] {
@@ -39,13 +118,7 @@ import Testing
     }
 
     static func decode(_ file: [UInt8], buffer: Int = 1 << 20, keep: Bool = true) throws -> (BackupHeader, [UInt8]) {
-        var at = 0
-        let decoder = BackupDecoder { dst in
-            let n = min(dst.count, file.count - at)
-            file.withUnsafeBufferPointer { src in _ = dst.initialize(from: UnsafeBufferPointer(rebasing: src[at..<(at + n)])) }
-            at += n
-            return n
-        }
+        let decoder = Self.decoder(file)
         let h = try decoder.readHeader()
         var image: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: buffer)

@@ -219,4 +219,41 @@ import Testing
         let none = try await Self.banyan(["backup", "log", archive, "--path", "/elsewhere"])
         #expect(none.status == 0 && !none.output.contains("\tset\t"), "\(none.output)")
     }
+
+    @Test("an archive whose newest point is a base backup (no entries after it) resumes only on a node whose entry at the base's index has the term and content the base recorded: another cluster under the same id is refused, the source continues")
+    func baseOnlyArchiveChecksTheBaseEntry() async throws {
+        let scratch = try temporaryDirectory("follow-base-only")
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let archive = scratch + "/arch"
+        let (gamma, gammaPort, gammaDir) = try await Self.node("gamma", cluster: "gamma", writes: 3)
+        defer {
+            gamma.shutdown()
+            try? FileManager.default.removeItem(atPath: gammaDir)
+        }
+        // A base backup and nothing after it (no writes while it follows).
+        let first = try await Self.follow(archive, port: gammaPort)
+        #expect(first.status == 0, "\(first.output)")
+        let bases = try Self.bases(archive)
+        #expect(bases.count == 1, "\(bases)")
+        let header = try BackupFiles.readHeader(archive + "/" + (bases.first ?? ""))
+        #expect(header.indexTerm > 0 && header.indexEntryChecksum != nil, "the base records its entry: \(header)")
+        #expect(try ArchiveDirectory(archive).recoverLastIndex() < header.index, "no entries after the base")
+
+        // Another single-node cluster under the same id: the same terms, other commands.
+        let (impostor, impostorPort, impostorDir) = try await Self.node("gamma-impostor", cluster: "gamma", writes: Int(header.index) + 5)
+        defer {
+            impostor.shutdown()
+            try? FileManager.default.removeItem(atPath: impostorDir)
+        }
+        let refused = try await Self.follow(archive, port: impostorPort)
+        print("a base-only archive on another log: \(refused.output.split(separator: "\n").last ?? "")")
+        #expect(refused.status != 0 && refused.output.contains("base backup records its entry \(header.index)"), "\(refused.output)")
+        #expect(try ArchiveDirectory(archive).recoverLastIndex() < header.index, "nothing was appended")
+
+        // The source itself continues from the base.
+        try Self.write(gammaPort, 4, from: 30)
+        let resumed = try await Self.follow(archive, port: gammaPort)
+        #expect(resumed.status == 0 && resumed.output.contains("holds the base backup's entry \(header.index) of term \(header.indexTerm): continuing"), "\(resumed.output)")
+        #expect(try ArchiveDirectory(archive).recoverLastIndex() >= header.index + 4, "\(resumed.output)")
+    }
 }

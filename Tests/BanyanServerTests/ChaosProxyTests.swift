@@ -243,15 +243,25 @@ extension ChaosTests {
         #expect(!ChaosProxy.isLoopback(try SocketAddress(ipAddress: "::", port: 1)))
     }
 
+    /// Two single nodes under `dir`: one taking the emulator's owner token, one refusing it.
+    static func ownerTokenNodes(_ dir: String) throws -> (accepting: BanyanNode, refusing: BanyanNode) {
+        let accepting = try BanyanNode.start(config: Self.loopbackConfig(dir + "/a"), logger: Logger(label: "test"))
+        var r = Self.loopbackConfig(dir + "/r")
+        r.development.acceptOwnerToken = false
+        do {
+            return (accepting, try BanyanNode.start(config: r, logger: Logger(label: "test")))
+        } catch {
+            accepting.shutdown()
+            throw error
+        }
+    }
+
     @Test("beyond loopback a proxy starts only in front of a node that refuses the owner token (a WebSocket's token is out of its sight): the probe gets 200 from a node taking it, 401 from one refusing it, nothing from no node; loopback and --allow-owner-token need no probe")
     func exposedProxyNeedsANodeRefusingTheOwnerToken() async throws {
         let dir = try temporaryDirectory("chaos-proxy-probe")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let accepting = try BanyanNode.start(config: Self.loopbackConfig(dir + "/a"), logger: Logger(label: "test"))
+        let (accepting, refusing) = try Self.ownerTokenNodes(dir)
         defer { accepting.shutdown() }
-        var r = Self.loopbackConfig(dir + "/r")
-        r.development.acceptOwnerToken = false
-        let refusing = try BanyanNode.start(config: r, logger: Logger(label: "test"))
         let refusingPort = clientPort(refusing)
         #expect(await ChaosProxy.ownerTokenProbe(host: "127.0.0.1", port: clientPort(accepting)) == 200)
         #expect(await ChaosProxy.ownerTokenProbe(host: "127.0.0.1", port: refusingPort) == 401)
@@ -309,5 +319,107 @@ extension ChaosTests {
         }.value
         #expect(refused.status != 0 && refused.output.contains("--allow-owner-token"), "\(refused.output)")
         #expect(!refused.output.contains("proxy: 0.0.0.0"), "it never listened: \(refused.output)")
+    }
+
+    /// This machine's first non-loopback IPv4 address that is up (nil: none).
+    static func nonLoopbackIPv4() -> String? {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0, let first = list else { return nil }
+        defer { freeifaddrs(list) }
+        var at: UnsafeMutablePointer<ifaddrs>? = first
+        while let entry = at {
+            defer { at = entry.pointee.ifa_next }
+            guard let addr = entry.pointee.ifa_addr, addr.pointee.sa_family == sa_family_t(AF_INET),
+                entry.pointee.ifa_flags & UInt32(IFF_UP) != 0, entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) == 0
+            else { continue }
+            var host = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            guard getnameinfo(addr, socklen_t(MemoryLayout<sockaddr_in>.size), &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST) == 0 else { continue }
+            return String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
+        return nil
+    }
+
+    /// A port free on every address now (bound to 0.0.0.0:0 and closed).
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = 0
+        addr.sin_addr.s_addr = INADDR_ANY
+        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard bound == 0 else { throw HTTPClientError("cannot bind a probe socket: errno \(errno)") }
+        var out = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &out) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        return Int(UInt16(bigEndian: out.sin_port))
+    }
+
+    /// One request to `host:port` over a raw socket: the status line's code (nil: no answer).
+    static func statusOf(host: String, port: Int, _ request: String) -> Int? {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = inet_addr(host)
+        var tv = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        let ok = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard ok == 0 else { return nil }
+        let bytes = Array(request.utf8)
+        guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        guard n > 12 else { return nil }
+        let line = String(decoding: buffer[0..<n], as: UTF8.self)
+        return Int(line.split(separator: " ").dropFirst().first ?? "")
+    }
+
+    @Test("the real command bound beyond loopback (0.0.0.0, reached on this machine's own non-loopback address): in front of a node that takes the owner token it refuses to start, before listening; in front of one that refuses it, it starts and answers a request carrying the token with 403 itself, passing others to the node")
+    func exposedProxyEndToEnd() async throws {
+        let dir = try temporaryDirectory("chaos-proxy-exposed")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (accepting, refusing) = try Self.ownerTokenNodes(dir)
+        defer {
+            accepting.shutdown()
+            refusing.shutdown()
+        }
+        #expect(try await Self.firstWrite(clientPort(refusing), "/x.json", "1"))
+        #expect(try await Self.firstWrite(clientPort(accepting), "/x.json?auth=owner", "1"))
+
+        let port = try Self.freePort()
+        let refused = try await Task.detached {
+            try RotationAndRollTests.run(
+                ["chaos", "proxy", "--listen", "0.0.0.0:\(port)", "--listen-anywhere", "--to", "127.0.0.1:\(clientPort(accepting))", "--seconds", "5"], seconds: 60)
+        }.value
+        #expect(refused.status != 0 && refused.output.contains("accepts the emulator's owner token"), "\(refused.output)")
+        #expect(!refused.output.contains("proxy: 0.0.0.0"), "it never listened: \(refused.output)")
+
+        // In front of the refusing node: started, and reachable on the machine's own address.
+        let host = Self.nonLoopbackIPv4() ?? "127.0.0.1"
+        let output = dir + "/proxy.out"
+        let pid = try ChildProcess.spawn(
+            try RotationAndRollTests.banyan(),
+            ["chaos", "proxy", "--listen", "0.0.0.0:\(port)", "--listen-anywhere", "--to", "127.0.0.1:\(clientPort(refusing))", "--seconds", "60"],
+            environment: ProcessInfo.processInfo.environment, outputFile: output)
+        let plain = await Task.detached { () -> Int? in
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline {
+                if let code = Self.statusOf(host: host, port: port, "GET /x.json HTTP/1.1\r\nHost: \(host)\r\nConnection: close\r\n\r\n") { return code }
+                usleep(100_000)
+            }
+            return nil
+        }.value
+        let owner = await Task.detached {
+            Self.statusOf(host: host, port: port, "GET /x.json?auth=owner HTTP/1.1\r\nHost: \(host)\r\nConnection: close\r\n\r\n")
+        }.value
+        kill(pid, SIGTERM)
+        let ending = await Task.detached { ChildProcess.wait(pid, seconds: 30) }.value
+        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        print("exposed proxy on \(host):\(port): a plain read \(plain.map(String.init) ?? "unanswered"), with the owner token \(owner.map(String.init) ?? "unanswered"); \(ending)")
+        #expect(text.contains("proxy: 0.0.0.0:\(port)") && text.contains("owner token refused"), "\(text)")
+        #expect(plain == 200, "the node answered through the proxy")
+        #expect(owner == 403, "the proxy refused the owner token")
     }
 }
