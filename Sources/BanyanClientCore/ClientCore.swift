@@ -1058,8 +1058,12 @@ public struct ClientCore: Sendable {
     private mutating func sendListen(_ key: ListenKey) {
         guard isOnline, let listen = listens[key] else { return }
         let tagged = listen.tag != nil
+        // The hash of what this client holds of the server's data for the listen (a tagged
+        // listen: its window of that data): when the server's data hashes the same it sends the
+        // ok alone, and the listen completes from this data (no data resent, no event raised twice).
+        let held = tagged ? QueryView(params: listen.params, tree: listen.cache).viewTree : server.child(at: key.path)
         let number = send(
-            .listen(path: key.path, query: tagged ? listen.params.wireObject : nil, tag: listen.tag, hash: ""), as: .listen(key))
+            .listen(path: key.path, query: tagged ? listen.params.wireObject : nil, tag: listen.tag, hash: held.hashString), as: .listen(key))
         listens[key]?.sentAs = number
     }
 

@@ -440,6 +440,9 @@ final class HTTPServer: Sendable {
     private let ownClientAddress = Mutex<String?>(nil)
     private let drainTask = Mutex<RepeatedTask?>(nil)
     let drainedConnections = Counter(label: "banyan_realtime_drained_total")
+    /// Listens answered with their ok alone: the client's hash (`h`) showed it held the data.
+    let listenDataSkipped = Counter(label: "banyan_realtime_listen_data_skipped_total")
+    func listenDataWasSkipped() { listenDataSkipped.increment() }
 
     var isDraining: Bool { drain.withLock { $0 != nil } }
     var realtimeConnections: Int { realtimeCount.load(ordering: .relaxed) }

@@ -396,6 +396,19 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     func flushPushes() { flush() }
 
 
+    /// Whether a listen's first update is what the client already holds: `hash` (the listen's
+    /// `h`, the Firebase hash of the client's cached data for the view, `""` for none) equals the
+    /// hash of the data it would be sent. `""` is the hash of no data, so an empty location
+    /// matches a client without a cache (as Firebase's server answers it).
+    static func clientHolds(_ first: ListenEvent, hash: String) -> Bool {
+        guard case .put(_, let tree) = first.update else { return false }
+        if hash.isEmpty { return tree.isEmpty }
+        // A Firebase hash is 28 characters of base64 (SHA-1): anything else cannot match, and
+        // costs no hashing.
+        guard hash.utf8.count == 28, !tree.isEmpty else { return false }
+        return tree.hashString == hash
+    }
+
     private func startListen(_ id: SessionCore.ListenID, _ spec: ListenSpec) {
         var params: QueryParams?
         if let query = spec.query {
@@ -419,7 +432,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
                     self.hub.unlisten(hubID)
                     return self.perform(self.core.listenFailed(id, status: "permission_denied", reason: "Permission denied"))
                 }
-                self.write(self.frames(RealtimeHub.render(first)))
+                if let hash = spec.hash, Self.clientHolds(first, hash: hash) {
+                    // The client's cached data for this view is what it would be sent (its hash,
+                    // `h`, says so): only the ok goes, and the client completes the view from
+                    // its cache (docs/realtime.md, "Listen hashes").
+                    self.server.listenDataWasSkipped()
+                } else {
+                    self.write(self.frames(RealtimeHub.render(first)))
+                }
                 self.startedListens[id] = (spec.path, params)
                 self.perform(self.core.listenStarted(id, warnings: self.indexWarnings(spec.path, params)))
             case .failure(let e):

@@ -190,6 +190,48 @@ import Testing
         #expect(Self.sent(core.takeActions()).isEmpty, "the view is shared: no second listen")
     }
 
+    @Test("listens go again with the hash of the data held for them (a tagged one: of its window); an ok alone completes a view from that data with no event repeated; an ok alone for a new listen is an empty location")
+    func listenHashes() throws {
+        var core = Self.online()
+        let params = try Query().orderByKey().limitToLast(2).params
+        core.observe(1, path: Self.path("/a"), type: .value)
+        core.observe(2, path: Self.path("/m"), params: params, type: .childAdded)
+        core.observe(3, path: Self.path("/e"), type: .value)
+        let first = Self.sent(core.takeActions())
+        #expect(first.count == 3 && first.allSatisfy { $0.contains(#""h":"""#) }, "nothing held: empty hashes \(first)")
+        core.received(Self.data("/a", #"{"x":1,"y":{".value":2,".priority":1}}"#))
+        core.received(Self.ok(2, "{}"))
+        core.received(Self.data("/m", #"{"b":2,"c":3}"#, tag: 1))
+        core.received(Self.ok(3, "{}"))
+        // Nothing at /e: the server sent the ok alone; the view is complete and null.
+        core.received(Self.ok(4, "{}"))
+        #expect(Self.events(core.takeActions()) == [#"1 value {"x":1,"y":{".value":2,".priority":1}}"#, "2 child_added b 2 prev=nil", "2 child_added c 3 prev=b", "3 value null"])
+
+        core.closed()
+        _ = core.takeActions()
+        core.tick(now: 60_000)
+        #expect(core.takeActions() == [.connect(node: 0)])
+        core.received(Self.hello())
+        let again = Self.sent(core.takeActions())
+        let plainHash = Self.tree(#"{"x":1,"y":{".value":2,".priority":1}}"#).hashString
+        let windowHash = Self.tree(#"{"b":2,"c":3}"#).hashString
+        #expect(again.contains { $0.contains(#""p":"/a","h":"\#(plainHash)""#) }, "\(again)")
+        #expect(again.contains { $0.contains(#""t":1,"h":"\#(windowHash)""#) }, "\(again)")
+        #expect(again.contains { $0.contains(#""p":"/e","h":"""#) }, "\(again)")
+        // The server holds the same: oks alone, and no event is raised again.
+        let numbers = again.compactMap { text -> Int64? in
+            guard text.contains(#""a":"q""#), let r = text.split(separator: #""r":"#).dropFirst().first else { return nil }
+            return Int64(r.prefix { $0.isNumber })
+        }
+        #expect(numbers.count == 3, "\(again)")
+        for n in numbers { core.received(Self.ok(n, "{}")) }
+        #expect(Self.events(core.takeActions()).isEmpty)
+        // The views go on with later changes.
+        core.received(Self.merge("/m", #"{"d":4,"b":null}"#, tag: 1))
+        core.received(Self.data("/a/x", "5"))
+        #expect(Self.events(core.takeActions()) == ["2 child_added d 4 prev=c", #"1 value {"x":5,"y":{".value":2,".priority":1}}"#])
+    }
+
     @Test("a limited query is a tagged listen: its own data, pushes by tag, the window kept on changes, unlisten with the query")
     func taggedQuery() throws {
         var core = Self.online()
