@@ -479,8 +479,9 @@ struct Restore: ParsableCommand {
 
     func validate() throws {
         if toIndex != nil && toTime != nil { throw ValidationError("--to-index and --to-time exclude each other") }
-        if (toIndex != nil || toTime != nil) && archive == nil {
-            // Allowed only when the backup itself is the target; checked by the restore.
+        // A target without --archive is allowed: the backup itself may be it (the restore checks).
+        if let toTime, Self.parseTime(toTime) == nil {
+            throw ValidationError("--to-time: expected ISO 8601 (2026-11-27T21:30:00Z) or ms since 1970")
         }
         guard nodeId > 0 else { throw ValidationError("--node-id must be 1 or more") }
     }
@@ -498,7 +499,7 @@ struct Restore: ParsableCommand {
         var target = RestoreTarget.latest
         if let toIndex { target = .index(toIndex) }
         if let toTime {
-            guard let ms = Self.parseTime(toTime) else { throw ValidationError("--to-time: expected ISO 8601 (2026-11-27T21:30:00Z) or ms since 1970") }
+            guard let ms = Self.parseTime(toTime) else { throw CommandError("--to-time: expected ISO 8601 (2026-11-27T21:30:00Z) or ms since 1970") }
             target = .time(ms)
         }
         let started = Date()
@@ -573,7 +574,10 @@ final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Send
             throw CommandError("bad endpoint '\(endpoint)'")
         }
         var request = URLRequest(url: url, timeoutInterval: 120)
-        if let token = try AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+        if let token = try AdminClient.operatorToken() {
+            AdminClient.warnIfTokenInClear(url)
+            request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+        }
         let download = StreamingDownload(handle: handle, report: report)
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = 120

@@ -152,7 +152,10 @@ struct AdminClient {
         }
         var request = URLRequest(url: url, timeoutInterval: 30)
         request.httpMethod = method
-        if let token = try token ?? AdminClient.operatorToken() { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+        if let token = try token ?? AdminClient.operatorToken() {
+            AdminClient.warnIfTokenInClear(url)
+            request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+        }
         // State-changing operator requests must say they are JSON (docs/security.md).
         if method != "GET" { request.setValue("application/json", forHTTPHeaderField: "Content-Type") }
         if let body { request.httpBody = Data(body.utf8) }
@@ -175,6 +178,25 @@ struct AdminClient {
 }
 
 extension AdminClient {
+    private static let warned = NSLock()
+    nonisolated(unsafe) private static var warnedHosts: Set<String> = []
+
+    /// Says once per host, on stderr, that the operator token is about to cross the network
+    /// unencrypted: an `http://` endpoint that is not loopback (docs/operations.md, "Operator
+    /// commands over the network").
+    static func warnIfTokenInClear(_ url: URL) {
+        guard url.scheme?.lowercased() == "http", let host = url.host, !isLoopbackHost(host) else { return }
+        let first = warned.withLock { warnedHosts.insert(host).inserted }
+        guard first else { return }
+        FileHandle.standardError.write(
+            Data("warning: the operator token goes to \(host) over plain HTTP (readable on the network): serve the client port with TLS (http.tls_cert) and give https://\(host):… as the endpoint, or run the command on the node itself\n".utf8))
+    }
+
+    static func isLoopbackHost(_ host: String) -> Bool {
+        let h = host.trimmingCharacters(in: CharacterSet(charactersIn: "[]")).lowercased()
+        return h == "localhost" || h == "::1" || h.hasPrefix("127.")
+    }
+
     /// The operator token for membership and transfer requests: `BANYAN_ADMIN_TOKEN`, or the first
     /// line of the file named by `BANYAN_ADMIN_TOKEN_FILE` (the node's `admin_token_file`).
     static func operatorToken() throws -> String? {

@@ -29,9 +29,23 @@ public enum BackupFiles {
         }
     }
 
+    /// A file that cannot be opened is not a damaged one: the error says why (no such file, no
+    /// permission) and names no offset.
+    public struct UnreadableFile: Error, Sendable, CustomStringConvertible {
+        public var path: String
+        public var reason: String
+        public var description: String { "cannot open \(path): \(reason)" }
+    }
+
+    static func openForReading(_ path: String) throws -> FileHandle {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw UnreadableFile(path: path, reason: String(cString: strerror(errno))) }
+        return FileHandle(fileDescriptor: fd, closeOnDealloc: true)
+    }
+
     /// The header alone (the cluster, index and term a backup stands for), checked.
     public static func readHeader(_ path: String) throws -> BackupHeader {
-        guard let handle = FileHandle(forReadingAtPath: path) else { throw BackupError(offset: 0, "cannot open the file", file: path) }
+        let handle = try openForReading(path)
         defer { try? handle.close() }
         let fd = handle.fileDescriptor
         let decoder = BackupDecoder { buffer in
@@ -47,7 +61,7 @@ public enum BackupFiles {
     }
 
     private static func loadFile(_ path: String, reportEvery: Double, progress: (UInt64, UInt64) -> Void) throws -> Loaded {
-        guard let handle = FileHandle(forReadingAtPath: path) else { throw BackupError(offset: 0, "cannot open the file") }
+        let handle = try openForReading(path)
         defer { try? handle.close() }
         let fd = handle.fileDescriptor
         var info = stat()
@@ -128,6 +142,9 @@ public enum BackupFiles {
         let loaded = try load(path, reportEvery: reportEvery) { read, total in progress("backup: read \(reading.describe(read, of: total))") }
         progress("backup: index \(loaded.header.index), \(loaded.machine.namespaces.count) namespaces, verified")
         var replay = try RestoreReplay(machine: loaded.machine, term: max(1, loaded.header.term), target: target)
+        if archive == nil, case .index(let i) = target, i > loaded.header.index {
+            throw RestoreError("the backup is at index \(loaded.header.index), before the target index \(i), and no --archive was given to replay from it to there")
+        }
         // Where the archiver recorded the archive's end (nil: an archive from before it did).
         let recordedEnd = try archive.flatMap { try ArchiveDirectory($0).recordedEnd() }
         if let archive {
@@ -186,8 +203,13 @@ public enum BackupFiles {
             try? fm.removeItem(atPath: staging)
             throw error
         }
-        if fm.fileExists(atPath: dataDirectory) { try fm.removeItem(atPath: dataDirectory) }
-        try fm.moveItem(atPath: staging, toPath: dataDirectory)
+        // rename(2) replaces an empty directory and refuses one that is not: a directory that
+        // gained files while the restore ran (a node started on it meanwhile) is left as it is.
+        guard rename(staging, dataDirectory) == 0 else {
+            let reason = String(cString: strerror(errno))
+            throw RestoreError(
+                "cannot move the restored state into \(dataDirectory) (\(reason)): it was checked empty when the restore began; if something wrote to it since, it is left untouched. The restored state is in \(staging)")
+        }
         let parent = (dataDirectory as NSString).deletingLastPathComponent
         let dirFD = open(parent.isEmpty ? "." : parent, O_RDONLY)
         if dirFD >= 0 {

@@ -110,6 +110,20 @@ import Testing
         #expect(throws: RestoreError.self) {
             _ = try BackupFiles.restore(backup: backup, archive: gapped, target: .latest, dataDirectory: dir + "/c", nodeID: 1) { _ in }
         }
+        // A target past the backup with no archive to reach it: said as such.
+        do {
+            _ = try BackupFiles.restore(backup: backup, archive: nil, target: .index(25), dataDirectory: dir + "/n", nodeID: 1) { _ in }
+            Issue.record("restored to an index the backup does not reach")
+        } catch let e as RestoreError {
+            #expect(e.description.contains("no --archive was given"), "\(e)")
+        }
+        // A file that cannot be opened is not called damaged.
+        do {
+            _ = try BackupFiles.restore(backup: dir + "/absent.bkp", archive: nil, target: .latest, dataDirectory: dir + "/m", nodeID: 1) { _ in }
+            Issue.record("restored from a file that does not exist")
+        } catch let e as BackupFiles.UnreadableFile {
+            #expect(e.description == "cannot open \(dir)/absent.bkp: No such file or directory", "\(e)")
+        }
         // A damaged backup: the offset of the damaged frame.
         var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: backup)))
         bytes[bytes.count / 2] ^= 0xFF
