@@ -94,6 +94,7 @@ struct ClusterRoll: ParsableCommand {
             let step = "[\(i + 1)/\(order.count)] node \(id)"
             try roll(id: id, endpoint: e, step: step, rolled: rolled, order: order, byID: byID)
             rolled.append(id)
+            Self.drainedNode.current = nil
             let now = RollPlan.Leadership(endpoints.compactMap(status)) ?? previous
             let count = RollPlan.leaderChanges(from: previous, to: now)
             changes.append((id, count))
@@ -147,6 +148,7 @@ struct ClusterRoll: ParsableCommand {
             if before.isLeader { say("\(step): leads again (term \(before.term)); moving leadership once more") }
         }
         drain(endpoint: e, step: step)
+        if drainTimeout > 0 { Self.drainedNode.current = (id, e) }
         let command = RollPlan.command(restartCommand, node: before)
         say("\(step): restarting (pid \(before.pid.map { "\($0)" } ?? "?")): \(command)")
         let t0 = Date()
@@ -259,10 +261,16 @@ struct ClusterRoll: ParsableCommand {
 
     private func stop(_ why: String, rolled: [UInt64], order: [UInt64]) -> CommandError {
         let untouched = order.filter { !rolled.contains($0) }
+        // A node drained by this step and not restarted still drains (its old process, if it
+        // runs): say how to end it.
+        let left = Self.drainedNode.current.map { "\nnode \($0.id) was drained by this roll and may still be draining (503 on /.banyan/ready): `banyan drain --stop --endpoint \($0.endpoint)` ends it" } ?? ""
         return CommandError(
             "roll stopped: \(why)\nrestarted and caught up: \(rolled.isEmpty ? "none" : rolled.map { "\($0)" }.joined(separator: ", ")); "
-                + "not restarted by this roll or not caught up: \(untouched.map { "\($0)" }.joined(separator: ", ")). No other node was touched.")
+                + "not restarted by this roll or not caught up: \(untouched.map { "\($0)" }.joined(separator: ", ")). No other node was touched." + left)
     }
+
+    /// The node this roll drained and has not yet seen come back (nil: none).
+    private static let drainedNode = DrainedNode()
 
     private func status(_ endpoint: String) -> RollNode? {
         guard let (code, text) = try? AdminClient(endpoint: endpoint).call("GET", "/.banyan/status"), code == 200,
@@ -280,3 +288,8 @@ struct ClusterRoll: ParsableCommand {
     private func seconds(since start: Date) -> String { String(format: "%.1f", Date().timeIntervalSince(start)) }
 }
 
+
+/// Which node a roll drained and has not seen back yet (one roll runs on one thread).
+final class DrainedNode: @unchecked Sendable {
+    var current: (id: UInt64, endpoint: String)?
+}

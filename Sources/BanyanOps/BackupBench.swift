@@ -47,14 +47,19 @@ public struct BackupBench: Sendable {
             let bytes = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0
             log("backup of \(keys) keys alone, \(String(format: "%.2f", alone)) s in all: \(summary.get().trimmingCharacters(in: .whitespacesAndNewlines))")
 
-            // Writes without, then with backups running back to back.
+            // Writes without, then with one backup taken once the load runs (what a scheduled
+            // backup costs), then with backups running back to back (the worst case).
             let base = try await load.writeLoad(cluster, clients: clients)
+            let single = BackupLoop(executable: executable, arguments: ["backup", "--out", file + ".single"] + endpoints, once: true, after: seconds / 4)
+            let singleTask = Task.detached { single.run() }
+            let withOne = try await load.writeLoad(cluster, clients: clients)
+            let singleTimes = await singleTask.value
             let backups = BackupLoop(executable: executable, arguments: ["backup", "--out", file + ".under-load"] + endpoints)
             let loop = Task.detached { backups.run() }
             let during = try await load.writeLoad(cluster, clients: clients)
             backups.stop()
             let times = await loop.value
-            for (name, r) in [("without a backup", base), ("with backups running", during)] {
+            for (name, r) in [("without a backup", base), ("with one backup (\(String(format: "%.2f", singleTimes.first ?? 0)) s of the run)", withOne), ("with backups running", during)] {
                 let sorted = r.latencies.sorted()
                 log(
                     "  writes, \(clients) clients, \(name): \(Int(Double(r.writes) / r.seconds)) writes/s, p50 \(ClusterBench.ms(ClusterBench.percentile(sorted, 0.5))), "
@@ -67,9 +72,10 @@ public struct BackupBench: Sendable {
             let data = "\(directory)/restored-\(keys)"
             try? FileManager.default.removeItem(atPath: data)
             let restore = try await Self.timed { try Self.runTool(executable, ["restore", file, "--data-dir", data]) }
+            let imageMiB = Self.imageMiB(summary.get())
             log(
-                "restore of \(keys) keys: \(String(format: "%.2f", restore)) s (\(String(format: "%.1f", Double(bytes) / 1e6 / restore)) MB/s of the \(String(format: "%.1f", Double(bytes) / 1_048_576)) MiB backup file, "
-                    + "\(Int(Double(keys) / restore)) keys/s)")
+                "restore of \(keys) keys: \(String(format: "%.2f", restore)) s (\(String(format: "%.1f", imageMiB * 1.048576 / restore)) MB/s of the \(String(format: "%.1f", imageMiB)) MiB image, "
+                    + "\(String(format: "%.1f", Double(bytes) / 1e6 / restore)) MB/s of the \(String(format: "%.1f", Double(bytes) / 1_048_576)) MiB backup file, \(Int(Double(keys) / restore)) keys/s)")
             try? FileManager.default.removeItem(atPath: data)
         }
     }
@@ -88,6 +94,12 @@ public struct BackupBench: Sendable {
             at = min(to, at + 10_000)
         }
         return at
+    }
+
+    /// The image size (MiB) in `banyan backup`'s summary line ("image 35.5 MiB"); 0 if absent.
+    static func imageMiB(_ summary: String) -> Double {
+        guard let at = summary.range(of: "image ") else { return 0 }
+        return Double(summary[at.upperBound...].prefix { $0.isNumber || $0 == "." }) ?? 0
     }
 
     static func timed(_ body: @escaping @Sendable () throws -> Void) async throws -> Double {
@@ -131,22 +143,29 @@ final class OutputBox: @unchecked Sendable {
 final class BackupLoop: @unchecked Sendable {
     private let executable: String
     private let arguments: [String]
+    /// One backup only, started `after` seconds.
+    private let once: Bool
+    private let after: Double
     private let lock = NSLock()
     private var stopped = false
 
-    init(executable: String, arguments: [String]) {
+    init(executable: String, arguments: [String], once: Bool = false, after: Double = 0) {
         self.executable = executable
         self.arguments = arguments
+        self.once = once
+        self.after = after
     }
 
     func stop() { lock.withLock { stopped = true } }
 
     func run() -> [Double] {
+        if after > 0 { Thread.sleep(forTimeInterval: after) }
         var times: [Double] = []
         while !lock.withLock({ stopped }) {
             let start = Date()
             guard (try? BackupBench.runTool(executable, arguments)) != nil else { break }
-            if !lock.withLock({ stopped }) { times.append(Date().timeIntervalSince(start)) }
+            if once || !lock.withLock({ stopped }) { times.append(Date().timeIntervalSince(start)) }
+            if once { break }
         }
         return times
     }
