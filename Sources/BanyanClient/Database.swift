@@ -322,6 +322,8 @@ public final class Database: @unchecked Sendable {
                 guard let file = cacheFile else { continue }
                 file.append(records)
                 durable = durable || d
+            case .redirect(let host):
+                redirect = Self.hostAndPort(host, defaultPort: nodes[0].port)
             case .connect(let node):
                 connect(node)
             case .send(let message):
@@ -399,12 +401,38 @@ public final class Database: @unchecked Sendable {
         channel.flush()
     }
 
+    /// Where the next connection goes instead of the node list (a reset named it).
+    private var redirect: (host: String, port: Int)?
+
+    /// `host:port`, `[v6]:port` or a bare host (then `defaultPort`); nil when it cannot be read.
+    static func hostAndPort(_ text: String, defaultPort: Int) -> (host: String, port: Int)? {
+        var rest = Substring(text)
+        var host: Substring
+        if rest.hasPrefix("[") {
+            guard let close = rest.firstIndex(of: "]") else { return nil }
+            host = rest[rest.index(after: rest.startIndex)..<close]
+            rest = rest[rest.index(after: close)...]
+        } else if let colon = rest.lastIndex(of: ":"), rest.firstIndex(of: ":") == colon {
+            host = rest[..<colon]
+            rest = rest[colon...]
+        } else {
+            host = rest
+            rest = ""
+        }
+        guard !host.isEmpty else { return nil }
+        if rest.isEmpty { return (String(host), defaultPort) }
+        guard rest.hasPrefix(":"), let port = Int(rest.dropFirst()), (1...65_535).contains(port) else { return nil }
+        return (String(host), port)
+    }
+
     private func connect(_ node: Int) {
         connectionNumber += 1
         let number = connectionNumber
         joiner = ClientFrameJoiner()
         opening = nil
-        let (host, port) = nodes[node % nodes.count]
+        // A reset's named host, once; else the node list.
+        let (host, port) = redirect ?? nodes[node % nodes.count]
+        redirect = nil
         let opened = WebSocketLink.open(
             host: host, port: port, namespace: namespace, parameters: core.connectionParameters, tls: tls, group: loop,
             socketOpened: { [weak self] socket in

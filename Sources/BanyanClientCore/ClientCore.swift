@@ -48,6 +48,10 @@ public struct ClientCore: Sendable {
     public enum Action: Sendable, Equatable {
         /// Open a connection to the node at this index of the node list.
         case connect(node: Int)
+        /// The next `connect` goes to this host (`host` or `host:port`) instead of the node's
+        /// address, once: the server's reset (`r`) named it (a draining node sends its clients
+        /// on). If that connection fails, the node list takes over again.
+        case redirect(host: String)
         /// Send one message (the driver splits it into frames).
         case send([UInt8])
         /// Close the current connection.
@@ -274,6 +278,11 @@ public struct ClientCore: Sendable {
     /// The node a connection started from offline tries first: the first of the list (the
     /// database's URL) at start, afterwards the node of the last connection.
     private var resumeNode = 0
+    /// The host a reset (`r`) named, for the next connection attempt only.
+    private var resetHost: String?
+    /// The connection is ending because the server reset it: reconnect at once, not after a
+    /// back-off (a reset is not a failure).
+    private var resetting = false
     /// The connection is closing because `goOffline` asked (not a failure: no back-off, and a
     /// `goOnline` before it ended reconnects to the same node).
     private var closingForOffline = false
@@ -530,6 +539,10 @@ public struct ClientCore: Sendable {
     private mutating func startConnecting(node: Int) {
         connection = .connecting(node: node)
         attemptStarted = clockMillis
+        if let host = resetHost {
+            resetHost = nil
+            emit(.redirect(host: host))
+        }
         emit(.connect(node: node))
     }
 
@@ -587,7 +600,7 @@ public struct ClientCore: Sendable {
                 }
             }
         }
-        if wantOnline && closingForOffline {
+        if wantOnline && (closingForOffline || resetting) {
             connection = .waiting(until: clockMillis, node: node)
         } else if wantOnline {
             failures += 1
@@ -599,6 +612,7 @@ public struct ClientCore: Sendable {
             resumeNode = node
         }
         closingForOffline = false
+        resetting = false
         if wasOnline {
             runLocalOnDisconnect()
             emit(.connected(false))
@@ -669,8 +683,11 @@ public struct ClientCore: Sendable {
             emit(.authRevoked(WriteError(code: status, message: reason)))
             // The SDKs close and reconnect, so the new connection starts with a fresh token.
             emit(.disconnect)
-        case .reset:
-            // Reconnect (the driver picks the node from the list; the host is a hint).
+        case .reset(let host):
+            // Reconnect at once, to the host the server named (a drain sends clients to another
+            // node, which need not be in the list); the list takes over if that fails.
+            resetHost = host.isEmpty ? nil : host
+            resetting = true
             emit(.disconnect)
         case .closed:
             emit(.disconnect)

@@ -157,6 +157,38 @@ import Testing
         #expect(core.takeActions() == [.connect(node: 1)])
     }
 
+    @Test("a reset (r) reconnects at once, to the host it names, once: a failure there goes back to the node list with the usual back-off")
+    func resetNamesTheNextHost() {
+        var core = ClientCore(nodeCount: 3, seed: 1)
+        core.tick(now: 0)
+        #expect(core.takeActions() == [.connect(node: 0)])
+        core.received(Self.hello())
+        _ = core.takeActions()
+        core.received(Self.bytes(#"{"t":"c","d":{"t":"r","d":"10.0.0.9:9002"}}"#))
+        #expect(core.takeActions() == [.disconnect])
+        core.closed()
+        _ = core.takeActions()
+        // No back-off: the same tick reconnects, to the named host.
+        core.tick(now: 1)
+        #expect(core.takeActions() == [.redirect(host: "10.0.0.9:9002"), .connect(node: 0)])
+        // That host does not answer: back to the list (the next node), after a back-off, with
+        // no redirect.
+        core.closed()
+        _ = core.takeActions()
+        core.tick(now: 2)
+        #expect(core.takeActions().isEmpty, "a failed attempt backs off")
+        core.tick(now: 60_000)
+        #expect(core.takeActions() == [.connect(node: 1)])
+        // A reset naming no host: at once, through the list.
+        core.received(Self.hello("S2"))
+        _ = core.takeActions()
+        core.received(Self.bytes(#"{"t":"c","d":{"t":"r","d":""}}"#))
+        core.closed()
+        _ = core.takeActions()
+        core.tick(now: 60_001)
+        #expect(core.takeActions() == [.connect(node: 1)])
+    }
+
     @Test("child events: added in order with the previous key, changed, moved under an ordering, removed; local writes first")
     func childEvents() throws {
         var core = Self.online()
