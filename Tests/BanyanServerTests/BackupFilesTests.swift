@@ -1,11 +1,17 @@
+import BanyanAuth
+import BanyanBasics
 import BanyanNode
 import BanyanOpLogFiles
+import BanyanOps
 import BanyanRaft
 @testable import BanyanServer
 import BanyanStateMachine
 import BanyanTree
 import Foundation
 import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
 import Testing
 
 /// Backup files, log archives and restores (docs/backup.md), against the state machine every
@@ -240,6 +246,79 @@ import Testing
         // Everything else is the source's state at the target.
         let (latest, _) = try Self.loadRestored(dir + "/data-the-end-of-the-archive")
         #expect(latest.image() == BackupImage.forBackup(source).image())
+    }
+
+    /// What docs/backup.md promises survives a restore, on a real node started on the restored
+    /// directory: an account and its project's signing key (`$accounts`) sign the user in with
+    /// the source's key, and the pending onDisconnect write of a connection the source served
+    /// fires once the restored node's leader expires that connection's lease (20 s after it
+    /// leads: the lease cannot be shortened by configuration).
+    @Test(.timeLimit(.minutes(1)))
+    func restoredNodeSignsInAndFiresPendingDisconnects() async throws {
+        let dir = try temporaryDirectory("backup-live")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // The source's state, built with the commands its nodes apply: an account made by the
+        // account service (password hashed as it hashes), the key it installed for the
+        // project, a node's lease renewal, and a connection's presence with its onDisconnect.
+        let project = NodeConfig().accounts.projectID
+        let hash = try PasswordHasher(logN: 10, blockSize: 8, parallelism: 1).hash("correct horse", salt: Array(repeating: 7, count: PasswordHasher.saltBytes))
+        let key = SigningKey(id: AccountService.newKeyID(), secret: Base64.encodeURL(Array(repeating: 9, count: 32)), time: 1000)
+        let holder: UInt64 = 0xB0C4
+        let commands: [(String, UInt64, Command)] = [
+            (project, 50, .account(.create(AccountRecord(uid: "ada", email: "ada@banyan.test", passwordHash: hash, provider: "password", refreshKey: "r")))),
+            (project, 51, .account(.installKey(key, rotate: false, retainMilliseconds: 0))),
+            ("$leases", 900, .renewLease(holder: holder, node: 2)),
+            ("presence", 11, .set(path: "/ada", json: Array(#""online""#.utf8))),
+            ("presence", 11, .onDisconnectSet(path: "/ada", json: Array(#""offline""#.utf8), secret: 5, holder: holder)),
+        ]
+        var source = StateMachine()
+        for (i, (namespace, session, command)) in commands.enumerated() {
+            let envelope = CommandEnvelope(namespace: namespace, session: session, seq: UInt64(i + 1), timestamp: 1000 + Int64(i), command: command)
+            let applied = source.apply(envelope.encoded(), index: UInt64(i + 1))
+            #expect(applied?.outcome == .ok, "\(command): \(String(describing: applied?.outcome))")
+        }
+        #expect(source.queuedHolders[holder] == ["presence": 1])
+        try Self.writeBackup(source, to: dir + "/b.bkp")
+        _ = try BackupFiles.restore(backup: dir + "/b.bkp", archive: nil, target: .latest, dataDirectory: dir + "/data", nodeID: 1) { _ in }
+
+        let node = try BanyanNode.start(config: ChaosTests.loopbackConfig(dir + "/data"), logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        func send(_ method: HTTPMethod, _ uri: String, _ body: String? = nil) async throws -> HTTPResult {
+            let c = try await HTTPConnection.connect(host: "127.0.0.1", port: port, group: MultiThreadedEventLoopGroup.singleton)
+            defer { c.close() }
+            let headers = body == nil ? [] : [("Content-Type", "application/json")]
+            return try await c.send(method, uri, headers: headers, body: body.map { Array($0.utf8) }, timeout: .seconds(5))
+        }
+        let started = Date()
+        // Signing in checks the restored hash and signs with the restored key (its `kid`).
+        var signIn: HTTPResult?
+        while Date().timeIntervalSince(started) < 15 {
+            signIn = try? await send(.POST, "/identitytoolkit.googleapis.com/v1/accounts:signInWithPassword", #"{"email":"ada@banyan.test","password":"correct horse"}"#)
+            if signIn?.status == 200 { break }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        let answer = try #require(signIn)
+        #expect(answer.status == 200, "\(answer.text)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(answer.body)) as? [String: Any])
+        #expect(object["localId"] as? String == "ada")
+        let token = try #require(object["idToken"] as? String)
+        let kid = try JWT.decode(token).keyID
+        #expect(kid == key.id, "the token was signed with \(kid ?? "no key"), not the restored \(key.id)")
+        let wrong = try await send(.POST, "/identitytoolkit.googleapis.com/v1/accounts:signInWithPassword", #"{"email":"ada@banyan.test","password":"wrong"}"#)
+        #expect(wrong.status == 400 && wrong.text.contains("INVALID_PASSWORD"), "\(wrong.text)")
+
+        // The presence is still "online" (the write has not fired at the restore), then turns
+        // "offline" when the lease of the source's node expires.
+        let before = try await send(.GET, "/ada.json?ns=presence")
+        #expect(before.text == #""online""#)
+        var value = before.text
+        while Date().timeIntervalSince(started) < 45 && value != #""offline""# {
+            try await Task.sleep(nanoseconds: 250_000_000)
+            value = (try? await send(.GET, "/ada.json?ns=presence"))?.text ?? value
+        }
+        #expect(value == #""offline""#, "the pending onDisconnect write never fired: \(value)")
+        print(String(format: "restored node: the pending onDisconnect write fired %.1f s after the node started", Date().timeIntervalSince(started)))
     }
 
     /// `--data-dir d/` names the directory d: its staging directory is d's sibling, not a

@@ -493,6 +493,69 @@ import Testing
         throw ChaosError("no write committed through nodes \(nodes) within \(bound) s")
     }
 
+    /// A node's term and the leader it knows (0: none), or nil when it does not answer.
+    static func raftView(_ controller: ChaosController, _ id: UInt64) async -> (term: UInt64, leader: UInt64)? {
+        guard let s = await controller.status(id, timeout: 1), let term = (s["term"] as? NSNumber)?.uint64Value,
+            let leader = (s["leader"] as? NSNumber)?.uint64Value
+        else { return nil }
+        return (term, leader)
+    }
+
+    /// The leader and term that every node of `agreedBy` reports (`among`'s when nil), once the
+    /// leader is one of `among` and the term is past `term` (polled for at most `bound` seconds).
+    static func leaderAfter(
+        _ controller: ChaosController, term: UInt64, among: [UInt64], agreedBy: [UInt64]? = nil, bound: Double = 20
+    ) async throws -> (leader: UInt64, term: UInt64) {
+        let deadline = Date().addingTimeInterval(bound)
+        var seen: [String] = []
+        while Date() < deadline {
+            var views: [(term: UInt64, leader: UInt64)] = []
+            for id in agreedBy ?? among { if let v = await raftView(controller, id) { views.append(v) } }
+            seen = views.map { "leader \($0.leader) term \($0.term)" }
+            if views.count == (agreedBy ?? among).count, let first = views.first, first.term > term, among.contains(first.leader),
+                views.allSatisfy({ $0 == first })
+            {
+                return (first.leader, first.term)
+            }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        throw ChaosError("no leader among \(among) in a term after \(term) within \(bound) s (last seen: \(seen))")
+    }
+
+    /// The sum of a metric's samples (every label set) in a node's `/metrics`.
+    static func metric(_ controller: ChaosController, _ id: UInt64, _ name: String) async throws -> Double {
+        let r = try await controller.request(id, .GET, "/metrics", timeout: 5)
+        return metricSamples(r.text, name).reduce(0) { $0 + $1.value }
+    }
+
+    /// The samples of `name` in Prometheus text: each line's labels (the text between the
+    /// braces, "" for none) and value.
+    static func metricSamples(_ text: String, _ name: String) -> [(labels: String, value: Double)] {
+        text.split(separator: "\n").compactMap { line in
+            guard line.hasPrefix(name) else { return nil }
+            let rest = line.dropFirst(name.count)
+            var labels = ""
+            var valueText = rest
+            if rest.hasPrefix("{"), let close = rest.firstIndex(of: "}") {
+                labels = String(rest[rest.index(after: rest.startIndex)..<close])
+                valueText = rest[rest.index(after: close)...]
+            } else if !rest.hasPrefix(" ") {
+                return nil
+            }
+            guard let value = Double(valueText.trimmingCharacters(in: .whitespaces)) else { return nil }
+            return (labels, value)
+        }
+    }
+
+    /// How many of a node's persist rounds (`banyan_persist_seconds`) took more than 250 ms.
+    static func slowPersists(_ controller: ChaosController, _ id: UInt64) async throws -> Double {
+        let r = try await controller.request(id, .GET, "/metrics", timeout: 5)
+        let buckets = metricSamples(r.text, "banyan_persist_seconds_bucket")
+        guard let all = buckets.first(where: { $0.labels == #"le="+Inf""# })?.value, let fast = buckets.first(where: { $0.labels == #"le="0.25""# })?.value
+        else { throw ChaosError("node \(id) has no persist histogram with a 0.25 s bucket") }
+        return all - fast
+    }
+
     /// The fastest of `tries` acknowledged writes through `node` (seconds), each retried until
     /// acknowledged (at most `bound` seconds in all).
     static func fastestWrite(_ controller: ChaosController, through node: UInt64, tries: Int, bound: Double = 30) async throws -> Double {
@@ -539,73 +602,102 @@ import Testing
             let (status, output) = try await Self.chaos(dir, args)
             #expect(status == 0, "banyan chaos \(args.joined(separator: " ")): \(output)")
         }
-        try await Task.sleep(nanoseconds: 1_000_000_000)
+        // The faults, one after another; whatever ends them (a failed wait), the load stops
+        // before the controller's event loops shut down.
+        let faults: Result<Void, any Error>
+        do {
+            try await Task.sleep(nanoseconds: 1_000_000_000)
 
-        // kill -9 of the leader, then a restart with the recorded arguments.
-        let killed = try await Self.waitForLeader(controller)
-        let oldPID = try controller.state().node(killed).pid
-        live.remove(killed)
-        try await run("kill", "--node", "\(killed)")
-        #expect(ProcessProbe.state(oldPID) == .exited)
-        let others = [UInt64(1), 2, 3].filter { $0 != killed }
-        let failover = try await Self.writeCommits(controller, through: others)
-        try await Task.sleep(nanoseconds: 1_000_000_000)
-        try await run("restart", "--node", "\(killed)")
-        let restarted = try controller.state().node(killed)
-        #expect(restarted.pid != oldPID && restarted.starts == 2 && ProcessProbe.state(of: restarted) == .running)
-        #expect(!restarted.arguments.contains("--new-cluster"))
-        live.add(killed)
+            // kill -9 of the leader, then a restart with the recorded arguments.
+            let killed = try await Self.waitForLeader(controller)
+            let oldPID = try controller.state().node(killed).pid
+            live.remove(killed)
+            try await run("kill", "--node", "\(killed)")
+            #expect(ProcessProbe.state(oldPID) == .exited)
+            let others = [UInt64(1), 2, 3].filter { $0 != killed }
+            let failover = try await Self.writeCommits(controller, through: others)
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            try await run("restart", "--node", "\(killed)")
+            let restarted = try controller.state().node(killed)
+            #expect(restarted.pid != oldPID && restarted.starts == 2 && ProcessProbe.state(of: restarted) == .running)
+            #expect(!restarted.arguments.contains("--new-cluster"))
+            live.add(killed)
 
-        // SIGSTOP of the leader, then SIGCONT.
-        let paused = try await Self.waitForLeader(controller)
-        live.remove(paused)
-        try await run("pause", "--node", "\(paused)")
-        #expect(ProcessProbe.state(of: try controller.state().node(paused)) == .paused)
-        let pauseFailover = try await Self.writeCommits(controller, through: [UInt64(1), 2, 3].filter { $0 != paused })
-        try await Task.sleep(nanoseconds: 1_000_000_000)
-        try await run("resume", "--node", "\(paused)")
-        live.add(paused)
+            // SIGSTOP of the leader, then SIGCONT.
+            let paused = try await Self.waitForLeader(controller)
+            live.remove(paused)
+            try await run("pause", "--node", "\(paused)")
+            #expect(ProcessProbe.state(of: try controller.state().node(paused)) == .paused)
+            let pauseFailover = try await Self.writeCommits(controller, through: [UInt64(1), 2, 3].filter { $0 != paused })
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            try await run("resume", "--node", "\(paused)")
+            live.add(paused)
 
-        // The leader isolated by a partition, then healed.
-        let isolated = try await Self.waitForLeader(controller)
-        let majority = [UInt64(1), 2, 3].filter { $0 != isolated }
-        try await run("partition", "--groups", "\(isolated)/" + majority.map(String.init).joined(separator: ","))
-        let switchState = try await controller.request(isolated, .GET, "/.banyan/faults")
-        #expect(switchState.text.contains(#""drop_peers":[\#(majority[0]),\#(majority[1])]"#), "\(switchState.text)")
-        let partitionFailover = try await Self.writeCommits(controller, through: majority)
-        try await Task.sleep(nanoseconds: 1_500_000_000)
-        try await run("heal")
-        #expect(try controller.state().nodes.allSatisfy { $0.faults.dropPeers.isEmpty })
+            // The leader isolated by a partition, then healed.
+            let isolated = try await Self.waitForLeader(controller)
+            let majority = [UInt64(1), 2, 3].filter { $0 != isolated }
+            let termBefore = try #require(await Self.raftView(controller, isolated)).term
+            let droppedBefore = try await Self.metric(controller, isolated, "banyan_fault_dropped_peer_messages_total")
+            try await run("partition", "--groups", "\(isolated)/" + majority.map(String.init).joined(separator: ","))
+            let switchState = try await controller.request(isolated, .GET, "/.banyan/faults")
+            #expect(switchState.text.contains(#""drop_peers":[\#(majority[0]),\#(majority[1])]"#), "\(switchState.text)")
+            let partitionFailover = try await Self.writeCommits(controller, through: majority)
+            // The partition acts: the majority elects a leader of its own in a later term (a
+            // transport that ignored the fault keeps the old leader and its term), a write through
+            // the cut-off node is not acknowledged, and that node counts the messages it dropped.
+            var elected: (leader: UInt64, term: UInt64)?
+            do { elected = try await Self.leaderAfter(controller, term: termBefore, among: majority) } catch { Issue.record(error) }
+            let cutOff = try? await controller.request(isolated, .PUT, "/probe/cut-off.json?ns=chaostest-probe", body: "1", timeout: 2)
+            #expect(cutOff?.status != 200, "a write through the isolated node was acknowledged: \(cutOff?.text ?? "")")
+            let droppedDuring = try await Self.metric(controller, isolated, "banyan_fault_dropped_peer_messages_total")
+            #expect(droppedDuring > droppedBefore, "dropped peer messages on the isolated node: \(droppedBefore) before, \(droppedDuring) during")
+            try await Task.sleep(nanoseconds: 500_000_000)
+            try await run("heal")
+            #expect(try controller.state().nodes.allSatisfy { $0.faults.dropPeers.isEmpty })
+            // After the heal all three nodes name one leader, in the majority's term or later,
+            // and a write through the node that was cut off commits.
+            _ = try await Self.leaderAfter(controller, term: (elected?.term ?? termBefore + 1) - 1, among: [1, 2, 3])
+            _ = try await Self.writeCommits(controller, through: [isolated])
 
-        // The leader's peer messages and fsyncs slowed, then back to full speed: the state
-        // file, the node's own switch, and the latency of writes through it all say so.
-        let slowed = try await Self.waitForLeader(controller)
-        try await run("slow", "--node", "\(slowed)", "--delay-ms", "300")
-        #expect(try controller.state().node(slowed).faults == NodeFaults(peerDelayMs: 300, diskDelayMs: 300))
-        let slowSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
-        #expect(slowSwitch.status == 200 && slowSwitch.text.contains(#""peer_delay_ms":300"#) && slowSwitch.text.contains(#""disk_delay_ms":300"#), "\(slowSwitch.text)")
-        let slowWrite = try await Self.writeCommits(controller, through: [1, 2, 3])
-        // Leader or not (the delay may cost it the leadership), a write through the slowed node
-        // waits for a delayed peer message (replication, or the forward to the leader).
-        let slowLatency = try await Self.fastestWrite(controller, through: slowed, tries: 3)
-        try await Task.sleep(nanoseconds: 1_500_000_000)
-        try await run("slow", "--node", "\(slowed)", "--delay-ms", "0")
-        let clearedSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
-        #expect(clearedSwitch.text == #"{"drop_peers":[],"peer_delay_ms":0,"disk_delay_ms":0}"#, "\(clearedSwitch.text)")
-        let afterAll = try await Self.writeCommits(controller, through: [1, 2, 3])
-        let fastLatency = try await Self.fastestWrite(controller, through: slowed, tries: 5)
-        print(String(format: "chaos test: the fastest write through the slowed node took %.3f s slowed, %.3f s after", slowLatency, fastLatency))
-        #expect(slowLatency >= 0.28, "a write through a node whose peer messages wait 300 ms took \(slowLatency) s")
-        #expect(fastLatency < 0.28 && fastLatency < slowLatency, "after clearing: \(fastLatency) s")
-        print(
-            String(
-                format: "chaos test: a write committed %.1f s after kill -9, %.1f s after SIGSTOP, %.1f s after the partition, %.1f s under slowness, %.1f s after the heal",
-                failover, pauseFailover, partitionFailover, slowWrite, afterAll))
+            // The leader's peer messages and fsyncs slowed, then back to full speed: the state
+            // file, the node's own switch, and the latency of writes through it all say so.
+            let slowed = try await Self.waitForLeader(controller)
+            let slowPersistsBefore = try await Self.slowPersists(controller, slowed)
+            try await run("slow", "--node", "\(slowed)", "--delay-ms", "300")
+            #expect(try controller.state().node(slowed).faults == NodeFaults(peerDelayMs: 300, diskDelayMs: 300))
+            let slowSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
+            #expect(slowSwitch.status == 200 && slowSwitch.text.contains(#""peer_delay_ms":300"#) && slowSwitch.text.contains(#""disk_delay_ms":300"#), "\(slowSwitch.text)")
+            let slowWrite = try await Self.writeCommits(controller, through: [1, 2, 3])
+            // Leader or not (the delay may cost it the leadership), a write through the slowed node
+            // waits for a delayed peer message (replication, or the forward to the leader).
+            let slowLatency = try await Self.fastestWrite(controller, through: slowed, tries: 3)
+            try await Task.sleep(nanoseconds: 1_500_000_000)
+            // The disk delay acts: the slowed node's persist rounds (which end with an fsync)
+            // include some over 250 ms, where they take milliseconds on an unslowed disk.
+            let slowPersistsDuring = try await Self.slowPersists(controller, slowed)
+            #expect(slowPersistsDuring > slowPersistsBefore, "persist rounds over 250 ms on the slowed node: \(slowPersistsBefore) before, \(slowPersistsDuring) during")
+            try await run("slow", "--node", "\(slowed)", "--delay-ms", "0")
+            let clearedSwitch = try await controller.request(slowed, .GET, "/.banyan/faults")
+            #expect(clearedSwitch.text == #"{"drop_peers":[],"peer_delay_ms":0,"disk_delay_ms":0}"#, "\(clearedSwitch.text)")
+            let afterAll = try await Self.writeCommits(controller, through: [1, 2, 3])
+            let fastLatency = try await Self.fastestWrite(controller, through: slowed, tries: 5)
+            print(String(format: "chaos test: the fastest write through the slowed node took %.3f s slowed, %.3f s after", slowLatency, fastLatency))
+            #expect(slowLatency >= 0.28, "a write through a node whose peer messages wait 300 ms took \(slowLatency) s")
+            #expect(fastLatency < 0.28 && fastLatency < slowLatency, "after clearing: \(fastLatency) s")
+            print(
+                String(
+                    format: "chaos test: a write committed %.1f s after kill -9, %.1f s after SIGSTOP, %.1f s after the partition, %.1f s under slowness, %.1f s after the heal",
+                    failover, pauseFailover, partitionFailover, slowWrite, afterAll))
 
-        try await Task.sleep(nanoseconds: 1_000_000_000)
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            faults = .success(())
+        } catch {
+            faults = .failure(error)
+        }
         done.set()
         await load.value
         await adds.value
+        try faults.get()
         // Final reads through every node, then the checks.
         for id: UInt64 in [1, 2, 3] {
             var registers = false
