@@ -68,7 +68,7 @@ extension ClusterTest {
 
         // 1. The full backup: a consistent prefix holding every write acknowledged before it.
         guard index == tookIndex else { throw Failure("backup verify says index \(index), the backup said \(tookIndex)") }
-        let fromFull = try await restoreAndRead(cluster, files: files, name: "full", arguments: [full], rules: sourceRules.text)
+        let fromFull = try await restoreAndRead(cluster, files: files, name: "full", arguments: [full], rules: sourceRules.text, grow: true)
         let seq = try Self.sequence(fromFull.defaultNamespace)
         guard seq >= ackedBefore else { throw Failure("the backup holds writes 1…\(seq) but \(ackedBefore) were acknowledged before it started") }
         print("full backup at index \(index): writes 1…\(seq) (≥ \(ackedBefore) acknowledged before it)")
@@ -154,8 +154,10 @@ extension ClusterTest {
     }
 
     /// `banyan restore ARGUMENTS --data-dir …`, then the restored node served alone (as id 40,
-    /// on its own ports) and read.
-    func restoreAndRead(_ cluster: LocalCluster, files: String, name: String, arguments: [String], rules: String? = nil) async throws -> Snapshot {
+    /// on its own ports) and read. With `grow`, the restored cluster then grows as the runbook
+    /// says: a blank node started with `--join` (ports of id 41) is added, must become a voter,
+    /// and a linearizable read through it must equal the restored node's state.
+    func restoreAndRead(_ cluster: LocalCluster, files: String, name: String, arguments: [String], rules: String? = nil, grow: Bool = false) async throws -> Snapshot {
         let data = "\(files)/restored-\(name)"
         let restored = try await runBanyan(["restore"] + arguments + ["--data-dir", data, "--node-id", "1"])
         guard restored.status == 0 else { throw Failure("restore \(name) failed: \(restored.output)") }
@@ -178,7 +180,39 @@ extension ClusterTest {
                 throw Failure("the restored node \(name) has the rules \(restored.status) \(restored.text), the source \(rules)")
             }
         }
-        return try await read(cluster, node: 40)
+        let own = try await read(cluster, node: 40)
+        if grow { try await growRestored(cluster, files: files, name: name, expecting: own) }
+        return own
+    }
+
+    /// Adds a blank `--join` node (node 2, on the ports of id 41) to the restored cluster served
+    /// as id 40, waits until it votes and answers ready, and compares a linearizable read of both
+    /// namespaces through it with the restored node's own state.
+    func growRestored(_ cluster: LocalCluster, files: String, name: String, expecting own: Snapshot) async throws {
+        let started = Date()
+        let joiner = try spawnBanyan(
+            [
+                "serve", "--data-dir", "\(files)/joined-\(name)", "--node-id", "2", "--cluster-id", "restored-\(name)", "--listen",
+                "127.0.0.1:\(cluster.clientPort(41))", "--peer-listen", "127.0.0.1:\(cluster.peerPort(41))", "--tls-dir", files + "/certs",
+                "--log-level", "notice", "--join",
+            ], log: "\(files)/joined-\(name).log")
+        defer {
+            joiner.terminate()
+            joiner.waitUntilExit()
+        }
+        try await leaderCall(cluster, [40], .POST, "/.banyan/members", body: #"{"id":2,"peer_address":"127.0.0.1:\#(cluster.peerPort(41))"}"#)
+        try await waitUntil("node 2 of the restored cluster \(name) votes and answers ready", timeout: 60) {
+            guard let s = await cluster.status(40), (s["voters"] as? [NSNumber])?.map(\.uint64Value).contains(2) == true else { return false }
+            guard let r = try? await cluster.request(41, .GET, "/.banyan/ready", timeout: 2) else { return false }
+            return r.status == 200
+        }
+        let a = try await cluster.request(41, .GET, "/.json", timeout: 15)
+        let b = try await cluster.request(41, .GET, "/.json?ns=jepsen", timeout: 15)
+        guard a.status == 200, b.status == 200 else { throw Failure("reading through the joined node of \(name): \(a.status) \(b.status)") }
+        guard a.text == own.defaultNamespace, b.text == own.jepsen else {
+            throw Failure("the joined node of the restored cluster \(name) reads other data than the restored node")
+        }
+        print("restored cluster \(name) grown: node 2 joined, votes, and reads the restored data (linearizable) after \(String(format: "%.1f", Date().timeIntervalSince(started))) s")
     }
 
     /// The highest n such that /seq holds exactly w1…wn.
