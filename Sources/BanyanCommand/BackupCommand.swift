@@ -3,6 +3,7 @@ import BanyanNode
 import BanyanOpLogFiles
 import BanyanServer
 import Foundation
+import NIOCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -578,6 +579,9 @@ final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Send
             AdminClient.warnIfTokenInClear(url)
             request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
         }
+        if url.scheme?.lowercased() == "https", let ca = TrustedCARequest.caFile {
+            return try viaTrustedCA(url, ca: ca, endpoint: endpoint, request: request, into: handle, report: report)
+        }
         let download = StreamingDownload(handle: handle, report: report)
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = 120
@@ -593,6 +597,30 @@ final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Send
             guard status == 200 else { throw CommandError("\(endpoint): \(status) \(String(decoding: download.errorBody, as: UTF8.self))") }
             return download.bytes
         }
+    }
+
+    /// The same download through `TrustedCARequest` (`BANYAN_CA_FILE`): the body goes to the file
+    /// as it arrives once the status is known to be 200; another status keeps 64 KiB of its body.
+    private static func viaTrustedCA(
+        _ url: URL, ca: String, endpoint: String, request: URLRequest, into handle: FileHandle, report: @escaping (UInt64) -> Void
+    ) throws -> UInt64 {
+        let state = StreamingDownload(handle: handle, report: report)
+        let headers = (request.allHTTPHeaderFields ?? [:]).map { ($0.key, $0.value) }
+        let answer = try TrustedCARequest.perform(url, method: "GET", headers: headers, body: nil, caFile: ca, timeout: .seconds(120)) { status, buffer in
+            let data = Data(buffer.readableBytesView)
+            if status != 200 {
+                if state.errorBody.count < 1 << 16 { state.errorBody.append(data) }
+                return
+            }
+            try handle.write(contentsOf: data)
+            state.bytes += UInt64(data.count)
+            if Date().timeIntervalSince(state.lastReport) >= 2 {
+                state.lastReport = Date()
+                report(state.bytes)
+            }
+        }
+        guard answer.status == 200 else { throw CommandError("\(endpoint): \(answer.status) \(String(decoding: state.errorBody, as: UTF8.self))") }
+        return state.bytes
     }
 
     func urlSession(

@@ -3,6 +3,7 @@ import BanyanOps
 import BanyanServer
 import Dispatch
 import Foundation
+import NIOCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -159,6 +160,16 @@ struct AdminClient {
         // State-changing operator requests must say they are JSON (docs/security.md).
         if method != "GET" { request.setValue("application/json", forHTTPHeaderField: "Content-Type") }
         if let body { request.httpBody = Data(body.utf8) }
+        if url.scheme?.lowercased() == "https", let ca = TrustedCARequest.caFile {
+            // A private CA: Foundation cannot be told to trust it (TrustedCARequest).
+            var received = Data()
+            let headers = (request.allHTTPHeaderFields ?? [:]).map { ($0.key, $0.value) }
+            let answer = try TrustedCARequest.perform(url, method: method, headers: headers, body: request.httpBody, caFile: ca, timeout: .seconds(30)) { _, buffer in
+                guard received.count + buffer.readableBytes <= 64 << 20 else { throw CommandError("\(endpoint) answered more than 64 MiB") }
+                received.append(contentsOf: buffer.readableBytesView)
+            }
+            return (answer.status, received, answer.headers)
+        }
         let done = DispatchSemaphore(value: 0)
         let box = ResponseBox()
         URLSession.shared.dataTask(with: request) { data, response, error in

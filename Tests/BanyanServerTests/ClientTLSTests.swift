@@ -1,4 +1,5 @@
 import BanyanNode
+import BanyanOps
 @testable import BanyanServer
 import Foundation
 import Logging
@@ -50,14 +51,21 @@ import Testing
         return ""
     }
 
-    @Test("with http.tls_cert and tls_key the client port speaks HTTPS (reads, writes) and WSS (the v5 hello), and nothing in plain text")
-    func httpsAndWSS() async throws {
-        let dir = try temporaryDirectory("client-tls")
-        defer { try? FileManager.default.removeItem(atPath: dir) }
+    /// A single node's configuration under `dir` whose client port serves HTTPS with a
+    /// development CA's certificate for localhost and 127.0.0.1, and those files.
+    static func httpsConfig(_ dir: String) throws -> (files: (ca: CAFiles, node: NodeCertificateFiles), config: NodeConfig) {
         let files = try DevCertificates.ensureDevelopmentCertificates(directory: dir + "/certs", nodeName: "node1", hosts: ["localhost", "127.0.0.1"])
         var c = singleNodeConfig(dir)
         c.http.tlsCertificate = files.node.certificatePath
         c.http.tlsPrivateKey = files.node.privateKeyPath
+        return (files, c)
+    }
+
+    @Test("with http.tls_cert and tls_key the client port speaks HTTPS (reads, writes) and WSS (the v5 hello), and nothing in plain text")
+    func httpsAndWSS() async throws {
+        let dir = try temporaryDirectory("client-tls")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (files, c) = try Self.httpsConfig(dir)
         try c.validate()
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { node.shutdown() }
@@ -85,6 +93,48 @@ import Testing
         // Plain HTTP gets no answer (the TLS handler refuses the bytes and closes).
         let plain = try? httpExchange(port: port, "GET", "/t.json")
         #expect(plain?.status != 200)
+    }
+
+    @Test("operator commands reach an HTTPS client port signed by a private CA with BANYAN_CA_FILE (status, drain, a streamed backup); without it the system's trust refuses the certificate, and a file that is not the CA is refused too")
+    func operatorCommandsTrustBanyanCAFile() async throws {
+        let dir = try temporaryDirectory("client-tls-operator")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (files, c) = try Self.httpsConfig(dir)
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let endpoint = "https://127.0.0.1:\(clientPort(node))"
+        func banyan(_ args: [String], ca: String?) async throws -> (status: Int32, output: String) {
+            try await Task.detached {
+                var environment = ProcessInfo.processInfo.environment
+                environment["BANYAN_CA_FILE"] = ca
+                let file = NSTemporaryDirectory() + "banyan-ca-\(UInt64.random(in: 0...UInt64.max)).out"
+                defer { try? FileManager.default.removeItem(atPath: file) }
+                let pid = try ChildProcess.spawn(try RotationAndRollTests.banyan(), args, environment: environment, outputFile: file)
+                let ending = ChildProcess.wait(pid, seconds: 60)
+                let output = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
+                if case .exited(let code) = ending { return (code, output) }
+                return (-1, output)
+            }.value
+        }
+        // The node leads and takes a write (through the command's own HTTPS path, retried while
+        // it elects itself).
+        var drained = (status: Int32(-1), output: "")
+        for _ in 0..<40 {
+            drained = try await banyan(["drain", "--stop", "--endpoint", endpoint], ca: files.ca.certificatePath)
+            if drained.status == 0 { break }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        #expect(drained.status == 0 && drained.output.contains("draining stopped"), "\(drained.output)")
+        let backup = try await banyan(["backup", "--endpoint", endpoint, "--out", dir + "/b.bkp"], ca: files.ca.certificatePath)
+        #expect(backup.status == 0 && backup.output.contains("backup \(dir)/b.bkp: index"), "\(backup.output)")
+        let verified = try await banyan(["backup", "verify", dir + "/b.bkp"], ca: nil)
+        #expect(verified.status == 0, "\(verified.output)")
+        // Without the variable: the system's trust does not know the CA.
+        let untrusted = try await banyan(["drain", "--stop", "--endpoint", endpoint], ca: nil)
+        #expect(untrusted.status != 0 && untrusted.output.lowercased().contains("certificate"), "\(untrusted.output)")
+        // A file that is not the CA (the node's own certificate is no trust anchor).
+        let wrong = try await banyan(["drain", "--stop", "--endpoint", endpoint], ca: files.node.certificatePath)
+        #expect(wrong.status != 0 && wrong.output.contains("CERTIFICATE_VERIFY_FAILED"), "\(wrong.output)")
     }
 
     @Test("a certificate without its key is refused at start")
