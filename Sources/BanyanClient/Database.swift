@@ -282,7 +282,7 @@ public final class Database: @unchecked Sendable {
     /// connecting): where the first connection went, and where a failover took the client. Not
     /// for use inside a transaction block (they run on the database's own thread).
     public var connectedNode: String? {
-        onLoopSync { self.core.onlineNode.map { "\(self.nodes[$0 % self.nodes.count].host):\(self.nodes[$0 % self.nodes.count].port)" } } ?? nil
+        onLoopSync { self.core.onlineNode == nil ? nil : self.attemptAddress } ?? nil
     }
 
     // MARK: - The loop
@@ -403,6 +403,8 @@ public final class Database: @unchecked Sendable {
 
     /// Where the next connection goes instead of the node list (a reset named it).
     private var redirect: (host: String, port: Int)?
+    /// The address of the latest connection attempt (the connected node's once online).
+    private var attemptAddress: String?
 
     /// `host:port`, `[v6]:port` or a bare host (then `defaultPort`); nil when it cannot be read.
     static func hostAndPort(_ text: String, defaultPort: Int) -> (host: String, port: Int)? {
@@ -433,6 +435,7 @@ public final class Database: @unchecked Sendable {
         // A reset's named host, once; else the node list.
         let (host, port) = redirect ?? nodes[node % nodes.count]
         redirect = nil
+        attemptAddress = "\(host):\(port)"
         let opened = WebSocketLink.open(
             host: host, port: port, namespace: namespace, parameters: core.connectionParameters, tls: tls, group: loop,
             socketOpened: { [weak self] socket in

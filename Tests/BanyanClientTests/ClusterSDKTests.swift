@@ -15,7 +15,7 @@ import Glibc
 /// and an app's offline queue across real process deaths and restarts (`banyan-sdk-probe`).
 ///
 /// Each test starts its own cluster on client ports 31500+10k+1…3 and peer ports 31600+10k+1…3
-/// (k: the test's slot, 0…4), and stops it at the end. About 10 s in all on two cores. In the full
+/// (k: the test's slot, 0…5), and stops it at the end. About 10 s in all on two cores. In the full
 /// `swift test` the simulator's CPU-bound tests hold the concurrency pool's threads for minutes,
 /// so these tests may start late (measured: after 8 minutes, then 22 s for the API tour instead
 /// of 4); every wait is therefore bounded generously and checks its condition once more after
@@ -629,6 +629,39 @@ struct ClusterSDKTests {
         print(
             "failover (\(victim.rawValue)): node \(target) killed, the client on \(node) after \(String(format: "%.2f", reconnected)) s, leader \(newLeader); "
                 + "\(keys.count) child_added events, \(rounds) increments and appends (\(unansweredAtKill) writes unanswered at the kill)")
+    }
+
+    @Test("a drained node sends its clients on with the protocol's reset: a client whose only configured node drains reconnects at once to the node the reset names (not in its list), keeps its listen without a repeated or lost event, and its writes land")
+    func drainMovesTheClient() async throws {
+        let cluster = try Cluster("drain", slot: 5, namespace: "drain")
+        defer { cluster.stop() }
+        try await cluster.startAll()
+        // A client that knows node 1 only.
+        let f = try Database(url: cluster.url(1), nodes: [], authToken: "owner")
+        let w = try cluster.database(first: 3)
+        defer {
+            f.shutdown()
+            w.shutdown()
+        }
+        #expect(await Self.online(f) == cluster.address(1))
+        let values = Log<String>()
+        f.reference(withPath: "counter").observe(.value) { s in values.add(Self.json(s.value)) }
+        try await Self.bounded { try await w.reference(withPath: "counter").setValue(1) }
+        #expect(await Self.eventually { values.all.last == "1" }, "\(values.all)")
+
+        let answer = try await cluster.ops.request(
+            1, .POST, "/.banyan/drain?auth=owner", headers: [("Content-Type", "application/json")], body: #"{"to":["\#(cluster.address(2))"]}"#)
+        #expect(answer.status == 200, "\(answer.status) \(answer.text)")
+        let moved = await Self.eventually(seconds: 60) { f.connectedNode == cluster.address(2) }
+        #expect(moved, "the client is on \(f.connectedNode ?? "nothing")")
+        // Its listen goes on through node 2, and its writes land there.
+        try await Self.bounded { try await w.reference(withPath: "counter").setValue(2) }
+        try await Self.bounded { try await f.reference(withPath: "mine").setValue("after the drain") }
+        #expect(await Self.eventually { values.all.last == "2" }, "\(values.all)")
+        let read = try await Self.bounded { try await w.reference(withPath: "mine").getData() }
+        #expect(Self.json(read.value) == #""after the drain""#)
+        // No value was raised twice or lost (1 then 2; a null first if the listen started empty).
+        #expect(values.all.filter { $0 != "null" } == ["1", "2"], "\(values.all)")
     }
 
     @Test("a stopped node (SIGSTOP: its kernel keeps the TCP connection up, nothing answers) under a client that observes a list another client appends to and writes: the client's timers find the node silent and it fails over within its configured time, sees every child_added once and in order, and each of its writes lands once, also after the node resumes")
