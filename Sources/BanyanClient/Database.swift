@@ -287,15 +287,24 @@ public final class Database: @unchecked Sendable {
 
     // MARK: - The loop
 
-    private static func nowMillis() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
+    /// The wall clock when the database was made, and the monotonic clock then.
+    private let clockBase = (wall: Int64((Date().timeIntervalSince1970 * 1000).rounded()), monotonic: DispatchTime.now().uptimeNanoseconds)
+
+    /// The core's clock: the wall-clock time at start plus the monotonic time since, so a step
+    /// of the system clock (NTP, a user) neither fires nor stalls the back-off, the connection
+    /// and ping timers, or the keep-alive. Server values still read as wall time (corrected by
+    /// `.info/serverTimeOffset` at each hello).
+    private func nowMillis() -> Int64 {
+        clockBase.wall + Int64((DispatchTime.now().uptimeNanoseconds &- clockBase.monotonic) / 1_000_000)
+    }
 
     private func startTicking() {
         // The clock before any call runs: a server value written first thing (before the first
         // tick) shows locally as the time now, not as 1970.
-        core.tick(now: Self.nowMillis())
+        core.tick(now: nowMillis())
         ticker = loop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(50)) { [weak self] _ in
             guard let self else { return }
-            let now = Self.nowMillis()
+            let now = self.nowMillis()
             self.core.tick(now: now)
             // The protocol's keep-alive: "0" every 45 s while connected.
             if let channel = self.channel, self.core.isOnline, now - self.lastKeepAlive > 45_000 {
@@ -633,7 +642,7 @@ public final class Database: @unchecked Sendable {
 
     func nextPushID() -> String {
         // Taken on the caller's thread: the generator is guarded by the id source's lock.
-        ids.withLock { pushIDs.next(now: Self.nowMillis()) }
+        ids.withLock { pushIDs.next(now: nowMillis()) }
     }
 }
 
