@@ -29,44 +29,79 @@ public class DatabaseQuery: @unchecked Sendable {
 
     // MARK: - Narrowing
 
-    private func narrowed(_ build: (Query) throws(QueryError) -> Query) -> DatabaseQuery {
+    /// Firebase's iOS SDK checks each call's arguments and raises with its own message; this
+    /// query keeps the message (`queryError`) instead. `check` gives the iOS SDK's message for
+    /// what it checks before building; the builder's endpoint checks are worded as the iOS SDK
+    /// words them (`IOSQueryMessages`), anything else as the builder does.
+    private func narrowed(check: () -> String? = { nil }, _ build: (Query) throws(QueryError) -> Query) -> DatabaseQuery {
         guard queryError == nil else { return DatabaseQuery(database: database, path: path, query: query, error: queryError) }
+        if let message = check() { return failed(message) }
         do {
             return DatabaseQuery(database: database, path: path, query: try build(query))
         } catch {
-            return DatabaseQuery(database: database, path: path, query: query, error: DatabaseError(code: "invalid_query", message: error.message))
+            return failed(IOSQueryMessages.endpoint(error.kind) ?? error.message)
         }
     }
 
-    public func queryOrdered(byChild key: String) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByChild(key) } }
-    public func queryOrderedByKey() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByKey() } }
-    public func queryOrderedByValue() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByValue() } }
-    public func queryOrderedByPriority() -> DatabaseQuery { narrowed { q throws(QueryError) in try q.orderByPriority() } }
-    public func queryLimited(toFirst limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToFirst(Int(clamping: limit)) } }
-    public func queryLimited(toLast limit: UInt) -> DatabaseQuery { narrowed { q throws(QueryError) in try q.limitToLast(Int(clamping: limit)) } }
+    private func failed(_ message: String) -> DatabaseQuery {
+        DatabaseQuery(database: database, path: path, query: query, error: DatabaseError(code: "invalid_query", message: message))
+    }
 
-    public func queryStarting(atValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryStarting(atValue:)") { q, v, k throws(QueryError) in try q.startAt(v, key: k) } }
+    public func queryOrdered(byChild key: String) -> DatabaseQuery {
+        narrowed(check: { IOSQueryMessages.orderByChild(key, alreadyOrdered: query.isOrdered) }) { q throws(QueryError) in try q.orderByChild(key) }
+    }
+    public func queryOrderedByKey() -> DatabaseQuery { ordered { q throws(QueryError) in try q.orderByKey() } }
+    public func queryOrderedByValue() -> DatabaseQuery { ordered { q throws(QueryError) in try q.orderByValue() } }
+    public func queryOrderedByPriority() -> DatabaseQuery { ordered { q throws(QueryError) in try q.orderByPriority() } }
+    public func queryLimited(toFirst limit: UInt) -> DatabaseQuery {
+        narrowed(check: { IOSQueryMessages.limit(limit, first: true, alreadySet: query.params.limit != nil) }) { q throws(QueryError) in
+            try q.limitToFirst(Int(clamping: limit))
+        }
+    }
+    public func queryLimited(toLast limit: UInt) -> DatabaseQuery {
+        narrowed(check: { IOSQueryMessages.limit(limit, first: false, alreadySet: query.params.limit != nil) }) { q throws(QueryError) in
+            try q.limitToLast(Int(clamping: limit))
+        }
+    }
+
+    private func ordered(_ build: (Query) throws(QueryError) -> Query) -> DatabaseQuery {
+        narrowed(check: { query.isOrdered ? IOSQueryMessages.multipleOrderings : nil }, build)
+    }
+
+    public func queryStarting(atValue value: Any?) -> DatabaseQuery {
+        bound(value, nil, .startAt, "queryStartingAtValue:") { q, v, k throws(QueryError) in try q.startAt(v, key: k) }
+    }
     public func queryStarting(atValue value: Any?, childKey: String?) -> DatabaseQuery {
-        bound(value, childKey, "queryStarting(atValue:childKey:)") { q, v, k throws(QueryError) in try q.startAt(v, key: k) }
+        bound(value, childKey, .startAt, "queryStartingAtValue:childKey:") { q, v, k throws(QueryError) in try q.startAt(v, key: k) }
     }
-    public func queryStarting(afterValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryStarting(afterValue:)") { q, v, k throws(QueryError) in try q.startAfter(v, key: k) } }
+    public func queryStarting(afterValue value: Any?) -> DatabaseQuery {
+        bound(value, nil, .startAfter, "queryStartingAfterValue:childKey:") { q, v, k throws(QueryError) in try q.startAfter(v, key: k) }
+    }
     public func queryStarting(afterValue value: Any?, childKey: String?) -> DatabaseQuery {
-        bound(value, childKey, "queryStarting(afterValue:childKey:)") { q, v, k throws(QueryError) in try q.startAfter(v, key: k) }
+        bound(value, childKey, .startAfter, "queryStartingAfterValue:childKey:") { q, v, k throws(QueryError) in try q.startAfter(v, key: k) }
     }
-    public func queryEnding(atValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryEnding(atValue:)") { q, v, k throws(QueryError) in try q.endAt(v, key: k) } }
+    public func queryEnding(atValue value: Any?) -> DatabaseQuery {
+        bound(value, nil, .endAt, "queryEndingAtValue:") { q, v, k throws(QueryError) in try q.endAt(v, key: k) }
+    }
     public func queryEnding(atValue value: Any?, childKey: String?) -> DatabaseQuery {
-        bound(value, childKey, "queryEnding(atValue:childKey:)") { q, v, k throws(QueryError) in try q.endAt(v, key: k) }
+        bound(value, childKey, .endAt, "queryEndingAtValue:childKey:") { q, v, k throws(QueryError) in try q.endAt(v, key: k) }
     }
-    public func queryEnding(beforeValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryEnding(beforeValue:)") { q, v, k throws(QueryError) in try q.endBefore(v, key: k) } }
+    public func queryEnding(beforeValue value: Any?) -> DatabaseQuery {
+        bound(value, nil, .endBefore, "queryEndingBeforeValue:childKey:") { q, v, k throws(QueryError) in try q.endBefore(v, key: k) }
+    }
     public func queryEnding(beforeValue value: Any?, childKey: String?) -> DatabaseQuery {
-        bound(value, childKey, "queryEnding(beforeValue:childKey:)") { q, v, k throws(QueryError) in try q.endBefore(v, key: k) }
+        bound(value, childKey, .endBefore, "queryEndingBeforeValue:childKey:") { q, v, k throws(QueryError) in try q.endBefore(v, key: k) }
     }
-    public func queryEqual(toValue value: Any?) -> DatabaseQuery { bound(value, nil, "queryEqual(toValue:)") { q, v, k throws(QueryError) in try q.equalTo(v, key: k) } }
+    public func queryEqual(toValue value: Any?) -> DatabaseQuery {
+        bound(value, nil, .equalTo, "queryEqualToValue:") { q, v, k throws(QueryError) in try q.equalTo(v, key: k) }
+    }
     public func queryEqual(toValue value: Any?, childKey: String?) -> DatabaseQuery {
-        bound(value, childKey, "queryEqual(toValue:childKey:)") { q, v, k throws(QueryError) in try q.equalTo(v, key: k) }
+        bound(value, childKey, .equalTo, "queryEqualToValue:childKey:") { q, v, k throws(QueryError) in try q.equalTo(v, key: k) }
     }
 
-    private func bound(_ value: Any?, _ key: String?, _ function: String, _ build: (Query, Tree, String?) throws(QueryError) -> Query) -> DatabaseQuery {
+    private func bound(
+        _ value: Any?, _ key: String?, _ call: IOSQueryMessages.Bound, _ method: String, _ build: (Query, Tree, String?) throws(QueryError) -> Query
+    ) -> DatabaseQuery {
         let leaf: Tree
         switch value {
         case nil, is NSNull: leaf = .empty
@@ -76,11 +111,10 @@ public class DatabaseQuery: @unchecked Sendable {
         case let d as Double: leaf = d.rounded() == d && abs(d) < 9.0e15 ? Tree(.int(Int64(d))) : Tree(.double(d))
         case let n as NSNumber: leaf = Tree(.double(n.doubleValue))
         default:
-            return DatabaseQuery(
-                database: database, path: path, query: query,
-                error: queryError ?? DatabaseError(code: "invalid_query", message: "\(function): the value must be a string, a number, a boolean or nil"))
+            return queryError.map { DatabaseQuery(database: database, path: path, query: query, error: $0) } ?? failed(IOSQueryMessages.valueType(method))
         }
-        return narrowed { q throws(QueryError) in try build(q, leaf, key) }
+        let state = IOSQueryMessages.State(keyOrdered: query.params.index == .key && query.isOrdered, hasStart: query.hasStart, hasEnd: query.hasEnd)
+        return narrowed(check: { IOSQueryMessages.bound(call, method: method, childKey: key, state) }) { q throws(QueryError) in try build(q, leaf, key) }
     }
 
     // MARK: - Observing

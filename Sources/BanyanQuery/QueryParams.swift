@@ -43,8 +43,22 @@ public struct QueryParams: Sendable, Equatable {
 
 /// Why a query was rejected. `message` is the Firebase SDK's wording where one exists.
 public struct QueryError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// What was wrong with the endpoints for the ordering (other SDKs word it their own way).
+    public enum Kind: Equatable, Sendable {
+        case other
+        /// Ordering by key: a child key was given with the start (or end) value.
+        case keyOrderingWithChildKey(start: Bool)
+        /// Ordering by key: the start (or end) value is not a string.
+        case keyOrderingWithNonString(start: Bool)
+        /// Ordering by priority: a value is not a valid priority.
+        case invalidPriority
+    }
     public let message: String
-    public init(_ message: String) { self.message = message }
+    public let kind: Kind
+    public init(_ message: String, kind: Kind = .other) {
+        self.message = message
+        self.kind = kind
+    }
     public var description: String { message }
 }
 
@@ -56,6 +70,12 @@ public struct Query: Sendable, Equatable {
     private var orderByCalled = false
     private var startSet = false
     private var endSet = false
+    /// An ordering was chosen (each query may choose one).
+    public var isOrdered: Bool { orderByCalled }
+    /// A start (startAt, startAfter, equalTo) was set.
+    public var hasStart: Bool { startSet }
+    /// An end (endAt, endBefore, equalTo) was set.
+    public var hasEnd: Bool { endSet }
 
     public init() {}
 
@@ -209,16 +229,18 @@ public struct Query: Sendable, Equatable {
             let tooMany = "Query: When ordering by key, you may only pass one argument to startAt(), endAt(), or equalTo()."
             let wrongType = "Query: When ordering by key, the argument passed to startAt(), startAfter(), endAt(), endBefore(), or equalTo() must be a string."
             if startSet {
-                if startName != nil { throw QueryError(tooMany) }
-                guard case .string? = startValue.leaf else { throw QueryError(wrongType) }
+                if startName != nil { throw QueryError(tooMany, kind: .keyOrderingWithChildKey(start: true)) }
+                guard case .string? = startValue.leaf else { throw QueryError(wrongType, kind: .keyOrderingWithNonString(start: true)) }
             }
             if endSet {
-                if endName != nil { throw QueryError(tooMany) }
-                guard case .string? = endValue.leaf else { throw QueryError(wrongType) }
+                if endName != nil { throw QueryError(tooMany, kind: .keyOrderingWithChildKey(start: false)) }
+                guard case .string? = endValue.leaf else { throw QueryError(wrongType, kind: .keyOrderingWithNonString(start: false)) }
             }
         case .priority:
             if (startSet && Priority(tree: startValue) == nil) || (endSet && Priority(tree: endValue) == nil) {
-                throw QueryError("Query: When ordering by priority, the first argument passed to startAt(), startAfter() endAt(), endBefore(), or equalTo() must be a valid priority value (null, a number, or a string).")
+                throw QueryError(
+                    "Query: When ordering by priority, the first argument passed to startAt(), startAfter() endAt(), endBefore(), or equalTo() must be a valid priority value (null, a number, or a string).",
+                    kind: .invalidPriority)
             }
         case .value, .child:
             if (startSet && startValue.hasChildren) || (endSet && endValue.hasChildren) {
