@@ -15,7 +15,7 @@ import Glibc
 /// and an app's offline queue across real process deaths and restarts (`banyan-sdk-probe`).
 ///
 /// Each test starts its own cluster on client ports 31500+10k+1…3 and peer ports 31600+10k+1…3
-/// (k: the test's slot, 0…5), and stops it at the end. About 10 s in all on two cores. In the full
+/// (k: the test's slot, 0…6), and stops it at the end. About 10 s in all on two cores. In the full
 /// `swift test` the simulator's CPU-bound tests hold the concurrency pool's threads for minutes,
 /// so these tests may start late (measured: after 8 minutes, then 22 s for the API tour instead
 /// of 4); every wait is therefore bounded generously and checks its condition once more after
@@ -664,9 +664,11 @@ struct ClusterSDKTests {
         #expect(values.all.filter { $0 != "null" } == ["1", "2"], "\(values.all)")
     }
 
-    @Test("a stopped node (SIGSTOP: its kernel keeps the TCP connection up, nothing answers) under a client that observes a list another client appends to and writes: the client's timers find the node silent and it fails over within its configured time, sees every child_added once and in order, and each of its writes lands once, also after the node resumes")
-    func stoppedNode() async throws {
-        let cluster = try Cluster("sigstop", slot: 4, namespace: "sigstop")
+    @Test(
+        "a stopped node (SIGSTOP: its kernel keeps the TCP connection up, nothing answers; a follower, then the leader, which the others replace) under a client that observes a list another client appends to and writes: the client's timers find the node silent and it fails over within its configured time, sees every child_added once and in order, and each of its writes lands once, also after the node resumes",
+        arguments: Victim.allCases)
+    func stoppedNode(_ role: Victim) async throws {
+        let cluster = try Cluster("sigstop-\(role.rawValue)", slot: role == .follower ? 4 : 6, namespace: "sigstop")
         let stopped = Log<pid_t>()
         defer {
             // A stopped process ignores SIGTERM until continued.
@@ -675,8 +677,8 @@ struct ClusterSDKTests {
         }
         try await cluster.startAll()
         let leader = try await cluster.leader()
-        // F starts on a follower; W, the appender, on the node F does not fail over to first.
-        let first: UInt64 = leader % 3 + 1
+        // F starts on the node to stop; W, the appender, on the node F does not fail over to first.
+        let first: UInt64 = role == .leader ? leader : leader % 3 + 1
         let writerNode = cluster.others(first)[1]
         let f = try cluster.database(first: first)
         let idle = 2.0
@@ -748,6 +750,11 @@ struct ClusterSDKTests {
         // second, then the next node (a live one) answers at once; 10 s of slack for a loaded
         // machine.
         #expect(movedAfter < idle + ping + 1 + 10, "moved after \(movedAfter) s")
+        if role == .leader {
+            // The others elect a leader of their own; the stopped one is no longer it.
+            let replaced = try await cluster.leader(among: [UInt64(1), 2, 3].filter { $0 != victim })
+            #expect(replaced != victim)
+        }
         #expect(
             await Self.eventually(seconds: 120) { added.count >= seenAtStop + 20 && made.count >= madeAtStop + 20 },
             "after the failover: \(added.count) events (\(seenAtStop) at the stop), \(made.count) rounds")
@@ -790,7 +797,7 @@ struct ClusterSDKTests {
         let mineAfter = try await Self.bounded { try await w.reference(withPath: "mine").getData() }
         #expect(counterAfter == rounds && mineAfter.childrenCount == rounds, "after the resume: counter \(counterAfter.map(String.init) ?? "nil"), \(mineAfter.childrenCount) children, \(rounds) rounds")
         print(
-            "stopped node: node \(victim) stopped (leader \(leader)), the client on \(node) after \(String(format: "%.2f", movedAfter)) s "
+            "stopped node (\(role.rawValue)): node \(victim) stopped (leader \(leader)), the client on \(node) after \(String(format: "%.2f", movedAfter)) s "
                 + "(idle \(idle) s + ping \(ping) s); \(keys.count) child_added events, \(rounds) increments and appends")
     }
 
