@@ -189,15 +189,20 @@ struct AdminClient {
 }
 
 extension AdminClient {
-    private static let warned = NSLock()
-    nonisolated(unsafe) private static var warnedHosts: Set<String> = []
+    /// The hosts already warned about (one warning each per process).
+    private final class WarnedHosts: @unchecked Sendable {
+        private let lock = NSLock()
+        private var hosts: Set<String> = []
+        func insert(_ host: String) -> Bool { lock.withLock { hosts.insert(host).inserted } }
+    }
+    private static let warned = WarnedHosts()
 
     /// Says once per host, on stderr, that the operator token is about to cross the network
     /// unencrypted: an `http://` endpoint that is not loopback (docs/operations.md, "Operator
     /// commands over the network").
     static func warnIfTokenInClear(_ url: URL) {
         guard url.scheme?.lowercased() == "http", let host = url.host, !isLoopbackHost(host) else { return }
-        let first = warned.withLock { warnedHosts.insert(host).inserted }
+        let first = warned.insert(host)
         guard first else { return }
         FileHandle.standardError.write(
             Data("warning: the operator token goes to \(host) over plain HTTP (readable on the network): serve the client port with TLS (http.tls_cert) and give https://\(host):… as the endpoint, or run the command on the node itself\n".utf8))

@@ -15,7 +15,7 @@ import Glibc
 /// and an app's offline queue across real process deaths and restarts (`banyan-sdk-probe`).
 ///
 /// Each test starts its own cluster on client ports 31500+10k+1…3 and peer ports 31600+10k+1…3
-/// (k: the test's slot, 0…6), and stops it at the end. About 10 s in all on two cores. In the full
+/// (k: the test's slot, 0…7), and stops it at the end. About 10 s in all on two cores. In the full
 /// `swift test` the simulator's CPU-bound tests hold the concurrency pool's threads for minutes,
 /// so these tests may start late (measured: after 8 minutes, then 22 s for the API tour instead
 /// of 4); every wait is therefore bounded generously and checks its condition once more after
@@ -662,6 +662,50 @@ struct ClusterSDKTests {
         #expect(Self.json(read.value) == #""after the drain""#)
         // No value was raised twice or lost (1 then 2; a null first if the listen started empty).
         #expect(values.all.filter { $0 != "null" } == ["1", "2"], "\(values.all)")
+    }
+
+    @Test("accounts and the alias surfaces across nodes: a user created through node 1 signs in through node 2 and writes its own record under rules there; node 3 reads it with the same token; a Firebase 2.x client signs in on node 3 and a Wilddog client on node 1 sees what it writes")
+    func accountsAndAliasesAcrossNodes() async throws {
+        let cluster = try Cluster("accounts", slot: 7, namespace: "accounts")
+        defer { cluster.stop() }
+        try await cluster.startAll()
+        let rules = #"{"rules":{"users":{"$uid":{".read":"auth != null && auth.uid === $uid",".write":"auth != null && auth.uid === $uid"}},"public":{".read":true,".write":true}}}"#
+        let set = try await cluster.ops.request(1, .PUT, "/.settings/rules.json?ns=accounts&auth=owner", body: rules, timeout: 15)
+        #expect(set.status == 200, "\(set.status) \(set.text)")
+        let one = try Database(url: cluster.url(1), nodes: [])
+        let two = try Database(url: cluster.url(2), nodes: [])
+        let three = try Database(url: cluster.url(3), nodes: [])
+        defer {
+            one.shutdown()
+            two.shutdown()
+            three.shutdown()
+        }
+        // Created through node 1, signed in through node 2 (the account lives in the log).
+        let created = try await Self.bounded { try await Auth.auth(database: one).createUser(withEmail: "lin@x.y", password: "margaret-1969") }
+        let onTwo = Auth.auth(database: two)
+        let signedIn = try await Self.bounded { try await onTwo.signIn(withEmail: "lin@x.y", password: "margaret-1969") }
+        #expect(signedIn.uid == created.uid)
+        #expect(await AuthTests.write(two.reference(withPath: "users/\(created.uid)"), ["name": "Lin"]) == "ok")
+        #expect(await AuthTests.write(two.reference(withPath: "users/someone-else"), ["name": "x"]) == "permission_denied")
+        // Node 3 takes the same token (signed with the cluster's key) and reads the record.
+        onTwo.attach(three)
+        let read = try await Self.bounded { try await three.reference(withPath: "users/\(created.uid)/name").getData() }
+        #expect(read.value as? String == "Lin")
+
+        // The 2.x surface on node 3: sign in with the password, write its own record.
+        let legacy = Firebase(url: cluster.url(3))
+        let (outcome, data) = await Firebase2xTests.auth { legacy.authUser("lin@x.y", password: "margaret-1969", withCompletionBlock: $0) }
+        #expect(outcome == "ok" && data?.uid == created.uid, "\(outcome)")
+        await Firebase2xTests.check("ok") { legacy.childByAppendingPath("users/\(created.uid)/via").setValue("2.x", withCompletionBlock: $0) }
+        // The Wilddog surface on node 1 sees a public value the 2.x client writes on node 3.
+        let sync = try WDGSync.sync(url: cluster.url(1))
+        let seen = R()
+        sync.reference(withPath: "public/note").observe(WDGDataEventType.value) { s in seen.add(DatabaseTests.json(s.value)) }
+        await Firebase2xTests.check("ok") { legacy.childByAppendingPath("public/note").setValue("from node 3", withCompletionBlock: $0) }
+        #expect(await seen.wait { $0 == #""from node 3""# }, "\(seen.all)")
+        let via = try await Self.bounded { try await two.reference(withPath: "users/\(created.uid)/via").getData() }
+        #expect(via.value as? String == "2.x")
+        legacy.unauth()
     }
 
     @Test(

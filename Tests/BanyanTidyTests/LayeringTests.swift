@@ -54,7 +54,7 @@ import Testing
             false,
             [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "BanyanClient", "Logging",
-                "NIOCore", "NIOHTTP1", "ArgumentParser",
+                "NIOCore", "NIOHTTP1", "NIOPosix", "NIOSSL", "ArgumentParser",
                 "Foundation", "FoundationNetworking", "Dispatch", "Glibc",
             ]
         ),
