@@ -320,6 +320,29 @@ struct RotationAndRollTests {
         }
         #expect(await Self.tlsStatus(cluster, 2)?.loadedBy == "SIGHUP")
 
+        // A keep-alive HTTPS connection to node 2 opened before any client-port certificate
+        // changes, read through every 200 ms until the end: it must keep working, on A's
+        // certificate, while new connections get B's.
+        let held = try await cluster.connect(2)
+        defer { held.close() }
+        let heldFirst = try await held.send(.GET, "/load/c0.json", timeout: .seconds(5))
+        #expect(heldFirst.status == 200)
+        let heldBefore = try await held.peerCertificate()
+        let holding = Atomic(true)
+        let heldReads = Mutex<(answered: Int, failed: [String])>((0, []))
+        let holder = Task {
+            while holding.load(ordering: .relaxed) {
+                do {
+                    let r = try await held.send(.GET, "/load/c0.json", timeout: .seconds(5))
+                    heldReads.withLock { if r.status == 200 { $0.answered += 1 } else { $0.failed.append("\(r.status)") } }
+                } catch {
+                    heldReads.withLock { $0.failed.append("\(error)") }
+                    return
+                }
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
+
         // 2. Node and client-port certificates from the new CA, one node at a time, each node's
         // pair in one reload. Node 1 first gets a node key that does not match: the reload is
         // refused and it keeps A's certificates, the client port's included.
@@ -364,6 +387,8 @@ struct RotationAndRollTests {
         }
         try await Task.sleep(for: .seconds(2))
         await load.stop()
+        holding.store(false, ordering: .relaxed)
+        await holder.value
 
         // No write failed, and none was lost.
         let acknowledged = load.acknowledged.load(ordering: .relaxed)
@@ -376,6 +401,12 @@ struct RotationAndRollTests {
         // gets it, one trusting A alone fails its handshake.
         #expect(acknowledged > acknowledgedAfterReissue, "no write after the last client-port certificate was reloaded")
         #expect(Self.certificate(dir + "/clientA/node1.pem") != Self.certificate(dir + "/clientB/node1.pem"))
+        // The connection opened before the reloads kept working and kept A's certificate.
+        let (heldAnswered, heldFailed) = heldReads.withLock { ($0.answered, $0.failed) }
+        print("rotation: the held connection answered \(heldAnswered) reads, \(heldFailed.count) failed \(heldFailed.prefix(3))")
+        #expect(heldAnswered > 5 && heldFailed.isEmpty, "\(heldFailed.prefix(3))")
+        #expect(heldBefore != nil && heldBefore == Self.certificate(dir + "/clientA/node2.pem"))
+        #expect(try await held.peerCertificate() == heldBefore)
         let onlyA = try Self.trusting([caA.certificatePath])
         let onlyB = try Self.trusting([caB.certificatePath])
         for id in ids {
