@@ -1,6 +1,7 @@
 public import NIOCore
 public import NIOHTTP1
 public import NIOPosix
+public import NIOSSL
 
 /// A response as the operator tools, the benchmark and the cluster tests see it.
 public struct HTTPResult: Sendable {
@@ -26,7 +27,8 @@ public struct HTTPClientError: Error, Sendable, CustomStringConvertible {
 }
 
 /// One keep-alive HTTP/1.1 connection that sends requests one at a time (a benchmark or test
-/// client is one of these). Not for concurrent use: wait for each response before the next.
+/// client is one of these), in plain text or, given a client TLS context, over HTTPS. Not for
+/// concurrent use: wait for each response before the next.
 public final class HTTPConnection: @unchecked Sendable {
     public let host: String
     public let port: Int
@@ -40,13 +42,20 @@ public final class HTTPConnection: @unchecked Sendable {
         self.handler = handler
     }
 
-    public static func connect(host: String, port: Int, group: any EventLoopGroup, timeout: TimeAmount = .seconds(2)) async throws -> HTTPConnection {
+    /// Connects to `host:port`; with `tls`, the connection speaks HTTPS and checks the server's
+    /// certificate against the context's trust roots (and `serverHostname`, when given, for SNI
+    /// and the name check; an address is checked through the certificate's IP names). A failed
+    /// handshake fails the first request.
+    public static func connect(
+        host: String, port: Int, group: any EventLoopGroup, timeout: TimeAmount = .seconds(2), tls: NIOSSLContext? = nil, serverHostname: String? = nil
+    ) async throws -> HTTPConnection {
         let collector = ResponseCollector()
         let channel = try await ClientBootstrap(group: group)
             .connectTimeout(timeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tls { try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: serverHostname)) }
                     try channel.pipeline.syncOperations.addHTTPClientHandlers()
                     try channel.pipeline.syncOperations.addHandler(collector)
                 }
@@ -56,6 +65,15 @@ public final class HTTPConnection: @unchecked Sendable {
     }
 
     public var isOpen: Bool { channel.isActive }
+
+    /// The certificate the server presented (nil: plain HTTP, or no handshake completed yet;
+    /// after a request has been answered over HTTPS, the handshake is done).
+    public func peerCertificate() async throws -> NIOSSLCertificate? {
+        let channel = self.channel
+        return try await channel.eventLoop.submit {
+            try? channel.pipeline.syncOperations.handler(type: NIOSSLClientHandler.self).peerCertificate
+        }.get()
+    }
 
     /// Sends a request and waits for the whole response (at most `timeout`).
     public func send(

@@ -1,6 +1,7 @@
 public import Foundation
 public import NIOHTTP1
 public import NIOPosix
+public import NIOSSL
 import NIOCore
 
 /// What a client workload needs of a cluster: one request to node `id`.
@@ -37,6 +38,10 @@ public final class LocalCluster: NodeRequester, @unchecked Sendable {
     /// Extra `banyan serve` arguments for one node (e.g. its own `--config` naming its own
     /// certificate files), after `extraArguments`.
     public var nodeArguments: [UInt64: [String]] = [:]
+    /// Set when the nodes serve HTTPS on their client ports (`http.tls_cert`, given through
+    /// `extraArguments` or `nodeArguments`): every request here is then made over TLS with this
+    /// context, checking the node's certificate by its IP name. Set it before the first request.
+    public var clientTLS: NIOSSLContext?
 
     /// `executable` is the `banyan` binary; node i uses ports base + i.
     public init(executable: String, directory: String, nodes: Int, clientPortBase: Int, peerPortBase: Int, logLevel: String = "notice") {
@@ -50,6 +55,8 @@ public final class LocalCluster: NodeRequester, @unchecked Sendable {
     }
 
     public func clientPort(_ id: UInt64) -> Int { clientPortBase + Int(id) }
+    /// Node `id`'s client endpoint as the `banyan` commands take it (`https://` with `clientTLS`).
+    public func endpoint(_ id: UInt64) -> String { (clientTLS == nil ? "" : "https://") + "127.0.0.1:\(clientPort(id))" }
     public func peerPort(_ id: UInt64) -> Int { peerPortBase + Int(id) }
     public func dataDirectory(_ id: UInt64) -> String { "\(directory)/node\(id)" }
     public var ids: [UInt64] { processes.keys.sorted() }
@@ -123,13 +130,18 @@ public final class LocalCluster: NodeRequester, @unchecked Sendable {
         try? group.syncShutdownGracefully()
     }
 
-    /// One request to node `id` on a fresh connection.
+    /// One request to node `id` on a fresh connection (a new TLS handshake with `clientTLS`).
     public func request(
         _ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)] = [], body: String? = nil, timeout: Int64 = 5
     ) async throws -> HTTPResult {
-        let c = try await HTTPConnection.connect(host: "127.0.0.1", port: clientPort(id), group: group)
+        let c = try await connect(id)
         defer { c.close() }
         return try await c.send(method, uri, headers: headers, body: body.map { Array($0.utf8) }, timeout: .seconds(timeout))
+    }
+
+    /// A new connection to node `id`'s client port (over TLS with `clientTLS`).
+    public func connect(_ id: UInt64) async throws -> HTTPConnection {
+        try await HTTPConnection.connect(host: "127.0.0.1", port: clientPort(id), group: group, tls: clientTLS)
     }
 
     public func perform(

@@ -31,10 +31,12 @@ struct RotationAndRollTests {
     /// output (stdout and stderr). Through `ChildProcess`, not Foundation's `Process`, whose exit
     /// notices the test runner's blocked signals can lose; the output goes through a file, as
     /// processes a restart command starts could hold a pipe open.
-    static func run(_ args: [String], seconds: Double = 60) throws -> (status: Int32, output: String) {
+    /// `environment` adds to (or replaces in) this process's environment.
+    static func run(_ args: [String], seconds: Double = 60, environment: [String: String] = [:]) throws -> (status: Int32, output: String) {
         let file = NSTemporaryDirectory() + "banyan-run-\(UInt64.random(in: 0...UInt64.max)).out"
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let pid = try ChildProcess.spawn(try banyan(), args, environment: ProcessInfo.processInfo.environment, outputFile: file)
+        let environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let pid = try ChildProcess.spawn(try banyan(), args, environment: environment, outputFile: file)
         let ending = ChildProcess.wait(pid, seconds: seconds)
         let output = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
         if case .exited(let code) = ending { return (code, output) }
@@ -172,6 +174,29 @@ struct RotationAndRollTests {
         }
     }
 
+    /// A client TLS context trusting exactly the CA certificates in `files`.
+    static func trusting(_ files: [String]) throws -> NIOSSLContext {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .certificates(try files.flatMap { try NIOSSLCertificate.fromPEMFile($0) })
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    /// The certificate node `id`'s client port presents to a new HTTPS connection trusting
+    /// `context` (the cluster's own when nil), once a request on it has been answered; nil when
+    /// the handshake or the request fails.
+    static func presentedCertificate(_ cluster: LocalCluster, _ id: UInt64, trusting context: NIOSSLContext? = nil) async -> NIOSSLCertificate? {
+        guard
+            let c = try? await HTTPConnection.connect(
+                host: "127.0.0.1", port: cluster.clientPort(id), group: cluster.group, tls: context ?? cluster.clientTLS)
+        else { return nil }
+        defer { c.close() }
+        guard let r = try? await c.send(.GET, "/.banyan/ready", timeout: .seconds(5)), r.status > 0 else { return nil }
+        return try? await c.peerCertificate()
+    }
+
+    /// The first certificate of a PEM file (nil if it does not read).
+    static func certificate(_ path: String) -> NIOSSLCertificate? { (try? NIOSSLCertificate.fromPEMFile(path))?.first }
+
     /// Whether a peer presenting `certificate` gets its hello accepted by the node listening on
     /// `port` (nil: the TLS handshake or connection failed and no reply came).
     static func peerHello(port: Int, certificate: NodeCertificateFiles, trusting ca: String, from: UInt64, to: UInt64, group: any EventLoopGroup) async -> Bool? {
@@ -222,7 +247,7 @@ struct RotationAndRollTests {
         }
     }
 
-    @Test("CA rotation under load: a new CA joins every bundle, node certificates are reissued and reloaded one by one, the old CA leaves; no write fails, and a peer with an old-CA certificate is refused at the end")
+    @Test("CA rotation under load over HTTPS: a new CA joins every bundle, node and client-port certificates are reissued and reloaded one by one, the old CA leaves; no write fails, new HTTPS connections get the new certificates, and a peer with an old-CA certificate is refused at the end")
     func caRotationUnderLoad() async throws {
         let dir = try temporaryDirectory("rotation")
         let cluster = LocalCluster(executable: try Self.banyan(), directory: dir + "/cluster", nodes: 3, clientPortBase: testPort(30800), peerPortBase: testPort(30900))
@@ -232,19 +257,33 @@ struct RotationAndRollTests {
         }
         let ids: [UInt64] = [1, 2, 3]
         let caA = try DevCertificates.createCA(commonName: "Rotation CA A", directory: dir + "/caA")
-        // Each node's own files, as tls.ca, tls.cert and tls.key name them.
-        var inUse: [UInt64: (ca: String, node: NodeCertificateFiles)] = [:]
+        // B exists from the start: clients are given the new CA before any certificate they are
+        // shown comes from it (the client side of the procedure). They trust A and B throughout.
+        let caB = try DevCertificates.createCA(commonName: "Rotation CA B", directory: dir + "/caB")
+        let clientCAs = dir + "/client-cas.pem"
+        try (String(contentsOfFile: caA.certificatePath, encoding: .utf8) + String(contentsOfFile: caB.certificatePath, encoding: .utf8))
+            .write(toFile: clientCAs, atomically: true, encoding: .utf8)
+        cluster.clientTLS = try Self.trusting([clientCAs])
+        // The `banyan` commands reach the HTTPS client ports trusting the same two CAs.
+        let commandTrust = ["BANYAN_CA_FILE": clientCAs]
+        // Each node's own files, as tls.ca, tls.cert and tls.key (peer mutual TLS) and
+        // http.tls_cert and http.tls_key (the client port's HTTPS) name them.
+        var inUse: [UInt64: (ca: String, node: NodeCertificateFiles, client: NodeCertificateFiles)] = [:]
         for id in ids {
             let issued = try DevCertificates.issueNodeCertificate(ca: caA, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/issuedA")
+            let issuedClient = try DevCertificates.issueNodeCertificate(ca: caA, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/clientA")
             let tlsDir = dir + "/tls\(id)"
             try FileManager.default.createDirectory(atPath: tlsDir, withIntermediateDirectories: true)
             let files = NodeCertificateFiles(certificatePath: tlsDir + "/node.pem", privateKeyPath: tlsDir + "/node.key")
+            let client = NodeCertificateFiles(certificatePath: tlsDir + "/client.pem", privateKeyPath: tlsDir + "/client.key")
             try Self.install(issued, as: files)
+            try Self.install(issuedClient, as: client)
             try FileManager.default.copyItem(atPath: caA.certificatePath, toPath: tlsDir + "/ca.pem")
-            inUse[id] = (tlsDir + "/ca.pem", files)
+            inUse[id] = (tlsDir + "/ca.pem", files, client)
             // A 1 s election timeout (50 ticks of 20 ms, not 200 ms): on a machine loaded by the
             // rest of the suite, a starved heartbeat must not pass for a link the rotation broke.
             let yaml = "tls:\n  ca: \(tlsDir)/ca.pem\n  cert: \(files.certificatePath)\n  key: \(files.privateKeyPath)\n  generate_development_certificates: false\n"
+                + "http:\n  tls_cert: \(client.certificatePath)\n  tls_key: \(client.privateKeyPath)\n"
                 + "raft:\n  election_ticks: 50\n"
             try yaml.write(toFile: dir + "/node\(id).yaml", atomically: true, encoding: .utf8)
             cluster.nodeArguments[id] = ["--config", dir + "/node\(id).yaml"]
@@ -252,20 +291,21 @@ struct RotationAndRollTests {
         for id in ids { try cluster.start(id) }
         let leader = try await Self.firstLeader(cluster)
         let termBefore = (await cluster.status(leader)?["term"] as? NSNumber)?.uint64Value ?? 0
-        let endpoints = ids.map { "127.0.0.1:\(cluster.clientPort($0))" }.joined(separator: ",")
+        let endpoints = ids.map { cluster.endpoint($0) }.joined(separator: ",")
+        // Every write attempt of the load is a new HTTPS connection (`LocalCluster.request`), so
+        // each certificate reloaded below is presented to the load from the next attempt on.
         let load = WriteLoad(cluster: cluster, clients: 4)
         load.start()
         try await Task.sleep(for: .seconds(1))
 
         // 1. A new CA joins every node's bundle; nodes 1 and 3 reload through the command, node 2 on SIGHUP.
-        let caB = try DevCertificates.createCA(commonName: "Rotation CA B", directory: dir + "/caB")
         for id in ids {
             let made = try Self.run(["certs", "bundle", "--force", "--out", inUse[id]?.ca ?? "", caA.certificatePath, caB.certificatePath])
             #expect(made.status == 0 && made.output.contains("2 CA certificates"), "\(made.output)")
             if id == 2 {
                 cluster.signal(id, SIGHUP)
             } else {
-                let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+                let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", cluster.endpoint(id)], environment: commandTrust)
                 #expect(reloaded.status == 0 && reloaded.output.contains("Rotation CA B"), "\(reloaded.output)")
             }
         }
@@ -280,25 +320,57 @@ struct RotationAndRollTests {
         }
         #expect(await Self.tlsStatus(cluster, 2)?.loadedBy == "SIGHUP")
 
-        // 2. Node certificates from the new CA, one node at a time. Node 1 first gets a key that
-        // does not match: the reload is refused and it keeps A's certificate.
+        // A keep-alive HTTPS connection to node 2 opened before any client-port certificate
+        // changes, read through every 200 ms until the end: it must keep working, on A's
+        // certificate, while new connections get B's.
+        let held = try await cluster.connect(2)
+        defer { held.close() }
+        let heldFirst = try await held.send(.GET, "/load/c0.json", timeout: .seconds(5))
+        #expect(heldFirst.status == 200)
+        let heldBefore = try await held.peerCertificate()
+        let holding = Atomic(true)
+        let heldReads = Mutex<(answered: Int, failed: [String])>((0, []))
+        let holder = Task {
+            while holding.load(ordering: .relaxed) {
+                do {
+                    let r = try await held.send(.GET, "/load/c0.json", timeout: .seconds(5))
+                    heldReads.withLock { if r.status == 200 { $0.answered += 1 } else { $0.failed.append("\(r.status)") } }
+                } catch {
+                    heldReads.withLock { $0.failed.append("\(error)") }
+                    return
+                }
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
+
+        // 2. Node and client-port certificates from the new CA, one node at a time, each node's
+        // pair in one reload. Node 1 first gets a node key that does not match: the reload is
+        // refused and it keeps A's certificates, the client port's included.
         for id in ids {
             let issued = try DevCertificates.issueNodeCertificate(ca: caB, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/issuedB")
-            guard let target = inUse[id]?.node else { continue }
+            let issuedClient = try DevCertificates.issueNodeCertificate(ca: caB, nodeName: "node\(id)", hosts: ["127.0.0.1", "localhost"], directory: dir + "/clientB")
+            guard let target = inUse[id] else { continue }
+            try Self.install(issuedClient, as: target.client)
             if id == 1 {
-                try Self.install(NodeCertificateFiles(certificatePath: issued.certificatePath, privateKeyPath: dir + "/issuedA/node1.key"), as: target)
-                let refused = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+                try Self.install(NodeCertificateFiles(certificatePath: issued.certificatePath, privateKeyPath: dir + "/issuedA/node1.key"), as: target.node)
+                let refused = try Self.run(["cluster", "reload-tls", "--endpoint", cluster.endpoint(id)], environment: commandTrust)
                 #expect(refused.status != 0 && refused.output.contains("\"code\" : \"mismatch\""), "\(refused.output)")
                 #expect(await Self.tlsStatus(cluster, id)?.certificates.first?.issuer.contains("Rotation CA A") == true)
+                let kept = await Self.presentedCertificate(cluster, id)
+                #expect(kept != nil && kept == Self.certificate(dir + "/clientA/node1.pem"), "after a refused reload node 1's client port must still present A's certificate")
             }
-            try Self.install(issued, as: target)
-            let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", "127.0.0.1:\(cluster.clientPort(id))"])
+            try Self.install(issued, as: target.node)
+            let reloaded = try Self.run(["cluster", "reload-tls", "--endpoint", cluster.endpoint(id)], environment: commandTrust)
             #expect(reloaded.status == 0, "\(reloaded.output)")
             #expect(await Self.tlsStatus(cluster, id)?.certificates.first?.issuer.contains("Rotation CA B") == true)
+            let presented = await Self.presentedCertificate(cluster, id)
+            #expect(presented != nil && presented == Self.certificate(issuedClient.certificatePath), "node \(id)'s client port does not present B's certificate after its reload")
             try await Task.sleep(for: .milliseconds(500))
         }
+        // The load keeps writing on new connections, all of which now get B's client-port certificates.
+        let acknowledgedAfterReissue = load.acknowledged.load(ordering: .relaxed)
         // Before the old CA leaves: every certificate is trusted everywhere, and A issued none.
-        let check = try Self.run(["cluster", "tls", "--endpoint", endpoints])
+        let check = try Self.run(["cluster", "tls", "--endpoint", endpoints], environment: commandTrust)
         #expect(check.status == 0 && check.output.contains("Rotation CA A") && check.output.contains("issued no node's certificate"), "\(check.output)")
 
         // 3. The old CA leaves every bundle.
@@ -306,7 +378,7 @@ struct RotationAndRollTests {
             let made = try Self.run(["certs", "bundle", "--force", "--out", inUse[id]?.ca ?? "", caB.certificatePath])
             #expect(made.status == 0, "\(made.output)")
         }
-        let reloadedAll = try Self.run(["cluster", "reload-tls", "--endpoint", endpoints])
+        let reloadedAll = try Self.run(["cluster", "reload-tls", "--endpoint", endpoints], environment: commandTrust)
         #expect(reloadedAll.status == 0, "\(reloadedAll.output)")
         for id in ids {
             let status = await Self.tlsStatus(cluster, id)
@@ -315,6 +387,8 @@ struct RotationAndRollTests {
         }
         try await Task.sleep(for: .seconds(2))
         await load.stop()
+        holding.store(false, ordering: .relaxed)
+        await holder.value
 
         // No write failed, and none was lost.
         let acknowledged = load.acknowledged.load(ordering: .relaxed)
@@ -323,6 +397,23 @@ struct RotationAndRollTests {
         #expect(load.failed.load(ordering: .relaxed) == 0)
         #expect(load.failedAttempts.load(ordering: .relaxed) == 0, "\(load.attemptErrors.withLock { $0 })")
         #expect(try await load.checkFinalValues(through: 1).isEmpty)
+        // Every client port now shows B's certificate to a new connection: one trusting B alone
+        // gets it, one trusting A alone fails its handshake.
+        #expect(acknowledged > acknowledgedAfterReissue, "no write after the last client-port certificate was reloaded")
+        #expect(Self.certificate(dir + "/clientA/node1.pem") != Self.certificate(dir + "/clientB/node1.pem"))
+        // The connection opened before the reloads kept working and kept A's certificate.
+        let (heldAnswered, heldFailed) = heldReads.withLock { ($0.answered, $0.failed) }
+        print("rotation: the held connection answered \(heldAnswered) reads, \(heldFailed.count) failed \(heldFailed.prefix(3))")
+        #expect(heldAnswered > 5 && heldFailed.isEmpty, "\(heldFailed.prefix(3))")
+        #expect(heldBefore != nil && heldBefore == Self.certificate(dir + "/clientA/node2.pem"))
+        #expect(try await held.peerCertificate() == heldBefore)
+        let onlyA = try Self.trusting([caA.certificatePath])
+        let onlyB = try Self.trusting([caB.certificatePath])
+        for id in ids {
+            let presented = await Self.presentedCertificate(cluster, id, trusting: onlyB)
+            #expect(presented != nil && presented == Self.certificate(dir + "/clientB/node\(id).pem"), "node \(id): a client trusting only B")
+            #expect(await Self.presentedCertificate(cluster, id, trusting: onlyA) == nil, "node \(id): a client trusting only A was answered")
+        }
         // Peer links never broke: no election during the rotation.
         let leaderAfter = try await cluster.waitForLeader(timeout: 60)
         let termAfter = (await cluster.status(leaderAfter)?["term"] as? NSNumber)?.uint64Value ?? 0

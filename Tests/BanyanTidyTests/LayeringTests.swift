@@ -58,7 +58,7 @@ import Testing
                 "Foundation", "FoundationNetworking", "Dispatch", "Glibc",
             ]
         ),
-        "BanyanOps": (false, ["BanyanCheckers", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
+        "BanyanOps": (false, ["BanyanCheckers", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOSSL", "Foundation", "Glibc", "Dispatch", "Synchronization"]),
         "BanyanClusterTest": (false, ["BanyanOps", "BanyanCheckers", "ArgumentParser", "NIOHTTP1", "Foundation", "Glibc"]),
         "BanyanSim": (false, ["BanyanSimulation", "BanyanBasics", "ArgumentParser"]),
         // The example app (Examples/Chat): the SDK's public product only, as an app would use it.
