@@ -66,6 +66,16 @@ import Testing
         return (node, port, dir)
     }
 
+    /// Runs `body` with the client port of a fresh single node, stopped and removed after.
+    static func withNode(_ body: (Int) async throws -> Void) async throws {
+        let (node, port, dir) = try startNode()
+        defer {
+            node.shutdown()
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        try await body(port)
+    }
+
     @Test func writesObserversAndReads() async throws {
         let (node, port, dir) = try Self.startNode()
         defer {

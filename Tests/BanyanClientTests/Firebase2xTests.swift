@@ -44,7 +44,7 @@ import Testing
 
     @Test("Firebase(url:), the reference's names, writes with completion blocks, and every FEventType observed")
     func referencesWritesAndEvents() async throws {
-        try await SDKFeatureTests.withNode { port in
+        try await DatabaseTests.withNode { port in
             let base = "http://127.0.0.1:\(port)"
             let ada = Firebase(url: "\(base)/users/ada?ns=fb2")
             #expect(ada.key == "ada" && ada.parent?.key == "users" && ada.root.key == nil && ada.parent?.parent?.parent == nil)
@@ -121,7 +121,7 @@ import Testing
 
     @Test("the 2.x query names, the deprecated priority queries and queryLimitedToNumberOfChildren")
     func queries() async throws {
-        try await SDKFeatureTests.withNode { (port: Int) async throws in
+        try await DatabaseTests.withNode { (port: Int) async throws in
             let scores = Firebase(url: "http://127.0.0.1:\(port)/scores?ns=fb2q")
             let data: [String: Any] = [
                 "ada": ["score": 30, "v": 3, ".priority": 3], "bob": ["score": 10, "v": 1, ".priority": 1],
@@ -176,7 +176,7 @@ import Testing
 
     @Test("transactions, onDisconnect writes run by the class-level goOffline, and .info/connected following goOffline/goOnline")
     func transactionsAndOnDisconnect() async throws {
-        try await SDKFeatureTests.withNode { port in
+        try await DatabaseTests.withNode { port in
             let base = "http://127.0.0.1:\(port)"
             let counter = Firebase(url: "\(base)/counter?ns=fb2t")
             let results = R()
@@ -251,7 +251,7 @@ import Testing
 
     @Test("setDispatchQueue: callbacks of databases first used after it run on that queue")
     func dispatchQueue() async throws {
-        try await SDKFeatureTests.withNode { port in
+        try await DatabaseTests.withNode { port in
             let key = DispatchSpecificKey<String>()
             let queue = DispatchQueue(label: "fb2x.test.queue")
             queue.setSpecific(key: key, value: "mine")

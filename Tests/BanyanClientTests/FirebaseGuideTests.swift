@@ -16,15 +16,6 @@ import Testing
 @Suite(.serialized) struct FirebaseGuideTests {
     typealias R = DatabaseTests.Recorder
 
-    static func withNode(_ body: (Int) async throws -> Void) async throws {
-        let (node, port, dir) = try DatabaseTests.startNode()
-        defer {
-            node.shutdown()
-            try? FileManager.default.removeItem(atPath: dir)
-        }
-        try await body(port)
-    }
-
     static func database(_ port: Int, token: String? = "owner") throws -> Database {
         try Database(url: "http://127.0.0.1:\(port)?ns=guide", authToken: token)
     }
@@ -66,7 +57,7 @@ import Testing
 
     @Test("setValue writes a user object; a child path updates one field without rewriting it; setValue on the object replaces it whole; reads by getData, single events and Codable")
     func basicWrites() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             let other = try Self.database(port)
             defer {
@@ -108,7 +99,7 @@ import Testing
 
     @Test("a completion block runs once the write is committed, with no error; a write the rules refuse gets its error there and the local value rolls back")
     func completionBlocks() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             // Rules: anyone reads and writes, but a username must be a string under 20 characters.
             var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(port)/.settings/rules.json?ns=guide&auth=owner")))
             request.httpMethod = "PUT"
@@ -141,7 +132,7 @@ import Testing
 
     @Test("updateChildValues fans a new post out to /posts and /user-posts atomically: another client never sees one copy without the other")
     func fanOutUpdate() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             let other = try Self.database(port)
             defer {
@@ -189,7 +180,7 @@ import Testing
 
     @Test("deleting: removeValue, setValue(nil), and several locations at once with nulls in updateChildValues")
     func deletes() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let ref = db.reference()
@@ -212,7 +203,7 @@ import Testing
 
     @Test("detaching listeners: removeObserver(withHandle:) stops one observer; removeAllObservers stops every observer of the location")
     func detachListeners() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let postRef = db.reference(withPath: "posts/p1")
@@ -272,7 +263,7 @@ import Testing
 
     @Test("runTransactionBlock toggles a star: clients starring together are all counted; a second toggle unstars; the completion reports committed with the data")
     func starTransaction() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let users = ["ada", "bob", "cy", "dee"]
             let clients = try users.map { _ in try Self.database(port) }
             defer { clients.forEach { $0.shutdown() } }
@@ -316,7 +307,7 @@ import Testing
 
     @Test("ServerValue.increment stars a post with one multi-path update, no transaction: concurrent stars all count, in both copies")
     func serverIncrementStars() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let a = try Self.database(port)
             let b = try Self.database(port)
             defer {
@@ -352,7 +343,7 @@ import Testing
 
     @Test("writing offline: the local view changes at once and the completion waits; back online the write reaches the server; onDisconnect keeps presence and last-seen")
     func offlineWritesAndPresence() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             let other = try Self.database(port)
             defer {
@@ -407,7 +398,7 @@ import Testing
 
     @Test("childByAutoId appends: unique keys in chronological order, from several clients at once without conflicts")
     func appendToList() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let a = try Self.database(port)
             let b = try Self.database(port)
             defer {
@@ -464,7 +455,7 @@ import Testing
 
     @Test("child events on a post's comments: childAdded for each existing comment and each new one, childChanged for an edit, childRemoved for a delete; the table follows")
     func childEventsOnComments() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let writer = try Self.database(port)
             let reader = try Self.database(port)
             defer {
@@ -511,7 +502,7 @@ import Testing
 
     @Test("childMoved on an ordered list: a post whose star count passes another's moves, with the key it now follows")
     func childMoved() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let posts = db.reference(withPath: "user-posts/ada-uid")
@@ -529,7 +520,7 @@ import Testing
 
     @Test("value events on a list: one snapshot of the whole list, its children iterated in order")
     func valueEventsOnList() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let comments = db.reference(withPath: "post-comments/post-1")
@@ -544,7 +535,7 @@ import Testing
 
     @Test("sorting: queryOrdered(byChild:) on a user's posts by star count, by a nested child (metrics/views), queryOrderedByKey and queryOrderedByValue, with Firebase's ordering of mixed values")
     func sorting() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let ref = db.reference()
@@ -599,7 +590,7 @@ import Testing
 
     @Test("filtering: queryLimited(toFirst:) and (toLast:) with the window following changes; queryStarting/Ending(at/after/before) and queryEqual, with child keys for paging")
     func filtering() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             let other = try Self.database(port)
             defer {

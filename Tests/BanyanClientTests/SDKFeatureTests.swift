@@ -9,22 +9,13 @@ import Testing
 @Suite(.serialized) struct SDKFeatureTests {
     typealias R = DatabaseTests.Recorder
 
-    static func withNode(_ body: (Int) async throws -> Void) async throws {
-        let (node, port, dir) = try DatabaseTests.startNode()
-        defer {
-            node.shutdown()
-            try? FileManager.default.removeItem(atPath: dir)
-        }
-        try await body(port)
-    }
-
     static func database(_ port: Int, ns: String = "feat") throws -> Database {
         try Database(url: "http://127.0.0.1:\(port)?ns=\(ns)", authToken: "owner")
     }
 
     @Test("child events and a limited, ordered query: the window's children in order, then changes by another client move children in and out")
     func childEventsAndQueries() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let a = try Self.database(port)
             let b = try Self.database(port)
             defer {
@@ -62,7 +53,7 @@ import Testing
 
     @Test("transactions from two clients on one counter: every increment commits exactly once")
     func concurrentTransactions() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let a = try Self.database(port)
             let b = try Self.database(port)
             defer {
@@ -98,7 +89,7 @@ import Testing
 
     @Test("onDisconnect: a client's registered writes run when its connection ends; cancelled ones do not")
     func onDisconnectRuns() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let watcher = try Self.database(port)
             defer { watcher.shutdown() }
             let seen = R()
@@ -119,7 +110,7 @@ import Testing
 
     @Test(".info/connected follows goOffline/goOnline; writes made offline raise local events and reach the server once online")
     func offlineQueue() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             let other = try Self.database(port)
             defer {
@@ -157,7 +148,7 @@ import Testing
 
     @Test("a server timestamp written first thing, before the database's first tick, shows locally as the time now (found by the example chat: it showed 1970)")
     func localTimestampBeforeTheFirstTick() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             // A cache holding many queued writes makes the database's start take a while, so
             // the calls below queue up behind it, ahead of its first tick (as in an app that
             // writes at launch).
@@ -204,7 +195,7 @@ import Testing
 
     @Test("priorities order a priority query; Codable values round-trip; async single events and snapshot sequences")
     func prioritiesCodableAndAsync() async throws {
-        try await Self.withNode { port in
+        try await DatabaseTests.withNode { port in
             let db = try Self.database(port)
             defer { db.shutdown() }
             let list = db.reference(withPath: "prio")

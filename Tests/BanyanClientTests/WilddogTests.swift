@@ -46,7 +46,7 @@ import Testing
 
     @Test("WDGApp, WDGSync and the reference and query names: writes, events, queries, a transaction, onDisconnect")
     func namesOverTheSameImplementation() async throws {
-        try await SDKFeatureTests.withNode { port in
+        try await DatabaseTests.withNode { port in
             let url = "http://127.0.0.1:\(port)?ns=wdg"
             try WDGApp.configure(withName: "wdg\(port)", options: WDGOptions(syncURL: url))
             #expect(throws: DatabaseError.self) { try WDGApp.configure(withName: "wdg\(port)", options: WDGOptions(syncURL: url)) }
@@ -167,7 +167,7 @@ import Testing
 
     @Test("compatibility .wilddog: setPriority on a location without data fails (26301), writes over 2 MiB or strings over 1 MiB are refused (26104, 26105), queries return at most 500 children, errors carry Wilddog's codes; .firebase keeps Banyan's behaviour")
     func wilddogBehaviour() async throws {
-        try await SDKFeatureTests.withNode { port in
+        try await DatabaseTests.withNode { port in
             var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(port)/.settings/rules.json?ns=wdgb&auth=owner")))
             request.httpMethod = "PUT"
             request.httpBody = Data(#"{"rules":{".read":true,"$top":{".write":"$top !== 'locked'"}}}"#.utf8)
