@@ -599,28 +599,19 @@ final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Send
         }
     }
 
-    /// The same download through `TrustedCARequest` (`BANYAN_CA_FILE`): the body goes to the file
-    /// as it arrives once the status is known to be 200; another status keeps 64 KiB of its body.
+    /// The same download through `TrustedCARequest` (`BANYAN_CA_FILE`), through `received`.
     private static func viaTrustedCA(
         _ url: URL, ca: String, endpoint: String, request: URLRequest, into handle: FileHandle, report: @escaping (UInt64) -> Void
     ) throws -> UInt64 {
         let state = StreamingDownload(handle: handle, report: report)
         let headers = (request.allHTTPHeaderFields ?? [:]).map { ($0.key, $0.value) }
         let answer = try TrustedCARequest.perform(url, method: "GET", headers: headers, body: nil, caFile: ca, timeout: .seconds(120)) { status, buffer in
-            let data = Data(buffer.readableBytesView)
-            if status != 200 {
-                if state.errorBody.count < 1 << 16 { state.errorBody.append(data) }
-                return
-            }
-            try handle.write(contentsOf: data)
-            state.bytes += UInt64(data.count)
-            if Date().timeIntervalSince(state.lastReport) >= 2 {
-                state.lastReport = Date()
-                report(state.bytes)
-            }
+            try state.lock.withLock { try state.received(Data(buffer.readableBytesView), status: status) }
         }
-        guard answer.status == 200 else { throw CommandError("\(endpoint): \(answer.status) \(String(decoding: state.errorBody, as: UTF8.self))") }
-        return state.bytes
+        return try state.lock.withLock { () throws -> UInt64 in
+            guard answer.status == 200 else { throw CommandError("\(endpoint): \(answer.status) \(String(decoding: state.errorBody, as: UTF8.self))") }
+            return state.bytes
+        }
     }
 
     func urlSession(
@@ -631,21 +622,27 @@ final class StreamingDownload: NSObject, URLSessionDataDelegate, @unchecked Send
         completionHandler(.allow)
     }
 
-    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        lock.lock()
-        defer { lock.unlock() }
+    /// A part of the answer (called under `lock`): a 200's body goes to the file, with a
+    /// progress report every 2 s; another status keeps 64 KiB of its body for the error.
+    private func received(_ data: Data, status: Int?) throws {
         guard status == 200 else {
             if errorBody.count < 1 << 16 { errorBody.append(data) }
             return
         }
+        try handle.write(contentsOf: data)
+        bytes += UInt64(data.count)
+        if Date().timeIntervalSince(lastReport) >= 2 {
+            lastReport = Date()
+            report(bytes)
+        }
+    }
+
+    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        lock.lock()
+        defer { lock.unlock() }
         guard writeError == nil else { return }
         do {
-            try handle.write(contentsOf: data)
-            bytes += UInt64(data.count)
-            if Date().timeIntervalSince(lastReport) >= 2 {
-                lastReport = Date()
-                report(bytes)
-            }
+            try received(data, status: status)
         } catch {
             writeError = error
             dataTask.cancel()
