@@ -139,6 +139,11 @@ import Testing
         }
         var later: UInt64 = 0
         #expect(await eventually({ later = Self.number(Self.status(port), "snapshot_index") ?? 0; return later > end2 + 1 }, seconds: 30))
+        // The gap exists; snapshots rare again from here on, so the node does not compact past the
+        // new base between the archiver taking it and asking for what follows it (with a snapshot
+        // after every entry and nothing retained, lease renewals alone could: a third base, seen
+        // once on a loaded machine).
+        try await restart { c in c.history.retainedBytes = 0 }
         let files = try FileManager.default.contentsOfDirectory(atPath: archive).sorted()
         let stopped = try await Self.follow(archive, port: port, ["--no-new-base"])
         print("a gap with --no-new-base: \(stopped.output.split(separator: "\n").last ?? "")")
