@@ -59,6 +59,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Inbound peer connections on a thread of their own (true, the default) or on the replica loop (false).")
     var peerInboundThread: Bool?
 
+    @Option(name: .long, help: "Outbound peer connections (encoding and encryption of what this node sends) on the peer thread (true, the default) or on the replica loop (false).")
+    var peerOutboundThread: Bool?
+
     @Option(name: .long, help: "Raft election timeout in ticks of raft.tick_ms (overrides raft.election_ticks; default 10, 200-400 ms). Larger values ride through CPU starvation on small machines at the cost of slower failover.")
     var electionTicks: Int?
 
@@ -106,6 +109,7 @@ struct NodeOptions: ParsableArguments {
             c.threads = threads
         }
         if let peerInboundThread { c.peerInboundThread = peerInboundThread }
+        if let peerOutboundThread { c.peerOutboundThread = peerOutboundThread }
         if let electionTicks {
             guard (2...10_000).contains(electionTicks) else { throw ValidationError("--election-ticks must be between 2 and 10000") }
             c.raft.electionTicks = electionTicks

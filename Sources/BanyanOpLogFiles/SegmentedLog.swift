@@ -476,6 +476,10 @@ public final class SegmentedLog {
         }
         do {
             var buffer: [UInt8] = []
+            // One allocation for the whole batch (markers and records), not a doubling series of
+            // copies: a 15 MiB entry was copied three more times while the buffer grew.
+            buffer.reserveCapacity(
+                2 * LogFormat.markerBytes + entries.reduce(0) { $0 + LogFormat.frameBytes + LogFormat.bodyFixedBytes + $1.payload.count })
             for entry in entries {
                 if active == nil || segments.last?.sealed != false || (segments.last?.size ?? 0) >= options.segmentBytes {
                     try flush(&buffer)
@@ -531,23 +535,24 @@ public final class SegmentedLog {
             SyncMarker(syncedThrough: activeSynced, spanStart: segment.size, spanEnd: segment.size + buffer.count + LogFormat.markerBytes))
         buffer.replaceSubrange(0..<LogFormat.markerBytes, with: marker)
         buffer.append(contentsOf: marker)
+        // Positional even without preallocation: zeros left by a run with it may follow.
+        let end = segment.size + buffer.count
+        let pastTheZeros = end > activeAllocated
+        try fileSystem.write(file, at: segment.size, buffer)
+        activeAllocated = Swift.max(activeAllocated, end)
         let step = options.preallocationBytes
-        if step > 0 {
-            // Grow by whole steps of zeros before the records go over them: one size change per
-            // step instead of one per sync.
-            let end = segment.size + buffer.count
-            if end > activeAllocated {
-                let target = (end / step + 1) * step
-                while activeAllocated < target {
-                    let count = Swift.min(zeros.count, target - activeAllocated)
-                    try fileSystem.write(file, at: activeAllocated, count == zeros.count ? zeros : Array(zeros.prefix(count)))
-                    activeAllocated += count
-                }
+        if step > 0 && pastTheZeros {
+            // Keep whole steps of zeros ahead of the records: one size change per step instead
+            // of one per sync. Written after the batch, and only past it: a batch that reaches
+            // beyond the zeros grows the file in this sync anyway, so a 15 MiB entry is not
+            // written twice (once as zeros, once as itself).
+            let target = (end / step + 1) * step
+            while activeAllocated < target {
+                let count = Swift.min(zeros.count, target - activeAllocated)
+                try fileSystem.write(file, at: activeAllocated, count == zeros.count ? zeros : Array(zeros.prefix(count)))
+                activeAllocated += count
             }
         }
-        // Positional even without preallocation: zeros left by a run with it may follow.
-        try fileSystem.write(file, at: segment.size, buffer)
-        activeAllocated = Swift.max(activeAllocated, segment.size + buffer.count)
         segment.size += buffer.count
         buffer.removeAll(keepingCapacity: true)
     }

@@ -67,6 +67,11 @@ public struct NodeConfig: Sendable, Equatable {
     /// decryption never hold the replica loop; false: on the replica loop (one hand-off less
     /// per inbound read burst; docs/server.md).
     public var peerInboundThread: Bool = true
+    /// Outbound peer connections (encoding and encrypting what this node sends its peers) on the
+    /// peer thread too (true, the default), or on the replica loop (false). A leader's appends
+    /// of large entries cost tens of milliseconds of encoding and encryption per follower; off
+    /// the loop, they no longer delay its heartbeats (docs/server.md, "Large writes").
+    public var peerOutboundThread: Bool = true
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
@@ -348,6 +353,7 @@ extension NodeConfig {
             case "admin_token_file": c.adminTokenFile = try r.string(value, key)
             case "threads": c.threads = try r.int(value, key, 1...64)
             case "peer_inbound_thread": c.peerInboundThread = try r.bool(value, key)
+            case "peer_outbound_thread": c.peerOutboundThread = try r.bool(value, key)
             case "storage":
                 for (k, v) in try r.map(value, key) {
                     switch k {

@@ -843,11 +843,34 @@ public final class NodeRuntime: @unchecked Sendable {
     private func process() {
         processScheduled = false
         guard !core.stopped else { return }
+        let started = DispatchTime.now().uptimeNanoseconds
+        passPersistNanoseconds = 0
         core.process()
         flushReplies()
+        notePassLength(DispatchTime.now().uptimeNanoseconds &- started)
         let raft = core.replica.raft
         commitGauge.record(Int64(raft.commitIndex))
         appliedGauge.record(Int64(core.replica.machine.appliedIndex))
+    }
+
+    /// Time spent persisting in the current pass (from the core's `.persisted` notes).
+    private var passPersistNanoseconds: UInt64 = 0
+    /// Passes that held the replica loop for half the shortest election timeout or more.
+    private let slowPasses = Counter(label: "banyan_raft_slow_passes_total")
+    private var slowPassLogged: UInt64 = 0
+
+    /// A pass long enough to delay heartbeats towards an election is counted, and logged at most
+    /// every 10 s with how much of it was spent persisting (docs/server.md, "Large writes").
+    private func notePassLength(_ nanoseconds: UInt64) {
+        let threshold = UInt64(max(1, config.raft.tickMilliseconds) * max(2, config.raft.electionTicks)) * 500_000
+        guard nanoseconds >= threshold else { return }
+        slowPasses.increment()
+        let now = DispatchTime.now().uptimeNanoseconds
+        guard slowPassLogged == 0 || now &- slowPassLogged >= 10_000_000_000 else { return }
+        slowPassLogged = now
+        logger.warning(
+            "a replica pass held the loop that ticks Raft for half an election timeout or more",
+            metadata: ["took_ms": "\(nanoseconds / 1_000_000)", "persisting_ms": "\(passPersistNanoseconds / 1_000_000)"])
     }
 
     /// Carries out one of the core's actions (docs/node-core.md), in the order given.
@@ -922,6 +945,7 @@ public final class NodeRuntime: @unchecked Sendable {
             appliedCounter.increment(by: n)
         case .persisted(let nanoseconds):
             persistTimer.recordNanoseconds(Int64(clamping: nanoseconds))
+            passPersistNanoseconds &+= nanoseconds
         case .reloadedAfterDamagedSnapshot(let why):
             logger.error("refused a damaged snapshot from the leader; reloading state from disk", metadata: ["error": "\(why)"])
         case let .snapshotChunkUnavailable(follower, index, error):

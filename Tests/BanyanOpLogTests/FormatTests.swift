@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanOpLog
 import Testing
 
@@ -66,6 +67,28 @@ private func zeroSector(_ bytes: inout [UInt8], at start: Int, sector: Int) {
         #expect(CRC32C.checksum(Array(0...31)) == 0x46DD_794E)
         let data = (0..<1000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
         #expect(CRC32C.checksum(Array(data[500...]), continuing: CRC32C.checksum(Array(data[..<500]))) == CRC32C.checksum(data))
+        #expect(Array("123456789".utf8).withUnsafeBufferPointer { CRC32C.tableChecksum($0) } == 0xE306_9283)
+    }
+
+    @Test("the processor's CRC-32C instruction and the table agree at every length, offset and starting value")
+    func crcInstructionMatchesTable() {
+        // x86-64 servers have had the instruction since 2008 (SSE 4.2): on this test's machines
+        // the fast path must be the one in use.
+        #if arch(x86_64)
+        #expect(CRC32C.usesInstruction)
+        #endif
+        var random = SeededRandom(seed: 3720)
+        let data = (0..<4_200).map { _ in UInt8(truncatingIfNeeded: random.next()) }
+        data.withUnsafeBufferPointer { all in
+            for start in 0..<9 {
+                for length in [0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 1_000, 4_096, 4_191 - start] {
+                    let slice = UnsafeBufferPointer(rebasing: all[start..<(start + length)])
+                    for seed: UInt32 in [0, 0xFFFF_FFFF, 0x1234_5678] {
+                        #expect(CRC32C.checksum(slice, continuing: seed) == CRC32C.tableChecksum(slice, continuing: seed), "start \(start), length \(length)")
+                    }
+                }
+            }
+        }
     }
 
     @Test("records round-trip through a segment")

@@ -13,8 +13,11 @@ import Testing
         "BanyanBasics": (true, []),
         "BanyanTree": (true, ["BanyanBasics"]),
         "BanyanQuery": (true, ["BanyanTree", "BanyanBasics"]),
-        "BanyanOpLog": (true, ["BanyanBasics"]),
+        // CCRC32C: the processor's CRC-32C instruction (pure computation).
+        "BanyanOpLog": (true, ["BanyanBasics", "CCRC32C"]),
         "BanyanCheckers": (true, []),
+        // C: the CRC-32C instruction (no Swift files; no dependencies).
+        "CCRC32C": (true, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree", "BanyanRules", "BanyanBasics"]),
         "BanyanRules": (true, ["BanyanTree", "BanyanBasics"]),
