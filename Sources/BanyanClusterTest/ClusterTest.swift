@@ -47,6 +47,7 @@ struct ClusterTest: AsyncParsableCommand {
         case wipedMember = "wiped-member"
         case limits
         case backup
+        case diskFull = "disk-full"
     }
 
     func run() async throws {
@@ -91,7 +92,12 @@ struct ClusterTest: AsyncParsableCommand {
         // a snapshot interval or two: longer intervals there, so the seconds between the backup
         // and that read cannot leave its window.
         let snapshotEntries = scenario == .backup ? 5_000 : 300
-        try "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n"
+        // The disk-full scenario's nodes each get a small disk of their own, and a minimum free
+        // space to match.
+        let disks = scenario == .diskFull ? try NodeDisks(cluster: cluster, ids: [1, 2, 3], bytes: 96 << 20, minFree: 16 << 20) : nil
+        defer { disks?.unmount(stopping: cluster) }
+        let storage = disks.map { "storage:\n  min_free_bytes: \($0.minFree)\n" } ?? ""
+        try "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n\(storage)"
             .write(toFile: config, atomically: true, encoding: .utf8)
         cluster.extraArguments = ["--config", config]
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
@@ -189,6 +195,9 @@ struct ClusterTest: AsyncParsableCommand {
             try await limits(cluster, live: live, workload: workload)
         case .backup:
             try await backupScenario(cluster, live: live, workload: workload)
+        case .diskFull:
+            guard let disks else { throw Failure("the disk-full scenario has no disks") }
+            try await diskFull(cluster, live: live, workload: workload, disks: disks)
         }
         print("load: \(workload.counts)")
         try await converge(cluster, nodes: live.nodes)

@@ -261,6 +261,37 @@ public final class NodeStorage {
         try fileSystem.syncDirectory(directory)
     }
 
+    /// Checks that the disk has room for this node's first writes, by writing `bytes` of zeros to
+    /// `raft/space-check` and removing the file again; throws `.noSpace` when it does not.
+    /// Recovery on a full disk may need to write nothing and succeed, and the node would then
+    /// stop (exit 75) at its first write (its hard state at the first election, the log's next
+    /// preallocation step): `banyan serve` calls this before the node takes part and waits out
+    /// `.noSpace` (docs/operations.md, "Disk space"). The default is one preallocation step of
+    /// the log plus 64 KiB for the hard state and markers (a block or a page each).
+    public func requireRoom(bytes: Int = SegmentedLog.Options().preallocationBytes + (64 << 10)) throws(OpLogError) {
+        let path = directory + "/raft/space-check"
+        let chunk = [UInt8](repeating: 0, count: 64 << 10)
+        do {
+            let file = try fileSystem.create(path)
+            defer { fileSystem.close(file) }
+            var written = 0
+            while written < bytes {
+                let count = min(chunk.count, bytes - written)
+                try fileSystem.append(file, count == chunk.count ? chunk : Array(chunk.prefix(count)))
+                written += count
+            }
+        } catch {
+            try? fileSystem.remove(path)
+            throw OpLogError(
+                error.code == .noSpace ? .noSpace : .io, "no room for the node's first \(bytes) bytes of writes: \(error.message)", file: path)
+        }
+        do {
+            try fileSystem.remove(path)
+        } catch {
+            throw OpLogError(.io, "cannot remove the space check file: \(error.message)", file: path)
+        }
+    }
+
     /// Whether the last hard state written gives this node a vote: what a crash now would
     /// leave it (a restart also gives the vote back for an admission its durable log holds).
     public var savedMayVote: Bool { savedHardState.mayVote }

@@ -134,7 +134,7 @@ public final class RegisterWorkload: @unchecked Sendable {
             record(key, Op(client: client, input: .write(v), output: .written, callTime: call, returnTime: now()))
             count(\.ok)
             return true
-        } else if let r, r.status >= 400 && r.status < 500 {
+        } else if let r, Self.refused(r.status) {
             count(\.failed)
         } else {
             // Timed out, connection lost, or 503: it may still apply (at most once).
@@ -143,6 +143,11 @@ public final class RegisterWorkload: @unchecked Sendable {
         }
         return false
     }
+
+    /// A write answered with `status` certainly did not apply: a 4xx, or 507 (NOSPACE: the state
+    /// machine refused it where it would have applied it, on every node alike). Any other
+    /// failure (a timeout, a lost connection, 503) may still apply, at most once.
+    static func refused(_ status: Int) -> Bool { (400..<500).contains(status) || status == 507 }
 
     public func compareAndSet(client: Int, node: UInt64, key: String) async {
         guard let (expected, etag) = await read(client: client, node: node, key: key), let etag, let expected else { return }
@@ -155,7 +160,7 @@ public final class RegisterWorkload: @unchecked Sendable {
         } else if let r, r.status == 412 {
             record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .swapped(false), callTime: call, returnTime: now()))
             count(\.ok)
-        } else if let r, r.status >= 400 && r.status < 500 {
+        } else if let r, Self.refused(r.status) {
             count(\.failed)
         } else {
             record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .unknown, callTime: call, returnTime: nil))

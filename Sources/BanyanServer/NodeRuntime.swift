@@ -196,6 +196,9 @@ public final class NodeRuntime: @unchecked Sendable {
             directory: config.dataDirectory, fileSystem: faults.map { FaultInjectingFileSystem(base: PosixFileSystem(), faults: $0) } ?? PosixFileSystem(),
             logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max),
             salvageDamagedLog: config.salvageDamagedLog, progress: progress)
+        // Before the node takes part: a full disk fails here (`.noSpace`, waited out by
+        // `BanyanNode.startWhenSpace`) rather than at the node's first write (exit 75).
+        try storage.requireRoom()
         incarnation = storage.incarnation
         if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {
             logger.warning(

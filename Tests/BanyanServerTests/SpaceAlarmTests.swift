@@ -89,3 +89,41 @@ import Testing
         #expect(stopped == nil)
     }
 }
+
+/// A data directory on a full disk opens (recovery may write nothing), so the room check is what
+/// keeps `banyan serve` from starting there and stopping at its first write (found by the
+/// `disk-full` cluster scenario: the restarted node exited with status 75 on its hard state).
+@Suite struct RequireRoomTests {
+    /// A bootstrapped data directory, reopened after a reboot on a disk with `room` bytes free.
+    static func reopened(room: Int) throws -> (SimulatedFileSystem, NodeStorage) {
+        let logger = Logger(label: "room-test") { _ in SwiftLogNoOpLogHandler() }
+        let fs = SimulatedFileSystem(durableDirectories: ["/"])
+        try NodeStorage(directory: "/node", fileSystem: fs, logger: logger, newIncarnation: 0xA) { _ in }.bootstrap(members: [1, 2, 3])
+        fs.reboot()
+        fs.capacity = fs.bytesUsed + room
+        let storage = try NodeStorage(directory: "/node", fileSystem: fs, logger: logger, newIncarnation: 0xB) { _ in }
+        _ = try storage.load { _ in }
+        return (fs, storage)
+    }
+
+    @Test("on a full disk, or one without a preallocation step and a margin free, the room check throws noSpace and removes its file")
+    func fullDiskRefused() throws {
+        for room in [0, 4096, 1 << 20] {
+            let (fs, storage) = try Self.reopened(room: room)
+            do {
+                try storage.requireRoom()
+                Issue.record("the room check passed with \(room) bytes free")
+            } catch {
+                #expect(error.code == .noSpace && StartRetry.isNoSpace(error), "\(error)")
+            }
+            #expect(!fs.exists("/node/raft/space-check"))
+        }
+    }
+
+    @Test("with room the check passes and removes its file")
+    func roomAccepted() throws {
+        let (fs, storage) = try Self.reopened(room: 2 << 20)
+        try storage.requireRoom()
+        #expect(!fs.exists("/node/raft/space-check"))
+    }
+}
