@@ -22,8 +22,8 @@ struct ClusterTest: AsyncParsableCommand {
     @Option(name: .long, help: "Working directory (wiped first).")
     var dir: String = "/tmp/banyan-cluster-test"
 
-    @Option(name: .long, help: "Scenarios to run (comma-separated): \(Scenario.allCases.map(\.rawValue).joined(separator: ",")).")
-    var scenarios: String = Scenario.allCases.map(\.rawValue).joined(separator: ",")
+    @Option(name: .long, help: "Scenarios to run (comma-separated): \(Scenario.allCases.map(\.rawValue).joined(separator: ",")); all but hostile when not given.")
+    var scenarios: String = Scenario.allCases.filter { $0 != .hostile }.map(\.rawValue).joined(separator: ",")
 
     @Option(name: .long, help: "Seconds of load per phase.")
     var seconds: Double = 4
@@ -33,6 +33,9 @@ struct ClusterTest: AsyncParsableCommand {
 
     @Option(name: .long, help: "First port; clients use base+id, peers base+100+id.")
     var portBase: Int = 19300
+
+    @Option(name: .long, help: "Attacks the hostile scenario leaves out (comma-separated): \(HostileAttack.allCases.map(\.rawValue).joined(separator: ",")).")
+    var hostileSkip: String = ""
 
     @Flag(name: .long, help: "Checker self-test: the workload's reads skip ReadIndex (consistency=stale); the run must then fail.")
     var sabotageStaleReads = false
@@ -48,6 +51,9 @@ struct ClusterTest: AsyncParsableCommand {
         case limits
         case backup
         case diskFull = "disk-full"
+        /// Issue 18's proof (HostileScenario.swift): measured on a release build, so not run by
+        /// default.
+        case hostile
     }
 
     func run() async throws {
@@ -97,8 +103,11 @@ struct ClusterTest: AsyncParsableCommand {
         let disks = scenario == .diskFull ? try NodeDisks(cluster: cluster, ids: [1, 2, 3], bytes: 96 << 20, minFree: 16 << 20) : nil
         defer { disks?.unmount(stopping: cluster) }
         let storage = disks.map { "storage:\n  min_free_bytes: \($0.minFree)\n" } ?? ""
-        try "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n\(storage)"
-            .write(toFile: config, atomically: true, encoding: .utf8)
+        let settings =
+            scenario == .hostile
+            ? Self.hostileSettings
+            : "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n\(storage)"
+        try settings.write(toFile: config, atomically: true, encoding: .utf8)
         cluster.extraArguments = ["--config", config]
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
         let first = try await cluster.waitForLeader(timeout: 30)
@@ -106,6 +115,8 @@ struct ClusterTest: AsyncParsableCommand {
         let workload = RegisterWorkload(cluster: cluster)
         workload.staleReads = sabotageStaleReads
         let live = LiveSet([1, 2, 3])
+        // A failed check of the hostile scenario, reported after the history's checks below.
+        var failedChecks: Failure?
 
         switch scenario {
         case .anyNode:
@@ -198,6 +209,8 @@ struct ClusterTest: AsyncParsableCommand {
         case .diskFull:
             guard let disks else { throw Failure("the disk-full scenario has no disks") }
             try await diskFull(cluster, live: live, workload: workload, disks: disks)
+        case .hostile:
+            failedChecks = try await hostile(cluster, live: live, workload: workload)
         }
         print("load: \(workload.counts)")
         try await converge(cluster, nodes: live.nodes)
@@ -206,6 +219,7 @@ struct ClusterTest: AsyncParsableCommand {
         print("history: \(workload.history.count) operations; linearizability: \(verdict)")
         guard verdict == .linearizable else { throw Failure("history is \(verdict)") }
         guard workload.counts.ok > 20 else { throw Failure("too few operations succeeded (\(workload.counts))") }
+        if let failedChecks { throw failedChecks }
     }
 
     /// An event stream opened on one node while writes go through another: its first event is a
@@ -558,15 +572,35 @@ final class RawConnection: @unchecked Sendable {
 
     private init(fd: Int32) { self.fd = fd }
 
-    static func open(port: Int) async throws -> RawConnection {
+    static func open(port: Int) async throws -> RawConnection { try connect(port: port) }
+
+    /// Connects to 127.0.0.1:`port`, blocking; from loopback address `source` when given
+    /// (another 127.x.y.z address is another client IP to the node's per-client caps).
+    static func connect(port: Int, from source: String? = nil) throws -> RawConnection {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw ClusterTest.Failure("socket() failed") }
+        if let source {
+            // IP_BIND_ADDRESS_NO_PORT (24, Linux): the port is chosen at connect, per
+            // destination, so thousands of bound sockets do not use up the ephemeral range.
+            var one: Int32 = 1
+            _ = setsockopt(fd, Int32(IPPROTO_IP), 24, &one, socklen_t(MemoryLayout<Int32>.size))
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            local.sin_addr.s_addr = inet_addr(source)
+            let bound = withUnsafePointer(to: &local) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard bound == 0 else {
+                Glibc.close(fd)
+                throw ClusterTest.Failure("bind to \(source) failed")
+            }
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         let ok = withUnsafePointer(to: &address) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard ok == 0 else {
             Glibc.close(fd)
@@ -575,8 +609,9 @@ final class RawConnection: @unchecked Sendable {
         return RawConnection(fd: fd)
     }
 
-    func send(_ text: String) {
-        let bytes = Array(text.utf8)
+    func send(_ text: String) { send(bytes: Array(text.utf8)) }
+
+    func send(bytes: [UInt8]) {
         _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     }
 

@@ -33,6 +33,23 @@ public final class RegisterWorkload: @unchecked Sendable {
 
     private let stopped = Atomic<Bool>(false)
 
+    /// Every request the clients made (a read, a write, each half of a compare-and-set),
+    /// answered or not: when it began and how long it took, in nanoseconds since `start`.
+    private let requestTimes = Mutex<[(began: Int, took: Int)]>([])
+
+    /// The latency of the requests that began in a window of time.
+    public struct Latencies: Sendable, CustomStringConvertible {
+        /// Requests counted.
+        public var count: Int
+        /// Seconds.
+        public var p50: Double
+        public var p99: Double
+        public var max: Double
+        public var description: String {
+            String(format: "%d requests, p50 %.1f ms, p99 %.1f ms, max %.1f ms", count, p50 * 1000, p99 * 1000, max * 1000)
+        }
+    }
+
     /// Ends `run` early (its clients finish the operation they are in).
     public func stop() { stopped.store(true, ordering: .relaxed) }
 
@@ -64,6 +81,22 @@ public final class RegisterWorkload: @unchecked Sendable {
     }
 
     public var counts: Counts { state.withLock { $0.counts } }
+
+    /// Nanoseconds since `start`: the clock of the history and of `latencies(beganIn:)`.
+    public func elapsed() -> Int { now() }
+
+    private func timed(_ began: Int) {
+        let took = now() - began
+        requestTimes.withLock { $0.append((began, took)) }
+    }
+
+    /// The latency of the requests (reads, writes, each half of a compare-and-set, failed ones
+    /// too, at the time they took to fail) that began in `window` (nanoseconds since `start`).
+    public func latencies(beganIn window: Range<Int> = 0..<Int.max) -> Latencies {
+        let seconds = requestTimes.withLock { times in times.filter { window.contains($0.began) }.map { Double($0.took) / 1e9 } }.sorted()
+        return Latencies(
+            count: seconds.count, p50: ClusterBench.percentile(seconds, 0.5), p99: ClusterBench.percentile(seconds, 0.99), max: seconds.last ?? 0)
+    }
     /// `run` stopped at `maxOperations`.
     public var reachedCap: Bool { state.withLock { $0.started >= maxOperations } }
 
@@ -109,7 +142,9 @@ public final class RegisterWorkload: @unchecked Sendable {
     @discardableResult
     public func read(client: Int, node: UInt64, key: String, timeout: Int64 = 5) async -> (value: Int?, etag: String?)? {
         let call = now()
-        guard let r = try? await cluster.request(node, .GET, readURI(key), headers: [("X-Firebase-ETag", "true")], timeout: timeout), r.status == 200 else {
+        let answer = try? await cluster.request(node, .GET, readURI(key), headers: [("X-Firebase-ETag", "true")], timeout: timeout)
+        timed(call)
+        guard let r = answer, r.status == 200 else {
             count(\.failed)
             return nil
         }
@@ -130,6 +165,7 @@ public final class RegisterWorkload: @unchecked Sendable {
         let v = nextValue()
         let call = now()
         let r = try? await cluster.request(node, .PUT, uri(key), body: "\(v)", timeout: 5)
+        timed(call)
         if let r, r.status == 200 {
             record(key, Op(client: client, input: .write(v), output: .written, callTime: call, returnTime: now()))
             count(\.ok)
@@ -154,6 +190,7 @@ public final class RegisterWorkload: @unchecked Sendable {
         let v = nextValue()
         let call = now()
         let r = try? await cluster.request(node, .PUT, uri(key), headers: [("if-match", etag)], body: "\(v)", timeout: 5)
+        timed(call)
         if let r, r.status == 200 {
             record(key, Op(client: client, input: .cas(expected: expected, new: v), output: .swapped(true), callTime: call, returnTime: now()))
             count(\.ok)

@@ -118,6 +118,34 @@ import Testing
         #expect(found.operations.count == 4)
     }
 
+    /// Answers at once through node 1, 200 ms late through node 2, and never through node 3
+    /// (the connection fails).
+    final class UnevenNodes: NodeRequester {
+        func perform(_ id: UInt64, _ method: HTTPMethod, _ uri: String, headers: [(String, String)], body: String?, timeout: Int64) async throws
+            -> HTTPResult
+        {
+            if id == 3 { throw HTTPClientError("connection refused") }
+            if id == 2 { try await Task.sleep(nanoseconds: 200_000_000) }
+            return HTTPResult(status: 200, headers: [("ETag", "e")], body: Array((body ?? "null").utf8))
+        }
+    }
+
+    @Test("the workload's latency figures count every request, a failed one too, in the window it began")
+    func latencyFigures() async throws {
+        let workload = RegisterWorkload(cluster: UnevenNodes(), keys: 1, namespace: "t")
+        for _ in 0..<8 { #expect(await workload.write(client: 0, node: 1, key: "k0")) }
+        let split = workload.elapsed()
+        #expect(await workload.write(client: 0, node: 2, key: "k0"))
+        #expect(await workload.read(client: 0, node: 3, key: "k0") == nil)
+        let all = workload.latencies()
+        #expect(all.count == 10, "\(all)")
+        #expect(all.max >= 0.2 && all.p99 == all.max, "\(all)")
+        #expect(all.p50 < 0.2, "the median is one of the nine prompt answers: \(all)")
+        let early = workload.latencies(beganIn: 0..<split)
+        #expect(early.count == 8 && early.max < 0.2, "\(early)")
+        #expect(workload.counts.failed == 1)
+    }
+
     @Test("a long run holds bounded state: the register clients stop at their cap with every started operation recorded, the set at its own; probes keep one fault's worth and running figures")
     func longRunsAreBounded() async throws {
         let workload = RegisterWorkload(cluster: StaleReplica(), keys: 2, namespace: "t", maxOperations: 60)
@@ -525,32 +553,13 @@ import Testing
     /// The sum of a metric's samples (every label set) in a node's `/metrics`.
     static func metric(_ controller: ChaosController, _ id: UInt64, _ name: String) async throws -> Double {
         let r = try await controller.request(id, .GET, "/metrics", timeout: 5)
-        return metricSamples(r.text, name).reduce(0) { $0 + $1.value }
-    }
-
-    /// The samples of `name` in Prometheus text: each line's labels (the text between the
-    /// braces, "" for none) and value.
-    static func metricSamples(_ text: String, _ name: String) -> [(labels: String, value: Double)] {
-        text.split(separator: "\n").compactMap { line in
-            guard line.hasPrefix(name) else { return nil }
-            let rest = line.dropFirst(name.count)
-            var labels = ""
-            var valueText = rest
-            if rest.hasPrefix("{"), let close = rest.firstIndex(of: "}") {
-                labels = String(rest[rest.index(after: rest.startIndex)..<close])
-                valueText = rest[rest.index(after: close)...]
-            } else if !rest.hasPrefix(" ") {
-                return nil
-            }
-            guard let value = Double(valueText.trimmingCharacters(in: .whitespaces)) else { return nil }
-            return (labels, value)
-        }
+        return MetricsText.sum(r.text, name)
     }
 
     /// How many of a node's persist rounds (`banyan_persist_seconds`) took more than 250 ms.
     static func slowPersists(_ controller: ChaosController, _ id: UInt64) async throws -> Double {
         let r = try await controller.request(id, .GET, "/metrics", timeout: 5)
-        let buckets = metricSamples(r.text, "banyan_persist_seconds_bucket")
+        let buckets = MetricsText.samples(r.text, "banyan_persist_seconds_bucket")
         guard let all = buckets.first(where: { $0.labels == #"le="+Inf""# })?.value, let fast = buckets.first(where: { $0.labels == #"le="0.25""# })?.value
         else { throw ChaosError("node \(id) has no persist histogram with a 0.25 s bucket") }
         return all - fast
