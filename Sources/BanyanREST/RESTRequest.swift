@@ -127,15 +127,19 @@ public struct RESTRequest: Sendable {
         "tiny": 64 << 10, "small": 1 << 20, "medium": 10 << 20, "large": 64 << 20, "unlimited": Int.max,
     ]
 
-    public static func parse(_ head: HTTPHead, body: [UInt8], defaultNamespace: String) -> Result<RESTRequest, RESTError> {
+    public static func parse(
+        _ head: HTTPHead, body: [UInt8], defaultNamespace: String, maxUpdatePaths: Int = WriteValidation.defaultMaxUpdatePaths
+    ) -> Result<RESTRequest, RESTError> {
         do throws(RESTError) {
-            return .success(try parseThrowing(head, body: body, defaultNamespace: defaultNamespace))
+            return .success(try parseThrowing(head, body: body, defaultNamespace: defaultNamespace, maxUpdatePaths: maxUpdatePaths))
         } catch {
             return .failure(error)
         }
     }
 
-    static func parseThrowing(_ head: HTTPHead, body: [UInt8], defaultNamespace: String) throws(RESTError) -> RESTRequest {
+    static func parseThrowing(
+        _ head: HTTPHead, body: [UInt8], defaultNamespace: String, maxUpdatePaths: Int = WriteValidation.defaultMaxUpdatePaths
+    ) throws(RESTError) -> RESTRequest {
         let (rawPath, rawQuery) = splitURI(head.uri)
         let params = try parseQuery(rawQuery)
         func param(_ name: String) -> String? { params.last { $0.0 == name }?.1 }
@@ -244,7 +248,7 @@ public struct RESTRequest: Sendable {
             if let limit = request.writeSizeLimit, body.count > limit {
                 throw .badRequest("Write too large: \(body.count) bytes exceed writeSizeLimit (\(limit) bytes).")
             }
-            try validateBody(body, request: request)
+            try validateBody(body, request: request, maxUpdatePaths: maxUpdatePaths)
             request.body = body
         default:
             break
@@ -291,7 +295,7 @@ public struct RESTRequest: Sendable {
 
     static func expectedHash(_ etag: String) -> String { etag == "null_etag" ? "" : etag }
 
-    static func validateBody(_ body: [UInt8], request: RESTRequest) throws(RESTError) {
+    static func validateBody(_ body: [UInt8], request: RESTRequest, maxUpdatePaths: Int) throws(RESTError) {
         guard !body.isEmpty else { throw .invalidJSON }
         // Server values are placeholders here; they resolve when the write applies.
         let context = ServerValueContext(timestamp: 0)
@@ -301,13 +305,14 @@ public struct RESTRequest: Sendable {
                 // The shared check (WriteValidation): values delimited, not decoded, and read
                 // once each; the overlap check O(n log n) in the number of keys.
                 do throws(WriteValidation.Problem) {
-                    _ = try WriteValidation.updateItems(body, at: request.path)
+                    _ = try WriteValidation.updateItems(body, at: request.path, maxPaths: maxUpdatePaths)
                 } catch {
                     switch error {
                     case .invalidJSON: throw RESTError.invalidJSON
                     case .notAnObject: throw RESTError.badRequest("PATCH needs a JSON object whose keys are paths.")
                     case let .invalidKey(key, e): throw RESTError.badRequest("Invalid key \"\(key)\" in PATCH: \(e.message)")
                     case let .overlappingPaths(a, b): throw RESTError.badRequest("Invalid data; PATCH paths \"\(a)\" and \"\(b)\" overlap.")
+                    case .tooManyPaths: throw RESTError.badRequest(error.description)
                     case .invalidValue(let e): throw e
                     }
                 }

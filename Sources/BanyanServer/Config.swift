@@ -124,6 +124,9 @@ public struct NodeConfig: Sendable, Equatable {
     public struct HTTPLimits: Sendable, Equatable {
         /// At most 32 MiB: a write must fit in one log record and one peer frame (64 MiB each).
         public var maxBodyBytes: Int = 16 << 20
+        /// Paths one multi-path update (REST `PATCH`, realtime `m` and `om`) may change; more get
+        /// 400 / a `failure` before anything is proposed (`WriteValidation.defaultMaxUpdatePaths`).
+        public var maxUpdateKeys: Int = 1_000
         public var maxConnections: Int = 20_000
         /// Connections one client address may hold at once (more are closed on accept), so no
         /// one client takes all `maxConnections` (issue 18).
@@ -397,6 +400,7 @@ extension NodeConfig {
                 for (k, v) in try r.map(value, key) {
                     switch k {
                     case "max_body_bytes": c.http.maxBodyBytes = try r.int(v, "http.max_body_bytes", 1024...(32 << 20))
+                    case "max_update_keys": c.http.maxUpdateKeys = try r.int(v, "http.max_update_keys", 1...1_000_000)
                     case "max_connections": c.http.maxConnections = try r.int(v, "http.max_connections", 1...1_000_000)
                     case "max_connections_per_client":
                         c.http.maxConnectionsPerClient = try r.int(v, "http.max_connections_per_client", 1...1_000_000)

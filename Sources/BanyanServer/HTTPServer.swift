@@ -927,14 +927,15 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let restHead = HTTPHead(
             method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
         let namespace = server.config.defaultNamespace
+        let maxUpdateKeys = server.config.http.maxUpdateKeys
         if body.count >= Self.offloadBytes {
             // Reading and validating a large body takes milliseconds per megabyte: on a worker.
-            offload(context, { RESTRequest.parse(restHead, body: body, defaultNamespace: namespace) }) { context, parsed in
+            offload(context, { RESTRequest.parse(restHead, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys) }) { context, parsed in
                 self.serveData(context: context, head: head, parsed: parsed, large: true)
             }
             return
         }
-        serveData(context: context, head: head, parsed: RESTRequest.parse(restHead, body: body, defaultNamespace: namespace), large: false)
+        serveData(context: context, head: head, parsed: RESTRequest.parse(restHead, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys), large: false)
     }
 
     /// Request bodies and answers from this size on are read or rendered on a worker thread

@@ -507,7 +507,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
             return perform(core.answer(request: request, status: "permission_denied", data: JSONValue.string("Permission denied").bytes))
         }
         let command: Command
-        switch SessionWrites.command(for: write, secret: identity.secret, holder: holder) {
+        switch SessionWrites.command(for: write, secret: identity.secret, holder: holder, maxUpdatePaths: server.config.http.maxUpdateKeys) {
         case .success(let c): command = c
         case .failure(let refusal):
             return perform(core.answer(request: request, status: refusal.status, data: JSONValue.string(refusal.message).bytes))

@@ -14,7 +14,9 @@ public enum SessionWrites {
     /// The command for `write`, issued by a connection whose secret is `secret`, held by its node
     /// under lease `holder` (its onDisconnect commands carry both). Values keep the client's own
     /// bytes.
-    public static func command(for write: SessionCore.Write, secret: UInt64, holder: UInt64 = 0) -> Result<Command, Refusal> {
+    public static func command(
+        for write: SessionCore.Write, secret: UInt64, holder: UInt64 = 0, maxUpdatePaths: Int = WriteValidation.defaultMaxUpdatePaths
+    ) -> Result<Command, Refusal> {
         do throws(WriteValidation.Problem) {
             switch write {
             case let .put(path, value, hash):
@@ -24,14 +26,14 @@ public enum SessionWrites {
                 if path.isPriority { return .failure(refusal("A transaction cannot set a priority alone.")) }
                 return .success(.compareAndSet(path: path.path.description, expectedHash: hash, json: json))
             case let .merge(path, value):
-                return .success(.update(path: path.description, entries: try WriteValidation.updateItems(Array(value.bytes), at: path)))
+                return .success(.update(path: path.description, entries: try WriteValidation.updateItems(Array(value.bytes), at: path, maxPaths: maxUpdatePaths)))
             case let .onDisconnectPut(path, value):
                 if path.isPriority { return .failure(refusal("onDisconnect cannot set a priority alone; set the value with its priority.")) }
                 let json = Array(value.bytes)
                 try WriteValidation.value(json, at: path.path)
                 return .success(.onDisconnectSet(path: path.path.description, json: json, secret: secret, holder: holder))
             case let .onDisconnectMerge(path, value):
-                let items = try WriteValidation.updateItems(Array(value.bytes), at: path)
+                let items = try WriteValidation.updateItems(Array(value.bytes), at: path, maxPaths: maxUpdatePaths)
                 return .success(.onDisconnectUpdate(path: path.description, entries: items, secret: secret, holder: holder))
             case .onDisconnectCancel(let path):
                 return .success(.onDisconnectCancel(path: path.description, secret: secret))

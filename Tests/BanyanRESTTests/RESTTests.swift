@@ -9,12 +9,16 @@ func head(_ method: String, _ uri: String, _ headers: [(String, String)] = []) -
     HTTPHead(method: method, uri: uri, headers: headers.map { (name: $0.0, value: $0.1) })
 }
 
-func parse(_ method: String, _ uri: String, body: String = "", headers: [(String, String)] = []) -> Result<RESTRequest, RESTError> {
-    RESTRequest.parse(head(method, uri, headers), body: Array(body.utf8), defaultNamespace: "default")
+func parse(
+    _ method: String, _ uri: String, body: String = "", headers: [(String, String)] = [], maxUpdatePaths: Int = WriteValidation.defaultMaxUpdatePaths
+) -> Result<RESTRequest, RESTError> {
+    RESTRequest.parse(head(method, uri, headers), body: Array(body.utf8), defaultNamespace: "default", maxUpdatePaths: maxUpdatePaths)
 }
 
-func request(_ method: String, _ uri: String, body: String = "", headers: [(String, String)] = []) throws -> RESTRequest {
-    try parse(method, uri, body: body, headers: headers).get()
+func request(
+    _ method: String, _ uri: String, body: String = "", headers: [(String, String)] = [], maxUpdatePaths: Int = WriteValidation.defaultMaxUpdatePaths
+) throws -> RESTRequest {
+    try parse(method, uri, body: body, headers: headers, maxUpdatePaths: maxUpdatePaths).get()
 }
 
 func tree(_ json: String) throws -> Tree { try Tree(json: json) }
@@ -116,19 +120,34 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(try request("GET", "/x.json?timeout=15min").timeoutMilliseconds == 900_000)
     }
 
-    @Test("a multi-path update of 20,000 paths: the overlap of its first and last is found, and without it the command carries each value's own bytes")
+    @Test("a multi-path update of 20,000 paths (allowed by the node's setting): the overlap of its first and last is found, and without it the command carries each value's own bytes")
     func manyPaths() throws {
         var keys = (0..<20_000).map { "\"k\($0)\": {\"v\" : \($0)}" }
         keys.append(#""k0/v": 1"#)
-        #expect(parse("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}").failure?.message == #"Invalid data; PATCH paths "/k0" and "/k0/v" overlap."#)
+        #expect(
+            parse("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}", maxUpdatePaths: 20_001).failure?.message
+                == #"Invalid data; PATCH paths "/k0" and "/k0/v" overlap."#)
         keys.removeLast()
-        let patch = try request("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}")
+        let patch = try request("PATCH", "/x.json", body: "{" + keys.joined(separator: ",") + "}", maxUpdatePaths: 20_000)
         guard case .success(.update(let path, let entries)) = patch.command(pushID: "") else {
             Issue.record("not an update")
             return
         }
         #expect(path == "/x" && entries.count == 20_000)
         #expect(entries.last.map { $0.path == "k19999" && String(decoding: $0.json, as: UTF8.self) == #"{"v" : 19999}"# } == true)
+    }
+
+    @Test("a multi-path update with more paths than http.max_update_keys gets 400 before any path is checked; at the limit it passes")
+    func updatePathLimit() throws {
+        let body = { (n: Int) in "{" + (0..<n).map { "\"k\($0)\": \($0)" }.joined(separator: ",") + "}" }
+        let over = parse("PATCH", "/x.json", body: body(WriteValidation.defaultMaxUpdatePaths + 1))
+        #expect(over.failureStatus == 400)
+        #expect(over.failure?.message == "Invalid data; a multi-path update may change at most 1000 paths, and this one has 1001. Split it into several updates.")
+        #expect((try? request("PATCH", "/x.json", body: body(WriteValidation.defaultMaxUpdatePaths))) != nil)
+        // The count is checked first: an invalid key past the limit is not what is reported.
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1,"b":2,"c.d":3}"#, maxUpdatePaths: 2).failure?.message.contains("at most 2 paths") == true)
+        // Sets and pushes are not multi-path updates.
+        #expect((try? request("PUT", "/x.json", body: body(5_000))) != nil)
     }
 
     @Test("bad writes get 400 with Firebase's messages and never reach the log")

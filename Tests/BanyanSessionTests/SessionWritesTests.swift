@@ -53,6 +53,34 @@ import Testing
     }
 }
 
+/// Multi-path updates over the realtime protocol have the same path limit as REST's.
+@Suite struct SessionUpdateLimitTests {
+    @Test("m and om with more paths than the limit are refused before they are proposed; at the limit they pass")
+    func updatePathLimit() throws {
+        let location = try Path(parsing: "rooms/r1")
+        let body = { (n: Int) in SessionWritesTests.raw("{" + (0..<n).map { "\"k\($0)\": \($0)" }.joined(separator: ",") + "}") }
+        for write in [SessionCore.Write.merge(location, body(11)), .onDisconnectMerge(location, body(11))] {
+            guard case .failure(let refusal) = SessionWrites.command(for: write, secret: 1, maxUpdatePaths: 10) else {
+                Issue.record("\(write) was accepted")
+                continue
+            }
+            #expect(refusal.status == "failure")
+            #expect(refusal.message == "Invalid data; a multi-path update may change at most 10 paths, and this one has 11. Split it into several updates.")
+        }
+        for write in [SessionCore.Write.merge(location, body(10)), .onDisconnectMerge(location, body(10))] {
+            guard case .success = SessionWrites.command(for: write, secret: 1, maxUpdatePaths: 10) else {
+                Issue.record("\(write) at the limit was refused")
+                continue
+            }
+        }
+        // The default is REST's.
+        guard case .failure = SessionWrites.command(for: .merge(location, body(WriteValidation.defaultMaxUpdatePaths + 1)), secret: 1) else {
+            Issue.record("an update past the default limit was accepted")
+            return
+        }
+    }
+}
+
 /// Inputs the fuzz targets found (Fuzz/, docs/testing.md "Fuzzing"); each failed before its fix.
 @Suite struct SessionFuzzFindingTests {
     /// Fuzz target `websocket` (and `rest`, through the same `WriteValidation`): a merge (`m`,
