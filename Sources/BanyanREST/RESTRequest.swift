@@ -116,6 +116,10 @@ public struct RESTRequest: Sendable {
     public var download: String?
     /// The request body (writes).
     public var body: [UInt8] = []
+    /// A `PATCH`'s items as validation found them (each value's own bytes), so that building the
+    /// command does not read the body's members again (on the event loop, after a worker
+    /// validated a large body).
+    var updateItems: [Command.UpdateItem]?
 
     public var isPost: Bool { operation == .post }
 
@@ -248,7 +252,7 @@ public struct RESTRequest: Sendable {
             if let limit = request.writeSizeLimit, body.count > limit {
                 throw .badRequest("Write too large: \(body.count) bytes exceed writeSizeLimit (\(limit) bytes).")
             }
-            try validateBody(body, request: request, maxUpdatePaths: maxUpdatePaths)
+            request.updateItems = try validateBody(body, request: request, maxUpdatePaths: maxUpdatePaths)
             request.body = body
         default:
             break
@@ -281,6 +285,7 @@ public struct RESTRequest: Sendable {
             return .success(.set(path: location, json: Array("null".utf8)))
         case .patch:
             // The validated body: each value's own bytes go into the command (no re-encoding).
+            if let updateItems { return .success(.update(path: path.description, entries: updateItems)) }
             guard case let members?? = try? JSONValue.members(rawIn: body) else {
                 return .failure(.badRequest("PATCH needs a JSON object whose keys are paths."))
             }
@@ -295,7 +300,8 @@ public struct RESTRequest: Sendable {
 
     static func expectedHash(_ etag: String) -> String { etag == "null_etag" ? "" : etag }
 
-    static func validateBody(_ body: [UInt8], request: RESTRequest, maxUpdatePaths: Int) throws(RESTError) {
+    /// Checks a write's body; for a `PATCH`, returns its items.
+    static func validateBody(_ body: [UInt8], request: RESTRequest, maxUpdatePaths: Int) throws(RESTError) -> [Command.UpdateItem]? {
         guard !body.isEmpty else { throw .invalidJSON }
         // Server values are placeholders here; they resolve when the write applies.
         let context = ServerValueContext(timestamp: 0)
@@ -305,7 +311,7 @@ public struct RESTRequest: Sendable {
                 // The shared check (WriteValidation): values delimited, not decoded, and read
                 // once each; the overlap check O(n log n) in the number of keys.
                 do throws(WriteValidation.Problem) {
-                    _ = try WriteValidation.updateItems(body, at: request.path, maxPaths: maxUpdatePaths)
+                    return try WriteValidation.updateItems(body, at: request.path, maxPaths: maxUpdatePaths)
                 } catch {
                     switch error {
                     case .invalidJSON: throw RESTError.invalidJSON
@@ -327,6 +333,7 @@ public struct RESTRequest: Sendable {
                     throw e
                 }
             }
+            return nil
         } catch let e as RESTError {
             throw e
         } catch let e as TreeError {
