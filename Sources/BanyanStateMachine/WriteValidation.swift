@@ -18,7 +18,7 @@ public enum WriteValidation {
         case overlappingPaths(Path, Path)
         /// A multi-path update has more paths than the node takes in one write
         /// (`http.max_update_keys`): each path is a tree write on every node, where it applies.
-        case tooManyPaths(count: Int, limit: Int)
+        case tooManyPaths(limit: Int)
         /// A value would not make a valid tree at its location (bad JSON inside it, depth, size,
         /// keys, server values…).
         case invalidValue(TreeError)
@@ -29,8 +29,8 @@ public enum WriteValidation {
             case .notAnObject: return "A multi-path update needs a JSON object whose keys are paths."
             case let .invalidKey(key, e): return "Invalid key \"\(ChildKey.printable(key))\" in a multi-path update: \(e.message)"
             case let .overlappingPaths(a, b): return "Invalid data; update paths \"\(a)\" and \"\(b)\" overlap."
-            case let .tooManyPaths(count, limit):
-                return "Invalid data; a multi-path update may change at most \(limit) paths, and this one has \(count). Split it into several updates."
+            case let .tooManyPaths(limit):
+                return "Invalid data; a multi-path update may change at most \(limit) paths, and this one has more. Split it into several updates."
             case .invalidValue(let e):
                 return e.code == .invalidJSON || e.code == .duplicateKey ? "Invalid data; couldn't parse JSON object, array, or value. \(e.message)" : e.message
             }
@@ -66,13 +66,19 @@ public enum WriteValidation {
     public static let defaultMaxUpdatePaths = 1_000
 
     /// A multi-path update's body at `location`: its items, each value's own bytes (no
-    /// re-encoding), in the body's order. More than `maxPaths` paths are refused before any is
-    /// checked.
+    /// re-encoding), in the body's order. More than `maxPaths` paths are refused as soon as the
+    /// first path too many is read, before any is checked.
     public static func updateItems(_ body: [UInt8], at location: Path, maxPaths: Int = defaultMaxUpdatePaths) throws(Problem) -> [Command.UpdateItem] {
         let members: [(key: String, value: Range<Int>)]?
-        do { members = try JSONValue.members(rawIn: body) } catch { throw .invalidJSON(error) }
+        do {
+            // Stops at the first path past the limit: a refused update costs that much, not its
+            // body's worth.
+            members = try JSONValue.members(rawIn: body, maxMembers: maxPaths)
+        } catch {
+            if error.code == .inputTooLarge { throw .tooManyPaths(limit: maxPaths) }
+            throw .invalidJSON(error)
+        }
         guard let members else { throw .notAnObject }
-        guard members.count <= maxPaths else { throw .tooManyPaths(count: members.count, limit: maxPaths) }
         var items: [Command.UpdateItem] = []
         var paths: [Path] = []
         items.reserveCapacity(members.count)

@@ -132,8 +132,9 @@ public enum JSONValue: Sendable, Equatable {
     /// Reads a JSON object's keys and delimits each member's value without decoding it (as
     /// `parse(_:leavingRaw:)` does for one member): nil when the text is not an object. For a
     /// body whose values another reader reads once each (the paths of a multi-path update).
-    /// Duplicate keys are rejected.
-    public static func members(rawIn bytes: [UInt8]) throws(TreeError) -> [(key: String, value: Range<Int>)]? {
+    /// Duplicate keys are rejected, and more than `maxMembers` members (`.inputTooLarge`, found
+    /// as soon as one member too many starts: the rest of the text is not read).
+    public static func members(rawIn bytes: [UInt8], maxMembers: Int = .max) throws(TreeError) -> [(key: String, value: Range<Int>)]? {
         let result: Result<[(key: String, value: Range<Int>)]?, TreeError> = bytes.withUnsafeBufferPointer { buffer in
             var s = JSONScanner(bytes: buffer)
             do throws(TreeError) {
@@ -144,6 +145,9 @@ public enum JSONValue: Sendable, Equatable {
                 }
                 var members: [(key: String, value: Range<Int>)] = []
                 try readMembers(&s) { (key, s) throws(TreeError) in
+                    guard members.count < maxMembers else {
+                        throw TreeError(.inputTooLarge, path: "/", "An object of more than \(maxMembers) members", offset: s.position)
+                    }
                     _ = try s.peek()
                     let start = s.position
                     try s.skipValue()

@@ -142,10 +142,12 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         let body = { (n: Int) in "{" + (0..<n).map { "\"k\($0)\": \($0)" }.joined(separator: ",") + "}" }
         let over = parse("PATCH", "/x.json", body: body(WriteValidation.defaultMaxUpdatePaths + 1))
         #expect(over.failureStatus == 400)
-        #expect(over.failure?.message == "Invalid data; a multi-path update may change at most 1000 paths, and this one has 1001. Split it into several updates.")
+        #expect(over.failure?.message == "Invalid data; a multi-path update may change at most 1000 paths, and this one has more. Split it into several updates.")
         #expect((try? request("PATCH", "/x.json", body: body(WriteValidation.defaultMaxUpdatePaths))) != nil)
-        // The count is checked first: an invalid key past the limit is not what is reported.
+        // The count is checked first: an invalid key past the limit is not what is reported, and
+        // nothing after the first path too many is read (the rest here is not even JSON).
         #expect(parse("PATCH", "/x.json", body: #"{"a":1,"b":2,"c.d":3}"#, maxUpdatePaths: 2).failure?.message.contains("at most 2 paths") == true)
+        #expect(parse("PATCH", "/x.json", body: #"{"a":1,"b":2,"c":!!! not json"#, maxUpdatePaths: 2).failure?.message.contains("at most 2 paths") == true)
         // Sets and pushes are not multi-path updates.
         #expect((try? request("PUT", "/x.json", body: body(5_000))) != nil)
     }

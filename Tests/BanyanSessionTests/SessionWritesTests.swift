@@ -65,7 +65,7 @@ import Testing
                 continue
             }
             #expect(refusal.status == "failure")
-            #expect(refusal.message == "Invalid data; a multi-path update may change at most 10 paths, and this one has 11. Split it into several updates.")
+            #expect(refusal.message == "Invalid data; a multi-path update may change at most 10 paths, and this one has more. Split it into several updates.")
         }
         for write in [SessionCore.Write.merge(location, body(10)), .onDisconnectMerge(location, body(10))] {
             guard case .success = SessionWrites.command(for: write, secret: 1, maxUpdatePaths: 10) else {
