@@ -152,6 +152,13 @@ public struct NodeConfig: Sendable, Equatable {
         /// 320 GiB. A connection whose next fragment does not fit is closed with 1013 (try
         /// again later); the SDKs reconnect and send again.
         public var maxAssemblingBytes: Int = 256 << 20
+        /// Bytes of answers written to clients that do not read them (still in the connections'
+        /// write buffers), over all connections: each may queue up to 16 MiB (the write buffer's
+        /// high-water mark) plus the answer being written, so without a node-wide bound a few
+        /// dozen clients pipelining large reads hold gigabytes (issue 18). A connection holding
+        /// some while the budget is spent is not answered or read until they drain; one holding
+        /// none always gets its next answer.
+        public var maxQueuedAnswerBytes: Int = 256 << 20
         /// HTTPS and WSS on the client port (docs/security.md, "HTTPS"): a PEM certificate chain
         /// and its private key. Both set: every client connection is TLS (1.2 or 1.3); neither:
         /// plain HTTP (for loopback, or behind a proxy that terminates TLS).
@@ -413,6 +420,8 @@ extension NodeConfig {
                         c.http.corsOrigins = try list.map { (item) throws(ConfigError) in try r.string(item, "http.cors_origins") }
                     case "max_assembling_bytes":
                         c.http.maxAssemblingBytes = try r.int(v, "http.max_assembling_bytes", (64 << 10)...(64 << 30))
+                    case "max_queued_answer_bytes":
+                        c.http.maxQueuedAnswerBytes = try r.int(v, "http.max_queued_answer_bytes", (1 << 20)...(64 << 30))
                     case "tls_cert": c.http.tlsCertificate = try r.string(v, "http.tls_cert")
                     case "tls_key": c.http.tlsPrivateKey = try r.string(v, "http.tls_key")
                     default: throw ConfigError("\(source): unknown key http.\(k)")

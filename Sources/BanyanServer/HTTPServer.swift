@@ -108,7 +108,9 @@ final class HTTPServer: Sendable {
         self.accounts = AccountService(runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, logger: logger)
         self.logger = logger
         self.registry = registry
-        self.assembling = AssemblyBudget(limit: config.http.maxAssemblingBytes)
+        self.assembling = ByteBudget(limit: config.http.maxAssemblingBytes)
+        self.queuedAnswerBudget = ByteBudget(
+            limit: config.http.maxQueuedAnswerBytes, gauge: Gauge(label: "banyan_http_queued_answer_bytes"))
         self.pushIDs = Mutex(PushIDGenerator(random: SeededRandom(seed: UInt64.random(in: 1...UInt64.max))))
     }
 
@@ -431,7 +433,11 @@ final class HTTPServer: Sendable {
     let endedElsewhere = Counter(label: "banyan_realtime_ended_in_log_total")
 
     /// The node-wide budget for realtime messages being assembled (`http.max_assembling_bytes`).
-    let assembling: AssemblyBudget
+    let assembling: ByteBudget
+    /// The node-wide budget for answers queued to clients that do not read them
+    /// (`http.max_queued_answer_bytes`; `QueuedAnswers`).
+    let queuedAnswerBudget: ByteBudget
+    let answerBudgetPauses = Counter(label: "banyan_http_answer_budget_pauses_total")
 
     // MARK: - Draining (docs/realtime.md, "Draining a node")
 
@@ -628,8 +634,26 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// more is read, until it drains below the low mark (issue 18: a client pipelining reads it
     /// never reads made the node render and keep every answer).
     private var unwritable = false
+    /// The connection's answer bytes queued for its client, charged to the node's budget for
+    /// them (`http.max_queued_answer_bytes`); nil until the handler is added.
+    private var queuedAnswers: QueuedAnswers?
+    /// The node's budget for queued answers is spent and this connection holds some of it: as
+    /// `unwritable`, until its queued answers drain (`QueuedAnswers.resumable`). A
+    /// connection holding none is never paused, so clients that read are not starved by those
+    /// that do not.
+    private var overBudget = false
     private var holdsReads: Bool {
-        closing || unwritable || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes
+        closing || unwritable || overBudget || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes
+    }
+
+    /// After an answer or before a new request: whether the node's budget for queued answers
+    /// holds this connection back (nothing is measured while it holds nothing).
+    private func waitsForBudget(measure: Bool) -> Bool {
+        guard let queuedAnswers, measure || queuedAnswers.held > 0 else { return false }
+        let waits = queuedAnswers.mustWait()
+        if waits && !overBudget { server.answerBudgetPauses.increment() }
+        overBudget = waits
+        return waits
     }
     /// A whole request body may wait behind the one being answered, and a little more.
     private var hardQueuedBytes: Int { server.config.http.maxBodyBytes + Self.maxQueuedBytes }
@@ -673,7 +697,19 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     init(server: HTTPServer) { self.server = server }
 
     func handlerAdded(context: ChannelHandlerContext) {
+        let queued = QueuedAnswers(budget: server.queuedAnswerBudget, channel: context.channel)
+        queued.resumable = { [weak self, weak context] in
+            guard let self, let context, self.overBudget else { return }
+            self.overBudget = false
+            self.resume(context: context)
+        }
+        queuedAnswers = queued
         if context.channel.isActive { armDeadline(context: context) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        queuedAnswers?.release()
+        queuedAnswers = nil
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -717,7 +753,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         // bad HTTP): a request arriving then must not apply.
         guard !closing else { return }
         let part = unwrapInboundIn(data)
-        if busy || queuedCount > 0 || unwritable {
+        if busy || queuedCount > 0 || unwritable || overBudget || waitsForBudget(measure: false) {
             if case .body(let chunk) = part { queuedBytes += chunk.readableBytes }
             queued.append(part)
             if queuedCount > Self.hardQueuedParts || queuedBytes > hardQueuedBytes {
@@ -747,7 +783,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         guard !resuming else { return }
         resuming = true
         defer { resuming = false }
-        while !busy, !closing, !unwritable, queuedCount > 0 {
+        while !busy, !closing, !unwritable, !overBudget, queuedCount > 0 {
             let part = queued[nextQueued]
             nextQueued += 1
             if case .body(let chunk) = part { queuedBytes -= chunk.readableBytes }
@@ -837,6 +873,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     func channelInactive(context: ChannelHandlerContext) {
         endRequest()
+        queuedAnswers?.release()
         deadlineAt = nil
         deadlineTimer?.cancel()
         deadlineTimer = nil
@@ -1226,6 +1263,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
         endRequest()
         unwritable = !context.channel.isWritable
+        _ = waitsForBudget(measure: true)
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
         if let done {

@@ -249,13 +249,13 @@ final class PerMessageDeflateReader: ChannelInboundHandler {
     private var failed = false
     /// Bytes of the fragmented message being received (here or in the aggregator after this
     /// handler), charged to the node's budget for messages being assembled.
-    private var account: AssemblyAccount?
+    private var account: BudgetAccount?
 
-    init(codec: DeflateCodec?, maxMessageBytes: Int, maxFrames: Int, budget: AssemblyBudget? = nil) {
+    init(codec: DeflateCodec?, maxMessageBytes: Int, maxFrames: Int, budget: ByteBudget? = nil) {
         self.codec = codec
         self.maxMessageBytes = maxMessageBytes
         self.maxFrames = maxFrames
-        self.account = budget.map(AssemblyAccount.init)
+        self.account = budget.map(BudgetAccount.init)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {

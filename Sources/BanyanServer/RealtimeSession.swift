@@ -53,7 +53,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     /// Set while the node drains this connection: where the reset sends the client.
     private var resetTarget: String?
     /// Bytes of a protocol message arriving in several frames, charged to the node's budget.
-    private var assembly: AssemblyAccount
+    private var assembly: BudgetAccount
     /// The node's lease holder when the connection opened: its onDisconnect writes name it, and
     /// if that lease lapses the connection is closed (docs/realtime.md, "Node leases").
     private let holder: UInt64
@@ -68,7 +68,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         self.upgrade = upgrade
         self.identity = identity
         holder = server.leaseHolder()
-        assembly = AssemblyAccount(budget: server.assembling)
+        assembly = BudgetAccount(budget: server.assembling)
         encoding = OutboundEncoding(upgrade.deflate)
         let host = server.config.publicHost ?? upgrade.host ?? "\(server.config.clientAddress.host):\(server.config.clientAddress.port)"
         core = SessionCore(timestamp: NodeRuntime.wallClock(), host: host, sessionID: identity.description)

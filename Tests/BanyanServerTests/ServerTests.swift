@@ -95,6 +95,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                 http:
                   max_body_bytes: 1048576
                   max_assembling_bytes: 33554432
+                  max_queued_answer_bytes: 8388608
                 development:
                   allow_unauthenticated: false
                   accept_owner_token: false
@@ -109,7 +110,8 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(NodeConfig().publishedClientAddress == HostPort(host: "127.0.0.1", port: 9000))
         #expect(c.initialMembers.count == 3 && c.initialMembers[3] == HostPort(host: "10.0.0.3", port: 7000))
         #expect(c.tls.certificate == "/etc/banyan/node2.pem" && !c.tls.generateDevelopmentCertificates)
-        #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20 && c.http.maxAssemblingBytes == 32 << 20)
+        #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20 && c.http.maxAssemblingBytes == 32 << 20
+            && c.http.maxQueuedAnswerBytes == 8 << 20)
         #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
         // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
         #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
@@ -119,7 +121,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
             "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "raft:\n  round_interval_us: 20001",
             "raft:\n  tick_ms: 1\n  heartbeat_ticks: 1", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
-            "public_host: ''", "public_host: a/b", "http:\n  max_assembling_bytes: 1000", "public_host: 'a b'", "advertise_client_address: nowhere",
+            "public_host: ''", "public_host: a/b", "http:\n  max_assembling_bytes: 1000", "http:\n  max_queued_answer_bytes: 1000", "public_host: 'a b'", "advertise_client_address: nowhere",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }
@@ -693,6 +695,22 @@ final class Inbox: Sendable {
 @Suite struct HTTPAbuseTests {
     typealias Raw = RequestDeadlineTests.Raw
 
+    /// The size of the string `storeBig` writes.
+    static let bigBytes = 3 << 20
+
+    /// Writes a string of `bigBytes` at `/big` on a one-node cluster, retrying until it has its
+    /// leader; false when it never did.
+    static func storeBig(port: Int) throws -> Bool {
+        let big = "\"" + String(repeating: "b", count: bigBytes) + "\""
+        for _ in 0..<50 {
+            let setup = try Raw(port: port)
+            setup.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(big.utf8.count)\r\n\r\n" + big)
+            if setup.receive(until: "\r\n\r\n", seconds: 2).text.hasPrefix("HTTP/1.1 200") { return true }
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+        return false
+    }
+
     @Test("thousands of pipelined requests behind a slow one: answered in order below the cap, the connection closed above it, the node unharmed")
     func pipelineFlood() throws {
         let dir = try temporaryDirectory("flood")
@@ -733,15 +751,7 @@ final class Inbox: Sendable {
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
         let port = clientPort(n)
-        let big = "\"" + String(repeating: "b", count: 3 << 20) + "\""
-        var stored = false
-        for _ in 0..<50 where !stored {
-            let setup = try Raw(port: port)
-            setup.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(big.utf8.count)\r\n\r\n" + big)
-            stored = setup.receive(until: "\r\n\r\n", seconds: 2).text.hasPrefix("HTTP/1.1 200")
-            if !stored { Thread.sleep(forTimeInterval: 0.2) }
-        }
-        #expect(stored, "no leader for the set-up write")
+        #expect(try Self.storeBig(port: port), "no leader for the set-up write")
 
         // Answers of 9 MB the client does not read, then a write whose body comes too late.
         let stuck = try Raw(port: port)
@@ -770,15 +780,7 @@ final class Inbox: Sendable {
         let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { n.shutdown() }
         let port = clientPort(n)
-        let big = "\"" + String(repeating: "b", count: 3 << 20) + "\""
-        var stored = false
-        for _ in 0..<50 where !stored {
-            let setup = try Raw(port: port)
-            setup.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(big.utf8.count)\r\n\r\n" + big)
-            stored = setup.receive(until: "\r\n\r\n", seconds: 2).text.hasPrefix("HTTP/1.1 200")
-            if !stored { Thread.sleep(forTimeInterval: 0.2) }
-        }
-        #expect(stored, "no leader for the set-up write")
+        #expect(try Self.storeBig(port: port), "no leader for the set-up write")
         let before = n.http.answers.load(ordering: .relaxed)
         let stuck = try Raw(port: port)
         let count = 40
@@ -796,8 +798,62 @@ final class Inbox: Sendable {
             bytes += chunk.utf8.count
             if closed || (chunk.isEmpty && n.http.answers.load(ordering: .relaxed) - before == count) { break }
         }
-        #expect(bytes >= count * (3 << 20), "\(bytes) bytes read")
+        #expect(bytes >= count * Self.bigBytes, "\(bytes) bytes read")
         #expect(n.http.answers.load(ordering: .relaxed) - before == count, "not every pipelined read was answered once the client read")
+    }
+
+    /// Issue 18: the per-connection bound alone let each connection that does not read hold its
+    /// 16 MiB write buffer and more, so a few dozen of them took the node's memory by gigabytes.
+    /// The node-wide budget (`http.max_queued_answer_bytes`) stops every connection that holds
+    /// queued answers once it is spent; one holding none still gets its answer.
+    @Test("connections that pipeline reads and never read hold no more queued answers than the node-wide budget and one answer each; a fresh client is still answered")
+    func queuedAnswerBudget() throws {
+        let dir = try temporaryDirectory("answerbudget")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.join = false  // a one-node cluster: writes apply
+        let limit = 4 << 20
+        c.http.maxQueuedAnswerBytes = limit
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = clientPort(n)
+        let answerBytes = Self.bigBytes
+        #expect(try Self.storeBig(port: port), "no leader for the set-up write")
+        let before = n.http.answers.load(ordering: .relaxed)
+        let connections = 8
+        let perConnection = 12
+        var stuck: [Raw] = []
+        for _ in 0..<connections {
+            let raw = try Raw(port: port)
+            raw.send(String(repeating: "GET /big.json?consistency=stale HTTP/1.1\r\nHost: a\r\n\r\n", count: perConnection))
+            stuck.append(raw)
+        }
+        Thread.sleep(forTimeInterval: 3)
+        let queued = n.http.queuedAnswerBudget.bytes
+        let rendered = n.http.answers.load(ordering: .relaxed) - before
+        // Each connection may add one answer past the budget; the kernel's socket buffers take a
+        // few more. Without the node-wide budget each connection filled its 16 MiB.
+        #expect(queued <= limit + connections * (answerBytes + 512), "\(queued) bytes of answers queued")
+        #expect(rendered < connections * 5, "\(rendered) of \(connections * perConnection) answers rendered")
+        // A client with nothing queued gets its answer at once.
+        let fresh = try Raw(port: port)
+        fresh.send("GET /big.json?consistency=stale HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        var got = 0
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline {
+            let (chunk, closed) = fresh.receive(until: "", seconds: 0.3)
+            got += chunk.utf8.count
+            if closed { break }
+        }
+        #expect(got > answerBytes, "a fresh client got \(got) bytes")
+        // The stuck clients go: their charges are released.
+        stuck.removeAll()
+        var released = false
+        for _ in 0..<50 where !released {
+            released = n.http.queuedAnswerBudget.bytes == 0
+            if !released { Thread.sleep(forTimeInterval: 0.1) }
+        }
+        #expect(released, "\(n.http.queuedAnswerBudget.bytes) bytes still charged after the clients closed")
     }
 
     /// Issue 18: one client could hold every connection and every event stream.
