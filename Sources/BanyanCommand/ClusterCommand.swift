@@ -52,10 +52,14 @@ struct ClusterLocal: ParsableCommand {
     @Option(name: .long, help: "Each node's election timeout in ticks (--election-ticks of banyan serve; default 10). On a machine with two cores or fewer, three nodes and a workload starve each other of CPU and a leader's late heartbeats cause elections: 50 (1-2 s) rides through that (docs/chaos.md).")
     var electionTicks: Int?
 
+    @Option(name: .long, help: "Each node's outbound connections per peer (--peer-lanes of banyan serve; default 2).")
+    var peerLanes: Int?
+
     func validate() throws {
         guard (1...9).contains(nodes) else { throw ValidationError("--nodes must be between 1 and 9") }
         guard (1...65000).contains(clientPort), (1...65000).contains(peerPort) else { throw ValidationError("ports must be between 1 and 65000") }
         if let electionTicks, !(2...10_000).contains(electionTicks) { throw ValidationError("--election-ticks must be between 2 and 10000") }
+        if let peerLanes, !(1...2).contains(peerLanes) { throw ValidationError("--peer-lanes must be 1 or 2") }
     }
 
     func run() throws {
@@ -78,7 +82,8 @@ struct ClusterLocal: ParsableCommand {
                     "serve", "--node-id", "\(i)", "--cluster-id", "banyan-local", "--data-dir", "\(dir)/node\(i)",
                     "--listen", "127.0.0.1:\(clientPort + i - 1)", "--peer-listen", "127.0.0.1:\(peerPort + i - 1)",
                     "--tls-dir", "\(dir)/certs", "--log-level", logLevel,
-                ] + (noFaultInjection ? [] : ["--allow-fault-injection"]) + (electionTicks.map { ["--election-ticks", "\($0)"] } ?? []) + members
+                ] + (noFaultInjection ? [] : ["--allow-fault-injection"]) + (electionTicks.map { ["--election-ticks", "\($0)"] } ?? [])
+                + (peerLanes.map { ["--peer-lanes", "\($0)"] } ?? []) + members
             let p = Process()
             p.executableURL = URL(fileURLWithPath: executable)
             // A node's first start founds the cluster; later starts (and the restart command

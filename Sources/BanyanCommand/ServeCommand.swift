@@ -62,6 +62,9 @@ struct NodeOptions: ParsableArguments {
     @Option(name: .long, help: "Outbound peer connections (encoding and encryption of what this node sends) on the peer thread (true, the default) or on the replica loop (false).")
     var peerOutboundThread: Bool?
 
+    @Option(name: .long, help: "Outbound connections per peer: 2 (the default; appends and snapshots on one, heartbeats, votes and answers on the other, so they never wait behind large appends) or 1.")
+    var peerLanes: Int?
+
     @Option(name: .long, help: "Raft election timeout in ticks of raft.tick_ms (overrides raft.election_ticks; default 10, 200-400 ms). Larger values ride through CPU starvation on small machines at the cost of slower failover.")
     var electionTicks: Int?
 
@@ -110,6 +113,10 @@ struct NodeOptions: ParsableArguments {
         }
         if let peerInboundThread { c.peerInboundThread = peerInboundThread }
         if let peerOutboundThread { c.peerOutboundThread = peerOutboundThread }
+        if let peerLanes {
+            guard (1...2).contains(peerLanes) else { throw ValidationError("--peer-lanes must be 1 or 2") }
+            c.peerLanes = peerLanes
+        }
         if let electionTicks {
             guard (2...10_000).contains(electionTicks) else { throw ValidationError("--election-ticks must be between 2 and 10000") }
             c.raft.electionTicks = electionTicks

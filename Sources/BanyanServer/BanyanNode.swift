@@ -111,6 +111,7 @@ public final class BanyanNode: Sendable {
             acceptGroup: config.peerInboundThread ? peerThread : runtime.loop,
             serverContext: tls.material.peerServer,
             clientContext: tls.material.peerClient, logger: logger, bindNodeIDs: config.tls.bindNodeIDs, incarnation: runtime.incarnation,
+            lanes: config.peerLanes,
             peerIncarnation: { peer, incarnation in runtime.learnPeerIncarnation(peer, incarnation) }, faults: runtime.faults
         ) { peer, address, messages in
             if let address { runtime.learnPeerAddress(peer, address) }

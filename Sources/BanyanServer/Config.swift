@@ -72,6 +72,12 @@ public struct NodeConfig: Sendable, Equatable {
     /// of large entries cost tens of milliseconds of encoding and encryption per follower; off
     /// the loop, they no longer delay its heartbeats (docs/server.md, "Large writes").
     public var peerOutboundThread: Bool = true
+    /// Outbound connections per peer (`PeerLane`; docs/server.md, "Large writes"): 2 (the default), one
+    /// for appends, snapshot chunks and proposals and one for everything else, so heartbeats,
+    /// votes and acknowledgements never queue behind appends of large entries (issue 18); 1:
+    /// everything on one connection. Peers need not agree: the receiving side takes any number
+    /// of connections from a peer.
+    public var peerLanes: Int = 2
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
@@ -364,6 +370,7 @@ extension NodeConfig {
             case "threads": c.threads = try r.int(value, key, 1...64)
             case "peer_inbound_thread": c.peerInboundThread = try r.bool(value, key)
             case "peer_outbound_thread": c.peerOutboundThread = try r.bool(value, key)
+            case "peer_lanes": c.peerLanes = try r.int(value, key, 1...2)
             case "storage":
                 for (k, v) in try r.map(value, key) {
                     switch k {

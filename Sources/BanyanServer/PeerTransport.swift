@@ -8,9 +8,11 @@ import Synchronization
 
 /// The peer transport (docs/server.md, "Peer transport"): mutual TLS over TCP, length-prefixed
 /// frames, a hello that names the cluster, both node ids and the protocol version, then Raft
-/// messages. Each node dials one outbound connection per peer for what it sends; inbound
-/// connections only receive. A connection that fails is redialled with exponential back-off;
-/// while it is down, messages wait in a bounded backlog (an eighth of `maxQueuedBytes`) that is
+/// messages. Each node dials one outbound connection per peer and lane (`PeerLane`: with
+/// `peer_lanes: 2`, appends, snapshot chunks and proposals on one, everything else on the
+/// other) for what it sends; inbound connections only receive, any number per peer. A
+/// connection that fails is redialled with exponential back-off;
+/// while it is down, messages wait in a bounded backlog (an eighth of its lane's high-water mark) that is
 /// flushed to whoever accepts the next connection, possibly a new incarnation of the peer
 /// (the Raft core copes: see `Message.Body.heartbeat`); past the backlog, or while a live
 /// connection has too many bytes queued, messages are dropped (Raft retries: that is the
@@ -33,7 +35,8 @@ import Synchronization
 /// messages; it marks command version 9 (client writes, exactly once across connections).
 final class PeerTransport: PeerSender, @unchecked Sendable {
     static let protocolVersion: UInt16 = 8
-    /// Bytes queued on one connection beyond which new messages are dropped.
+    /// Bytes queued on one connection beyond which new messages are dropped; with two lanes,
+    /// on a peer's two connections together (`PeerLane.highWater`).
     static let maxQueuedBytes = 64 << 20
 
     let nodeID: UInt64
@@ -41,6 +44,8 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     let advertised: HostPort
     /// This node's incarnation, sent in every hello (0: unknown, a legacy data directory).
     let incarnation: UInt64
+    /// Outbound connections per peer: 1 (everything on one) or 2 (`PeerLane`).
+    let lanes: Int
     private let group: any EventLoopGroup
     /// Where inbound connections live (their TLS handshakes, decryption and frame decoding):
     /// by default `group`; the server gives them a thread of their own, off the replica loop.
@@ -60,7 +65,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     private var serverChannel: (any Channel)?
     /// The fault switch (`--allow-fault-injection` only): dropped and delayed peer traffic.
     let faults: FaultSwitch?
-    /// Bytes of delayed batches one connection may hold (fault injection only): past it new
+    /// Bytes of delayed batches one connection (one lane) may hold (fault injection only): past it new
     /// batches are dropped, as past a live connection's queue (a delay must not buffer
     /// without bound while the replica loop keeps sending). Counted in `Message.size` (an
     /// estimate, not the encoded bytes), and beside the connection's queue, not within it: a
@@ -69,8 +74,13 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
 
     private struct State: ~Copyable {
         var addresses: [UInt64: HostPort] = [:]
-        var connections: [UInt64: PeerConnection] = [:]
+        var connections: [Outbound: PeerConnection] = [:]
         var stopped = false
+    }
+
+    private struct Outbound: Hashable {
+        let peer: UInt64
+        let lane: PeerLane
     }
 
     let sentBytes = Counter(label: "banyan_peer_sent_bytes_total")
@@ -90,20 +100,20 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     convenience init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
         serverTLS: TLSConfiguration,
-        clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
+        clientTLS: TLSConfiguration, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0, lanes: Int = 2,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
         faults: FaultSwitch? = nil, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) throws {
         self.init(
             nodeID: nodeID, clusterID: clusterID, advertised: advertised, group: group, acceptGroup: acceptGroup,
             serverContext: try NIOSSLContext(configuration: serverTLS), clientContext: try NIOSSLContext(configuration: clientTLS), logger: logger,
-            bindNodeIDs: bindNodeIDs, incarnation: incarnation, peerIncarnation: peerIncarnation, maxUnauthenticated: maxUnauthenticated,
+            bindNodeIDs: bindNodeIDs, incarnation: incarnation, lanes: lanes, peerIncarnation: peerIncarnation, maxUnauthenticated: maxUnauthenticated,
             handshakeTimeout: handshakeTimeout, faults: faults, deliver: deliver)
     }
 
     init(
         nodeID: UInt64, clusterID: String, advertised: HostPort, group: any EventLoopGroup, acceptGroup: (any EventLoopGroup)? = nil,
-        serverContext: NIOSSLContext, clientContext: NIOSSLContext, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0,
+        serverContext: NIOSSLContext, clientContext: NIOSSLContext, logger: Logger, bindNodeIDs: Bool = true, incarnation: UInt64 = 0, lanes: Int = 2,
         peerIncarnation: (@Sendable (UInt64, UInt64) -> Void)? = nil, maxUnauthenticated: Int = 64, handshakeTimeout: TimeAmount = .seconds(10),
         faults: FaultSwitch? = nil, deliver: @escaping @Sendable (UInt64, HostPort?, [Message]) -> Void
     ) {
@@ -112,6 +122,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         self.handshakeTimeout = handshakeTimeout
         self.bindNodeIDs = bindNodeIDs
         self.incarnation = incarnation
+        self.lanes = lanes
         self.peerIncarnation = peerIncarnation
         self.nodeID = nodeID
         self.clusterID = clusterID
@@ -208,9 +219,9 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         let stale: [PeerConnection] = state.withLock { s in
             s.addresses = addresses
             var changed: [PeerConnection] = []
-            for (id, connection) in s.connections where addresses[id] != connection.address {
+            for (key, connection) in s.connections where addresses[key.peer] != connection.address {
                 changed.append(connection)
-                s.connections[id] = nil
+                s.connections[key] = nil
             }
             return changed
         }
@@ -225,20 +236,30 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
                 faults.dropped(batch.count)
                 continue
             }
-            let connection: PeerConnection? = state.withLock { s in
-                guard !s.stopped else { return nil }
-                if let c = s.connections[peer] { return c }
-                guard let address = s.addresses[peer] else { return nil }
-                let c = PeerConnection(transport: self, peer: peer, address: address, eventLoop: group.next())
-                s.connections[peer] = c
-                return c
+            var byLane: [[Message]] = Array(repeating: [], count: PeerLane.allCases.count)
+            for m in batch { byLane[PeerLane.of(m, lanes: lanes).rawValue].append(m) }
+            for lane in PeerLane.allCases where !byLane[lane.rawValue].isEmpty {
+                send(byLane[lane.rawValue], to: Outbound(peer: peer, lane: lane))
             }
-            guard let connection else {
-                droppedMessages.increment(by: batch.count)
-                continue
-            }
-            connection.send(batch)
         }
+    }
+
+    private func send(_ batch: [Message], to key: Outbound) {
+        let connection: PeerConnection? = state.withLock { s in
+            guard !s.stopped else { return nil }
+            if let c = s.connections[key] { return c }
+            guard let address = s.addresses[key.peer] else { return nil }
+            let c = PeerConnection(
+                transport: self, peer: key.peer, lane: key.lane, highWater: PeerLane.highWater(key.lane, lanes: lanes), address: address,
+                eventLoop: group.next())
+            s.connections[key] = c
+            return c
+        }
+        guard let connection else {
+            droppedMessages.increment(by: batch.count)
+            return
+        }
+        connection.send(batch)
     }
 
     /// Outbound connection attempts made (tests: an unreachable peer is dialled at the back-off's
@@ -252,7 +273,7 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
         return ClientBootstrap(group: connection.eventLoop)
             .connectTimeout(.seconds(2))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
-            .channelOption(.writeBufferWaterMark, value: .init(low: PeerTransport.maxQueuedBytes / 2, high: PeerTransport.maxQueuedBytes))
+            .channelOption(.writeBufferWaterMark, value: .init(low: connection.highWater / 2, high: connection.highWater))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let tls = try NIOSSLClientHandler(context: self.contexts.withLock { $0.client }, serverHostname: isIP ? nil : host)
@@ -275,9 +296,45 @@ final class PeerTransport: PeerSender, @unchecked Sendable {
     }
 }
 
-/// One outbound connection to a peer, confined to `eventLoop`.
+/// Which of a peer's outbound connections carries a message (`peer_lanes`; docs/server.md,
+/// `PeerTransport` and "Large writes"). With two lanes, a heartbeat, vote or acknowledgement never waits behind
+/// appends of large entries (issue 18: a 15 MiB append takes hundreds of milliseconds to
+/// drain on a busy machine, and several queue when clients write at once). Every append goes
+/// on the bulk lane whatever its size, so appends stay in order among themselves: a small one
+/// overtaking a large one would be rejected (its previous entry not there yet), and the
+/// rejection would send the leader back to probing and resending the large entry. Order
+/// between the lanes does not matter to Raft (docs/server.md, "Large writes", says why).
+enum PeerLane: Int, CaseIterable, Sendable {
+    /// Heartbeats and their answers, votes, append answers, read index, timeoutNow.
+    case control = 0
+    /// Appends, snapshot chunks and forwarded proposals: what may carry large payloads.
+    case bulk = 1
+
+    static func of(_ message: Message, lanes: Int) -> PeerLane {
+        guard lanes > 1 else { return .control }
+        switch message.body {
+        case .append, .snapshotChunk, .proposal: return .bulk
+        default: return .control
+        }
+    }
+
+    /// A lane's write-buffer high-water mark: with one lane, `maxQueuedBytes`; with two, the
+    /// control lane a sixteenth of it (4 MiB: some hundred thousand small messages) and the bulk
+    /// lane the rest, so a peer's connections together queue no more than one did.
+    static func highWater(_ lane: PeerLane, lanes: Int) -> Int {
+        let control = PeerTransport.maxQueuedBytes / 16
+        guard lanes > 1 else { return PeerTransport.maxQueuedBytes }
+        return lane == .control ? control : PeerTransport.maxQueuedBytes - control
+    }
+}
+
+/// One outbound connection to a peer (one lane), confined to `eventLoop`.
 final class PeerConnection: @unchecked Sendable {
     let peer: UInt64
+    let lane: PeerLane
+    /// The write-buffer high-water mark (`PeerLane.highWater`); an eighth of it while not
+    /// connected.
+    let highWater: Int
     let address: HostPort
     let eventLoop: any EventLoop
     private weak var transport: PeerTransport?
@@ -290,9 +347,11 @@ final class PeerConnection: @unchecked Sendable {
     private var pendingBytes = 0
     private var failures = 0
 
-    init(transport: PeerTransport, peer: UInt64, address: HostPort, eventLoop: any EventLoop) {
+    init(transport: PeerTransport, peer: UInt64, lane: PeerLane, highWater: Int, address: HostPort, eventLoop: any EventLoop) {
         self.transport = transport
         self.peer = peer
+        self.lane = lane
+        self.highWater = highWater
         self.address = address
         self.eventLoop = eventLoop
     }
@@ -345,7 +404,7 @@ final class PeerConnection: @unchecked Sendable {
     private func enqueue(_ messages: [Message]) {
         guard !closed, let transport else { return }
         if ready, let channel {
-            // Writability turns off past the write-buffer high-water mark (`maxQueuedBytes`).
+            // Writability turns off past the write-buffer high-water mark (`highWater`).
             guard channel.isWritable else {
                 transport.droppedMessages.increment(by: messages.count)
                 return
@@ -355,7 +414,7 @@ final class PeerConnection: @unchecked Sendable {
         }
         // Not connected: keep a bounded backlog for when the handshake completes.
         for m in messages {
-            if pendingBytes + m.size > PeerTransport.maxQueuedBytes / 8 {
+            if pendingBytes + m.size > highWater / 8 {
                 transport.droppedMessages.increment()
                 continue
             }
@@ -412,7 +471,7 @@ final class PeerConnection: @unchecked Sendable {
         ready = true
         failures = 0
         backoffMs = 50
-        transport?.log(.info, "connected to peer", ["peer": "\(peer)", "address": "\(address)"])
+        transport?.log(.info, "connected to peer", ["peer": "\(peer)", "address": "\(address)", "lane": "\(lane)"])
         let backlog = pending
         pending = []
         pendingBytes = 0
@@ -420,7 +479,7 @@ final class PeerConnection: @unchecked Sendable {
     }
 
     func refused(_ reason: String) {
-        transport?.log(.error, "peer refused our connection", ["peer": "\(peer)", "reason": "\(reason)"])
+        transport?.log(.error, "peer refused our connection", ["peer": "\(peer)", "lane": "\(lane)", "reason": "\(reason)"])
         channel?.close(promise: nil)
     }
 
@@ -443,7 +502,7 @@ final class PeerConnection: @unchecked Sendable {
         failures += 1
         // Log the first failure and then every 20th, so an absent peer does not flood the log.
         if failures == 1 || failures % 20 == 0 {
-            transport?.log(.warning, "peer unreachable; retrying", ["peer": "\(peer)", "address": "\(address)", "reason": "\(why)", "attempts": "\(failures)"])
+            transport?.log(.warning, "peer unreachable; retrying", ["peer": "\(peer)", "lane": "\(lane)", "address": "\(address)", "reason": "\(why)", "attempts": "\(failures)"])
         }
         let delay = backoffMs + Int64.random(in: 0...(backoffMs / 2))
         backoffMs = min(backoffMs * 2, 2_000)

@@ -144,13 +144,15 @@ final class Inbox: Sendable {
         let port: Int
     }
 
-    func node(_ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup, faults: FaultSwitch? = nil) throws -> Tree {
+    func node(
+        _ id: UInt64, cluster: String = "test", certDir: String, name: String? = nil, group: any EventLoopGroup, faults: FaultSwitch? = nil, lanes: Int = 2
+    ) throws -> Tree {
         let files = try DevCertificates.ensureDevelopmentCertificates(directory: certDir, nodeName: name ?? "node\(id)", hosts: ["localhost", "127.0.0.1"])
         let inbox = Inbox()
         let t = try PeerTransport(
             nodeID: id, clusterID: cluster, advertised: HostPort(host: "127.0.0.1", port: 0), group: group,
             serverTLS: try PeerTLS.serverConfiguration(node: files.node, ca: files.ca), clientTLS: try PeerTLS.clientConfiguration(node: files.node, ca: files.ca),
-            logger: Logger(label: "test"), faults: faults
+            logger: Logger(label: "test"), lanes: lanes, faults: faults
         ) { _, _, messages in inbox.add(messages) }
         let bound = try t.listen(on: HostPort(host: "127.0.0.1", port: 0))
         return Tree(transport: t, inbox: inbox, port: bound?.port ?? 0)
@@ -230,6 +232,61 @@ final class Inbox: Sendable {
         let most = 10 + Int(elapsed / 2)
         #expect(attempts >= 2 && attempts <= most, "\(attempts) dials in about \(elapsed) s (at most \(most))")
         sender.transport.shutdown()
+        try await group.shutdownGracefully()
+    }
+
+    @Test("lanes: appends, snapshot chunks and proposals go on the bulk lane, everything else on the control lane; one lane carries all")
+    func laneRule() {
+        let entries = [LogEntry(index: 8, term: 3, data: [1, 2, 3])]
+        let meta = SnapshotMeta(index: 5, term: 2, membership: Membership(voters: [1, 2, 3]))
+        let bulk: [Message.Body] = [
+            .append(prevIndex: 7, prevTerm: 3, entries: entries, commit: 7), .append(prevIndex: 7, prevTerm: 3, entries: [], commit: 7),
+            .snapshotChunk(meta: meta, offset: 0, data: [1], last: true), .proposal(commands: [[1]]),
+        ]
+        let control: [Message.Body] = [
+            .heartbeat(commit: 7, readSeq: 1), .heartbeatResponse(readSeq: 1), .preVote(lastIndex: 7, lastTerm: 3), .preVoteResponse(granted: true),
+            .vote(lastIndex: 7, lastTerm: 3, leaderTransfer: false), .voteResponse(granted: true), .appendAccepted(index: 8),
+            .appendRejected(rejectedIndex: 8, hintIndex: 6, hintTerm: 2), .snapshotResponse(snapshotIndex: 5, nextOffset: 1),
+            .readIndex(context: 1), .readIndexResponse(context: 1, index: 8), .timeoutNow,
+        ]
+        for body in bulk + control {
+            let m = Message(from: 2, to: 1, term: 3, body: body)
+            #expect(PeerLane.of(m, lanes: 2) == (bulk.contains(body) ? .bulk : .control), "\(body)")
+            #expect(PeerLane.of(m, lanes: 1) == .control, "\(body)")
+        }
+        #expect(PeerLane.highWater(.control, lanes: 2) + PeerLane.highWater(.bulk, lanes: 2) == PeerTransport.maxQueuedBytes)
+        #expect(PeerLane.highWater(.control, lanes: 1) == PeerTransport.maxQueuedBytes)
+    }
+
+    @Test(
+        "with two lanes a heartbeat sent after appends of 40 MiB overtakes them; with one it arrives after the last (issue 18)",
+        arguments: [1, 2])
+    func heartbeatOvertakesBulk(lanes: Int) async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let certs = try temporaryDirectory("peer-lanes")
+        defer { try? FileManager.default.removeItem(atPath: certs) }
+        let receiver = try node(1, certDir: certs, group: group, lanes: lanes)
+        let sender = try node(2, certDir: certs, group: group, lanes: lanes)
+        sender.transport.updateAddresses([1: HostPort(host: "127.0.0.1", port: receiver.port)])
+        func append(_ index: UInt64, _ data: [UInt8]) -> Message {
+            Message(from: 2, to: 1, term: 3, body: .append(prevIndex: index - 1, prevTerm: 3, entries: [LogEntry(index: index, term: 3, data: data)], commit: 0))
+        }
+        // Both lanes connected first: the race below is between queues, not handshakes.
+        sender.transport.send([append(1, [1]), heartbeat(from: 2, to: 1)])
+        #expect(await eventually({ receiver.inbox.count == 2 }, seconds: 10))
+        // Five appends of an 8 MiB entry, then a heartbeat, handed over in one batch as the
+        // replica loop does; the appends are within either lane's high-water mark.
+        let big = [UInt8](repeating: 7, count: 8 << 20)
+        sender.transport.send((2...6).map { append($0, big) } + [heartbeat(from: 2, to: 1)])
+        #expect(await eventually({ receiver.inbox.count == 8 }, seconds: 60))
+        let arrived = receiver.inbox.messages.withLock { $0 }.dropFirst(2)
+        let appendsBefore = arrived.prefix { $0.body != heartbeat(from: 2, to: 1).body }.count
+        if lanes == 2 {
+            #expect(appendsBefore < 5, "the heartbeat waited for all \(appendsBefore) appends")
+        } else {
+            #expect(appendsBefore == 5)
+        }
+        for t in [receiver.transport, sender.transport] { t.shutdown() }
         try await group.shutdownGracefully()
     }
 
