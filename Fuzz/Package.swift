@@ -24,7 +24,8 @@ let settings: [SwiftSetting] = [
 let cores: [Target] = [
     .target(name: "BanyanBasics", swiftSettings: settings),
     .target(name: "BanyanTree", dependencies: ["BanyanBasics"], swiftSettings: settings),
-    .target(name: "BanyanOpLog", dependencies: ["BanyanBasics"], swiftSettings: settings),
+    .target(name: "CCRC32C"),
+    .target(name: "BanyanOpLog", dependencies: ["BanyanBasics", "CCRC32C"], swiftSettings: settings),
     .target(name: "BanyanRaft", dependencies: ["BanyanBasics"], swiftSettings: settings),
     .target(name: "BanyanQuery", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: settings),
     .target(name: "BanyanRules", dependencies: ["BanyanTree", "BanyanBasics"], swiftSettings: settings),
