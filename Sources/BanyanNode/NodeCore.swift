@@ -113,6 +113,9 @@ public final class NodeCore {
     /// Where actions go, in order (set by the driver before the first input).
     public var output: (NodeAction) -> Void = { _ in }
     public private(set) var stopped = false
+    /// Writes answered without a proposal (`StateMachine.refusedBeforeProposal`: the free-space
+    /// alarm is raised), since start.
+    public private(set) var refusedBeforeProposal: UInt64 = 0
     /// Peer addresses learned from `$cluster/peers`.
     public private(set) var peerAddresses: [NodeID: String] = [:]
     /// Ticks since the last expiry check, and the expiry this node proposed that has not applied
@@ -174,7 +177,15 @@ public final class NodeCore {
         replica = try Replica(
             configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
         replica.treesFor = [Self.clusterNamespace]
+        noteSnapshotImage(at: loaded.persisted.snapshot.index)
         learnPeers(from: loaded.machine.tree(Self.clusterNamespace), announce: false)
+    }
+
+    /// Tells the replica the size of the snapshot image at `index` (its bound on the log held
+    /// between snapshots grows with it; none at index 0).
+    private func noteSnapshotImage(at index: UInt64) {
+        guard index > 0, let size = try? storage.snapshots.fileSize(lastIndex: index) else { return }
+        replica.noteSnapshotImage(bytes: UInt64(size))
     }
 
     public var watchCount: Int { watches.count }
@@ -185,6 +196,10 @@ public final class NodeCore {
         _ id: RequestID, namespace: String, command: Command, session: UInt64? = nil, auth: ClientAuth? = nil, clientWrite: ClientWriteKey? = nil
     ) {
         guard !stopped else { return output(.wrote(id, .failure(.overloaded("the node is shutting down")))) }
+        if let refused = replica.machine.refusedBeforeProposal(namespace: namespace, command: command) {
+            refusedBeforeProposal &+= 1
+            return output(.wrote(id, .success(refused)))
+        }
         start(id, .write) { $0.write(id, namespace: namespace, command: command, session: session, auth: auth, clientWrite: clientWrite) }
     }
 
@@ -417,7 +432,8 @@ public final class NodeCore {
             fail("storage error after writing the snapshot at \(meta.index): \(error)")
             return
         }
-        replica.snapshotWritten(meta)
+        let size = (try? storage.snapshots.fileSize(lastIndex: meta.index)).map { UInt64($0) } ?? 0
+        replica.snapshotWritten(meta, imageBytes: size)
         output(.note(.snapshotWritten(meta)))
     }
 
@@ -538,6 +554,7 @@ public final class NodeCore {
                 output(.note(.membershipChanged(membership)))
                 if waiters.removeValue(forKey: id) != nil { output(.membership(id, .success(membership))) }
             case .restoredFromSnapshot(let meta):
+                noteSnapshotImage(at: meta.index)
                 learnPeers(from: replica.machine.tree(Self.clusterNamespace), announce: true)
                 output(.note(.rulesChanged))
                 output(.note(.signingKeysChanged))

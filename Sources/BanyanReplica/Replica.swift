@@ -38,6 +38,11 @@ public struct ReplicaConfiguration: Sendable {
     public var raft: RaftConfiguration
     /// Take a snapshot once this many entries were applied since the last one.
     public var snapshotEntries: UInt64 = 100_000
+    /// ...or once the entries applied since the last one carry this many payload bytes, or as
+    /// many as the last snapshot image if that is larger (a snapshot then costs at most about
+    /// what the log it replaces cost to write, and the log held in memory stays near the
+    /// larger of the two: docs/replica.md, "Snapshots by bytes"). 0: by entries only.
+    public var snapshotLogBytes: UInt64 = 64 << 20
     /// While the leader streams its snapshot to a live follower, a new snapshot waits (it would
     /// restart the stream from the first byte, and a follower whose transfer takes longer than
     /// `snapshotEntries` writes would never catch up), until this many times `snapshotEntries`
@@ -179,6 +184,11 @@ public struct Replica: Sendable {
 
     private var membershipRequests: [(request: RequestID, index: UInt64, deadline: Int)] = []
     private var snapshotInProgress: UInt64?
+    /// Payload bytes of the entries applied since the newest snapshot, the part of them a
+    /// snapshot being written covers, and the newest snapshot image's size (the driver tells).
+    public private(set) var logBytesSinceSnapshot: UInt64 = 0
+    private var logBytesCoveredByDue: UInt64 = 0
+    public private(set) var snapshotImageBytes: UInt64 = 0
     /// Committed entries Raft handed over that have not applied yet (from `applyHead` on): they
     /// wait while the next one is a large command being read ahead.
     private var applyQueue: [LogEntry] = []
@@ -449,13 +459,24 @@ public struct Replica: Sendable {
     }
 
     /// The driver durably wrote the snapshot announced by `.snapshotDue`; the log before it may go.
-    public mutating func snapshotWritten(_ meta: SnapshotMeta) {
+    /// `imageBytes`: the snapshot file's size (0 when unknown).
+    public mutating func snapshotWritten(_ meta: SnapshotMeta, imageBytes: UInt64 = 0) {
         snapshotInProgress = nil
+        logBytesSinceSnapshot -= min(logBytesCoveredByDue, logBytesSinceSnapshot)
+        logBytesCoveredByDue = 0
+        if imageBytes > 0 { snapshotImageBytes = imageBytes }
         _ = try? raft.compact(through: meta.index)
     }
 
+    /// The size of the newest snapshot image, when the driver learns it otherwise (loaded at
+    /// start, or installed from the leader).
+    public mutating func noteSnapshotImage(bytes: UInt64) { snapshotImageBytes = bytes }
+
     /// The driver could not write the snapshot (it logs why); a later one will be tried.
-    public mutating func snapshotFailed() { snapshotInProgress = nil }
+    public mutating func snapshotFailed() {
+        snapshotInProgress = nil
+        logBytesCoveredByDue = 0
+    }
 
     /// The leader's driver answers a snapshot chunk request.
     public mutating func snapshotChunk(to target: NodeID, meta: SnapshotMeta, offset: UInt64, data: [UInt8], last: Bool) {
@@ -588,6 +609,8 @@ public struct Replica: Sendable {
         }
         if let meta = rd.snapshot, let installed, installed.appliedIndex >= machine.appliedIndex {
             machine = installed
+            logBytesSinceSnapshot = 0
+            logBytesCoveredByDue = 0
             events.append(.restoredFromSnapshot(meta))
             settleWritesCoveredBySnapshot()
             // Entries the snapshot covers are not applied here any more.
@@ -641,6 +664,7 @@ public struct Replica: Sendable {
             }
             applyHead += 1
             apply(entry, prepared: prepared)
+            logBytesSinceSnapshot &+= UInt64(entry.data.count)
         }
         if applyHead == applyQueue.count {
             applyQueue.removeAll(keepingCapacity: applyQueue.count < 1_024)
@@ -763,17 +787,27 @@ public struct Replica: Sendable {
         if !ready.isEmpty { events.append(.readsReady(ready)) }
     }
 
+    /// The bytes of applied log that call for a snapshot (0: none do).
+    public var snapshotByteBound: UInt64 {
+        configuration.snapshotLogBytes == 0 ? 0 : max(configuration.snapshotLogBytes, snapshotImageBytes)
+    }
+
     private mutating func considerSnapshot() {
-        guard snapshotInProgress == nil, configuration.snapshotEntries > 0 else { return }
+        guard snapshotInProgress == nil else { return }
         let applied = machine.appliedIndex
         let since = applied >= raft.snapshotMeta.index ? applied - raft.snapshotMeta.index : 0
-        guard since >= configuration.snapshotEntries, applied <= raft.appliedIndex else { return }
-        if raft.isStreamingSnapshot {
-            let (bound, overflow) = configuration.snapshotEntries.multipliedReportingOverflow(by: max(1, configuration.snapshotDeferral))
-            if overflow || since < bound { return }
+        guard since > 0, applied <= raft.appliedIndex else { return }
+        // While the leader streams a snapshot, either bound is `snapshotDeferral` times larger.
+        let times = raft.isStreamingSnapshot ? max(1, configuration.snapshotDeferral) : 1
+        func reached(_ count: UInt64, _ bound: UInt64) -> Bool {
+            guard bound > 0 else { return false }
+            let (scaled, overflow) = bound.multipliedReportingOverflow(by: times)
+            return !overflow && count >= scaled
         }
+        guard reached(since, configuration.snapshotEntries) || reached(logBytesSinceSnapshot, snapshotByteBound) else { return }
         guard let meta = try? raft.snapshotMeta(at: applied) else { return }
         snapshotInProgress = applied
+        logBytesCoveredByDue = logBytesSinceSnapshot
         events.append(.snapshotDue(meta))
     }
 

@@ -118,6 +118,9 @@ public struct NodeConfig: Sendable, Equatable {
         public var electionTicks: Int = 10
         public var heartbeatTicks: Int = 2
         public var snapshotEntries: UInt64 = 100_000
+        /// A snapshot is also taken once the entries applied since the last one carry this many
+        /// payload bytes (or the last snapshot file's size, if larger); 0: by entries only.
+        public var snapshotLogBytes: UInt64 = 64 << 20
         public var requestTimeoutMilliseconds: Int = 8_000
         /// Under load the leader starts a replication round (an append to each follower and an
         /// fsync on every node) at most once per this many microseconds; 0 starts one as soon as
@@ -405,6 +408,12 @@ extension NodeConfig {
                     case "election_ticks": c.raft.electionTicks = try r.int(v, "raft.election_ticks", 2...10_000)
                     case "heartbeat_ticks": c.raft.heartbeatTicks = try r.int(v, "raft.heartbeat_ticks", 1...10_000)
                     case "snapshot_entries": c.raft.snapshotEntries = try r.uint(v, "raft.snapshot_entries")
+                    case "snapshot_log_bytes":
+                        let bytes = try r.uint(v, "raft.snapshot_log_bytes")
+                        guard bytes == 0 || bytes >= 1 << 20 else {
+                            throw ConfigError("\(source): raft.snapshot_log_bytes must be 0 (by entries only) or at least 1048576 (1 MiB)")
+                        }
+                        c.raft.snapshotLogBytes = bytes
                     case "request_timeout_ms": c.raft.requestTimeoutMilliseconds = try r.int(v, "raft.request_timeout_ms", 100...3_600_000)
                     case "round_interval_us": c.raft.roundIntervalMicroseconds = try r.int(v, "raft.round_interval_us", 0...100_000)
                     default: throw ConfigError("\(source): unknown key raft.\(k)")

@@ -46,6 +46,8 @@ public struct NodeStatus: Sendable, Codable {
     public var draining: Bool? = nil
     /// Nodes whose free-space alarm is raised (writes that add data are refused meanwhile).
     public var spaceAlarms: [UInt64] = []
+    /// Writes this node refused without proposing them while an alarm was raised, since start.
+    public var writesRefusedForSpace: UInt64? = nil
     /// When this process started (Unix milliseconds): a restart changes it even where the
     /// process id does not (a container's pid 1). `banyan cluster roll` waits for it to change.
     public var startedAtMs: Int64? = nil
@@ -150,6 +152,8 @@ public final class NodeRuntime: @unchecked Sendable {
     private let termGauge = Gauge(label: "banyan_raft_term")
     private let commitGauge = Gauge(label: "banyan_raft_commit_index")
     private let appliedGauge = Gauge(label: "banyan_raft_applied_index")
+    /// Payload bytes applied since the newest snapshot (held in memory; docs/replica.md).
+    private let logBytesGauge = Gauge(label: "banyan_raft_log_bytes_since_snapshot")
     private let leaderGauge = Gauge(label: "banyan_raft_is_leader")
     private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
     /// Time between Raft ticks (due every `raft.tick_ms`): how long the replica loop was busy
@@ -213,6 +217,7 @@ public final class NodeRuntime: @unchecked Sendable {
         raft.heartbeatTicks = config.raft.heartbeatTicks
         var rc = ReplicaConfiguration(raft: raft)
         rc.snapshotEntries = config.raft.snapshotEntries
+        rc.snapshotLogBytes = config.raft.snapshotLogBytes
         let tickMs = max(1, config.raft.tickMilliseconds)
         rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
         rc.retryTicks = max(config.raft.electionTicks * 2, 5)
@@ -769,7 +774,8 @@ public final class NodeRuntime: @unchecked Sendable {
                 } : [],
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
             namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16),
-            pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted(), startedAtMs: Self.processStart)
+            pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted(), writesRefusedForSpace: core.refusedBeforeProposal,
+            startedAtMs: Self.processStart)
     }
 
     // MARK: - The loop
@@ -854,6 +860,7 @@ public final class NodeRuntime: @unchecked Sendable {
         let raft = core.replica.raft
         commitGauge.record(Int64(raft.commitIndex))
         appliedGauge.record(Int64(core.replica.machine.appliedIndex))
+        logBytesGauge.record(Int64(clamping: core.replica.logBytesSinceSnapshot))
     }
 
     /// Time spent persisting in the current pass (from the core's `.persisted` notes).

@@ -28,6 +28,8 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Account sign-ups in the log: clients race to sign up a few emails; at most one per email may succeed.") var accounts = false
     @Flag(help: "Client writes: every data write names its client and number; a failed or timed-out write is sent again through another node and must be decided once.")
     var clientWrites = false
+    @Option(help: "Take a snapshot every this many payload bytes applied (or the last image's size, if larger); 0: by entries only. Default: each seed draws it.")
+    var snapshotLogBytes: UInt64?
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
     @Flag(help: "Print every run's summary, not only failures.") var verbose = false
     @Option(help: "A deliberate bug in the real code, to see the checkers catch it (docs/simulator.md, \"Self-tests\"): \(Sabotage.allCases.filter { $0 != .none }.map(\.rawValue).joined(separator: ", ")).")
@@ -56,6 +58,7 @@ struct BanyanSim: ParsableCommand {
         o.accounts = accounts
         o.clientWrites = clientWrites
         o.trace = trace
+        o.snapshotLogBytes = snapshotLogBytes
         o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none
         return o
     }

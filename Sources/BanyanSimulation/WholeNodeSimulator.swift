@@ -40,6 +40,8 @@ public struct WholeNodeOptions: Sendable {
     /// write again through another node (up to four times), and every node must decide each
     /// (client, number) once, answering later copies with the first one's outcome.
     public var clientWrites = false
+    /// Overrides the seed's draw of `WholeNodeSwarm.snapshotLogBytes` (nil: the draw).
+    public var snapshotLogBytes: UInt64?
     public var livenessBudgetMillis = 30_000
     public var maxSimulatedMillis = 600_000
     public var maxEvents = 3_000_000
@@ -77,6 +79,9 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
     public var transfers: Bool
     /// Take a snapshot every this many applied entries (0: never).
     public var snapshotEntries: UInt64
+    /// ...and every this many payload bytes applied (0: by entries only); drawn last, so the
+    /// other draws of a seed are those of the versions before it.
+    public var snapshotLogBytes: UInt64 = 0
     public var snapshotChunkBytes: Int
     /// Round pacing interval in ms (0: none).
     public var pacingMillis: Int
@@ -86,12 +91,15 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
         let n = nodes ?? (r.chance(1, in: 2) ? 3 : 5)
         let snapshot: [UInt64] = [0, 16, 40, 120]
         let chunk = [64, 512, 4096, 65_536]
+        func logBytes() -> UInt64 { r.chance(1, in: 3) ? [512, 2_048, 8_192][r.below(3)] : 0 }
         guard faults else {
-            return WholeNodeSwarm(
+            var quiet = WholeNodeSwarm(
                 nodes: n, lossPercent: 0, duplicatePercent: 0, maxDelayMillis: 3, longDelays: false, inflightWindow: 64, crashes: false, diskCrashes: false, powerLoss: false,
                 partitions: false, oneWayPartitions: false, pauses: false, leaseReads: false, dataLoss: false, badSectors: false,
                 membershipChanges: false, transfers: false, snapshotEntries: snapshot[r.below(4)],
                 snapshotChunkBytes: chunk[r.below(4)], pacingMillis: r.below(3), nemesisMeanMillis: 400)
+            quiet.snapshotLogBytes = logBytes()
+            return quiet
         }
         var swarm = WholeNodeSwarm(
             nodes: n, lossPercent: r.below(3) == 0 ? 0 : r.below(12), duplicatePercent: r.below(3) == 0 ? 0 : r.below(15),
@@ -107,6 +115,7 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
         swarm.longDelays = r.chance(1, in: 4)
         swarm.inflightWindow = [1, 4, 64][r.below(3)]
         swarm.badSectors = r.chance(1, in: 4)
+        swarm.snapshotLogBytes = logBytes()
         return swarm
     }
 
@@ -122,7 +131,7 @@ public struct WholeNodeSwarm: Sendable, CustomStringConvertible {
         if leaseReads { faults.append("lease-reads") }
         if membershipChanges { faults.append("membership") }
         if transfers { faults.append("transfer") }
-        return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay≤\(maxDelayMillis)ms\(longDelays ? "(+500ms)" : "") inflight=\(inflightWindow) snapshotEvery=\(snapshotEntries)"
+        return "nodes=\(nodes) loss=\(lossPercent)% dup=\(duplicatePercent)% delay≤\(maxDelayMillis)ms\(longDelays ? "(+500ms)" : "") inflight=\(inflightWindow) snapshotEvery=\(snapshotEntries)\(snapshotLogBytes > 0 ? "/\(snapshotLogBytes)B" : "")"
             + " chunk=\(snapshotChunkBytes) pacing=\(pacingMillis)ms nemesis~\(nemesisMeanMillis)ms faults=[\(faults.joined(separator: ","))]"
     }
 }
@@ -450,6 +459,7 @@ public struct WholeNodeSimulator {
         presenceRandom = SeededRandom(seed: root.next())
         prepareRandom = SeededRandom(seed: root.next())
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
+        if let bytes = options.snapshotLogBytes { swarm.snapshotLogBytes = bytes }
         if options.sabotage == .leaseWithPauses {
             // Lease reads where the lease's clock assumption cannot hold (R18).
             swarm.pauses = true
@@ -602,6 +612,7 @@ public struct WholeNodeSimulator {
         raft.promotionLag = 16
         var replica = ReplicaConfiguration(raft: raft)
         replica.snapshotEntries = swarm.snapshotEntries
+        replica.snapshotLogBytes = swarm.snapshotLogBytes
         replica.retryTicks = 20
         replica.requestTimeoutTicks = 250
         var s = NodeCore.Settings(replica: replica)

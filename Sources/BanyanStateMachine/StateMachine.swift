@@ -154,6 +154,15 @@ public struct StateMachine: Sendable {
     public var ignoresClientWrites = false
     /// Nodes whose free-space alarm is raised (derived from `alarmsNamespace`).
     public private(set) var spaceAlarms: Set<UInt64> = []
+
+    /// The outcome a write gets without being proposed, when this machine already refuses what it
+    /// would add (a raised free-space alarm): so a client writing while the disks are low adds
+    /// nothing to any node's log (issue 18). Nil: propose it; the machine where it applies
+    /// decides, as for any write (an alarm raised or cleared meanwhile is seen there).
+    public func refusedBeforeProposal(namespace: String, command: Command) -> Applied? {
+        guard !spaceAlarms.isEmpty, command.addsData else { return nil }
+        return Applied(namespace: namespace, session: 0, seq: 0, outcome: .noSpace(nodes: spaceAlarms.sorted()), written: [])
+    }
     /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
     /// A namespace without rules is not judged by the state machine (docs/rules.md).
     public private(set) var rules: [String: Rules] = [:]

@@ -135,7 +135,7 @@ struct ReplicaCluster {
                     disk.image = r.machine.image()
                     disk.persisted.snapshot = meta
                     disk.persisted.entries.removeAll { $0.index <= meta.index }
-                    r.snapshotWritten(meta)
+                    r.snapshotWritten(meta, imageBytes: UInt64(disk.image.count))
                     snapshotsWritten[id, default: 0] += 1
                 }
                 events[id, default: []].append(event)

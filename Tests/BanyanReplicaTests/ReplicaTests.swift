@@ -172,6 +172,51 @@ func elect(_ c: inout ReplicaCluster) throws -> NodeID {
         #expect(c.replicas[leader]?.raft.membership.isVoter(4) == true)
     }
 
+    @Test("snapshots are also taken by the bytes of log applied, or the last image's size if larger, so the log held stays bounded")
+    func snapshotsByLogBytes() throws {
+        let value = "\"" + String(repeating: "x", count: 1_000) + "\""
+        // By entries never (0); by bytes every 4 KiB, or the last image's size if larger.
+        var c = try ReplicaCluster(nodes: 3) { $0.snapshotLogBytes = 4_096 }
+        let leader = try elect(&c)
+        for i in 0..<40 {
+            _ = c.write(via: leader, "/small/k\(i % 2)", value)
+            c.settle()
+        }
+        for id: NodeID in [1, 2, 3] {
+            let taken = c.snapshotsWritten[id] ?? 0
+            // About 41 KB applied, images about 2 KB: a snapshot every 4 entries or so.
+            #expect(taken >= 6 && taken <= 12, "node \(id) wrote \(taken) snapshots")
+            let r = try #require(c.replicas[id])
+            #expect(r.logBytesSinceSnapshot < r.snapshotByteBound + 1_100)
+            #expect(r.machine.appliedIndex - r.raft.snapshotMeta.index <= 6)
+        }
+        // The state grows to 40 KB: the bound grows with the image, so rewriting it costs few
+        // snapshots (by 4 KiB alone it would take about ten).
+        for i in 0..<40 {
+            _ = c.write(via: leader, "/large/k\(i)", value)
+            c.settle()
+        }
+        let before = c.snapshotsWritten
+        for i in 0..<40 {
+            _ = c.write(via: leader, "/large/k\(i)", value)
+            c.settle()
+        }
+        for id: NodeID in [1, 2, 3] {
+            let r = try #require(c.replicas[id])
+            #expect(r.snapshotImageBytes > 40_000)
+            let taken = (c.snapshotsWritten[id] ?? 0) - (before[id] ?? 0)
+            #expect(taken >= 1 && taken <= 2, "node \(id) wrote \(taken) snapshots while 41 KB were rewritten")
+        }
+        // Neither bound: no snapshot at all.
+        var off = try ReplicaCluster(nodes: 3) { $0.snapshotLogBytes = 0 }
+        let offLeader = try elect(&off)
+        for i in 0..<20 {
+            _ = off.write(via: offLeader, "/k\(i % 2)", value)
+            off.settle()
+        }
+        #expect(off.snapshotsWritten.values.reduce(0, +) == 0)
+    }
+
     @Test("a restarted node recovers from its snapshot and log, and its new session's writes are not mistaken for old ones")
     func restart() throws {
         var c = try ReplicaCluster(nodes: 3, snapshotEntries: 5)

@@ -92,6 +92,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
                   tick_ms: 50
                   election_ticks: 12
                   round_interval_us: 0
+                  snapshot_log_bytes: 134217728
                 http:
                   max_body_bytes: 1048576
                   max_assembling_bytes: 33554432
@@ -113,6 +114,8 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20 && c.http.maxAssemblingBytes == 32 << 20
             && c.http.maxQueuedAnswerBytes == 8 << 20)
         #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
+        #expect(c.raft.snapshotLogBytes == 128 << 20 && NodeConfig().raft.snapshotLogBytes == 64 << 20)
+        #expect(try NodeConfig.parse(yaml: "raft:\n  snapshot_log_bytes: 0").raft.snapshotLogBytes == 0)
         // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
         #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
         #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken)
@@ -121,7 +124,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
             "raft:\n  election_ticks: 2\n  heartbeat_ticks: 2", "tls:\n  cert: [1]", "initial_members:\n  2: 1.2.3.4:7000", "- a list",
             "http:\n  max_body_bytes: 10", "raft:\n  round_interval_us: -1", "raft:\n  round_interval_us: 100001", "raft:\n  round_interval_us: 20001",
             "raft:\n  tick_ms: 1\n  heartbeat_ticks: 1", "tls:\n  bind_node_ids: 1", "development:\n  allow_unauthenticated: maybe", "default_namespace: a.b", "default_namespace: ''",
-            "public_host: ''", "public_host: a/b", "http:\n  max_assembling_bytes: 1000", "http:\n  max_queued_answer_bytes: 1000", "public_host: 'a b'", "advertise_client_address: nowhere",
+            "public_host: ''", "public_host: a/b", "http:\n  max_assembling_bytes: 1000", "http:\n  max_queued_answer_bytes: 1000", "raft:\n  snapshot_log_bytes: 4096", "raft:\n  snapshot_log_bytes: -1", "public_host: 'a b'", "advertise_client_address: nowhere",
         ]
         for text in bad {
             #expect(throws: ConfigError.self, "\(text)") { try NodeConfig.parse(yaml: text) }

@@ -28,11 +28,17 @@ import Testing
         node.runtime.setFreeSpaceProbe { _ in free.withLock { $0 } }
         let raised = await eventually({ (try? node.runtime.status().wait().spaceAlarms) == [c.nodeID] }, seconds: 20)
         #expect(raised)
+        // Refused on the node, before a proposal: the log does not grow (issue 18: a client
+        // writing into a full cluster must not fill its disks further).
+        let logBefore = try node.runtime.status().wait().lastIndex
         let refused = try httpExchange(port: port, "PUT", "/t/c.json", body: #"{"y":2}"#)
         #expect(refused.status == 507)
         #expect(refused.body.contains("NOSPACE"), "\(refused.body)")
         #expect(try httpExchange(port: port, "PATCH", "/t.json", body: #"{"d":5,"a":null}"#).status == 507)
         #expect(try httpExchange(port: port, "POST", "/t.json", body: "7").status == 507)
+        let afterRefusals = try node.runtime.status().wait()
+        #expect(afterRefusals.lastIndex == logBefore, "refused writes reached the log: \(logBefore) → \(afterRefusals.lastIndex)")
+        #expect(afterRefusals.writesRefusedForSpace == 3)
         // Reads and deletes go on.
         let read = try httpExchange(port: port, "GET", "/t.json")
         #expect(read.status == 200 && read.body == #"{"a":1,"b":{"x":1}}"#)

@@ -331,6 +331,12 @@ import Testing
         #expect(apply(.update(path: "/", entries: [.init(path: "a", json: Array("null".utf8)), .init(path: "y", json: Array("2".utf8))])) == noSpace)
         #expect(apply(.compareAndSet(path: "/a", expectedHash: "h", json: Array("5".utf8))) == noSpace)
         #expect(apply(.onDisconnectSet(path: "/p", json: Array("1".utf8), secret: 1, holder: 0)) == noSpace)
+        // A node that applied the alarm refuses the same writes before proposing them, and
+        // proposes deletes and other commands as usual.
+        #expect(m.refusedBeforeProposal(namespace: "app", command: .set(path: "/x", json: Array("1".utf8)))?.outcome == noSpace)
+        #expect(m.refusedBeforeProposal(namespace: "app", command: .onDisconnectSet(path: "/p", json: Array("1".utf8), secret: 1, holder: 0))?.outcome == noSpace)
+        #expect(m.refusedBeforeProposal(namespace: "app", command: .set(path: "/a", json: Array("null".utf8))) == nil)
+        #expect(m.refusedBeforeProposal(namespace: "app", command: .spaceAlarm(node: 2, raised: false)) == nil)
         // Deletes go on, whitespace or not.
         #expect(apply(.set(path: "/a", json: Array(" null\n".utf8))) == .ok)
         #expect(apply(.update(path: "/b", entries: [.init(path: "c", json: Array("null".utf8))])) == .ok)
@@ -342,6 +348,7 @@ import Testing
         #expect(apply(.spaceAlarm(node: 2, raised: false)) == .ok)
         #expect(m.spaceAlarms.isEmpty && m.tree(StateMachine.alarmsNamespace).isEmpty)
         #expect(apply(.set(path: "/x", json: Array("1".utf8))) == .ok)
+        #expect(m.refusedBeforeProposal(namespace: "app", command: .set(path: "/x", json: Array("1".utf8))) == nil)
         // The command's bytes round-trip.
         let payload = Self.envelope(1, .spaceAlarm(node: 9, raised: true))
         #expect(CommandEnvelope(decoding: payload)?.command == .spaceAlarm(node: 9, raised: true))
