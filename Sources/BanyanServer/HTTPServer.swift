@@ -438,6 +438,18 @@ final class HTTPServer: Sendable {
     /// (`http.max_queued_answer_bytes`; `QueuedAnswers`).
     let queuedAnswerBudget: ByteBudget
     let answerBudgetPauses = Counter(label: "banyan_http_answer_budget_pauses_total")
+    /// Event streams and realtime connections cut off because they held queued output while the
+    /// node's budget for it was spent.
+    let outputCutoffs = Counter(label: "banyan_http_output_budget_cutoffs_total")
+
+    /// Counts and logs a stream or realtime connection cut off for holding queued output while
+    /// the node's budget for it was spent.
+    func outputCutOff(_ what: String, session: String?) {
+        outputCutoffs.increment()
+        var metadata: Logger.Metadata = ["budget": "\(queuedAnswerBudget.limit)"]
+        if let session { metadata["session"] = "\(session)" }
+        logger.notice("closed \(what): the node's budget for queued output is used up", metadata: metadata)
+    }
 
     // MARK: - Draining (docs/realtime.md, "Draining a node")
 
@@ -1448,6 +1460,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
         let hub = server.hub(for: context.eventLoop)
         let state = StreamState(request: request, channel: channel, chunked: chunked, hub: hub, owner: server.newStreamOwner())
+        state.queuedOutput = queuedAnswers
+        state.cutOff = { [server] in server.outputCutOff("an event stream that does not read its events", session: nil) }
         let (identity, validUntil) = server.credentials.identityAndExpiry(
             request.authorization, override: request.authOverride, now: NodeRuntime.wallClock())
         state.judge = { [weak self] tree in self?.readDenied(identity, request, tree: tree) ?? true }
@@ -1495,6 +1509,10 @@ final class StreamState {
 
     /// Whether the stream's client may no longer read it (judged again when the rules change).
     var judge: (Tree) -> Bool = { _ in false }
+    /// The connection's account of queued output with the node's budget (its handler's), and
+    /// what to do (count, log) when the stream is cut off for holding some while it is spent.
+    var queuedOutput: QueuedAnswers?
+    var cutOff: () -> Void = {}
 
     init(request: RESTRequest, channel: any Channel, chunked: Bool, hub: RealtimeHub, owner: UInt64) {
         self.stream = SSEStream(request: request)
@@ -1582,6 +1600,7 @@ final class StreamState {
         if chunked { buffer.writeStaticString("\r\n") }
         if flush {
             channel.writeAndFlush(buffer, promise: nil)
+            checkBudget()
         } else {
             channel.write(buffer, promise: nil)
             dirty = true
@@ -1592,6 +1611,17 @@ final class StreamState {
         guard dirty else { return }
         dirty = false
         channel.flush()
+        checkBudget()
+    }
+
+    /// Events the client has not taken count toward the node's budget for queued output; a
+    /// stream holding some when it is spent is cut off (events cannot wait without being lost),
+    /// and its client reconnects as after any lost connection.
+    private func checkBudget() {
+        guard !closed, queuedOutput?.mustWait() == true else { return }
+        cutOff()
+        close()
+        channel.close(promise: nil)
     }
 
     /// Ends the stream on purpose: the last chunk (HTTP/1.1), then the close.

@@ -59,6 +59,9 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     private let holder: UInt64
     /// How its messages go out: plain, or compressed (permessage-deflate, when negotiated).
     private let encoding: OutboundEncoding
+    /// The connection's output not yet taken by its client, charged to the node's budget for
+    /// queued output (`http.max_queued_answer_bytes`, shared with REST answers and event streams).
+    private var queuedOutput: QueuedAnswers?
 
     static let tickInterval = TimeAmount.seconds(5)
 
@@ -113,6 +116,7 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         channel = context.channel
+        queuedOutput = QueuedAnswers(budget: server.queuedAnswerBudget, channel: context.channel)
         guard server.realtimeOpened(self, channel: context.channel, holder: holder) else {
             context.close(promise: nil)
             return
@@ -223,6 +227,8 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         guard !finished else { return }
         finished = true
         assembly.releaseAll()
+        queuedOutput?.release()
+        queuedOutput = nil
         keepAlive?.cancel()
         keepAlive = nil
         expiry?.cancel()
@@ -389,6 +395,14 @@ final class RealtimeSessionHandler: ChannelInboundHandler, RealtimePushTarget, @
         guard dirty, let context else { return }
         dirty = false
         context.flush()
+        // Bytes the client has not taken count toward the node's budget for queued output: a
+        // connection that holds some when it is spent is cut off (it cannot be paused without
+        // losing events), so consumers that keep up never pay for those that do not.
+        if queuedOutput?.mustWait() == true, !closing {
+            server.outputCutOff("a realtime connection that does not read its messages", session: identity.description)
+            closing = true
+            context.close(promise: nil)
+        }
     }
 
     func push(_ frames: [ByteBuffer]) { write(frames) }

@@ -916,6 +916,66 @@ final class Inbox: Sendable {
         #expect(released, "\(n.http.queuedAnswerBudget.bytes) bytes still charged after the clients closed")
     }
 
+    /// Issue 18: event streams (and realtime connections) were bounded one by one (16 MiB of
+    /// write buffer each), not together: a few hundred streams that never read held gigabytes.
+    /// Their queued output now counts toward `http.max_queued_answer_bytes`; a stream that holds
+    /// some when it is spent is cut off, and one that reads keeps its events.
+    @Test("event streams whose clients do not read are cut off once the node's budget for queued output is spent; a stream that reads keeps its events")
+    func streamsChargeTheBudget() throws {
+        let dir = try temporaryDirectory("streambudget")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = waitingNodeConfig(dir)
+        c.join = false  // a one-node cluster: writes apply
+        c.http.maxQueuedAnswerBytes = 4 << 20
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        let port = clientPort(n)
+        #expect(try Self.storeBig(port: port), "no leader for the set-up write")
+        func stream(_ path: String) throws -> Raw {
+            let raw = try Raw(port: port)
+            raw.send("GET /\(path).json HTTP/1.1\r\nHost: a\r\nAccept: text/event-stream\r\n\r\n")
+            return raw
+        }
+        let reader = try stream("small")
+        #expect(reader.receive(until: "event: put", seconds: 5).text.hasPrefix("HTTP/1.1 200"))
+        // Six streams of /big that read nothing: each is sent its 3 MB value, then 3 MB more per
+        // rewrite. 12 MB each stays under the per-connection 16 MiB, so only the node's budget
+        // (4 MiB over all of them) can cut them off.
+        let stuck = try (0..<6).map { _ in try stream("big") }
+        Thread.sleep(forTimeInterval: 1)
+        for round in 0..<3 {
+            let value = "\"" + String(repeating: Character(UnicodeScalar(UInt8(99 + round))), count: Self.bigBytes) + "\""
+            let put = try Raw(port: port)
+            put.send("PUT /big.json HTTP/1.1\r\nHost: a\r\nContent-Length: \(value.utf8.count)\r\n\r\n" + value)
+            #expect(put.receive(until: "\r\n\r\n", seconds: 10).text.hasPrefix("HTTP/1.1 200"))
+        }
+        Thread.sleep(forTimeInterval: 1)
+        // Every stuck stream was closed by the node: reading what reached its socket ends in
+        // the end of the stream (or a reset), well before the 15 MB it would otherwise carry.
+        var cut = 0
+        for raw in stuck {
+            var buffer = [UInt8](repeating: 0, count: 1 << 16)
+            var total = 0
+            let deadline = Date().addingTimeInterval(10)
+            while Date() < deadline {
+                let got = recv(raw.fd, &buffer, buffer.count, 0)
+                if got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                    cut += 1
+                    break
+                }
+                if got > 0 { total += got }
+            }
+        }
+        #expect(cut == stuck.count, "\(cut) of \(stuck.count) streams that read nothing were cut off")
+        #expect(n.http.queuedAnswerBudget.bytes < 1 << 20, "\(n.http.queuedAnswerBudget.bytes) bytes still charged")
+        // The stream that reads was not cut: it gets the next event.
+        let small = try Raw(port: port)
+        small.send("PUT /small.json HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n42")
+        #expect(small.receive(until: "\r\n\r\n", seconds: 5).text.hasPrefix("HTTP/1.1 200"))
+        let (events, closed) = reader.receive(until: "\"data\":42", seconds: 5)
+        #expect(events.contains("\"data\":42") && !closed, "the reading stream lost its events: \(events.suffix(200))")
+    }
+
     /// Issue 18: one client could hold every connection and every event stream.
     @Test("a client address past its connection cap is closed on accept, past its stream cap answered 429; closing frees the slots")
     func perClientCaps() throws {
