@@ -739,7 +739,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .handle: handle(context: context, part)
         case .queued, .dropped: return
         case .closeTooFarAhead:
-            server.logger.notice("closed a connection pipelining too far ahead of its answers", metadata: ["parts": "\(Self.hardQueuedParts)"])
+            server.logger.notice("closed a connection pipelining too far ahead of its answers", metadata: ["max_parts": "\(Self.hardQueuedParts)", "max_body_bytes": "\(server.config.http.maxBodyBytes)"])
             context.close(promise: nil)
         }
     }
