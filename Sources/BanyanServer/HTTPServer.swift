@@ -605,78 +605,48 @@ final class Answered: @unchecked Sendable {
 }
 
 /// One client connection: collects a request (bounded), answers it, or turns the connection into
-/// an event stream. Confined to the channel's event loop.
+/// an event stream, a WebSocket or a backup. Confined to the channel's event loop.
 ///
-/// HTTP/1.1 pipelining: request parts that arrive while a request is being answered (or a stream
-/// is open) wait in `queued` and are taken in order after the answer, in a loop (never by
-/// recursion: thousands of requests answered at once must not deepen the stack). Past
-/// `maxQueuedParts` or `maxQueuedBytes` the handler holds the channel's reads until the queue
-/// drains; what one read cycle already brought in is still queued, up to `hardQueuedParts` or
-/// `hardQueuedBytes`, past which the client is far ahead of its answers and the connection is
-/// closed. Reads are not held otherwise: holding them costs two `epoll_ctl` calls per request.
+/// A thin driver of `HTTPConnectionMachine` (docs/http-connection.md): every event on the channel
+/// (a decoded request part, a read asked for, writability, the answer budget, the request
+/// deadline, an error, the end) goes to the machine, and the handler carries out its decision:
+/// the socket I/O, the request's dispatch, the timer. The machine holds the connection's state
+/// and its pipelined parts; the handler holds the request being read (its head and body bytes),
+/// the open event stream, and the deadline's timer. Queued parts are taken in a loop after an
+/// answer (never by recursion: thousands of requests answered at once must not deepen the
+/// stack). Reads are held only when the machine says (holding them costs two `epoll_ctl` calls
+/// per request).
 final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler, @unchecked Sendable {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     private let server: HTTPServer
+    /// The connection's state and pipelined parts.
+    private var machine: HTTPConnectionMachine<HTTPServerRequestPart>
+    /// The request being read (from its head to its end) and its body so far.
     private var head: HTTPRequestHead?
     private var body: [UInt8] = []
-    private var tooLarge = false
-    /// The largest body the current request may carry: `http.max_body_bytes`, or the account
-    /// service's own bound for its endpoints (refused from `Content-Length` before reading).
-    private var bodyLimit = 0
+    /// The request being read is for the account service (its own body bound and 413).
     private var accountsRequest = false
-    private var busy = false
-    /// Request parts that arrived while `busy` (pipelined), taken in order from `nextQueued`
-    /// once it is not, and the body bytes among them.
-    private var queued: [HTTPServerRequestPart] = []
-    private var nextQueued = 0
-    private var queuedBytes = 0
-    private var queuedCount: Int { queued.count - nextQueued }
+    /// Queued parts are being taken (an answer given meanwhile does not start another loop).
     private var resuming = false
     static let maxQueuedParts = 64
     static let maxQueuedBytes = 1 << 20
     static let hardQueuedParts = 4_096
-    /// A read the channel asked for while the queue was full (or the connection closing), issued
-    /// once it is not.
-    private var readHeld = false
-    /// The client does not read its answers fast enough: more than the write buffer's high-water
-    /// mark (`StreamState.maxQueuedBytes`) is queued. No further request is answered, and nothing
-    /// more is read, until it drains below the low mark (issue 18: a client pipelining reads it
-    /// never reads made the node render and keep every answer).
-    private var unwritable = false
     /// The connection's answer bytes queued for its client, charged to the node's budget for
     /// them (`http.max_queued_answer_bytes`); nil until the handler is added.
     private var queuedAnswers: QueuedAnswers?
-    /// The node's budget for queued answers is spent and this connection holds some of it: as
-    /// `unwritable`, until its queued answers drain (`QueuedAnswers.resumable`). A
-    /// connection holding none is never paused, so clients that read are not starved by those
-    /// that do not.
-    private var overBudget = false
-    private var holdsReads: Bool {
-        closing || unwritable || overBudget || queuedCount >= Self.maxQueuedParts || queuedBytes >= Self.maxQueuedBytes
-    }
 
-    /// After an answer or before a new request: whether the node's budget for queued answers
-    /// holds this connection back (nothing is measured while it holds nothing).
+    /// Measures this connection's queued answers against the node's budget (nothing is measured
+    /// while it holds nothing, unless `measure`); whether it must wait.
     private func waitsForBudget(measure: Bool) -> Bool {
         guard let queuedAnswers, measure || queuedAnswers.held > 0 else { return false }
         let waits = queuedAnswers.mustWait()
-        if waits && !overBudget { server.answerBudgetPauses.increment() }
-        overBudget = waits
+        if machine.budgetMeasured(waits: waits) { server.answerBudgetPauses.increment() }
         return waits
     }
-    /// A whole request body may wait behind the one being answered, and a little more.
-    private var hardQueuedBytes: Int { server.config.http.maxBodyBytes + Self.maxQueuedBytes }
 
-    private func dropQueue() {
-        queued = []
-        nextQueued = 0
-        queuedBytes = 0
-    }
-    /// True once the connection is to close after the answer being written (nothing more is read).
-    private var closing = false
     private var streaming: StreamState?
     /// The client address an open stream is counted under (`HTTPServer.admitStream`).
     private var streamClient: String?
@@ -700,19 +670,25 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// The whole next request (head and body) must arrive within `request_read_timeout_s` of the
     /// connection opening or of the previous response (a client dripping a byte at a time cannot
     /// hold a request open for ever), and an idle keep-alive connection is closed then too.
-    /// `deadlineAt` (uptime nanoseconds) is nil while a request is answered or a stream is open.
+    /// `deadlineAt` (uptime nanoseconds) is nil while a request is answered or a stream is open;
+    /// what passing it means is the machine's decision (`deadlinePassed`).
     private var deadlineAt: UInt64?
     /// One timer per connection: it re-arms itself when the deadline moved later, so a request
     /// costs a timestamp instead of scheduling and cancelling a task.
     private var deadlineTimer: Scheduled<Void>?
 
-    init(server: HTTPServer) { self.server = server }
+    init(server: HTTPServer) {
+        self.server = server
+        self.machine = HTTPConnectionMachine(
+            limits: .init(
+                maxBodyBytes: server.config.http.maxBodyBytes, maxQueuedParts: Self.maxQueuedParts, maxQueuedBytes: Self.maxQueuedBytes,
+                hardQueuedParts: Self.hardQueuedParts))
+    }
 
     func handlerAdded(context: ChannelHandlerContext) {
         let queued = QueuedAnswers(budget: server.queuedAnswerBudget, channel: context.channel)
         queued.resumable = { [weak self, weak context] in
-            guard let self, let context, self.overBudget else { return }
-            self.overBudget = false
+            guard let self, let context, self.machine.budgetResumable() else { return }
             self.resume(context: context)
         }
         queuedAnswers = queued
@@ -735,6 +711,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         if deadlineTimer == nil { scheduleDeadlineCheck(context: context, in: timeout) }
     }
 
+    private func disarmDeadline() {
+        deadlineAt = nil
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
+    }
+
     private func scheduleDeadlineCheck(context: ChannelHandlerContext, in nanoseconds: UInt64) {
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
         deadlineTimer = context.eventLoop.scheduleTask(in: .nanoseconds(Int64(nanoseconds))) { self.checkDeadline(context: bound.value) }
@@ -746,74 +728,52 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         let now = DispatchTime.now().uptimeNanoseconds
         if now < at { return scheduleDeadlineCheck(context: context, in: at - now) }
         deadlineAt = nil
-        guard streaming == nil, !busy, context.channel.isActive else { return }
-        if let head {
+        guard context.channel.isActive else { return }
+        switch machine.deadlinePassed() {
+        case .ignore: return
+        case .close: context.close(promise: nil)
+        case .timeOut:
             // The rest of this request, if it comes, is ignored (the connection is closing).
+            guard let head else { return context.close(promise: nil) }
             self.head = nil
             body = []
-            tooLarge = false
-            busy = true
-            respond(
-                context: context, head: head, reply: .error(.requestTimeout, "The request was not received in time."), close: true)
-        } else {
-            context.close(promise: nil)
+            respond(context: context, head: head, reply: .error(.requestTimeout, "The request was not received in time."), close: true)
         }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        // Nothing more is taken once the connection is closing (after a close answer, a 408, or
-        // bad HTTP): a request arriving then must not apply.
-        guard !closing else { return }
         let part = unwrapInboundIn(data)
-        if busy || queuedCount > 0 || unwritable || overBudget || waitsForBudget(measure: false) {
-            if case .body(let chunk) = part { queuedBytes += chunk.readableBytes }
-            queued.append(part)
-            if queuedCount > Self.hardQueuedParts || queuedBytes > hardQueuedBytes {
-                server.logger.notice("closed a connection pipelining too far ahead of its answers", metadata: ["parts": "\(queuedCount)"])
-                closing = true
-                dropQueue()
-                context.close(promise: nil)
-            }
-            return
+        // The budget is measured only for a part that would otherwise be handled now.
+        if machine.handlesArrivalNow { _ = waitsForBudget(measure: false) }
+        let bytes: Int
+        if case .body(let chunk) = part { bytes = chunk.readableBytes } else { bytes = 0 }
+        switch machine.arrived(part, bodyBytes: bytes) {
+        case .handle: handle(context: context, part)
+        case .queued, .dropped: return
+        case .closeTooFarAhead:
+            server.logger.notice("closed a connection pipelining too far ahead of its answers", metadata: ["max_parts": "\(Self.hardQueuedParts)", "max_body_bytes": "\(server.config.http.maxBodyBytes)"])
+            context.close(promise: nil)
         }
-        handle(context: context, part)
     }
 
-    /// Holds the channel's reads while the pipelined queue is full (see the type's comment).
+    /// Holds the channel's reads while the machine says so (see the type's comment).
     func read(context: ChannelHandlerContext) {
-        if holdsReads {
-            readHeld = true
-        } else {
-            context.read()
-        }
+        if machine.readRequested() { context.read() }
     }
 
-    /// After an answer: the queued parts, in order, until one makes the handler busy again;
+    /// After an answer: the queued parts, in order, until one makes the connection busy again;
     /// then a held read, once the queue has room.
     private func resume(context: ChannelHandlerContext) {
         // An answer given inside this loop calls resume again: the loop carries on instead.
         guard !resuming else { return }
         resuming = true
         defer { resuming = false }
-        while !busy, !closing, !unwritable, !overBudget, queuedCount > 0 {
-            let part = queued[nextQueued]
-            nextQueued += 1
-            if case .body(let chunk) = part { queuedBytes -= chunk.readableBytes }
-            handle(context: context, part)
-        }
-        if queuedCount == 0 && !queued.isEmpty {
-            queued.removeAll(keepingCapacity: queued.count <= Self.maxQueuedParts)
-            nextQueued = 0
-        }
-        if readHeld, !holdsReads {
-            readHeld = false
-            context.read()
-        }
+        while let part = machine.nextQueued() { handle(context: context, part) }
+        if machine.resumed() { context.read() }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        unwritable = !context.channel.isWritable
-        if !unwritable { resume(context: context) }
+        if machine.writabilityChanged(writable: context.channel.isWritable) { resume(context: context) }
         context.fireChannelWritabilityChanged()
     }
 
@@ -823,57 +783,45 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             beginRequest()
             head = h
             body = []
-            tooLarge = false
-            accountsRequest = Route.of(method: h.method.rawValue, uri: h.uri) == .accounts
-            bodyLimit = accountsRequest ? min(AccountService.maxBodyBytes, server.config.http.maxBodyBytes) : server.config.http.maxBodyBytes
+            let route = Route.of(method: h.method.rawValue, uri: h.uri)
+            accountsRequest = route == .accounts
             started = DispatchTime.now().uptimeNanoseconds
             // Data writes are authorised from the head, before their body is read: a refused
             // write never costs a body of up to `max_body_bytes` (issue 18). The connection
             // closes after the answer, so the unread body is never taken for a request.
-            if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE,
-                Route.of(method: h.method.rawValue, uri: h.uri) == .data,
-                let denied = refuseWriteAtHead(HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) }))
-            {
-                head = nil
-                busy = true
-                respond(context: context, head: h, reply: denied, close: true)
-                return
+            var denied: HTTPReply?
+            if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE, route == .data {
+                denied = refuseWriteAtHead(HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) }))
             }
-            if let length = h.headers.first(name: "content-length").flatMap(Int.init), length > bodyLimit {
-                tooLarge = true
+            let decision = machine.head(
+                contentLength: h.headers.first(name: "content-length").flatMap(Int.init),
+                bodyLimit: accountsRequest ? AccountService.maxBodyBytes : server.config.http.maxBodyBytes,
+                // A client waiting before it sends its body (curl does past 1 MiB).
+                expectsContinue: h.version == .http1_1 && h.headers.first(name: "expect").map { HTTPHead.isHeader($0, "100-continue") } == true,
+                refusedAtHead: denied != nil,
                 // The account service answers at once and closes: its body is never read.
-                if accountsRequest {
-                    head = nil
-                    busy = true
-                    respond(context: context, head: h, reply: tooLargeReply, close: true)
-                    return
-                }
-            }
-            // A client waiting before it sends its body (curl does past 1 MiB): go ahead, or
-            // refuse at once when the body is too large.
-            if h.version == .http1_1, let expect = h.headers.first(name: "expect"), HTTPHead.isHeader(expect, "100-continue") {
-                if tooLarge {
-                    head = nil
-                    busy = true
-                    respond(context: context, head: h, reply: tooLargeReply, close: true)
-                    return
-                }
-                context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 100 Continue\r\n\r\n")), promise: nil)
+                refusesTooLargeAtOnce: accountsRequest)
+            switch decision {
+            case .readBody: return
+            case .sendContinue: context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 100 Continue\r\n\r\n")), promise: nil)
+            case .refuse(let why):
+                head = nil
+                respond(context: context, head: h, reply: why == .tooLarge ? tooLargeReply : (denied ?? tooLargeReply), close: true)
             }
         case .body(let chunk):
-            guard !tooLarge else { return }
-            if body.count + chunk.readableBytes > bodyLimit {
-                tooLarge = true
-                body = []
-                return
+            switch machine.bodyChunk(bytes: chunk.readableBytes) {
+            case .append: chunk.withUnsafeReadableBytes { body.append(contentsOf: $0) }
+            case .discard: body = []
+            case .ignore: return
             }
-            chunk.withUnsafeReadableBytes { body.append(contentsOf: $0) }
         case .end:
             guard let head else { return }
+            let decision = machine.end()
+            guard decision != .ignore else { return }
             self.head = nil
-            busy = true
             deadlineAt = nil
-            if tooLarge {
+            if decision == .refuseTooLarge {
+                body = []
                 respond(context: context, head: head, reply: tooLargeReply, close: true)
                 return
             }
@@ -884,11 +832,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        machine.inactive()
         endRequest()
         queuedAnswers?.release()
-        deadlineAt = nil
-        deadlineTimer?.cancel()
-        deadlineTimer = nil
+        disarmDeadline()
         if let s = streaming {
             streaming = nil
             s.close()
@@ -905,14 +852,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     /// Bad HTTP (the decoder's errors): a 400 and a close when no answer is under way, as
-    /// NIO's protocol error handler did; otherwise just the close.
+    /// NIO's protocol error handler did; otherwise just the close (the machine decides).
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        guard error is HTTPParserError, !busy, !closing, context.channel.isActive else {
+        guard machine.failed(badHTTP: error is HTTPParserError && context.channel.isActive) == .badRequest else {
             context.close(promise: nil)
             return
         }
-        closing = true
-        dropQueue()
         let reply = HTTPReply.error(.badRequest, "Bad request: this is not a valid HTTP/1.1 request.")
         let buffer = encode(reply, version: .http1_1, isHead: false, keepAlive: false, context: context)
         let channel = context.channel
@@ -1264,9 +1209,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead, reply: HTTPReply, close: Bool = false) {
-        busy = false
         server.latency.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds &- started))
-        let keepAlive = head.isKeepAlive && !close && !closing && !server.stopping.load(ordering: .relaxed)
+        let keepAlive = machine.keepsAlive(wanted: head.isKeepAlive && !close && !server.stopping.load(ordering: .relaxed))
         let buffer = encode(
             reply, version: head.version, isHead: head.method == .HEAD, keepAlive: keepAlive, origin: head.headers.first(name: "Origin"), context: context)
         // A promise only when the close must wait for the write (one allocation less per answer).
@@ -1274,16 +1218,14 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         server.answers.wrappingAdd(1, ordering: .relaxed)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: done)
         endRequest()
-        unwritable = !context.channel.isWritable
+        let after = machine.answered(keepAlive: keepAlive, writable: context.channel.isWritable)
         _ = waitsForBudget(measure: true)
         // The deadline also bounds a closing connection whose client never reads the answer.
         if context.channel.isActive { armDeadline(context: context) }
         if let done {
-            closing = true
-            dropQueue()
             let channel = context.channel
             done.futureResult.whenComplete { _ in channel.close(promise: nil) }
-        } else {
+        } else if after == .resume {
             resume(context: context)
         }
     }
@@ -1324,11 +1266,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 close: true)
             return
         }
-        closing = true
-        dropQueue()
-        deadlineAt = nil
-        deadlineTimer?.cancel()
-        deadlineTimer = nil
+        // Parts pipelined behind the upgrade request never apply (the machine drops them).
+        machine.upgradeBegun()
+        disarmDeadline()
         var buffer = context.channel.allocator.buffer(capacity: 160)
         buffer.writeStaticString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ")
         buffer.writeString(upgrade.accept)
@@ -1420,8 +1360,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 handler.respond(context: context, head: head, reply: .error(.serviceUnavailable, "No consistent state to back up: \(e)"))
             case .success(let (machine, header)):
                 // Nothing else is read or answered on this connection.
-                handler.closing = true
-                handler.dropQueue()
+                handler.machine.backupBegun()
                 handler.endRequest()
                 let chunked = head.version.major > 1 || (head.version.major == 1 && head.version.minor >= 1)
                 var buffer = context.channel.allocator.buffer(capacity: 256)
@@ -1466,6 +1405,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             request.authorization, override: request.authOverride, now: NodeRuntime.wallClock())
         state.judge = { [weak self] tree in self?.readDenied(identity, request, tree: tree) ?? true }
         streaming = state
+        machine.streamStarted()
         streamClient = client
         server.streamOpened()
         endRequest()
