@@ -16,15 +16,23 @@ public struct OIDCProvider: Sendable {
         public var issuer: String
         /// The client ids its tokens may be issued to (`aud`).
         public var audiences: [String]
+        /// What its users' uids start with (`<prefix>:<sub>`): by default the id up to its first
+        /// `.` (`google` for `google.com`, as Firebase 2.x named its users), so that a uid is a
+        /// valid database key.
+        public var uidPrefix: String
         /// Milliseconds by which `exp` may be past and `iat`/`nbf` in the future.
         public var clockSkew: Int64 = 5 * 60 * 1000
         public var limits = TokenLimits()
 
-        public init(id: String, issuer: String, audiences: [String]) {
+        public init(id: String, issuer: String, audiences: [String], uidPrefix: String? = nil) {
             self.id = id
             self.issuer = issuer
             self.audiences = audiences
+            self.uidPrefix = uidPrefix ?? Self.defaultUIDPrefix(id)
         }
+
+        /// `id` up to its first `.`.
+        public static func defaultUIDPrefix(_ id: String) -> String { String(id.prefix { $0 != "." }) }
     }
 
     public let settings: Settings
