@@ -557,8 +557,8 @@ final class AccountService: Sendable {
 
     /// `accounts:signInWithIdp` with an OpenID Connect ID token the client already holds
     /// (`postBody` `id_token=…&providerId=…`, as the SDKs send `signInWithCredential`): the token
-    /// is verified against the configured provider, then the account `<provider>:<sub>` is signed
-    /// into, made on first sign-in, its provider profile replaced by the token's (through the log,
+    /// is verified against the configured provider, then the account `<uid prefix>:<sub>` is
+    /// signed into, made on first sign-in, its provider profile replaced by the token's (through the log,
     /// so every node agrees). Nothing is proposed for a token that fails any check.
     private func signInWithIdp(_ call: Call) throws(AccountError) -> EventLoopFuture<HTTPReply> {
         guard try Self.string(call, "requestUri") != nil else { throw AccountError("MISSING_REQUEST_URI") }
@@ -583,8 +583,8 @@ final class AccountService: Sendable {
         } catch {
             throw AccountError("INVALID_IDP_RESPONSE : the provider's user id makes no valid uid (<prefix>:<sub> must be 1 to 128 printable bytes)")
         }
-        // The fresh refresh key tells whether this sign-in made the account (`isNewUser`).
         let federated = Self.federatedIdentity(identity, federatedID: Self.federatedID(issuer: provider.settings.issuer, subject: identity.subject))
+        // Its fresh random refresh key tells whether this sign-in made the account (`isNewUser`).
         let fresh = AccountRecord(uid: uid, provider: identity.provider, refreshKey: Self.newRefreshKey(), federated: federated)
         let loop = call.loop
         let project = call.project
@@ -605,7 +605,6 @@ final class AccountService: Sendable {
                 }
             }
     }
-
 
     /// The verified identity of a `signInWithIdp` `postBody`: its `providerId` must be a
     /// configured provider (else `OPERATION_NOT_ALLOWED`), its `id_token` verify against that
