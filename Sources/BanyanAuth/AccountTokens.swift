@@ -44,7 +44,15 @@ public enum AccountTokens {
         public var claims: JSONValue?
         /// Seconds since the epoch of the sign-in the token descends from.
         public var authTime: Int64
-        public init(uid: String, email: String?, emailVerified: Bool, displayName: String?, provider: String, claims: JSONValue?, authTime: Int64) {
+        /// The account's photo (`picture`).
+        public var photoURL: String?
+        /// The identity provider the account belongs to (`firebase.identities`): its id and the
+        /// user's id there.
+        public var federated: FederatedID?
+        public init(
+            uid: String, email: String?, emailVerified: Bool, displayName: String?, provider: String, claims: JSONValue?, authTime: Int64,
+            photoURL: String? = nil, federated: FederatedID? = nil
+        ) {
             self.uid = uid
             self.email = email
             self.emailVerified = emailVerified
@@ -52,13 +60,26 @@ public enum AccountTokens {
             self.provider = provider
             self.claims = claims
             self.authTime = authTime
+            self.photoURL = photoURL
+            self.federated = federated
+        }
+    }
+
+    /// A user's identity at an identity provider: the provider's id (`google.com`) and the
+    /// user's id there (`sub`).
+    public struct FederatedID: Sendable, Equatable {
+        public var provider: String
+        public var id: String
+        public init(provider: String, id: String) {
+            self.provider = provider
+            self.id = id
         }
     }
 
     /// Claim names a developer claim may not replace (Firebase's reserved list).
     static let reserved: Set<String> = [
         "acr", "amr", "at_hash", "aud", "auth_time", "azp", "cnf", "c_hash", "exp", "firebase", "iat", "iss", "jti", "nbf", "nonce", "sub",
-        "user_id", "email", "email_verified", "name",
+        "user_id", "email", "email_verified", "name", "picture",
     ]
 
     /// Whether a developer claim may not use `name` (Firebase's reserved claims).
@@ -75,8 +96,12 @@ public enum AccountTokens {
             claims.append(("email_verified", .bool(subject.emailVerified)))
         }
         if let name = subject.displayName { claims.append(("name", .string(name))) }
+        if let photo = subject.photoURL { claims.append(("picture", .string(photo))) }
         var identities: [(String, JSONValue)] = []
-        if let email = subject.email, subject.provider == "password" { identities.append(("email", .array([.string(email)]))) }
+        if let federated = subject.federated { identities.append((federated.provider, .array([.string(federated.id)]))) }
+        if let email = subject.email, subject.provider == "password" || subject.federated != nil {
+            identities.append(("email", .array([.string(email)])))
+        }
         claims.append(("firebase", .object([("identities", .object(identities)), ("sign_in_provider", .string(subject.provider))])))
         if case .object(let extra)? = subject.claims {
             for (name, value) in extra where !reserved.contains(name) { claims.append((name, value)) }

@@ -42,21 +42,36 @@ public enum Claims {
     public static func checkIDToken(
         _ claims: JSONValue, issuer: String, audience: String, skew: Int64, now: Int64
     ) throws(TokenError) -> VerifiedToken {
+        let (sub, exp) = try checkOpenIDClaims(claims, issuer: issuer, audiences: [audience], skew: skew, now: now)
+        var provider = "custom"
+        if case .string(let p)? = claims["firebase"]?["sign_in_provider"] { provider = p }
+        let auth = JSONValue.object([("uid", .string(sub)), ("provider", .string(provider)), ("token", claims)])
+        return VerifiedToken(kind: .idToken, administrator: false, auth: Array(auth.jsonString.utf8), expires: exp, validUntil: exp &+ skew)
+    }
+
+    /// The checks every OpenID Connect ID token gets (Core 1.0, section 3.1.3.7): `iss` exactly
+    /// `issuer`; `aud` one of `audiences`, or an array holding one of them; `exp` not past and
+    /// `iat` (and `nbf`, `auth_time` when present) not future, each allowing `skew`
+    /// milliseconds; `sub` a non-empty string of at most 128 bytes. Answers `sub` and `exp`
+    /// (milliseconds).
+    public static func checkOpenIDClaims(
+        _ claims: JSONValue, issuer: String, audiences: [String], skew: Int64, now: Int64
+    ) throws(TokenError) -> (subject: String, expires: Int64) {
         guard case .string(let iss)? = claims["iss"], iss.utf8.elementsEqual(issuer.utf8) else { throw .wrongIssuer }
         switch claims["aud"] {
-        case .string(let aud)? where aud.utf8.elementsEqual(audience.utf8): break
-        case .array(let auds)? where auds.contains(.string(audience)): break
+        case .string(let aud)? where names(aud, audiences): break
+        case .array(let auds)? where auds.contains(where: { if case .string(let a) = $0 { names(a, audiences) } else { false } }): break
         default: throw .wrongAudience
         }
         guard let exp = try time(claims, "exp") else { throw .malformed("exp is missing") }
         guard let iat = try time(claims, "iat") else { throw .malformed("iat is missing") }
         try checkWindow(exp: exp, notBefore: [iat, try time(claims, "nbf"), try time(claims, "auth_time")], skew: skew, now: now)
         guard case .string(let sub)? = claims["sub"], !sub.isEmpty, sub.utf8.count <= 128 else { throw .invalidSubject }
-        var provider = "custom"
-        if case .string(let p)? = claims["firebase"]?["sign_in_provider"] { provider = p }
-        let auth = JSONValue.object([("uid", .string(sub)), ("provider", .string(provider)), ("token", claims)])
-        return VerifiedToken(kind: .idToken, administrator: false, auth: Array(auth.jsonString.utf8), expires: exp, validUntil: exp &+ skew)
+        return (sub, exp)
     }
+
+    /// Whether `value` is one of `candidates`, byte for byte.
+    static func names(_ value: String, _ candidates: [String]) -> Bool { candidates.contains { $0.utf8.elementsEqual(value.utf8) } }
 
     /// How long a custom token without `exp` stays valid after its `iat`: 24 hours, the
     /// Firebase 2.x token generator's default.

@@ -73,18 +73,49 @@ public enum KeyFiles {
             guard case .string(let pem) = value else { throw KeyFileError("kid \(kid): the value is not a PEM string") }
             let der: [UInt8]
             do throws(KeyFileError) {
-                let (label, body) = try self.pem(pem)
-                switch label {
-                case "CERTIFICATE": der = try subjectPublicKeyInfo(certificate: body)
-                case "PUBLIC KEY", "RSA PUBLIC KEY": der = body
-                default: throw KeyFileError("a PEM \(label) is neither a certificate nor a public key")
-                }
+                der = try publicKey(pem: pem)
             } catch {
                 throw KeyFileError("kid \(kid): \(error.message)")
             }
             out.append(PublicKeyDER(keyID: kid, der: der))
         }
         return out
+    }
+
+    /// The keys of an OpenID Connect provider's key file, whichever of its three forms it has.
+    public enum ProviderKeys: Sendable, Equatable {
+        /// A JWKS (`{"keys": […]}`, what a provider's `jwks_uri` serves).
+        case jwks([RSAComponents])
+        /// Google's certificates format (a JSON object from `kid` to a PEM).
+        case x509([PublicKeyDER])
+        /// One PEM public key or certificate: it carries no `kid`, so it checks tokens whatever
+        /// `kid` they name.
+        case pem([UInt8])
+    }
+
+    /// A provider's key file: a JWKS when it is a JSON object with `keys`, Google's format when
+    /// it is another JSON object, else a PEM block (`PUBLIC KEY`, `RSA PUBLIC KEY` or
+    /// `CERTIFICATE`).
+    public static func providerKeys(_ text: [UInt8]) throws(KeyFileError) -> ProviderKeys {
+        let start = text.first { $0 != 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D }
+        if start == UInt8(ascii: "{") {
+            if case .object(let members)? = try? JSONValue(parsing: text, maxDepth: 8), members.contains(where: { $0.0 == "keys" }) {
+                return .jwks(try jwks(text))
+            }
+            return .x509(try x509(text))
+        }
+        return .pem(try publicKey(pem: String(decoding: text, as: UTF8.self)))
+    }
+
+    /// The public key DER of the first PEM block of `text`: a certificate's
+    /// SubjectPublicKeyInfo, or a `PUBLIC KEY` / `RSA PUBLIC KEY` block as it is.
+    public static func publicKey(pem text: String) throws(KeyFileError) -> [UInt8] {
+        let (label, body) = try pem(text)
+        switch label {
+        case "CERTIFICATE": return try subjectPublicKeyInfo(certificate: body)
+        case "PUBLIC KEY", "RSA PUBLIC KEY": return body
+        default: throw KeyFileError("a PEM \(label) is neither a certificate nor a public key")
+        }
     }
 
     /// The label and DER bytes of the first PEM block of `text`.

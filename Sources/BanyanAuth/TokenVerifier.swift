@@ -1,6 +1,5 @@
 import BanyanTree
 import Crypto
-import _CryptoExtras
 
 /// Verifies the credentials a client presents (docs/security.md, "Credentials"): RS256 ID tokens
 /// against the configured public keys, Firebase 2.x custom tokens (HS256) against the database
@@ -33,7 +32,7 @@ public struct TokenVerifier: Sendable {
 
     public let settings: Settings
     /// ID-token keys by `kid`.
-    private let keys: [String: _RSA.Signing.PublicKey]
+    private let keys: RSAKeySet
     /// Database secrets: the first signs nothing special; all are accepted (rotation).
     private let secrets: [[UInt8]]
 
@@ -42,30 +41,15 @@ public struct TokenVerifier: Sendable {
     /// Whether custom tokens and database secrets can be verified.
     public var acceptsSecrets: Bool { !secrets.isEmpty }
     /// The configured key ids, sorted.
-    public var keyIDs: [String] { keys.keys.sorted() }
+    public var keyIDs: [String] { keys.keyIDs }
 
     /// RSA keys shorter than this are refused when loading.
-    public static let minimumKeyBits = 2048
+    public static let minimumKeyBits = RSAKeySet.minimumKeyBits
 
     public init(
         settings: Settings, jwks: [KeyFiles.RSAComponents] = [], publicKeys: [KeyFiles.PublicKeyDER] = [], secrets: [[UInt8]] = []
     ) throws(KeyFileError) {
-        var keys: [String: _RSA.Signing.PublicKey] = [:]
-        func add(_ kid: String, _ make: () throws -> _RSA.Signing.PublicKey) throws(KeyFileError) {
-            guard keys[kid] == nil else { throw KeyFileError("kid \(kid) is configured twice") }
-            let key: _RSA.Signing.PublicKey
-            do {
-                key = try make()
-            } catch {
-                throw KeyFileError("kid \(kid): not an RSA public key (\(error))")
-            }
-            guard key.keySizeInBits >= Self.minimumKeyBits else {
-                throw KeyFileError("kid \(kid): the key has \(key.keySizeInBits) bits; at least \(Self.minimumKeyBits) are needed")
-            }
-            keys[kid] = key
-        }
-        for k in jwks { try add(k.keyID) { try _RSA.Signing.PublicKey(n: k.modulus, e: k.exponent) } }
-        for k in publicKeys { try add(k.keyID) { try _RSA.Signing.PublicKey(derRepresentation: k.der) } }
+        let keys = try RSAKeySet(jwks: jwks, publicKeys: publicKeys)
         if !keys.isEmpty, settings.issuer == nil || settings.audience == nil {
             throw KeyFileError("ID token keys need an issuer and an audience (or a project id)")
         }
@@ -98,11 +82,7 @@ public struct TokenVerifier: Sendable {
         switch jwt.algorithm {
         case "RS256":
             guard acceptsIDTokens, let issuer = settings.issuer, let audience = settings.audience else { throw .algorithmNotAllowed(jwt.algorithm) }
-            guard let kid = jwt.keyID, let key = keys[kid] else { throw .unknownKey(jwt.keyID) }
-            let signature = _RSA.Signing.RSASignature(rawRepresentation: jwt.signature)
-            guard key.isValidSignature(signature, for: SHA256.hash(data: jwt.signingInput), padding: .insecurePKCS1v1_5) else {
-                throw .badSignature
-            }
+            try keys.checkSignature(jwt)
             return try Claims.checkIDToken(jwt.claims, issuer: issuer, audience: audience, skew: settings.clockSkew, now: now)
         case "HS256":
             guard acceptsSecrets else { throw .algorithmNotAllowed(jwt.algorithm) }

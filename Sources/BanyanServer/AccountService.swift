@@ -58,6 +58,9 @@ final class AccountService: Sendable {
     private let resetFile = ResetFileLock()
     /// Reset codes sent per address (`accounts.reset_codes_per_minute`).
     let resetLimiter: RateLimiter
+    /// The OpenID Connect providers `accounts:signInWithIdp` accepts, by id
+    /// (`auth.oidc_providers`).
+    let identityProviders: [String: OIDCProvider]
 
     /// Bounds on what a request may carry (docs/accounts.md, "Inputs").
     static let maxBodyBytes = 64 << 10
@@ -69,9 +72,15 @@ final class AccountService: Sendable {
     static let maxPageSize = 1000
     static let maxBatch = 1000
     static let maxLookup = 100
+    /// A provider's photo URL longer than this is not recorded.
+    static let maxPhotoURLBytes = 2048
     static let tooLarge = AccountError("INVALID_ARGUMENT : the request body exceeds \(maxBodyBytes) bytes", .payloadTooLarge)
 
-    init(runtime: NodeRuntime, config: NodeConfig, credentials: Credentials, adminToken: String?, logger: Logger) {
+    init(
+        runtime: NodeRuntime, config: NodeConfig, credentials: Credentials, adminToken: String?, identityProviders: [String: OIDCProvider] = [:],
+        logger: Logger
+    ) {
+        self.identityProviders = identityProviders
         self.runtime = runtime
         self.config = config
         self.credentials = credentials
@@ -165,6 +174,7 @@ final class AccountService: Sendable {
         case (.POST, "signUp"): return try signUp(call, administrative: call.administrator && call.body["idToken"] == nil)
         case (.POST, "signInWithPassword"): return try signInWithPassword(call)
         case (.POST, "signInWithCustomToken"): return try signInWithCustomToken(call)
+        case (.POST, "signInWithIdp"): return try signInWithIdp(call)
         case (.POST, "lookup"): return try lookup(call)
         case (.POST, "update"): return try update(call)
         case (.POST, "delete"): return try delete(call)
@@ -379,8 +389,9 @@ final class AccountService: Sendable {
             }
             let provider = signInProvider ?? record.provider
             let subject = AccountTokens.Subject(
-                uid: record.uid, email: record.email, emailVerified: record.emailVerified, displayName: record.displayName, provider: provider,
-                claims: claims, authTime: (record.lastSignInAt ?? record.createdAt) / 1000)
+                uid: record.uid, email: record.profileEmail, emailVerified: record.profileEmailVerified, displayName: record.profileDisplayName,
+                provider: provider, claims: claims, authTime: (record.lastSignInAt ?? record.createdAt) / 1000, photoURL: record.federated?.photoURL,
+                federated: record.federated.map { AccountTokens.FederatedID(provider: $0.providerID, id: $0.rawID) })
             let refreshKey = Base64.decode(record.refreshKey.utf8) ?? []
             return Tokens(
                 idToken: AccountTokens.idToken(subject, key: key, now: now),
@@ -395,10 +406,18 @@ final class AccountService: Sendable {
     /// `accounts:batchGet` answer, and firebase-admin reads as a `UserRecord`).
     static func userInfo(_ r: AccountRecord) -> JSONValue {
         var m: [(String, JSONValue)] = [("localId", .string(r.uid))]
-        if let email = r.email { m.append(("email", .string(email))) }
-        m.append(("emailVerified", .bool(r.emailVerified)))
-        if let name = r.displayName { m.append(("displayName", .string(name))) }
+        if let email = r.profileEmail { m.append(("email", .string(email))) }
+        m.append(("emailVerified", .bool(r.profileEmailVerified)))
+        if let name = r.profileDisplayName { m.append(("displayName", .string(name))) }
+        if let photo = r.federated?.photoURL { m.append(("photoUrl", .string(photo))) }
         var providers: [JSONValue] = []
+        if let f = r.federated {
+            var p: [(String, JSONValue)] = [("providerId", .string(f.providerID)), ("rawId", .string(f.rawID)), ("federatedId", .string(f.federatedID))]
+            if let email = f.email { p.append(("email", .string(email))) }
+            if let name = f.displayName { p.append(("displayName", .string(name))) }
+            if let photo = f.photoURL { p.append(("photoUrl", .string(photo))) }
+            providers.append(.object(p))
+        }
         if let email = r.email, r.passwordHash != nil {
             var p: [(String, JSONValue)] = [("providerId", .string("password")), ("email", .string(email)), ("federatedId", .string(email)), ("rawId", .string(email))]
             if let name = r.displayName { p.append(("displayName", .string(name))) }
@@ -418,8 +437,8 @@ final class AccountService: Sendable {
 
     static func tokenAnswer(_ kind: String, _ record: AccountRecord, _ tokens: Tokens, extra: [(String, JSONValue)] = []) -> HTTPReply {
         var m: [(String, JSONValue)] = [("kind", .string("identitytoolkit#\(kind)")), ("localId", .string(record.uid))]
-        if let email = record.email { m.append(("email", .string(email))) }
-        m.append(("displayName", .string(record.displayName ?? "")))
+        if let email = record.profileEmail { m.append(("email", .string(email))) }
+        m.append(("displayName", .string(record.profileDisplayName ?? "")))
         m.append(("idToken", .string(tokens.idToken)))
         m.append(("refreshToken", .string(tokens.refreshToken)))
         m.append(("expiresIn", .string(String(AccountTokens.idTokenLifetimeSeconds))))
@@ -530,9 +549,102 @@ final class AccountService: Sendable {
         return propose(.signIn(uid: uid, passwordHash: nil, createIfAbsent: fresh), project: project, on: loop).flatMapThrowing { try Self.record($0) }
             .flatMap { record in
                 self.tokens(for: record, project: project, signInProvider: "custom", extraClaims: claims, on: loop).map {
-                    Self.tokenAnswer("VerifyCustomTokenResponse", record, $0, extra: [("isNewUser", .bool(record.createdAt == record.lastSignInAt))])
+                    // Made by this command: it holds the fresh random refresh key proposed.
+                    Self.tokenAnswer("VerifyCustomTokenResponse", record, $0, extra: [("isNewUser", .bool(record.refreshKey == fresh.refreshKey))])
                 }
             }
+    }
+
+    /// `accounts:signInWithIdp` with an OpenID Connect ID token the client already holds
+    /// (`postBody` `id_token=…&providerId=…`, as the SDKs send `signInWithCredential`): the token
+    /// is verified against the configured provider, then the account `<uid prefix>:<sub>` is
+    /// signed into, made on first sign-in, its provider profile replaced by the token's (through the log,
+    /// so every node agrees). Nothing is proposed for a token that fails any check.
+    private func signInWithIdp(_ call: Call) throws(AccountError) -> EventLoopFuture<HTTPReply> {
+        guard try Self.string(call, "requestUri") != nil else { throw AccountError("MISSING_REQUEST_URI") }
+        guard let postBody = try Self.string(call, "postBody") else {
+            let pending = try Self.string(call, "pendingToken")
+            let session = try Self.string(call, "sessionId")
+            if pending != nil || session != nil {
+                throw AccountError("OPERATION_NOT_ALLOWED : only ID tokens the client holds are accepted (no pending token or session flows)")
+            }
+            throw AccountError("INVALID_IDP_RESPONSE : the request has no postBody")
+        }
+        if try Self.string(call, "idToken") != nil {
+            throw AccountError("OPERATION_NOT_ALLOWED : linking a provider to an existing account is not supported; each provider identity is its own account")
+        }
+        let returnCredential = try Self.bool(call, "returnIdpCredential") ?? false
+        let (provider, identity, token) = try idpIdentity(postBody: postBody)
+        // `<prefix>:<sub>`, the sub escaped as account keys are, so the uid is a database key
+        // (`users/$uid` rules) whatever characters the provider's ids use.
+        let uid = provider.settings.uidPrefix + ":" + AccountStore.escape(identity.subject)
+        do throws(AccountError) {
+            try Self.checkUID(uid)
+        } catch {
+            throw AccountError("INVALID_IDP_RESPONSE : the provider's user id makes no valid uid (<prefix>:<sub> must be 1 to 128 printable bytes)")
+        }
+        let federated = Self.federatedIdentity(identity, federatedID: Self.federatedID(issuer: provider.settings.issuer, subject: identity.subject))
+        // Its fresh random refresh key tells whether this sign-in made the account (`isNewUser`).
+        let fresh = AccountRecord(uid: uid, provider: identity.provider, refreshKey: Self.newRefreshKey(), federated: federated)
+        let loop = call.loop
+        let project = call.project
+        return propose(.signIn(uid: uid, passwordHash: nil, createIfAbsent: fresh), project: project, on: loop).flatMapThrowing { try Self.record($0) }
+            .flatMap { record in
+                self.tokens(for: record, project: project, signInProvider: identity.provider, on: loop).map { tokens in
+                    var extra: [(String, JSONValue)] = [
+                        ("providerId", .string(identity.provider)), ("federatedId", .string(federated.federatedID)),
+                        ("rawUserInfo", .string(identity.claims.jsonString)), ("emailVerified", .bool(record.profileEmailVerified)),
+                        ("isNewUser", .bool(record.refreshKey == fresh.refreshKey)), ("context", .string("")),
+                    ]
+                    if let photo = record.federated?.photoURL { extra.append(("photoUrl", .string(photo))) }
+                    if let name = federated.displayName { extra.append(("fullName", .string(name))) }
+                    if let first = identity.givenName { extra.append(("firstName", .string(first))) }
+                    if let last = identity.familyName { extra.append(("lastName", .string(last))) }
+                    if returnCredential { extra.append(("oauthIdToken", .string(token))) }
+                    return Self.tokenAnswer("VerifyAssertionResponse", record, tokens, extra: extra)
+                }
+            }
+    }
+
+    /// The verified identity of a `signInWithIdp` `postBody`: its `providerId` must be a
+    /// configured provider (else `OPERATION_NOT_ALLOWED`), its `id_token` verify against that
+    /// provider and answer its `nonce`, if any (else `INVALID_IDP_RESPONSE`).
+    func idpIdentity(postBody: String) throws(AccountError) -> (provider: OIDCProvider, identity: OIDCIdentity, token: String) {
+        guard let fields = try? RESTRequest.parseQuery(Substring(postBody)) else { throw AccountError("INVALID_IDP_RESPONSE : the postBody does not parse") }
+        func field(_ name: String) -> String? { fields.last { $0.0 == name }?.1 }
+        guard let providerID = field("providerId") else { throw AccountError("INVALID_IDP_RESPONSE : the postBody names no providerId") }
+        guard let provider = identityProviders[providerID] else {
+            throw AccountError("OPERATION_NOT_ALLOWED : the identity provider \(providerID.prefix(64)) is not enabled (auth.oidc_providers)")
+        }
+        guard let token = field("id_token") else {
+            throw AccountError(
+                "INVALID_IDP_RESPONSE : only OpenID Connect ID tokens (id_token) are accepted; access tokens and authorization codes would need calls to the provider")
+        }
+        let identity: OIDCIdentity
+        switch provider.verify(token, now: NodeRuntime.wallClock()) {
+        case .success(let verified): identity = verified
+        case .failure(let error): throw AccountError("INVALID_IDP_RESPONSE : \(error.reason)")
+        }
+        guard identity.answers(nonce: field("nonce")) else { throw AccountError("INVALID_IDP_RESPONSE : the ID token does not carry the request's nonce") }
+        return (provider, identity, token)
+    }
+
+    /// The provider profile a sign-in records: fields the service could not store are left out
+    /// (an email it would refuse, a name or photo URL beyond its bounds), never refused.
+    static func federatedIdentity(_ i: OIDCIdentity, federatedID: String) -> FederatedIdentity {
+        var email = i.email
+        if let e = email, (try? checkEmail(e)) == nil { email = nil }
+        let name = i.name.flatMap { $0.utf8.count <= maxDisplayNameBytes ? $0 : nil }
+        let photo = i.picture.flatMap { $0.utf8.count <= maxPhotoURLBytes ? $0 : nil }
+        return FederatedIdentity(
+            providerID: i.provider, rawID: i.subject, federatedID: federatedID, email: email, emailVerified: email != nil && i.emailVerified, displayName: name,
+            photoURL: photo)
+    }
+
+    /// The answer's `federatedId`: the issuer and the user's id there
+    /// (`https://accounts.google.com/<sub>`, as Google's are).
+    static func federatedID(issuer: String, subject: String) -> String {
+        (issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer) + "/" + subject
     }
 
     /// The uid and developer claims of a custom token this node accepts.

@@ -81,6 +81,12 @@ public final class BanyanNode: Sendable {
                 "verifying client tokens",
                 metadata: ["id_token_keys": "\(verifier.keyIDs.joined(separator: ","))", "database_secrets": "\(verifier.acceptsSecrets)"])
         }
+        let providers = try config.loadOIDCProviders()
+        for (id, provider) in providers.sorted(by: { $0.key < $1.key }) {
+            logger.notice(
+                "accepting sign-in with an identity provider",
+                metadata: ["provider": "\(id)", "issuer": "\(provider.settings.issuer)", "keys": "\(provider.keyIDs.joined(separator: ","))"])
+        }
         let tls = try NodeTLS(sources: try Self.tlsSources(config, logger: logger), expiryWarningDays: config.tls.expiryWarningDays, logger: logger)
         self.tls = tls
         let threads = config.threads ?? NodeConfig.defaultThreads(cores: System.coreCount)
@@ -125,7 +131,7 @@ public final class BanyanNode: Sendable {
             logger.warning("fault injection is on (--allow-fault-injection): /.banyan/faults may drop and delay this node's peer traffic and fsyncs")
         }
         runtime.start(transport: transport)
-        let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, tls: tls)
+        let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, tls: tls, identityProviders: providers)
         self.http = http
         http.https.withLock { $0 = tls.material.https }
         tls.onReload { material in

@@ -196,6 +196,9 @@ public struct NodeConfig: Sendable, Equatable {
         public var databaseSecretsFile: String?
         /// How far `exp`, `iat` and `nbf` may be off the node's clock.
         public var clockSkewSeconds: Int = 300
+        /// OpenID Connect providers whose ID tokens `accounts:signInWithIdp` accepts
+        /// (docs/accounts.md, "Sign-in with an identity provider").
+        public var oidcProviders: [OIDCProviderSettings] = []
         public init() {}
 
         /// Whether any credential is verified.
@@ -204,6 +207,54 @@ public struct NodeConfig: Sendable, Equatable {
         public var effectiveIssuer: String? { issuer ?? projectID.map { "https://securetoken.google.com/" + $0 } }
         /// The audience ID tokens must name: `audience`, else the project id.
         public var effectiveAudience: String? { audience ?? projectID }
+    }
+
+    /// One OpenID Connect provider (`auth.oidc_providers`): tokens it issued to one of
+    /// `audiences` under `issuer`, signed with a key of `keysFile`, sign users in as
+    /// `<id>:<sub>`.
+    public struct OIDCProviderSettings: Sendable, Equatable {
+        /// The provider's name in uids and `providerId` (`google.com`): 1 to 64 letters, digits,
+        /// `.`, `-` or `_`, never one of the service's own sign-in methods.
+        public var id: String
+        public var issuer: String
+        /// The client ids its tokens may name in `aud`.
+        public var audiences: [String]
+        /// A JWKS, Google's certificates JSON, or one PEM public key or certificate.
+        public var keysFile: String
+        /// Clock skew for this provider's tokens (nil: `auth.clock_skew_seconds`).
+        public var clockSkewSeconds: Int?
+        /// What its users' uids start with, before `:` (nil: the id up to its first `.`).
+        public var uidPrefix: String?
+
+        public init(id: String, issuer: String, audiences: [String], keysFile: String, clockSkewSeconds: Int? = nil, uidPrefix: String? = nil) {
+            self.id = id
+            self.issuer = issuer
+            self.audiences = audiences
+            self.keysFile = keysFile
+            self.clockSkewSeconds = clockSkewSeconds
+            self.uidPrefix = uidPrefix
+        }
+
+        /// The uid prefix in force.
+        public var effectiveUIDPrefix: String { uidPrefix ?? String(id.prefix { $0 != "." }) }
+
+        /// Whether `prefix` can start uids: 1 to 64 letters, digits, `-` or `_` (a valid database
+        /// key without `:`).
+        public static func isValidUIDPrefix(_ prefix: String) -> Bool {
+            let bytes = Array(prefix.utf8)
+            return (1...64).contains(bytes.count) && bytes.allSatisfy { (0x61...0x7A).contains($0 | 0x20) || (0x30...0x39).contains($0) || $0 == 0x2D || $0 == 0x5F }
+        }
+
+        /// Provider ids that would be mistaken for the service's own sign-in methods (or the
+        /// `email` entry of `firebase.identities`).
+        public static let reservedIDs: Set<String> = ["password", "anonymous", "custom", "phone", "email", "firebase", "emailLink"]
+
+        /// Whether `id` can name a provider.
+        public static func isValidID(_ id: String) -> Bool {
+            let bytes = Array(id.utf8)
+            return (1...64).contains(bytes.count) && !reservedIDs.contains(id)
+                && bytes.allSatisfy { (0x61...0x7A).contains($0 | 0x20) || (0x30...0x39).contains($0) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F }
+        }
     }
 
     /// The built-in account service (docs/accounts.md): the Identity Toolkit endpoints on the
@@ -453,6 +504,9 @@ extension NodeConfig {
                     case "x509_file": c.auth.x509File = try r.string(v, "auth.\(k)")
                     case "database_secrets_file": c.auth.databaseSecretsFile = try r.string(v, "auth.\(k)")
                     case "clock_skew_seconds": c.auth.clockSkewSeconds = try r.int(v, "auth.\(k)", 0...3_600)
+                    case "oidc_providers":
+                        guard let list = v as? [Any] else { throw ConfigError("\(source): auth.oidc_providers must be a list of providers") }
+                        c.auth.oidcProviders = try list.enumerated().map { (i, item) throws(ConfigError) in try r.oidcProvider(item, "auth.oidc_providers[\(i)]") }
                     default: throw ConfigError("\(source): unknown key auth.\(k)")
                     }
                 }
@@ -519,6 +573,27 @@ extension NodeConfig {
         }
         if !auth.isConfigured, auth.projectID != nil || auth.issuer != nil || auth.audience != nil {
             throw ConfigError("auth: set jwks_file or x509_file (ID tokens) or database_secrets_file (custom tokens): nothing is verified without them")
+        }
+        var providerIDs: Set<String> = []
+        var uidPrefixes: Set<String> = []
+        for provider in auth.oidcProviders {
+            guard OIDCProviderSettings.isValidID(provider.id) else {
+                throw ConfigError(
+                    "auth.oidc_providers: id '\(provider.id)' must be 1 to 64 letters, digits, '.', '-' or '_' and not one of "
+                        + OIDCProviderSettings.reservedIDs.sorted().joined(separator: ", "))
+            }
+            guard providerIDs.insert(provider.id).inserted else { throw ConfigError("auth.oidc_providers: provider id '\(provider.id)' appears twice") }
+            let prefix = provider.effectiveUIDPrefix
+            guard OIDCProviderSettings.isValidUIDPrefix(prefix) else {
+                throw ConfigError("auth.oidc_providers (\(provider.id)): uid_prefix '\(prefix)' must be 1 to 64 letters, digits, '-' or '_'")
+            }
+            guard uidPrefixes.insert(prefix).inserted else {
+                throw ConfigError(
+                    "auth.oidc_providers (\(provider.id)): uid prefix '\(prefix)' is another provider's too; set uid_prefix so each provider's uids are its own")
+            }
+            guard !provider.issuer.isEmpty, !provider.audiences.isEmpty, provider.audiences.allSatisfy({ !$0.isEmpty }), !provider.keysFile.isEmpty else {
+                throw ConfigError("auth.oidc_providers (\(provider.id)): issuer, audience and keys_file must not be empty")
+            }
         }
         for project in [accounts.projectID] + accounts.projects where !StateMachine.isValidProject(project) {
             throw ConfigError("accounts project id '\(project)' must be 1 to 63 lowercase letters, digits or '-'")
@@ -610,6 +685,35 @@ extension NodeConfig {
         func map(_ v: Any, _ key: String) throws(ConfigError) -> [String: Any] {
             guard let m = v as? [String: Any] else { throw ConfigError("\(source): \(key) must be a mapping") }
             return m
+        }
+        /// One entry of `auth.oidc_providers`: `id`, `issuer`, `audience` (one client id or a
+        /// list), `keys_file`, optional `clock_skew_seconds`.
+        func oidcProvider(_ v: Any, _ key: String) throws(ConfigError) -> OIDCProviderSettings {
+            var id: String?, issuer: String?, audiences: [String] = [], keysFile: String?, skew: Int?, prefix: String?
+            for (k, value) in try map(v, key) {
+                switch k {
+                case "id": id = try string(value, "\(key).id")
+                case "issuer": issuer = try string(value, "\(key).issuer")
+                case "audience", "audiences":
+                    if let list = value as? [Any] {
+                        audiences = try list.map { (item) throws(ConfigError) in try string(item, "\(key).\(k)") }
+                    } else {
+                        audiences = [try string(value, "\(key).\(k)")]
+                    }
+                case "keys_file": keysFile = try string(value, "\(key).keys_file")
+                case "clock_skew_seconds": skew = try int(value, "\(key).clock_skew_seconds", 0...3_600)
+                case "uid_prefix": prefix = try string(value, "\(key).uid_prefix")
+                default: throw ConfigError("\(source): unknown key \(key).\(k)")
+                }
+            }
+            guard let id else { throw ConfigError("\(source): \(key) needs an id (the provider's name in uids, such as google.com)") }
+            let named = "\(key) (\(id))"
+            guard let issuer, !issuer.isEmpty else { throw ConfigError("\(source): \(named) needs an issuer (the iss its ID tokens carry)") }
+            guard !audiences.isEmpty, audiences.allSatisfy({ !$0.isEmpty }) else {
+                throw ConfigError("\(source): \(named) needs an audience: the client id (or a list of them) its ID tokens are issued to")
+            }
+            guard let keysFile, !keysFile.isEmpty else { throw ConfigError("\(source): \(named) needs a keys_file (a JWKS or a PEM public key)") }
+            return OIDCProviderSettings(id: id, issuer: issuer, audiences: audiences, keysFile: keysFile, clockSkewSeconds: skew, uidPrefix: prefix)
         }
     }
 }

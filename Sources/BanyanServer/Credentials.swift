@@ -118,11 +118,7 @@ extension NodeConfig {
     /// section configures none. Any unreadable or unusable file is a `ConfigError` naming it.
     func loadTokenVerifier() throws(ConfigError) -> TokenVerifier? {
         guard auth.isConfigured else { return nil }
-        func read(_ file: String, _ key: String) throws(ConfigError) -> [UInt8] {
-            guard let data = FileManager.default.contents(atPath: file) else { throw ConfigError("auth.\(key) \(file): cannot read the file") }
-            guard data.count <= 4 << 20 else { throw ConfigError("auth.\(key) \(file): larger than 4 MiB") }
-            return Array(data)
-        }
+        let read = Self.readKeyFile
         func parse<T>(_ file: String?, _ key: String, _ parse: ([UInt8]) throws(KeyFileError) -> [T]) throws(ConfigError) -> [T] {
             guard let file else { return [] }
             let bytes = try read(file, key)
@@ -142,5 +138,32 @@ extension NodeConfig {
         } catch {
             throw ConfigError("auth: \(error.message)")
         }
+    }
+
+    /// A key file of the `auth:` section (at most 4 MiB), or a `ConfigError` naming the setting
+    /// and the file.
+    static func readKeyFile(_ file: String, _ key: String) throws(ConfigError) -> [UInt8] {
+        guard let data = FileManager.default.contents(atPath: file) else { throw ConfigError("auth.\(key) \(file): cannot read the file") }
+        guard data.count <= 4 << 20 else { throw ConfigError("auth.\(key) \(file): larger than 4 MiB") }
+        return Array(data)
+    }
+
+    /// The OpenID Connect providers of `auth.oidc_providers` by id, their key files read now.
+    /// A file that cannot be read or holds no usable RSA key is a `ConfigError` naming the
+    /// provider and the file.
+    func loadOIDCProviders() throws(ConfigError) -> [String: OIDCProvider] {
+        var out: [String: OIDCProvider] = [:]
+        for (i, p) in auth.oidcProviders.enumerated() {
+            let key = "oidc_providers[\(i)].keys_file"
+            let bytes = try Self.readKeyFile(p.keysFile, key)
+            var settings = OIDCProvider.Settings(id: p.id, issuer: p.issuer, audiences: p.audiences, uidPrefix: p.effectiveUIDPrefix)
+            settings.clockSkew = Int64(p.clockSkewSeconds ?? auth.clockSkewSeconds) * 1000
+            do throws(KeyFileError) {
+                out[p.id] = try OIDCProvider(settings: settings, keys: bytes)
+            } catch {
+                throw ConfigError("auth.\(key) \(p.keysFile) (provider \(p.id)): \(error.message)")
+            }
+        }
+        return out
     }
 }

@@ -94,7 +94,7 @@ final class HTTPServer: Sendable {
 
     init(
         runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
-        verifier: TokenVerifier? = nil, tls: NodeTLS? = nil
+        verifier: TokenVerifier? = nil, tls: NodeTLS? = nil, identityProviders: [String: OIDCProvider] = [:]
     ) {
         self.tls = tls
         self.runtime = runtime
@@ -105,7 +105,8 @@ final class HTTPServer: Sendable {
         credentials.accountProjects = config.accounts.servedProjects
         credentials.skew = Int64(config.auth.clockSkewSeconds) * 1000
         self.credentials = credentials
-        self.accounts = AccountService(runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, logger: logger)
+        self.accounts = AccountService(
+            runtime: runtime, config: config, credentials: credentials, adminToken: adminToken, identityProviders: identityProviders, logger: logger)
         self.logger = logger
         self.registry = registry
         self.assembling = ByteBudget(limit: config.http.maxAssemblingBytes)

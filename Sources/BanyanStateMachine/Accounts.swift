@@ -27,10 +27,14 @@ public struct AccountRecord: Sendable, Equatable {
     /// The base64url secret this account's refresh tokens are signed with; replaced when the
     /// password changes or tokens are revoked, which ends every refresh token issued before.
     public var refreshKey: String
+    /// The identity provider's user this account is (`accounts:signInWithIdp`; the uid is
+    /// `<provider>:<id>`), with the profile its last sign-in brought.
+    public var federated: FederatedIdentity?
 
     public init(
         uid: String, email: String? = nil, passwordHash: String? = nil, displayName: String? = nil, claims: String? = nil, disabled: Bool = false,
-        emailVerified: Bool = false, provider: String, createdAt: Int64 = 0, lastSignInAt: Int64? = nil, validSince: Int64 = 0, refreshKey: String
+        emailVerified: Bool = false, provider: String, createdAt: Int64 = 0, lastSignInAt: Int64? = nil, validSince: Int64 = 0, refreshKey: String,
+        federated: FederatedIdentity? = nil
     ) {
         self.uid = uid
         self.email = email
@@ -44,6 +48,7 @@ public struct AccountRecord: Sendable, Equatable {
         self.lastSignInAt = lastSignInAt
         self.validSince = validSince
         self.refreshKey = refreshKey
+        self.federated = federated
     }
 
     public var json: JSONValue {
@@ -59,6 +64,7 @@ public struct AccountRecord: Sendable, Equatable {
         if let lastSignInAt { m.append(("lastSignInAt", .int(lastSignInAt))) }
         m.append(("validSince", .int(validSince)))
         m.append(("refreshKey", .string(refreshKey)))
+        if let federated { m.append(("federated", federated.json)) }
         return .object(m)
     }
 
@@ -72,7 +78,61 @@ public struct AccountRecord: Sendable, Equatable {
         self.init(
             uid: uid, email: string("email"), passwordHash: string("passwordHash"), displayName: string("displayName"), claims: string("claims"),
             disabled: bool("disabled"), emailVerified: bool("emailVerified"), provider: provider, createdAt: int("createdAt") ?? 0,
-            lastSignInAt: int("lastSignInAt"), validSince: int("validSince") ?? 0, refreshKey: refreshKey)
+            lastSignInAt: int("lastSignInAt"), validSince: int("validSince") ?? 0, refreshKey: refreshKey,
+            federated: v["federated"].flatMap(FederatedIdentity.init(json:)))
+    }
+
+    /// The email the account presents: its own, else its identity provider's (which is not in
+    /// the email index: it is not unique, and no password sign-in or reset finds it).
+    public var profileEmail: String? { email ?? federated?.email }
+    /// Whether `profileEmail` is verified.
+    public var profileEmailVerified: Bool { email != nil ? emailVerified : federated?.emailVerified ?? false }
+    /// The display name the account presents: its own, else its identity provider's.
+    public var profileDisplayName: String? { displayName ?? federated?.displayName }
+}
+
+/// A user at an identity provider, as an account made by `accounts:signInWithIdp` records it:
+/// the provider's id and the user's id there (`sub`), and the profile claims of the provider's
+/// last token (email, its verification, name, picture).
+public struct FederatedIdentity: Sendable, Equatable {
+    public var providerID: String
+    /// The user's id at the provider (`sub`).
+    public var rawID: String
+    /// The provider's name for the user: its issuer and `rawID` (`https://accounts.google.com/<sub>`).
+    public var federatedID: String
+    public var email: String?
+    public var emailVerified: Bool
+    public var displayName: String?
+    public var photoURL: String?
+
+    public init(
+        providerID: String, rawID: String, federatedID: String? = nil, email: String? = nil, emailVerified: Bool = false, displayName: String? = nil,
+        photoURL: String? = nil
+    ) {
+        self.providerID = providerID
+        self.rawID = rawID
+        self.federatedID = federatedID ?? rawID
+        self.email = email
+        self.emailVerified = emailVerified
+        self.displayName = displayName
+        self.photoURL = photoURL
+    }
+
+    var json: JSONValue {
+        var m: [(String, JSONValue)] = [("providerId", .string(providerID)), ("rawId", .string(rawID)), ("federatedId", .string(federatedID))]
+        if let email { m.append(("email", .string(email))) }
+        m.append(("emailVerified", .bool(emailVerified)))
+        if let displayName { m.append(("displayName", .string(displayName))) }
+        if let photoURL { m.append(("photoUrl", .string(photoURL))) }
+        return .object(m)
+    }
+
+    init?(json v: JSONValue) {
+        guard case .string(let provider)? = v["providerId"], case .string(let raw)? = v["rawId"] else { return nil }
+        func string(_ k: String) -> String? { if case .string(let s)? = v[k] { return s } else { return nil } }
+        self.init(
+            providerID: provider, rawID: raw, federatedID: string("federatedId"), email: string("email"), emailVerified: v["emailVerified"] == .bool(true), displayName: string("displayName"),
+            photoURL: string("photoUrl"))
     }
 }
 
@@ -203,7 +263,9 @@ public enum AccountOp: Sendable, Equatable {
     case delete(uids: [String])
     /// Records a sign-in (`lastSignInAt`): refused with `USER_NOT_FOUND`, `USER_DISABLED`, or
     /// `INVALID_PASSWORD` when the password changed since the proposer checked `passwordHash`.
-    /// With `createIfAbsent`, a missing account is made from it (custom-token sign-in).
+    /// With `createIfAbsent`, a missing account is made from it (custom-token and identity
+    /// provider sign-in); when it carries a `federated` identity, an existing account's is
+    /// replaced by it (the provider's profile as of this sign-in).
     case signIn(uid: String, passwordHash: String?, createIfAbsent: AccountRecord?)
     /// Installs a signing key. `rotate`: the current key becomes the previous one, accepted for
     /// `retainMilliseconds` more. Not rotating: installs it only when the project has none
@@ -493,6 +555,7 @@ extension StateMachine {
                 var record: AccountRecord
                 if let existing = store().user(uid) {
                     record = existing
+                    if let identity = create?.federated, create?.uid == uid { record.federated = identity }
                 } else if var fresh = create, fresh.uid == uid {
                     if let email = fresh.email, taken(email, by: uid) { return refuse(.emailExists) }
                     fresh.createdAt = now

@@ -28,6 +28,39 @@ import Testing
 
     static func refusal(_ applied: StateMachine.Applied?) -> AccountRefusal? { applied.flatMap { AccountRefusal($0.outcome) } }
 
+    /// The record an identity-provider sign-in proposes for `google:<sub>`.
+    static func federated(_ sub: String, name: String?, email: String? = "ada@example.com") -> AccountRecord {
+        let identity = FederatedIdentity(
+            providerID: "google.com", rawID: sub, federatedID: "https://accounts.google.com/" + sub, email: email, emailVerified: true, displayName: name,
+            photoURL: "https://p.example/a.png")
+        return AccountRecord(uid: "google:" + sub, provider: "google.com", refreshKey: "rk-" + sub, federated: identity)
+    }
+
+    @Test("identity-provider sign-in: the first makes the account with its profile (its email not indexed), a later one replaces the profile, a disabled account is refused unchanged")
+    func federatedSignIn() throws {
+        var log = Log()
+        #expect(log.apply(.create(Self.record("pw", email: "ada@example.com")))?.outcome == .ok)
+        let first = log.apply(.signIn(uid: "google:1", passwordHash: nil, createIfAbsent: Self.federated("1", name: "Ada")), at: 2_000_000)
+        #expect(first?.outcome == .ok)
+        let made = try #require(log.store().user("google:1"))
+        #expect(made.createdAt == 2_000_000 && made.lastSignInAt == 2_000_000 && made.email == nil && made.federated?.displayName == "Ada")
+        #expect(made.profileEmail == "ada@example.com" && made.profileEmailVerified && made.profileDisplayName == "Ada")
+        #expect(log.store().uid(forEmail: "ada@example.com") == "pw", "the provider's email does not take the index")
+        #expect(AccountRecord(json: made.json) == made)
+
+        #expect(log.apply(.signIn(uid: "google:1", passwordHash: nil, createIfAbsent: Self.federated("1", name: "Ada L", email: nil)), at: 3_000_000)?.outcome == .ok)
+        let again = try #require(log.store().user("google:1"))
+        #expect(again.createdAt == 2_000_000 && again.lastSignInAt == 3_000_000 && again.federated?.displayName == "Ada L" && again.profileEmail == nil)
+        #expect(log.store().count == 2)
+
+        var disable = AccountChanges()
+        disable.disabled = true
+        #expect(log.apply(.update(uid: "google:1", disable))?.outcome == .ok)
+        let before = log.store().user("google:1")
+        #expect(Self.refusal(log.apply(.signIn(uid: "google:1", passwordHash: nil, createIfAbsent: Self.federated("1", name: "Eve")), at: 4_000_000)) == .userDisabled)
+        #expect(log.store().user("google:1") == before)
+    }
+
     @Test("every account command survives the log's codec (version 7, kind 11)")
     func codec() throws {
         var changes = AccountChanges()
@@ -42,6 +75,7 @@ import Testing
             .create(Self.record("u1", email: "x@y.z")), .update(uid: "u1", changes), .delete(uids: ["a", "b.c/$"]),
             .signIn(uid: "u1", passwordHash: "h", createIfAbsent: Self.record("u1", hash: nil)), .signIn(uid: "u2", passwordHash: nil, createIfAbsent: nil),
             .installKey(SigningKey(id: "banyan-1", secret: "c2VjcmV0"), rotate: true, retainMilliseconds: 3_900_000),
+            .signIn(uid: "google:1", passwordHash: nil, createIfAbsent: Self.federated("1", name: "Ada")),
         ]
         for op in ops {
             let envelope = CommandEnvelope(namespace: "demo", session: 3, seq: 4, timestamp: 5, command: .account(op))
