@@ -80,7 +80,7 @@ struct BackupTake: ParsableCommand {
     /// then reads it back to verify it.
     private func download(from source: String, to path: String) throws -> String {
         let partial = path + ".partial"
-        FileManager.default.createFile(atPath: partial, contents: nil)
+        FileManager.default.createFile(atPath: partial, contents: nil, attributes: [.posixPermissions: 0o600])
         guard let handle = FileHandle(forWritingAtPath: partial) else { throw CommandError("cannot create \(partial)") }
         let started = Date()
         let receiving = ProgressMeter()
@@ -129,7 +129,7 @@ struct BackupTake: ParsableCommand {
     /// after it, saying which points in time the archive can no longer restore; with
     /// `--no-new-base` the command stops instead.
     private func followLog() throws {
-        try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         let archive = ArchiveDirectory(out)
         // `archived`: the last entry in the archive's files; `last`: where archiving continues
         // (a base backup newer than the files moves it on, and the next entries start a new file).

@@ -320,6 +320,9 @@ public struct ArchiveDirectory {
     public let directory: String
     /// A file is closed and the next one started past this size.
     public static let maxFileBytes = 64 << 20
+    /// Archive files hold everything the log held (password hashes, refresh and signing keys
+    /// included) and are not encrypted: readable by their owner only, whatever the umask.
+    static var privateFile: [FileAttributeKey: Any] { [.posixPermissions: 0o600] }
 
     public init(_ directory: String) {
         self.directory = directory
@@ -432,7 +435,7 @@ public struct ArchiveDirectory {
         var bytes: [UInt8] = target == nil ? ArchivedEntry.fileMagic : []
         for e in entries { e.append(to: &bytes) }
         let writing = target == nil ? path + ".tmp" : path
-        if target == nil { fm.createFile(atPath: writing, contents: nil) }
+        if target == nil { fm.createFile(atPath: writing, contents: nil, attributes: Self.privateFile) }
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: writing))
         defer { try? handle.close() }
         try handle.seekToEnd()
@@ -469,7 +472,7 @@ public struct ArchiveDirectory {
     func recordEnd(_ index: UInt64) throws {
         let path = directory + "/" + Self.endFile
         let temporary = path + ".tmp"
-        _ = FileManager.default.createFile(atPath: temporary, contents: nil)
+        _ = FileManager.default.createFile(atPath: temporary, contents: nil, attributes: Self.privateFile)
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: temporary))
         try handle.write(contentsOf: Data("\(index)\n".utf8))
         try handle.synchronize()
@@ -496,7 +499,7 @@ public struct ArchiveDirectory {
     public func recordCluster(_ id: String) throws {
         let path = directory + "/" + Self.clusterFile
         let temporary = path + ".tmp"
-        _ = FileManager.default.createFile(atPath: temporary, contents: nil)
+        _ = FileManager.default.createFile(atPath: temporary, contents: nil, attributes: Self.privateFile)
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: temporary))
         try handle.write(contentsOf: Data((id + "\n").utf8))
         try handle.synchronize()

@@ -143,6 +143,22 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: dir + "/d"))
     }
 
+    /// Archives hold what the log held (password hashes, refresh and signing keys) unencrypted:
+    /// their files are the owner's alone whatever the umask (022 here, which left them 0644).
+    @Test func archiveFilesArePrivate() throws {
+        let (dir, _, archive) = try setUp("modes")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try ArchiveDirectory(archive).recordEnd(50)
+        try ArchiveDirectory(archive).recordCluster("c1")
+        try ArchiveDirectory(archive).append((51...52).map(Self.entry), continuing: 50)
+        let names = try FileManager.default.contentsOfDirectory(atPath: archive)
+        #expect(names.count >= 3)
+        for name in names {
+            let mode = try #require(try FileManager.default.attributesOfItem(atPath: archive + "/" + name)[.posixPermissions] as? Int)
+            #expect(mode & 0o077 == 0, "\(name) has mode \(String(mode, radix: 8))")
+        }
+    }
+
     @Test func anInterruptedAppendIsCutOnResume() throws {
         let (_, _, archive) = try setUp("resume")
         let a = ArchiveDirectory(archive)
