@@ -36,6 +36,8 @@ struct ClusterTest: AsyncParsableCommand {
 
     @Option(name: .long, help: "Attacks the hostile scenario leaves out (comma-separated): \(HostileAttack.allCases.map(\.rawValue).joined(separator: ",")).")
     var hostileSkip: String = ""
+    @Option(name: .long, help: "Configuration YAML appended to every node's file, for experiments (e.g. $'raft:\\n  snapshot_log_bytes: 0'); a section the scenario sets too must not be repeated.")
+    var extraConfig: String = ""
 
     @Flag(name: .long, help: "Checker self-test: the workload's reads skip ReadIndex (consistency=stale); the run must then fail.")
     var sabotageStaleReads = false
@@ -107,7 +109,7 @@ struct ClusterTest: AsyncParsableCommand {
             scenario == .hostile
             ? Self.hostileSettings
             : "raft:\n  snapshot_entries: \(snapshotEntries)\nhttp:\n  request_read_timeout_s: 2\n  max_connections: 3000\n  max_connections_per_client: 3000\n  max_body_bytes: 1048576\n\(storage)"
-        try settings.write(toFile: config, atomically: true, encoding: .utf8)
+        try (settings + (extraConfig.isEmpty ? "" : "\n" + extraConfig + "\n")).write(toFile: config, atomically: true, encoding: .utf8)
         cluster.extraArguments = ["--config", config]
         for id: UInt64 in [1, 2, 3] { try cluster.start(id) }
         let first = try await cluster.waitForLeader(timeout: 30)

@@ -42,7 +42,7 @@ public struct ReplicaConfiguration: Sendable {
     /// many as the last snapshot image if that is larger (a snapshot then costs at most about
     /// what the log it replaces cost to write, and the log held in memory stays near the
     /// larger of the two: docs/replica.md, "Snapshots by bytes"). 0: by entries only.
-    public var snapshotLogBytes: UInt64 = 64 << 20
+    public var snapshotLogBytes: UInt64 = 1 << 30
     /// While the leader streams its snapshot to a live follower, a new snapshot waits (it would
     /// restart the stream from the first byte, and a follower whose transfer takes longer than
     /// `snapshotEntries` writes would never catch up), until this many times `snapshotEntries`

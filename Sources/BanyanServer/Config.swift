@@ -120,7 +120,7 @@ public struct NodeConfig: Sendable, Equatable {
         public var snapshotEntries: UInt64 = 100_000
         /// A snapshot is also taken once the entries applied since the last one carry this many
         /// payload bytes (or the last snapshot file's size, if larger); 0: by entries only.
-        public var snapshotLogBytes: UInt64 = 64 << 20
+        public var snapshotLogBytes: UInt64 = 1 << 30
         public var requestTimeoutMilliseconds: Int = 8_000
         /// Under load the leader starts a replication round (an append to each follower and an
         /// fsync on every node) at most once per this many microseconds; 0 starts one as soon as

@@ -114,7 +114,7 @@ func waitingNodeConfig(_ dir: String) -> NodeConfig {
         #expect(c.raft.tickMilliseconds == 50 && c.raft.electionTicks == 12 && c.http.maxBodyBytes == 1 << 20 && c.http.maxAssemblingBytes == 32 << 20
             && c.http.maxQueuedAnswerBytes == 8 << 20)
         #expect(c.raft.roundIntervalMicroseconds == 0 && NodeConfig().raft.roundIntervalMicroseconds == 800)
-        #expect(c.raft.snapshotLogBytes == 128 << 20 && NodeConfig().raft.snapshotLogBytes == 64 << 20)
+        #expect(c.raft.snapshotLogBytes == 128 << 20 && NodeConfig().raft.snapshotLogBytes == 1 << 30)
         #expect(try NodeConfig.parse(yaml: "raft:\n  snapshot_log_bytes: 0").raft.snapshotLogBytes == 0)
         // One thread for the whole node on one or two cores; otherwise one per core, at most 4.
         #expect([1, 2, 3, 4, 8, 64].map(NodeConfig.defaultThreads(cores:)) == [1, 1, 3, 4, 4, 4])
