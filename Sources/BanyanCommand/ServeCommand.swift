@@ -142,6 +142,7 @@ struct Serve: ParsableCommand {
 
     func run() throws {
         let config = try options.validatedConfig()
+        ProcessMemory.returnLargeBuffers()
         guard let level = Logger.Level(rawValue: config.logLevel) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }

@@ -133,3 +133,12 @@ import Testing
         #expect(!fs.exists("/node/raft/space-check"))
     }
 }
+
+/// `banyan serve` fixes glibc's mmap threshold so large freed buffers return to the system
+/// (docs/operations.md, "Memory"): the call must find `mallopt` and have it accept the setting.
+@Suite struct ProcessMemoryTests {
+    @Test func fixesTheThreshold() {
+        guard ProcessInfo.processInfo.environment["MALLOC_MMAP_THRESHOLD_"] == nil else { return }
+        #expect(ProcessMemory.returnLargeBuffers())
+    }
+}
