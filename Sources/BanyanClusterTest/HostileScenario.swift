@@ -53,9 +53,10 @@ extension ClusterTest {
     /// The workload's p99 latency under attack must stay below this (issue 18).
     static let p99Bound = 0.050
     /// Memory per node (RSS), by the model of docs/operations.md ("Memory"): a node holds its
-    /// state, and the log since its last snapshot with the entries' payload (with the default
-    /// 100,000 entries between snapshots, none is taken during the attack, so every attack
-    /// write sent stays in memory: `payload` below, the bytes of the write bodies sent). On top
+    /// state, and the log since its last snapshot with the entries' payload (with the defaults,
+    /// 100,000 entries or 1 GiB of payload between snapshots, none is taken during the attack, so
+    /// every attack write sent stays in memory: `payload` below, the bytes of the write bodies
+    /// sent). On top
     /// of that payload the peak may grow by this much: the attack's state (about 95 MiB of
     /// JSON: four 14.9 MiB objects, two 16 MiB updates, the 4 MiB read target) as trees,
     /// bodies being read (six writers, 16 MiB each), answers queued for the pipelining
