@@ -1025,8 +1025,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             // The head a stream would start with, and no stream.
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: Self.streamHeaders, body: []))
         case .stream:
-            // Judged at the start, on this loop's copy of the tree (docs/rules.md: a stream whose
-            // rules change later is not cancelled yet).
+            // Judged at the start, on this loop's copy of the tree; judged again when the rules
+            // change (`StreamState.judge`: a stream no longer allowed gets `cancel` and ends).
             if case .administrator(nil) = identity {
                 startStream(context: context, head: head, request: request, stale: stale)
             } else if rules(request.namespace) == nil || server.hub(for: context.eventLoop).tree(request.namespace) != nil {
