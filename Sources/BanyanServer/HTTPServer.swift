@@ -213,11 +213,20 @@ final class HTTPServer: Sendable {
         if let provider = ch as? any SocketOptionProvider, Self.dropNewConnections(provider) {
             let deadline = ContinuousClock.now + within
             var drained = false
+            // Handshakes under way when the filter went on complete (their last ACK passes) and
+            // join the queue a moment later: the queue must be found empty twice, 20 ms apart.
+            var emptySince: ContinuousClock.Instant?
             while ContinuousClock.now < deadline {
                 guard let info = try? provider.getTCPInfo().wait() else { break }
                 if info.tcpi_unacked == 0 {
-                    drained = true
-                    break
+                    let now = ContinuousClock.now
+                    if let since = emptySince, now - since >= .milliseconds(20) {
+                        drained = true
+                        break
+                    }
+                    if emptySince == nil { emptySince = now }
+                } else {
+                    emptySince = nil
                 }
                 Thread.sleep(forTimeInterval: 0.002)
             }
@@ -226,17 +235,34 @@ final class HTTPServer: Sendable {
         try? ch.close().wait()
     }
 
-    /// Attaches a classic BPF program that drops every packet to the listening socket (one
-    /// instruction, `ret #0`): no new connection completes; those already queued stay.
+    /// Attaches a classic BPF program to the listening socket that drops new connection requests
+    /// (TCP segments with SYN and without ACK) and passes everything else: no new connection
+    /// starts, and a handshake already under way completes (its last ACK passes) and joins the
+    /// queue, to be accepted and answered. (Dropping every segment, as this did first, left such
+    /// handshakes half done; their clients' requests were reset when the listener closed: one
+    /// in a CI run under load.) The filter sees the segment from its TCP header on, so byte 13
+    /// holds the flags.
     static func dropNewConnections(_ provider: any SocketOptionProvider) -> Bool {
         #if os(Linux)
-        // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k } = BPF_RET | BPF_K (0x06), k = 0.
-        let instruction = UnsafeMutableRawPointer.allocate(byteCount: 8, alignment: 8)
-        defer { instruction.deallocate() }
-        instruction.initializeMemory(as: UInt8.self, repeating: 0, count: 8)
-        instruction.storeBytes(of: UInt16(0x06).littleEndian, as: UInt16.self)
+        // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k }; jumps count from the next one.
+        let instructions: [(code: UInt16, jt: UInt8, jf: UInt8, k: UInt32)] = [
+            (0x30, 0, 0, 13),  // ldb [13]: A = the TCP flags
+            (0x45, 0, 2, 0x02),  // jset #SYN: no → accept
+            (0x45, 1, 0, 0x10),  // jset #ACK: yes (a handshake's second step) → accept
+            (0x06, 0, 0, 0),  // ret #0: drop
+            (0x06, 0, 0, 0xFFFF_FFFF),  // ret #-1: accept
+        ]
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: 8 * instructions.count, alignment: 8)
+        defer { bytes.deallocate() }
+        for (i, instruction) in instructions.enumerated() {
+            let at = bytes + 8 * i
+            at.storeBytes(of: instruction.code.littleEndian, as: UInt16.self)
+            at.storeBytes(of: instruction.jt, toByteOffset: 2, as: UInt8.self)
+            at.storeBytes(of: instruction.jf, toByteOffset: 3, as: UInt8.self)
+            at.storeBytes(of: instruction.k.littleEndian, toByteOffset: 4, as: UInt32.self)
+        }
         // struct sock_fprog { unsigned short len; struct sock_filter *filter }.
-        let program = SocketFilterProgram(length: 1, filter: instruction)
+        let program = SocketFilterProgram(length: UInt16(instructions.count), filter: bytes)
         do {
             try provider.unsafeSetSocketOption(
                 level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(26 /* SO_ATTACH_FILTER */), value: program

@@ -2,11 +2,45 @@ import Synchronization
 @testable import BanyanServer
 import Foundation
 import Logging
+import NIOCore
+import NIOPosix
 import Testing
 
 /// `BanyanNode.stop(grace:)`, what `banyan serve` does on SIGTERM (docs/server.md, "Stopping"):
 /// the client port stops accepting, and a request already being read is still answered.
 @Suite struct GracefulStopTests {
+    /// The stop filter drops connection requests (SYN without ACK) and nothing else: a new
+    /// connection cannot start, and one made before it goes on.
+    @Test func filterDropsOnlyNewConnections() throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { try? group.syncShutdownGracefully() }
+        let listener = try ServerBootstrap(group: group)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .bind(host: "127.0.0.1", port: 0).wait()
+        defer { try? listener.close().wait() }
+        let port = try #require(listener.localAddress?.port)
+        let before = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000)
+        defer { close(before) }
+        #expect(HTTPServer.dropNewConnections(try #require(listener as? any SocketOptionProvider)))
+        // A connect now gets no answer to its SYN: it times out (SO_SNDTIMEO bounds it).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var tv = timeval(tv_sec: 0, tv_usec: 500_000)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        let error = errno
+        #expect(connected != 0 && (error == EINPROGRESS || error == ETIMEDOUT || error == EAGAIN), "connect: \(connected), errno \(error)")
+        // The connection made before still carries data.
+        let sent = "x".withCString { send(before, $0, 1, Int32(MSG_NOSIGNAL)) }
+        #expect(sent == 1)
+    }
+
     /// Written by the stopping thread before it signals, read after the wait.
     final class Outcome: @unchecked Sendable { var cut: Int? }
 
