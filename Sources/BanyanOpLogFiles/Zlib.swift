@@ -11,6 +11,8 @@ final class ZlibStream {
     private let stream: UnsafeMutablePointer<z_stream>
     private let mode: Mode
     private var finished = false
+    /// zlib accepted the stream (its end must then be called once).
+    private var started = false
 
     init(_ mode: Mode) throws(OpLogError) {
         self.mode = mode
@@ -25,17 +27,18 @@ final class ZlibStream {
             // against the CRC32C in the snapshot's trailer, which is stronger.
             if rc == Z_OK { _ = inflateValidate(stream, 0) }
         }
-        guard rc == Z_OK else {
-            stream.deinitialize(count: 1)
-            stream.deallocate()
-            throw OpLogError(.io, "zlib initialisation failed (code \(rc))")
-        }
+        // A class whose initialiser throws once every stored property is set is released like
+        // any other instance, so `deinit` frees the stream: freeing it here too would free it twice.
+        guard rc == Z_OK else { throw OpLogError(.io, "zlib initialisation failed (code \(rc))") }
+        started = true
     }
 
     deinit {
-        switch mode {
-        case .compress: deflateEnd(stream)
-        case .decompress: inflateEnd(stream)
+        if started {
+            switch mode {
+            case .compress: deflateEnd(stream)
+            case .decompress: inflateEnd(stream)
+            }
         }
         stream.deinitialize(count: 1)
         stream.deallocate()
