@@ -108,5 +108,21 @@ extension BanyanBench {
             print("  set of a record at /bench/c7/k<n>, \(traced ? "with the decision's trace" : "no trace"): \(format(us)) µs")
         }
         if allowed != n { print("  (some writes were denied: \(n - allowed) of \(n))") }
+        // What judging adds besides the decision: the proposed tree is built beside the current one
+        // (its path copied) instead of the write going into the only copy.
+        var m = 0
+        var kept = tree
+        let beside = microseconds(20_000) {
+            let (path, _) = writes[m & 255]
+            m += 1
+            kept = tree.setting(Tree(.int(Int64(m))), at: path.appending(ChildKey(unchecked: "i")))
+        }
+        var inPlace = tree
+        let alone = microseconds(20_000) {
+            let (path, _) = writes[m & 255]
+            m += 1
+            inPlace.set(Tree(.int(Int64(m))), at: path.appending(ChildKey(unchecked: "i")))
+        }
+        print("  the write applied beside the current tree: \(format(beside)) µs; in place: \(format(alone)) µs (\(kept.isEmpty || inPlace.isEmpty ? "?" : "64 × 200 records"))")
     }
 }
