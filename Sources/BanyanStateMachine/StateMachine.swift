@@ -437,6 +437,24 @@ public struct StateMachine: Sendable {
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try PreparedCommand.node(
                 prepared, 0, json, at: location.path, context: ServerValueContext(timestamp: timestamp, existing: tree))
+            if let judge, !location.isPriority, let parent = location.path.parent, !judge.rules.writesReadCurrentData, !node.isEmpty,
+                tree.child(at: parent).hasChildren
+            {
+                // Rules that never read the data before the write, and a write that changes only
+                // the entry at its location (a value, under a parent that has children, so no
+                // parent is created, pruned or turned from a leaf into children): judged on the
+                // tree changed in place, which a denial restores by putting the old entry back,
+                // exactly. No copy of the path is made.
+                let old = tree.child(at: location.path)
+                try tree.apply(set: node, at: location, readHere: true)
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: tree, traced: false) }) {
+                    tree.set(old, at: location.path)
+                    return denied
+                }
+                written = [location.path]
+                value = node
+                return .ok
+            }
             if let judge, !location.isPriority {
                 // Judged on the tree after the write, which then becomes the tree: applied once.
                 var next = tree
