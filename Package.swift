@@ -270,7 +270,9 @@ let package = Package(
             name: "BanyanBench",
             dependencies: [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation",
-                "BanyanStateMachine", "BanyanAuth",
+                "BanyanStateMachine", "BanyanAuth", "BanyanRules", "BanyanREST",
+                // `tokens` signs the RS256 ID token it verifies.
+                .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: strictSettings
         ),

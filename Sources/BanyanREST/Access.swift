@@ -38,9 +38,10 @@ public enum Access {
     /// verifies tokens (docs/security.md): it answers a user, an administrator (a database secret,
     /// a custom token with `admin`), or a refusal with the reason. Without `verify`, other tokens
     /// count as signed out while unauthenticated access is allowed, and are refused otherwise.
+    /// `unsignedAuth` reads an unsigned token (`unsignedTokenAuth`, or a cache of its answers).
     public static func identity(
         _ authorization: RESTRequest.Authorization, override: String?, acceptOwnerToken: Bool, developmentTokens: Bool,
-        verify: ((String) -> ClientIdentity)? = nil
+        unsignedAuth: (String) -> [UInt8]? = unsignedTokenAuth, verify: ((String) -> ClientIdentity)? = nil
     ) -> ClientIdentity {
         func administrator() -> ClientIdentity {
             guard let override else { return .administrator(override: nil) }
@@ -57,7 +58,7 @@ public enum Access {
         case .owner, .other:
             let token: String
             if case .other(let t) = authorization { token = t } else { token = "owner" }
-            if developmentTokens, let json = unsignedTokenAuth(token) { return .client(.user(json: json)) }
+            if developmentTokens, let json = unsignedAuth(token) { return .client(.user(json: json)) }
             if let verify, case .other = authorization {
                 let verified = verify(token)
                 if case .administrator = verified { return administrator() }

@@ -69,6 +69,9 @@ extension Evaluator {
     }
 
     func childPath(_ text: String) throws(EvaluationFailure) -> Path {
+        // The usual argument, one valid key ('c', 'i'): the path `Path(parsing:)` would make, without
+        // splitting the text and copying it again.
+        if !text.utf8.contains(UInt8(ascii: "/")), let key = ChildKey(validKey: text) { return Path(segments: [key]) }
         guard let path = try? Path(parsing: text) else { throw .error("invalid child path '\(ChildKey.printable(text))'") }
         guard !path.isRoot else { throw .error("a child path must not be empty") }
         return path

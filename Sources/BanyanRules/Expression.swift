@@ -39,6 +39,19 @@ public struct Expression: Sendable {
     let kind: Kind
     /// Scalar offset in the rules document.
     let offset: Int
+
+    /// Whether the expression names `data` or `root` anywhere (the tree before a write).
+    var readsCurrentData: Bool {
+        switch kind {
+        case .variable(let v): return v == .data || v == .root
+        case .null, .bool, .number, .string, .regex, .capture: return false
+        case .array(let items): return items.contains { $0.readsCurrentData }
+        case .member(let base, _), .unary(_, let base): return base.readsCurrentData
+        case .index(let base, let index), .binary(_, let base, let index): return base.readsCurrentData || index.readsCurrentData
+        case .call(let base, _, let arguments): return base.readsCurrentData || arguments.contains { $0.readsCurrentData }
+        case .conditional(let a, let b, let c): return a.readsCurrentData || b.readsCurrentData || c.readsCurrentData
+        }
+    }
 }
 
 /// A token of the expression language.

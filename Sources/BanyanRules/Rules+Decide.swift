@@ -119,19 +119,20 @@ extension Rules {
     // MARK: Writes
 
     /// Whether `set(value)` at `path` is allowed (a `.priority` path sets only the priority).
-    public func decideSet(_ value: Tree, at path: WritePath, context: RulesRequestContext, tree: Tree) -> Decision {
+    /// `traced`: whether the decision lists every rule evaluated (see `decideWrite`).
+    public func decideSet(_ value: Tree, at path: WritePath, context: RulesRequestContext, tree: Tree, traced: Bool = true) -> Decision {
         var proposed = tree
         do {
             try proposed.apply(set: value, at: path)
         } catch {
             return Decision(allowed: false, reason: .invalidWrite(error.message), rule: nil, location: path.path, trace: [])
         }
-        return decideWrite(targets: [path.path], context: context, current: tree, proposed: proposed)
+        return decideWrite(targets: [path.path], context: context, current: tree, proposed: proposed, traced: traced)
     }
 
     /// Whether a multi-path update at `location` is allowed: every entry's path must be allowed,
     /// each judged with `newData` taken from the tree after the whole update.
-    public func decideUpdate(_ entries: [UpdateEntry], at location: Path, context: RulesRequestContext, tree: Tree) -> Decision {
+    public func decideUpdate(_ entries: [UpdateEntry], at location: Path, context: RulesRequestContext, tree: Tree, traced: Bool = true) -> Decision {
         var proposed = tree
         do {
             try proposed.apply(update: entries, at: location)
@@ -139,7 +140,7 @@ extension Rules {
             return Decision(allowed: false, reason: .invalidWrite(error.message), rule: nil, location: location, trace: [])
         }
         let targets = entries.map { location.appending($0.path.path) }
-        return decideWrite(targets: targets, context: context, current: tree, proposed: proposed)
+        return decideWrite(targets: targets, context: context, current: tree, proposed: proposed, traced: traced)
     }
 
     /// The write judgement shared by set and update.
@@ -150,8 +151,11 @@ extension Rules {
     ///    ancestor of a target (its data changes too) and at every location of the written data.
     ///    `.validate` does not cascade and is skipped where the proposed data is null, so a
     ///    deletion is judged by `.write` (and by the validation of the ancestors that remain).
-    public func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree) -> Decision {
-        var run = WriteRun(rules: self, context: context, current: current, proposed: proposed)
+    ///
+    /// `traced` false leaves the decision's `trace` empty (the state machine, which reports only
+    /// the verdict and its `description`, does not pay for it); nothing else differs.
+    public func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree, traced: Bool = true) -> Decision {
+        var run = WriteRun(rules: self, context: context, current: current, proposed: proposed, traced: traced)
         var grants: [(RuleReference, Path)] = []
         for target in targets {
             switch run.grantWrite(target) {
@@ -172,13 +176,16 @@ struct WriteRun {
     let current: Tree
     let proposed: Tree
     var evaluator: Evaluator
+    /// Whether `trace` is kept.
+    let traced: Bool
     var trace: [RuleEvaluation] = []
 
-    init(rules: Rules, context: RulesRequestContext, current: Tree, proposed: Tree) {
+    init(rules: Rules, context: RulesRequestContext, current: Tree, proposed: Tree, traced: Bool = true) {
         self.rules = rules
         self.context = context
         self.current = current
         self.proposed = proposed
+        self.traced = traced
         self.evaluator = Evaluator(budget: rules.limits.evaluationBudget)
     }
 
@@ -197,7 +204,7 @@ struct WriteRun {
     mutating func run(_ rule: Rule, at location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Result<Bool, Denial> {
         do throws(EvaluationFailure) {
             let result = try evaluator.evaluate(rule, in: scope(location, captures, proposedNode: proposedNode))
-            trace.append(RuleEvaluation(rule: rule.reference, location: location, result: result))
+            if traced { trace.append(RuleEvaluation(rule: rule.reference, location: location, result: result)) }
             if case .success(true) = result { return .success(true) }
             return .success(false)
         } catch {

@@ -13,6 +13,24 @@ public struct Rules: Sendable {
     public let limits: RulesLimits
     /// The document as it was written, comments included (what `GET /.settings/rules.json` returns).
     public let text: String
+    /// Whether some `.write` or `.validate` reads the data as it is before the write (`data` or
+    /// `root`). When none does, a write's decision depends only on the tree after it: the state
+    /// machine then judges a set on the tree it has changed in place (no copy of the old one).
+    public let writesReadCurrentData: Bool
+
+    init(root: RuleNode, limits: RulesLimits, text: String) {
+        self.root = root
+        self.limits = limits
+        self.text = text
+        self.writesReadCurrentData = Self.writesReadCurrentData(root)
+    }
+
+    static func writesReadCurrentData(_ node: RuleNode) -> Bool {
+        for rule in [node.write, node.validate] {
+            if case .expression(let e)? = rule?.body, e.readsCurrentData { return true }
+        }
+        return node.named.values.contains { writesReadCurrentData($0) } || node.wildcardNode.contains { writesReadCurrentData($0) }
+    }
 
     /// Parses and checks a rules document (`{"rules": {...}}`, comments allowed).
     public static func parse(_ text: String, limits: RulesLimits = .standard) throws(RulesError) -> Rules {

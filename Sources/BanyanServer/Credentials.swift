@@ -3,6 +3,7 @@ import BanyanREST
 import BanyanStateMachine
 import BanyanTree
 import Foundation
+import Synchronization
 
 /// How this node turns the credentials a client presents into who it is (docs/security.md):
 /// the development credentials as `development` allows, and signed tokens through `verifier`
@@ -20,9 +21,42 @@ struct Credentials: Sendable {
     /// The clock skew allowed on the account service's tokens (`auth.clock_skew_seconds`).
     var skew: Int64 = 5 * 60 * 1000
 
+    /// Tokens verified before, shared by every copy of these credentials (`CredentialCache`).
+    var cache = CredentialCache()
+
     /// Verifies an account-service ID token (a `kid` of the cluster's).
     func verifyAccountToken(_ token: String, now: Int64) -> Result<VerifiedToken, TokenError> {
-        AccountTokens.verifyIDToken(token, key: { accountKey($0, now) }, projects: accountProjects, skew: skew, now: now)
+        verifyAccountToken(token, now: now, hit: cache.lookup(token, now: now))
+    }
+
+    /// The same, served from `hit` while the key it was verified with is still accepted as
+    /// it was; a new verification that succeeds is recorded with that key.
+    private func verifyAccountToken(_ token: String, now: Int64, hit: CredentialCache.Entry?) -> Result<VerifiedToken, TokenError> {
+        if case .account(let verified, let key)? = hit, accountKey(key.id, now) == key { return .success(verified) }
+        var used: AccountTokens.Key?
+        let result = AccountTokens.verifyIDToken(
+            token, key: { kid in
+                let key = accountKey(kid, now)
+                used = key
+                return key
+            }, projects: accountProjects, skew: skew, now: now)
+        if case .success(let verified) = result, let used { cache.insert(token, .account(verified, key: used), now: now) }
+        return result
+    }
+
+    /// A signed token's verification: the account service's tokens with the cluster's keys, others
+    /// with `verifier` (nil when there is none). Served from `hit` when it holds one.
+    private func verifySigned(_ token: String, now: Int64, hit: CredentialCache.Entry?) -> Result<VerifiedToken, TokenError>? {
+        switch hit {
+        case .verified(let verified)?: return .success(verified)
+        case .account?: return verifyAccountToken(token, now: now, hit: hit)
+        case .unsigned?, nil: break
+        }
+        if AccountTokens.isAccountToken(token) { return verifyAccountToken(token, now: now, hit: nil) }
+        guard let verifier else { return nil }
+        let result = verifier.verify(token, now: now)
+        if case .success(let verified) = result { cache.insert(token, .verified(verified), now: now) }
+        return result
     }
 
     /// The identity of a REST request or event stream at `now` (milliseconds since the epoch).
@@ -34,13 +68,16 @@ struct Credentials: Sendable {
     func identityAndExpiry(_ authorization: RESTRequest.Authorization, override: String?, now: Int64) -> (identity: ClientIdentity, validUntil: Int64?) {
         var validUntil: Int64?
         let development = development
+        var hit: CredentialCache.Entry?
+        if case .other(let token) = authorization { hit = cache.lookup(token, now: now) }
+        let unsigned = { (token: String) -> [UInt8]? in
+            if case .unsigned(let auth)? = hit { return auth }
+            guard let auth = Access.unsignedTokenAuth(token) else { return nil }
+            self.cache.insert(token, .unsigned(auth), now: now)
+            return auth
+        }
         let verify = { (token: String) -> ClientIdentity in
-            let result: Result<VerifiedToken, TokenError>
-            if AccountTokens.isAccountToken(token) {
-                result = self.verifyAccountToken(token, now: now)
-            } else if let verifier = self.verifier {
-                result = verifier.verify(token, now: now)
-            } else {
+            guard let result = self.verifySigned(token, now: now, hit: hit) else {
                 // No verifier: what `Access.identity` does without one.
                 return development.allowUnauthenticated ? .client(.signedOut) : .refused("Unauthorized request.")
             }
@@ -53,7 +90,7 @@ struct Credentials: Sendable {
         }
         let identity = Access.identity(
             authorization, override: override, acceptOwnerToken: development.acceptOwnerToken, developmentTokens: development.allowUnauthenticated,
-            verify: verify)
+            unsignedAuth: unsigned, verify: verify)
         return (identity, validUntil)
     }
 
@@ -86,14 +123,11 @@ struct Credentials: Sendable {
             let client = Access.unsignedTokenAuth(token).map { ClientAuth.user(json: $0) } ?? .signedOut
             return .signedIn(.client(client), answer: Self.answer(auth: claims, expires: claims["exp"] ?? .null), validUntil: nil)
         }
-        if AccountTokens.isAccountToken(token) {
-            return signedIn(verifyAccountToken(token, now: now))
-        }
-        guard let verifier else {
+        guard let result = verifySigned(token, now: now, hit: cache.lookup(token, now: now)) else {
             let accepted = development.allowUnauthenticated ? "the emulator's owner and unsigned tokens" : "the emulator's owner token"
             return .refused(status: "invalid_token", reason: "This server verifies no signed tokens (no auth configuration); it accepts only \(accepted).")
         }
-        return signedIn(verifier.verify(token, now: now))
+        return signedIn(result)
     }
 
     /// A realtime session's outcome for a verification's result.
@@ -111,6 +145,48 @@ struct Credentials: Sendable {
     static func answer(auth: JSONValue?, expires: JSONValue) -> JSONValue {
         .object([("auth", auth ?? .null), ("expires", expires)])
     }
+}
+
+/// The tokens a node has verified, by their exact text (`TokenCache`: at most 4,096 entries and
+/// 8 MiB, oldest evicted first, never served past the token's expiry), behind a lock shared by
+/// the network threads. Only successful verifications enter it. An account-service token's entry
+/// is served only while the key it was verified with is still accepted, unchanged, so a rotation
+/// or retirement of the key ends it; the configured verifier's keys and secrets do not change
+/// while the node runs. No entry depends on the state of an account (verifying a token never
+/// reads it).
+final class CredentialCache: Sendable {
+    enum Entry: Sendable {
+        /// An unsigned emulator token's `auth` (development settings; it has no expiry).
+        case unsigned([UInt8])
+        /// A token the configured verifier accepted.
+        case verified(VerifiedToken)
+        /// An account-service ID token, and the key it was verified with.
+        case account(VerifiedToken, key: AccountTokens.Key)
+    }
+
+    private let state: Mutex<TokenCache<Entry>>
+
+    init(maxEntries: Int = 4096, maxBytes: Int = 8 << 20) {
+        state = Mutex(TokenCache(maxEntries: maxEntries, maxBytes: maxBytes))
+    }
+
+    var count: Int { state.withLock { $0.count } }
+
+    func lookup(_ token: String, now: Int64) -> Entry? { state.withLock { $0.lookup(token, now: now) } }
+
+    /// Records a verification made at `now`.
+    func insert(_ token: String, _ entry: Entry, now: Int64) {
+        switch entry {
+        case .unsigned(let auth):
+            // Not timed: served whatever the clock says, as the token itself is.
+            state.withLock { $0.insert(token, entry, valueBytes: auth.count, verifiedAt: .min, validUntil: nil) }
+        case .verified(let verified), .account(let verified, _):
+            let bytes = (verified.auth?.count ?? 0) + 64
+            state.withLock { $0.insert(token, entry, valueBytes: bytes, verifiedAt: now, validUntil: verified.validUntil) }
+        }
+    }
+
+    func removeAll() { state.withLock { $0.removeAll() } }
 }
 
 extension NodeConfig {

@@ -365,7 +365,7 @@ public struct StateMachine: Sendable {
         default: return nil
         }
         guard let location = (try? WritePath(parsing: pathText))?.path else { return nil }
-        return Self.verdict(judge) { $0.decideWrite(targets: [location], context: $1, current: tree, proposed: tree) }
+        return Self.verdict(judge) { $0.decideWrite(targets: [location], context: $1, current: tree, proposed: tree, traced: false) }
     }
 
     /// A node's free-space alarm: the node's own command only (a client's is refused).
@@ -437,12 +437,30 @@ public struct StateMachine: Sendable {
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try PreparedCommand.node(
                 prepared, 0, json, at: location.path, context: ServerValueContext(timestamp: timestamp, existing: tree))
+            if let judge, !location.isPriority, let parent = location.path.parent, !judge.rules.writesReadCurrentData, !node.isEmpty,
+                tree.child(at: parent).hasChildren
+            {
+                // Rules that never read the data before the write, and a write that changes only
+                // the entry at its location (a value, under a parent that has children, so no
+                // parent is created, pruned or turned from a leaf into children): judged on the
+                // tree changed in place, which a denial restores by putting the old entry back,
+                // exactly. No copy of the path is made.
+                let old = tree.child(at: location.path)
+                try tree.apply(set: node, at: location, readHere: true)
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: tree, traced: false) }) {
+                    tree.set(old, at: location.path)
+                    return denied
+                }
+                written = [location.path]
+                value = node
+                return .ok
+            }
             if let judge, !location.isPriority {
                 // Judged on the tree after the write, which then becomes the tree: applied once.
                 var next = tree
                 try next.apply(set: node, at: location, readHere: true)
                 let proposed = next
-                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed) }) {
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed, traced: false) }) {
                     return denied
                 }
                 tree = next
@@ -450,7 +468,7 @@ public struct StateMachine: Sendable {
                 value = node
                 return .ok
             }
-            if let denied = Self.verdict(judge, { $0.decideSet(node, at: location, context: $1, tree: tree) }) { return denied }
+            if let denied = Self.verdict(judge, { $0.decideSet(node, at: location, context: $1, tree: tree, traced: false) }) { return denied }
             if location.isPriority, let priority = Priority(tree: node) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
@@ -478,7 +496,7 @@ public struct StateMachine: Sendable {
                 // Every entry's path is judged on the tree after the whole update.
                 let proposed = next
                 let targets = entries.map { location.appending($0.path.path) }
-                if let denied = Self.verdict(judge, { $0.decideWrite(targets: targets, context: $1, current: tree, proposed: proposed) }) {
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: targets, context: $1, current: tree, proposed: proposed, traced: false) }) {
                     return denied
                 }
             }
@@ -493,7 +511,7 @@ public struct StateMachine: Sendable {
             // Read at `location`, so it fits there (the reader checks depth and key paths).
             let node = try PreparedCommand.node(prepared, 0, json, at: location, context: context)
             // Judged before the hash: a client the rules refuse learns nothing of the data.
-            if let denied = Self.verdict(judge, { $0.decideSet(node, at: WritePath(path: location), context: $1, tree: tree) }) { return denied }
+            if let denied = Self.verdict(judge, { $0.decideSet(node, at: WritePath(path: location), context: $1, tree: tree, traced: false) }) { return denied }
             switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {
             case .applied:
                 written = [location]

@@ -139,4 +139,59 @@ import Testing
         }
         #expect(apply(.set(path: "/users/alice", json: Array(#"{"name":"A"}"#.utf8)), auth: Self.user("alice"))?.outcome == .ok)
     }
+    /// The bench rules (docs/examples/bench-rules.json): no `.write` or `.validate` reads `data`
+    /// or `root`, so sets are judged on the tree changed in place; with `|| data.val() == 'never'`
+    /// added to each `.validate` (which changes no verdict) they are judged beside the old tree.
+    static func benchRules(readingData: Bool) -> String {
+        let extra = readingData ? " || data.val() == 'never'" : ""
+        return """
+            {"rules": {"bench": {"$client": {
+              ".write": "auth != null && auth.uid == $client",
+              "$key": {
+                ".validate": "(newData.hasChildren(['c', 'i']) && newData.child('i').isNumber())\(extra)",
+                "c": {".validate": "newData.isNumber()\(extra)"}, "i": {".validate": "newData.val() >= 0\(extra)"},
+                "$other": {".validate": false}}}}}}
+            """
+    }
+
+    @Test("a set judged on the tree changed in place has the outcome and leaves the tree of one judged beside the old tree; a denial restores it exactly")
+    func inPlaceJudgement() throws {
+        #expect(try !Rules.parse(Self.benchRules(readingData: false)).writesReadCurrentData)
+        #expect(try Rules.parse(Self.benchRules(readingData: true)).writesReadCurrentData)
+        #expect(try Rules.parse(#"{"rules": {".write": "root.child('x').exists()"}}"#).writesReadCurrentData)
+        #expect(try !Rules.parse(#"{"rules": {".read": "data.exists()", ".write": "newData.parent().exists()"}}"#).writesReadCurrentData)
+        let writes: [(String, String, String)] = [
+            ("c1", "/bench/c1/k1", #"{"c": 1, "i": 1}"#),  // creates the parent: not in place
+            ("c1", "/bench/c1/k2", #"{"c": 1, "i": 2}"#),  // in place
+            ("c1", "/bench/c1/k1", #"{"c": 1, "i": 5}"#),  // replaces, in place
+            ("c2", "/bench/c1/k3", #"{"c": 1, "i": 3}"#),  // another user's: denied
+            ("c1", "/bench/c1/k4", #"{"c": 1, "i": -1}"#),  // invalid: denied, restored
+            ("c1", "/bench/c1/k1", #"{"c": 1, "i": -1}"#),  // invalid over an existing record: denied, restored
+            ("c1", "/bench/c1/k1", #"{"c": 1, "i": 1, "x": 0}"#),  // $other: denied
+            ("c1", "/bench/c1/k2", "null"),  // a deletion: not in place
+            ("c1", "/bench/c1/k5/i", "7"),  // under a record: in place, judged by the record's validation
+        ]
+        var outcomes: [[StateMachine.Outcome?]] = []
+        var trees: [[Tree]] = []
+        for readingData in [false, true] {
+            var run = RulesInLogTests()
+            #expect(run.apply(.setRules(text: Array(Self.benchRules(readingData: readingData).utf8)), auth: nil)?.outcome == .ok)
+            #expect(run.apply(.set(path: "/bench/c1/k5", json: Array(#"{"c": 1, "i": 5}"#.utf8)), auth: nil)?.outcome == .ok)
+            var o: [StateMachine.Outcome?] = []
+            var t: [Tree] = []
+            for (uid, path, json) in writes {
+                let before = run.machine.tree("app")
+                let applied = run.apply(.set(path: path, json: Array(json.utf8)), auth: Self.user(uid))
+                o.append(applied?.outcome)
+                t.append(run.machine.tree("app"))
+                if applied?.outcome != .ok { #expect(run.machine.tree("app") == before, "\(path) \(json)") }
+            }
+            outcomes.append(o)
+            trees.append(t)
+        }
+        #expect(outcomes[0] == outcomes[1])
+        #expect(trees[0] == trees[1])
+        #expect(outcomes[0].map { $0 == .ok } == [true, true, true, false, false, false, false, true, true])
+    }
 }
+

@@ -72,7 +72,7 @@ import Testing
             false,
             [
                 "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanOpLog", "BanyanOpLogFiles", "BanyanRaft", "BanyanSimulation", "BanyanStateMachine",
-                "BanyanAuth", "Foundation", "Glibc",
+                "BanyanAuth", "BanyanRules", "BanyanREST", "Crypto", "_CryptoExtras", "Foundation", "Glibc",
             ]
         ),
     ]
