@@ -13,15 +13,20 @@ import Glibc
 public enum ProcessMemory {
     /// Fixes the threshold at `bytes`, unless the operator set `MALLOC_MMAP_THRESHOLD_` (glibc's
     /// own variable, which also fixes it). Returns whether it was set here.
+    /// Call it at the start of the process, before other threads allocate.
     @discardableResult
     public static func returnLargeBuffers(atLeast bytes: Int32 = 1 << 20) -> Bool {
-        guard getenv("MALLOC_MMAP_THRESHOLD_") == nil else { return false }
-        // `mallopt` is declared in <malloc.h>, which the Glibc module does not include: found in
-        // the process instead (absent under another C library: nothing is changed).
-        guard let process = dlopen(nil, RTLD_NOW), let symbol = dlsym(process, "mallopt") else { return false }
-        typealias MallOpt = @convention(c) (Int32, Int32) -> Int32
-        let mallopt = unsafeBitCast(symbol, to: MallOpt.self)
+        guard getenv("MALLOC_MMAP_THRESHOLD_") == nil, let mallopt = mallopt() else { return false }
         let mmapThreshold: Int32 = -3  // M_MMAP_THRESHOLD
         return mallopt(mmapThreshold, bytes) == 1
+    }
+
+    typealias MallOpt = @convention(c) (Int32, Int32) -> Int32
+
+    /// glibc's `mallopt`, declared in <malloc.h>, which the Glibc module does not include: found
+    /// in the process instead (nil under another C library: nothing is changed).
+    static func mallopt() -> MallOpt? {
+        guard let process = dlopen(nil, RTLD_NOW), let symbol = dlsym(process, "mallopt") else { return nil }
+        return unsafeBitCast(symbol, to: MallOpt.self)
     }
 }

@@ -135,10 +135,11 @@ import Testing
 }
 
 /// `banyan serve` fixes glibc's mmap threshold so large freed buffers return to the system
-/// (docs/operations.md, "Memory"): the call must find `mallopt` and have it accept the setting.
+/// (docs/operations.md, "Memory"): the call must find `mallopt`. (The setting itself is not
+/// changed here: this process's other tests are allocating on other threads, and the setting is
+/// meant for the start of a process. The hostile scenario measures its effect.)
 @Suite struct ProcessMemoryTests {
-    @Test func fixesTheThreshold() {
-        guard ProcessInfo.processInfo.environment["MALLOC_MMAP_THRESHOLD_"] == nil else { return }
-        #expect(ProcessMemory.returnLargeBuffers())
+    @Test func findsMallopt() {
+        #expect(ProcessMemory.mallopt() != nil)
     }
 }
