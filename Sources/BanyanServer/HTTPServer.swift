@@ -656,6 +656,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var body: [UInt8] = []
     /// The request being read is for the account service (its own body bound and 413).
     private var accountsRequest = false
+    /// The request's route, decided at its head and kept for its dispatch.
+    private var route: Route = .data
+    /// A data request's head as the REST layer reads it and its split target (nil when its
+    /// query string does not parse: the full parse then answers why), made once at the head.
+    private var dataHead: (head: HTTPHead, target: RESTRequest.Target?)?
     /// Queued parts are being taken (an answer given meanwhile does not start another loop).
     private var resuming = false
     static let maxQueuedParts = 64
@@ -810,15 +815,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             beginRequest()
             head = h
             body = []
-            let route = Route.of(method: h.method.rawValue, uri: h.uri)
+            route = Route.of(method: h.method.rawValue, uri: h.uri)
             accountsRequest = route == .accounts
             started = DispatchTime.now().uptimeNanoseconds
+            dataHead = nil
+            if route == .data {
+                let restHead = HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) })
+                dataHead = (restHead, try? RESTRequest.target(of: h.uri))
+            }
             // Data writes are authorised from the head, before their body is read: a refused
             // write never costs a body of up to `max_body_bytes` (issue 18). The connection
             // closes after the answer, so the unread body is never taken for a request.
             var denied: HTTPReply?
-            if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE, route == .data {
-                denied = refuseWriteAtHead(HTTPHead(method: h.method.rawValue, uri: h.uri, headers: h.headers.map { (name: $0.name, value: $0.value) }))
+            if h.method == .PUT || h.method == .POST || h.method == .PATCH || h.method == .DELETE, let dataHead {
+                denied = refuseWriteAtHead(dataHead.head, target: dataHead.target)
             }
             let decision = machine.head(
                 contentLength: h.headers.first(name: "content-length").flatMap(Int.init),
@@ -895,7 +905,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
         server.requests.increment()
-        switch Route.of(method: head.method.rawValue, uri: head.uri) {
+        switch route {
         case .metrics:
             let text = server.registry.emitToBuffer()
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
@@ -945,18 +955,22 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .data:
             break
         }
-        let restHead = HTTPHead(
-            method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+        let (restHead, target) = dataHead ?? (HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) }), nil)
+        dataHead = nil
         let namespace = server.config.defaultNamespace
         let maxUpdateKeys = server.config.http.maxUpdateKeys
+        @Sendable func parse() -> Result<RESTRequest, RESTError> {
+            guard let target else { return RESTRequest.parse(restHead, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys) }
+            return RESTRequest.parse(restHead, target: target, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys)
+        }
         if body.count >= Self.offloadBytes {
             // Reading and validating a large body takes milliseconds per megabyte: on a worker.
-            offload(context, { RESTRequest.parse(restHead, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys) }) { context, parsed in
+            offload(context, parse) { context, parsed in
                 self.serveData(context: context, head: head, parsed: parsed, large: true)
             }
             return
         }
-        serveData(context: context, head: head, parsed: RESTRequest.parse(restHead, body: body, defaultNamespace: namespace, maxUpdatePaths: maxUpdateKeys), large: false)
+        serveData(context: context, head: head, parsed: parse(), large: false)
     }
 
     /// Request bodies and answers from this size on are read or rendered on a worker thread
@@ -1218,8 +1232,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// A data write refused from its head alone (before its body is read): bad credentials, or a
     /// client's write to a namespace without rules while unauthenticated access is off. With
     /// rules, the state machine judges the write, so its body is read.
-    private func refuseWriteAtHead(_ head: HTTPHead) -> HTTPReply? {
-        guard let access = RESTRequest.access(in: head, defaultNamespace: server.config.defaultNamespace) else { return nil }
+    private func refuseWriteAtHead(_ head: HTTPHead, target: RESTRequest.Target?) -> HTTPReply? {
+        guard let target, let access = RESTRequest.access(in: head, target: target, defaultNamespace: server.config.defaultNamespace) else { return nil }
         let identity = identity(access.authorization, override: access.override)
         if case .refused(let message) = identity { return .error(.unauthorized, message) }
         let refused = Access.writeRefused(

@@ -358,3 +358,54 @@ extension Result where Failure == RESTError {
     }
     var failureStatus: Int? { failure?.status }
 }
+
+/// The target is split over its bytes (issue 14's profile): the cases where a byte-level split
+/// could differ from the `Character`-level one it replaced, and the split shared by the check at
+/// the head and the full parse.
+@Suite struct RESTTargetTests {
+    @Test("query strings: order, repeats, empty pairs, plus and escapes, bad escapes refused")
+    func query() throws {
+        let params = try RESTRequest.parseQuery("a=1&&b=x+y%2Bz&a=2&=v&k=&flag&n=%E2%9C%93")
+        #expect(params.map { [$0.0, $0.1] } == [["a", "1"], ["b", "x y+z"], ["a", "2"], ["", "v"], ["k", ""], ["flag", ""], ["n", "✓"]])
+        #expect(try RESTRequest.parseQuery("").isEmpty)
+        #expect(try RESTRequest.parseQuery("&&&").isEmpty)
+        for bad in ["a=%", "a=%4", "a=%zz", "a=%FF", "%C3=1"] {
+            #expect(throws: RESTError.self, "\(bad)") { try RESTRequest.parseQuery(Substring(bad)) }
+        }
+        // Non-ASCII text passes through whole; a pair is cut at ASCII '&' and '=' only.
+        #expect(try RESTRequest.parseQuery("ключ=значение&é=ü").map { [$0.0, $0.1] } == [["ключ", "значение"], ["é", "ü"]])
+        let target = try RESTRequest.target(of: "/x.json?a=1&a=2#frag=3")
+        #expect(target.rawPath == "/x.json" && target.param("a") == "2" && target.param("frag") == nil)
+    }
+
+    @Test("paths: empty segments, escapes, .priority only last, non-ASCII, the .json suffix as bytes")
+    func paths() throws {
+        #expect(try request("GET", "//a///b/.json").path == Path(parsing: "/a/b"))
+        #expect(try request("GET", "/.json").path == Path(parsing: "/"))
+        #expect(parse("GET", "/a%2Fb.json").failureStatus == 400, "an escaped slash is a key with a slash")
+        #expect(try request("GET", "/é/ü.json").path == Path(parsing: "/é/ü"))
+        let priority = try request("PUT", "/a/.priority.json", body: "1")
+        #expect(try priority.isPriority && priority.path == Path(parsing: "/a"))
+        #expect(parse("GET", "/.priority/a.json").failureStatus == 400, ".priority is a location only at the end")
+        #expect(parse("GET", "/a.jso").failureStatus == 404)
+        #expect(parse("GET", "/a.json\u{301}").failureStatus == 404)
+        #expect(parse("GET", ".json").failure == nil)
+        #expect(parse("GET", "/a%zz.json").failureStatus == 400)
+        #expect(parse("GET", "/a%FF.json").failureStatus == 400)
+    }
+
+    @Test("a target split once parses as the request does from its head")
+    func sharedTarget() throws {
+        for uri in ["/a/b.json?ns=x&print=silent&auth=owner", "/a.json?orderBy=%22%24key%22&limitToFirst=2", "/.json", "/a.json?print=loud"] {
+            let head = HTTPHead(method: "GET", uri: uri, headers: [])
+            let whole = RESTRequest.parse(head, body: [], defaultNamespace: "d")
+            let split = RESTRequest.parse(head, target: try RESTRequest.target(of: uri), body: [], defaultNamespace: "d")
+            switch (whole, split) {
+            case let (.success(a), .success(b)):
+                #expect(a.path == b.path && a.namespace == b.namespace && a.print == b.print && a.authorization == b.authorization && (a.query == nil) == (b.query == nil))
+            case let (.failure(a), .failure(b)): #expect(a.status == b.status && a.message == b.message)
+            default: Issue.record("\(uri): \(whole) against \(split)")
+            }
+        }
+    }
+}
