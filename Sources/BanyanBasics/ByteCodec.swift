@@ -226,7 +226,11 @@ public struct ByteReader {
     /// A length-prefixed string, which must be valid UTF-8.
     @inlinable @inline(__always)
     public mutating func string(_ field: String) throws(ByteCodecError) -> String {
-        guard let s = String(validating: try span(field), as: UTF8.self) else { throw .badValue(field: field) }
+        let bytes = try span(field)
+        // ASCII (nearly every key, path and name) is valid as it is: decoded without the generic
+        // validation, which cost about 2,000 instructions per command decoded.
+        if bytes.allSatisfy({ $0 < 0x80 }) { return String(decoding: bytes, as: UTF8.self) }
+        guard let s = String(validating: bytes, as: UTF8.self) else { throw .badValue(field: field) }
         return s
     }
 

@@ -54,6 +54,14 @@ import Testing
         #expect(throws: ByteCodecError.badValue(field: "name")) {
             _ = try ByteReader.readAll([1, 0, 0, 0, 0, 0, 0, 0, 0xFF]) { (r) throws(ByteCodecError) in try r.string("name") }
         }
+        // ASCII takes a path of its own: text that turns non-ASCII late is still checked.
+        #expect(throws: ByteCodecError.badValue(field: "name")) {
+            _ = try ByteReader.readAll([3, 0, 0, 0, 0, 0, 0, 0, 0x61, 0x62, 0xC3]) { (r) throws(ByteCodecError) in try r.string("name") }
+        }
+        #expect(throws: ByteCodecError.badValue(field: "name")) {
+            _ = try ByteReader.readAll([2, 0, 0, 0, 0, 0, 0, 0, 0xC0, 0xAF]) { (r) throws(ByteCodecError) in try r.string("name") }
+        }
+        #expect((try? ByteReader.readAll([3, 0, 0, 0, 0, 0, 0, 0, 0x61, 0x2F, 0x7F]) { (r) throws(ByteCodecError) in try r.string("name") }) == "a/\u{7F}")
         #expect(throws: ByteCodecError.badMagic(field: "hello")) {
             _ = try ByteReader.readAll([1, 2]) { (r) throws(ByteCodecError) in try r.magic([1, 3], "hello") }
         }
