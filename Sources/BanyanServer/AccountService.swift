@@ -58,6 +58,9 @@ final class AccountService: Sendable {
     private let resetFile = ResetFileLock()
     /// Reset codes sent per address (`accounts.reset_codes_per_minute`).
     let resetLimiter: RateLimiter
+    /// Wrong passwords per account and per client address (`accounts.failed_sign_ins_per_*`).
+    let failedSignIns: RateLimiter
+    let failedSignInsByClient: RateLimiter
     /// The OpenID Connect providers `accounts:signInWithIdp` accepts, by id
     /// (`auth.oidc_providers`).
     let identityProviders: [String: OIDCProvider]
@@ -89,6 +92,8 @@ final class AccountService: Sendable {
         self.hasher = PasswordHasher(logN: config.accounts.scryptLogN, blockSize: 8, parallelism: 1)
         self.pool = NIOThreadPool(numberOfThreads: config.accounts.hashThreads)
         self.resetLimiter = RateLimiter(perMinute: config.accounts.resetCodesPerMinute)
+        self.failedSignIns = RateLimiter(perMinute: config.accounts.failedSignInsPerAccount)
+        self.failedSignInsByClient = RateLimiter(perMinute: config.accounts.failedSignInsPerClient)
     }
 
     func start() { pool.start() }
@@ -104,12 +109,16 @@ final class AccountService: Sendable {
         var query: [(String, String)]
         var loop: any EventLoop
         var host: String
+        /// The client's IP address (`HTTPServer.clientKey`).
+        var client: String
     }
 
-    func handle(method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], on loop: any EventLoop) -> EventLoopFuture<HTTPReply> {
+    func handle(
+        method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], client: String = "?", on loop: any EventLoop
+    ) -> EventLoopFuture<HTTPReply> {
         let reply: EventLoopFuture<HTTPReply>
         do throws(AccountError) {
-            reply = try route(method: method, uri: uri, headers: headers, body: body, on: loop)
+            reply = try route(method: method, uri: uri, headers: headers, body: body, client: client, on: loop)
         } catch {
             return loop.makeSucceededFuture(error.reply)
         }
@@ -120,7 +129,9 @@ final class AccountService: Sendable {
         }
     }
 
-    private func route(method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], on loop: any EventLoop) throws(AccountError) -> EventLoopFuture<
+    private func route(
+        method: HTTPMethod, uri: String, headers: HTTPHeaders, body: [UInt8], client: String, on loop: any EventLoop
+    ) throws(AccountError) -> EventLoopFuture<
         HTTPReply
     > {
         guard body.count <= Self.maxBodyBytes else { throw Self.tooLarge }
@@ -162,7 +173,7 @@ final class AccountService: Sendable {
             guard let value = try? JSONValue(parsing: body, maxDepth: 16), case .object = value else { throw AccountError.invalidJSON }
             parsed = value
         }
-        let call = Call(project: project, administrator: isAdministrator(headers), body: parsed, query: query, loop: loop, host: host)
+        let call = Call(project: project, administrator: isAdministrator(headers), body: parsed, query: query, loop: loop, host: host, client: client)
         // Only the projects this node is configured for, but for an administrator: anyone else
         // naming another project would make the node keep accounts and keys for it.
         guard call.administrator || config.accounts.servedProjects.contains(project) else {
@@ -522,12 +533,25 @@ final class AccountService: Sendable {
         guard password.utf8.count <= PasswordHasher.maxPasswordBytes else { throw AccountError("INVALID_PASSWORD") }
         let loop = call.loop
         let project = call.project
+        // Guessing is limited per account and per client address (on this node; docs/security.md):
+        // past either limit a sign-in is refused before any hash is spent, the right password too.
+        let accountKey = project + "/" + AccountStore.emailKey(email)
+        let clientKey = call.client
+        let now = NodeRuntime.wallClock()
+        guard !failedSignIns.exhausted(accountKey, now: now), !failedSignInsByClient.exhausted(clientKey, now: now) else {
+            throw Self.tooManyFailedSignIns
+        }
         return store(project, on: loop).flatMapThrowing { store -> AccountRecord in
             guard let record = store.user(email: email) else { throw AccountError("EMAIL_NOT_FOUND") }
             return record
         }.flatMap { record in
             self.verify(password, against: record.passwordHash, on: loop).flatMapThrowing { ok -> AccountRecord in
-                guard ok else { throw AccountError("INVALID_PASSWORD") }
+                guard ok else {
+                    let now = NodeRuntime.wallClock()
+                    self.failedSignIns.note(accountKey, now: now)
+                    self.failedSignInsByClient.note(clientKey, now: now)
+                    throw AccountError("INVALID_PASSWORD")
+                }
                 return record
             }
         }.flatMap { record in
@@ -536,6 +560,11 @@ final class AccountService: Sendable {
             self.tokens(for: record, project: project, signInProvider: "password", on: loop).map { Self.tokenAnswer("VerifyPasswordResponse", record, $0, extra: [("registered", .bool(true))]) }
         }
     }
+
+    /// Firebase's answer to an account locked by failed sign-ins.
+    static let tooManyFailedSignIns = AccountError(
+        "TOO_MANY_ATTEMPTS_TRY_LATER : Access to this account has been temporarily disabled due to many failed login attempts. Try again later.",
+        .tooManyRequests)
 
     /// `accounts:signInWithCustomToken`: a Firebase 2.x custom token signed with a database
     /// secret (`auth.database_secrets_file`), or, while `development.allow_unauthenticated` is
@@ -996,20 +1025,38 @@ final class RateLimiter: Sendable {
 
     /// Whether an event for `key` at `now` (milliseconds) is allowed (and counts it if so).
     func allow(_ key: String, now: Int64) -> Bool {
+        windows.withLock { windows in Self.count(key, now: now, in: &windows, perMinute: perMinute, capacity: capacity) }
+    }
+
+    /// Whether `key` has had its `perMinute` events in the minute under way (nothing counted).
+    func exhausted(_ key: String, now: Int64) -> Bool {
         windows.withLock { windows in
-            if var w = windows[key], now - w.start < 60_000 {
-                guard w.count < perMinute else { return false }
-                w.count += 1
-                windows[key] = w
-                return true
-            }
-            if windows[key] == nil && windows.count >= capacity {
-                windows = windows.filter { now - $0.value.start < 60_000 }
-                if windows.count >= capacity { return false }
-            }
-            windows[key] = (now, 1)
+            guard let w = windows[key], now - w.start < 60_000 else { return false }
+            return w.count >= perMinute
+        }
+    }
+
+    /// Counts an event for `key` (one past the limit is not counted; when every one of the
+    /// `capacity` keys is in a live window, a new key is not counted).
+    func note(_ key: String, now: Int64) {
+        windows.withLock { windows in _ = Self.count(key, now: now, in: &windows, perMinute: perMinute, capacity: capacity) }
+    }
+
+    private static func count(
+        _ key: String, now: Int64, in windows: inout [String: (start: Int64, count: Int)], perMinute: Int, capacity: Int
+    ) -> Bool {
+        if var w = windows[key], now - w.start < 60_000 {
+            guard w.count < perMinute else { return false }
+            w.count += 1
+            windows[key] = w
             return true
         }
+        if windows[key] == nil && windows.count >= capacity {
+            windows = windows.filter { now - $0.value.start < 60_000 }
+            if windows.count >= capacity { return false }
+        }
+        windows[key] = (now, 1)
+        return true
     }
 
     var count: Int { windows.withLock { $0.count } }

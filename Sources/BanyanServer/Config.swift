@@ -283,6 +283,12 @@ public struct NodeConfig: Sendable, Equatable {
         public var maxPendingHashes: Int = 64
         /// Password-reset emails (`accounts:sendOobCode`) per address per minute.
         public var resetCodesPerMinute: Int = 3
+        /// Wrong passwords per account per minute (`accounts:signInWithPassword`, on this node);
+        /// past it the account's sign-ins are answered `TOO_MANY_ATTEMPTS_TRY_LATER`, without a
+        /// hash, until the minute ends.
+        public var failedSignInsPerAccount: Int = 10
+        /// Wrong passwords per client IP address per minute, over every account (on this node).
+        public var failedSignInsPerClient: Int = 60
         public init() {}
 
         /// The projects served: `project_id` and `projects`.
@@ -521,6 +527,8 @@ extension NodeConfig {
                         c.accounts.projects = try list.map { (item) throws(ConfigError) in try r.string(item, "accounts.projects") }
                     case "allow_sign_up": c.accounts.allowSignUp = try r.bool(v, "accounts.\(k)")
                     case "reset_codes_per_minute": c.accounts.resetCodesPerMinute = try r.int(v, "accounts.\(k)", 1...1_000)
+                    case "failed_sign_ins_per_account": c.accounts.failedSignInsPerAccount = try r.int(v, "accounts.\(k)", 1...100_000)
+                    case "failed_sign_ins_per_client": c.accounts.failedSignInsPerClient = try r.int(v, "accounts.\(k)", 1...100_000)
                     case "hash_threads": c.accounts.hashThreads = try r.int(v, "accounts.\(k)", 1...64)
                     case "max_pending_hashes": c.accounts.maxPendingHashes = try r.int(v, "accounts.\(k)", 1...100_000)
                     default: throw ConfigError("\(source): unknown key accounts.\(k)")

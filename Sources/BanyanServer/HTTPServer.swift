@@ -948,7 +948,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                 return
             }
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-            server.accounts.handle(method: head.method, uri: head.uri, headers: head.headers, body: body, on: context.eventLoop).whenSuccess { reply in
+            let client = HTTPServer.clientKey(context.remoteAddress)
+            server.accounts.handle(method: head.method, uri: head.uri, headers: head.headers, body: body, client: client, on: context.eventLoop).whenSuccess { reply in
                 self.respond(context: bound.value, head: head, reply: reply)
             }
             return

@@ -246,6 +246,27 @@ import Testing
         }
     }
 
+    @Test("wrong passwords are limited per account and per client address; past a limit even the right one is refused, without a hash")
+    func failedSignInLimits() async throws {
+        try await Self.withNode("accounts-guess-limit", configure: { $0.accounts.failedSignInsPerAccount = 3; $0.accounts.failedSignInsPerClient = 5 }) { port, _ in
+            for who in ["ada", "bob", "cy"] {
+                #expect(try Self.post(port, "signUp", #"{"email":"\#(who)@x.y","password":"right-one"}"#).status == 200)
+            }
+            func signIn(_ who: String, _ password: String) throws -> (status: Int, json: JSONValue) {
+                try Self.post(port, "signInWithPassword", #"{"email":"\#(who)@x.y","password":"\#(password)"}"#)
+            }
+            for _ in 0..<3 { #expect(Self.code(try signIn("ada", "guess").json) == "INVALID_PASSWORD") }
+            let locked = try signIn("ADA", "right-one")
+            #expect(locked.status == 429 && Self.code(locked.json) == "TOO_MANY_ATTEMPTS_TRY_LATER", "the account's limit, whatever the case of the email: \(locked)")
+            #expect(try signIn("bob", "right-one").status == 200, "another account is not locked")
+            // The client has 3 failures; two more reach its limit of 5, over every account.
+            for _ in 0..<2 { #expect(Self.code(try signIn("bob", "guess").json) == "INVALID_PASSWORD") }
+            let client = try signIn("cy", "right-one")
+            #expect(client.status == 429 && Self.code(client.json) == "TOO_MANY_ATTEMPTS_TRY_LATER", "the address's limit: \(client)")
+            #expect(Self.code(try signIn("nobody", "guess").json) == "TOO_MANY_ATTEMPTS_TRY_LATER", "refused before the account is even looked up")
+        }
+    }
+
     @Test("the rate limiter's memory is bounded and its windows end")
     func rateLimiter() {
         let limiter = RateLimiter(perMinute: 2, capacity: 3)
@@ -254,6 +275,16 @@ import Testing
         #expect(limiter.allow("b", now: 10) && limiter.allow("c", now: 10))
         #expect(!limiter.allow("d", now: 20), "full, nothing expired")
         #expect(limiter.allow("d", now: 70_011) && limiter.count <= 3)
+
+        let failures = RateLimiter(perMinute: 2, capacity: 2)
+        #expect(!failures.exhausted("k", now: 0))
+        failures.note("k", now: 0)
+        failures.note("k", now: 1)
+        #expect(failures.exhausted("k", now: 2) && failures.exhausted("k", now: 59_999), "checking counts nothing")
+        #expect(!failures.exhausted("k", now: 60_000), "the window ends")
+        failures.note("x", now: 10)
+        failures.note("y", now: 10)
+        #expect(failures.count <= 2 && !failures.exhausted("y", now: 11), "full: a new key is not counted, memory stays bounded")
     }
 
     @Test("an email whose escaped index key would not fit in a path is INVALID_EMAIL")
