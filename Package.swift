@@ -346,6 +346,8 @@ let package = Package(
             dependencies: [
                 "BanyanClient", "BanyanClientCore", "BanyanServer", "BanyanTree", "BanyanOps", .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                // A test identity provider's RSA key and signed ID tokens (AuthTests).
+                .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: strictSettings
         ),

@@ -16,7 +16,10 @@ import Testing
 
     /// A node with the account service (a fast password hash, reset codes to a file), once it
     /// takes writes: the client port and the data directory.
-    static func withAccountsNode(_ body: (Int, String) async throws -> Void) async throws {
+    /// `configure` may change the settings and put files in the directory first.
+    static func withAccountsNode(
+        configure: (inout NodeConfig, String) throws -> Void = { _, _ in }, _ body: (Int, String) async throws -> Void
+    ) async throws {
         let dir = NSTemporaryDirectory() + "banyan-sdk-auth-\(UInt64.random(in: 0...UInt64.max))"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
@@ -26,6 +29,7 @@ import Testing
         c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
         c.accounts.scryptLogN = 10
         c.accounts.resetCodeFile = dir + "/reset-codes.jsonl"
+        try configure(&c, dir)
         let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
         defer { node.shutdown() }
         let port = Int(node.clientAddress.split(separator: ":").last ?? "") ?? 0
