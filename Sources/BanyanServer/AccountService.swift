@@ -796,7 +796,8 @@ final class AccountService: Sendable {
 
     /// `accounts:update`: by the account itself (`idToken`: email, password, display name), or
     /// by an administrator (`localId`: also disabled, emailVerified, customAttributes,
-    /// validSince). A new password also replaces the refresh key (earlier refresh tokens end).
+    /// validSince). A new password, or a `validSince` of the present, also replaces the refresh
+    /// key (earlier refresh tokens end, forged ones too).
     private func update(_ call: Call) throws(AccountError) -> EventLoopFuture<HTTPReply> {
         let byUser = call.body["idToken"] != nil
         if !byUser && !call.administrator { throw AccountError.permission }
@@ -845,6 +846,12 @@ final class AccountService: Sendable {
                 changes.passwordHash = hash
                 changes.refreshKey = Self.newRefreshKey()
             }
+            // A `validSince` of the present (within a minute of this node's clock), which is what
+            // firebase-admin's `revokeRefreshTokens` sends, also replaces the refresh key: it then
+            // ends refresh tokens forged with a leaked key too, whatever issue time they claim
+            // (accounts without a password had no other way to a new key). A new key makes the
+            // log stamp `validSince` with its own time, so a value further off is kept as given.
+            if let since = changes.validSince, abs(since - NodeRuntime.wallClock() / 1000) <= 60 { changes.refreshKey = Self.newRefreshKey() }
             return self.propose(.update(uid: uid, changes), project: project, on: loop)
         }.flatMapThrowing { try Self.record($0) }.flatMap { record in
             var fields: [(String, JSONValue)] = [("kind", .string("identitytoolkit#SetAccountInfoResponse")), ("localId", .string(record.uid))]

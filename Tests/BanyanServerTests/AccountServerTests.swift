@@ -146,6 +146,17 @@ import Testing
             #expect(try Self.post(port, "signInWithPassword", #"{"email":"ada@x.y","password":"babbage-2"}"#).status == 200)
             #expect(Self.code(try refresh("grant_type=refresh_token&refresh_token=\(token)").json) == "INVALID_REFRESH_TOKEN", "the new password ended the old refresh tokens")
 
+            // Revoking (an administrator's validSince, firebase-admin's revokeRefreshTokens) gives the
+            // account a new refresh key: an anonymous account's token is no longer even sealed
+            // with the account's key (so one forged with the old key, whatever its issue time,
+            // is refused too), and a token issued after it works.
+            let anonymous = try Self.post(port, "signUp", #"{"returnSecureToken":true}"#).json
+            let anonymousToken = Self.string(anonymous, "refreshToken")
+            #expect(try refresh("grant_type=refresh_token&refresh_token=\(anonymousToken)").status == 200)
+            let now = Int(Date().timeIntervalSince1970)
+            #expect(try Self.post(port, "update", #"{"localId":"\#(Self.string(anonymous, "localId"))","validSince":"\#(now)"}"#, admin: true).status == 200)
+            #expect(Self.code(try refresh("grant_type=refresh_token&refresh_token=\(anonymousToken)").json) == "INVALID_REFRESH_TOKEN", "a new refresh key")
+
             // A disabled account: no sign-in, no refresh.
             let graceToken = Self.string(grace, "refreshToken")
             let disable = try Self.post(port, "update", #"{"localId":"\#(Self.string(grace, "localId"))","disableUser":true}"#, admin: true)
