@@ -999,14 +999,21 @@ final class AccountService: Sendable {
     }
 
     /// Banyan's own `projects/<p>:rotateSigningKey` (administrators): a new signing key; the
-    /// replaced one stays accepted for an ID token's lifetime and the clock skew.
+    /// replaced one stays accepted for an ID token's lifetime and the clock skew, unless the body
+    /// says `"retainReplaced": false` (an emergency: the replaced key leaked), which ends it at
+    /// the rotation's position in the log, on every node: every ID token it signed is refused
+    /// from then on and clients refresh (their refresh tokens do not depend on it).
     private func rotate(_ call: Call) throws(AccountError) -> EventLoopFuture<HTTPReply> {
         guard call.administrator else { throw AccountError.permission }
+        let retain = try Self.bool(call, "retainReplaced") ?? true
+        let retained = retain ? retainReplacedKey : 0
         let fresh = SigningKey(id: Self.newKeyID(), secret: Base64.encodeURL(Self.randomBytes(32)))
         let project = call.project
-        return propose(.installKey(fresh, rotate: true, retainMilliseconds: retainReplacedKey), project: project, on: call.loop).map { _ in
-            self.logger.notice("account signing key rotated", metadata: ["project": "\(project)", "kid": "\(fresh.id)"])
-            return Self.ok([("kid", .string(fresh.id)), ("previousAcceptedForMs", .int(self.retainReplacedKey))])
+        return propose(.installKey(fresh, rotate: true, retainMilliseconds: retained), project: project, on: call.loop).map { _ in
+            self.logger.notice(
+                retain ? "account signing key rotated" : "account signing key rotated; the replaced key is no longer accepted",
+                metadata: ["project": "\(project)", "kid": "\(fresh.id)"])
+            return Self.ok([("kid", .string(fresh.id)), ("previousAcceptedForMs", .int(retained))])
         }
     }
 }

@@ -213,6 +213,37 @@ import Testing
         }
     }
 
+    @Test("an emergency rotation (retainReplaced false) ends the replaced key's ID tokens at once, on REST, WebSocket and the account service; refresh gives working ones")
+    func emergencyRotation() async throws {
+        try await Self.withNode("accounts-emergency", configure: { $0.development.allowUnauthenticated = false }) { port, _ in
+            #expect(try httpExchange(port: port, "PUT", "/.settings/rules.json?auth=owner", body: RulesServerTests.rules).status == 200)
+            #expect(try Self.post(port, "signUp", #"{"localId":"alice","email":"alice@x.y","password":"wonderland"}"#, admin: true).status == 200)
+            let signedIn = try Self.post(port, "signInWithPassword", #"{"email":"alice@x.y","password":"wonderland"}"#).json
+            let leaked = Self.string(signedIn, "idToken")
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=\(leaked)").status == 200, "verified once (and cached)")
+
+            let bad = try Self.call(port, "POST", "\(Self.base)/projects/demo-banyan:rotateSigningKey", body: #"{"retainReplaced":"no"}"#, headers: "Authorization: Bearer owner\r\n")
+            #expect(bad.status == 400, "\(bad)")
+            let rotated = try Self.call(port, "POST", "\(Self.base)/projects/demo-banyan:rotateSigningKey", body: #"{"retainReplaced":false}"#, headers: "Authorization: Bearer owner\r\n")
+            #expect(rotated.status == 200 && rotated.json["previousAcceptedForMs"] == .int(0), "\(rotated)")
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=\(leaked)").status == 401, "the replaced key's token, cached or not")
+            #expect(Self.code(try Self.post(port, "lookup", #"{"idToken":"\#(leaked)"}"#).json) != nil, "refused by the account service too")
+            let client = try RealtimeServerTests.Client(port: port, target: "/.ws?v=5&ns=default")
+            _ = client.head()
+            _ = client.message()
+            client.text(#"{"t":"d","d":{"r":1,"a":"auth","b":{"cred":"\#(leaked)"}}}"#)
+            let answer = client.message() ?? ""
+            #expect(answer.contains(#""r":1"#) && !answer.contains(#""s":"ok""#), "refused on WebSocket: \(answer)")
+
+            // The session's refresh token still works and gives a token of the new key.
+            let refreshed = try Self.call(
+                port, "POST", "/securetoken.googleapis.com/v1/token", body: "grant_type=refresh_token&refresh_token=\(Self.string(signedIn, "refreshToken"))",
+                headers: "Content-Type: application/x-www-form-urlencoded\r\n")
+            #expect(refreshed.status == 200, "\(refreshed)")
+            #expect(try httpExchange(port: port, "GET", "/users/alice.json?auth=\(Self.string(refreshed.json, "id_token"))").status == 200)
+        }
+    }
+
     @Test("only the configured projects are served to non-administrators, and the database honours only their tokens")
     func otherProjects() async throws {
         try await Self.withNode("accounts-projects", configure: { $0.development.allowUnauthenticated = false; $0.accounts.allowSignUp = true }) { port, _ in
