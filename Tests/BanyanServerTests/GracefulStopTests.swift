@@ -23,19 +23,13 @@ import Testing
         defer { close(before) }
         #expect(HTTPServer.dropNewConnections(try #require(listener as? any SocketOptionProvider)))
         // A connect now gets no answer to its SYN: it times out (SO_SNDTIMEO bounds it).
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var tv = timeval(tv_sec: 0, tv_usec: 500_000)
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        do {
+            let fd = try loopbackSocket(port: port, receiveTimeoutMicroseconds: 100_000, connectTimeoutMicroseconds: 500_000)
+            close(fd)
+            Issue.record("a connection was made past the filter")
+        } catch let failed as LoopbackConnectFailed {
+            #expect(failed.errno == EINPROGRESS || failed.errno == ETIMEDOUT || failed.errno == EAGAIN, "connect: errno \(failed.errno)")
         }
-        let error = errno
-        #expect(connected != 0 && (error == EINPROGRESS || error == ETIMEDOUT || error == EAGAIN), "connect: \(connected), errno \(error)")
         // The connection made before still carries data.
         let sent = "x".withCString { send(before, $0, 1, Int32(MSG_NOSIGNAL)) }
         #expect(sent == 1)

@@ -28,8 +28,13 @@ func eventually(_ condition: () -> Bool, seconds: Double) async -> Bool {
 }
 
 /// A blocking TCP connection to 127.0.0.1:`port` whose reads give up after the timeout.
-func loopbackSocket(port: Int, receiveTimeoutMicroseconds: Int) throws -> Int32 {
+func loopbackSocket(port: Int, receiveTimeoutMicroseconds: Int, connectTimeoutMicroseconds: Int? = nil) throws -> Int32 {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    if let connectTimeoutMicroseconds {
+        // SO_SNDTIMEO also bounds a blocking connect.
+        var tv = timeval(tv_sec: connectTimeoutMicroseconds / 1_000_000, tv_usec: connectTimeoutMicroseconds % 1_000_000)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
     var addr = sockaddr_in()
     addr.sin_family = sa_family_t(AF_INET)
     addr.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -38,13 +43,17 @@ func loopbackSocket(port: Int, receiveTimeoutMicroseconds: Int) throws -> Int32 
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
     guard ok == 0 else {
+        let error = errno
         close(fd)
-        throw ChannelError.connectPending
+        throw LoopbackConnectFailed(errno: error)
     }
     var tv = timeval(tv_sec: 0, tv_usec: receiveTimeoutMicroseconds)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
     return fd
 }
+
+/// `loopbackSocket`'s connect failed with `errno`.
+struct LoopbackConnectFailed: Error { let errno: Int32 }
 
 /// A fixed port of a multi-process test (they use 30700-30999), moved by
 /// `BANYAN_TEST_PORT_BASE`: 30700 becomes that base and every other such port keeps its offset,
