@@ -8,6 +8,10 @@
 # by 2x between days here). Kernel work (syscalls, TCP, fsync) is not counted.
 # Needs valgrind, curl and python3; takes 1-3 minutes.
 # usage: Tests/bench/write-instructions.sh [BANYAN_BINARY] [WRITES_PER_CLIENT] [PORT_BASE]
+# AS_CLIENTS=1: each client writes {"c":<t>,"i":<n>} as user c<t> (an emulator-style unsigned
+# token) instead of a number as the owner; RULES=file also sets those rules on namespace bench
+# first (docs/examples/bench-rules.json judges exactly these writes), so the two runs give the
+# cost of judging.
 set -u
 BIN=${1:-.build/release/banyan}; WRITES=${2:-150}; P=${3:-28600}
 CLIENTS=8
@@ -42,15 +46,24 @@ for _ in $(seq 1 150); do
   sleep 2
 done
 [ -n "$leader" ] || { echo "no leader elected" >&2; exit 1; }
+AS_CLIENTS=${AS_CLIENTS:-}
+if [ -n "${RULES:-}" ]; then
+  AS_CLIENTS=1
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT --data-binary @"$RULES" "http://127.0.0.1:$((P + leader))/.settings/rules.json?ns=bench&auth=owner")
+  [ "$code" = 200 ] || { echo "setting the rules: HTTP $code" >&2; exit 1; }
+fi
 cat > "$D/load.py" << 'EOF'
-import http.client, sys, threading
+import base64, http.client, os, sys, threading
 port, n, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+as_clients = bool(os.environ.get("AS_CLIENTS"))
 failed = []
+def b64(text): return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 def client(t):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    token = b64('{"alg":"none","typ":"JWT"}') + "." + b64('{"sub":"c%d","user_id":"c%d"}' % (t, t)) + "." if as_clients else "owner"
     for i in range(n):
-        body = str(i)
-        c.request("PUT", f"/bench/c{t}/k{i % 1000}.json?ns=bench&print=silent&auth=owner", body=body)
+        body = '{"c":%d,"i":%d}' % (t, i) if as_clients else str(i)
+        c.request("PUT", f"/bench/c{t}/k{i % 1000}.json?ns=bench&print=silent&auth={token}", body=body)
         r = c.getresponse(); r.read()
         if r.status != 204: failed.append(r.status)
 ts = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
@@ -58,6 +71,7 @@ for t in ts: t.start()
 for t in ts: t.join()
 if failed: sys.exit(f"{len(failed)} writes failed: {failed[:5]}")
 EOF
+export AS_CLIENTS
 python3 "$D/load.py" $((P + leader)) 100 $CLIENTS || exit 1
 for i in 1 2 3; do callgrind_control -i on "$(cat "$D/pid$i")" > /dev/null 2>&1; done
 python3 "$D/load.py" $((P + leader)) "$WRITES" $CLIENTS || exit 1
