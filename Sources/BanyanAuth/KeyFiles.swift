@@ -185,6 +185,14 @@ public enum KeyFiles {
         return try rsaPublicKey(inner)
     }
 
+    /// Whether `der` is a SubjectPublicKeyInfo of an RSA key (`rsaEncryption` or `id-RSASSA-PSS`).
+    public static func holdsRSAKey(subjectPublicKeyInfo der: [UInt8]) -> Bool {
+        var outer = DERReader(der[...])
+        guard var spki = outer.next(tag: 0x30)?.contents, var algorithm = spki.next(tag: 0x30)?.contents, let oid = algorithm.next(tag: 0x06)?.element
+        else { return false }
+        return oid.elementsEqual(rsaEncryptionOID) || oid.elementsEqual(rsaPSSOID)
+    }
+
     /// The DER of the OID 1.2.840.113549.1.1.1 (rsaEncryption), tag and length included.
     static let rsaEncryptionOID: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01]
     /// The DER of the OID 1.2.840.113549.1.1.10 (id-RSASSA-PSS).
@@ -196,10 +204,13 @@ public enum KeyFiles {
         guard let n = fields.next(tag: 0x02)?.contents.rest, let e = fields.next(tag: 0x02)?.contents.rest, fields.isAtEnd else {
             throw KeyFileError("an RSAPublicKey is a SEQUENCE of two INTEGERs (modulus, exponent)")
         }
+        // As BoringSSL reads them: non-negative, in the fewest bytes (a leading zero byte only
+        // before a byte with its top bit set).
         func positive(_ integer: ArraySlice<UInt8>, _ name: String) throws(KeyFileError) -> [UInt8] {
             guard let first = integer.first, first & 0x80 == 0 else { throw KeyFileError("the RSA \(name) is not a positive INTEGER") }
-            let digits = integer.drop { $0 == 0 }
-            guard !digits.isEmpty else { throw KeyFileError("the RSA \(name) is zero") }
+            let digits = integer.dropFirst(first == 0 ? 1 : 0)
+            guard let lead = digits.first else { throw KeyFileError("the RSA \(name) is zero") }
+            guard first != 0 || lead & 0x80 != 0 else { throw KeyFileError("the RSA \(name) is not in the fewest bytes (DER)") }
             return Array(digits)
         }
         return (try positive(n, "modulus"), try positive(e, "exponent"))

@@ -65,3 +65,19 @@ struct RSAKeySet: Sendable {
         }
     }
 }
+
+extension KeyFiles {
+    /// Makes (and drops) the RSA key of a DER public key as `RSAKeySet` would: an error with the
+    /// reason when the key is malformed or its numbers make no key. For keys other libraries
+    /// would hand to swift-crypto's DER initializer (a certificate's, in swift-certificates),
+    /// checked first so that a key BoringSSL refuses never gets there (`RSAKeySet.key(der:)`).
+    public static func checkRSAPublicKey(der: [UInt8]) throws(KeyFileError) {
+        do {
+            _ = try RSAKeySet.key(der: der)
+        } catch let error as KeyFileError {
+            throw error
+        } catch {
+            throw KeyFileError("the RSA key's numbers make no key (\(error))")
+        }
+    }
+}

@@ -316,6 +316,7 @@ enum TokenFactory {
             (Self.tlv(0x30, Self.tlv(0x02, n) + Self.tlv(0x02, e)), "modulus is not a positive INTEGER"),
             (Self.tlv(0x30, Self.tlv(0x02, [0]) + Self.tlv(0x02, e)), "modulus is zero"),
             (Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, [])), "exponent is not a positive INTEGER"),
+            (Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, [0] + e)), "exponent is not in the fewest bytes"),
         ] {
             #expect(throws: KeyFileError.self, "\(reason)") { try KeyFiles.rsaComponents(der: der) }
             do {
