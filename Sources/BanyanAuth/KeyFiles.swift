@@ -150,6 +150,72 @@ public enum KeyFiles {
         return Array(spki.element)
     }
 
+    /// The modulus and exponent (big-endian, without leading zero bytes) of an RSA public key's
+    /// DER: a SubjectPublicKeyInfo of `rsaEncryption` (RFC 3279 2.3.1) or `id-RSASSA-PSS`, or a
+    /// PKCS #1 RSAPublicKey (RFC 8017 A.1.1), the forms a `PUBLIC KEY`, `RSA PUBLIC KEY` or
+    /// certificate gives. Only the structure is read here; whether the numbers make a usable key
+    /// is for the key's maker to say.
+    public static func rsaComponents(der: [UInt8]) throws(KeyFileError) -> (modulus: [UInt8], exponent: [UInt8]) {
+        var outer = DERReader(der[...])
+        guard var sequence = outer.next(tag: 0x30)?.contents, outer.isAtEnd else {
+            throw KeyFileError("neither a SubjectPublicKeyInfo nor a PKCS #1 RSAPublicKey (expected one DER SEQUENCE)")
+        }
+        guard sequence.peekTag == 0x30 else { return try rsaPublicKey(sequence) }
+        // SubjectPublicKeyInfo ::= SEQUENCE { algorithm AlgorithmIdentifier, subjectPublicKey BIT STRING }
+        guard var algorithm = sequence.next(tag: 0x30)?.contents, let oid = algorithm.next(tag: 0x06)?.element else {
+            throw KeyFileError("the SubjectPublicKeyInfo has no algorithm")
+        }
+        if oid.elementsEqual(rsaEncryptionOID) {
+            // The parameters are NULL (absent is taken too).
+            if !algorithm.isAtEnd {
+                guard let null = algorithm.next(tag: 0x05), null.contents.isAtEnd, algorithm.isAtEnd else {
+                    throw KeyFileError("the RSA algorithm's parameters are not NULL")
+                }
+            }
+        } else if !oid.elementsEqual(rsaPSSOID) {
+            // An RSASSA-PSS key's parameters are not read: its modulus and exponent are what a
+            // key is made of (swift-crypto's DER initializer took such keys too, parameters dropped).
+            throw KeyFileError("the SubjectPublicKeyInfo holds a key of another algorithm than RSA")
+        }
+        guard let bits = sequence.next(tag: 0x03)?.contents.rest, sequence.isAtEnd, bits.first == 0 else {
+            throw KeyFileError("the SubjectPublicKeyInfo has no whole-byte key BIT STRING")
+        }
+        var key = DERReader(bits.dropFirst())
+        guard let inner = key.next(tag: 0x30)?.contents, key.isAtEnd else { throw KeyFileError("the SubjectPublicKeyInfo's key is not an RSAPublicKey") }
+        return try rsaPublicKey(inner)
+    }
+
+    /// Whether `der` is a SubjectPublicKeyInfo of an RSA key (`rsaEncryption` or `id-RSASSA-PSS`).
+    public static func holdsRSAKey(subjectPublicKeyInfo der: [UInt8]) -> Bool {
+        var outer = DERReader(der[...])
+        guard var spki = outer.next(tag: 0x30)?.contents, var algorithm = spki.next(tag: 0x30)?.contents, let oid = algorithm.next(tag: 0x06)?.element
+        else { return false }
+        return oid.elementsEqual(rsaEncryptionOID) || oid.elementsEqual(rsaPSSOID)
+    }
+
+    /// The DER of the OID 1.2.840.113549.1.1.1 (rsaEncryption), tag and length included.
+    static let rsaEncryptionOID: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01]
+    /// The DER of the OID 1.2.840.113549.1.1.10 (id-RSASSA-PSS).
+    static let rsaPSSOID: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x0A]
+
+    /// RSAPublicKey ::= SEQUENCE { modulus INTEGER, publicExponent INTEGER }, from its contents.
+    private static func rsaPublicKey(_ contents: DERReader) throws(KeyFileError) -> (modulus: [UInt8], exponent: [UInt8]) {
+        var fields = contents
+        guard let n = fields.next(tag: 0x02)?.contents.rest, let e = fields.next(tag: 0x02)?.contents.rest, fields.isAtEnd else {
+            throw KeyFileError("an RSAPublicKey is a SEQUENCE of two INTEGERs (modulus, exponent)")
+        }
+        // As BoringSSL reads them: non-negative, in the fewest bytes (a leading zero byte only
+        // before a byte with its top bit set).
+        func positive(_ integer: ArraySlice<UInt8>, _ name: String) throws(KeyFileError) -> [UInt8] {
+            guard let first = integer.first, first & 0x80 == 0 else { throw KeyFileError("the RSA \(name) is not a positive INTEGER") }
+            let digits = integer.dropFirst(first == 0 ? 1 : 0)
+            guard let lead = digits.first else { throw KeyFileError("the RSA \(name) is zero") }
+            guard first != 0 || lead & 0x80 != 0 else { throw KeyFileError("the RSA \(name) is not in the fewest bytes (DER)") }
+            return Array(digits)
+        }
+        return (try positive(n, "modulus"), try positive(e, "exponent"))
+    }
+
     /// A database secrets file: one secret a line (blank lines and lines starting with `#`
     /// ignored, spaces around a secret trimmed). Each secret is 16 to 256 printable ASCII
     /// characters without spaces or `.` (so it cannot be mistaken for a JWT); at least one.
@@ -184,6 +250,10 @@ struct DERReader {
     init(_ bytes: ArraySlice<UInt8>) { self.bytes = bytes }
 
     var peekTag: UInt8? { bytes.first }
+    /// Whether every byte has been read.
+    var isAtEnd: Bool { bytes.isEmpty }
+    /// The bytes not yet read.
+    var rest: ArraySlice<UInt8> { bytes }
 
     /// The next element when its tag is `tag`: the whole element and a reader of its contents.
     mutating func next(tag: UInt8) -> (element: ArraySlice<UInt8>, contents: DERReader)? {

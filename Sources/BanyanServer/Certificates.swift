@@ -1,3 +1,4 @@
+import BanyanAuth
 import Crypto
 import Foundation
 import SwiftASN1
@@ -195,12 +196,31 @@ public enum DevCertificates {
         let text = try read(path)
         let certificates: [Certificate]
         do {
-            certificates = try PEMDocument.parseMultiple(pemString: text).map { try Certificate(pemDocument: $0) }
+            certificates = try PEMDocument.parseMultiple(pemString: text).map { document in
+                try checkRSAKey(certificate: document.derBytes)
+                return try Certificate(pemDocument: document)
+            }
+        } catch let error as KeyFileError {
+            throw CertificateError(path: path, code: .malformed, reason: error.message)
         } catch {
             throw CertificateError(path: path, code: .malformed, reason: "not a PEM certificate: \(error)")
         }
         guard !certificates.isEmpty else { throw CertificateError(path: path, code: .malformed, reason: "no certificate in the file") }
         return certificates
+    }
+
+    /// Refuses a certificate whose RSA key is malformed or makes no key, before
+    /// swift-certificates reads it: it would hand the key to swift-crypto's DER initializer,
+    /// which frees its key twice when BoringSSL refuses it (see `RSAKeySet.key(der:)`), and a
+    /// certificate file, at start or on a TLS reload, must be refused with its reason, never
+    /// abort the node. Other keys, and what is not a certificate, are left to swift-certificates.
+    static func checkRSAKey(certificate der: [UInt8]) throws(KeyFileError) {
+        guard let spki = try? KeyFiles.subjectPublicKeyInfo(certificate: der), KeyFiles.holdsRSAKey(subjectPublicKeyInfo: spki) else { return }
+        do {
+            try KeyFiles.checkRSAPublicKey(der: spki)
+        } catch {
+            throw KeyFileError("a certificate's RSA key is unusable: \(error.message)")
+        }
     }
 
     /// A PEM private key (PKCS#8 `PRIVATE KEY`, or SEC1 `EC PRIVATE KEY` / PKCS#1 `RSA PRIVATE KEY`

@@ -251,11 +251,7 @@ enum TokenFactory {
         let key = try #require(TokenFactory.rsa)
         let spki = Array(key.publicKey.derRepresentation)
         // A certificate's shape around the key (the fields before it are skipped unread).
-        func tlv(_ tag: UInt8, _ body: [UInt8]) -> [UInt8] {
-            let n = body.count
-            let length: [UInt8] = n < 128 ? [UInt8(n)] : n < 256 ? [0x81, UInt8(n)] : [0x82, UInt8(n >> 8), UInt8(n & 0xFF)]
-            return [tag] + length + body
-        }
+        let tlv = Self.tlv
         let tbs = tlv(0x30, tlv(0xA0, tlv(0x02, [2])) + tlv(0x02, [1]) + tlv(0x30, []) + tlv(0x30, []) + tlv(0x30, []) + tlv(0x30, []) + spki)
         let certificate = tlv(0x30, tbs + tlv(0x30, []) + tlv(0x03, [0]))
         #expect(try KeyFiles.subjectPublicKeyInfo(certificate: certificate) == spki)
@@ -280,6 +276,66 @@ enum TokenFactory {
         }
         #expect(throws: KeyFileError.self) { try KeyFiles.x509(Array(#"{"a":"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"}"#.utf8)) }
         #expect(throws: KeyFileError.self) { try KeyFiles.x509(Array(#"{"a":"no pem here"}"#.utf8)) }
+    }
+
+    /// A DER element: tag, definite length, contents.
+    static func tlv(_ tag: UInt8, _ body: [UInt8]) -> [UInt8] {
+        let n = body.count
+        let length: [UInt8] = n < 128 ? [UInt8(n)] : n < 256 ? [0x81, UInt8(n)] : [0x82, UInt8(n >> 8), UInt8(n & 0xFF)]
+        return [tag] + length + body
+    }
+
+    @Test("an RSA public key's DER (SubjectPublicKeyInfo, RSASSA-PSS too, or PKCS #1) gives its modulus and exponent, and keys are made from those; other shapes are refused with the reason")
+    func rsaComponents() throws {
+        let key = try #require(TokenFactory.rsa).publicKey
+        let primitives = try key.getKeyPrimitives()
+        let n = Array(primitives.modulus.drop { $0 == 0 })
+        let e = Array(primitives.publicExponent.drop { $0 == 0 })
+        let pkcs1 = Array(key.pkcs1DERRepresentation)
+        #expect(pkcs1 == Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, e)))
+        func spki(oid last: UInt8 = 0x01, parameters: [UInt8] = [0x05, 0x00], unusedBits: UInt8 = 0, key: [UInt8] = pkcs1) -> [UInt8] {
+            let oid: [UInt8] = [0x06, 0x09, 0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, last]
+            return Self.tlv(0x30, Self.tlv(0x30, oid + parameters) + Self.tlv(0x03, [unusedBits] + key))
+        }
+        #expect(spki() == Array(key.derRepresentation))
+        for der in [pkcs1, spki(), spki(parameters: []), spki(oid: 0x0A, parameters: Self.tlv(0x30, []))] {
+            let numbers = try KeyFiles.rsaComponents(der: der)
+            #expect(numbers.modulus == n && numbers.exponent == e)
+        }
+        // Either form verifies tokens.
+        let verifier = try TokenVerifier(settings: .init(projectID: "demo"), publicKeys: [.init(keyID: "spki", der: spki()), .init(keyID: "pkcs1", der: pkcs1)])
+        for kid in ["spki", "pkcs1"] {
+            let token = try TokenFactory.rs256(TokenFactory.idClaims(iat: TokenVerifierTests.t), kid: kid, key: try #require(TokenFactory.rsa))
+            #expect(throws: Never.self) { try verifier.verify(token, now: TokenVerifierTests.now).get() }
+        }
+        let ec = Array(P256.Signing.PrivateKey().publicKey.derRepresentation)
+        for (der, reason) in [
+            ([0, 0, 0], "expected one DER SEQUENCE"), (pkcs1 + [0], "expected one DER SEQUENCE"), ([0x30, 0x00], "two INTEGERs"),
+            (ec, "another algorithm than RSA"), (spki(oid: 0x05), "another algorithm than RSA"), (spki(parameters: [0x02, 0x01, 0x00]), "not NULL"),
+            (spki(unusedBits: 1), "whole-byte"), (spki(key: pkcs1 + [0]), "not an RSAPublicKey"),
+            (Self.tlv(0x30, Self.tlv(0x02, n) + Self.tlv(0x02, e)), "modulus is not a positive INTEGER"),
+            (Self.tlv(0x30, Self.tlv(0x02, [0]) + Self.tlv(0x02, e)), "modulus is zero"),
+            (Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, [])), "exponent is not a positive INTEGER"),
+            (Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, [0] + e)), "exponent is not in the fewest bytes"),
+        ] {
+            #expect(throws: KeyFileError.self, "\(reason)") { try KeyFiles.rsaComponents(der: der) }
+            do {
+                _ = try KeyFiles.rsaComponents(der: der)
+            } catch {
+                #expect(error.message.contains(reason), "\(error.message)")
+            }
+            // The same, as a verifier's key: refused with the reason.
+            do {
+                _ = try TokenVerifier(settings: .init(projectID: "demo"), publicKeys: [.init(keyID: "bad", der: der)])
+                Issue.record("a verifier took \(reason)")
+            } catch {
+                #expect(error.message.contains("kid bad: not an RSA public key") && error.message.contains(reason), "\(error.message)")
+            }
+        }
+        // Well-formed numbers that make no key (an even exponent): refused by the key's maker.
+        #expect(throws: KeyFileError.self) {
+            try TokenVerifier(settings: .init(projectID: "demo"), publicKeys: [.init(keyID: "even", der: Self.tlv(0x30, Self.tlv(0x02, [0] + n) + Self.tlv(0x02, [2])))])
+        }
     }
 
     @Test("secrets files: one a line, comments and blank lines skipped, short or dotted secrets refused")

@@ -27,6 +27,7 @@ import Glibc
         private var closedAfterUpgrade = 0
         private var messages: [String] = []
         private var stopped = false
+        private var listenerClosed = false
 
         init() throws {
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -59,15 +60,25 @@ import Glibc
 
         /// Stops accepting (the serving thread closes the listener: closed here, its number could
         /// be reused by the next test's node while this thread is still about to call `accept`
-        /// on it, and it would take that node's connections).
+        /// on it, and it would take that node's connections). The shutdown is made under the
+        /// lock, and only while the listener is open: the serving thread, seeing `stopped`, may
+        /// close it at once, and a shutdown after that would hit whatever socket another test
+        /// opened on the number since.
         func stop() {
-            lock.withLock { stopped = true }
-            shutdown(listener, Int32(SHUT_RDWR))
+            lock.withLock {
+                stopped = true
+                if !listenerClosed { shutdown(listener, Int32(SHUT_RDWR)) }
+            }
         }
 
         private func serve() {
             var served = 0
-            defer { close(listener) }
+            defer {
+                lock.withLock {
+                    listenerClosed = true
+                    close(listener)
+                }
+            }
             while !lock.withLock({ stopped }) {
                 let fd = accept(listener, nil, nil)
                 guard fd >= 0 else { return }

@@ -458,13 +458,23 @@ import Testing
         return p
     }
 
-    /// Runs `banyan chaos <args> --dir dir` and returns its exit status and output (polled, so
-    /// no thread of the test's pool blocks on it; killed after `timeout` seconds).
+    /// Runs `banyan chaos <args> --dir dir` and returns its exit status and output (killed
+    /// after `timeout` seconds).
     static func chaos(_ dir: String, _ args: [String], timeout: Double = 120) async throws -> (status: Int32, output: String) {
+        let run = try await runBanyan(["chaos"] + args + ["--dir", dir], output: dir + "/chaos-\(UInt64.random(in: 0...UInt64.max)).out", timeout: timeout)
+        return (run.process.terminationStatus, run.output)
+    }
+
+    /// Runs `banyan <arguments>` (with `environment` added to this process's) to its end, its
+    /// output in the file `output`: the finished process and that output. Polled, so no thread
+    /// of the test's pool blocks on it; killed after `timeout` seconds.
+    static func runBanyan(
+        _ arguments: [String], output path: String, environment: [String: String] = [:], timeout: Double
+    ) async throws -> (process: Process, output: String) {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: try banyanBinary())
-        p.arguments = ["chaos"] + args + ["--dir", dir]
-        let path = dir + "/chaos-\(UInt64.random(in: 0...UInt64.max)).out"
+        p.arguments = arguments
+        if !environment.isEmpty { p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         FileManager.default.createFile(atPath: path, contents: nil)
         let out = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
         defer { try? out.close() }
@@ -475,12 +485,12 @@ import Testing
         while p.isRunning && ProcessProbe.state(p.processIdentifier) != .exited {
             if Date() > deadline {
                 p.terminate()
-                throw ChaosError("banyan chaos \(args.joined(separator: " ")) still ran after \(timeout) s")
+                throw ChaosError("banyan \(arguments.joined(separator: " ")) still ran after \(timeout) s")
             }
             try await Task.sleep(nanoseconds: 50_000_000)
         }
         p.waitUntilExit()
-        return (p.terminationStatus, (try? String(contentsOfFile: path, encoding: .utf8)) ?? "")
+        return (p, (try? String(contentsOfFile: path, encoding: .utf8)) ?? "")
     }
 
     /// Stops the supervisor (SIGINT, as Ctrl-C) and, as a safety net, any node it left.
