@@ -401,7 +401,7 @@ public struct RESTRequest: Sendable {
         }
         var trimmed = raw[..<bytes.index(bytes.endIndex, offsetBy: -5)]
         let parsed = trimmed.withUTF8 { bytes -> Result<(segments: [ChildKey], isPriority: Bool), RESTError> in
-            let pieces = byteRanges(bytes, separator: UInt8(ascii: "/"))
+            let pieces = bytes.ranges(separatedBy: UInt8(ascii: "/"), omittingEmpty: true)
             func text(_ range: Range<Int>) -> String { String(decoding: UnsafeBufferPointer(rebasing: bytes[range]), as: UTF8.self) }
             var segments: [ChildKey] = []
             segments.reserveCapacity(pieces.count)
@@ -486,7 +486,7 @@ public struct RESTRequest: Sendable {
         // Over the bytes in place (Substring views cost several times more; issue 14's profile).
         let parsed = copy.withUTF8 { bytes -> Result<[(String, String)], RESTError> in
             var out: [(String, String)] = []
-            for pair in byteRanges(bytes, separator: UInt8(ascii: "&")) {
+            for pair in bytes.ranges(separatedBy: UInt8(ascii: "&"), omittingEmpty: true) {
                 let equals = bytes[pair].firstIndex(of: UInt8(ascii: "="))
                 let key = pair.lowerBound..<(equals ?? pair.upperBound)
                 let value = equals.map { ($0 + 1)..<pair.upperBound } ?? pair.upperBound..<pair.upperBound
@@ -501,24 +501,6 @@ public struct RESTRequest: Sendable {
             return .success(out)
         }
         return try parsed.get()
-    }
-
-    /// The ranges between `separator`s, empty ones left out.
-    static func byteRanges(_ bytes: UnsafeBufferPointer<UInt8>, separator: UInt8) -> [Range<Int>] {
-        var ranges: [Range<Int>] = []
-        var start = 0
-        for i in 0..<bytes.count where bytes[i] == separator {
-            if i > start { ranges.append(start..<i) }
-            start = i + 1
-        }
-        if bytes.count > start { ranges.append(start..<bytes.count) }
-        return ranges
-    }
-
-    /// Percent-decodes; nil on a bad escape or invalid UTF-8.
-    static func percentDecode(_ s: Substring, plusIsSpace: Bool) -> String? {
-        var copy = s
-        return copy.withUTF8 { decode($0, plusIsSpace: plusIsSpace) }
     }
 
     /// Percent-decodes UTF-8 bytes, which must be valid UTF-8 (a piece of a `String` cut at ASCII

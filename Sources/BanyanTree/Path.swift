@@ -36,36 +36,20 @@ public struct Path: Hashable, Sendable, CustomStringConvertible, Comparable {
         let original = text
         var text = text
         let result: Result<(keys: [ChildKey], isPriority: Bool), TreeError> = text.withUTF8 { bytes in
-            // One pass to count the pieces (and find the last), so the keys take one allocation.
-            var count = 0
-            var last = 0..<0
-            var start = 0
-            for i in 0...bytes.count where i == bytes.count || bytes[i] == UInt8(ascii: "/") {
-                if i > start {
-                    count += 1
-                    last = start..<i
-                }
-                start = i + 1
-            }
-            let isPriority = allowingPriority && count > 0 && bytes[last].elementsEqual(".priority".utf8)
-            if isPriority { count -= 1 }
+            var pieces = bytes.ranges(separatedBy: UInt8(ascii: "/"), omittingEmpty: true)
+            let isPriority = allowingPriority && pieces.last.map { bytes[$0].elementsEqual(".priority".utf8) } == true
+            if isPriority { pieces.removeLast() }
             var keys: [ChildKey] = []
-            keys.reserveCapacity(count)
-            start = 0
-            for i in 0...bytes.count where keys.count < count && (i == bytes.count || bytes[i] == UInt8(ascii: "/")) {
-                defer { start = i + 1 }
-                guard i > start else { continue }
-                let piece = UnsafeBufferPointer(rebasing: bytes[start..<i])
+            keys.reserveCapacity(pieces.count)
+            for range in pieces {
+                let piece = UnsafeBufferPointer(rebasing: bytes[range])
                 let string = String(decoding: piece, as: UTF8.self)
                 guard let key = ChildKey(validUTF8: piece, string: string) else {
                     // Messages name the path as written (a write path: without empty segments
                     // and without its `.priority`).
-                    var shown = original
-                    if allowingPriority {
-                        var pieces = original.splitting(atByte: UInt8(ascii: "/"), omittingEmpty: true)
-                        if isPriority { pieces.removeLast() }
-                        shown = pieces.joined(separator: "/")
-                    }
+                    let shown = allowingPriority
+                        ? pieces.map { String(decoding: UnsafeBufferPointer(rebasing: bytes[$0]), as: UTF8.self) }.joined(separator: "/")
+                        : original
                     let problem = ChildKey.problem(with: string) ?? "keys must be 1 to \(ChildKey.maxBytes) bytes of UTF-8"
                     return .failure(TreeError(
                         .invalidPath, path: Path.printable(shown),

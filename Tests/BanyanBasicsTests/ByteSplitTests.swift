@@ -14,10 +14,31 @@ import Testing
                     let expected = text.split(separator: separator, omittingEmptySubsequences: omitting).map(String.init)
                     #expect(text.splitting(atByte: byte, omittingEmpty: omitting).map(String.init) == expected, "\(text) at \(separator)")
                 }
-                let once = text.split(separator: separator, maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
-                #expect(text.splitting(atByte: byte, maxSplits: 1, omittingEmpty: false).map(String.init) == once, "\(text) once at \(separator)")
+                for maxSplits in [1, 2] {
+                    for omitting in [true, false] {
+                        let limited = text.split(separator: separator, maxSplits: maxSplits, omittingEmptySubsequences: omitting).map(String.init)
+                        #expect(
+                            text.splitting(atByte: byte, maxSplits: maxSplits, omittingEmpty: omitting).map(String.init) == limited,
+                            "\(text) at most \(maxSplits) times at \(separator)")
+                    }
+                }
+                // A substring that starts inside a larger string: pieces cut at the right offsets.
+                let inner = ("x/" + text + "/y").dropFirst(2).dropLast(2)
+                #expect(
+                    inner.splitting(atByte: byte, omittingEmpty: false).map(String.init)
+                        == text.split(separator: separator, omittingEmptySubsequences: false).map(String.init), "\(text) inside")
             }
         }
+    }
+
+    @Test("ranges over a buffer: offsets of the pieces, empty ones kept or left out")
+    func bufferRanges() {
+        Array("/ab//c/".utf8).withUnsafeBufferPointer { bytes in
+            #expect(bytes.ranges(separatedBy: UInt8(ascii: "/"), omittingEmpty: true) == [1..<3, 5..<6])
+            #expect(bytes.ranges(separatedBy: UInt8(ascii: "/"), omittingEmpty: false) == [0..<0, 1..<3, 4..<4, 5..<6, 7..<7])
+            #expect(bytes.ranges(separatedBy: UInt8(ascii: "/"), maxSplits: 1, omittingEmpty: true) == [1..<3, 4..<7])
+        }
+        [UInt8]().withUnsafeBufferPointer { #expect($0.ranges(separatedBy: UInt8(ascii: "/"), omittingEmpty: false) == [0..<0]) }
     }
 
     @Test("a separator followed by a combining mark still separates (code-unit splitting, as Firebase does)")
