@@ -36,12 +36,13 @@ public enum Access {
     /// settings an unsigned token in the emulator's shape (a JWT with `"alg": "none"`, as the
     /// SDKs' `mockUserToken` makes) names its user. Any other token goes to `verify` when the node
     /// verifies tokens (docs/security.md): it answers a user, an administrator (a database secret,
-    /// a custom token with `admin`), or a refusal with the reason. Without `verify`, other tokens
-    /// count as signed out while unauthenticated access is allowed, and are refused otherwise.
+    /// a custom token with `admin`), or a refusal with the reason. When `verify` answers nil (no
+    /// verifier), other tokens count as signed out while unauthenticated access is allowed, and are
+    /// refused otherwise.
     /// `unsignedAuth` reads an unsigned token (`unsignedTokenAuth`, or a cache of its answers).
     public static func identity(
         _ authorization: RESTRequest.Authorization, override: String?, acceptOwnerToken: Bool, developmentTokens: Bool,
-        unsignedAuth: (String) -> [UInt8]? = unsignedTokenAuth, verify: ((String) -> ClientIdentity)? = nil
+        unsignedAuth: (String) -> [UInt8]? = unsignedTokenAuth, verify: (String) -> ClientIdentity? = { _ in nil }
     ) -> ClientIdentity {
         func administrator() -> ClientIdentity {
             guard let override else { return .administrator(override: nil) }
@@ -59,8 +60,7 @@ public enum Access {
             let token: String
             if case .other(let t) = authorization { token = t } else { token = "owner" }
             if developmentTokens, let json = unsignedAuth(token) { return .client(.user(json: json)) }
-            if let verify, case .other = authorization {
-                let verified = verify(token)
+            if case .other = authorization, let verified = verify(token) {
                 if case .administrator = verified { return administrator() }
                 return verified
             }

@@ -68,17 +68,33 @@ public enum Route: Sendable, Equatable {
     /// The route of a request. `uri` is the request target as sent (path and query).
     public static func of(method: String, uri: String) -> Route {
         let query = uri.utf8.firstIndex(of: UInt8(ascii: "?"))
-        let path = query.map { uri[..<$0] } ?? Substring(uri)
-        // Compared as UTF-8 bytes (every name here is ASCII): `==` and `hasPrefix` on strings
-        // compare `Character`s, which cost more than the rest of routing (issue 14's profile).
-        let bytes = path.utf8
-        func `is`(_ name: StaticString) -> Bool { bytes.elementsEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)) }
-        func starts(_ name: StaticString) -> Bool { bytes.starts(with: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)) }
-        if `is`("/metrics") && method == "GET" { return .metrics }
-        if `is`("/.ws") || `is`("/.lp") { return .realtime }
-        if `is`("/.settings/rules.json") || `is`("/.settings/rules") { return .rules }
-        if starts("/identitytoolkit.googleapis.com/") || starts("/securetoken.googleapis.com/") { return .accounts }
-        guard starts("/.banyan/") else { return .data }
+        var path = query.map { uri[..<$0] } ?? Substring(uri)
+        // Compared as UTF-8 bytes in place (every name here is ASCII), lengths first: `==` and
+        // `hasPrefix` on strings compare `Character`s, and `elementsEqual` over a UTF-8 view
+        // walks it generically; both cost more than the rest of routing (issue 14's profiles).
+        let route: Route? = path.withUTF8 { bytes in
+            func matches(_ name: StaticString, prefix: Bool) -> Bool {
+                let count = name.utf8CodeUnitCount
+                guard prefix ? bytes.count >= count : bytes.count == count else { return false }
+                let name = name.utf8Start
+                for i in 0..<count where bytes[i] != name[i] { return false }
+                return true
+            }
+            func `is`(_ name: StaticString) -> Bool { matches(name, prefix: false) }
+            func starts(_ name: StaticString) -> Bool { matches(name, prefix: true) }
+            // Every special route starts "/." or "/m", "/i" or "/s": any other path is data.
+            guard bytes.count >= 2 else { return .data }
+            switch bytes[1] {
+            case UInt8(ascii: "."), UInt8(ascii: "m"), UInt8(ascii: "i"), UInt8(ascii: "s"): break
+            default: return .data
+            }
+            if `is`("/metrics") && method == "GET" { return .metrics }
+            if `is`("/.ws") || `is`("/.lp") { return .realtime }
+            if `is`("/.settings/rules.json") || `is`("/.settings/rules") { return .rules }
+            if starts("/identitytoolkit.googleapis.com/") || starts("/securetoken.googleapis.com/") { return .accounts }
+            return starts("/.banyan/") ? nil : .data
+        }
+        if let route { return route }
         let parts = path.dropFirst("/.banyan/".count).split(separator: "/", omittingEmptySubsequences: false)
         return .admin(admin(method: method, parts, query: query.map { uri[uri.index(after: $0)...] } ?? ""))
     }

@@ -70,27 +70,28 @@ struct Credentials: Sendable {
         let development = development
         var hit: CredentialCache.Entry?
         if case .other(let token) = authorization { hit = cache.lookup(token, now: now) }
-        let unsigned = { (token: String) -> [UInt8]? in
-            if case .unsigned(let auth)? = hit { return auth }
-            guard let auth = Access.unsignedTokenAuth(token) else { return nil }
-            self.cache.insert(token, .unsigned(auth), now: now)
-            return auth
-        }
-        let verify = { (token: String) -> ClientIdentity in
-            guard let result = self.verifySigned(token, now: now, hit: hit) else {
-                // No verifier: what `Access.identity` does without one.
-                return development.allowUnauthenticated ? .client(.signedOut) : .refused("Unauthorized request.")
-            }
-            switch result {
-            case .success(let verified):
-                validUntil = verified.validUntil
-                return Self.identity(verified)
-            case .failure(let error): return .refused(error.reason)
-            }
-        }
+        // The closures are passed straight in (not stored first), so they do not escape: no
+        // copy of these credentials and no boxes for the locals they touch, on every request.
         let identity = Access.identity(
             authorization, override: override, acceptOwnerToken: development.acceptOwnerToken, developmentTokens: development.allowUnauthenticated,
-            unsignedAuth: unsigned, verify: verify)
+            unsignedAuth: { token in
+                if case .unsigned(let auth)? = hit { return auth }
+                guard let auth = Access.unsignedTokenAuth(token) else { return nil }
+                cache.insert(token, .unsigned(auth), now: now)
+                return auth
+            },
+            verify: { token in
+                guard let result = verifySigned(token, now: now, hit: hit) else {
+                    // No verifier: what `Access.identity` does without one.
+                    return development.allowUnauthenticated ? .client(.signedOut) : .refused("Unauthorized request.")
+                }
+                switch result {
+                case .success(let verified):
+                    validUntil = verified.validUntil
+                    return Self.identity(verified)
+                case .failure(let error): return .refused(error.reason)
+                }
+            })
         return (identity, validUntil)
     }
 

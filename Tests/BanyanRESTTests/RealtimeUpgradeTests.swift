@@ -167,6 +167,18 @@ import Testing
             ("GET", "/users/ada.json", .data),
             ("PUT", "/.json?ns=a", .data),
             ("GET", "/.banyan", .data),
+            ("GET", "/.settings/rules.json", .rules),
+            ("PUT", "/.settings/rules?auth=x", .rules),
+            ("GET", "/.settings/rules.jsonx", .data),
+            ("POST", "/identitytoolkit.googleapis.com/v1/accounts:signUp?key=k", .accounts),
+            ("POST", "/securetoken.googleapis.com/v1/token", .accounts),
+            ("POST", "/identitytoolkit.googleapis.com", .data),
+            ("GET", "/metricsx", .data),
+            ("GET", "/s.json", .data),
+            ("GET", "/m", .data),
+            ("GET", "/", .data),
+            ("GET", "", .data),
+            ("GET", "?x=/.ws", .data),
         ]
         for (method, uri, route) in cases {
             #expect(Route.of(method: method, uri: uri) == route, "\(method) \(uri)")
