@@ -48,6 +48,22 @@ struct BanyanSim: ParsableCommand {
         }
     }
 
+    /// Every option that changes what a seed runs, as flags: a failing seed's replay line must
+    /// give all of them, or it replays another run.
+    var replayFlags: String {
+        var flags = ""
+        if let nodes { flags += " --nodes \(nodes)" }
+        if let operations { flags += " --operations \(operations)" }
+        if noFaults { flags += " --no-faults" }
+        if sessions { flags += " --sessions" }
+        if rules { flags += " --rules" }
+        if accounts { flags += " --accounts" }
+        if clientWrites { flags += " --client-writes" }
+        if let snapshotLogBytes { flags += " --snapshot-log-bytes \(snapshotLogBytes)" }
+        if let sabotage { flags += " --sabotage \(sabotage)" }
+        return flags
+    }
+
     func wholeNodeOptions(_ s: UInt64) -> WholeNodeOptions {
         var o = WholeNodeOptions(seed: s)
         o.operations = operations ?? 300
@@ -94,10 +110,7 @@ struct BanyanSim: ParsableCommand {
             if !report.passed {
                 failures.append(s)
                 print(report.summary)
-                print(
-                    "replay: swift run -c release banyan-sim --seed \(s)\(nodes.map { " --nodes \($0)" } ?? "")"
-                        + "\(operations.map { " --operations \($0)" } ?? "")\(noFaults ? " --no-faults" : "")\(sessions ? " --sessions" : "")\(rules ? " --rules" : "")\(accounts ? " --accounts" : "")\(clientWrites ? " --client-writes" : "")"
-                        + "\(sabotage.map { " --sabotage \($0)" } ?? "")")
+                print("replay: swift run -c release banyan-sim --seed \(s)\(replayFlags)")
             } else if report.excused {
                 // Printed too: such seeds are counted apart, never silently.
                 excused.append(s)
