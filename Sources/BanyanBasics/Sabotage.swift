@@ -20,6 +20,11 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Issue 14, item 5: read-index contexts restart at 1 in every replica, and a follower takes
     /// an answer from any peer of its term.
     case reusedReadContexts = "reused-read-contexts"
+    /// Issue 14, item 6: the core takes a restored log of any shape (not starting after the
+    /// snapshot, with gaps, commit beyond the end), and a follower takes a peer's append whose
+    /// entries are not numbered prevIndex+1, prevIndex+2, …, leaving gaps in its log. Unit tests
+    /// only (`PersistedShapeTests`): honest simulated peers never send such appends.
+    case uncheckedLogShape = "unchecked-log-shape"
     /// Issue 14, item 7: after a failed fsync the restarted node reads its log through the page
     /// cache, where the bytes whose write failed still look written.
     case readThroughPageCache = "read-through-page-cache"

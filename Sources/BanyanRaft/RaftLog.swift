@@ -80,15 +80,17 @@ struct RaftLog: Sendable {
     /// Returns the index of the last new entry, or nil when the check fails. A conflicting suffix
     /// is truncated; committed entries are never truncated (a conflict there is reported).
     /// `checkPrevTerm` is false only under `Sabotage.skipConsistencyCheck` (the index is still
-    /// checked).
-    mutating func maybeAppend(prevIndex: UInt64, prevTerm: UInt64, commit: UInt64, entries new: [LogEntry], checkPrevTerm: Bool = true)
+    /// checked), `checkNumbering` only under `Sabotage.uncheckedLogShape`.
+    mutating func maybeAppend(
+        prevIndex: UInt64, prevTerm: UInt64, commit: UInt64, entries new: [LogEntry], checkPrevTerm: Bool = true, checkNumbering: Bool = true
+    )
         -> (lastNew: UInt64, truncatedCommitted: Bool)?
     {
         guard checkPrevTerm ? matchTerm(prevIndex, prevTerm) : term(at: prevIndex) != nil else { return nil }
         // Peer input: entries must be numbered prevIndex+1, prevIndex+2, … (the node drops a
         // malformed append before it gets here; this keeps the log safe on its own, since the
         // arithmetic below relies on it).
-        for (k, e) in new.enumerated() where e.index != prevIndex &+ 1 &+ UInt64(k) { return nil }
+        for (k, e) in new.enumerated() where checkNumbering && e.index != prevIndex &+ 1 &+ UInt64(k) { return nil }
         let lastNew = prevIndex + UInt64(new.count)
         let conflict = findConflict(new)
         if conflict != 0 {

@@ -105,7 +105,7 @@ public struct RaftNode: Sendable {
     /// cluster: it waits to be added and never campaigns or votes until it has a membership).
     public init(configuration: RaftConfiguration, restoring persisted: PersistedState) throws(RaftError) {
         try configuration.validate()
-        try Self.validate(persisted)
+        if configuration.sabotage != .uncheckedLogShape { try Self.validate(persisted) }
         self.configuration = configuration
         random = SeededRandom(seed: configuration.seed)
         log = RaftLog(persisted)
@@ -809,7 +809,7 @@ public struct RaftNode: Sendable {
             // A malformed append (entries not numbered prevIndex+1, prevIndex+2, …, or of a term
             // newer than the message's) is dropped: peer input must never crash the core.
             let malformed = entries.enumerated().contains { k, e in e.index != prevIndex &+ 1 &+ UInt64(k) || e.term > m.term }
-            if malformed {
+            if malformed && configuration.sabotage != .uncheckedLogShape {
                 invalidMessages += 1
                 return
             }
@@ -983,7 +983,7 @@ public struct RaftNode: Sendable {
         }
         if let result = log.maybeAppend(
             prevIndex: prevIndex, prevTerm: prevTerm, commit: commit, entries: entries,
-            checkPrevTerm: configuration.sabotage != .skipConsistencyCheck)
+            checkPrevTerm: configuration.sabotage != .skipConsistencyCheck, checkNumbering: configuration.sabotage != .uncheckedLogShape)
         {
             // `truncatedCommitted` would mean a leader contradicts a committed entry: refuse the
             // append rather than lose committed data (it cannot happen if Raft's invariants hold).

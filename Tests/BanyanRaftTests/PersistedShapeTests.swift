@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanRaft
 import Testing
 
@@ -10,7 +11,9 @@ import Testing
         LogEntry(index: index, term: term, kind: .command, data: [UInt8(truncatingIfNeeded: index)])
     }
 
-    static func refuses(_ persisted: PersistedState) -> Bool {
+    static func refuses(_ persisted: PersistedState, sabotage: Sabotage = .none) -> Bool {
+        var configuration = configuration
+        configuration.sabotage = sabotage
         do {
             _ = try RaftNode(configuration: configuration, restoring: persisted)
             return false
@@ -49,5 +52,29 @@ import Testing
         node.step(Message(from: 2, to: 1, term: 2, body: .append(prevIndex: 1, prevTerm: 1, entries: entries, commit: 1)))
         #expect(node.invalidMessages == 1)
         #expect(node.lastIndex == 1)
+    }
+
+    /// The checks above, undone (`--sabotage unchecked-log-shape`): the same inputs get through,
+    /// so the tests above are what stands between them and a log with gaps. (Only appends with
+    /// gaps are sent here: an out-of-order append can trap the unchecked arithmetic, which is the
+    /// crash item 6 names.)
+    @Test("with the shape checks sabotaged, a misshapen restored log is taken and an append with a gap corrupts the log")
+    func sabotaged() throws {
+        let start2 = PersistedState(hardState: HardState(term: 1, mayVote: true), entries: [Self.entry(2, 1), Self.entry(3, 1)])
+        #expect(Self.refuses(start2))
+        #expect(!Self.refuses(start2, sabotage: .uncheckedLogShape))
+        let beyond = PersistedState(hardState: HardState(term: 1, commit: 3, mayVote: true), entries: [Self.entry(1, 1), Self.entry(2, 1)])
+        #expect(!Self.refuses(beyond, sabotage: .uncheckedLogShape))
+        for indexes: [UInt64] in [[5], [2, 4]] {
+            var configuration = Self.configuration
+            configuration.sabotage = .uncheckedLogShape
+            var node = try RaftNode(configuration: configuration, restoring: RaftNode.bootstrapState(members: [1, 2, 3]))
+            node.step(Message(from: 2, to: 1, term: 2, body: .append(prevIndex: 1, prevTerm: 1, entries: indexes.map { Self.entry($0, 2) }, commit: 1)))
+            #expect(node.invalidMessages == 0, "\(indexes)")
+            #expect(node.lastIndex == 1 + UInt64(indexes.count), "\(indexes): the entries were taken")
+            // Position 2 of the log now holds an entry numbered otherwise, or a later one does.
+            let numbered = (2...node.lastIndex).map { node.entry(at: $0)?.index }
+            #expect(numbered != (2...node.lastIndex).map { Optional($0) }, "\(indexes): the log is misnumbered")
+        }
     }
 }
