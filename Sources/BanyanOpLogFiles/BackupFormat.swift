@@ -239,11 +239,21 @@ public final class BackupDecoder {
         return out
     }
 
+    /// The little-endian integers of a fixed-size part already read whole (`take`), through the
+    /// shared codec: bounds-checked, so a caller's wrong offset reads 0 instead of trapping.
     private static func u32(_ b: [UInt8], _ at: Int) -> UInt32 {
-        UInt32(b[at]) | UInt32(b[at + 1]) << 8 | UInt32(b[at + 2]) << 16 | UInt32(b[at + 3]) << 24
+        b.withUnsafeBytes { raw in
+            var r = ByteReader(raw, at: at)
+            return (try? r.u32("a backup field")) ?? 0
+        }
     }
 
-    private static func u64(_ b: [UInt8], _ at: Int) -> UInt64 { UInt64(u32(b, at)) | UInt64(u32(b, at + 4)) << 32 }
+    private static func u64(_ b: [UInt8], _ at: Int) -> UInt64 {
+        b.withUnsafeBytes { raw in
+            var r = ByteReader(raw, at: at)
+            return (try? r.u64("a backup field")) ?? 0
+        }
+    }
 
     /// Reads and checks the header.
     public func readHeader() throws -> BackupHeader {
@@ -430,9 +440,13 @@ public struct ArchivedEntry: Sendable, Equatable {
         var entries: [ArchivedEntry] = []
         var at = start
         while at < bytes.count {
-            guard bytes.count - at >= 8 else { return (entries, at, false) }
-            let length = Int(UInt32(bytes[at]) | UInt32(bytes[at + 1]) << 8 | UInt32(bytes[at + 2]) << 16 | UInt32(bytes[at + 3]) << 24)
-            let stored = UInt32(bytes[at + 4]) | UInt32(bytes[at + 5]) << 8 | UInt32(bytes[at + 6]) << 16 | UInt32(bytes[at + 7]) << 24
+            // The record's length and checksum, through the shared codec.
+            let head: (length: Int, stored: UInt32)? = bytes.withUnsafeBytes { raw in
+                var r = ByteReader(raw, at: at)
+                guard let length = try? r.u32("record length"), let stored = try? r.u32("record checksum") else { return nil }
+                return (Int(length), stored)
+            }
+            guard let (length, stored) = head else { return (entries, at, false) }
             guard length >= 17, length <= maxRecordBytes else {
                 throw BackupError(offset: baseOffset + UInt64(at), "an archived record has an implausible length \(length)")
             }
