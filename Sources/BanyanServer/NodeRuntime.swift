@@ -326,10 +326,9 @@ public final class NodeRuntime: @unchecked Sendable {
         _ done: @escaping @Sendable (WriteResult) -> Void
     ) {
         submit {
-            let id = self.newRequest()
-            self.writeCompletions[id] = Completion(loop: caller, done: done)
-            self.core.write(id, namespace: namespace, command: command, session: session, auth: auth, clientWrite: clientWrite)
-            self.scheduleProcess()
+            self.begin(\.writeCompletions, Completion(loop: caller, done: done)) { id in
+                self.core.write(id, namespace: namespace, command: command, session: session, auth: auth, clientWrite: clientWrite)
+            }
         }
     }
 
@@ -355,10 +354,9 @@ public final class NodeRuntime: @unchecked Sendable {
         namespace: String, stale: Bool, on caller: any EventLoop, _ done: @escaping @Sendable (Result<Tree, ReplicaError>) -> Void
     ) {
         submit {
-            let id = self.newRequest()
-            self.readCompletions[id] = Completion(loop: caller, done: done)
-            self.core.read(id, namespace: namespace, stale: stale)
-            self.scheduleProcess()
+            self.begin(\.readCompletions, Completion(loop: caller, done: done)) { id in
+                self.core.read(id, namespace: namespace, stale: stale)
+            }
         }
     }
 
@@ -370,8 +368,7 @@ public final class NodeRuntime: @unchecked Sendable {
         on caller: any EventLoop, _ done: @escaping @Sendable (Result<(StateMachine, BackupHeader), ReplicaError>) -> Void
     ) {
         submit {
-            let id = self.newRequest()
-            self.readCompletions[id] = Completion(loop: self.loop) { result in
+            let completion = Completion<Result<Tree, ReplicaError>>(loop: self.loop) { result in
                 switch result {
                 case .failure(let e): caller.execute { done(.failure(e)) }
                 case .success:
@@ -388,8 +385,7 @@ public final class NodeRuntime: @unchecked Sendable {
                     caller.execute { done(.success((machine, header))) }
                 }
             }
-            self.core.read(id, namespace: Self.clusterNamespace, stale: false)
-            self.scheduleProcess()
+            self.begin(\.readCompletions, completion) { id in self.core.read(id, namespace: Self.clusterNamespace, stale: false) }
         }
     }
 
@@ -603,6 +599,16 @@ public final class NodeRuntime: @unchecked Sendable {
         return nextRequest
     }
 
+    /// The one way a request enters the core (on the replica loop): a new id, its completion
+    /// registered under it in `table` before the core can answer, the core called with the id,
+    /// and a pass scheduled.
+    private func begin<C>(_ table: ReferenceWritableKeyPath<NodeRuntime, [RequestID: C]>, _ completion: C, _ call: (RequestID) -> Void) {
+        let id = newRequest()
+        self[keyPath: table][id] = completion
+        call(id)
+        scheduleProcess()
+    }
+
     // MARK: - Batching across threads
 
     /// Queues work for the replica loop; only the first of a batch wakes it.
@@ -658,8 +664,7 @@ public final class NodeRuntime: @unchecked Sendable {
             let watchID = self.nextWatch
             self.nextWatch += 1
             self.watchHandlers[watchID] = handler
-            let id = self.newRequest()
-            self.readCompletions[id] = Completion(loop: self.loop) { result in
+            let started = Completion<Result<Tree, ReplicaError>>(loop: self.loop) { result in
                 switch result {
                 case .success: promise.succeed(.success(watchID))
                 case .failure(let e):
@@ -667,9 +672,8 @@ public final class NodeRuntime: @unchecked Sendable {
                     promise.succeed(.failure(e))
                 }
             }
-            self.core.watch(id, watch: watchID, namespace: namespace, stale: stale)
+            self.begin(\.readCompletions, started) { id in self.core.watch(id, watch: watchID, namespace: namespace, stale: stale) }
             self.flushReplies()
-            self.scheduleProcess()
         }
         return promise.futureResult
     }
@@ -686,10 +690,9 @@ public final class NodeRuntime: @unchecked Sendable {
     public func addMember(id: UInt64, peerAddress: HostPort) -> EventLoopFuture<Result<Membership, ReplicaError>> {
         let promise = loop.makePromise(of: Result<Membership, ReplicaError>.self)
         loop.execute {
-            let request = self.newRequest()
-            self.memberCompletions[request] = promise
-            self.core.addMember(request, node: id, address: peerAddress.description)
-            self.scheduleProcess()
+            self.begin(\.memberCompletions, promise) { request in
+                self.core.addMember(request, node: id, address: peerAddress.description)
+            }
         }
         return promise.futureResult
     }
@@ -697,10 +700,7 @@ public final class NodeRuntime: @unchecked Sendable {
     public func changeMembership(_ change: MembershipChange) -> EventLoopFuture<Result<Membership, ReplicaError>> {
         let promise = loop.makePromise(of: Result<Membership, ReplicaError>.self)
         loop.execute {
-            let id = self.newRequest()
-            self.memberCompletions[id] = promise
-            self.core.changeMembership(id, change)
-            self.scheduleProcess()
+            self.begin(\.memberCompletions, promise) { id in self.core.changeMembership(id, change) }
         }
         return promise.futureResult
     }
