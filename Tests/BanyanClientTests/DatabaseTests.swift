@@ -33,17 +33,35 @@ import Testing
     struct TimedOut: Error {}
 
     /// `body`, or `TimedOut` after `seconds` (an SDK call that never completes fails the test
-    /// instead of hanging it).
+    /// instead of hanging it). The body runs in a task of its own that the caller does not wait
+    /// for: a task group would wait at its end for a body that ignores cancellation (an SDK call
+    /// whose completion never comes), and the bound would never end the test.
     static func bounded<T: Sendable>(_ seconds: Double = 300, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withThrowingTaskGroup(of: T.self) { group in
-            group.addTask { try await body() }
-            group.addTask {
-                try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
-                throw TimedOut()
+        let once = Once()
+        return try await withCheckedThrowingContinuation { (answer: CheckedContinuation<T, any Error>) in
+            let timer = Task {
+                try? await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+                guard !Task.isCancelled, once.claim() else { return }
+                answer.resume(throwing: TimedOut())
             }
-            guard let first = try await group.next() else { throw TimedOut() }
-            group.cancelAll()
-            return first
+            Task {
+                let result: Result<T, any Error>
+                do { result = .success(try await body()) } catch { result = .failure(error) }
+                timer.cancel()
+                if once.claim() { answer.resume(with: result) }
+            }
+        }
+    }
+
+    /// True for the first caller only.
+    final class Once: @unchecked Sendable {
+        private let lock = NSLock()
+        private var claimed = false
+        func claim() -> Bool {
+            lock.withLock {
+                defer { claimed = true }
+                return !claimed
+            }
         }
     }
 
