@@ -28,6 +28,14 @@ public enum Route: Sendable, Equatable {
             }
         }
 
+        /// The liveness and readiness probes: open to anyone, always (load balancers).
+        public var isProbe: Bool {
+            switch self {
+            case .health, .ready: true
+            default: false
+            }
+        }
+
         case status
         case health
         case ready

@@ -155,6 +155,12 @@ public struct NodeConfig: Sendable, Equatable {
         /// origins (`https://app.example.com`), or `*` for any, which only a development node
         /// may use. Nil: `*` while `development.allow_unauthenticated` is on, else none.
         public var corsOrigins: [String]?
+        /// Whether the operator endpoints that only describe the node are open to anyone who
+        /// reaches the client port: `GET /.banyan/status`, `/drain`, `/tls`, `/faults` and
+        /// `/metrics`. False: they need the operator's credentials like the rest of
+        /// `/.banyan/` (the liveness and readiness probes `/health` and `/ready` stay open for
+        /// load balancers).
+        public var openOperatorReads: Bool = true
         /// Bytes of realtime messages being assembled (fragments and protocol chunks received,
         /// the message not yet whole) the node holds at once, over all connections: each may
         /// hold up to 16 MiB, so without a node-wide bound 20,000 slow senders could hold
@@ -495,6 +501,7 @@ extension NodeConfig {
                         c.http.maxAssemblingBytes = try r.int(v, "http.max_assembling_bytes", (64 << 10)...(64 << 30))
                     case "max_queued_answer_bytes":
                         c.http.maxQueuedAnswerBytes = try r.int(v, "http.max_queued_answer_bytes", (1 << 20)...(64 << 30))
+                    case "open_operator_reads": c.http.openOperatorReads = try r.bool(v, "http.open_operator_reads")
                     case "tls_cert": c.http.tlsCertificate = try r.string(v, "http.tls_cert")
                     case "tls_key": c.http.tlsPrivateKey = try r.string(v, "http.tls_key")
                     default: throw ConfigError("\(source): unknown key http.\(k)")

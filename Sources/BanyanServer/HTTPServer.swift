@@ -907,6 +907,10 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         server.requests.increment()
         switch route {
         case .metrics:
+            if !server.config.http.openOperatorReads, let denied = authorizeOperator(head) {
+                respond(context: context, head: head, reply: denied)
+                return
+            }
             let text = server.registry.emitToBuffer()
             respond(context: context, head: head, reply: HTTPReply(status: .ok, headers: [("Content-Type", "text/plain; version=0.0.4")], body: text))
             return
@@ -919,7 +923,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             return
         case .admin(let route):
             let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
-            if head.method != .GET || route.readsData, let denied = authorizeOperator(head) {
+            let needsOperator = head.method != .GET || route.readsData || (!server.config.http.openOperatorReads && !route.isProbe)
+            if needsOperator, let denied = authorizeOperator(head) {
                 server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
                 respond(context: context, head: head, reply: denied)
                 return
@@ -1121,7 +1126,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     /// Membership and transfer requests: the operator token when one is configured; otherwise
-    /// the development settings, as for data requests. Reads (status, health, ready) are open.
+    /// the development settings, as for data requests. Reads (status, health, ready) are open
+    /// unless `http.open_operator_reads` is off (then only the probes are).
     private func authorizeOperator(_ head: HTTPRequestHead) -> HTTPReply? {
         let header = head.headers.first(name: "Authorization")
         let token = header.map { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : $0 }

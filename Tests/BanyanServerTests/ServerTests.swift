@@ -586,6 +586,35 @@ final class Inbox: Sendable {
         #expect(try await status(n, "GET", "/.banyan/log?from=x", token: "s3cret-operator-token-123") == 400)
     }
 
+    @Test("with open_operator_reads off, status, drain, TLS, faults and metrics need the operator token; the probes stay open")
+    func closedOperatorReads() async throws {
+        let dir = try temporaryDirectory("admin-closed")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let tokenFile = dir + "/admin.token"
+        let token = "s3cret-operator-token-456"
+        try (token + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        var c = NodeConfig()
+        c.dataDirectory = dir + "/data"
+        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
+        c.adminTokenFile = tokenFile
+        c.http.openOperatorReads = false
+        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { n.shutdown() }
+        for path in ["/.banyan/status", "/.banyan/drain", "/.banyan/tls", "/.banyan/faults", "/metrics"] {
+            #expect(try await status(n, "GET", path) == 401, "\(path) without a token")
+            #expect(try await status(n, "GET", path, token: "owner") == 401, "\(path) with owner")
+            // With the token the endpoint answers for itself (faults: 404 unless fault injection is on).
+            let answered = try await status(n, "GET", path, token: token)
+            #expect(path.hasSuffix("faults") ? answered != 401 : answered == 200, "\(path) with the operator token: \(answered)")
+        }
+        #expect(try await status(n, "GET", "/.banyan/health") == 200)
+        #expect(try await status(n, "GET", "/.banyan/ready") != 401)
+        // The default keeps them open (operatorToken above).
+        #expect(NodeConfig().http.openOperatorReads)
+        #expect(try NodeConfig.parse(yaml: "http:\n  open_operator_reads: false").http.openOperatorReads == false)
+    }
+
     @Test("without an operator token, membership requests follow the development settings; a short token file is refused at start")
     func developmentSettings() async throws {
         let dir = try temporaryDirectory("admin-dev")
@@ -1068,5 +1097,32 @@ final class Inbox: Sendable {
         head.send("HEAD /x.json?consistency=stale HTTP/1.1\r\nHost: a\r\nAccept: text/event-stream\r\n\r\n")
         let (text, _) = head.receive(until: "", seconds: 1)
         #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.contains("text/event-stream") && text.hasSuffix("\r\n\r\n"), "\(text)")
+    }
+}
+
+/// The example configuration operators copy (docs/operations.md, "Configuration") must be one
+/// this version accepts, with the values it shows.
+@Suite struct OperationsExampleTests {
+    static func example() throws -> String {
+        let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/operations.md")
+        let text = try String(contentsOf: url, encoding: .utf8)
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+        guard let start = lines.firstIndex(of: "```yaml"), let end = lines[(start + 1)...].firstIndex(of: "```") else {
+            Issue.record("docs/operations.md has no yaml example")
+            return ""
+        }
+        return lines[(start + 1)..<end].joined(separator: "\n")
+    }
+
+    @Test("docs/operations.md's example configuration parses, accounts limits included")
+    func parses() throws {
+        let c = try NodeConfig.parse(yaml: try Self.example(), source: "docs/operations.md")
+        #expect(c.clusterID == "prod")
+        #expect(c.accounts.failedSignInsPerAccount == 10 && c.accounts.failedSignInsPerClient == 60 && c.accounts.resetCodesPerMinute == 3)
+        #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken)
+        // The limits are range-checked like every count.
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "accounts:\n  failed_sign_ins_per_account: 0") }
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "accounts:\n  failed_sign_ins_per_client: -1") }
+        #expect(try NodeConfig.parse(yaml: "accounts:\n  failed_sign_ins_per_client: 5").accounts.failedSignInsPerClient == 5)
     }
 }
