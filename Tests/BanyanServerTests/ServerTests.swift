@@ -553,13 +553,14 @@ final class Inbox: Sendable {
         #expect(try await status(n, "GET", "/x.json?timeout=5s&consistency=stale") == 200)
     }
 
-    func node(_ dir: String, tokenFile: String?, allowUnauthenticated: Bool) throws -> BanyanNode {
+    func node(_ dir: String, tokenFile: String?, allowUnauthenticated: Bool, configure: (inout NodeConfig) -> Void = { _ in }) throws -> BanyanNode {
         var c = NodeConfig()
         c.dataDirectory = dir + "/data"
         c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
         c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
         c.adminTokenFile = tokenFile
         c.development.allowUnauthenticated = allowUnauthenticated
+        configure(&c)
         return try BanyanNode.start(config: c, logger: Logger(label: "test"))
     }
 
@@ -593,13 +594,7 @@ final class Inbox: Sendable {
         let tokenFile = dir + "/admin.token"
         let token = "s3cret-operator-token-456"
         try (token + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
-        var c = NodeConfig()
-        c.dataDirectory = dir + "/data"
-        c.clientAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.peerAddress = HostPort(host: "127.0.0.1", port: 0)
-        c.adminTokenFile = tokenFile
-        c.http.openOperatorReads = false
-        let n = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        let n = try node(dir, tokenFile: tokenFile, allowUnauthenticated: true) { $0.http.openOperatorReads = false }
         defer { n.shutdown() }
         for path in ["/.banyan/status", "/.banyan/drain", "/.banyan/tls", "/.banyan/faults", "/metrics"] {
             #expect(try await status(n, "GET", path) == 401, "\(path) without a token")
