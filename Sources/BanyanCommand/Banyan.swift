@@ -35,7 +35,7 @@ struct InputOptions: ParsableArguments {
         guard maxInputMib > 0 && maxInputMib <= 1 << 20 else { throw ValidationError("--max-input-mib must be between 1 and 1048576") }
     }
 
-    func read() throws -> (root: Tree, node: Tree, location: Path) {
+    func read() throws -> (root: Tree, tree: Tree, location: Path) {
         let bytes: [UInt8]
         if file == "-" {
             bytes = Array(FileHandle.standardInput.readDataToEndOfFile())
@@ -103,7 +103,7 @@ struct Hash: ParsableCommand {
 
     func run() throws {
         try runTool {
-            writeLine(try input.read().node.hashString)
+            writeLine(try input.read().tree.hashString)
         }
     }
 }
@@ -126,7 +126,7 @@ struct Convert: ParsableCommand {
 
     func run() throws {
         try runTool {
-            let node = try input.read().node
+            let node = try input.read().tree
             writeLine(JSONWriter.string(node, format: to == .plain ? .plain : .export, pretty: pretty))
         }
     }

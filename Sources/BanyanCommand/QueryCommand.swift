@@ -90,7 +90,7 @@ struct QueryCommand: ParsableCommand {
     func run() throws {
         try runTool {
             let query = try buildQuery()
-            let node = try input.read().node
+            let node = try input.read().tree
             switch output {
             case .json:
                 writeLine(JSONWriter.string(query.params.evaluate(node), format: .plain, pretty: pretty))

@@ -51,7 +51,7 @@ public struct ClientWriteOutcome: Sendable, Equatable {
     static let maxMessageBytes = 256
 }
 
-/// What the state machine remembers of one client's writes, kept as a node of the system
+/// What the state machine remembers of one client's writes, kept as a tree in the system
 /// namespace `$clients` (so snapshots, backups and replays carry it with no format of its own):
 /// `c` the contiguous number (every number at or below it is decided or acknowledged), `a` the
 /// numbers decided above it, `f` the failures' outcomes by number (`s` status, `m` message),
@@ -59,7 +59,7 @@ public struct ClientWriteOutcome: Sendable, Equatable {
 /// order is number order. Every operation costs O(log n) plus what it removes (each entry is
 /// added once and removed once), whatever the record's size.
 struct ClientWriteRecord {
-    private(set) var node: Tree
+    private(set) var tree: Tree
     private static let c = ChildKey(unchecked: "c")
     private static let a = ChildKey(unchecked: "a")
     private static let f = ChildKey(unchecked: "f")
@@ -67,7 +67,7 @@ struct ClientWriteRecord {
     private static let s = ChildKey(unchecked: "s")
     private static let m = ChildKey(unchecked: "m")
 
-    init(tree: Tree) { node = tree }
+    init(tree: Tree) { self.tree = tree }
 
     static func key(_ n: UInt64) -> ChildKey {
         let hex = String(n, radix: 16)
@@ -77,18 +77,18 @@ struct ClientWriteRecord {
     private static func number(_ key: ChildKey) -> UInt64? { UInt64(key.string, radix: 16) }
 
     var contiguous: UInt64 {
-        if case .int(let c)? = node.child(Self.c).leaf, c > 0 { return UInt64(c) }
+        if case .int(let c)? = tree.child(Self.c).leaf, c > 0 { return UInt64(c) }
         return 0
     }
 
     private mutating func setContiguous(_ value: UInt64) {
-        node.set(Tree(.int(Int64(clamping: value))), at: Path(segments: [Self.c]))
+        tree.set(Tree(.int(Int64(clamping: value))), at: Path(segments: [Self.c]))
     }
 
-    func contains(_ n: UInt64) -> Bool { n <= contiguous || !node.child(at: Path(segments: [Self.a, Self.key(n)])).isEmpty }
+    func contains(_ n: UInt64) -> Bool { n <= contiguous || !tree.child(at: Path(segments: [Self.a, Self.key(n)])).isEmpty }
 
     func failure(_ n: UInt64) -> ClientWriteOutcome? {
-        let entry = node.child(at: Path(segments: [Self.f, Self.key(n)]))
+        let entry = tree.child(at: Path(segments: [Self.f, Self.key(n)]))
         guard case .string(let status)? = entry.child(Self.s).leaf else { return nil }
         let message = entry.child(Self.m).leaf.flatMap { if case .string(let t) = $0 { t } else { nil } } ?? ""
         return ClientWriteOutcome(status: status, message: message)
@@ -99,8 +99,8 @@ struct ClientWriteRecord {
     mutating func acknowledge(below watermark: UInt64) {
         if watermark > contiguous + 1 { setContiguous(watermark - 1) }
         absorb()
-        while let first = node.child(Self.f).children.first, let n = Self.number(first.key), n < watermark {
-            node.set(.empty, at: Path(segments: [Self.f, first.key]))
+        while let first = tree.child(Self.f).children.first, let n = Self.number(first.key), n < watermark {
+            tree.set(.empty, at: Path(segments: [Self.f, first.key]))
         }
     }
 
@@ -110,32 +110,32 @@ struct ClientWriteRecord {
             setContiguous(n)
             absorb()
         } else {
-            node.set(Tree(.bool(true)), at: Path(segments: [Self.a, Self.key(n)]))
+            tree.set(Tree(.bool(true)), at: Path(segments: [Self.a, Self.key(n)]))
         }
     }
 
     mutating func setFailure(_ n: UInt64, _ outcome: ClientWriteOutcome) {
         var fields = [(Self.s, Tree(.string(outcome.status)))]
         if !outcome.message.isEmpty { fields.insert((Self.m, Tree(.string(outcome.message))), at: 0) }
-        node.set(Tree(sortedChildren: fields), at: Path(segments: [Self.f, Self.key(n)]))
+        tree.set(Tree(sortedChildren: fields), at: Path(segments: [Self.f, Self.key(n)]))
     }
 
     /// The leader's time of the client's last write (nil for a new record).
     var lastUsed: Int64? {
-        if case .int(let t)? = node.child(Self.t).leaf { return t }
+        if case .int(let t)? = tree.child(Self.t).leaf { return t }
         return nil
     }
 
     mutating func touch(_ timestamp: Int64) {
-        if case .int(let t)? = node.child(Self.t).leaf, t >= timestamp { return }
-        node.set(Tree(.int(timestamp)), at: Path(segments: [Self.t]))
+        if case .int(let t)? = tree.child(Self.t).leaf, t >= timestamp { return }
+        tree.set(Tree(.int(timestamp)), at: Path(segments: [Self.t]))
     }
 
     /// Moves `contiguous` over the numbers above it that follow on, and drops those it covers.
     private mutating func absorb() {
         var c = contiguous
-        while let first = node.child(Self.a).children.first, let n = Self.number(first.key), n <= c + 1 {
-            node.set(.empty, at: Path(segments: [Self.a, first.key]))
+        while let first = tree.child(Self.a).children.first, let n = Self.number(first.key), n <= c + 1 {
+            tree.set(.empty, at: Path(segments: [Self.a, first.key]))
             if n == c + 1 { c = n }
         }
         if c != contiguous { setContiguous(c) }
@@ -180,7 +180,7 @@ extension StateMachine {
         record.insert(key.number)
         if let failure = Self.clientFailure(outcome) { record.setFailure(key.number, failure) }
         record.touch(timestamp)
-        namespace.set(record.node, at: Path(segments: [child]))
+        namespace.set(record.tree, at: Path(segments: [child]))
         if let used = record.lastUsed { indexClientUse(key.client, old: lastUse, new: used) }
     }
 

@@ -29,7 +29,7 @@ public struct ServerValueContext: Sendable {
 /// have produced at that moment.
 public struct DeferredTree: Sendable {
     /// The data with each increment's place holding its bare delta.
-    public let node: Tree
+    public let tree: Tree
     let location: Path
     /// Increments, by their path below `location`, with their deltas (already checked to be numbers).
     let increments: [(relative: [ChildKey], delta: JSONValue)]
@@ -42,8 +42,8 @@ public struct DeferredTree: Sendable {
     /// this one (read it again then).
     public func resolved(existing: Tree, timestamp now: Int64) -> Tree? {
         if usesTimestamp && now != timestamp { return nil }
-        guard !increments.isEmpty else { return node }
-        var result = node
+        guard !increments.isEmpty else { return tree }
+        var result = tree
         let base = existing.child(at: location)
         for (relative, delta) in increments {
             let path = Path(segments: relative)
@@ -125,7 +125,7 @@ public enum TreeReader {
         _ bytes: [UInt8], at location: Path, timestamp: Int64, limits: TreeReadLimits = .standard
     ) throws(TreeError) -> DeferredTree {
         try run(bytes, at: location, serverValues: ServerValueContext(deferring: timestamp), limits: limits) { node, state in
-            DeferredTree(node: node, location: location, increments: state.increments, usesTimestamp: state.usedTimestamp, timestamp: timestamp)
+            DeferredTree(tree: node, location: location, increments: state.increments, usesTimestamp: state.usedTimestamp, timestamp: timestamp)
         }
     }
 
