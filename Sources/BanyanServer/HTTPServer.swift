@@ -4,6 +4,7 @@ import BanyanListen
 import BanyanRaft
 import BanyanNode
 import BanyanOpLogFiles
+import BanyanQuery
 import BanyanREST
 import BanyanSession
 import BanyanReplica
@@ -381,7 +382,8 @@ final class HTTPServer: Sendable {
 
     /// Locations and children already warned about a missing `.indexOn` (bounded: past the
     /// bound, no more warnings, so a client cannot grow it).
-    private let indexWarnings = Mutex<Set<String>>([])
+    /// The locations and children a missing-index warning was logged for (at most 10,000).
+    let indexWarnings = Mutex<Set<String>>([])
 
     /// Logs, once per namespace, location and child, a query without a declared `.indexOn`.
     func warnMissingIndex(namespace: String, path: Path, index: IndexKind) {
@@ -1019,6 +1021,11 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             }
         }
         let stale = request.consistency == .stale
+        // A query ordered by a child the rules do not index is served, and logged once per
+        // location and child, as a realtime listen's is (REST has no `no_index` warning to send).
+        if let query = request.query, let rules = rules(request.namespace), !rules.declaresIndex(query.index, at: request.path) {
+            server.warnMissingIndex(namespace: request.namespace, path: request.path, index: query.index)
+        }
         switch request.operation {
         case .options:
             respond(context: context, head: head, reply: HTTPReply(RESTRender.options(request)))

@@ -1,7 +1,8 @@
 import BanyanRules
-import BanyanServer
+@testable import BanyanServer
 import Foundation
 import Logging
+import Synchronization
 import Testing
 
 /// Security rules through a running node (docs/rules.md, "Enforcement"): set with
@@ -252,9 +253,9 @@ extension RulesServerTests {
 }
 
 extension RealtimeServerTests {
-    @Test(".indexOn: a query ordered by a child the rules do not index is served, with the no_index warning the SDKs log")
+    @Test(".indexOn: a query ordered by a child the rules do not index is served, with the no_index warning the SDKs log; REST queries are logged too")
     func indexWarnings() throws {
-        try withNode("rt-index") { port, _ in
+        try withNode("rt-index") { port, node in
             let ready = Date().addingTimeInterval(30)
             while Date() < ready, (try? http(port, "PUT", "/d/a.json?ns=rt&auth=owner", body: #"{"h":2}"#))?.status != 200 { Thread.sleep(forTimeInterval: 0.1) }
             let rules = #"{"rules": {".read": true, ".write": true, "d": {".indexOn": ["h"]}}}"#
@@ -266,6 +267,13 @@ extension RealtimeServerTests {
             let unindexed = c.messages(until: #""r":2"#)
             #expect(unindexed.last == #"{"t":"d","d":{"r":2,"b":{"s":"ok","d":{"w":["no_index"]}}}}"#, "\(unindexed)")
             #expect(unindexed.first?.contains(#""h":2"#) == true, "the data still comes: \(unindexed)")
+            // REST: served, and logged once per location and child; an indexed child is not.
+            let logged = { node.http.indexWarnings.withLock { $0 } }
+            #expect(try http(port, "GET", "/d.json?ns=rt&orderBy=%22h%22&auth=owner").status == 200)
+            #expect(!logged().contains { $0.hasPrefix("rt/d|") && $0.contains("h") && !$0.contains("w") })
+            let before = logged().count
+            #expect(try http(port, "GET", "/d.json?ns=rt&orderBy=%22v%22&auth=owner").status == 200)
+            #expect(logged().count == before + 1, "\(logged())")
         }
     }
 }
