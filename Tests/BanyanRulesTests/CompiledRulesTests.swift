@@ -104,6 +104,41 @@ import Testing
         }
     }
 
+    /// The smallest budget under which `decide` does not run out (budgets are searched up to 4,096;
+    /// a decision that runs out is monotonic in the budget). Equal smallest budgets mean equal steps.
+    static func stepsNeeded(_ rules: Rules, _ decide: (Rules) -> Decision) -> Int {
+        var low = 0
+        var high = 4_096
+        while low + 1 < high {
+            let middle = (low + high) / 2
+            var limits = rules.limits
+            limits.evaluationBudget = middle
+            let bounded = Rules(root: rules.root, limits: limits, text: rules.text)
+            if decide(bounded).reason == .budgetExceeded { low = middle } else { high = middle }
+        }
+        return high
+    }
+
+    @Test("every decision charges the same steps as before", arguments: [Corpus.rules, CompiledRulesTests.file("docs/examples/bench-rules.json")])
+    func steps(document: String) {
+        var random = SeededRandom(seed: 26)
+        let parsed = rules(document)
+        for _ in 0..<150 {
+            let auth = CompiledRulesTests.auths[random.below(CompiledRulesTests.auths.count)]
+            let context = RulesRequestContext(auth: auth, time: testTime)
+            let current = CompiledRulesTests.trees[random.below(CompiledRulesTests.trees.count)]
+            let at = path(CompiledRulesTests.paths[random.below(CompiledRulesTests.paths.count)])
+            let value = (try? Tree(json: CompiledRulesTests.values[random.below(CompiledRulesTests.values.count)])) ?? .empty
+            let write = WritePath(path: at)
+            let set = CompiledRulesTests.stepsNeeded(parsed) { $0.decideSet(value, at: write, context: context, tree: current) }
+            let referenceSet = CompiledRulesTests.stepsNeeded(parsed) { $0.referenceDecideSet(value, at: write, context: context, tree: current) }
+            #expect(set == referenceSet, "set \(at): \(set) steps against \(referenceSet)")
+            let read = CompiledRulesTests.stepsNeeded(parsed) { $0.decideRead(at: at, context: context, tree: current) }
+            let referenceRead = CompiledRulesTests.stepsNeeded(parsed) { $0.referenceDecideRead(at: at, context: context, tree: current) }
+            #expect(read == referenceRead, "read \(at): \(read) steps against \(referenceRead)")
+        }
+    }
+
     @Test("the bench's own write is judged as before")
     func benchWrite() {
         let parsed = rules(CompiledRulesTests.file("docs/examples/bench-rules.json"))
