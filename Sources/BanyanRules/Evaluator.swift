@@ -35,7 +35,9 @@ enum RuleValue {
     case bool(Bool)
     case number(Double)
     case string(String)
-    case snapshot(Snapshot)
+    /// Boxed: snapshots are few (most calls on `newData` and `data` need none), and the other
+    /// values stay small.
+    indirect case snapshot(Snapshot)
     /// A JSON object or array from `auth` (its members are read with `.` or `[]`).
     case json(JSONValue)
     /// `val()` of a location with children: compares unequal to everything, supports nothing else.
@@ -78,24 +80,25 @@ enum RuleValue {
 }
 
 /// A location in one version of the tree (the current one for `data` and `root`, the one after the
-/// write for `newData`).
+/// write for `newData`). Its path is the first `prefix` keys of the location being judged, then
+/// `suffix` (what `child()` added): no `Path` is built unless `parent()` needs one.
 struct Snapshot {
-    let root: Tree
-    let path: Path
+    /// Whether this is the tree after the write.
+    let proposed: Bool
     let node: Tree
+    let prefix: Int
+    let suffix: [ChildKey]
 
-    init(root: Tree, path: Path) {
-        self.root = root
-        self.path = path
-        self.node = root.child(at: path)
-    }
+    var depth: Int { prefix + suffix.count }
+}
 
-    /// A location whose node is already known (no descent from the root).
-    init(root: Tree, path: Path, node: Tree) {
-        self.root = root
-        self.path = path
-        self.node = node
-    }
+/// `proposed` at the judged location, when the validation walk holds it (`held`), else the empty
+/// tree. Passed down the evaluation, not stored, so reading `newData` there copies nothing.
+struct Here {
+    let node: Tree
+    let held: Bool
+
+    static let none = Here(node: .empty, held: false)
 }
 
 /// Why an expression did not produce a value: an error (the rule counts as false, as Firebase
@@ -105,86 +108,104 @@ enum EvaluationFailure: Error {
     case budget
 }
 
-/// Everything an expression can see at one location.
-struct Scope {
+/// One decision's evaluation of the compiled rules (`Program`): the request's inputs, the location
+/// being judged (a stack of keys, which also holds what the wildcards captured), the steps spent
+/// against the budget, and the trace.
+struct Judge {
+    let program: Program
     let auth: JSONValue?
     let current: Tree
     /// The tree after the write; nil for reads (the type checker keeps `newData` out of `.read`).
     let proposed: Tree?
-    let location: Path
-    let captures: [String: String]
     let query: RulesQuery
     let time: Int64
-    /// `current` and `proposed` at `location`, when the caller already holds them (a decision
-    /// walks the trees anyway): `data` and `newData` then need no descent from the root.
-    var currentNode: Tree? = nil
-    var proposedNode: Tree? = nil
-}
-
-/// Evaluates expressions, counting every step against the decision's budget.
-struct Evaluator {
     let budget: Int
     var steps = 0
+    /// The keys of the location being judged, from the root.
+    var location: [ChildKey] = []
+    /// Whether `trace` is kept.
+    let traced: Bool
+    var trace: [RuleEvaluation] = []
 
-    init(budget: Int) { self.budget = budget }
+    init(rules: Rules, context: RulesRequestContext, current: Tree, proposed: Tree?, query: RulesQuery = RulesQuery(), traced: Bool) {
+        program = rules.program
+        auth = context.auth
+        self.current = current
+        self.proposed = proposed
+        self.query = query
+        time = context.time
+        budget = rules.limits.evaluationBudget
+        self.traced = traced
+        location.reserveCapacity(8)
+    }
+
+    /// The location being judged, as a path.
+    var path: Path { Path(segments: location) }
 
     mutating func charge(_ n: Int = 1) throws(EvaluationFailure) {
         steps += n
         if steps > budget { throw .budget }
     }
 
-    /// Evaluates a rule: true, false, an error message (false), or budget exhaustion.
-    mutating func evaluate(_ rule: Rule, in scope: Scope) throws(EvaluationFailure) -> Result<Bool, RuleEvaluation.Failure> {
+    /// Evaluates rule `index` at `location`: true, false, an error message (false), or budget
+    /// exhaustion. `here`: `proposed` at `location`, when the walk holds it (`newData` then needs
+    /// no descent); it is passed down, not stored, so no evaluation copies it.
+    mutating func evaluate(_ index: Int32, _ here: Here) throws(EvaluationFailure) -> Result<Bool, RuleEvaluation.Failure> {
         try charge()
-        switch rule.body {
-        case .constant(let b): return .success(b)
-        case .expression(let e):
-            do throws(EvaluationFailure) {
-                let value = try self.value(e, scope)
-                guard case .bool(let b) = value else {
-                    return .failure(RuleEvaluation.Failure("the rule evaluated to a \(value.typeName), not a boolean"))
-                }
-                return .success(b)
-            } catch {
-                switch error {
-                case .budget: throw .budget
-                case .error(let message): return .failure(RuleEvaluation.Failure(message))
-                }
+        let entry = program.rules[Int(index)].entry
+        if entry < 0 { return .success(entry == ProgramRule.alwaysTrue) }
+        do throws(EvaluationFailure) {
+            let value = try self.value(entry, here)
+            guard case .bool(let b) = value else {
+                return .failure(RuleEvaluation.Failure("the rule evaluated to a \(value.typeName), not a boolean"))
+            }
+            return .success(b)
+        } catch {
+            switch error {
+            case .budget: throw .budget
+            case .error(let message): return .failure(RuleEvaluation.Failure(message))
             }
         }
     }
 
-    mutating func value(_ e: Expression, _ s: Scope) throws(EvaluationFailure) -> RuleValue {
+    /// The node of `tree` at the first `count` keys of `location`.
+    func descend(_ tree: Tree, _ count: Int) -> Tree {
+        var node = tree
+        var i = 0
+        while i < count, !node.isEmpty {
+            node = node.child(location[i])
+            i += 1
+        }
+        return node
+    }
+
+    mutating func value(_ index: Int32, _ here: Here) throws(EvaluationFailure) -> RuleValue {
         try charge()
-        switch e.kind {
+        let op = program.ops[Int(index)]
+        switch op.code {
         case .null: return .null
-        case .bool(let b): return .bool(b)
-        case .number(let n): return .number(n)
-        case .string(let t): return .string(t)
+        case .bool: return .bool(op.number != 0)
+        case .number: return .number(op.number)
+        case .string: return .string(program.strings[Int(op.a)])
         case .regex: throw .error("a regular expression is not a value")
         case .array: throw .error("a list is not a value")
-        case .variable(let v):
-            switch v {
-            case .auth: return s.auth.map { RuleValue($0) } ?? .null
-            case .data:
-                if let node = s.currentNode { return .snapshot(Snapshot(root: s.current, path: s.location, node: node)) }
-                return .snapshot(Snapshot(root: s.current, path: s.location))
-            case .root: return .snapshot(Snapshot(root: s.current, path: .root))
-            case .newData:
-                guard let proposed = s.proposed else { throw .error("newData is not available here") }
-                if let node = s.proposedNode { return .snapshot(Snapshot(root: proposed, path: s.location, node: node)) }
-                return .snapshot(Snapshot(root: proposed, path: s.location))
-            case .query: return .query
-            case .currentTime: return .number(Double(s.time))
-            }
-        case .capture(let name):
-            guard let value = s.captures[name] else { throw .error("\(name) is not bound") }
-            return .string(value)
-        case .member(let base, let name):
-            return try member(try value(base, s), name, s)
-        case .index(let base, let index):
-            let b = try value(base, s)
-            let i = try value(index, s)
+        case .auth: return auth.map { RuleValue($0) } ?? .null
+        case .data: return .snapshot(Snapshot(proposed: false, node: descend(current, location.count), prefix: location.count, suffix: []))
+        case .root: return .snapshot(Snapshot(proposed: false, node: current, prefix: 0, suffix: []))
+        case .newData:
+            guard let proposed else { throw .error("newData is not available here") }
+            let node = here.held ? here.node : descend(proposed, location.count)
+            return .snapshot(Snapshot(proposed: true, node: node, prefix: location.count, suffix: []))
+        case .query: return .query
+        case .currentTime: return .number(Double(time))
+        case .capture:
+            guard op.a >= 0, Int(op.a) < location.count else { throw .error("\(program.strings[Int(op.b)]) is not bound") }
+            return .string(location[Int(op.a)].string)
+        case .member:
+            return try member(try value(op.a, here), program.strings[Int(op.b)])
+        case .index:
+            let b = try value(op.a, here)
+            let i = try value(op.b, here)
             switch (b, i) {
             case (.json(let object), .string(let key)):
                 return object[key].map { RuleValue($0) } ?? .null
@@ -194,24 +215,35 @@ struct Evaluator {
             default:
                 throw .error("cannot index a \(b.typeName) with a \(i.typeName)")
             }
-        case .call(let base, let name, let arguments):
-            return try call(try value(base, s), name, arguments, s)
-        case .unary(let op, let operand):
-            let v = try value(operand, s)
-            switch (op, v) {
+        case .call:
+            // `newData.child('c').isNumber()` and the like: the node is found without building
+            // a snapshot for each step of the chain (the same steps are charged).
+            if op.method.readsNodeOnly, here.held, program.ops[Int(op.a)].code == .newData {
+                // The commonest: `newData.isNumber()` where the walk holds the node.
+                try charge(1)
+                return try nodeMethod(here.node, depth: location.count, op, here)
+            }
+            if op.method.readsNodeOnly, let (node, depth, steps) = fusedNode(op.a, here) {
+                try charge(steps)
+                return try nodeMethod(node, depth: depth, op, here)
+            }
+            return try call(try value(op.a, here), op, here)
+        case .unary:
+            let v = try value(op.a, here)
+            switch (op.unary, v) {
             case (.not, .bool(let b)): return .bool(!b)
             case (.negate, .number(let n)): return .number(-n)
-            default: throw .error("'\(op.rawValue)' cannot apply to a \(v.typeName)")
+            default: throw .error("'\(op.unary.rawValue)' cannot apply to a \(v.typeName)")
             }
-        case .binary(let op, let left, let right):
-            return try binary(op, left, right, s)
-        case .conditional(let condition, let whenTrue, let whenFalse):
-            guard case .bool(let c) = try value(condition, s) else { throw .error("the condition of '?:' is not a boolean") }
-            return try value(c ? whenTrue : whenFalse, s)
+        case .binary:
+            return try binary(op.binary, op.a, op.b, here)
+        case .conditional:
+            guard case .bool(let c) = try value(op.a, here) else { throw .error("the condition of '?:' is not a boolean") }
+            return try value(c ? op.b : op.c, here)
         }
     }
 
-    mutating func member(_ base: RuleValue, _ name: String, _ s: Scope) throws(EvaluationFailure) -> RuleValue {
+    mutating func member(_ base: RuleValue, _ name: String) throws(EvaluationFailure) -> RuleValue {
         switch base {
         case .string(let text) where name == "length":
             try charge(text.utf8.count / 64)
@@ -219,7 +251,7 @@ struct Evaluator {
         case .json(let object):
             return object[name].map { RuleValue($0) } ?? .null
         case .query:
-            return queryMember(name, s.query)
+            return queryMember(name)
         case .null:
             throw .error("cannot read '\(name)' of null")
         default:
@@ -227,7 +259,8 @@ struct Evaluator {
         }
     }
 
-    func queryMember(_ name: String, _ q: RulesQuery) -> RuleValue {
+    func queryMember(_ name: String) -> RuleValue {
+        let q = query
         switch name {
         case "orderByChild":
             if case .child(let path)? = q.orderBy { return .string(path) }
@@ -244,16 +277,16 @@ struct Evaluator {
         }
     }
 
-    mutating func binary(_ op: Expression.BinaryOperator, _ left: Expression, _ right: Expression, _ s: Scope) throws(EvaluationFailure) -> RuleValue {
+    mutating func binary(_ op: Expression.BinaryOperator, _ left: Int32, _ right: Int32, _ here: Here) throws(EvaluationFailure) -> RuleValue {
         if op == .and || op == .or {
-            guard case .bool(let l) = try value(left, s) else { throw .error("'\(op.rawValue)' needs booleans") }
+            guard case .bool(let l) = try value(left, here) else { throw .error("'\(op.rawValue)' needs booleans") }
             if op == .and && !l { return .bool(false) }
             if op == .or && l { return .bool(true) }
-            guard case .bool(let r) = try value(right, s) else { throw .error("'\(op.rawValue)' needs booleans") }
+            guard case .bool(let r) = try value(right, here) else { throw .error("'\(op.rawValue)' needs booleans") }
             return .bool(r)
         }
-        let l = try value(left, s)
-        let r = try value(right, s)
+        let l = try value(left, here)
+        let r = try value(right, here)
         switch op {
         case .equal, .strictEqual: return .bool(try equal(l, r))
         case .notEqual, .strictNotEqual: return .bool(!(try equal(l, r)))

@@ -79,41 +79,8 @@ extension Rules {
     /// Whether a read (or listen) at `path` is allowed: some `.read` from the root down to `path`
     /// must evaluate to true (reads cascade: a grant above covers everything below).
     public func decideRead(at path: Path, query: RulesQuery = RulesQuery(), context: RulesRequestContext, tree: Tree) -> Decision {
-        var evaluator = Evaluator(budget: limits.evaluationBudget)
-        var trace: [RuleEvaluation] = []
-        var lastFalse: (RuleReference, Path)?
-        var node: RuleNode? = root
-        var captures: [String: String] = [:]
-        var location = Path.root
-        var depth = 0
-        while let here = node {
-            if let rule = here.read {
-                let scope = Scope(
-                    auth: context.auth, current: tree, proposed: nil, location: location, captures: captures, query: query, time: context.time
-                )
-                do throws(EvaluationFailure) {
-                    let result = try evaluator.evaluate(rule, in: scope)
-                    trace.append(RuleEvaluation(rule: rule.reference, location: location, result: result))
-                    if case .success(true) = result {
-                        return Decision(allowed: true, reason: .granted, rule: rule.reference, location: location, trace: trace)
-                    }
-                    lastFalse = (rule.reference, location)
-                } catch {
-                    return Decision(allowed: false, reason: .budgetExceeded, rule: rule.reference, location: location, trace: trace)
-                }
-            }
-            guard depth < path.count else { break }
-            let key = path.segments[depth]
-            depth += 1
-            location = location.appending(key)
-            guard let (child, capture) = here.child(key.string) else {
-                node = nil
-                break
-            }
-            if let capture { captures[capture] = key.string }
-            node = child
-        }
-        return Decision(allowed: false, reason: .noRuleGranted, rule: lastFalse?.0, location: lastFalse?.1 ?? path, trace: trace)
+        var judge = Judge(rules: self, context: context, current: tree, proposed: nil, query: query, traced: true)
+        return judge.grant(path, kind: .read)
     }
 
     // MARK: Writes
@@ -155,92 +122,76 @@ extension Rules {
     /// `traced` false leaves the decision's `trace` empty (the state machine, which reports only
     /// the verdict and its `description`, does not pay for it); nothing else differs.
     public func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree, traced: Bool = true) -> Decision {
-        var run = WriteRun(rules: self, context: context, current: current, proposed: proposed, traced: traced)
-        var grants: [(RuleReference, Path)] = []
+        var judge = Judge(rules: self, context: context, current: current, proposed: proposed, traced: traced)
+        var first: Decision?
         for target in targets {
-            switch run.grantWrite(target) {
-            case .success(let grant): grants.append(grant)
-            case .failure(let denial): return denial.decision
-            }
+            let grant = judge.grant(target, kind: .write)
+            guard grant.allowed else { return grant }
+            if first == nil { first = grant }
         }
-        if let denial = run.validate(targets: targets) { return denial }
-        let first = grants.first
-        return Decision(allowed: true, reason: .granted, rule: first?.0, location: first?.1 ?? .root, trace: run.trace)
+        if let denial = judge.validate(targets: targets) { return denial }
+        return Decision(allowed: true, reason: .granted, rule: first?.rule, location: first?.location ?? .root, trace: judge.trace)
     }
 }
 
-/// The state of one write decision: the budget spent and the trace so far.
-struct WriteRun {
-    let rules: Rules
-    let context: RulesRequestContext
-    let current: Tree
-    let proposed: Tree
-    var evaluator: Evaluator
-    /// Whether `trace` is kept.
-    let traced: Bool
-    var trace: [RuleEvaluation] = []
-
-    init(rules: Rules, context: RulesRequestContext, current: Tree, proposed: Tree, traced: Bool = true) {
-        self.rules = rules
-        self.context = context
-        self.current = current
-        self.proposed = proposed
-        self.traced = traced
-        self.evaluator = Evaluator(budget: rules.limits.evaluationBudget)
+/// The walks of a decision over the compiled rules.
+extension Judge {
+    /// What running one rule gave.
+    enum Outcome {
+        case holds, fails, outOfBudget
     }
 
-    struct Denial: Error {
-        let decision: Decision
-    }
-
-    func scope(_ location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Scope {
-        Scope(
-            auth: context.auth, current: current, proposed: proposed, location: location, captures: captures, query: RulesQuery(), time: context.time,
-            proposedNode: proposedNode)
-    }
-
-    /// Evaluates one rule; true/false (errors count as false), or a denial when the budget ran out.
-    /// `proposedNode`: `proposed` at `location`, when the caller holds it.
-    mutating func run(_ rule: Rule, at location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Result<Bool, Denial> {
+    /// Evaluates rule `index` at `location` (`here`: `proposed` there, when held); errors count as
+    /// false.
+    mutating func run(_ index: Int32, _ here: Here = .none) -> Outcome {
         do throws(EvaluationFailure) {
-            let result = try evaluator.evaluate(rule, in: scope(location, captures, proposedNode: proposedNode))
-            if traced { trace.append(RuleEvaluation(rule: rule.reference, location: location, result: result)) }
-            if case .success(true) = result { return .success(true) }
-            return .success(false)
+            let result = try evaluate(index, here)
+            if traced { trace.append(RuleEvaluation(rule: program.references[Int(index)], location: path, result: result)) }
+            if case .success(true) = result { return .holds }
+            return .fails
         } catch {
-            return .failure(Denial(decision: Decision(allowed: false, reason: .budgetExceeded, rule: rule.reference, location: location, trace: trace)))
+            return .outOfBudget
         }
     }
 
-    /// The `.write` that grants `target`, or the denial.
-    mutating func grantWrite(_ target: Path) -> Result<(RuleReference, Path), Denial> {
-        var node: RuleNode? = rules.root
-        var captures: [String: String] = [:]
-        var location = Path.root
-        var lastFalse: (RuleReference, Path)?
-        var depth = 0
-        while let here = node {
-            if let rule = here.write {
-                switch run(rule, at: location, captures) {
-                case .success(true): return .success((rule.reference, location))
-                case .success(false): lastFalse = (rule.reference, location)
-                case .failure(let denial): return .failure(denial)
+    /// The denial when the budget ran out while rule `index` ran at `location`.
+    func outOfBudget(_ index: Int32) -> Decision {
+        Decision(allowed: false, reason: .budgetExceeded, rule: program.references[Int(index)], location: path, trace: trace)
+    }
+
+    /// The `.read` or `.write` that grants `target` (an allowing decision naming it), or the
+    /// denial. Grants cascade: the first rule from the root down that holds decides.
+    mutating func grant(_ target: Path, kind: RuleKind) -> Decision {
+        location.removeAll(keepingCapacity: true)
+        var node = 0
+        /// The last rule that evaluated to false, and the depth it was at.
+        var lastFalse: (rule: Int32, depth: Int)?
+        while true {
+            let here = program.nodes[node]
+            let rule = kind == .read ? here.read : here.write
+            if rule >= 0 {
+                switch run(rule) {
+                case .holds:
+                    return Decision(allowed: true, reason: .granted, rule: program.references[Int(rule)], location: path, trace: trace)
+                case .fails: lastFalse = (rule, location.count)
+                case .outOfBudget: return outOfBudget(rule)
                 }
             }
-            guard depth < target.count else { break }
-            let key = target.segments[depth]
-            depth += 1
-            location = location.appending(key)
-            guard let (child, capture) = here.child(key.string) else { break }
-            if let capture { captures[capture] = key.string }
+            guard location.count < target.count else { break }
+            let key = target.segments[location.count]
+            location.append(key)
+            guard let child = program.child(of: node, key) else { break }
             node = child
         }
-        return .failure(Denial(decision: Decision(allowed: false, reason: .noRuleGranted, rule: lastFalse?.0, location: lastFalse?.1 ?? target, trace: trace)))
+        let rule = lastFalse.map { program.references[Int($0.rule)] }
+        let at = lastFalse.map { Path(segments: Array(target.segments.prefix($0.depth))) } ?? target
+        return Decision(allowed: false, reason: .noRuleGranted, rule: rule, location: at, trace: trace)
     }
 
     /// Runs every `.validate` the write touches; the first failure denies.
     mutating func validate(targets: [Path]) -> Decision? {
         if targets.count == 1, let target = targets.first { return validate(single: target) }
+        guard let proposed else { return nil }
         // Ancestors first (strict prefixes of a target, not themselves inside a target), each once,
         // in path order, then each target's written subtree.
         var ancestors: Set<Path> = []
@@ -253,83 +204,90 @@ struct WriteRun {
         }
         let ordered = ancestors.filter { a in !targets.contains { $0.contains(a) } }.sorted()
         for ancestor in ordered {
-            guard let (node, captures) = ruleNode(at: ancestor), let rule = node.validate else { continue }
-            guard !proposed.child(at: ancestor).isEmpty else { continue }
-            if let denial = check(rule, at: ancestor, captures) { return denial }
+            guard let node = locate(ancestor) else { continue }
+            let rule = program.nodes[node].validate
+            guard rule >= 0, !proposed.child(at: ancestor).isEmpty else { continue }
+            if let denial = check(rule) { return denial }
         }
         for target in targets.sorted() {
-            guard let (node, captures) = ruleNode(at: target) else { continue }
-            if let denial = walk(node, at: target, proposed.child(at: target), captures) { return denial }
+            guard let node = locate(target) else { continue }
+            if let denial = walk(node, proposed.child(at: target)) { return denial }
         }
         return nil
     }
 
     /// `validate(targets:)` for one target (a set, or a one-entry update), in one descent: the
-    /// same checks in the same order (ancestors from the root down, then the written subtree),
-    /// without collecting, sorting and looking up each ancestor again from the root.
+    /// same checks in the same order (ancestors from the root down, then the written subtree).
     mutating func validate(single target: Path) -> Decision? {
-        var node = rules.root
-        var data = proposed
-        var captures: [String: String] = [:]
-        var location = Path.root
+        guard var data = proposed else { return nil }
+        location.removeAll(keepingCapacity: true)
+        var node = 0
         for key in target.segments {
-            if let rule = node.validate, !data.isEmpty, let denial = check(rule, at: location, captures, proposedNode: data) { return denial }
-            guard let (child, capture) = node.child(key.string) else { return nil }
-            if let capture { captures[capture] = key.string }
+            let rule = program.nodes[node].validate
+            if rule >= 0, !data.isEmpty, let denial = check(rule, Here(node: data, held: true)) { return denial }
+            guard let child = program.child(of: node, key) else { return nil }
             node = child
             data = data.child(key)
-            location = location.appending(key)
+            location.append(key)
         }
-        return walk(node, at: target, data, captures)
+        return walk(node, data)
     }
 
     /// Validates `data` at `location` with `node`'s rules, then its children with theirs.
-    mutating func walk(_ node: RuleNode, at location: Path, _ data: Tree, _ captures: [String: String]) -> Decision? {
+    mutating func walk(_ node: Int, _ data: Tree) -> Decision? {
         guard !data.isEmpty else { return nil }
         do throws(EvaluationFailure) {
-            try evaluator.charge()
+            try charge()
         } catch {
-            return Decision(allowed: false, reason: .budgetExceeded, rule: nil, location: location, trace: trace)
+            return Decision(allowed: false, reason: .budgetExceeded, rule: nil, location: path, trace: trace)
         }
-        if let rule = node.validate, let denial = check(rule, at: location, captures, proposedNode: data) { return denial }
-        for key in node.namedOrder {
-            guard let child = node.named[key] else { continue }
-            let childData = data.child(ChildKey(unchecked: key))
-            if let denial = walk(child, at: location.appending(ChildKey(unchecked: key)), childData, captures) { return denial }
-        }
-        if let name = node.wildcardName, let wildcard = node.wildcardNode.first {
-            var denial: Decision?
-            var inner = captures
-            data.children.forEach { key, childData in
-                guard denial == nil, node.named[key.string] == nil else { return }
-                inner[name] = key.string
-                denial = walk(wildcard, at: location.appending(key), childData, inner)
+        let here = program.nodes[node]
+        if here.validate >= 0, let denial = check(here.validate, Here(node: data, held: true)) { return denial }
+        var i = Int(here.namedStart)
+        var named = 0
+        while i < Int(here.namedEnd) {
+            let key = program.namedKeys[i]
+            let childData = data.child(key)
+            if !childData.isEmpty {
+                named += 1
+                location.append(key)
+                let denial = walk(Int(program.namedNodes[i]), childData)
+                location.removeLast()
+                if let denial { return denial }
             }
-            if let denial { return denial }
+            i += 1
         }
-        return nil
+        // The wildcard validates the children not named here; when every child is named, none.
+        guard here.wildcard >= 0, data.childCount > named else { return nil }
+        var denial: Decision?
+        data.children.forEach { key, childData in
+            guard denial == nil, program.named(here, key) == nil else { return }
+            location.append(key)
+            denial = walk(Int(here.wildcard), childData)
+            location.removeLast()
+        }
+        return denial
     }
 
-    mutating func check(_ rule: Rule, at location: Path, _ captures: [String: String], proposedNode: Tree? = nil) -> Decision? {
-        switch run(rule, at: location, captures, proposedNode: proposedNode) {
-        case .success(true): return nil
-        case .success(false):
-            return Decision(allowed: false, reason: .validationFailed, rule: rule.reference, location: location, trace: trace)
-        case .failure(let denial): return denial.decision
+    mutating func check(_ rule: Int32, _ here: Here = .none) -> Decision? {
+        switch run(rule, here) {
+        case .holds: return nil
+        case .fails: return Decision(allowed: false, reason: .validationFailed, rule: program.references[Int(rule)], location: path, trace: trace)
+        case .outOfBudget: return outOfBudget(rule)
         }
     }
 
-    /// The rules at a concrete location, with the captures bound on the way (nil when no rule
+    /// Puts `location` at `path`; returns its rules' node (nil when no rule
     /// location matches it).
-    func ruleNode(at path: Path) -> (RuleNode, [String: String])? {
-        var node = rules.root
-        var captures: [String: String] = [:]
+    mutating func locate(_ path: Path) -> Int? {
+        location.removeAll(keepingCapacity: true)
+        var node = 0
         for key in path.segments {
-            guard let (child, capture) = node.child(key.string) else { return nil }
-            if let capture { captures[capture] = key.string }
+            guard let child = program.child(of: node, key) else { return nil }
             node = child
+            location.append(key)
         }
-        return (node, captures)
+        return node
     }
 }
 

@@ -7,22 +7,41 @@ public import BanyanTree
 /// evaluated against any tree, auth and time, or a `RulesError` with line and column. Evaluation
 /// (`Rules+Evaluate.swift`) never fails to decide.
 public struct Rules: Sendable {
+    /// The parsed document and what is derived from it, behind one reference: the state machine
+    /// copies the rules of a namespace for every write it judges.
+    final class Storage: Sendable {
+        let root: RuleNode
+        let limits: RulesLimits
+        let text: String
+        let writesReadCurrentData: Bool
+        let program: Program
+
+        init(root: RuleNode, limits: RulesLimits, text: String) {
+            self.root = root
+            self.limits = limits
+            self.text = text
+            self.writesReadCurrentData = Rules.writesReadCurrentData(root)
+            self.program = Program.compile(root)
+        }
+    }
+
+    let storage: Storage
+
     /// The root location's rules.
-    public let root: RuleNode
+    public var root: RuleNode { storage.root }
     /// The bounds the document was parsed under; evaluation uses its budget.
-    public let limits: RulesLimits
+    public var limits: RulesLimits { storage.limits }
     /// The document as it was written, comments included (what `GET /.settings/rules.json` returns).
-    public let text: String
+    public var text: String { storage.text }
     /// Whether some `.write` or `.validate` reads the data as it is before the write (`data` or
     /// `root`). When none does, a write's decision depends only on the tree after it: the state
     /// machine then judges a set on the tree it has changed in place (no copy of the old one).
-    public let writesReadCurrentData: Bool
+    public var writesReadCurrentData: Bool { storage.writesReadCurrentData }
+    /// The rules compiled for judging (`Program`), once, when they are parsed.
+    var program: Program { storage.program }
 
     init(root: RuleNode, limits: RulesLimits, text: String) {
-        self.root = root
-        self.limits = limits
-        self.text = text
-        self.writesReadCurrentData = Self.writesReadCurrentData(root)
+        storage = Storage(root: root, limits: limits, text: text)
     }
 
     static func writesReadCurrentData(_ node: RuleNode) -> Bool {

@@ -168,8 +168,20 @@ public struct StateMachine: Sendable {
     public private(set) var rules: [String: Rules] = [:]
     /// Parsed `auth` objects of recent commands (a client's writes repeat theirs): a cache of a
     /// pure function, bounded by `authCacheLimit`, so it changes no decision.
-    private var authCache: [[UInt8]: JSONValue] = [:]
+    private var authCache: [AuthBytes: JSONValue] = [:]
     static let authCacheLimit = 4096
+
+    /// A command's `auth` bytes as a cache key, hashed in one call over the buffer (an array of
+    /// bytes hashes byte by byte, about twenty instructions each).
+    struct AuthBytes: Hashable {
+        let bytes: [UInt8]
+
+        func hash(into hasher: inout Hasher) {
+            bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
+
+        static func == (a: AuthBytes, b: AuthBytes) -> Bool { a.bytes == b.bytes }
+    }
 
     /// The trees by namespace (an absent namespace is an empty tree).
     public internal(set) var namespaces: [String: Tree]
@@ -347,10 +359,11 @@ public struct StateMachine: Sendable {
         case .user(let json):
             // An `auth` that does not read as a JSON object is denied (context nil), on every
             // replica alike.
-            if let cached = authCache[json] { return (rules, RulesRequestContext(auth: cached, time: lastTimestamp)) }
+            let key = AuthBytes(bytes: json)
+            if let cached = authCache[key] { return (rules, RulesRequestContext(auth: cached, time: lastTimestamp)) }
             guard let value = try? JSONValue(parsing: json), case .object = value else { return (rules, nil) }
             if authCache.count >= Self.authCacheLimit { authCache.removeAll(keepingCapacity: true) }
-            authCache[json] = value
+            authCache[key] = value
             return (rules, RulesRequestContext(auth: value, time: lastTimestamp))
         }
     }
@@ -437,15 +450,14 @@ public struct StateMachine: Sendable {
             // is written: a uniquely held path is changed in place instead of copied.
             let node = try PreparedCommand.node(
                 prepared, 0, json, at: location.path, context: ServerValueContext(timestamp: timestamp, existing: tree))
-            if let judge, !location.isPriority, let parent = location.path.parent, !judge.rules.writesReadCurrentData, !node.isEmpty,
-                tree.child(at: parent).hasChildren
+            if let judge, !location.isPriority, !judge.rules.writesReadCurrentData, !node.isEmpty,
+                let old = Self.entryUnderChildren(tree, at: location.path)
             {
                 // Rules that never read the data before the write, and a write that changes only
                 // the entry at its location (a value, under a parent that has children, so no
                 // parent is created, pruned or turned from a leaf into children): judged on the
                 // tree changed in place, which a denial restores by putting the old entry back,
                 // exactly. No copy of the path is made.
-                let old = tree.child(at: location.path)
                 try tree.apply(set: node, at: location, readHere: true)
                 if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: tree, traced: false) }) {
                     tree.set(old, at: location.path)
@@ -521,6 +533,20 @@ public struct StateMachine: Sendable {
                 return .datastale(current: current)
             }
         }
+    }
+
+    /// The entry at `path` when its parent has children; nil at the root or when the parent is
+    /// empty or a leaf. One descent, which holds no part of the tree once it returns (a write in
+    /// place follows).
+    static func entryUnderChildren(_ tree: Tree, at path: Path) -> Tree? {
+        guard let last = path.last else { return nil }
+        var node = tree
+        for key in path.segments.dropLast() {
+            node = node.child(key)
+            if node.isEmpty { return nil }
+        }
+        guard node.hasChildren else { return nil }
+        return node.child(last)
     }
 
     /// A client write's judgement: nil when it may proceed (or is not judged), else the denial.
