@@ -204,6 +204,9 @@ extension RulesServerTests {
             let c = try NodeConfig.load(file: "\(root)/deploy/node\(i).yaml")
             #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken && !c.tls.generateDevelopmentCertificates)
             #expect(!c.effectiveCORSOrigins.contains("*") && c.adminTokenFile != nil)
+            // HTTPS on the client port, operator reads closed, and verified credentials configured.
+            #expect(c.http.tlsCertificate != nil && c.http.tlsPrivateKey != nil && !c.http.openOperatorReads)
+            #expect(c.auth.isConfigured && c.auth.databaseSecretsFile != nil && c.auth.projectID != nil)
         }
         let files = (FileManager.default.enumerator(atPath: "\(root)/deploy")?.allObjects as? [String]) ?? []
         #expect(!files.isEmpty && !files.contains { $0.hasSuffix(".key") })
