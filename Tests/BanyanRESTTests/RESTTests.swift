@@ -75,6 +75,11 @@ func applyWrite(_ r: RESTRequest, to machine: inout StateMachine, pushID: String
         #expect(try request("GET", "/x.json").namespace == "default")
         #expect(parse("GET", "/x.json?ns=a.b").failureStatus == 400)
         #expect(parse("GET", "/x.json?ns=").failureStatus == 400)
+        // The system namespaces (accounts, the cluster's own records) cannot be named by clients.
+        for system in ["$accounts", "%24accounts", "$cluster", "$clients"] {
+            #expect(parse("GET", "/x.json?ns=\(system)").failureStatus == 400, "\(system)")
+            #expect(parse("PUT", "/x.json?ns=\(system)", body: "1").failureStatus == 400, "\(system)")
+        }
     }
 
     @Test("the exact requests firebase-admin (Python) sends parse as intended")
