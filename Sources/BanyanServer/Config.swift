@@ -159,8 +159,10 @@ public struct NodeConfig: Sendable, Equatable {
         /// reaches the client port: `GET /.banyan/status`, `/drain`, `/tls`, `/faults` and
         /// `/metrics`. False: they need the operator's credentials like the rest of
         /// `/.banyan/` (the liveness and readiness probes `/health` and `/ready` stay open for
-        /// load balancers).
-        public var openOperatorReads: Bool = true
+        /// load balancers). Nil (the default): open only while the client address is loopback
+        /// (`NodeConfig.effectiveOpenOperatorReads`), so a node others can reach asks for the
+        /// token on its whole operator API.
+        public var openOperatorReads: Bool?
         /// Bytes of realtime messages being assembled (fragments and protocol chunks received,
         /// the message not yet whole) the node holds at once, over all connections: each may
         /// hold up to 16 MiB, so without a node-wide bound 20,000 slow senders could hold
@@ -628,6 +630,10 @@ extension NodeConfig {
     /// non-loopback address. The zero-setup node (`banyan serve`) listens on loopback; a node
     /// that listens anywhere else refuses to start while a development setting would expose it,
     /// naming the setting and how to turn it off.
+    /// Whether status, drain, TLS, faults and metrics are open without the operator's credentials
+    /// (see `HTTPSettings.openOperatorReads`).
+    public var effectiveOpenOperatorReads: Bool { http.openOperatorReads ?? clientAddress.isLoopback }
+
     /// The CORS origins in force (see `HTTPSettings.corsOrigins`).
     /// Whether public sign-up is on (see `AccountSettings.allowSignUp`).
     public var effectiveAllowSignUp: Bool { accounts.allowSignUp ?? development.allowUnauthenticated }

@@ -909,7 +909,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         server.requests.increment()
         switch route {
         case .metrics:
-            if !server.config.http.openOperatorReads, let denied = authorizeOperator(head) {
+            if !server.config.effectiveOpenOperatorReads, let denied = authorizeOperator(head) {
                 respond(context: context, head: head, reply: denied)
                 return
             }
@@ -925,7 +925,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             return
         case .admin(let route):
             let path = head.uri[..<(head.uri.utf8.firstIndex(of: UInt8(ascii: "?")) ?? head.uri.endIndex)]
-            let needsOperator = head.method != .GET || route.readsData || (!server.config.http.openOperatorReads && !route.isProbe)
+            let needsOperator = head.method != .GET || route.readsData || (!server.config.effectiveOpenOperatorReads && !route.isProbe)
             if needsOperator, let denied = authorizeOperator(head) {
                 server.logger.warning("refused an operator request", metadata: ["method": "\(head.method)", "path": "\(path)"])
                 respond(context: context, head: head, reply: denied)

@@ -205,7 +205,7 @@ extension RulesServerTests {
             #expect(!c.development.allowUnauthenticated && !c.development.acceptOwnerToken && !c.tls.generateDevelopmentCertificates)
             #expect(!c.effectiveCORSOrigins.contains("*") && c.adminTokenFile != nil)
             // HTTPS on the client port, operator reads closed, and verified credentials configured.
-            #expect(c.http.tlsCertificate != nil && c.http.tlsPrivateKey != nil && !c.http.openOperatorReads)
+            #expect(c.http.tlsCertificate != nil && c.http.tlsPrivateKey != nil && !c.effectiveOpenOperatorReads)
             #expect(c.auth.isConfigured && c.auth.databaseSecretsFile != nil && c.auth.projectID != nil)
         }
         let files = (FileManager.default.enumerator(atPath: "\(root)/deploy")?.allObjects as? [String]) ?? []

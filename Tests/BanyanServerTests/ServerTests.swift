@@ -605,9 +605,15 @@ final class Inbox: Sendable {
         }
         #expect(try await status(n, "GET", "/.banyan/health") == 200)
         #expect(try await status(n, "GET", "/.banyan/ready") != 401)
-        // The default keeps them open (operatorToken above).
-        #expect(NodeConfig().http.openOperatorReads)
-        #expect(try NodeConfig.parse(yaml: "http:\n  open_operator_reads: false").http.openOperatorReads == false)
+        // By default they are open on loopback (operatorToken above) and closed on any other
+        // client address; the setting overrides either way.
+        #expect(NodeConfig().effectiveOpenOperatorReads)
+        var exposed = NodeConfig()
+        exposed.clientAddress = HostPort(host: "0.0.0.0", port: 9000)
+        #expect(!exposed.effectiveOpenOperatorReads)
+        exposed.http.openOperatorReads = true
+        #expect(exposed.effectiveOpenOperatorReads)
+        #expect(try NodeConfig.parse(yaml: "http:\n  open_operator_reads: false").effectiveOpenOperatorReads == false)
     }
 
     @Test("without an operator token, membership requests follow the development settings; a short token file is refused at start")
