@@ -225,15 +225,18 @@ extension RulesServerTests {
         let port = clientPort(node)
         let ready = await eventually({ ((try? httpExchange(port: port, "PUT", "/a.json?auth=owner", body: "1"))?.status ?? 0) == 200 }, seconds: 30)
         #expect(ready)
-        // Every directory and file the node made under raft/ is 0700 / 0600.
-        let raft = c.dataDirectory + "/raft"
+        // Every directory and file the node made in its data directory is 0700 / 0600, but the
+        // development certificates, which are public (their keys are 0600, and the directory
+        // holding them 0700).
+        let data = c.dataDirectory
         var checked = 0
-        if let walker = FileManager.default.enumerator(atPath: raft) {
+        if let walker = FileManager.default.enumerator(atPath: data) {
             for case let name as String in walker {
-                let attributes = try FileManager.default.attributesOfItem(atPath: raft + "/" + name)
+                let attributes = try FileManager.default.attributesOfItem(atPath: data + "/" + name)
                 let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue ?? -1
                 let isDirectory = attributes[.type] as? FileAttributeType == .typeDirectory
-                #expect(mode == (isDirectory ? 0o700 : 0o600), "\(name): \(String(mode, radix: 8))")
+                let publicCertificate = name.hasPrefix("certs/") && name.hasSuffix(".pem")
+                #expect(mode == (isDirectory ? 0o700 : publicCertificate ? 0o644 : 0o600), "\(name): \(String(mode, radix: 8))")
                 checked += 1
             }
         }
