@@ -58,7 +58,32 @@ extension BanyanBench {
                 unsignedCache.insert(emulator, auth, valueBytes: auth.count, verifiedAt: .min, validUntil: nil)
             }
         }
+        // A Firebase 2.x custom token (HS256 under a database secret) and an ID token of the
+        // node's own account service (HS256 under a replicated key): both cold, as the cache
+        // remembers them like any verified token.
+        let secret = Array("bench-database-secret-0123456789".utf8)
+        let customInput = b64(#"{"alg":"HS256","typ":"JWT"}"#) + "." + b64(#"{"v":0,"d":{"uid":"c7"},"iat":\#(seconds),"exp":\#(seconds + 3600)}"#)
+        let custom = customInput + "." + Base64.encodeURL(Array(HMAC<SHA256>.authenticationCode(for: Array(customInput.utf8), using: SymmetricKey(data: secret))))
+        let accountKey = AccountTokens.Key(id: AccountTokens.keyIDPrefix + "bench", secret: Array(repeating: 7, count: 32), project: "demo")
+        let account = AccountTokens.idToken(
+            .init(uid: "c7", email: "c7@example.com", emailVerified: true, displayName: nil, provider: "password", claims: nil, authTime: seconds),
+            key: accountKey, now: seconds)
+        guard let secretVerifier = try? TokenVerifier(settings: .init(projectID: "demo"), secrets: [secret]) else { return }
+        if case .failure(let e) = secretVerifier.verify(custom, now: benchNow) {
+            print("  (the custom token does not verify: \(e))")
+            return
+        }
+        if case .failure(let e) = AccountTokens.verifyIDToken(account, key: { _ in accountKey }, projects: ["demo"], skew: 300_000, now: benchNow) {
+            print("  (the account token does not verify: \(e))")
+            return
+        }
+        let customCold = microseconds(20_000) { _ = secretVerifier.verify(custom, now: benchNow) }
+        let accountCold = microseconds(20_000) {
+            _ = AccountTokens.verifyIDToken(account, key: { _ in accountKey }, projects: ["demo"], skew: 300_000, now: benchNow)
+        }
         print("  RS256 ID token (2048-bit key, \(idToken.utf8.count) bytes): cold \(format(rsCold)) µs, cached \(format(rsCached)) µs")
+        print("  Firebase 2.x custom token (HS256, database secret, \(custom.utf8.count) bytes): cold \(format(customCold)) µs")
+        print("  account-service ID token (HS256, replicated key, \(account.utf8.count) bytes): cold \(format(accountCold)) µs")
         print("  emulator token (alg none, \(emulator.utf8.count) bytes): cold \(format(emCold)) µs, cached \(format(emCached)) µs")
     }
 
