@@ -121,7 +121,12 @@ extension Rules {
     ///
     /// `traced` false leaves the decision's `trace` empty (the state machine, which reports only
     /// the verdict and its `description`, does not pay for it); nothing else differs.
-    public func decideWrite(targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree, traced: Bool = true) -> Decision {
+    /// `written`: for a single target, `proposed` at it, when the caller holds that node (the
+    /// state machine, which has just written it): the validation then does not descend to it.
+    /// It must equal `proposed.child(at: targets[0])`; the decision is the same with or without it.
+    public func decideWrite(
+        targets: [Path], context: RulesRequestContext, current: Tree, proposed: Tree, written: Tree? = nil, traced: Bool = true
+    ) -> Decision {
         var judge = Judge(rules: self, context: context, current: current, proposed: proposed, traced: traced)
         var first: Decision?
         for target in targets {
@@ -129,7 +134,7 @@ extension Rules {
             guard grant.allowed else { return grant }
             if first == nil { first = grant }
         }
-        if let denial = judge.validate(targets: targets) { return denial }
+        if let denial = judge.validate(targets: targets, written: targets.count == 1 ? written : nil) { return denial }
         return Decision(allowed: true, reason: .granted, rule: first?.rule, location: first?.location ?? .root, trace: judge.trace)
     }
 }
@@ -189,8 +194,8 @@ extension Judge {
     }
 
     /// Runs every `.validate` the write touches; the first failure denies.
-    mutating func validate(targets: [Path]) -> Decision? {
-        if targets.count == 1, let target = targets.first { return validate(single: target) }
+    mutating func validate(targets: [Path], written: Tree? = nil) -> Decision? {
+        if targets.count == 1, let target = targets.first { return validate(single: target, written: written) }
         guard let proposed else { return nil }
         // Ancestors first (strict prefixes of a target, not themselves inside a target), each once,
         // in path order, then each target's written subtree.
@@ -218,19 +223,39 @@ extension Judge {
 
     /// `validate(targets:)` for one target (a set, or a one-entry update), in one descent: the
     /// same checks in the same order (ancestors from the root down, then the written subtree).
-    mutating func validate(single target: Path) -> Decision? {
+    /// The proposed data is descended to only as far as a rule needs it: to an ancestor with a
+    /// `.validate`, and to the target unless `written` (the node there) is given.
+    mutating func validate(single target: Path, written: Tree?) -> Decision? {
         guard var data = proposed else { return nil }
+        /// How many keys of `location` `data` is at.
+        var reached = 0
         location.removeAll(keepingCapacity: true)
         var node = 0
         for key in target.segments {
             let rule = program.nodes[node].validate
-            if rule >= 0, !data.isEmpty, let denial = check(rule, Here(node: data, held: true)) { return denial }
+            if rule >= 0 {
+                Judge.descend(&data, &reached, location)
+                if !data.isEmpty, let denial = check(rule, Here(node: data, held: true)) { return denial }
+            }
             guard let child = program.child(of: node, key) else { return nil }
             node = child
-            data = data.child(key)
             location.append(key)
         }
+        if let written { return walk(node, written) }
+        Judge.descend(&data, &reached, location)
         return walk(node, data)
+    }
+
+    /// Moves `data`, the node at the first `reached` keys of `location`, down to all of them.
+    static func descend(_ data: inout Tree, _ reached: inout Int, _ location: [ChildKey]) {
+        while reached < location.count {
+            if data.isEmpty {
+                reached = location.count
+                return
+            }
+            data = data.child(location[reached])
+            reached += 1
+        }
     }
 
     /// Validates `data` at `location` with `node`'s rules, then its children with theirs.

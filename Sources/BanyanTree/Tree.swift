@@ -289,6 +289,35 @@ public struct Tree: Sendable {
         }
     }
 
+    /// Puts the non-empty `node` at `path` in place and returns the entry it replaced (empty when
+    /// there was none), when every node above `path` exists and its parent has children, so the
+    /// write changes only that entry (no parent is created, pruned or turned from a leaf into
+    /// children): `set(old, at: path)` then restores the tree exactly. Otherwise (and for the
+    /// root) changes nothing and returns nil. One descent, like `set`.
+    public mutating func replaceEntry(_ node: Tree, at path: Path) -> Tree? {
+        guard !node.isEmpty, !path.isRoot else { return nil }
+        return replaceEntry(node, at: path.segments[...])
+    }
+
+    private mutating func replaceEntry(_ node: Tree, at path: ArraySlice<ChildKey>) -> Tree? {
+        guard let key = path.first, case .children(var map, let priority) = storage else { return nil }
+        let rest = path.dropFirst()
+        // Drop this node's reference first so `map` is uniquely referenced and can be mutated in place.
+        storage = .empty
+        defer { storage = .children(map, priority) }
+        if rest.isEmpty {
+            var old = Tree.empty
+            let found: Void? = map.modifyValue(forKey: key) { child in
+                old = child
+                child = node
+            }
+            if found == nil { map.insertNew(node, forKey: key) }
+            return old
+        }
+        // The child never becomes empty: `node` is not.
+        return map.modifyValue(forKey: key) { child in child.replaceEntry(node, at: rest) } ?? nil
+    }
+
     private func setting(_ node: Tree, at path: ArraySlice<ChildKey>) -> Tree {
         var copy = self
         copy.set(node, at: path)

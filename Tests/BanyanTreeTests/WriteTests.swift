@@ -24,6 +24,27 @@ func path(_ text: String) -> Path {
         #expect(tree.child(at: path("a")).priority == .string("p"))
     }
 
+    @Test("replaceEntry writes in place and returns the old entry only where set(old) restores the tree exactly")
+    func replaceEntry() throws {
+        let start = node(#"{"a": {"b": 1, "c": {"d": 2}}, "e": 3}"#)
+        var tree = start
+        #expect(tree.replaceEntry(node("5"), at: path("/a/b")) == node("1"))
+        #expect(tree == node(#"{"a": {"b": 5, "c": {"d": 2}}, "e": 3}"#))
+        #expect(tree == start.setting(node("5"), at: path("/a/b")))
+        tree.set(node("1"), at: path("/a/b"))
+        #expect(tree == start)
+        // A new key under a parent with children: the old entry is empty.
+        #expect(tree.replaceEntry(node("7"), at: path("/a/x")) == .empty)
+        #expect(tree == start.setting(node("7"), at: path("/a/x")))
+        tree.set(.empty, at: path("/a/x"))
+        #expect(tree == start)
+        // A missing or leaf parent, the root, or an empty node: nothing changes.
+        for (p, n) in [("/q/r", "1"), ("/e/f", "1"), ("/a/b/z", "1"), ("/", "1"), ("/a/b", "null")] {
+            #expect(tree.replaceEntry(node(n), at: path(p)) == nil, "\(p)")
+            #expect(tree == start, "\(p)")
+        }
+    }
+
     @Test("set below a leaf replaces the leaf with children, keeping its priority")
     func setBelowLeaf() throws {
         var tree = node("{\"a\":{\".value\":1,\".priority\":5}}")
