@@ -409,7 +409,7 @@ check('drain: a node\'s clients move to the other live node with the reset, losi
 });
 
 // Last: security rules in this run's namespace, with the SDK's emulator-style mock token.
-check('security rules: a mock-token user writes only its own record; signed out, reads and listens are refused', async () => {
+check('security rules: a mock-token user and a signed-token user write only their own records; a forged token and signed-out clients are refused', async () => {
   const rules = JSON.stringify({ rules: {
     secure: { $uid: { '.read': 'auth != null && auth.uid == $uid', '.write': 'auth != null && auth.uid == $uid',
       '.validate': "newData.hasChildren(['name'])" } },
@@ -449,6 +449,40 @@ check('security rules: a mock-token user writes only its own record; signed out,
       (err) => { clearTimeout(timer); if (String(err.message).toLowerCase().includes('permission')) resolve(); else reject(err); });
   });
   assertEqual(await (await fetch(`http://${nodes[other]}/secure/alice.json?ns=${ns}&auth=owner`)).json(), { age: 3, name: 'Alice' }, 'REST read by the administrator');
+  // A signed token, not a mock one: an ID token of the node's own account service (an anonymous
+  // sign-up), given to the SDK as its token string; it is verified on the node like any.
+  const signUp = await fetch(`http://${nodes[other]}/identitytoolkit.googleapis.com/v1/accounts:signUp?key=interop`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ returnSecureToken: true }),
+  });
+  assertEqual(signUp.status, 200, 'an anonymous sign-up');
+  const { idToken, localId } = await signUp.json();
+  if (!idToken || !localId || idToken.split('.').length !== 3 || idToken.endsWith('.')) throw new Error('the sign-up gave no signed ID token');
+  const signedApp = initializeApp({ projectId: 'demo', databaseURL: `http://${host}:${port}?ns=${ns}` }, `app${appCount++}`);
+  apps.push(signedApp);
+  const signed = getDatabase(signedApp);
+  connectDatabaseEmulator(signed, host, Number(port), { mockUserToken: idToken });
+  await set(ref(signed, `secure/${localId}`), { name: 'Anonymous' });
+  await denied(set(ref(signed, 'secure/alice'), { name: 'Not Alice' }), "a signed-token user writing alice's record");
+  assertEqual((await get(ref(signed, `secure/${localId}`))).val(), { name: 'Anonymous' }, 'its own record, read with its signed token');
+  // The same token with its payload changed under the same signature is refused.
+  const [head, payload, sig] = idToken.split('.');
+  const claims = JSON.parse(Buffer.from(payload, 'base64url').toString());
+  claims.user_id = 'alice';
+  claims.sub = 'alice';
+  const forged = [head, Buffer.from(JSON.stringify(claims)).toString('base64url'), sig].join('.');
+  const forgedApp = initializeApp({ projectId: 'demo', databaseURL: `http://${host}:${port}?ns=${ns}` }, `app${appCount++}`);
+  apps.push(forgedApp);
+  const forgedDb = getDatabase(forgedApp);
+  connectDatabaseEmulator(forgedDb, host, Number(port), { mockUserToken: forged });
+  // The node answers its auth with invalid_token (as Firebase does, the SDK then keeps trying to
+  // authenticate and holds the write): it is never acknowledged, and alice's record is unchanged.
+  const forgedWrite = await Promise.race([
+    set(ref(forgedDb, 'secure/alice'), { name: 'Forged' }).then(() => 'written', () => 'refused'),
+    new Promise((resolve) => setTimeout(() => resolve('held'), 3000)),
+  ]);
+  if (forgedWrite === 'written') throw new Error('a forged token wrote as alice');
+  goOffline(forgedDb);
+  assertEqual(await (await fetch(`http://${nodes[other]}/secure/alice.json?ns=${ns}&auth=owner`)).json(), { age: 3, name: 'Alice' }, "alice's record after the forged write");
   const removed = await fetch(`http://${nodes[live[0]]}/.settings/rules.json?ns=${ns}&auth=owner`, { method: 'PUT', body: '' });
   assertEqual(removed.status, 200, 'rules removed');
 });
