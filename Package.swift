@@ -226,7 +226,7 @@ let package = Package(
         .executableTarget(
             name: "BanyanCommand",
             dependencies: [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles",
+                "BanyanTree", "BanyanAuth", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles",
                 // `banyan bench --sdk` measures the Swift SDK.
                 "BanyanClient",
                 .product(name: "Logging", package: "swift-log"),

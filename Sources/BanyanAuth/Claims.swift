@@ -9,10 +9,13 @@ public struct VerifiedToken: Sendable, Equatable {
         case customToken
         /// A database secret itself.
         case databaseSecret
+        /// A token signed with a service account's key (`ServiceAccounts`), naming the account.
+        case serviceAccount(String)
     }
 
     public var kind: Kind
-    /// Not judged by rules: a custom token with `"admin": true`, or a database secret.
+    /// Not judged by rules: a custom token with `"admin": true`, a database secret, or a
+    /// service account's token.
     public var administrator: Bool
     /// The rules' `auth` variable as JSON (`{"uid", "provider", "token", …}`); nil for a
     /// database secret, and for an administrator's custom token without `d`.

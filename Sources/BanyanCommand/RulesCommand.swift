@@ -1,4 +1,5 @@
 import ArgumentParser
+import BanyanAuth
 import BanyanRules
 import BanyanTree
 import Foundation
@@ -20,10 +21,22 @@ struct RulesTarget: ParsableArguments {
 
     var path: String { "/.settings/rules.json" + (namespace.map { "?ns=\($0)" } ?? "") }
 
-    /// The operator token (BANYAN_ADMIN_TOKEN / BANYAN_ADMIN_TOKEN_FILE), else the development
+    /// The operator token (BANYAN_ADMIN_TOKEN / BANYAN_ADMIN_TOKEN_FILE), else a token signed
+    /// with the service account's key in BANYAN_SERVICE_ACCOUNT_FILE, else the development
     /// administrator token `owner`.
     func client() throws -> AdminClient {
-        AdminClient(endpoint: endpoint, token: try AdminClient.operatorToken() ?? "owner")
+        AdminClient(endpoint: endpoint, token: try AdminClient.operatorToken() ?? Self.serviceAccountToken() ?? "owner")
+    }
+
+    /// A five-minute token signed with the key file BANYAN_SERVICE_ACCOUNT_FILE names, if set.
+    static func serviceAccountToken() throws -> String? {
+        guard let file = ProcessInfo.processInfo.environment["BANYAN_SERVICE_ACCOUNT_FILE"], !file.isEmpty else { return nil }
+        guard let data = FileManager.default.contents(atPath: file) else { throw CommandError("BANYAN_SERVICE_ACCOUNT_FILE: cannot read \(file)") }
+        do {
+            return try ServiceAccountKey(file: Array(data)).token(now: Int64(Date().timeIntervalSince1970), lifetime: 300)
+        } catch {
+            throw CommandError("BANYAN_SERVICE_ACCOUNT_FILE \(file): \(error)")
+        }
     }
 }
 

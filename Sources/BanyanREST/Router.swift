@@ -13,7 +13,9 @@ public enum Route: Sendable, Equatable {
     /// `/.settings/rules.json`: the namespace's security rules (`GET`, `PUT`; administrators).
     case rules
     /// `/identitytoolkit.googleapis.com/…` and `/securetoken.googleapis.com/…`: the account
-    /// service's endpoints, as the Firebase Auth emulator serves them (docs/accounts.md).
+    /// service's endpoints, as the Firebase Auth emulator serves them (docs/accounts.md); and
+    /// `/oauth2.googleapis.com/token`, where service accounts' libraries exchange their
+    /// assertions (docs/security.md).
     case accounts
     /// Everything else: the Firebase REST API (`RESTRequest` parses and checks it).
     case data
@@ -90,16 +92,16 @@ public enum Route: Sendable, Equatable {
             }
             func `is`(_ name: StaticString) -> Bool { matches(name, prefix: false) }
             func starts(_ name: StaticString) -> Bool { matches(name, prefix: true) }
-            // Every special route starts "/." or "/m", "/i" or "/s": any other path is data.
+            // Every special route starts "/." or "/m", "/i", "/o" or "/s": any other path is data.
             guard bytes.count >= 2 else { return .data }
             switch bytes[1] {
-            case UInt8(ascii: "."), UInt8(ascii: "m"), UInt8(ascii: "i"), UInt8(ascii: "s"): break
+            case UInt8(ascii: "."), UInt8(ascii: "m"), UInt8(ascii: "i"), UInt8(ascii: "o"), UInt8(ascii: "s"): break
             default: return .data
             }
             if `is`("/metrics") && method == "GET" { return .metrics }
             if `is`("/.ws") || `is`("/.lp") { return .realtime }
             if `is`("/.settings/rules.json") || `is`("/.settings/rules") { return .rules }
-            if starts("/identitytoolkit.googleapis.com/") || starts("/securetoken.googleapis.com/") { return .accounts }
+            if starts("/identitytoolkit.googleapis.com/") || starts("/securetoken.googleapis.com/") || starts("/oauth2.googleapis.com/") { return .accounts }
             return starts("/.banyan/") ? nil : .data
         }
         if let route { return route }

@@ -140,6 +140,14 @@ final class AccountService: Sendable {
         let rawQuery = question.map { uri[uri.index(after: $0)...] } ?? ""
         guard let query = try? RESTRequest.parseQuery(rawQuery) else { throw AccountError("INVALID_ARGUMENT : the query string does not parse") }
         let host = headers.first(name: "Host") ?? "localhost"
+        if path == "/oauth2.googleapis.com/token" {
+            guard method == .POST else {
+                var reply = Self.oauthError("invalid_request", "the token endpoint takes POST")
+                reply.status = .methodNotAllowed
+                return loop.makeSucceededFuture(reply)
+            }
+            return loop.makeSucceededFuture(serviceAccountToken(body: body, contentType: headers.first(name: "Content-Type")))
+        }
         if path == "/securetoken.googleapis.com/v1/token" {
             guard method == .POST else { throw AccountError("METHOD_NOT_ALLOWED", .methodNotAllowed) }
             return refresh(body: body, contentType: headers.first(name: "Content-Type"), on: loop)
@@ -707,6 +715,34 @@ final class AccountService: Sendable {
         default:
             throw invalid
         }
+    }
+
+    /// `oauth2.googleapis.com/token`: a service account's JWT-bearer assertion exchanged for an
+    /// access token (`ServiceAccountTokenEndpoint`; form-encoded, as Google's libraries send it,
+    /// or JSON). Nothing is written; the answer is OAuth's, not the Identity Toolkit's.
+    private func serviceAccountToken(body: [UInt8], contentType: String?) -> HTTPReply {
+        var fields: [(String, String)] = []
+        if contentType?.lowercased().hasPrefix("application/json") == true {
+            guard let v = try? JSONValue(parsing: body, maxDepth: 4), case .object(let members) = v else {
+                return Self.oauthError("invalid_request", "the body is not a JSON object")
+            }
+            for case let (name, .string(value)) in members { fields.append((name, value)) }
+        } else {
+            guard let parsed = try? RESTRequest.parseQuery(Substring(decoding: body, as: UTF8.self)) else {
+                return Self.oauthError("invalid_request", "the form does not parse")
+            }
+            fields = parsed
+        }
+        let answer = ServiceAccountTokenEndpoint.answer(fields: fields, accounts: credentials.serviceAccounts, now: NodeRuntime.wallClock())
+        if answer.status != 200 {
+            // Info, not warning: anyone may ask, so refusals must not be a way to flood the log.
+            logger.info("refused a service account's token request", metadata: ["reason": "\(answer.body["error_description"]?.jsonString ?? "")"])
+        }
+        return .json(HTTPResponseStatus(statusCode: answer.status), answer.body.jsonString, extra: [("Cache-Control", "no-store")])
+    }
+
+    static func oauthError(_ code: String, _ description: String) -> HTTPReply {
+        .json(.badRequest, JSONValue.object([("error", .string(code)), ("error_description", .string(description))]).jsonString)
     }
 
     /// `securetoken.googleapis.com/v1/token`: a new ID token for a refresh token (form-encoded

@@ -81,6 +81,12 @@ public final class BanyanNode: Sendable {
                 "verifying client tokens",
                 metadata: ["id_token_keys": "\(verifier.keyIDs.joined(separator: ","))", "database_secrets": "\(verifier.acceptsSecrets)"])
         }
+        let serviceAccounts = try config.loadServiceAccounts(besides: verifier)
+        if let serviceAccounts {
+            logger.notice(
+                "accepting service accounts as administrators",
+                metadata: ["accounts": "\(serviceAccounts.accountNames.joined(separator: ","))", "keys": "\(serviceAccounts.keyIDs.count)"])
+        }
         let providers = try config.loadOIDCProviders()
         for (id, provider) in providers.sorted(by: { $0.key < $1.key }) {
             logger.notice(
@@ -131,7 +137,7 @@ public final class BanyanNode: Sendable {
             logger.warning("fault injection is on (--allow-fault-injection): /.banyan/faults may drop and delay this node's peer traffic and fsyncs")
         }
         runtime.start(transport: transport)
-        let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, tls: tls, identityProviders: providers)
+        let http = HTTPServer(runtime: runtime, config: config, logger: logger, registry: registry, adminToken: adminToken, verifier: verifier, serviceAccounts: serviceAccounts, tls: tls, identityProviders: providers)
         self.http = http
         http.https.withLock { $0 = tls.material.https }
         tls.onReload { material in

@@ -328,6 +328,12 @@ public enum DevCertificates {
 
     /// Creates `path` with `mode` from the start (O_EXCL: never overwrites, and a key is never
     /// readable by others, not even briefly), writes `text` and syncs it.
+    /// `writeNew` for other modules (`banyan service-account create`): `permissions` as in
+    /// chmod (0o600).
+    public static func writeNewFile(_ text: String, to path: String, permissions: UInt16) throws {
+        try writeNew(text, to: path, mode: mode_t(permissions))
+    }
+
     static func writeNew(_ text: String, to path: String, mode: mode_t) throws {
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
         guard fd >= 0 else {

@@ -207,6 +207,13 @@ public struct NodeConfig: Sendable, Equatable {
         /// OpenID Connect providers whose ID tokens `accounts:signInWithIdp` accepts
         /// (docs/accounts.md, "Sign-in with an identity provider").
         public var oidcProviders: [OIDCProviderSettings] = []
+        /// Administrator credentials shaped like Google service-account keys (docs/security.md,
+        /// "Service accounts"): a JSON object from each account's name to its public keys (a
+        /// JWKS, as `banyan service-account create` writes it, or `{kid: PEM}`).
+        public var serviceAccountsFile: String?
+        /// The `aud` a service account's token must name: the `token_uri` of its key files (the
+        /// token endpoint as clients reach it) and any other audience the operator chooses.
+        public var serviceAccountAudiences: [String] = []
         public init() {}
 
         /// Whether any credential is verified.
@@ -519,6 +526,13 @@ extension NodeConfig {
                     case "x509_file": c.auth.x509File = try r.string(v, "auth.\(k)")
                     case "database_secrets_file": c.auth.databaseSecretsFile = try r.string(v, "auth.\(k)")
                     case "clock_skew_seconds": c.auth.clockSkewSeconds = try r.int(v, "auth.\(k)", 0...3_600)
+                    case "service_accounts_file": c.auth.serviceAccountsFile = try r.string(v, "auth.\(k)")
+                    case "service_account_audiences", "service_account_audience":
+                        if let list = v as? [Any] {
+                            c.auth.serviceAccountAudiences = try list.map { (item) throws(ConfigError) in try r.string(item, "auth.\(k)") }
+                        } else {
+                            c.auth.serviceAccountAudiences = [try r.string(v, "auth.\(k)")]
+                        }
                     case "oidc_providers":
                         guard let list = v as? [Any] else { throw ConfigError("\(source): auth.oidc_providers must be a list of providers") }
                         c.auth.oidcProviders = try list.enumerated().map { (i, item) throws(ConfigError) in try r.oidcProvider(item, "auth.oidc_providers[\(i)]") }
@@ -590,6 +604,14 @@ extension NodeConfig {
         }
         if !auth.isConfigured, auth.projectID != nil || auth.issuer != nil || auth.audience != nil {
             throw ConfigError("auth: set jwks_file or x509_file (ID tokens) or database_secrets_file (custom tokens): nothing is verified without them")
+        }
+        if auth.serviceAccountsFile != nil, auth.serviceAccountAudiences.isEmpty || auth.serviceAccountAudiences.contains(where: \.isEmpty) {
+            throw ConfigError(
+                "auth.service_accounts_file needs auth.service_account_audiences: the token_uri of the accounts' key files (such as https://db.example.com/oauth2.googleapis.com/token), none empty"
+            )
+        }
+        if auth.serviceAccountsFile == nil, !auth.serviceAccountAudiences.isEmpty {
+            throw ConfigError("auth.service_account_audiences is set but auth.service_accounts_file is not: no service account would be accepted")
         }
         var providerIDs: Set<String> = []
         var uidPrefixes: Set<String> = []

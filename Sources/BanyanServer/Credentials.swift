@@ -12,6 +12,8 @@ import Synchronization
 struct Credentials: Sendable {
     let development: NodeConfig.DevelopmentSettings
     let verifier: TokenVerifier?
+    /// Administrator credentials shaped like service-account keys (`auth.service_accounts_file`).
+    var serviceAccounts: ServiceAccounts?
     /// The account service's signing key with a `kid`, if accepted at a time (milliseconds):
     /// the replicated keys of the served projects (docs/accounts.md).
     var accountKey: @Sendable (String, Int64) -> AccountTokens.Key? = { _, _ in nil }
@@ -53,10 +55,27 @@ struct Credentials: Sendable {
         case .unsigned?, nil: break
         }
         if AccountTokens.isAccountToken(token) { return verifyAccountToken(token, now: now, hit: nil) }
-        guard let verifier else { return nil }
+        if let serviceAccounts, let result = serviceAccounts.verifyIfOwned(token, now: now) {
+            if case .success(let verified) = result { cache.insert(token, .verified(verified), now: now) }
+            return result
+        }
+        // With service accounts but no other verifier, any other token is refused with what
+        // their check says (an unknown key, not a JWT), except on a development node, where
+        // unverifiable tokens count as signed out, as without any verifier.
+        guard let verifier else { return development.allowUnauthenticated ? nil : serviceAccounts?.verify(token, now: now) }
         let result = verifier.verify(token, now: now)
         if case .success(let verified) = result { cache.insert(token, .verified(verified), now: now) }
         return result
+    }
+
+    /// Whether `token` is a service account's, verified at `now` (the credential the rules
+    /// endpoint accepts beside the operator token).
+    func isServiceAccount(_ token: String, now: Int64) -> Bool {
+        guard let serviceAccounts else { return false }
+        if case .verified(let verified)? = cache.lookup(token, now: now), case .serviceAccount = verified.kind { return true }
+        guard case .success(let verified)? = serviceAccounts.verifyIfOwned(token, now: now) else { return false }
+        cache.insert(token, .verified(verified), now: now)
+        return true
     }
 
     /// The identity of a REST request or event stream at `now` (milliseconds since the epoch).
@@ -223,6 +242,26 @@ extension NodeConfig {
         guard let data = FileManager.default.contents(atPath: file) else { throw ConfigError("auth.\(key) \(file): cannot read the file") }
         guard data.count <= 4 << 20 else { throw ConfigError("auth.\(key) \(file): larger than 4 MiB") }
         return Array(data)
+    }
+
+    /// The service accounts of `auth.service_accounts_file`, read now; nil when it is not set.
+    /// An unreadable file, or one with no usable key, is a `ConfigError` naming it; so is a key
+    /// id that the ID-token keys use too (a token must have one verifier).
+    func loadServiceAccounts(besides verifier: TokenVerifier?) throws(ConfigError) -> ServiceAccounts? {
+        guard let file = auth.serviceAccountsFile else { return nil }
+        let bytes = try Self.readKeyFile(file, "service_accounts_file")
+        var settings = ServiceAccounts.Settings(audiences: auth.serviceAccountAudiences)
+        settings.clockSkew = Int64(auth.clockSkewSeconds) * 1000
+        let accounts: ServiceAccounts
+        do throws(KeyFileError) {
+            accounts = try ServiceAccounts(settings: settings, file: bytes)
+        } catch {
+            throw ConfigError("auth.service_accounts_file \(file): \(error.message)")
+        }
+        if let shared = verifier?.keyIDs.first(where: { accounts.holds(keyID: $0) }) {
+            throw ConfigError("auth.service_accounts_file \(file): kid \(shared) is an ID-token key too (jwks_file or x509_file); a key must be one or the other")
+        }
+        return accounts
     }
 
     /// The OpenID Connect providers of `auth.oidc_providers` by id, their key files read now.

@@ -95,13 +95,14 @@ final class HTTPServer: Sendable {
 
     init(
         runtime: NodeRuntime, config: NodeConfig, logger: Logger, registry: PrometheusCollectorRegistry, adminToken: String? = nil,
-        verifier: TokenVerifier? = nil, tls: NodeTLS? = nil, identityProviders: [String: OIDCProvider] = [:]
+        verifier: TokenVerifier? = nil, serviceAccounts: ServiceAccounts? = nil, tls: NodeTLS? = nil, identityProviders: [String: OIDCProvider] = [:]
     ) {
         self.tls = tls
         self.runtime = runtime
         self.config = config
         self.adminToken = adminToken
         var credentials = Credentials(development: config.development, verifier: verifier)
+        credentials.serviceAccounts = serviceAccounts
         credentials.accountKey = { [runtime] kid, now in runtime.accountKey(kid, now: now) }
         credentials.accountProjects = config.accounts.servedProjects
         credentials.skew = Int64(config.auth.clockSkewSeconds) * 1000
@@ -1160,7 +1161,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     /// `GET`/`PUT /.settings/rules.json` (docs/rules.md): administrators only (the operator
-    /// token when one is configured, else the emulator's `owner`). A `PUT` is parsed here, so a
+    /// token or a service account's token when an operator token is configured, else any
+    /// administrator credential, such as the emulator's `owner`). A `PUT` is parsed here, so a
     /// syntax or type error is answered at once with its line and column, then set through the
     /// log (a `setRules` command), so every node switches at the same position.
     private func handleRules(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
@@ -1170,7 +1172,12 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         }
         let administrator: Bool
         if let adminToken = server.adminToken {
-            if case .other(let token) = access.authorization { administrator = Self.constantTimeEqual(token, adminToken) } else { administrator = false }
+            // The operator token, or a service account's (docs/security.md, "Service accounts").
+            if case .other(let token) = access.authorization {
+                administrator = Self.constantTimeEqual(token, adminToken) || server.credentials.isServiceAccount(token, now: NodeRuntime.wallClock())
+            } else {
+                administrator = false
+            }
         } else {
             administrator = identity(access.authorization, override: nil) == .administrator(override: nil)
         }

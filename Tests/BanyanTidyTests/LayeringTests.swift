@@ -56,7 +56,7 @@ import Testing
         "BanyanCommand": (
             false,
             [
-                "BanyanTree", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "BanyanClient", "Logging",
+                "BanyanTree", "BanyanAuth", "BanyanQuery", "BanyanBasics", "BanyanRules", "BanyanServer", "BanyanOps", "BanyanNode", "BanyanOpLogFiles", "BanyanClient", "Logging",
                 "NIOCore", "NIOHTTP1", "NIOPosix", "NIOSSL", "ArgumentParser",
                 "Foundation", "FoundationNetworking", "Dispatch", "Glibc",
             ]
