@@ -81,7 +81,18 @@ extension BanyanBench {
         let accountCold = microseconds(20_000) {
             _ = AccountTokens.verifyIDToken(account, key: { _ in accountKey }, projects: ["demo"], skew: 300_000, now: benchNow)
         }
+        // A service account's token (RS256 under the account's key, docs/security.md).
+        let serviceKey = ServiceAccountKey(account: "ops@bench", keyID: "sa1", tokenURI: "https://bench/oauth2.googleapis.com/token", projectID: nil, privateKey: key)
+        let accountsFile = JSONValue.object([("ops@bench", .object([("keys", .array([(try? serviceKey.publicJWK()) ?? .null]))]))]).jsonString
+        guard let services = try? ServiceAccounts(settings: .init(audiences: [serviceKey.tokenURI]), file: Array(accountsFile.utf8)),
+            let serviceToken = try? serviceKey.token(now: seconds), case .success? = services.verifyIfOwned(serviceToken, now: benchNow)
+        else {
+            print("  (the service account's token does not verify)")
+            return
+        }
+        let serviceCold = microseconds(200) { _ = services.verifyIfOwned(serviceToken, now: benchNow) }
         print("  RS256 ID token (2048-bit key, \(idToken.utf8.count) bytes): cold \(format(rsCold)) µs, cached \(format(rsCached)) µs")
+        print("  service account's token (RS256, 2048-bit key, \(serviceToken.utf8.count) bytes): cold \(format(serviceCold)) µs")
         print("  Firebase 2.x custom token (HS256, database secret, \(custom.utf8.count) bytes): cold \(format(customCold)) µs")
         print("  account-service ID token (HS256, replicated key, \(account.utf8.count) bytes): cold \(format(accountCold)) µs")
         print("  emulator token (alg none, \(emulator.utf8.count) bytes): cold \(format(emCold)) µs, cached \(format(emCached)) µs")
