@@ -42,6 +42,10 @@ enum Corpus {
               ".read": "query.orderByKey && query.limitToFirst <= 50 || query.orderByPriority && query.limitToLast != null && query.startAt === 'a'",
               ".indexOn": ".value"
             },
+            "scores": {
+              ".read": "query.orderByValue == true && query.startAt >= 0 && query.endAt <= 100 && query.equalTo == null",
+              ".indexOn": ".value"
+            },
             "public": { ".read": true, ".write": "auth != null", "locked": { ".write": false } },
             "strings": {
               "$s": {
@@ -156,6 +160,15 @@ enum Corpus {
            "expected": "deny"},
           {"name": "feed: by priority from 'a', last 3", "path": "/feed", "op": "read",
            "query": {"orderByPriority": true, "startAt": "a", "limitToLast": 3}, "expected": "allow"},
+
+          {"name": "scores: by value within 0..100", "path": "/scores", "op": "read",
+           "query": {"orderByValue": true, "startAt": 0, "endAt": 100}, "expected": "allow", "rule": "/scores/.read"},
+          {"name": "scores: endAt beyond 100", "path": "/scores", "op": "read",
+           "query": {"orderByValue": true, "startAt": 0, "endAt": 101}, "expected": "deny"},
+          {"name": "scores: no endAt (null is not <= 100)", "path": "/scores", "op": "read",
+           "query": {"orderByValue": true, "startAt": 0}, "expected": "deny"},
+          {"name": "scores: ordered by key instead", "path": "/scores", "op": "read",
+           "query": {"orderByKey": true, "startAt": 0, "endAt": 100}, "expected": "deny"},
 
           {"name": "public: reads cascade to any depth", "path": "/public/deep/down", "op": "read", "expected": "allow", "rule": "/public/.read"},
           {"name": "public: writes cascade and cannot be revoked below", "auth": {"uid": "u"}, "path": "/public/locked/x", "op": "set",
