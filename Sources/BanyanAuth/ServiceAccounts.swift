@@ -47,9 +47,12 @@ public struct ServiceAccounts: Sendable {
     /// tokens are the account service's). Refused without an audience, or when no account holds
     /// a usable RSA key.
     ///
-    /// Google's own service-account keys (published as `{kid: PEM}`) are not accepted: an
-    /// assertion made for Banyan with one of them would also be a credential at Google's token
-    /// endpoint, and the reverse (docs/security.md, "Service accounts").
+    /// Google's own service-account keys are not accepted, in any format: an assertion made for
+    /// Banyan with one of them would also be a credential at Google's token endpoint (whose
+    /// audience the node trusts for google-auth's sake), and the reverse (docs/security.md,
+    /// "Service accounts"). Google publishes them as `{kid: PEM}` and as JWKS; both are refused,
+    /// the first by its shape, the second by its key ids (40 hex digits, Google's
+    /// `private_key_id`), which Banyan's never are (`ServiceAccountKey.keyIDPrefix`).
     public init(settings: Settings, file: [UInt8]) throws(KeyFileError) {
         guard !settings.audiences.isEmpty, settings.audiences.allSatisfy({ !$0.isEmpty }) else {
             throw KeyFileError("service accounts need at least one audience (the token endpoint's URL), none empty")
@@ -73,6 +76,9 @@ public struct ServiceAccounts: Sendable {
                 if kid.hasPrefix(AccountTokens.keyIDPrefix) {
                     throw KeyFileError("\(name): kid \(kid) starts with \(AccountTokens.keyIDPrefix), which names the account service's keys")
                 }
+                if Self.isGoogleKeyID(kid) {
+                    throw KeyFileError("\(name): kid \(kid) is a Google service-account key's (40 hex digits); trust only keys made by banyan service-account create")
+                }
                 owners[kid] = name
             }
             jwks += found
@@ -81,6 +87,32 @@ public struct ServiceAccounts: Sendable {
         self.settings = settings
         self.keys = try RSAKeySet(jwks: jwks)
         self.owners = owners
+    }
+
+    /// Whether `kid` has the shape of a Google service-account key id: 40 lowercase hex digits.
+    public static func isGoogleKeyID(_ kid: String) -> Bool {
+        kid.utf8.count == 40 && kid.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    }
+
+    /// Whether `audience` may be trusted: anything but a plain-HTTP URL to a host other than
+    /// loopback (assertions and tokens are administrator credentials, so they travel in clear
+    /// only within the machine).
+    public static func isSafeAudience(_ audience: String) -> Bool {
+        let lower = audience.lowercased()
+        guard lower.hasPrefix("http://") else { return true }
+        var rest = lower.dropFirst("http://".count)
+        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
+        if let at = rest.lastIndex(of: "@") { rest = rest[rest.index(after: at)...] }
+        let host: Substring
+        if rest.hasPrefix("[") {
+            host = rest.dropFirst().prefix { $0 != "]" }
+        } else {
+            host = rest.prefix { $0 != ":" }
+        }
+        if host == "localhost" || host == "::1" { return true }
+        // 127.0.0.0/8 as a dotted IPv4 literal, nothing after it.
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { p in !p.isEmpty && p.count <= 3 && p.allSatisfy(\.isASCII) && UInt8(p) != nil }
     }
 
     /// Whether `kid` names one of these keys.
@@ -125,11 +157,10 @@ public struct ServiceAccounts: Sendable {
                 throw .malformed("a service account's token lives at most \(settings.maxLifetime / 1000) seconds (exp - iat)")
             }
             try Claims.checkWindow(exp: exp, notBefore: [iat, try Claims.time(claims, "nbf")], skew: settings.clockSkew, now: now)
-            // Honoured at most `maxLifetime` from now (plus the skew), whatever a future `iat`
-            // within the skew would allow.
-            let until = min(exp, now &+ settings.maxLifetime)
+            // Honoured until `exp` plus the skew: at most `maxLifetime` after `iat`, which is at
+            // most the skew ahead of this node's clock.
             return .success(
-                VerifiedToken(kind: .serviceAccount(account), administrator: true, auth: nil, expires: until, validUntil: until &+ settings.clockSkew))
+                VerifiedToken(kind: .serviceAccount(account), administrator: true, auth: nil, expires: exp, validUntil: exp &+ settings.clockSkew))
         } catch {
             return .failure(error)
         }
@@ -158,7 +189,10 @@ public struct ServiceAccountKey: Sendable {
         self.privateKey = privateKey
     }
 
-    /// A new 2048-bit key for `account`, its id 40 random hex digits (as Google's).
+    /// What Banyan's key ids start with: never Google's shape (`ServiceAccounts.isGoogleKeyID`).
+    public static let keyIDPrefix = "bsa-"
+
+    /// A new 2048-bit key for `account`, its id `bsa-` and 32 random hex digits.
     public static func generate(account: String, tokenURI: String, projectID: String?) throws(KeyFileError) -> ServiceAccountKey {
         let key: _RSA.Signing.PrivateKey
         do {
@@ -167,10 +201,10 @@ public struct ServiceAccountKey: Sendable {
             throw KeyFileError("cannot make an RSA key: \(error)")
         }
         var id = ""
-        for byte in SymmetricKey(size: .init(bitCount: 160)).withUnsafeBytes({ Array($0) }) {
+        for byte in SymmetricKey(size: .init(bitCount: 128)).withUnsafeBytes({ Array($0) }) {
             id += String(byte >> 4, radix: 16) + String(byte & 0x0F, radix: 16)
         }
-        return ServiceAccountKey(account: account, keyID: id, tokenURI: tokenURI, projectID: projectID, privateKey: key)
+        return ServiceAccountKey(account: account, keyID: keyIDPrefix + id, tokenURI: tokenURI, projectID: projectID, privateKey: key)
     }
 
     /// Reads a key file (JSON): `client_email`, `private_key_id`, `private_key` (PEM, PKCS #8 or

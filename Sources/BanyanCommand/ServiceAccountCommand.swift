@@ -39,8 +39,8 @@ struct ServiceAccountCreate: ParsableCommand {
     func run() throws {
         guard (1...256).contains(account.utf8.count) else { throw CommandError("the account's name must be 1 to 256 bytes") }
         // Assertions are administrator credentials: in clear only to this machine.
-        guard let url = URL(string: tokenURI), let scheme = url.scheme?.lowercased(), let host = url.host?.lowercased(),
-            scheme == "https" || (scheme == "http" && ["127.0.0.1", "localhost", "::1", "[::1]"].contains(host))
+        guard let url = URL(string: tokenURI), let scheme = url.scheme?.lowercased(), url.host != nil,
+            scheme == "https" || (scheme == "http" && ServiceAccounts.isSafeAudience(tokenURI))
         else {
             throw CommandError("--token-uri must be an https URL (http only to a loopback host: its tokens are administrator credentials)")
         }
@@ -84,14 +84,18 @@ struct ServiceAccountCreate: ParsableCommand {
         }
         let partial = accountsFile + ".partial"
         unlink(partial)
+        // Should the accounts file not be written, the key file goes too: no key nobody trusts.
         do {
             try DevCertificates.writeNewFile(text, to: partial, permissions: 0o644)
         } catch {
+            unlink(keyFile)
             throw CommandError("\(error)")
         }
         guard rename(partial, accountsFile) == 0 else {
+            let reason = String(cString: strerror(errno))
             unlink(partial)
-            throw CommandError("cannot replace \(accountsFile): \(String(cString: strerror(errno)))")
+            unlink(keyFile)
+            throw CommandError("cannot replace \(accountsFile): \(reason)")
         }
         let absolute = accountsFile.hasPrefix("/") ? accountsFile : FileManager.default.currentDirectoryPath + "/" + accountsFile
         print(

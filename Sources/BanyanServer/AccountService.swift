@@ -7,6 +7,7 @@ import BanyanStateMachine
 import BanyanTree
 import Foundation
 import Logging
+import Metrics
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -134,20 +135,27 @@ final class AccountService: Sendable {
     ) throws(AccountError) -> EventLoopFuture<
         HTTPReply
     > {
-        guard body.count <= Self.maxBodyBytes else { throw Self.tooLarge }
         let question = uri.firstIndex(of: "?")
         let path = String(uri[..<(question ?? uri.endIndex)])
-        let rawQuery = question.map { uri[uri.index(after: $0)...] } ?? ""
-        guard let query = try? RESTRequest.parseQuery(rawQuery) else { throw AccountError("INVALID_ARGUMENT : the query string does not parse") }
-        let host = headers.first(name: "Host") ?? "localhost"
         if path == "/oauth2.googleapis.com/token" {
+            // OAuth's endpoint answers in OAuth's shape, whatever is wrong (RFC 6749 section 5.2).
             guard method == .POST else {
                 var reply = Self.oauthError("invalid_request", "the token endpoint takes POST")
                 reply.status = .methodNotAllowed
+                reply.headers.append(("Allow", "POST"))
+                return loop.makeSucceededFuture(reply)
+            }
+            guard body.count <= Self.maxBodyBytes else {
+                var reply = Self.oauthError("invalid_request", "the body is larger than \(Self.maxBodyBytes) bytes")
+                reply.status = .payloadTooLarge
                 return loop.makeSucceededFuture(reply)
             }
             return loop.makeSucceededFuture(serviceAccountToken(body: body, contentType: headers.first(name: "Content-Type")))
         }
+        guard body.count <= Self.maxBodyBytes else { throw Self.tooLarge }
+        let rawQuery = question.map { uri[uri.index(after: $0)...] } ?? ""
+        guard let query = try? RESTRequest.parseQuery(rawQuery) else { throw AccountError("INVALID_ARGUMENT : the query string does not parse") }
+        let host = headers.first(name: "Host") ?? "localhost"
         if path == "/securetoken.googleapis.com/v1/token" {
             guard method == .POST else { throw AccountError("METHOD_NOT_ALLOWED", .methodNotAllowed) }
             return refresh(body: body, contentType: headers.first(name: "Content-Type"), on: loop)
@@ -735,11 +743,16 @@ final class AccountService: Sendable {
         }
         let answer = ServiceAccountTokenEndpoint.answer(fields: fields, accounts: credentials.serviceAccounts, now: NodeRuntime.wallClock())
         if answer.status != 200 {
-            // Info, not warning: anyone may ask, so refusals must not be a way to flood the log.
-            logger.info("refused a service account's token request", metadata: ["reason": "\(answer.body["error_description"]?.jsonString ?? "")"])
+            // Counted, and logged at debug only: anyone may ask, so refusals must not be a way
+            // to flood the log.
+            Self.tokenRefusals.increment()
+            logger.debug("refused a service account's token request", metadata: ["reason": "\(answer.body["error_description"]?.jsonString ?? "")"])
         }
         return .json(HTTPResponseStatus(statusCode: answer.status), answer.body.jsonString, extra: [("Cache-Control", "no-store")])
     }
+
+    /// Refused requests at the service accounts' token endpoint.
+    static let tokenRefusals = Counter(label: "banyan_service_account_token_refusals_total")
 
     static func oauthError(_ code: String, _ description: String) -> HTTPReply {
         .json(.badRequest, JSONValue.object([("error", .string(code)), ("error_description", .string(description))]).jsonString)

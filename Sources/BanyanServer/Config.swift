@@ -1,3 +1,4 @@
+import BanyanAuth
 import BanyanREST
 import BanyanStateMachine
 import Foundation
@@ -208,8 +209,8 @@ public struct NodeConfig: Sendable, Equatable {
         /// (docs/accounts.md, "Sign-in with an identity provider").
         public var oidcProviders: [OIDCProviderSettings] = []
         /// Administrator credentials shaped like Google service-account keys (docs/security.md,
-        /// "Service accounts"): a JSON object from each account's name to its public keys (a
-        /// JWKS, as `banyan service-account create` writes it, or `{kid: PEM}`).
+        /// "Service accounts"): a JSON object from each account's name to its public keys as a
+        /// JWKS, as `banyan service-account create` writes it.
         public var serviceAccountsFile: String?
         /// The `aud` a service account's token must name: the `token_uri` of its key files (the
         /// token endpoint as clients reach it) and any other audience the operator chooses.
@@ -609,6 +610,10 @@ extension NodeConfig {
             throw ConfigError(
                 "auth.service_accounts_file needs auth.service_account_audiences: the token_uri of the accounts' key files (such as https://db.example.com/oauth2.googleapis.com/token), none empty"
             )
+        }
+        if let unsafe = auth.serviceAccountAudiences.first(where: { !ServiceAccounts.isSafeAudience($0) }) {
+            throw ConfigError(
+                "auth.service_account_audiences: \(unsafe) is plain HTTP to a host other than loopback; service accounts' tokens are administrator credentials: use https")
         }
         if auth.serviceAccountsFile == nil, !auth.serviceAccountAudiences.isEmpty {
             throw ConfigError("auth.service_account_audiences is set but auth.service_accounts_file is not: no service account would be accepted")

@@ -145,6 +145,9 @@ struct Credentials: Sendable {
         }
         guard let result = verifySigned(token, now: now, hit: cache.lookup(token, now: now)) else {
             let accepted = development.allowUnauthenticated ? "the emulator's owner and unsigned tokens" : "the emulator's owner token"
+            if serviceAccounts != nil {
+                return .refused(status: "invalid_token", reason: "This server verifies only its service accounts' tokens; it also accepts \(accepted).")
+            }
             return .refused(status: "invalid_token", reason: "This server verifies no signed tokens (no auth configuration); it accepts only \(accepted).")
         }
         return signedIn(result)

@@ -659,6 +659,8 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var body: [UInt8] = []
     /// The request being read is for the account service (its own body bound and 413).
     private var accountsRequest = false
+    /// The request is for the service accounts' token endpoint (OAuth's error shape).
+    private var oauthRequest = false
     /// The request's route, decided at its head and kept for its dispatch.
     private var route: Route = .data
     /// A data request's head as the REST layer reads it and its split target (nil when its
@@ -820,6 +822,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             body = []
             route = Route.of(method: h.method.rawValue, uri: h.uri)
             accountsRequest = route == .accounts
+            oauthRequest = accountsRequest && h.uri.hasPrefix("/oauth2.googleapis.com/")
             started = DispatchTime.now().uptimeNanoseconds
             dataHead = nil
             if route == .data {
@@ -887,7 +890,15 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     private var tooLargeReply: HTTPReply {
-        if accountsRequest { return AccountService.tooLarge.reply }
+        if accountsRequest {
+            // The service accounts' token endpoint answers in OAuth's shape.
+            if oauthRequest {
+                var reply = AccountService.oauthError("invalid_request", "the body is larger than \(AccountService.maxBodyBytes) bytes")
+                reply.status = .payloadTooLarge
+                return reply
+            }
+            return AccountService.tooLarge.reply
+        }
         return .error(.payloadTooLarge, "Payload too large: the body exceeds \(server.config.http.maxBodyBytes) bytes.")
     }
 

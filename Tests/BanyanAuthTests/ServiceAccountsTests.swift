@@ -39,7 +39,7 @@ import _CryptoExtras
         let key = try #require(Self.admin)
         let accounts = try Self.accounts(key)
         #expect(accounts.accountNames == ["admin@banyan"])
-        #expect(accounts.keyIDs == [key.keyID] && key.keyID.utf8.count == 40)
+        #expect(accounts.keyIDs == [key.keyID] && key.keyID.hasPrefix("bsa-") && key.keyID.utf8.count == 36)
         let token = try key.token(now: Self.t)
         let verified = try #require(try accounts.verifyIfOwned(token, now: Self.now)?.get())
         #expect(verified.kind == .serviceAccount("admin@banyan") && verified.administrator && verified.auth == nil)
@@ -115,6 +115,18 @@ import _CryptoExtras
         #expect(refused([Self.uri], google)?.contains("expected a JWKS") == true)
         let prefixed = ServiceAccountKey(account: "a", keyID: "banyan-1", tokenURI: Self.uri, projectID: nil, privateKey: key.privateKey)
         #expect(refused([Self.uri], try Self.file(prefixed))?.contains("names the account service's keys") == true)
+        // Google's JWKS for its accounts: refused by the key id's shape.
+        let googleJWKS = ServiceAccountKey(account: "svc@proj.iam.gserviceaccount.com", keyID: "0123456789abcdef0123456789abcdef01234567", tokenURI: Self.uri, projectID: nil, privateKey: key.privateKey)
+        #expect(refused([Self.uri], try Self.file(googleJWKS))?.contains("is a Google service-account key's") == true)
+        #expect(ServiceAccounts.isGoogleKeyID("0123456789abcdef0123456789abcdef01234567") && !ServiceAccounts.isGoogleKeyID(key.keyID))
+        #expect(!ServiceAccounts.isGoogleKeyID("0123456789ABCDEF0123456789abcdef01234567") && !ServiceAccounts.isGoogleKeyID("0123"))
+        // Audiences: plain HTTP only to loopback.
+        for safe in ["https://db.example.com/oauth2.googleapis.com/token", "banyan", "http://127.0.0.1:9000/x", "http://localhost/x", "http://[::1]:80/x", "HTTP://127.1.2.3"] {
+            #expect(ServiceAccounts.isSafeAudience(safe), "\(safe)")
+        }
+        for unsafe in ["http://db.example.com/token", "http://10.0.0.1:9000/oauth2.googleapis.com/token", "http://127.0.0.1.evil.example/x", "http://user@db.example.com/", "http://localhost.evil/x"] {
+            #expect(!ServiceAccounts.isSafeAudience(unsafe), "\(unsafe)")
+        }
         #expect(refused([], try Self.file(key))?.contains("audience") == true)
         #expect(refused([""], try Self.file(key))?.contains("audience") == true)
         #expect(refused([Self.uri], Array("[]".utf8))?.contains("JSON object") == true)
@@ -152,10 +164,13 @@ import _CryptoExtras
         #expect(error([grant, ("assertion", assertion)], nil) == "invalid_grant")
         #expect(error([grant, grant, ("assertion", assertion)], accounts) == "invalid_request")
         #expect(error([grant, ("assertion", "x"), ("assertion", assertion)], accounts) == "invalid_request")
-        // A future iat within the skew does not stretch the hour: honoured at most an hour from now.
+        // A future iat within the skew: honoured until exp plus the skew (an hour after iat),
+        // checked again then: refused past that.
         let early = try key.token(now: Self.t + 200)
         let verified = try accounts.verify(early, now: Self.now).get()
-        #expect(verified.expires == Self.now + 3600 * 1000 && verified.validUntil == Self.now + 3900 * 1000)
+        #expect(verified.expires == (Self.t + 3800) * 1000 && verified.validUntil == (Self.t + 4100) * 1000)
+        #expect(Self.refusal(accounts.verify(early, now: (Self.t + 4100) * 1000)) == .expired)
+        #expect(Self.refusal(accounts.verify(early, now: (Self.t + 4099) * 1000)) == nil)
         #expect(error([grant, ("assertion", "garbage")], accounts) == "invalid_grant")
         #expect(error([grant, ("assertion", try key.token(now: Self.t - 7200))], accounts) == "invalid_grant")
     }

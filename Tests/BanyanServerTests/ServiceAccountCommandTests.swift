@@ -26,6 +26,12 @@ import Testing
         let (again, againOutput) = try await banyan(["service-account", "create", "ops@banyan", "--key-file", dir + "/k1.json", "--accounts-file", accounts, "--token-uri", uri])
         #expect(again != 0 && againOutput.contains("refusing to overwrite"), "\(againOutput)")
         #expect(try String(contentsOfFile: accounts, encoding: .utf8) == before)
+        // Plain HTTP to another host is refused, and nothing is written.
+        let (insecure, insecureOutput) = try await banyan(
+            ["service-account", "create", "ops@banyan", "--key-file", dir + "/k3.json", "--accounts-file", accounts, "--token-uri", "http://db.example.com/oauth2.googleapis.com/token"])
+        #expect(insecure != 0 && insecureOutput.contains("must be an https URL"), "\(insecureOutput)")
+        let after = try String(contentsOfFile: accounts, encoding: .utf8)
+        #expect(!FileManager.default.fileExists(atPath: dir + "/k3.json") && after == before)
         // A second key for the account: both are trusted.
         let (rotated, _) = try await banyan(["service-account", "create", "ops@banyan", "--key-file", dir + "/k2.json", "--accounts-file", accounts, "--token-uri", uri])
         #expect(rotated == 0)

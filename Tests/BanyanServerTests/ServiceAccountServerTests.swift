@@ -1,6 +1,7 @@
 import BanyanAuth
 import BanyanBasics
 import BanyanREST
+import BanyanStateMachine
 @testable import BanyanServer
 import BanyanTree
 import Foundation
@@ -66,7 +67,10 @@ import _CryptoExtras
         }
         #expect((3590...3600).contains(expiresIn))
         #expect(try Self.exchange(port, "GET", "/vault/a/n.json?access_token=\(access)").body == "1")
-        #expect(try Self.exchange(port, "GET", "/oauth2.googleapis.com/token").status == 405)
+        let get = try Self.exchange(port, "GET", "/oauth2.googleapis.com/token")
+        #expect(get.status == 405 && get.body.contains(#""error":"invalid_request""#), "\(get)")
+        let big = try Self.exchange(port, "POST", "/oauth2.googleapis.com/token", body: String(repeating: "a", count: 70_000))
+        #expect(big.status == 413 && big.body.contains(#""error":"invalid_request""#), "\(big)")
 
         // Another key under the account's name and kid, a kid the node does not know, an
         // expired token, an assertion for another audience: refused at the endpoint and as
@@ -121,6 +125,30 @@ import _CryptoExtras
         #expect(try Self.exchange(port, "GET", "/.settings/rules.json").status == 401)
     }
 
+    @Test("on a development node with service accounts, a token no verifier knows still counts as signed out on REST; a realtime auth names what is accepted")
+    func developmentNode() throws {
+        let key = try #require(Self.key)
+        let file = JSONValue.object([(key.account, .object([("keys", .array([try key.publicJWK()]))]))]).jsonString
+        var credentials = Credentials(development: NodeConfig.DevelopmentSettings(), verifier: nil)
+        credentials.serviceAccounts = try ServiceAccounts(settings: .init(audiences: [key.tokenURI]), file: Array(file.utf8))
+        let now = Self.now * 1000
+        let other = try #require(try? _RSA.Signing.PrivateKey(keySize: .bits2048))
+        let unknown = try ServiceAccountKey(account: "x", keyID: "bsa-unknown", tokenURI: key.tokenURI, projectID: nil, privateKey: other).token(now: Self.now)
+        #expect(credentials.identity(.other(unknown), override: nil, now: now) == .client(.signedOut))
+        #expect(credentials.identity(.other(try key.token(now: Self.now)), override: nil, now: now) == .administrator(override: nil))
+        guard case .refused(_, let reason) = credentials.session(unknown, now: now) else {
+            Issue.record("an unknown token signed a session in")
+            return
+        }
+        #expect(reason.contains("only its service accounts' tokens"), "\(reason)")
+        // Off development, the same token is refused with the reason.
+        var closed = NodeConfig.DevelopmentSettings()
+        closed.allowUnauthenticated = false
+        var strict = Credentials(development: closed, verifier: nil)
+        strict.serviceAccounts = credentials.serviceAccounts
+        #expect(strict.identity(.other(unknown), override: nil, now: now) == .refused(TokenError.unknownKey("bsa-unknown").reason))
+    }
+
     @Test("configuration: the file needs its audiences and they need it; an unusable file and a kid shared with the ID-token keys are refused at start")
     func configuration() throws {
         let key = try #require(Self.key)
@@ -138,6 +166,8 @@ import _CryptoExtras
         }
         #expect(error("auth:\n  service_accounts_file: \(dir)/service-accounts.json\n")?.contains("needs auth.service_account_audiences") == true)
         #expect(error("auth:\n  service_account_audiences: [x]\n")?.contains("auth.service_accounts_file is not") == true)
+        let plain = "auth:\n  service_accounts_file: \(dir)/service-accounts.json\n  service_account_audiences: [http://db.example.com/oauth2.googleapis.com/token]\n"
+        #expect(error(plain)?.contains("is plain HTTP to a host other than loopback") == true)
         try "{}".write(toFile: dir + "/empty.json", atomically: true, encoding: .utf8)
         #expect(error("auth:\n  service_accounts_file: \(dir)/empty.json\n  service_account_audiences: x\n")?.contains("names no service account") == true)
         #expect(error("auth:\n  service_accounts_file: \(dir)/missing.json\n  service_account_audiences: x\n")?.contains("cannot read") == true)
