@@ -105,9 +105,9 @@ public final class MutableData: @unchecked Sendable, CustomStringConvertible {
         set {
             do {
                 let json = try ValueCoding.json(newValue)
-                let node = try TreeReader.read(json, at: path)
+                let subtree = try TreeReader.read(json, at: path)
                 let priority = box.tree.child(at: path).priority
-                box.tree.set(node.isEmpty || node.priority != .none ? node : node.withPriority(priority), at: path)
+                box.tree.set(subtree.isEmpty || subtree.priority != .none ? subtree : subtree.withPriority(priority), at: path)
             } catch {
                 box.error = DatabaseError(code: "invalid_data", message: "\(error)")
             }

@@ -1368,10 +1368,10 @@ public struct ClientCore: Sendable {
         local.set(overlay(server.child(at: target), at: target, writeIndex.relevant(to: target)), at: target)
     }
 
-    /// A leaf or a node with a priority: data of its own beyond its children.
-    private static func hasOwnData(_ node: Tree) -> Bool {
-        if node.isLeaf { return true }
-        if case .none = node.priority { return false }
+    /// A leaf or a tree with a priority: data of its own beyond its children.
+    private static func hasOwnData(_ subtree: Tree) -> Bool {
+        if subtree.isLeaf { return true }
+        if case .none = subtree.priority { return false }
         return true
     }
 

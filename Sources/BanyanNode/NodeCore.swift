@@ -607,8 +607,8 @@ public final class NodeCore {
     private func learnPeers(from tree: Tree, announce: Bool) {
         guard let peersPath = try? Path(parsing: "/peers") else { return }
         var changed = false
-        for (key, node) in tree.child(at: peersPath).children.elements() {
-            guard let id = UInt64(key.string), case .string(let text)? = node.leaf else { continue }
+        for (key, entry) in tree.child(at: peersPath).children.elements() {
+            guard let id = UInt64(key.string), case .string(let text)? = entry.leaf else { continue }
             if peerAddresses[id] != text {
                 peerAddresses[id] = text
                 changed = true

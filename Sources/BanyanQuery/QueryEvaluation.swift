@@ -25,32 +25,32 @@ extension QueryParams {
 
     /// True when the query's filtering applies to a non-leaf only (ranges and limits turn a leaf
     /// location into null, as Firebase's ranged and limited filters do).
-    func filteredLeaf(_ node: Tree) -> Tree {
-        loadsAllData ? (isDefault ? node : node.withPriority(.none)) : .empty
+    func filteredLeaf(_ subtree: Tree) -> Tree {
+        loadsAllData ? (isDefault ? subtree : subtree.withPriority(.none)) : .empty
     }
 
-    /// The children the query selects, in index order. O(log n + k) given an index over `node`;
+    /// The children the query selects, in index order. O(log n + k) given an index over `subtree`;
     /// when `index` is nil one is built (O(n log n)).
-    public func orderedChildren(of node: Tree, index: TreeIndex? = nil) -> [(key: ChildKey, tree: Tree)] {
-        guard node.hasChildren else { return [] }
-        let idx = index ?? TreeIndex(kind: self.index, tree: node)
+    public func orderedChildren(of subtree: Tree, index: TreeIndex? = nil) -> [(key: ChildKey, tree: Tree)] {
+        guard subtree.hasChildren else { return [] }
+        let idx = index ?? TreeIndex(kind: self.index, tree: subtree)
         precondition(idx.kind == self.index, "QueryParams.orderedChildren: the index must match the query's ordering")
         let range = window(in: idx)
         var result: [(key: ChildKey, tree: Tree)] = []
         result.reserveCapacity(range.count)
         for (entry, _) in idx.entries.elements(from: range.lowerBound).prefix(range.count) {
-            result.append((entry.key, node.child(entry.key)))
+            result.append((entry.key, subtree.child(entry.key)))
         }
         return result
     }
 
     /// The tree the query yields: the selected children (without the location's priority, since
     /// queries carry none), or the location itself for the default query.
-    public func evaluate(_ node: Tree, index: TreeIndex? = nil) -> Tree {
-        if !node.hasChildren { return filteredLeaf(node) }
-        if isDefault { return node }
-        if loadsAllData { return node.withPriority(.none) }
-        var children = orderedChildren(of: node, index: index).map { ($0.key, $0.tree) }
+    public func evaluate(_ subtree: Tree, index: TreeIndex? = nil) -> Tree {
+        if !subtree.hasChildren { return filteredLeaf(subtree) }
+        if isDefault { return subtree }
+        if loadsAllData { return subtree.withPriority(.none) }
+        var children = orderedChildren(of: subtree, index: index).map { ($0.key, $0.tree) }
         if self.index != .key {
             children.sort { $0.0 < $1.0 }
         }

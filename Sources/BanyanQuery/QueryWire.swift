@@ -64,13 +64,13 @@ extension QueryParams {
     }
 
     static func wirePost(index: IndexKind, value: JSONValue, name: JSONValue?, defaultName: KeyBound) throws(QueryError) -> IndexPost {
-        let node: Tree
+        let subtree: Tree
         switch value {
-        case .null: node = .empty
-        case .bool(let b): node = Tree(.bool(b))
-        case .int(let i): node = Tree(.int(i))
-        case .double(let d): node = Tree(.double(d))
-        case .string(let s): node = Tree(.string(s))
+        case .null: subtree = .empty
+        case .bool(let b): subtree = Tree(.bool(b))
+        case .int(let i): subtree = Tree(.int(i))
+        case .double(let d): subtree = Tree(.double(d))
+        case .string(let s): subtree = Tree(.string(s))
         case .array, .object: throw QueryError("Query start and end values can't be objects")
         }
         let bound: KeyBound
@@ -86,10 +86,10 @@ extension QueryParams {
             guard case .string(let s) = value else { throw QueryError("When ordering by key, start and end values must be strings") }
             return IndexPost(value: .empty, name: .key(ChildKey(unchecked: s)))
         case .priority:
-            guard let priority = Priority(tree: node) else { throw QueryError("When ordering by priority, start and end values must be null, numbers or strings") }
+            guard let priority = Priority(tree: subtree) else { throw QueryError("When ordering by priority, start and end values must be null, numbers or strings") }
             return IndexPost(value: priority.tree, name: bound)
         case .value, .child:
-            return IndexPost(value: node, name: bound)
+            return IndexPost(value: subtree, name: bound)
         }
     }
 }

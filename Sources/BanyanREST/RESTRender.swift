@@ -53,26 +53,26 @@ public enum RESTRender {
     /// The value a GET (or an event stream) shows: the location, filtered by the query, shallow,
     /// as it would be written.
     public static func value(_ request: RESTRequest, tree: Tree) -> Tree {
-        let node = tree.child(at: request.path)
-        if request.isPriority { return node.priority.tree }
+        let subtree = tree.child(at: request.path)
+        if request.isPriority { return subtree.priority.tree }
         if request.shallow {
-            guard node.hasChildren else { return node.withPriority(.none) }
+            guard subtree.hasChildren else { return subtree.withPriority(.none) }
             let children: [(ChildKey, Tree)]
             if let query = request.query {
-                children = query.orderedChildren(of: node).map { ($0.key, Tree(.bool(true))) }
+                children = query.orderedChildren(of: subtree).map { ($0.key, Tree(.bool(true))) }
             } else {
                 var all: [(ChildKey, Tree)] = []
-                node.children.forEach { key, _ in all.append((key, Tree(.bool(true)))) }
+                subtree.children.forEach { key, _ in all.append((key, Tree(.bool(true)))) }
                 children = all
             }
             return Tree(sortedChildren: children.sorted { $0.0 < $1.0 })
         }
-        if let query = request.query { return query.evaluate(node) }
-        return node
+        if let query = request.query { return query.evaluate(subtree) }
+        return subtree
     }
 
-    static func json(_ node: Tree, _ request: RESTRequest) -> [UInt8] {
-        JSONWriter.bytes(node, format: request.export ? .export : .plain, pretty: request.print == .pretty)
+    static func json(_ subtree: Tree, _ request: RESTRequest) -> [UInt8] {
+        JSONWriter.bytes(subtree, format: request.export ? .export : .plain, pretty: request.print == .pretty)
     }
 
     public static func read(_ request: RESTRequest, tree: Tree) -> RESTResponse {
@@ -120,9 +120,9 @@ public enum RESTRender {
             }
             return RESTResponse(status: 200, headers: headers, body: body)
         case .datastale(let current):
-            let node = request.isPriority ? current.priority.tree : current
+            let subtree = request.isPriority ? current.priority.tree : current
             return RESTResponse(
-                status: 412, headers: [jsonType, cors, ("ETag", RESTRequest.etag(current))], body: JSONWriter.bytes(node, format: request.export ? .export : .plain))
+                status: 412, headers: [jsonType, cors, ("ETag", RESTRequest.etag(current))], body: JSONWriter.bytes(subtree, format: request.export ? .export : .plain))
         case .rejected(let e):
             return error(.badRequest(e.message))
         case .malformed:

@@ -98,7 +98,7 @@ public struct RESTRequest: Sendable {
     }
 
     public var namespace: String
-    /// The location (for a `.priority` write, the node whose priority is set).
+    /// The location (for a `.priority` write, the value whose priority is set).
     public var path: Path
     /// The request path ends in `/.priority`.
     public var isPriority: Bool
@@ -348,7 +348,7 @@ public struct RESTRequest: Sendable {
     }
 
     /// The ETag of a value: its Firebase hash, or `null_etag` for no data.
-    public static func etag(_ node: Tree) -> String { node.isEmpty ? "null_etag" : node.hashString }
+    public static func etag(_ subtree: Tree) -> String { subtree.isEmpty ? "null_etag" : subtree.hashString }
 
     static func expectedHash(_ etag: String) -> String { etag == "null_etag" ? "" : etag }
 
@@ -653,7 +653,7 @@ public struct RESTRequest: Sendable {
     /// A range bound: a JSON primitive, optionally followed by `,"<key>"` (the JS REST client's
     /// key tie-breaker).
     static func bound(_ text: String, _ name: String) throws(RESTError) -> (Tree, String?) {
-        if let node = primitive(text) { return (node, nil) }
+        if let subtree = primitive(text) { return (subtree, nil) }
         // Split at the first comma outside a string.
         var inString = false
         var escaped = false

@@ -35,7 +35,7 @@ public struct SSEStream: Sendable {
         Array("{\"path\":".utf8) + JSONWriter.bytes(Tree(.string(path))) + Array(",\"data\":".utf8) + data + [UInt8(ascii: "}")]
     }
 
-    func json(_ node: Tree) -> [UInt8] { JSONWriter.bytes(node, format: request.export ? .export : .plain) }
+    func json(_ subtree: Tree) -> [UInt8] { JSONWriter.bytes(subtree, format: request.export ? .export : .plain) }
 
     public static func keepAlive() -> [UInt8] { event("keep-alive", Array("null".utf8)) }
 

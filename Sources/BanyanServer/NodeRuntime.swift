@@ -727,8 +727,8 @@ public final class NodeRuntime: @unchecked Sendable {
         loop.submit {
             var published: [UInt64: String] = [:]
             if let path = try? Path(parsing: "/clients") {
-                for (key, node) in self.core.replica.machine.tree(Self.clusterNamespace).child(at: path).children.elements() {
-                    guard let id = UInt64(key.string), case .string(let text)? = node.leaf else { continue }
+                for (key, entry) in self.core.replica.machine.tree(Self.clusterNamespace).child(at: path).children.elements() {
+                    guard let id = UInt64(key.string), case .string(let text)? = entry.leaf else { continue }
                     published[id] = text
                 }
             }

@@ -400,7 +400,7 @@ public struct AccountStore: Sendable {
     func emailPath(_ email: String) throws(TreeError) -> Path { projectPath.appending(Self.emails).appending(try Self.key(Self.emailKey(email))) }
     var keysPath: Path { projectPath.appending(Self.keys) }
 
-    static func text(_ node: Tree) -> String? { if case .string(let s)? = node.leaf { return s } else { return nil } }
+    static func text(_ value: Tree) -> String? { if case .string(let s)? = value.leaf { return s } else { return nil } }
 
     /// The account with this uid.
     public func user(_ uid: String) -> AccountRecord? {
@@ -432,9 +432,9 @@ public struct AccountStore: Sendable {
         } else {
             iterator = map.elements()
         }
-        while let (key, node) = iterator.next() {
+        while let (key, value) = iterator.next() {
             if let after, key.string == Self.escape(after) { continue }
-            guard let text = Self.text(node), let v = try? JSONValue(parsing: text), let record = AccountRecord(json: v) else { continue }
+            guard let text = Self.text(value), let v = try? JSONValue(parsing: text), let record = AccountRecord(json: v) else { continue }
             if users.count == limit { return (users, users.last?.uid) }
             users.append(record)
         }

@@ -11,7 +11,7 @@ public enum Command: Sendable, Equatable {
     case set(path: String, json: [UInt8])
     /// Firebase `update` (multi-path): relative paths and their JSON values, applied atomically.
     case update(path: String, entries: [UpdateItem])
-    /// A transaction's compare-and-set: applies `json` only if the current node hashes to
+    /// A transaction's compare-and-set: applies `json` only if the current value hashes to
     /// `expectedHash` (Firebase's hash; the empty string for no data).
     case compareAndSet(path: String, expectedHash: String, json: [UInt8])
     /// The issuing connection (the envelope's session) queues a set to run when it ends (v5 `o`).

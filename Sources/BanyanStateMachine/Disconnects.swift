@@ -67,8 +67,8 @@ extension StateMachine {
             return Self.verdict(judge) { $0.decideUpdate(entries, at: location, context: $1, tree: current) }
         }
         guard let (path, json) = items.first else { return nil }
-        let node = try TreeReader.read(json, at: path.path, serverValues: context)
-        return Self.verdict(judge) { $0.decideSet(node, at: path, context: $1, tree: current) }
+        let subtree = try TreeReader.read(json, at: path.path, serverValues: context)
+        return Self.verdict(judge) { $0.decideSet(subtree, at: path, context: $1, tree: current) }
     }
 
     mutating func applyConnectionCommand(_ envelope: CommandEnvelope) -> Applied {

@@ -55,7 +55,7 @@ public struct PreparedCommand: Sendable {
 
     /// The tree for value `slot` as `TreeReader.read(json, at:, serverValues: context)` gives it,
     /// from the read done ahead when there is one.
-    static func node(
+    static func tree(
         _ prepared: [Result<DeferredTree, TreeError>]?, _ slot: Int, _ json: [UInt8], at path: Path, context: ServerValueContext
     ) throws(TreeError) -> Tree {
         if let prepared, slot < prepared.count {

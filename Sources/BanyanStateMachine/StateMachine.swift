@@ -82,7 +82,7 @@ public struct SessionRecord: Sendable, Equatable {
 public struct StateMachine: Sendable {
     /// The outcome of one command, as the issuing session is told.
     public enum Outcome: Sendable, Equatable {
-        /// Applied (`Applied.value` holds the resolved node of a set or compare-and-set).
+        /// Applied (`Applied.value` holds the resolved value of a set or compare-and-set).
         case ok
         /// A compare-and-set found another value (Firebase's `datastale`); `current` lets the
         /// client retry its transaction.
@@ -126,8 +126,8 @@ public struct StateMachine: Sendable {
         public var outcome: Outcome
         /// Absolute paths written (for live views: `ChildChanges.at(_:written:)`).
         public var written: [Path]
-        /// For an applied set or compare-and-set: the node written, server values resolved (the
-        /// REST echo). For an update: the node at the update's location afterwards. Nil otherwise.
+        /// For an applied set or compare-and-set: the value written, server values resolved (the
+        /// REST echo). For an update: the value at the update's location afterwards. Nil otherwise.
         public var value: Tree? = nil
         /// Realtime connections this command ended (`connectionEnded`, a lease expiry): a node
         /// still serving one closes it.
@@ -276,8 +276,8 @@ public struct StateMachine: Sendable {
     /// the namespace fails closed, never open, and every node that cannot read it decides alike.
     static func parsedRules(_ tree: Tree) -> [String: Rules] {
         var out: [String: Rules] = [:]
-        for (key, node) in tree.children.elements() {
-            guard case .string(let text)? = node.leaf, let parsed = try? Rules.parse(text) else {
+        for (key, entry) in tree.children.elements() {
+            guard case .string(let text)? = entry.leaf, let parsed = try? Rules.parse(text) else {
                 out[key.string] = Rules.denyAll
                 continue
             }
@@ -371,7 +371,7 @@ public struct StateMachine: Sendable {
             value = nil
         }
         if envelope.auth != nil, rules[envelope.namespace] != nil, case .update = envelope.command {
-            // A PATCH's ETag would hash the location's whole node, parts of which the client
+            // A PATCH's ETag would hash the location's whole value, parts of which the client
             // may not read: judged clients get none.
             value = nil
         }
@@ -481,47 +481,47 @@ public struct StateMachine: Sendable {
             let location = try WritePath(parsing: pathText)
             // The context is a temporary, so nothing but `tree` itself holds the tree while it
             // is written: a uniquely held path is changed in place instead of copied.
-            let node = try PreparedCommand.node(
+            let incoming = try PreparedCommand.tree(
                 prepared, 0, json, at: location.path, context: ServerValueContext(timestamp: timestamp, existing: tree))
             if let judge, !location.isPriority, !judge.rules.writesReadCurrentData,
-                let old = tree.replaceEntry(node, at: location.path)
+                let old = tree.replaceEntry(incoming, at: location.path)
             {
                 // Rules that never read the data before the write, and a write that changes only
                 // the entry at its location (a value, under a parent that has children, so no
                 // parent is created, pruned or turned from a leaf into children): judged on the
-                // tree changed in place (`replaceEntry` writes `node` there in the same descent
+                // tree changed in place (`replaceEntry` writes `incoming` there in the same descent
                 // that finds the old entry, as `apply(set:)` would), which a denial restores by
                 // putting the old entry back, exactly. No copy of the path is made.
-                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: tree, written: node, traced: false) }) {
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: tree, written: incoming, traced: false) }) {
                     tree.set(old, at: location.path)
                     return denied
                 }
                 written = [location.path]
-                value = node
+                value = incoming
                 return .ok
             }
             if let judge, !location.isPriority {
                 // Judged on the tree after the write, which then becomes the tree: applied once.
                 var next = tree
-                try next.apply(set: node, at: location, readHere: true)
+                try next.apply(set: incoming, at: location, readHere: true)
                 let proposed = next
-                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed, written: node, traced: false) }) {
+                if let denied = Self.verdict(judge, { $0.decideWrite(targets: [location.path], context: $1, current: tree, proposed: proposed, written: incoming, traced: false) }) {
                     return denied
                 }
                 tree = next
                 written = [location.path]
-                value = node
+                value = incoming
                 return .ok
             }
-            if let denied = Self.verdict(judge, { $0.decideSet(node, at: location, context: $1, tree: tree, traced: false) }) { return denied }
-            if location.isPriority, let priority = Priority(tree: node) {
+            if let denied = Self.verdict(judge, { $0.decideSet(incoming, at: location, context: $1, tree: tree, traced: false) }) { return denied }
+            if location.isPriority, let priority = Priority(tree: incoming) {
                 // Firebase's setPriority: an error on a location with no data.
                 try tree.apply(setPriority: priority, at: location.path)
             } else {
-                try tree.apply(set: node, at: location, readHere: true)
+                try tree.apply(set: incoming, at: location, readHere: true)
             }
             written = [location.path]
-            value = node
+            value = incoming
             return .ok
         case let .update(pathText, items):
             let location = try Path(parsing: pathText)
@@ -531,8 +531,8 @@ public struct StateMachine: Sendable {
                 let relative = try WritePath(parsing: item.path)
                 let target = location.appending(relative.path)
                 let context = ServerValueContext(timestamp: timestamp, existing: tree)
-                let node = try PreparedCommand.node(prepared, slot, item.json, at: target, context: context)
-                entries.append(UpdateEntry(path: relative, value: node))
+                let incoming = try PreparedCommand.tree(prepared, slot, item.json, at: target, context: context)
+                entries.append(UpdateEntry(path: relative, value: incoming))
             }
             // Validation and application are atomic: a rejected update leaves the tree as it was.
             var next = tree
@@ -547,20 +547,20 @@ public struct StateMachine: Sendable {
             }
             tree = next
             written = entries.map { location.appending($0.path.path) }
-            // The location's node after the update (the REST ETag of a PATCH).
+            // The location's value after the update (the REST ETag of a PATCH).
             value = tree.child(at: location)
             return .ok
         case let .compareAndSet(pathText, expectedHash, json):
             let location = try Path(parsing: pathText)
             let context = ServerValueContext(timestamp: timestamp, existing: tree)
             // Read at `location`, so it fits there (the reader checks depth and key paths).
-            let node = try PreparedCommand.node(prepared, 0, json, at: location, context: context)
+            let incoming = try PreparedCommand.tree(prepared, 0, json, at: location, context: context)
             // Judged before the hash: a client the rules refuse learns nothing of the data.
-            if let denied = Self.verdict(judge, { $0.decideSet(node, at: WritePath(path: location), context: $1, tree: tree, traced: false) }) { return denied }
-            switch tree.compareAndSet(node, at: location, expectedHash: expectedHash) {
+            if let denied = Self.verdict(judge, { $0.decideSet(incoming, at: WritePath(path: location), context: $1, tree: tree, traced: false) }) { return denied }
+            switch tree.compareAndSet(incoming, at: location, expectedHash: expectedHash) {
             case .applied:
                 written = [location]
-                value = node
+                value = incoming
                 return .ok
             case .mismatch(let current):
                 return .datastale(current: current)

@@ -47,14 +47,14 @@ public enum WriteValidation {
     /// the path limits, and at `.priority` a value that is a priority (null, a number, a string,
     /// or a server value that resolves to one).
     public static func value(_ json: [UInt8], at location: WritePath) throws(Problem) {
-        let node: Tree
+        let subtree: Tree
         do {
             try location.path.checkLimits()
-            node = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: 0))
+            subtree = try TreeReader.read(json, at: location.path, serverValues: ServerValueContext(timestamp: 0))
         } catch {
             throw problem(error)
         }
-        if location.isPriority && Priority(tree: node) == nil {
+        if location.isPriority && Priority(tree: subtree) == nil {
             throw .invalidValue(TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string"))
         }
     }

@@ -1,6 +1,6 @@
-/// Writes nodes as JSON.
+/// Writes trees as JSON.
 ///
-/// - `.plain`: what `val()` and REST GET return: no priorities; a children node whose keys are all
+/// - `.plain`: what `val()` and REST GET return: no priorities; a children tree whose keys are all
 ///   `0`, `1`, ... style indices with `maxKey < 2 * count` renders as an array (gaps become null).
 /// - `.export`: the export format: `.priority` included, leaves with a priority written as
 ///   `{".value": v, ".priority": p}`, never arrays.
@@ -13,27 +13,27 @@ public enum JSONWriter {
         case export
     }
 
-    public static func bytes(_ node: Tree, format: Format = .plain, pretty: Bool = false) -> [UInt8] {
+    public static func bytes(_ subtree: Tree, format: Format = .plain, pretty: Bool = false) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(64)
-        write(node, format: format, pretty: pretty ? 0 : nil, to: &out)
+        write(subtree, format: format, pretty: pretty ? 0 : nil, to: &out)
         return out
     }
 
-    public static func string(_ node: Tree, format: Format = .plain, pretty: Bool = false) -> String {
-        String(decoding: bytes(node, format: format, pretty: pretty), as: UTF8.self)
+    public static func string(_ subtree: Tree, format: Format = .plain, pretty: Bool = false) -> String {
+        String(decoding: bytes(subtree, format: format, pretty: pretty), as: UTF8.self)
     }
 
-    /// Writes `node` in chunks of about `chunkBytes`, handing each to `emit` as it fills, so a
+    /// Writes `subtree` in chunks of about `chunkBytes`, handing each to `emit` as it fills, so a
     /// large tree never needs its whole JSON in memory (snapshot images).
     public static func stream(
-        _ node: Tree, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
+        _ subtree: Tree, format: Format = .export, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void
     ) throws {
         var out: [UInt8] = []
         out.reserveCapacity(Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
         var failure: (any Error)?
         withoutActuallyEscaping(emit) { emit in
-            write(node, format: format, pretty: nil, to: &out) { buffer in
+            write(subtree, format: format, pretty: nil, to: &out) { buffer in
                 guard buffer.count >= chunkBytes, failure == nil else { return }
                 do { try emit(buffer) } catch { failure = error }
                 buffer.removeAll(keepingCapacity: true)
@@ -43,13 +43,13 @@ public enum JSONWriter {
         if !out.isEmpty { try emit(out) }
     }
 
-    /// Appends `node`; `pretty` is the current indent level, or `nil` for compact output.
+    /// Appends `subtree`; `pretty` is the current indent level, or `nil` for compact output.
     /// `flush`, when given, is offered the buffer after each child (streaming output).
     public static func write(
-        _ node: Tree, format: Format, pretty: Int? = nil, to out: inout [UInt8],
+        _ subtree: Tree, format: Format, pretty: Int? = nil, to out: inout [UInt8],
         flush: ((inout [UInt8]) -> Void)? = nil
     ) {
-        switch node.storage {
+        switch subtree.storage {
         case .empty:
             out.append(contentsOf: "null".utf8)
         case .leaf(let leaf, let priority):

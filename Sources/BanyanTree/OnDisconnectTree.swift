@@ -7,13 +7,13 @@
 /// when the writes fire, not when they were queued. Pure and deterministic; entries list in path
 /// order (keys compared by their UTF-8 bytes).
 public struct OnDisconnectTree: Sendable, Equatable {
-    private struct Node: Sendable {
+    private struct Branch: Sendable {
         var value: JSONValue?
         /// Keyed by the keys' bytes (never by canonical equivalence: "é" and "e\u{301}" differ).
-        var children: [ChildKeyBytes: Node] = [:]
+        var children: [ChildKeyBytes: Branch] = [:]
     }
 
-    private var root = Node()
+    private var root = Branch()
 
     public init() {}
 
@@ -30,19 +30,19 @@ public struct OnDisconnectTree: Sendable, Equatable {
         Self.set(&root, path[...], value)
     }
 
-    private static func set(_ node: inout Node, _ path: ArraySlice<String>, _ value: JSONValue) {
-        if let existing = node.value {
-            node.value = existing.updatingChild(Array(path), with: value)
+    private static func set(_ branch: inout Branch, _ path: ArraySlice<String>, _ value: JSONValue) {
+        if let existing = branch.value {
+            branch.value = existing.updatingChild(Array(path), with: value)
             return
         }
         guard let first = path.first else {
-            node.value = value
-            node.children = [:]
+            branch.value = value
+            branch.children = [:]
             return
         }
-        var child = node.children.removeValue(forKey: ChildKeyBytes(first)) ?? Node()
+        var child = branch.children.removeValue(forKey: ChildKeyBytes(first)) ?? Branch()
         set(&child, path.dropFirst(), value)
-        node.children[ChildKeyBytes(first)] = child
+        branch.children[ChildKeyBytes(first)] = child
     }
 
     /// `om path {k: v}`: `set(path + k, v)` for each member, in order.
@@ -57,23 +57,23 @@ public struct OnDisconnectTree: Sendable, Equatable {
         _ = Self.forget(&root, path[...])
     }
 
-    /// Returns whether `node` holds nothing any more (its parent may drop it).
-    private static func forget(_ node: inout Node, _ path: ArraySlice<String>) -> Bool {
+    /// Returns whether `branch` holds nothing any more (its parent may drop it).
+    private static func forget(_ branch: inout Branch, _ path: ArraySlice<String>) -> Bool {
         guard let first = path.first else {
-            node.value = nil
-            node.children = [:]
+            branch.value = nil
+            branch.children = [:]
             return true
         }
-        if let value = node.value {
+        if let value = branch.value {
             guard let members = value.childMembers else { return false }  // a leaf: nothing under it to forget
-            node.value = nil
-            for (key, child) in members { node.children[ChildKeyBytes(key)] = Node(value: child) }
-            return forget(&node, path)
+            branch.value = nil
+            for (key, child) in members { branch.children[ChildKeyBytes(key)] = Branch(value: child) }
+            return forget(&branch, path)
         }
-        if var child = node.children.removeValue(forKey: ChildKeyBytes(first)) {
-            if !forget(&child, path.dropFirst()) { node.children[ChildKeyBytes(first)] = child }
+        if var child = branch.children.removeValue(forKey: ChildKeyBytes(first)) {
+            if !forget(&child, path.dropFirst()) { branch.children[ChildKeyBytes(first)] = child }
         }
-        return node.children.isEmpty
+        return branch.children.isEmpty
     }
 
     /// Every queued write, in path order: what fires, as one multi-path update.
@@ -84,13 +84,13 @@ public struct OnDisconnectTree: Sendable, Equatable {
         return out
     }
 
-    private static func collect(_ node: Node, _ path: inout [String], _ out: inout [(path: [String], value: JSONValue)]) {
-        if let value = node.value {
+    private static func collect(_ branch: Branch, _ path: inout [String], _ out: inout [(path: [String], value: JSONValue)]) {
+        if let value = branch.value {
             out.append((path, value))
             return
         }
-        for key in node.children.keys.sorted(by: { $0.string.utf8.lexicographicallyPrecedes($1.string.utf8) }) {
-            guard let child = node.children[key] else { continue }
+        for key in branch.children.keys.sorted(by: { $0.string.utf8.lexicographicallyPrecedes($1.string.utf8) }) {
+            guard let child = branch.children[key] else { continue }
             path.append(key.string)
             collect(child, &path, &out)
             path.removeLast()
@@ -139,7 +139,7 @@ extension JSONValue {
     }
 
     /// The value with `path` (relative, non-empty) set to `value`, as Firebase updates one
-    /// child of a node: a leaf becomes an object holding the child (keeping its priority) unless
+    /// child of a branch: a leaf becomes an object holding the child (keeping its priority) unless
     /// the child is empty (then the leaf stays), a child without data is removed, an object left
     /// with no data is null, and `.priority` as the last key sets or removes the priority.
     func updatingChild(_ path: [String], with value: JSONValue) -> JSONValue {

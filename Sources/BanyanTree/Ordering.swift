@@ -1,7 +1,7 @@
-/// Firebase's orderings: node (value) comparison, the four indexes, and index entries.
+/// Firebase's orderings: tree (value) comparison, the four indexes, and index entries.
 
 extension Tree {
-    /// Type rank for value ordering: null < booleans < numbers < strings < children nodes.
+    /// Type rank for value ordering: null < booleans < numbers < strings < children trees.
     @inline(__always)
     var typeRank: Int {
         switch storage {
@@ -13,8 +13,8 @@ extension Tree {
         }
     }
 
-    /// Compares two nodes as index values (orderByValue / orderByChild / priority):
-    /// null < false < true < numbers (numerically) < strings (UTF-16 order) < children nodes (all
+    /// Compares two trees as index values (orderByValue / orderByChild / priority):
+    /// null < false < true < numbers (numerically) < strings (UTF-16 order) < children trees (all
     /// equal). Returns negative, zero or positive. Ties are broken by key elsewhere.
     public static func compareValues(_ a: Tree, _ b: Tree) -> Int {
         let ra = a.typeRank
@@ -46,7 +46,7 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
     /// By the child's own value.
     case value
     /// By the value at a (possibly nested) path below each child; `.priority` as the last
-    /// segment means the priority of that node.
+    /// segment means the priority of that tree.
     case child(Path, priorityLeaf: Bool = false)
 
     /// The value a child is ordered by under this index.
@@ -84,8 +84,8 @@ public enum IndexKind: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// An index value reduced to what ordering reads: the type, and the number or the string. All
-/// children nodes sort equal, so their contents are not kept. Indexes store these rather than
-/// whole nodes, which keeps an entry at 56 bytes instead of 88.
+/// children trees sort equal, so their contents are not kept. Indexes store these rather than
+/// whole trees, which keeps an entry at 56 bytes instead of 88.
 public enum IndexValue: Sendable, CustomStringConvertible {
     case null
     case bool(Bool)
@@ -93,10 +93,10 @@ public enum IndexValue: Sendable, CustomStringConvertible {
     case string(String)
     case children
 
-    /// The compact form of `node` as an index value.
+    /// The compact form of `subtree` as an index value.
     @inline(__always)
-    public init(_ node: Tree) {
-        switch node.storage {
+    public init(_ subtree: Tree) {
+        switch subtree.storage {
         case .empty: self = .null
         case .leaf(.bool(let b), _): self = .bool(b)
         // Numbers compare as IEEE doubles, as in `Tree.compareValues`.
@@ -118,7 +118,7 @@ public enum IndexValue: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The same order as `Tree.compareValues` on the nodes these came from.
+    /// The same order as `Tree.compareValues` on the trees these came from.
     @inline(__always)
     public static func compare(_ a: IndexValue, _ b: IndexValue) -> Int {
         switch (a, b) {
@@ -240,7 +240,7 @@ public struct IndexPost: Sendable, Equatable {
     }
 }
 
-/// All children of one node ordered by an index: the secondary index a query window reads.
+/// All children of one tree ordered by an index: the secondary index a query window reads.
 ///
 /// For `.key` the children map itself is the index; for the other kinds this holds one entry per
 /// child. Maintained incrementally by views (`update(key:old:new:)`), O(log n) per change.
@@ -249,11 +249,11 @@ public struct TreeIndex: Sendable {
     public private(set) var entries: SortedTree<IndexEntry, Void>
 
     /// Builds the index over `tree`'s children: O(n log n).
-    public init(kind: IndexKind, tree node: Tree) {
+    public init(kind: IndexKind, tree subtree: Tree) {
         self.kind = kind
         var list: [(IndexEntry, Void)] = []
-        list.reserveCapacity(node.childCount)
-        for (key, child) in node.children.elements() {
+        list.reserveCapacity(subtree.childCount)
+        for (key, child) in subtree.children.elements() {
             list.append((IndexEntry(value: kind.indexValue(of: child), key: key), ()))
         }
         if case .key = kind {

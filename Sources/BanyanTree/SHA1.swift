@@ -1,4 +1,4 @@
-/// SHA-1 (FIPS 180-4), used only because Firebase's node hash is defined with it.
+/// SHA-1 (FIPS 180-4), used only because Firebase's value hash is defined with it.
 ///
 /// Kept in the pure core (no crypto dependency) so the tree builds fast; checked against the FIPS
 /// test vectors in `HashTests`. Not for security purposes.

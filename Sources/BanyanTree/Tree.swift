@@ -41,7 +41,7 @@ extension Leaf: Equatable {
     }
 }
 
-/// A node's priority: none, a finite number, or a string.
+/// A tree's priority: none, a finite number, or a string.
 public enum Priority: Sendable, Equatable, CustomStringConvertible {
     case none
     case number(Double)
@@ -66,12 +66,12 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// The priority a leaf denotes, when it is a valid priority (null, number or string).
-    public init?(tree node: Tree) {
-        if node.isEmpty {
+    public init?(tree subtree: Tree) {
+        if subtree.isEmpty {
             self = .none
             return
         }
-        switch node.leaf {
+        switch subtree.leaf {
         case .int(let i)?: self = .number(Double(i))
         case .double(let d)?: self = .number(d)
         case .string(let s)?: self = .string(s)
@@ -88,7 +88,7 @@ public enum Priority: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// The children of a node: an ordered persistent map in Firebase key order.
+/// The children of a tree: an ordered persistent map in Firebase key order.
 public typealias ChildMap = SortedTree<ChildKey, Tree>
 
 /// The value at one location of the JSON tree (Firebase's SDKs call it a "node"; Banyan keeps
@@ -116,7 +116,7 @@ public struct Tree: Sendable {
         storage = .leaf(leaf, priority)
     }
 
-    /// A node from children already in key order with no duplicates; empty children are dropped.
+    /// A tree from children already in key order with no duplicates; empty children are dropped.
     public init(sortedChildren: [(ChildKey, Tree)], priority: Priority = .none) {
         let kept = sortedChildren.contains { $0.1.isEmpty } ? sortedChildren.filter { !$0.1.isEmpty } : sortedChildren
         if kept.isEmpty {
@@ -126,7 +126,7 @@ public struct Tree: Sendable {
         }
     }
 
-    /// A node from a children map (empty map gives the empty node).
+    /// A tree from a children map (empty map gives the empty tree).
     public init(children: ChildMap, priority: Priority = .none) {
         storage = children.isEmpty ? .empty : .children(children, priority)
     }
@@ -160,7 +160,7 @@ public struct Tree: Sendable {
         }
     }
 
-    /// The children map (empty for leaves and the empty node).
+    /// The children map (empty for leaves and the empty tree).
     public var children: ChildMap {
         if case .children(let map, _) = storage { return map }
         return ChildMap()
@@ -171,23 +171,23 @@ public struct Tree: Sendable {
         return 0
     }
 
-    /// The child under `key` (the empty node when absent or when this is a leaf).
+    /// The child under `key` (the empty tree when absent or when this is a leaf).
     public func child(_ key: ChildKey) -> Tree {
         if case .children(let map, _) = storage { return map[key] ?? .empty }
         return .empty
     }
 
-    /// The node at `path` below this one.
+    /// The tree at `path` below this one.
     public func child(at path: Path) -> Tree {
-        var node = self
+        var subtree = self
         for key in path.segments {
-            guard case .children(let map, _) = node.storage, let next = map[key] else { return .empty }
-            node = next
+            guard case .children(let map, _) = subtree.storage, let next = map[key] else { return .empty }
+            subtree = next
         }
-        return node
+        return subtree
     }
 
-    /// The same node with another priority (priorities on the empty node are dropped).
+    /// The same tree with another priority (priorities on the empty tree are dropped).
     public func withPriority(_ priority: Priority) -> Tree {
         switch storage {
         case .empty: return self
@@ -209,7 +209,7 @@ public struct Tree: Sendable {
         }
     }
 
-    /// Whether this node holds at least `bound` values (leaves and inner nodes), found by a walk
+    /// Whether this tree holds at least `bound` values (leaves and inner trees), found by a walk
     /// that stops there: O(min(bound, size)).
     public func valueCount(atLeast bound: Int) -> Bool {
         var budget = bound
@@ -243,45 +243,45 @@ public struct Tree: Sendable {
 
     // MARK: Writes
 
-    /// Replaces the node at `path` (the empty node removes it). Parents that become empty vanish,
-    /// with their priorities; a leaf on the way is replaced by a children node keeping its priority.
-    public mutating func set(_ node: Tree, at path: Path) {
-        set(node, at: path.segments[...])
+    /// Replaces the tree at `path` (the empty tree removes it). Parents that become empty vanish,
+    /// with their priorities; a leaf on the way is replaced by a children tree keeping its priority.
+    public mutating func set(_ subtree: Tree, at path: Path) {
+        set(subtree, at: path.segments[...])
     }
 
-    /// The tree with `node` at `path`.
-    public func setting(_ node: Tree, at path: Path) -> Tree {
+    /// The tree with `subtree` at `path`.
+    public func setting(_ subtree: Tree, at path: Path) -> Tree {
         var copy = self
-        copy.set(node, at: path)
+        copy.set(subtree, at: path)
         return copy
     }
 
     @usableFromInline
-    mutating func set(_ node: Tree, at path: ArraySlice<ChildKey>) {
+    mutating func set(_ subtree: Tree, at path: ArraySlice<ChildKey>) {
         guard let key = path.first else {
-            self = node
+            self = subtree
             return
         }
         let rest = path.dropFirst()
         switch storage {
         case .empty:
-            guard !node.isEmpty else { return }
-            storage = .children(Tree.singleton(key, Tree.empty.setting(node, at: rest)), .none)
+            guard !subtree.isEmpty else { return }
+            storage = .children(Tree.singleton(key, Tree.empty.setting(subtree, at: rest)), .none)
         case .leaf(_, let priority):
-            guard !node.isEmpty else { return }
-            storage = .children(Tree.singleton(key, Tree.empty.setting(node, at: rest)), priority)
+            guard !subtree.isEmpty else { return }
+            storage = .children(Tree.singleton(key, Tree.empty.setting(subtree, at: rest)), priority)
         case .children(var map, let priority):
-            // Drop this node's reference first so `map` is uniquely referenced and can be
+            // Drop this tree's reference first so `map` is uniquely referenced and can be
             // mutated in place.
             storage = .empty
             var becameEmpty = false
             let found: Void? = map.modifyValue(forKey: key) { child in
-                child.set(node, at: rest)
+                child.set(subtree, at: rest)
                 becameEmpty = child.isEmpty
             }
             if found == nil {
                 // Known absent: insert with one descent (`updateValue` would look again first).
-                if !node.isEmpty { map.insertNew(Tree.empty.setting(node, at: rest), forKey: key) }
+                if !subtree.isEmpty { map.insertNew(Tree.empty.setting(subtree, at: rest), forKey: key) }
             } else if becameEmpty {
                 map.removeValue(forKey: key)
             }
@@ -289,48 +289,48 @@ public struct Tree: Sendable {
         }
     }
 
-    /// Puts the non-empty `node` at `path` in place and returns the entry it replaced (empty when
-    /// there was none), when every node above `path` exists and its parent has children, so the
+    /// Puts the non-empty `subtree` at `path` in place and returns the entry it replaced (empty when
+    /// there was none), when every tree above `path` exists and its parent has children, so the
     /// write changes only that entry (no parent is created, pruned or turned from a leaf into
     /// children): `set(old, at: path)` then restores the tree exactly. Otherwise (and for the
     /// root) changes nothing and returns nil. One descent, like `set`.
-    public mutating func replaceEntry(_ node: Tree, at path: Path) -> Tree? {
-        guard !node.isEmpty, !path.isRoot else { return nil }
-        return replaceEntry(node, at: path.segments[...])
+    public mutating func replaceEntry(_ subtree: Tree, at path: Path) -> Tree? {
+        guard !subtree.isEmpty, !path.isRoot else { return nil }
+        return replaceEntry(subtree, at: path.segments[...])
     }
 
-    private mutating func replaceEntry(_ node: Tree, at path: ArraySlice<ChildKey>) -> Tree? {
+    private mutating func replaceEntry(_ subtree: Tree, at path: ArraySlice<ChildKey>) -> Tree? {
         guard let key = path.first, case .children(var map, let priority) = storage else { return nil }
         let rest = path.dropFirst()
-        // Drop this node's reference first so `map` is uniquely referenced and can be mutated in place.
+        // Drop this tree's reference first so `map` is uniquely referenced and can be mutated in place.
         storage = .empty
         defer { storage = .children(map, priority) }
         if rest.isEmpty {
             var old = Tree.empty
             let found: Void? = map.modifyValue(forKey: key) { child in
                 old = child
-                child = node
+                child = subtree
             }
-            if found == nil { map.insertNew(node, forKey: key) }
+            if found == nil { map.insertNew(subtree, forKey: key) }
             return old
         }
-        // The child never becomes empty: `node` is not.
-        return map.modifyValue(forKey: key) { child in child.replaceEntry(node, at: rest) } ?? nil
+        // The child never becomes empty: `subtree` is not.
+        return map.modifyValue(forKey: key) { child in child.replaceEntry(subtree, at: rest) } ?? nil
     }
 
-    private func setting(_ node: Tree, at path: ArraySlice<ChildKey>) -> Tree {
+    private func setting(_ subtree: Tree, at path: ArraySlice<ChildKey>) -> Tree {
         var copy = self
-        copy.set(node, at: path)
+        copy.set(subtree, at: path)
         return copy
     }
 
-    private static func singleton(_ key: ChildKey, _ node: Tree) -> ChildMap {
+    private static func singleton(_ key: ChildKey, _ subtree: Tree) -> ChildMap {
         var map = ChildMap()
-        map.updateValue(node, forKey: key)
+        map.updateValue(subtree, forKey: key)
         return map
     }
 
-    /// Sets the priority of the node at `path`; a no-op returning false when that node is empty.
+    /// Sets the priority of the tree at `path`; a no-op returning false when that tree is empty.
     @discardableResult
     public mutating func setPriority(_ priority: Priority, at path: Path) -> Bool {
         let target = child(at: path)

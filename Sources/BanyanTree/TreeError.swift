@@ -35,7 +35,7 @@ public struct TreeError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let emptyLocation = Code("empty_location")
         /// A string longer than 10 MiB of UTF-8.
         public static let stringTooLong = Code("string_too_long")
-        /// The input exceeds a configured size or node-count limit.
+        /// The input exceeds a configured size or value-count limit.
         public static let inputTooLarge = Code("input_too_large")
     }
 

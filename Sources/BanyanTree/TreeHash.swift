@@ -1,7 +1,7 @@
-/// Firebase's node hash (the `h` of transactions and listens): base64 of SHA-1 over a canonical
-/// text form of the node. Bit-for-bit compatible with the Firebase SDKs (spec section 3.9).
+/// Firebase's hash of a value (the SDKs' "node hash", the `h` of transactions and listens): base64 of SHA-1 over a canonical
+/// text form of the tree. Bit-for-bit compatible with the Firebase SDKs (spec section 3.9).
 extension Tree {
-    /// The hash: `""` for the empty node, otherwise 28 characters of base64.
+    /// The hash: `""` for the empty tree, otherwise 28 characters of base64.
     public var hashString: String {
         switch storage {
         case .empty:

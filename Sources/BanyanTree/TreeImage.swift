@@ -3,33 +3,33 @@ import BanyanBasics
 /// A compact binary image of a tree, for snapshots: faster to write and to load than JSON, and
 /// validated on load as strictly as JSON input (keys, order, depth, UTF-8, sizes).
 ///
-///     image := "BNYTREE1" node
-///     node  := tag [priority] value
+///     image := "BNYTREE1" tree
+///     tree  := tag [priority] value
 ///     tag   := type (low 3 bits) | priority kind << 3 (0 none, 1 number, 2 string)
 ///     type  := 0 empty | 1 false | 2 true | 3 int64 | 4 double | 5 string | 6 children
 ///     number: 8 bytes little-endian; string and key: varint length then UTF-8 bytes;
-///     children: varint count, then (key, node) pairs in Firebase key order.
+///     children: varint count, then (key, tree) pairs in Firebase key order.
 public enum TreeImage {
     public static let magic: [UInt8] = Array("BNYTREE1".utf8)
 
-    /// Writes the image of `node` in chunks of about `chunkBytes`.
-    public static func stream(_ node: Tree, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
+    /// Writes the image of `subtree` in chunks of about `chunkBytes`.
+    public static func stream(_ subtree: Tree, chunkBytes: Int = 1 << 20, emit: ([UInt8]) throws -> Void) throws {
         var w = ByteWriter(capacity: Swift.min(chunkBytes, 1 << 22) + 64 * 1024)
         w.raw(magic)
-        try write(node, &w, chunkBytes, emit)
+        try write(subtree, &w, chunkBytes, emit)
         if w.count > 0 { try emit(w.out) }
     }
 
-    public static func bytes(_ node: Tree) -> [UInt8] {
+    public static func bytes(_ subtree: Tree) -> [UInt8] {
         var all: [UInt8] = []
-        try? stream(node, chunkBytes: Int.max) { all.append(contentsOf: $0) }
+        try? stream(subtree, chunkBytes: Int.max) { all.append(contentsOf: $0) }
         return all
     }
 
     /// Writes with the shared byte codec (docs/internals/byte-codec.md): numbers little-endian,
     /// lengths and counts as varints.
-    private static func write(_ node: Tree, _ w: inout ByteWriter, _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
-        switch node.storage {
+    private static func write(_ subtree: Tree, _ w: inout ByteWriter, _ chunkBytes: Int, _ emit: ([UInt8]) throws -> Void) throws {
+        switch subtree.storage {
         case .empty:
             w.u8(0)
         case .leaf(let leaf, let priority):
@@ -147,8 +147,8 @@ private struct ImageReader {
     let fill: ((UnsafeMutableBufferPointer<UInt8>) throws -> Int)?
     /// What `fill` threw (the `TreeError` thrown in its place only unwinds the reader).
     var sourceError: (any Error)?
-    var nodes = 0
-    /// Keys from the root to the node being read, and their joined UTF-8 length.
+    var subtrees = 0
+    /// Keys from the root to the tree being read, and their joined UTF-8 length.
     var stack: [ChildKey] = []
     var pathBytes = 0
     /// Short keys recently read, by their bytes (up to 15, in two words, and the length):
@@ -180,9 +180,9 @@ private struct ImageReader {
             throw fail("not a Banyan tree image")
         }
         position += TreeImage.magic.count
-        let node = try readNode(depth: 0)
+        let subtree = try readNode(depth: 0)
         guard position == end, try !refill(1) else { throw fail("trailing bytes after the tree") }
-        return node
+        return subtree
     }
 
     /// Makes at least `n` bytes available at `position`, or throws `fail(message)`.
@@ -307,8 +307,8 @@ private struct ImageReader {
     }
 
     mutating func readNode(depth: Int) throws(TreeError) -> Tree {
-        nodes += 1
-        if nodes > limits.maxValues { throw TreeError(.inputTooLarge, path: "/", "Image has more than \(limits.maxValues) values") }
+        subtrees += 1
+        if subtrees > limits.maxValues { throw TreeError(.inputTooLarge, path: "/", "Image has more than \(limits.maxValues) values") }
         let tag = try byte()
         let type = tag & 7
         let priority: Priority
@@ -320,7 +320,7 @@ private struct ImageReader {
         }
         switch type {
         case 0:
-            guard case .none = priority else { throw fail("priority on an empty node") }
+            guard case .none = priority else { throw fail("priority on an empty value") }
             return .empty
         case 1: return Tree(.bool(false), priority: priority)
         case 2: return Tree(.bool(true), priority: priority)
@@ -329,7 +329,7 @@ private struct ImageReader {
         case 5: return Tree(.string(try string(maxBytes: limits.maxStringBytes)), priority: priority)
         case 6:
             let count = try varint()
-            guard count > 0 else { throw fail("children node without children") }
+            guard count > 0 else { throw fail("children value without children") }
             guard depth < Path.maxDepth else { throw TreeError(.depthExceeded, path: pathText, "Image nests deeper than \(Path.maxDepth) levels") }
             var previous: ChildKey?
             // Straight into the map's pages, in key order (no array of the children). A count
@@ -338,11 +338,11 @@ private struct ImageReader {
             // Children are never empty (checked in `child`), so the map is stored as it is.
             return Tree(storage: .children(map, priority))
         default:
-            throw fail("unknown node type \(type)")
+            throw fail("unknown value type \(type)")
         }
     }
 
-    /// One (key, child) pair of a children node: the key must follow `previous`.
+    /// One (key, child) pair of a children tree: the key must follow `previous`.
     mutating func child(after previous: inout ChildKey?, depth: Int) throws(TreeError) -> (ChildKey, Tree) {
         let key = try key()
         if let previous, !(previous < key) { throw fail("keys out of order at \"\(key.string.prefix(40))\"") }

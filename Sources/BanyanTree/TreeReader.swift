@@ -115,7 +115,7 @@ public enum TreeReader {
         _ bytes: [UInt8], at location: Path = .root,
         serverValues: ServerValueContext? = nil, limits: TreeReadLimits = .standard
     ) throws(TreeError) -> Tree {
-        try run(bytes, at: location, serverValues: serverValues, limits: limits) { node, _ in node }
+        try run(bytes, at: location, serverValues: serverValues, limits: limits) { subtree, _ in subtree }
     }
 
     /// Reads `bytes` as `read(_:at:serverValues:)` would with `timestamp`, but without the tree
@@ -124,8 +124,8 @@ public enum TreeReader {
     public static func readDeferred(
         _ bytes: [UInt8], at location: Path, timestamp: Int64, limits: TreeReadLimits = .standard
     ) throws(TreeError) -> DeferredTree {
-        try run(bytes, at: location, serverValues: ServerValueContext(deferring: timestamp), limits: limits) { node, state in
-            DeferredTree(tree: node, location: location, increments: state.increments, usesTimestamp: state.usedTimestamp, timestamp: timestamp)
+        try run(bytes, at: location, serverValues: ServerValueContext(deferring: timestamp), limits: limits) { subtree, state in
+            DeferredTree(tree: subtree, location: location, increments: state.increments, usesTimestamp: state.usedTimestamp, timestamp: timestamp)
         }
     }
 
@@ -140,9 +140,9 @@ public enum TreeReader {
         let result: Result<R, TreeError> = bytes.withUnsafeBufferPointer { buffer in
             var state = ReaderState(scanner: JSONScanner(bytes: buffer), location: location, serverValues: serverValues, limits: limits)
             do throws(TreeError) {
-                let node = try state.readValue()
+                let subtree = try state.readValue()
                 try state.scanner.expectEnd()
-                return .success(finish(node, state))
+                return .success(finish(subtree, state))
             } catch {
                 return .failure(error)
             }
@@ -173,7 +173,7 @@ private struct ReaderState {
     var pathBytes: Int
     let serverValues: ServerValueContext?
     let limits: TreeReadLimits
-    var nodes = 0
+    var subtrees = 0
     /// Open objects and arrays, including metadata wrappers (a second guard on recursion depth).
     var nesting = 0
     /// Deferred reads: the increments left open (path below the location, delta).
@@ -220,8 +220,8 @@ private struct ReaderState {
     }
 
     mutating func count() throws(TreeError) {
-        nodes += 1
-        if nodes > limits.maxValues { throw fail(.inputTooLarge, "Input has more than \(limits.maxValues) values") }
+        subtrees += 1
+        if subtrees > limits.maxValues { throw fail(.inputTooLarge, "Input has more than \(limits.maxValues) values") }
     }
 
     mutating func readValue() throws(TreeError) -> Tree {
@@ -419,9 +419,9 @@ private struct ReaderState {
                 throw fail(.duplicateKey, "Duplicate key \"\(ChildKey.printable(all[i].string))\" in object", at: objectStart)
             }
         }
-        let node = Tree(sortedChildren: children, priority: priority ?? .none)
-        if !node.isEmpty { try count() }
-        return node
+        let subtree = Tree(sortedChildren: children, priority: priority ?? .none)
+        if !subtree.isEmpty { try count() }
+        return subtree
     }
 
     mutating func readPriority() throws(TreeError) -> Priority {
@@ -477,9 +477,9 @@ private struct ReaderState {
         }
         // The value this increment replaces, looked up only here: most writes have no
         // increment, so the reader does not track the existing tree as it goes.
-        var node = context.existing
-        for key in keys { node = node.child(key) }
-        guard let leaf = ServerValueMath.increment(delta, over: node.leaf) else {
+        var subtree = context.existing
+        for key in keys { subtree = subtree.child(key) }
+        guard let leaf = ServerValueMath.increment(delta, over: subtree.leaf) else {
             throw fail(.invalidServerValue, "The increment server value needs a number: {\".sv\":{\"increment\":n}}", at: offset)
         }
         return leaf

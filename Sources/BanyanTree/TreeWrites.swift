@@ -14,21 +14,21 @@ public struct UpdateEntry: Sendable, Equatable {
 }
 
 extension Tree {
-    /// Firebase `set`: replaces the node at `location` (data without `.priority` clears the
+    /// Firebase `set`: replaces the tree at `location` (data without `.priority` clears the
     /// priority). Writing to `x/.priority` sets the priority of `x` instead.
     ///
-    /// - Parameter readHere: `node` came from `TreeReader` reading at `location`, which checked
+    /// - Parameter readHere: `subtree` came from `TreeReader` reading at `location`, which checked
     ///   the depth and key-path limits already (skips an O(size) walk).
-    public mutating func apply(set node: Tree, at location: WritePath, readHere: Bool = false) throws(TreeError) {
-        if !readHere { try node.checkFits(at: location.path) }
+    public mutating func apply(set subtree: Tree, at location: WritePath, readHere: Bool = false) throws(TreeError) {
+        if !readHere { try subtree.checkFits(at: location.path) }
         if location.isPriority {
-            guard let priority = Priority(tree: node) else {
+            guard let priority = Priority(tree: subtree) else {
                 throw TreeError(.invalidPriority, path: location.description, "A priority must be null, a number or a string")
             }
             setPriority(priority, at: location.path)
             return
         }
-        set(node, at: location.path)
+        set(subtree, at: location.path)
     }
 
     /// Firebase `update` (`updateChildValues`): applies every entry relative to `location`,
@@ -85,8 +85,8 @@ extension Tree {
         }
     }
 
-    /// Throws unless this node, written at `location`, stays within the depth (32 levels) and
-    /// key-path (768 bytes) limits at every leaf. O(size of the node); `TreeReader` already
+    /// Throws unless this tree, written at `location`, stays within the depth (32 levels) and
+    /// key-path (768 bytes) limits at every leaf. O(size of the tree); `TreeReader` already
     /// guarantees it for data it read at the same location.
     public func checkFits(at location: Path) throws(TreeError) {
         try location.checkLimits()
@@ -94,7 +94,7 @@ extension Tree {
         try checkFits(depth: location.count, bytes: location.byteCount, path: &path)
     }
 
-    /// `path` is this node's location, extended and restored on the way down: a path is built
+    /// `path` is this tree's location, extended and restored on the way down: a path is built
     /// only for an error message, not for every child.
     private func checkFits(depth: Int, bytes: Int, path: inout [ChildKey]) throws(TreeError) {
         guard case .children(let map, _) = storage else { return }
@@ -132,12 +132,12 @@ extension Tree {
         }
     }
 
-    /// Compare-by-hash (transactions): sets `node` at `path` only when the current node there has
-    /// hash `expectedHash`. Returns the current node when the comparison fails (for the retry).
-    public mutating func compareAndSet(_ node: Tree, at path: Path, expectedHash: String) -> CompareAndSetResult {
+    /// Compare-by-hash (transactions): sets `subtree` at `path` only when the current tree there has
+    /// hash `expectedHash`. Returns the current tree when the comparison fails (for the retry).
+    public mutating func compareAndSet(_ subtree: Tree, at path: Path, expectedHash: String) -> CompareAndSetResult {
         let current = child(at: path)
         guard current.hashString == expectedHash else { return .mismatch(current: current) }
-        set(node, at: path)
+        set(subtree, at: path)
         return .applied
     }
 }
