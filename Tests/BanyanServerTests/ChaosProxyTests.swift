@@ -106,6 +106,8 @@ extension ChaosTests {
         let received = Mutex<[UInt8]>([])
         let error = Mutex<String?>(nil)
         let closed = Mutex(false)
+        /// Whether the far side ended the connection before the client stopped waiting.
+        let closedByPeer = Mutex(false)
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             let buffer = unwrapInboundIn(data)
             received.withLock { $0.append(contentsOf: buffer.readableBytesView) }
@@ -118,8 +120,9 @@ extension ChaosTests {
         var text: String { String(decoding: received.withLock { $0 }, as: UTF8.self) }
     }
 
-    /// Sends `request` over TLS to `port` (trusting `ca`) and waits (at most 10 s) for the close.
-    static func tlsExchange(port: Int, ca: String, _ request: String, group: any EventLoopGroup) async throws -> TLSOutcome {
+    /// Sends `request` over TLS to `port` (trusting `ca`) and waits (at most `seconds`) for the
+    /// far side to close; then closes its end.
+    static func tlsExchange(port: Int, ca: String, _ request: String, group: any EventLoopGroup, seconds: Double = 10) async throws -> TLSOutcome {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.trustRoots = .file(ca)
         let context = try NIOSSLContext(configuration: tls)
@@ -131,7 +134,8 @@ extension ChaosTests {
             }
         }.connect(host: "127.0.0.1", port: port).get()
         try? await channel.writeAndFlush(ByteBuffer(string: request)).get()
-        _ = await eventually({ outcome.closed.withLock { $0 } }, seconds: 10)
+        let byPeer = await eventually({ outcome.closed.withLock { $0 } }, seconds: seconds)
+        outcome.closedByPeer.withLock { $0 = byPeer }
         try? await channel.close().get()
         return outcome
     }
@@ -156,10 +160,14 @@ extension ChaosTests {
         defer { refusing.stop() }
         let refusingPort = try refusing.start(host: "127.0.0.1", port: 0)
         let started = Date()
-        let refused = try await Self.tlsExchange(port: refusingPort, ca: ca, "GET /.json HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", group: group)
+        // Left hanging, the client would wait for a server hello that never comes (the proxy would
+        // wait for a request head): the proof is that the proxy ends it, with an alert. The wait is
+        // generous because a loaded machine (the whole suite in parallel) may take seconds to
+        // connect; how long it took is printed, not judged.
+        let refused = try await Self.tlsExchange(port: refusingPort, ca: ca, "GET /.json HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", group: group, seconds: 60)
         let took = Date().timeIntervalSince(started)
         print("a TLS client of a proxy without --tls-passthrough: \(refused.error.withLock { $0 } ?? "no error") after \(String(format: "%.2f", took)) s")
-        #expect(refused.closed.withLock { $0 } && took < 5, "the client was left waiting \(took) s")
+        #expect(refused.closedByPeer.withLock { $0 }, "the proxy never ended the connection (waited \(took) s)")
         #expect(refused.text.isEmpty)
         #expect(refused.error.withLock { $0 }?.uppercased().contains("ACCESS_DENIED") == true, "\(refused.error.withLock { $0 } ?? "no error")")
         #expect(refusing.stats.refusedRequests == 1 && refusing.stats.bytesToTarget == 0)

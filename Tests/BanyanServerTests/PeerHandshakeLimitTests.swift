@@ -17,7 +17,7 @@ import Testing
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var timeout = timeval(tv_sec: 6, tv_usec: 0)
+        var timeout = timeval(tv_sec: 15, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
         return fd
@@ -39,7 +39,7 @@ import Testing
             nodeID: 1, clusterID: "test", advertised: HostPort(host: "127.0.0.1", port: 0), group: group,
             serverTLS: try PeerTLS.serverConfiguration(node: files.node, ca: files.ca),
             clientTLS: try PeerTLS.clientConfiguration(node: files.node, ca: files.ca), logger: Logger(label: "test"),
-            maxUnauthenticated: 3, handshakeTimeout: .milliseconds(1_500)
+            maxUnauthenticated: 3, handshakeTimeout: .milliseconds(3_000)
         ) { _, _, _ in }
         let port = try #require(try transport.listen(on: HostPort(host: "127.0.0.1", port: 0))?.port)
         // (A synchronous test: the waits are measured here, not in a task a busy pool may delay.)
@@ -50,11 +50,12 @@ import Testing
         let extraAt = Date()
         let extra = Self.connect(port)
         #expect(Self.closedByServer(extra))
-        #expect(Date().timeIntervalSince(extraAt) < 1.2, "the extra connection was not refused at once")
+        // (The margins are wide: the whole suite runs in parallel on two cores.)
+        #expect(Date().timeIntervalSince(extraAt) < 2.5, "the extra connection was not refused at once")
         // The three held ones hear nothing until the timeout closes them.
         for fd in held { #expect(Self.closedByServer(fd)) }
         let elapsed = Date().timeIntervalSince(started)
-        #expect(elapsed >= 1.4 && elapsed < 5, "closed after \(elapsed) s")
+        #expect(elapsed >= 2.9 && elapsed < 20, "closed after \(elapsed) s")
         // Their slots are free again.
         Thread.sleep(forTimeInterval: 0.2)
         #expect(transport.unauthenticated.load(ordering: .relaxed) == 0)
