@@ -185,6 +185,31 @@ import Testing
         #expect(checked > 10)
     }
 
+    @Test("no file of the repository keeps a merge's conflict markers (docs/cli.md once did)")
+    func noConflictMarkers() throws {
+        let manager = FileManager.default
+        var checked = 0
+        for top in ["Sources", "Tests", "docs", "deploy", ".ci"] {
+            guard let walker = manager.enumerator(atPath: LayeringTests.root + "/" + top) else { continue }
+            for case let relative as String in walker {
+                let kept = [".swift", ".md", ".yml", ".yaml", ".sh", ".py", ".json", ".js", "run"]
+                guard kept.contains(where: { relative.hasSuffix($0) }), !relative.contains("Corpora/") else { continue }
+                let path = LayeringTests.root + "/" + top + "/" + relative
+                guard let data = manager.contents(atPath: path), data.count < 4 << 20 else { continue }
+                checked += 1
+                for line in String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
+                where line.hasPrefix("<<<<<<< ") || line.hasPrefix(">>>>>>> ") {
+                    Issue.record("\(top)/\(relative) holds a conflict marker: \(line)")
+                }
+            }
+        }
+        for file in ["README.md", "Package.swift"] {
+            let text = try BanyanTidyTests.text(LayeringTests.root + "/" + file)
+            #expect(!text.contains("\n<<<<<<< ") && !text.contains("\n>>>>>>> "), "\(file) holds a conflict marker")
+        }
+        #expect(checked > 100, "only \(checked) files checked")
+    }
+
     @Test("the checker itself catches a forbidden import and a banned API")
     func selfTest() {
         #expect(importedModule("import Foundation") == "Foundation")
