@@ -10,7 +10,7 @@ import Foundation
 import Glibc
 #endif
 
-/// `swift run -c release banyan-bench [tree|window|json|oplog|snapshot|raft|sim|codec|password|tokens|rules|all]`: prints the figures recorded in
+/// `swift run -c release banyan-bench [tree|window|json|oplog|snapshot|raft|sim|codec|password|tokens|rules|quota|all]`: prints the figures recorded in
 /// docs/benchmarks.md. Deterministic inputs (seeded); wall-clock timing on one core.
 @main
 enum BanyanBench {
@@ -35,6 +35,7 @@ enum BanyanBench {
         if all || which.contains("password") { passwords() }
         if all || which.contains("tokens") { tokenBench() }
         if all || which.contains("rules") { rulesBench() }
+        if all || which.contains("quota") { quotaBench() }
     }
 
     // MARK: Password hashing (the account service, docs/accounts.md)

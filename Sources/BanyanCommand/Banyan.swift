@@ -16,7 +16,7 @@ struct Banyan: ParsableCommand {
             Data tools work on JSON files (or standard input with '-') in Firebase's formats: plain \
             JSON as returned by REST GET, or the export format with ".priority" and ".value".
             """,
-        subcommands: [Serve.self, Bootstrap.self, Cluster.self, Chaos.self, Status.self, Drain.self, BackupCommand.self, Restore.self, RulesCommand.self, ServiceAccountCommand.self, Certs.self, Bench.self, Validate.self, Hash.self, QueryCommand.self, Convert.self, PushIDs.self]
+        subcommands: [Serve.self, Bootstrap.self, Cluster.self, Chaos.self, Status.self, Drain.self, BackupCommand.self, Restore.self, RulesCommand.self, QuotaCommand.self, ServiceAccountCommand.self, Certs.self, Bench.self, Validate.self, Hash.self, QueryCommand.self, Convert.self, PushIDs.self]
     )
 }
 

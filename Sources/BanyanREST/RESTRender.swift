@@ -139,6 +139,9 @@ public enum RESTRender {
             return error(RESTError(401, "Permission denied"))
         case .noSpace(let nodes):
             return error(RESTError(507, StateMachine.Outcome.noSpaceMessage(nodes)))
+        case let .overQuota(namespace, used, wouldHold, quota):
+            // As for a full disk: the storage this namespace may use is used up.
+            return error(RESTError(507, StateMachine.Outcome.overQuotaMessage(namespace: namespace, used: used, wouldHold: wouldHold, quota: quota)))
         case .alreadyApplied(let earlier):
             // Client write keys come from realtime SDK sessions; REST writes never carry one.
             return error(RESTError(409, earlier.status == "ok" ? "The write was applied earlier." : earlier.message))

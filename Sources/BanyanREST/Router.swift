@@ -12,6 +12,8 @@ public enum Route: Sendable, Equatable {
     case admin(AdminRoute)
     /// `/.settings/rules.json`: the namespace's security rules (`GET`, `PUT`; administrators).
     case rules
+    /// `/.settings/quota.json`: the namespace's quota in data bytes (`GET`, `PUT`; administrators).
+    case quota
     /// `/identitytoolkit.googleapis.com/…` and `/securetoken.googleapis.com/…`: the account
     /// service's endpoints, as the Firebase Auth emulator serves them (docs/accounts.md); and
     /// `/oauth2.googleapis.com/token`, where service accounts' libraries exchange their
@@ -101,6 +103,7 @@ public enum Route: Sendable, Equatable {
             if `is`("/metrics") && method == "GET" { return .metrics }
             if `is`("/.ws") || `is`("/.lp") { return .realtime }
             if `is`("/.settings/rules.json") || `is`("/.settings/rules") { return .rules }
+            if `is`("/.settings/quota.json") || `is`("/.settings/quota") { return .quota }
             if starts("/identitytoolkit.googleapis.com/") || starts("/securetoken.googleapis.com/") || starts("/oauth2.googleapis.com/") { return .accounts }
             return starts("/.banyan/") ? nil : .data
         }

@@ -961,6 +961,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .rules:
             handleRules(context: context, head: head, body: body)
             return
+        case .quota:
+            handleQuota(context: context, head: head, body: body)
+            return
         case .accounts:
             if head.method == .OPTIONS {
                 respond(context: context, head: head, reply: Self.accountsPreflight(head))
@@ -1177,24 +1180,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// syntax or type error is answered at once with its line and column, then set through the
     /// log (a `setRules` command), so every node switches at the same position.
     private func handleRules(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
-        let restHead = HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
-        guard let access = RESTRequest.access(in: restHead, defaultNamespace: server.config.defaultNamespace) else {
-            return respond(context: context, head: head, reply: .error(.badRequest, "Invalid namespace or query string."))
-        }
-        let administrator: Bool
-        if let adminToken = server.adminToken {
-            // The operator token, or a service account's (docs/security.md, "Service accounts").
-            if case .other(let token) = access.authorization {
-                administrator = Self.constantTimeEqual(token, adminToken) || server.credentials.isServiceAccount(token, now: NodeRuntime.wallClock())
-            } else {
-                administrator = false
-            }
-        } else {
-            administrator = identity(access.authorization, override: nil) == .administrator(override: nil)
-        }
-        guard administrator else {
-            return respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied: rules need administrator credentials"))
-        }
+        guard let access = administratorAccess(context: context, head: head, what: "rules") else { return }
         switch head.method {
         case .GET:
             let text = rules(access.namespace)?.text ?? Self.developmentRulesText(server.config.development.allowUnauthenticated)
@@ -1210,23 +1196,115 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
                     return respond(context: context, head: head, reply: .error(.badRequest, "\(error)"))
                 }
             }
-            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-            let size = body.count
             let command = Command.setRules(text: removing ? [] : body)
-            server.runtime.write(namespace: access.namespace, command: command, on: context.eventLoop) { result in
-                let context = bound.value
-                switch result {
-                case .success(let applied) where applied.outcome == .ok:
-                    self.server.logger.notice("security rules set", metadata: ["namespace": "\(access.namespace)", "bytes": "\(size)"])
-                    self.respond(context: context, head: head, reply: .json(.ok, "{\"status\":\"ok\"}"))
-                case .success(let applied):
-                    self.respond(context: context, head: head, reply: .error(.badRequest, "\(applied.outcome)"))
-                case .failure(let e):
-                    self.respond(context: context, head: head, reply: Self.unavailable(e))
-                }
-            }
+            writeSetting(
+                context: context, head: head, namespace: access.namespace, command: command,
+                logged: ("security rules set", ["namespace": "\(access.namespace)", "bytes": "\(body.count)"]))
         default:
             respond(context: context, head: head, reply: .error(.methodNotAllowed, "Use GET or PUT for /.settings/rules.json."))
+        }
+    }
+
+    /// The namespace and credentials of a request to `/.settings/`, when they are an
+    /// administrator's (the operator token or a service account's token when an operator token is
+    /// configured, else any administrator credential); otherwise answers the request and gives nil.
+    private func administratorAccess(context: ChannelHandlerContext, head: HTTPRequestHead, what: String) -> (namespace: String, authorization: RESTRequest.Authorization, override: String?)? {
+        let restHead = HTTPHead(method: head.method.rawValue, uri: head.uri, headers: head.headers.map { (name: $0.name, value: $0.value) })
+        guard let access = RESTRequest.access(in: restHead, defaultNamespace: server.config.defaultNamespace) else {
+            respond(context: context, head: head, reply: .error(.badRequest, "Invalid namespace or query string."))
+            return nil
+        }
+        let administrator: Bool
+        if let adminToken = server.adminToken {
+            // The operator token, or a service account's (docs/security.md, "Service accounts").
+            if case .other(let token) = access.authorization {
+                administrator = Self.constantTimeEqual(token, adminToken) || server.credentials.isServiceAccount(token, now: NodeRuntime.wallClock())
+            } else {
+                administrator = false
+            }
+        } else {
+            administrator = identity(access.authorization, override: nil) == .administrator(override: nil)
+        }
+        guard administrator else {
+            respond(context: context, head: head, reply: .error(.unauthorized, "Permission denied: \(what) need administrator credentials"))
+            return nil
+        }
+        return access
+    }
+
+    /// A `/.settings/` change written through the log: `{"status":"ok"}` once applied (and
+    /// `logged` at notice), 400 with the outcome when the state machine refused it.
+    private func writeSetting(
+        context: ChannelHandlerContext, head: HTTPRequestHead, namespace: String, command: Command, logged: (String, Logger.Metadata)
+    ) {
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        server.runtime.write(namespace: namespace, command: command, on: context.eventLoop) { result in
+            let context = bound.value
+            switch result {
+            case .success(let applied) where applied.outcome == .ok:
+                self.server.logger.notice("\(logged.0)", metadata: logged.1)
+                self.respond(context: context, head: head, reply: .json(.ok, "{\"status\":\"ok\"}"))
+            case .success(let applied):
+                self.respond(context: context, head: head, reply: .error(.badRequest, "\(applied.outcome)"))
+            case .failure(let e):
+                self.respond(context: context, head: head, reply: Self.unavailable(e))
+            }
+        }
+    }
+
+    /// `GET`/`PUT /.settings/quota.json` (docs/operations.md, "Namespace quotas"):
+    /// administrators only. `PUT` takes a positive integer (the quota in data bytes) or `null`
+    /// (no quota), written through the log into the quotas namespace, so every node switches at
+    /// the same position. `GET` answers `{"namespace": NS, "quota_bytes": Q or null,
+    /// "used_bytes": U}` after a
+    /// linearizable read; the usage is measured off the event loop.
+    private func handleQuota(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
+        guard let access = administratorAccess(context: context, head: head, what: "quotas") else { return }
+        let namespace = access.namespace
+        // (`access` admits client namespaces only, which are valid keys; checked again here.)
+        guard let key = ChildKey(validKey: namespace), !namespace.hasPrefix("$") else {
+            return respond(context: context, head: head, reply: .error(.badRequest, "Invalid namespace or query string."))
+        }
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        switch head.method {
+        case .GET:
+            let loop = context.eventLoop
+            server.runtime.read(namespace: StateMachine.quotasNamespace, stale: false, on: loop) { quotas in
+                switch quotas {
+                case .failure(let e): self.respond(context: bound.value, head: head, reply: Self.unavailable(e))
+                case .success(let quotaTree):
+                    let quota = StateMachine.parsedQuotas(quotaTree)[namespace]
+                    self.server.runtime.read(namespace: namespace, stale: true, on: loop) { data in
+                        switch data {
+                        case .failure(let e): self.respond(context: bound.value, head: head, reply: Self.unavailable(e))
+                        case .success(let tree):
+                            DispatchQueue.global().async {
+                                let used = tree.dataBytes
+                                loop.execute {
+                                    let text = "{\"namespace\":\(JSONValue.string(namespace).jsonString),\"quota_bytes\":\(quota.map(String.init) ?? "null"),\"used_bytes\":\(used)}"
+                                    self.respond(context: bound.value, head: head, reply: .json(.ok, text))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        case .PUT:
+            let quota: Int?
+            switch try? JSONValue(parsing: body) {
+            case .null?: quota = nil
+            case .int(let n)? where n >= 1 && n <= StateMachine.maxQuotaBytes: quota = Int(n)
+            default:
+                return respond(
+                    context: context, head: head,
+                    reply: .error(.badRequest, "A quota is a whole number of data bytes from 1 to \(StateMachine.maxQuotaBytes), or null for none."))
+            }
+            let command = Command.set(path: "/" + key.string, json: Array((quota.map(String.init) ?? "null").utf8))
+            writeSetting(
+                context: context, head: head, namespace: StateMachine.quotasNamespace, command: command,
+                logged: ("namespace quota set", ["namespace": "\(namespace)", "quota_bytes": "\(quota.map(String.init) ?? "none")"]))
+        default:
+            respond(context: context, head: head, reply: .error(.methodNotAllowed, "Use GET or PUT for /.settings/quota.json."))
         }
     }
 

@@ -34,7 +34,7 @@ import Synchronization
 /// (free-space alarms), which nodes of version 6 would apply as malformed. Version 8: the same
 /// messages; it marks command version 9 (client writes, exactly once across connections).
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 8
+    static let protocolVersion: UInt16 = 9
     /// Bytes queued on one connection beyond which new messages are dropped; with two lanes,
     /// on a peer's two connections together (`PeerLane.highWater`).
     static let maxQueuedBytes = 64 << 20

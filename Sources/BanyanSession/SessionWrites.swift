@@ -59,6 +59,8 @@ public enum SessionWrites {
         // The SDKs raise PERMISSION_DENIED for this status (the reason stays in the server's log).
         case .permissionDenied: return ("permission_denied", .string("Permission denied"))
         case .noSpace(let nodes): return ("failure", .string(StateMachine.Outcome.noSpaceMessage(nodes)))
+        case let .overQuota(namespace, used, wouldHold, quota):
+            return ("failure", .string(StateMachine.Outcome.overQuotaMessage(namespace: namespace, used: used, wouldHold: wouldHold, quota: quota)))
         // A client write resent after a reconnect whose first copy was decided: that copy's answer.
         case .alreadyApplied(let earlier): return (earlier.status, .string(earlier.message))
         }

@@ -28,6 +28,8 @@ struct BanyanSim: ParsableCommand {
     @Flag(help: "Account sign-ups in the log: clients race to sign up a few emails; at most one per email may succeed.") var accounts = false
     @Flag(help: "Client writes: every data write names its client and number; a failed or timed-out write is sent again through another node and must be decided once.")
     var clientWrites = false
+    @Flag(help: "Namespace quotas: a quota set at the start (25 data bytes) and raised halfway (1,000); writes over it are refused where they apply, alike on every node.")
+    var quota = false
     @Option(help: "Take a snapshot every this many payload bytes applied (or the last image's size, if larger); 0: by entries only. Default: each seed draws it.")
     var snapshotLogBytes: UInt64?
     @Flag(help: "Print one line per event of a replayed seed.") var trace = false
@@ -59,6 +61,7 @@ struct BanyanSim: ParsableCommand {
         if rules { flags += " --rules" }
         if accounts { flags += " --accounts" }
         if clientWrites { flags += " --client-writes" }
+        if quota { flags += " --quota" }
         if let snapshotLogBytes { flags += " --snapshot-log-bytes \(snapshotLogBytes)" }
         if let sabotage { flags += " --sabotage \(sabotage)" }
         return flags
@@ -73,6 +76,7 @@ struct BanyanSim: ParsableCommand {
         o.rules = rules
         o.accounts = accounts
         o.clientWrites = clientWrites
+        o.quota = quota
         o.trace = trace
         o.snapshotLogBytes = snapshotLogBytes
         o.sabotage = sabotage.flatMap(Sabotage.init(rawValue:)) ?? .none

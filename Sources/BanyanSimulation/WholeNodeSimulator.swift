@@ -40,6 +40,13 @@ public struct WholeNodeOptions: Sendable {
     /// write again through another node (up to four times), and every node must decide each
     /// (client, number) once, answering later copies with the first one's outcome.
     public var clientWrites = false
+    /// Namespace quotas (issue 18, docs/operations.md "Namespace quotas"): the last client sets
+    /// a quota of `quotaBytes.0` data bytes on the registers' namespace at its first operation and
+    /// `quotaBytes.1` halfway; writes that would take the namespace over it are refused where they
+    /// apply (every node alike, which the convergence check compares) and never show in the
+    /// history.
+    public var quota = false
+    public static let quotaBytes = (25, 1_000)
     /// Overrides the seed's draw of `WholeNodeSwarm.snapshotLogBytes` (nil: the draw).
     public var snapshotLogBytes: UInt64?
     public var livenessBudgetMillis = 30_000
@@ -166,6 +173,8 @@ public struct WholeNodeReport: Sendable {
         public var writesRefused = 0
         /// Writes the security rules denied (`--rules`), counted among `writesOK` (answered).
         public var writesDenied = 0
+        /// Writes refused over the namespace's quota (`--quota`), counted among `writesOK`.
+        public var writesOverQuota = 0
         public var readsOK = 0
         public var readsFailed = 0
         /// Faults the nemesis drew (crashes, disk crashes, power losses, partitions, membership
@@ -217,7 +226,7 @@ public struct WholeNodeReport: Sendable {
         var s = "seed \(seed): \(passed ? "ok" : "FAILED") — whole-node \(swarm)\n"
         s += "  \(stats.simulatedMillis) ms simulated, \(stats.events) events, \(stats.messagesSent) messages (\(stats.messagesDropped) dropped),"
         s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
-        s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
+        s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied), over the quota \(stats.writesOverQuota)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads)\n"
@@ -338,6 +347,8 @@ public struct WholeNodeSimulator {
     private enum OpKind {
         /// An administrator's `setRules` (with `--rules`): the document of that number.
         case setRules(Int)
+        /// An administrator's quota (with `--quota`), in data bytes.
+        case setQuota(Int)
         case read(key: Int)
         case set(key: Int, value: Int)
         case cas(key: Int, expected: Int?, new: Int)
@@ -1284,6 +1295,8 @@ public struct WholeNodeSimulator {
         let key = clientRandom.below(options.keys)
         if options.rules && c == 0 && (clients[c].issued == 1 || clients[c].issued == clients[c].quota / 2 + 1) {
             kind = .setRules(clients[c].issued == 1 ? 0 : 1)
+        } else if options.quota && c == clients.count - 1 && (clients[c].issued == 1 || clients[c].issued == clients[c].quota / 2 + 1) {
+            kind = .setQuota(clients[c].issued == 1 ? WholeNodeOptions.quotaBytes.0 : WholeNodeOptions.quotaBytes.1)
         } else if options.accounts && roll < 10 {
             kind = .signUp(email: key)
         } else if roll < 30 {
@@ -1309,7 +1322,7 @@ public struct WholeNodeSimulator {
                 let n = clients[c].nextNumber
                 clients[c].nextNumber += 1
                 operations[op].key = ClientWriteKey(client: clients[c].id, number: n, acknowledgedBelow: n)
-            case .read, .setRules, .signUp:
+            case .read, .setRules, .setQuota, .signUp:
                 break
             }
         }
@@ -1335,6 +1348,8 @@ public struct WholeNodeSimulator {
             core.read(id, namespace: Self.namespace, stale: false)
         case .setRules(let n):
             core.write(id, namespace: Self.namespace, command: .setRules(text: Array(Self.rulesDocuments[n].utf8)))
+        case .setQuota(let bytes):
+            core.write(id, namespace: StateMachine.quotasNamespace, command: .set(path: "/" + Self.namespace, json: Array(String(bytes).utf8)))
         case .signUp(let email):
             let record = AccountRecord(uid: "op\(op)", email: "E\(email)@sim.test", provider: "password", refreshKey: "k\(op)")
             core.write(id, namespace: Self.accountsProject, command: .account(.create(record)))
@@ -1391,6 +1406,7 @@ public struct WholeNodeSimulator {
                 case "ok": applied.outcome = .ok
                 case "datastale": applied.outcome = .datastale(current: .empty)
                 case "permission_denied": applied.outcome = .permissionDenied(reason: earlier.message)
+                case "failure" where earlier.message.hasPrefix("QUOTA:"): applied.outcome = .overQuota(namespace: Self.namespace, used: 0, wouldHold: 0, quota: 0)
                 default: applied.outcome = .refused(earlier.message)
                 }
             }
@@ -1403,6 +1419,10 @@ public struct WholeNodeSimulator {
                 // Definitely not applied (the history checks that its value never shows up).
                 operations[op].outcome = nil
                 report.stats.writesDenied += 1
+            case .overQuota where options.quota:
+                // Definitely not applied, as a denied write.
+                operations[op].outcome = nil
+                report.stats.writesOverQuota += 1
             case .refused where AccountRefusal(applied.outcome) == .emailExists:
                 // A sign-up that lost its email's race (checked in `checkAccounts`).
                 if case .signUp = operations[op].kind {} else { report.violations.append("t=\(now) client \(c) op \(op): unexpected outcome \(applied.outcome)") }
@@ -1723,7 +1743,7 @@ public struct WholeNodeSimulator {
     /// connection is served by a running node.
     private mutating func observePresence(_ applied: StateMachine.Applied, tree: Tree, on node: SimulatedNode) {
         switch applied.outcome {
-        case .ok, .datastale, .rejected, .permissionDenied, .noSpace:
+        case .ok, .datastale, .rejected, .permissionDenied, .noSpace, .overQuota:
             if presenceByConnection[applied.session] != nil {
                 let last = presenceApplied[node.id, default: [:]][applied.session] ?? 0
                 if applied.seq <= last {
@@ -1795,7 +1815,7 @@ public struct WholeNodeSimulator {
         // `.duplicate`, never be decided again.
         switch applied.outcome {
         case .duplicate, .malformed, .refused, .outOfOrder, .alreadyApplied: break
-        case .ok, .datastale, .rejected, .permissionDenied, .noSpace:
+        case .ok, .datastale, .rejected, .permissionDenied, .noSpace, .overQuota:
             if applied.session != 0,
                 writesDecided[node.id, default: []].insert(SessionWrite(session: applied.session, seq: applied.seq)).inserted == false
             {
@@ -2213,7 +2233,7 @@ public struct WholeNodeSimulator {
                 // A cas against "absent" compares with the empty hash; the model's absent is 0.
                 writes = [(key, .cas(expected: expected ?? 0, new: new), new)]
             case let .update(keys, values): writes = zip(keys, values).map { ($0.0, .write($0.1), $0.1) }
-            case .increment, .setRules, .signUp: continue
+            case .increment, .setRules, .setQuota, .signUp: continue
             }
             for (key, input, value) in writes {
                 var output: RegisterModel.Output

@@ -210,6 +210,8 @@ extension StateMachine {
         case .rejected(let e): return ClientWriteOutcome(status: "failure", message: clip(e.message))
         case .refused(let reason): return ClientWriteOutcome(status: "failure", message: clip(reason))
         case .noSpace(let nodes): return ClientWriteOutcome(status: "failure", message: clip(Outcome.noSpaceMessage(nodes)))
+        case let .overQuota(namespace, used, wouldHold, quota):
+            return ClientWriteOutcome(status: "failure", message: clip(Outcome.overQuotaMessage(namespace: namespace, used: used, wouldHold: wouldHold, quota: quota)))
         case .malformed: return ClientWriteOutcome(status: "failure", message: "The write could not be decoded by the state machine.")
         case .duplicate, .outOfOrder: return nil
         }

@@ -154,6 +154,13 @@ extension StateMachine {
         if holder != 0, expiredHolders.contains(holder) {
             return .refused("the lease of the connection's node (holder \(holder)) has expired")
         }
+        if let quota = quotas[envelope.namespace], let used = quotaUsage[envelope.namespace], used >= quota,
+            adding.contains(where: { !$0.1.isEmptyData })
+        {
+            // A namespace at its quota takes no more queued data (it could not fire); removals
+            // may still be queued.
+            return .overQuota(namespace: envelope.namespace, used: -1, wouldHold: -1, quota: quota)
+        }
         var queue = takeQueue(envelope.session) ?? DisconnectQueue(namespace: envelope.namespace, secret: secret, holder: holder)
         defer { putQueue(envelope.session, queue) }
         if let refusal = refusal(queue, envelope, secret) { return refusal }
@@ -220,8 +227,18 @@ extension StateMachine {
         }
         var next = tree
         try next.apply(update: entries, at: Path.root)
+        let paths = entries.map(\.path.path)
+        if let used = quotaUsage[queue.namespace], let quota = quotas[queue.namespace] {
+            // Judged as a write: a queue that would take the namespace over its quota no longer
+            // applies and is dropped (else a client could queue, disconnect, and repeat past it).
+            let delta = next.dataBytes(touching: paths) - tree.dataBytes(touching: paths)
+            if delta > 0, used + delta > quota {
+                throw TreeError(.inputTooLarge, path: "/", "QUOTA: these onDisconnect writes would take namespace \(queue.namespace) over its quota of \(quota) bytes")
+            }
+            quotaUsage[queue.namespace] = used + delta
+        }
         tree = next
-        return entries.map(\.path.path)
+        return paths
     }
 
     /// The leader saw lease `holder` lapse: every connection queued under it in the envelope's

@@ -98,6 +98,21 @@ public struct StateMachine: Sendable {
         public static func noSpaceMessage(_ nodes: [UInt64]) -> String {
             "NOSPACE: node \(nodes.map(String.init).joined(separator: ", ")) of the cluster is low on disk space; only deletes are accepted until space is freed"
         }
+        /// The namespace has a quota (`quotas`) and the write would leave it holding more data
+        /// bytes than the quota while adding to them: `used` is what it holds, `wouldHold` what
+        /// it would have held. Writes that add nothing (deletes, smaller values) still apply.
+        /// Nothing changed.
+        case overQuota(namespace: String, used: Int, wouldHold: Int, quota: Int)
+
+        /// The error clients see for `overQuota` (REST 507, WebSocket `failure`). A write the
+        /// rules judged learns no sizes (`used` is -1): they would tell it the size of data it
+        /// may not read.
+        public static func overQuotaMessage(namespace: String, used: Int, wouldHold: Int, quota: Int) -> String {
+            guard used >= 0 else {
+                return "QUOTA: this write would take namespace \(namespace) over its quota of \(quota) bytes of data; only writes that do not add data are accepted until it holds less"
+            }
+            return "QUOTA: namespace \(namespace) holds \(used) bytes of data and this write would make it \(wouldHold), over its quota of \(quota); only writes that do not add data are accepted until it holds less"
+        }
         /// Already applied: a retry or a duplicated proposal. Nothing changed.
         case duplicate
         /// The payload is not a command this version understands. Nothing changed.
@@ -149,6 +164,19 @@ public struct StateMachine: Sendable {
     public static let rulesNamespace = "$rules"
     /// The system namespace of free-space alarms: one child per node whose alarm is raised.
     public static let alarmsNamespace = "$alarms"
+    /// The system namespace of namespace quotas: one integer child per namespace with a quota,
+    /// its limit in data bytes (`Tree.dataBytes`). Written by administrators only, through the
+    /// log like any write (`PUT /.settings/quota.json`), so every node switches at one position
+    /// and the quotas travel in snapshots.
+    public static let quotasNamespace = "$quotas"
+    /// The largest quota that can be set (2^50 bytes, a petabyte: beyond any node's memory).
+    public static let maxQuotaBytes = 1 << 50
+    /// Quotas by namespace, in data bytes (derived from `quotasNamespace`).
+    public private(set) var quotas: [String: Int] = [:]
+    /// The data bytes each namespace with a quota holds (derived: measured once when its quota
+    /// is set or the machine is loaded, then kept up to date by each write from the paths it
+    /// touched). Not in the image.
+    public internal(set) var quotaUsage: [String: Int] = [:]
     /// The `ignore-client-writes` sabotage only (never set by the server): earlier copies of a
     /// client write are not looked up, so a resent write is decided again.
     public var ignoresClientWrites = false
@@ -160,7 +188,7 @@ public struct StateMachine: Sendable {
     /// nothing to any node's log (issue 18). Nil: propose it; the machine where it applies
     /// decides, as for any write (an alarm raised or cleared meanwhile is seen there).
     public func refusedBeforeProposal(namespace: String, command: Command) -> Applied? {
-        guard !spaceAlarms.isEmpty, command.addsData else { return nil }
+        guard !spaceAlarms.isEmpty, command.addsData, namespace != Self.quotasNamespace else { return nil }
         return Applied(namespace: namespace, session: 0, seq: 0, outcome: .noSpace(nodes: spaceAlarms.sorted()), written: [])
     }
     /// The parsed rules in force, by namespace (derived from `rulesNamespace`, not in the image).
@@ -251,7 +279,7 @@ public struct StateMachine: Sendable {
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
         lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:], leases: [UInt64: Lease] = [:],
-        expiredHolders: Set<UInt64> = []
+        expiredHolders: Set<UInt64> = [], quotaUsage known: [String: Int]? = nil
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
@@ -265,6 +293,45 @@ public struct StateMachine: Sendable {
         (clientIdleIndex, endedIndex) = Self.expiryIndexes(clients: self.namespaces[Self.clientsNamespace] ?? .empty, sessions: sessions)
         self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
         self.spaceAlarms = Set((self.namespaces[Self.alarmsNamespace] ?? .empty).children.keys.compactMap { UInt64($0.string) })
+        self.quotas = Self.parsedQuotas(self.namespaces[Self.quotasNamespace] ?? .empty)
+        // Measured once (O(the namespaces' data)), unless the caller knows it (a backup's copy).
+        for namespace in quotas.keys { quotaUsage[namespace] = known?[namespace] ?? tree(namespace).dataBytes }
+    }
+
+    /// The quotas of the quotas namespace: positive integers under client namespace names
+    /// (anything else, which no administrator's request writes, sets no quota).
+    public static func parsedQuotas(_ tree: Tree) -> [String: Int] {
+        var out: [String: Int] = [:]
+        for (key, entry) in tree.children.elements() where !key.string.hasPrefix("$") {
+            guard case .int(let bytes)? = entry.leaf, bytes > 0, bytes <= maxQuotaBytes else { continue }
+            out[key.string] = Int(bytes)
+        }
+        return out
+    }
+
+    /// For each path a data write wrote (`Applied.written`, in its order), whether it wrote only
+    /// a priority (`…/.priority`): measured without its children (`Tree.dataBytes(touching:)`).
+    static func priorityOnly(_ command: Command, count: Int) -> [Bool]? {
+        switch command {
+        case .set(let path, _):
+            guard count == 1, (try? WritePath(parsing: path))?.isPriority == true else { return nil }
+            return [true]
+        case .update(_, let items):
+            guard count == items.count else { return nil }
+            let flags = items.map { (try? WritePath(parsing: $0.path))?.isPriority == true }
+            return flags.contains(true) ? flags : nil
+        default:
+            return nil
+        }
+    }
+
+    /// After a write to the quotas namespace: the quotas again, and the usage of each namespace
+    /// that gained one measured (once; O(its data)).
+    private mutating func quotasChanged() {
+        let next = Self.parsedQuotas(tree(Self.quotasNamespace))
+        for namespace in quotaUsage.keys where next[namespace] == nil { quotaUsage[namespace] = nil }
+        for namespace in next.keys where quotaUsage[namespace] == nil { quotaUsage[namespace] = tree(namespace).dataBytes }
+        quotas = next
     }
 
     /// Drops the parsed rules (they stay in the `$rules` tree). For the simulator's self-test
@@ -335,7 +402,8 @@ public struct StateMachine: Sendable {
             // resend after a reconnect): it is not decided again.
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: decided, written: [])
         }
-        if !spaceAlarms.isEmpty, envelope.command.addsData {
+        // (A quota may be set while the disks are low: it is how an operator stops one namespace.)
+        if !spaceAlarms.isEmpty, envelope.command.addsData, envelope.namespace != Self.quotasNamespace {
             let outcome = Outcome.noSpace(nodes: spaceAlarms.sorted())
             if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
             return Applied(namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: [], clientWrite: clientWrite)
@@ -354,10 +422,17 @@ public struct StateMachine: Sendable {
         case .set, .update, .compareAndSet:
             break
         }
+        if envelope.namespace == Self.quotasNamespace, envelope.auth != nil {
+            return Applied(
+                namespace: envelope.namespace, session: envelope.session, seq: envelope.seq,
+                outcome: .permissionDenied(reason: "only administrators may set quotas"), written: [])
+        }
         var written: [Path] = []
         var value: Tree?
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
-        let outcome: Outcome
+        // Kept only under a quota (a second holder makes the write copy the path it changes).
+        let before: Tree? = quotas[envelope.namespace] != nil ? tree : nil
+        var outcome: Outcome
         do throws(TreeError) {
             let judge = judgement(for: envelope)
             outcome = try execute(
@@ -375,7 +450,22 @@ public struct StateMachine: Sendable {
             // may not read: judged clients get none.
             value = nil
         }
+        if let before, let quota = quotas[envelope.namespace], case .ok = outcome {
+            let used = quotaUsage[envelope.namespace] ?? 0
+            let priorityOnly = Self.priorityOnly(envelope.command, count: written.count)
+            let delta = tree.dataBytes(touching: written, priorityOnly: priorityOnly) - before.dataBytes(touching: written, priorityOnly: priorityOnly)
+            if delta > 0, used + delta > quota {
+                let judged = envelope.auth != nil && rules[envelope.namespace] != nil
+                outcome = .overQuota(namespace: envelope.namespace, used: judged ? -1 : used, wouldHold: judged ? -1 : used + delta, quota: quota)
+                tree = before
+                written = []
+                value = nil
+            } else {
+                quotaUsage[envelope.namespace] = used + delta
+            }
+        }
         if !tree.isEmpty { namespaces[envelope.namespace] = tree }
+        if envelope.namespace == Self.quotasNamespace, case .ok = outcome { quotasChanged() }
         if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
         return Applied(
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value,

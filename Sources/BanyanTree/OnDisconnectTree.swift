@@ -100,7 +100,7 @@ public struct OnDisconnectTree: Sendable, Equatable {
 
 extension JSONValue {
     /// Whether this JSON stands for no data (null, or an object or array with nothing in it).
-    var isEmptyData: Bool {
+    public var isEmptyData: Bool {
         switch self {
         case .null: return true
         case .object(let members):

@@ -58,4 +58,34 @@ import Testing
         let (failStatus, failOutput) = try await banyan(["rules", "test", dir + "/rules.json", dir + "/failing.json"])
         #expect(failStatus == 1 && failOutput.contains("FAIL") && failOutput.contains("wrongly expected"), "\(failOutput)")
     }
+
+    @Test("quota set (with units) and get and remove: the real command against a node; a bad size is refused before anything is sent")
+    func quotaCommand() async throws {
+        let dir = try temporaryDirectory("quota-cli")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let node = try BanyanNode.start(config: singleNodeConfig(dir), logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        let port = clientPort(node)
+        #expect(await eventually({ ((try? httpExchange(port: port, "PUT", "/a.json?ns=app", body: #""abc""#))?.status ?? 0) == 200 }, seconds: 30))
+        let endpoint = "127.0.0.1:\(port)"
+        func banyan(_ args: [String]) async throws -> (Int32, String) {
+            let run = try await ChaosTests.runBanyan(args, output: dir + "/out-\(UInt64.random(in: 0...UInt64.max))", environment: ["BANYAN_ADMIN_TOKEN": ""], timeout: 120)
+            return (run.process.terminationStatus, run.output)
+        }
+        let (setStatus, setOutput) = try await banyan(["quota", "set", "1KiB", "--namespace", "app", "--endpoint", endpoint])
+        #expect(setStatus == 0 && setOutput.contains("quota set to 1024 bytes"), "\(setOutput)")
+        let (getStatus, getOutput) = try await banyan(["quota", "get", "--namespace", "app", "--endpoint", endpoint])
+        #expect(getStatus == 0 && getOutput.contains(#"{"namespace":"app","quota_bytes":1024,"used_bytes":4}"#), "\(getOutput)")
+        #expect(try httpExchange(port: port, "PUT", "/b.json?ns=app", body: "\"" + String(repeating: "x", count: 1100) + "\"").status == 507)
+        for bad in ["lots", "1.5GiB", "0", "99999999TiB", "2000TiB"] {
+            let (badStatus, badOutput) = try await banyan(["quota", "set", bad, "--namespace", "app", "--endpoint", endpoint])
+            #expect(badStatus != 0 && badOutput.contains("a quota is a positive number of bytes"), "\(bad): \(badOutput)")
+        }
+        let (mebi, _) = try await banyan(["quota", "set", "2MiB", "--namespace", "app", "--endpoint", endpoint])
+        #expect(mebi == 0)
+        #expect(try httpExchange(port: port, "GET", "/.settings/quota.json?ns=app&auth=owner").body.contains(#""quota_bytes":2097152"#))
+        let (removeStatus, _) = try await banyan(["quota", "remove", "--namespace", "app", "--endpoint", endpoint])
+        #expect(removeStatus == 0)
+        #expect(try httpExchange(port: port, "PUT", "/b.json?ns=app", body: "\"" + String(repeating: "x", count: 1100) + "\"").status == 200)
+    }
 }

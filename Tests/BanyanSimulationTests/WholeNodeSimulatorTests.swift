@@ -192,6 +192,30 @@ extension WholeNodeSimulatorTests {
 }
 
 extension WholeNodeSimulatorTests {
+    /// Issue 18: a namespace quota set and raised through the log; every node refuses the same
+    /// writes (the convergence check compares every node's state, `$quotas` included), and a
+    /// refused write never shows in a history. Every other seed also resends client writes, so a
+    /// refusal is answered alike to a later copy.
+    @Test("60 seeds with a namespace quota: writes over it are refused alike on every node and never show; some are refused")
+    func quotaSeeds() {
+        var failed: [UInt64] = []
+        var overQuota = 0
+        var ok = 0
+        for seed in UInt64(1)...UInt64(60) {
+            var o = Self.options(seed)
+            o.quota = true
+            o.clientWrites = seed % 2 == 0
+            let report = WholeNodeSimulator.run(o)
+            overQuota += report.stats.writesOverQuota
+            ok += report.stats.writesOK
+            if !report.passed { failed.append(seed) }
+        }
+        #expect(failed.isEmpty, "failed seeds: \(failed)")
+        #expect(overQuota > 60 && overQuota < ok / 2, "\(overQuota) of \(ok) answered writes were over the quota")
+    }
+}
+
+extension WholeNodeSimulatorTests {
     static func rulesOptions(_ seed: UInt64) -> WholeNodeOptions {
         var o = options(seed)
         o.rules = true
