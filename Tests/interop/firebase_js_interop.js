@@ -487,6 +487,48 @@ check('security rules: a mock-token user and a signed-token user write only thei
   assertEqual(removed.status, 200, 'rules removed');
 });
 
+check('a namespace quota: a write over it fails with the server\'s QUOTA reason, a delete goes on, a transaction over it fails', async () => {
+  const live = [];
+  for (let k = 0; k < nodes.length; k++) {
+    try { if ((await fetch(`http://${nodes[k]}/.banyan/ready`)).status === 200) live.push(k); } catch (e) { /* dead */ }
+  }
+  if (live.length < 1) throw new Error('no ready node');
+  const qns = ns + 'q';
+  const quota = await fetch(`http://${nodes[live[0]]}/.settings/quota.json?ns=${qns}&auth=owner`, { method: 'PUT', body: '40' });
+  assertEqual(quota.status, 200, 'PUT /.settings/quota.json');
+  const [host, port] = nodes[live[live.length - 1]].split(':');
+  const app = initializeApp({ projectId: 'demo', databaseURL: `http://${host}:${port}?ns=${qns}` }, `app${appCount++}`);
+  apps.push(app);
+  const db = getDatabase(app);
+  connectDatabaseEmulator(db, host, Number(port));
+  await set(ref(db, 'a'), '0123456789012345678901234');  // 1 + 25 data bytes
+  const refused = async (p, what) => {
+    try { await p; } catch (e) {
+      if (String(e && e.message).includes('QUOTA: namespace')) return;
+      throw new Error(`${what}: failed otherwise: ${e && e.message}`);
+    }
+    throw new Error(`${what}: accepted`);
+  };
+  await refused(set(ref(db, 'b'), '0123456789012345'), 'a set over the quota');
+  await refused(update(ref(db), { c: '0123456789012345' }), 'an update over the quota');
+  // A transaction's commit is judged like a set; the SDK reports a failed transaction by its
+  // status alone ('failure'), without the reason.
+  let committed = false;
+  try {
+    await runTransaction(ref(db, 'a'), (v) => (v || '') + 'more than the quota allows');
+    committed = true;
+  } catch (e) {
+    if (String(e && e.message) !== 'failure') throw new Error(`the transaction failed otherwise: ${e && e.message}`);
+  }
+  if (committed) throw new Error('a transaction over the quota committed');
+  assertEqual((await get(ref(db, 'a'))).val(), '0123456789012345678901234', 'the value after the refused transaction');
+  await set(ref(db, 'a'), 'short');
+  await remove(ref(db, 'a'));
+  assertEqual(await (await fetch(`http://${nodes[live[0]]}/.json?ns=${qns}`)).json(), null, 'the namespace after the delete');
+  const used = await (await fetch(`http://${nodes[live[0]]}/.settings/quota.json?ns=${qns}&auth=owner`)).json();
+  assertEqual(used, { namespace: qns, quota_bytes: 40, used_bytes: 0 }, 'GET /.settings/quota.json');
+});
+
 (async () => {
   let failed = 0;
   const started = Date.now();
