@@ -199,6 +199,10 @@ public struct ClientCore: Sendable {
         var complete = false
         /// A tagged listen's own data at its location (plain listens share `server`).
         var cache: Tree = .empty
+        /// A tagged listen's `cache` with the visible pending writes applied in order, kept
+        /// current incrementally as `local` is (`recomputeOverlaid`): a write under a filtered
+        /// query costs its own changes, not a replay of every pending write under the location.
+        var overlaid: Tree = .empty
         var sentAs: Int64?
     }
 
@@ -510,6 +514,7 @@ public struct ClientCore: Sendable {
                 for change in list { writeIndex.insert(seq, change: change) }
                 for change in list { recomputeLocal(at: change.path) }
             }
+            for key in Array(listens.keys) where !key.isPlain { recomputeOverlaid(key, at: key.path) }
             refresh(touching: writes.all.flatMap { $0.changes.map(\.path) })
         }
         switch connection {
@@ -1043,6 +1048,7 @@ public struct ClientCore: Sendable {
             nextTag += 1
         }
         listens[key] = listen
+        if !key.isPlain { recomputeOverlaid(key, at: key.path) }
         sendListen(key)
     }
 
@@ -1220,16 +1226,31 @@ public struct ClientCore: Sendable {
     private mutating func serverData(at path: Path, changes: [(Path, Tree)], tag: Int?, whole: Bool) {
         if let tag {
             guard let key = tags[tag], var listen = listens[key] else { return }
+            // Where the listen's data changed: a window the server sends whole again (after each
+            // change that moves it) changed only at the children that differ, so only those are
+            // recomputed and compared (O(the window), not O(the pending writes under it)).
+            var touched: [Path] = []
             for (at, value) in changes {
                 if let below = key.path.relative(at) {
-                    listen.cache.set(value, at: below)
+                    if below.count == 0, listen.cache.hasChildren, value.hasChildren, listen.cache.priority == value.priority {
+                        touched += QueryView.diffKeys(listen.cache, value).map { key.path.appending(Path(segments: [$0])) }
+                        listen.cache = value
+                    } else {
+                        listen.cache.set(value, at: below)
+                        touched.append(at)
+                    }
                 } else if let above = at.relative(key.path) {
                     listen.cache = value.child(at: above)
+                    touched.append(key.path)
                 }
             }
-            if whole, path.contains(key.path) { listen.complete = true }
+            if whole, path.contains(key.path), !listen.complete {
+                listen.complete = true
+                touched.append(key.path)
+            }
             listens[key] = listen
-            refresh(touching: changes.map(\.0))
+            for at in touched { recomputeOverlaid(key, at: at) }
+            refresh(touching: touched)
             return
         }
         for (at, value) in changes { server.set(value, at: at) }
@@ -1282,8 +1303,7 @@ public struct ClientCore: Sendable {
         if key.path.first?.string == ".info" { return (infoTree.child(at: key.path.droppingFirst), true) }
         if isPlainComplete(key.path) { return (local.child(at: key.path), true) }
         if let listenKey = view.listen, !listenKey.isPlain, let listen = listens[listenKey] {
-            let tree = overlay(listen.cache, at: key.path, writeIndex.relevant(to: key.path))
-            return (tree, listen.complete || coveredByWrite(key.path))
+            return (listen.overlaid, listen.complete || coveredByWrite(key.path))
         }
         return (local.child(at: key.path), coveredByWrite(key.path))
     }
@@ -1332,8 +1352,67 @@ public struct ClientCore: Sendable {
             case let .set(at, value): local.set(value, at: at)
             case let .priority(at, priority): _ = local.setPriority(priority, at: at)
             }
+            for key in taggedListens(overlapping: change.path) {
+                // Moved out and back, so the tree is changed in place, not copied.
+                guard var listen = listens.removeValue(forKey: key) else { continue }
+                Self.apply(change, to: &listen.overlaid, at: key.path)
+                listens[key] = listen
+            }
         }
         return seq
+    }
+
+    /// The tagged listens whose location overlaps `path` (few: one per filtered query observed).
+    private func taggedListens(overlapping path: Path) -> [ListenKey] {
+        listens.keys.filter { !$0.isPlain && ($0.path.contains(path) || path.contains($0.path)) }
+    }
+
+    /// `tree`, the data at `path`, with one change applied (as `overlay` applies each).
+    private static func apply(_ change: Change, to tree: inout Tree, at path: Path) {
+        switch change {
+        case let .set(at, value):
+            if let below = path.relative(at) {
+                tree.set(value, at: below)
+            } else if let above = at.relative(path) {
+                tree = value.child(at: above)
+            }
+        case let .priority(at, priority):
+            if let below = path.relative(at) { _ = tree.setPriority(priority, at: below) }
+        }
+    }
+
+    /// Recomputes a tagged listen's `overlaid` at `path` after its cache or the pending writes
+    /// changed there, as `recomputeLocal` does for `local`: the cache at the location with the
+    /// writes overlapping it applied in order, from the highest level (at or below the listen's
+    /// location) whose own data the writes' order could change; the whole of it when `path` is
+    /// the listen's location or above it.
+    private mutating func recomputeOverlaid(_ key: ListenKey, at path: Path) {
+        guard !key.isPlain, var listen = listens.removeValue(forKey: key) else { return }
+        defer { listens[key] = listen }
+        let base = key.path.count
+        var depth = path.count
+        if key.path.relative(path) != nil, path.count > base {
+            depth = writeIndex.firstAncestorWithWrites(of: path) ?? path.count
+            var cacheNode = listen.cache
+            var shownNode = listen.overlaid
+            for (level, segment) in path.segments.enumerated() where level >= base && level < depth {
+                if Self.hasOwnData(cacheNode) || Self.hasOwnData(shownNode) {
+                    depth = level
+                    break
+                }
+                cacheNode = cacheNode.child(segment)
+                shownNode = shownNode.child(segment)
+            }
+        } else {
+            depth = base
+        }
+        if depth <= base {
+            listen.overlaid = overlay(listen.cache, at: key.path, writeIndex.relevant(to: key.path))
+        } else {
+            let target = Path(segments: Array(path.segments.prefix(depth)))
+            guard let below = key.path.relative(target) else { return }
+            listen.overlaid.set(overlay(listen.cache.child(at: below), at: target, writeIndex.relevant(to: target)), at: below)
+        }
     }
 
     /// Removes a write (answered, refused, overridden or ended): the local tree is recomputed
@@ -1343,6 +1422,9 @@ public struct ClientCore: Sendable {
         guard write.visible else { return write }
         for change in write.changes { writeIndex.remove(seq, change: change) }
         for change in write.changes { recomputeLocal(at: change.path) }
+        for change in write.changes {
+            for key in taggedListens(overlapping: change.path) { recomputeOverlaid(key, at: change.path) }
+        }
         return write
     }
 

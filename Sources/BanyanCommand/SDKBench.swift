@@ -61,6 +61,7 @@ struct SDKBench: Sendable {
                 log(String(format: "round %d: %d setValue calls, each with a completion, in %.2f s: %.0f writes/s (%d errors)", round, writes, seconds, Double(writes) / seconds, errors))
             }
             log(String(format: "SDK writes per second through one connection, %d-node cluster: median %.0f (of %d rounds)", nodes, rates.sorted()[rates.count / 2], rounds))
+            try observedRounds(db, log: log)
 
             let local = try Self.latencies(writer: db, reader: db, path: "latency/local", samples: samples)
             log(String(format: "local event latency (setValue call → value callback, same database), %d writes one at a time: p50 %.1f µs, p99 %.1f µs, max %.1f µs", samples, local.p50 * 1e6, local.p99 * 1e6, local.max * 1e6))
@@ -107,6 +108,28 @@ struct SDKBench: Sendable {
         }
         guard countdown.done.wait(timeout: .now() + 600) == .success else { throw Failure(description: "\(count) writes did not complete within 600 s") }
         return (Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, countdown.errors)
+    }
+
+    /// Writes under an observer of the list they go to: the same rounds, with a plain
+    /// `childAdded` observer of the location, then with a limited window
+    /// (`queryOrdered(byChild: "n").queryLimited(toLast: 100)`, which every write enters and
+    /// one child leaves): what a backlog of writes costs the views above it.
+    func observedRounds(_ db: Database, log: @escaping @Sendable (String) -> Void) throws {
+        for (name, window) in [("a plain childAdded observer", false), ("a limited window (orderBy n, last 100)", true)] {
+            var rates: [Double] = []
+            for round in 1...rounds {
+                let path = "\(window ? "window" : "plain")\(round)"
+                let location = db.reference(withPath: "bench").child(path)
+                let observed: DatabaseQuery = window ? location.queryOrdered(byChild: "n").queryLimited(toLast: 100) : location
+                let events = Countdown(Int.max)
+                let handle = observed.observe(.childAdded) { _ in events.hit(nil) }
+                let (seconds, errors) = try Self.pipelined(db, count: writes, path: path)
+                db.reference().removeObserver(withHandle: handle)
+                rates.append(Double(writes) / seconds)
+                log(String(format: "under %@, round %d: %d setValue calls in %.2f s: %.0f writes/s (%d errors)", name, round, writes, seconds, Double(writes) / seconds, errors))
+            }
+            log(String(format: "SDK writes per second under %@: median %.0f", name, rates.sorted()[rates.count / 2]))
+        }
     }
 
     // MARK: - Latency

@@ -344,7 +344,7 @@ public struct QueryView: Sendable {
     }
 
     /// Keys whose children differ between two nodes, by a merge walk in key order (O(n + m)).
-    static func diffKeys(_ a: Tree, _ b: Tree) -> [ChildKey] {
+    public static func diffKeys(_ a: Tree, _ b: Tree) -> [ChildKey] {
         var keys: [ChildKey] = []
         var ia = a.children.elements()
         var ib = b.children.elements()
