@@ -1318,18 +1318,7 @@ public struct ClientCore: Sendable {
         var tree = base
         for seq in seqs {
             guard let write = writes[seq], write.visible else { continue }
-            for change in write.changes {
-                switch change {
-                case let .set(at, value):
-                    if let below = path.relative(at) {
-                        tree.set(value, at: below)
-                    } else if let above = at.relative(path) {
-                        tree = value.child(at: above)
-                    }
-                case let .priority(at, priority):
-                    if let below = path.relative(at) { _ = tree.setPriority(priority, at: below) }
-                }
-            }
+            for change in write.changes { Self.apply(change, to: &tree, at: path) }
         }
         return tree
     }
