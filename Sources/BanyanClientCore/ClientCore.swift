@@ -450,8 +450,11 @@ public struct ClientCore: Sendable {
         }
         // What did not fit is no longer cached, nor held in memory when nothing listens to it; the
         // listened or kept-synced locations inside it keep their data (and their cache entries).
+        var uncovered: [Path] = []
+        defer { if !uncovered.isEmpty { refresh(touching: uncovered, whole: true) } }
         for path in cachedComplete where !covered(path) {
             cachedComplete.remove(path)
+            uncovered.append(path)
             guard !isPlainComplete(path), !live.contains(path) else { continue }
             let inside = kept.filter { path.contains($0) && $0 != path }
             let saved = inside.map { ($0, server.child(at: $0)) }
@@ -1062,7 +1065,16 @@ public struct ClientCore: Sendable {
         listens[key] = nil
         if let tag = listen.tag { tags[tag] = nil }
         if isOnline { send(.unlisten(path: key.path, query: listen.tag == nil ? nil : listen.params.wireObject, tag: listen.tag), as: .ignored) }
-        if key.isPlain { prune(key.path) }
+        if key.isPlain { endPlainCoverage(key.path) }
+    }
+
+    /// A plain listen at `path` ended: its data is pruned, and the views under it that read the
+    /// plain data until now (a filtered query's view reads it while a complete plain listen
+    /// covers it) are compared in full with what they read now (their own window), so none keeps
+    /// showing data only the plain listen kept current.
+    private mutating func endPlainCoverage(_ path: Path) {
+        prune(path)
+        refresh(touching: [path], whole: true)
     }
 
     /// Forgets the server's data at `path` that no remaining complete plain listen keeps current.
@@ -1113,7 +1125,7 @@ public struct ClientCore: Sendable {
                     emit(.transactionCompleted(id, TransactionOutcome(error: error, committed: false, snapshot: view(at: t.path))))
                 }
             }
-            prune(key.path)
+            endPlainCoverage(key.path)
         }
     }
 

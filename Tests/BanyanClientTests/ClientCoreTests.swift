@@ -732,3 +732,30 @@ final class Seen: @unchecked Sendable {
         #expect(offline.last == #"7 value {"b":2}"#, "\(offline)")
     }
 }
+
+extension ClientCoreTests {
+    /// A filtered view reads the plain data while a complete plain listen covers its location,
+    /// and its own window after: when the plain listen ends, the view is compared in full, so a
+    /// child only the plain data held (outside the window) is not shown later as added back.
+    @Test("a limited view under a plain listen that ends: later window pushes raise only the window's changes")
+    func windowAfterPlainListenEnds() throws {
+        var core = Self.online()
+        let params = try Query().orderByKey().limitToLast(2).params
+        core.observe(1, path: Self.path("/list"), type: .value)
+        core.received(Self.data("/list", #"{"a":1,"b":2,"c":3}"#))
+        core.received(Self.ok(2, "{}"))
+        core.observe(2, path: Self.path("/list"), params: params, type: .childAdded)
+        core.observe(3, path: Self.path("/list"), params: params, type: .childRemoved)
+        core.observe(4, path: Self.path("/list"), params: params, type: .value)
+        core.received(Self.data("/list", #"{"b":2,"c":3}"#, tag: 1))
+        core.received(Self.ok(3, "{}"))
+        _ = core.takeActions()
+        // The plain listen ends; `a` (outside the window) is then deleted by another client, so
+        // nothing is pushed for it; then `c` is deleted and the window pushed again.
+        core.removeObserver(1)
+        _ = core.takeActions()
+        core.received(Self.data("/list", #"{"b":2}"#, tag: 1))
+        let events = Self.events(core.takeActions())
+        #expect(events == ["3 child_removed c 3", "4 value {\"b\":2}"], "\(events)")
+    }
+}
