@@ -87,7 +87,7 @@ import Testing
         var core = ClientCoreTests.online()
         var server = Self.tree(#"{"a":{"x":{"p":1,"q":2},"y":3},"b":{"x":1,"y":{"p":2}}}"#)
         var pending: [Pending] = []
-        let tagged = try Query().orderByKey().limitToLast(50).params
+        let tagged = try Query().orderByKey().limitToLast(2).params
 
         // Plain views at /a, /a/x, /a/x/p (complete through /a's listen), child events at /a,
         // and a tagged query at /b with its own data.
@@ -104,9 +104,14 @@ import Testing
         core.observe(5, path: Self.path("/a"), type: .childAdded)
         core.observe(6, path: Self.path("/a"), type: .childChanged)
         core.observe(7, path: Self.path("/a"), type: .childRemoved)
+        // Child events of the tagged window (it holds two of /b's children at most).
+        core.observe(8, path: Self.path("/b"), params: tagged, type: .childAdded)
+        core.observe(9, path: Self.path("/b"), params: tagged, type: .childChanged)
+        core.observe(10, path: Self.path("/b"), params: tagged, type: .childRemoved)
 
         var values: [UInt64: Tree] = [:]
         var children: [ChildKey: Tree] = [:]
+        var windowChildren: [ChildKey: Tree] = [:]
         var nextID: UInt64 = 1
 
         /// Takes the actions: the last value of each observer, /a's children from child events,
@@ -115,6 +120,14 @@ import Testing
             var request: Int64?
             for action in core.takeActions() {
                 switch action {
+                case let .event(id, e) where id >= 8:
+                    switch e.kind {
+                    case .childAdded, .childChanged:
+                        if let key = e.key { windowChildren[key] = e.tree }
+                    case .childRemoved:
+                        if let key = e.key { windowChildren[key] = nil }
+                    case .value, .childMoved: break
+                    }
                 case let .event(id, e):
                     switch e.kind {
                     case .value: values[id] = e.tree
@@ -145,6 +158,9 @@ import Testing
             #expect((values[3] ?? .empty) == expected.child(at: Self.path("/a/x/p")), "seed \(seed) step \(step): /a/x/p")
             let b = QueryView(params: tagged, tree: expected.child(at: Self.path("/b"))).viewTree
             #expect(values[4] == b, "seed \(seed) step \(step): /b")
+            var window: [ChildKey: Tree] = [:]
+            if b.hasChildren { b.children.forEach { key, child in window[key] = child } }
+            #expect(windowChildren == window, "seed \(seed) step \(step): /b's window child events")
             var shown: [ChildKey: Tree] = [:]
             a.children.forEach { key, child in shown[key] = child }
             #expect(children == shown, "seed \(seed) step \(step): /a's child events")
