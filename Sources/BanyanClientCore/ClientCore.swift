@@ -323,6 +323,9 @@ public struct ClientCore: Sendable {
     /// Locations whose data the disk cache held complete (persistence on): they raise events
     /// from the cache at once, before (or without) the server.
     private var cachedComplete: Set<Path> = []
+    /// With persistence: the windows of filtered queries the disk cache holds and no listen holds
+    /// now (a listen takes its window over when it starts, and gives it back when it ends).
+    private var cachedQueries: [ListenKey: Tree] = [:]
     /// Writes restored from the disk whose local values wait for the first tick (server values
     /// resolve with the clock).
     private var restoredValuesPending = false
@@ -356,6 +359,7 @@ public struct ClientCore: Sendable {
             server = restored.server
             local = server
             cachedComplete = restored.complete
+            for (key, tree) in restored.queries { cachedQueries[ListenKey(path: key.path, query: key.query)] = tree }
             if restored.client == id {
                 for stored in restored.writes {
                     writes.append(Self.pendingWrite(from: stored))
@@ -447,6 +451,23 @@ public struct ClientCore: Sendable {
             records.append(.server(path, json))
             records.append(.complete(path, true))
             kept.append(path)
+        }
+        // Filtered queries' windows: every complete one listened to now (whatever its size), then
+        // the others while they fit; those that do not are forgotten.
+        for (key, listen) in listens.sorted(by: { $0.key < $1.key }) where !key.isPlain && listen.complete {
+            let record = Self.queryRecord(key, at: .root, listen.cache)
+            used += ClientStore.encode(record).count
+            records.append(record)
+        }
+        for (key, tree) in cachedQueries.sorted(by: { $0.key < $1.key }) {
+            let record = Self.queryRecord(key, at: .root, tree)
+            let size = ClientStore.encode(record).count
+            if used + size > budget {
+                cachedQueries[key] = nil
+                continue
+            }
+            used += size
+            records.append(record)
         }
         // What did not fit is no longer cached, nor held in memory when nothing listens to it; the
         // listened or kept-synced locations inside it keep their data (and their cache entries).
@@ -1049,6 +1070,13 @@ public struct ClientCore: Sendable {
             listen.tag = nextTag
             tags[nextTag] = key
             nextTag += 1
+            // A window the disk cache held: shown at once (possibly stale until the server
+            // answers, as a cached location is), and its hash sent with the listen, so an
+            // unchanged window costs the server an `ok` alone and raises no event twice.
+            if let cached = cachedQueries.removeValue(forKey: key) {
+                listen.cache = cached
+                listen.complete = true
+            }
         }
         listens[key] = listen
         if !key.isPlain { recomputeOverlaid(key, at: key.path) }
@@ -1064,6 +1092,8 @@ public struct ClientCore: Sendable {
         }
         listens[key] = nil
         if let tag = listen.tag { tags[tag] = nil }
+        // With persistence a filtered query's window stays cached (in the file it already is).
+        if persistence, !key.isPlain, listen.complete { cachedQueries[key] = listen.cache }
         if isOnline { send(.unlisten(path: key.path, query: listen.tag == nil ? nil : listen.params.wireObject, tag: listen.tag), as: .ignored) }
         if key.isPlain { endPlainCoverage(key.path) }
     }
@@ -1106,6 +1136,11 @@ public struct ClientCore: Sendable {
     private mutating func failListen(_ key: ListenKey, _ error: WriteError) {
         guard let listen = listens.removeValue(forKey: key) else { return }
         if let tag = listen.tag { tags[tag] = nil }
+        if persistence, !key.isPlain {
+            // Refused or revoked: its window is no longer shown offline either.
+            cachedQueries[key] = nil
+            emit(.persist([.query(path: key.path, query: key.query, at: .root, json: [])], durable: false))
+        }
         for viewKey in views.keys.sorted() where views[viewKey]?.listen == key {
             guard let view = views.removeValue(forKey: viewKey) else { continue }
             for id in view.observers.keys.sorted() {
@@ -1256,11 +1291,20 @@ public struct ClientCore: Sendable {
                     touched.append(key.path)
                 }
             }
-            if whole, path.contains(key.path), !listen.complete {
+            let completed = whole && path.contains(key.path) && !listen.complete
+            if completed {
                 listen.complete = true
                 touched.append(key.path)
             }
             listens[key] = listen
+            if persistence, listen.complete {
+                // The disk cache follows the window: whole when it just completed, else the
+                // children that changed.
+                let parts = completed ? [Path.root] : touched.compactMap { key.path.relative($0) }
+                if !parts.isEmpty {
+                    emit(.persist(parts.map { Self.queryRecord(key, at: $0, listen.cache.child(at: $0)) }, durable: false))
+                }
+            }
             for at in touched { recomputeOverlaid(key, at: at) }
             refresh(touching: touched)
             return
@@ -1303,9 +1347,20 @@ public struct ClientCore: Sendable {
     /// A plain listen completed: with persistence its location's data goes to the disk cache,
     /// marked complete.
     private mutating func persistComplete(_ key: ListenKey) {
-        guard persistence, key.isPlain else { return }
+        guard persistence else { return }
+        guard key.isPlain else {
+            // A filtered query's window, whole (later pushes record what they change).
+            if let listen = listens[key] { emit(.persist([Self.queryRecord(key, at: .root, listen.cache)], durable: false)) }
+            return
+        }
         cachedComplete.insert(key.path)
         emit(.persist([.server(key.path, JSONWriter.bytes(server.child(at: key.path), format: .export)), .complete(key.path, true)], durable: false))
+    }
+
+    /// A filtered query's window (or the part of it at `at`, relative to its location) as a
+    /// disk-cache record.
+    private static func queryRecord(_ key: ListenKey, at: Path, _ tree: Tree) -> ClientStore.Record {
+        .query(path: key.path, query: key.query, at: at, json: JSONWriter.bytes(tree, format: .export))
     }
 
     /// What a view shows, before its query: the server's data at its location (the plain
@@ -1316,6 +1371,10 @@ public struct ClientCore: Sendable {
         if isPlainComplete(key.path) { return (local.child(at: key.path), true) }
         if let listenKey = view.listen, !listenKey.isPlain, let listen = listens[listenKey] {
             return (listen.overlaid, listen.complete || coveredByWrite(key.path))
+        }
+        if let listenKey = view.listen, let cached = cachedQueries[listenKey] {
+            // No listen yet (an offline `getData`): the window the disk cache held.
+            return (overlay(cached, at: key.path, writeIndex.relevant(to: key.path)), true)
         }
         return (local.child(at: key.path), coveredByWrite(key.path))
     }

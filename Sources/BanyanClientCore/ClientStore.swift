@@ -2,8 +2,8 @@ public import BanyanBasics
 public import BanyanTree
 
 /// The SDK's disk cache, as records (docs/swift-sdk.md, "Offline and persistence"): the client's
-/// identity and next write number, its unanswered writes, and the server's data for locations it
-/// synced completely. The driver appends records to one file per database and gives the records
+/// identity and next write number, its unanswered writes, the server's data for locations it
+/// synced completely, and the windows of filtered queries it synced. The driver appends records to one file per database and gives the records
 /// back at the next start; the file is rewritten from `ClientCore.compactedRecords` when it grows
 /// past the cache size. Pure: encoding, framing and replay only.
 ///
@@ -61,6 +61,21 @@ public enum ClientStore {
         case server(Path, [UInt8])
         /// The location's data is complete in the cache (or, false, no longer kept).
         case complete(Path, Bool)
+        /// A filtered query's data (its window) as the server last sent it, complete: the query
+        /// at `path` with `query` as its identifier (`QueryParams.identifier`); `at` is relative
+        /// to `path` (empty: the whole window). No JSON at all (zero bytes) forgets the query.
+        case query(path: Path, query: String, at: Path, json: [UInt8])
+    }
+
+    /// A filtered query whose window the cache holds: its location and identifier.
+    public struct QueryKey: Hashable, Sendable, Comparable {
+        public var path: Path
+        public var query: String
+        public init(path: Path, query: String) {
+            self.path = path
+            self.query = query
+        }
+        public static func < (a: QueryKey, b: QueryKey) -> Bool { a.path != b.path ? a.path < b.path : a.query < b.query }
     }
 
     /// What a file held: the state the core starts from.
@@ -70,6 +85,8 @@ public enum ClientStore {
         public var writes: [StoredWrite] = []
         public var server: Tree = .empty
         public var complete: Set<Path> = []
+        /// The windows of filtered queries (each complete as the server last sent it).
+        public var queries: [QueryKey: Tree] = [:]
         /// Bytes of valid records (a torn tail after them is ignored and overwritten).
         public var validBytes = 0
         public var records = 0
@@ -109,6 +126,12 @@ public enum ClientStore {
             w.u8(5)
             w.string(path.description)
             w.u8(flag ? 1 : 0)
+        case let .query(path, query, at, json):
+            w.u8(6)
+            w.string(path.description)
+            w.string(query)
+            w.string(at.description)
+            w.bytes(json)
         }
         let body = w.finish()
         var frame = ByteWriter(capacity: body.count + 12)
@@ -145,6 +168,8 @@ public enum ClientStore {
                 return .server(try path("path"), try r.bytes("json"))
             case 5:
                 return .complete(try path("path"), try r.bool("complete"))
+            case 6:
+                return .query(path: try path("path"), query: try r.string("query"), at: try path("query child"), json: try r.bytes("json"))
             default:
                 throw .badValue(field: "record kind")
             }
@@ -197,6 +222,18 @@ public enum ClientStore {
                 if let tree = try? TreeReader.read(json, at: path, limits: .snapshot) { state.server.set(tree, at: path) }
             case let .complete(path, flag):
                 if flag { state.complete.insert(path) } else { state.complete.remove(path) }
+            case let .query(path, query, at, json):
+                let key = QueryKey(path: path, query: query)
+                if json.isEmpty {
+                    state.queries[key] = nil
+                    break
+                }
+                guard let tree = try? TreeReader.read(json, at: path.appending(at), limits: .snapshot) else { break }
+                if at.count == 0 {
+                    state.queries[key] = tree
+                } else if state.queries[key] != nil {
+                    state.queries[key]?.set(tree, at: at)
+                }
             }
         }
         state.writes = order.compactMap { writes[$0] }

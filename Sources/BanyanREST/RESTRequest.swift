@@ -312,6 +312,11 @@ public struct RESTRequest: Sendable {
         if isPriority && operation != .put && operation != .get && operation != .stream {
             throw .badRequest("Only PUT and GET are supported at a .priority location.")
         }
+        if isPriority && request.ifMatch != nil {
+            // A compare-and-set replaces a value; a priority is set with its value (as a realtime
+            // transaction cannot set a priority alone).
+            throw .badRequest("if-match is not supported at a .priority location: write the value with its priority.")
+        }
         if isPriority && operation == .put {
             // The log reads the location as the realtime protocol does: `.priority` is one level
             // more, so the node it names may be at most 31 levels deep.

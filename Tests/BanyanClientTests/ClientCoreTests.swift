@@ -759,3 +759,121 @@ extension ClientCoreTests {
         #expect(events == ["3 child_removed c 3", "4 value {\"b\":2}"], "\(events)")
     }
 }
+
+extension ClientStoreTests {
+    /// A core with persistence, connected (its stats request answered).
+    static func persistentOnline(seed: UInt64, restored: ClientStore.Restored? = nil) -> ClientCore {
+        var core = ClientCore(nodeCount: 1, seed: seed, persistence: true, restored: restored)
+        core.tick(now: 0)
+        core.opened()
+        core.received(ClientCoreTests.hello())
+        core.received(ClientCoreTests.ok(1))
+        return core
+    }
+
+    static func records(_ actions: [ClientCore.Action]) -> [ClientStore.Record] {
+        actions.flatMap { action -> [ClientStore.Record] in
+            if case .persist(let r, _) = action { return r }
+            return []
+        }
+    }
+
+    @Test("a filtered query's window is cached on disk: it follows the server's pushes, shows offline after a restart (value, child events, getData), and its hash makes an unchanged window cost an ok alone")
+    func filteredQueryCached() throws {
+        let params = try Query().orderByKey().limitToLast(2).params
+        var first = Self.persistentOnline(seed: 1)
+        first.observe(1, path: Self.path("/msgs"), params: params, type: .value)
+        first.received(ClientCoreTests.data("/msgs", #"{"b":2,"c":3}"#, tag: 1))
+        first.received(ClientCoreTests.ok(2, "{}"))
+        // A new last message: the window is pushed again whole (b leaves, d arrives).
+        first.received(ClientCoreTests.data("/msgs", #"{"c":3,"d":4}"#, tag: 1))
+        // A change inside the window.
+        first.received(ClientCoreTests.merge("/msgs", #"{"c":33}"#, tag: 1))
+        var records = Self.records(first.takeActions())
+        let queryRecords = records.filter { if case .query = $0 { true } else { false } }
+        // Whole once when complete, then only what changed: b (removed), d (added), then c.
+        #expect(queryRecords.count == 4, "\(queryRecords)")
+        #expect(queryRecords.first == .query(path: Self.path("/msgs"), query: params.identifier, at: .root, json: Array(#"{"b":2,"c":3}"#.utf8)))
+        first.removeObserver(1)
+        records += Self.records(first.takeActions())
+
+        // A new process, offline: the window shows at once, and getData answers from it.
+        let restored = try #require(ClientStore.restore(Self.file(records)))
+        #expect(restored.queries[.init(path: Self.path("/msgs"), query: params.identifier)] == ClientCoreTests.tree(#"{"c":33,"d":4}"#))
+        var second = ClientCore(nodeCount: 1, seed: 2, persistence: true, restored: restored)
+        second.goOffline()
+        _ = second.takeActions()
+        second.get(40, path: Self.path("/msgs"), params: params)
+        #expect(second.takeActions() == [.got(40, .success(ClientCoreTests.tree(#"{"c":33,"d":4}"#)))])
+        second.observe(5, path: Self.path("/msgs"), params: params, type: .childAdded)
+        second.observe(6, path: Self.path("/msgs"), params: params, type: .value)
+        #expect(
+            ClientCoreTests.events(second.takeActions()) == ["5 child_added c 33 prev=nil", "5 child_added d 4 prev=c", #"6 value {"c":33,"d":4}"#])
+        // Another query at the same place is not the cached one: nothing is known offline.
+        let other = try Query().orderByKey().limitToLast(3).params
+        second.observe(7, path: Self.path("/msgs"), params: other, type: .value)
+        #expect(ClientCoreTests.events(second.takeActions()).isEmpty)
+        // A local write shows over the cached window at once.
+        try second.set(8, path: Self.path("/msgs/e"), json: ClientCoreTests.bytes("5"))
+        #expect(
+            ClientCoreTests.events(second.takeActions()).filter { $0.hasPrefix("6 ") } == [#"6 value {"d":4,"e":5}"#])
+
+        // Online: the listen names the cached window's hash; the server holds the same, so it
+        // answers the ok alone and no event is raised twice.
+        var third = Self.persistentOnline(seed: 3, restored: restored)
+        _ = third.takeActions()
+        third.observe(9, path: Self.path("/msgs"), params: params, type: .value)
+        let actions = third.takeActions()
+        #expect(ClientCoreTests.events(actions) == [#"9 value {"c":33,"d":4}"#])
+        let hash = ClientCoreTests.tree(#"{"c":33,"d":4}"#).hashString
+        let listen = try #require(ClientCoreTests.sent(actions).first { $0.contains(#""a":"q""#) })
+        #expect(listen.contains(#""h":"\#(hash)""#), "\(listen)")
+        let number = try #require(Int64(listen.split(separator: #""r":"#)[1].prefix { $0.isNumber }))
+        third.received(ClientCoreTests.ok(number, "{}"))
+        #expect(ClientCoreTests.events(third.takeActions()).isEmpty)
+        // The server's window differs: only the difference is raised, and the file follows.
+        third.received(ClientCoreTests.data("/msgs", #"{"d":4,"f":6}"#, tag: 1))
+        let later = third.takeActions()
+        #expect(ClientCoreTests.events(later) == [#"9 value {"d":4,"f":6}"#])
+        let fourth = try #require(ClientStore.restore(Self.file(records + Self.records(actions) + Self.records(later))))
+        #expect(fourth.queries[.init(path: Self.path("/msgs"), query: params.identifier)] == ClientCoreTests.tree(#"{"d":4,"f":6}"#))
+    }
+
+    @Test("compaction keeps every live filtered query's window and the cached ones that fit; a refused query's window is forgotten")
+    func filteredQueryCompactionAndRefusal() throws {
+        let params = try Query().orderByKey().limitToLast(1).params
+        var core = Self.persistentOnline(seed: 4)
+        var records: [ClientStore.Record] = []
+        for (i, name) in ["a", "b", "c"].enumerated() {
+            core.observe(UInt64(i + 1), path: Self.path("/\(name)"), params: params, type: .value)
+            core.received(ClientCoreTests.data("/\(name)", #"{"k":"\#(String(repeating: name, count: 1_000))"}"#, tag: i + 1))
+            core.received(ClientCoreTests.ok(Int64(i + 2), "{}"))
+        }
+        core.removeObserver(1)
+        core.removeObserver(2)
+        records += Self.records(core.takeActions())
+        // c is live (kept whatever its size); a fits the budget, b does not.
+        let compacted = core.compactedRecords(budget: 2_400)
+        let kept = compacted.compactMap { if case let .query(path, _, _, _) = $0 { path.description } else { nil } }
+        #expect(kept == ["/c", "/a"], "\(kept)")
+        // b is gone from memory too: offline, a new view of it knows nothing; a still shows.
+        core.goOffline()
+        _ = core.takeActions()
+        core.observe(10, path: Self.path("/b"), params: params, type: .value)
+        core.observe(11, path: Self.path("/a"), params: params, type: .value)
+        #expect(ClientCoreTests.events(core.takeActions()) == [#"11 value {"k":"\#(String(repeating: "a", count: 1_000))"}"#])
+
+        // Refused (rules changed): its window is forgotten, in the file too.
+        var again = Self.persistentOnline(seed: 5, restored: try #require(ClientStore.restore(Self.file(compacted))))
+        _ = again.takeActions()
+        again.observe(20, path: Self.path("/c"), params: params, type: .value)
+        let listen = try #require(ClientCoreTests.sent(again.takeActions()).first { $0.contains(#""a":"q""#) })
+        let number = try #require(Int64(listen.split(separator: #""r":"#)[1].prefix { $0.isNumber }))
+        again.received(ClientCoreTests.status(number, "permission_denied", "no"))
+        let refused = again.takeActions()
+        #expect(refused.contains { if case .cancelled(20, _) = $0 { true } else { false } })
+        let after = try #require(ClientStore.restore(Self.file(compacted + Self.records(refused))))
+        #expect(after.queries[.init(path: Self.path("/c"), query: params.identifier)] == nil)
+        #expect(after.queries[.init(path: Self.path("/a"), query: params.identifier)] != nil)
+    }
+}

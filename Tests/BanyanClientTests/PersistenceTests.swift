@@ -72,6 +72,45 @@ import Testing
         #expect(again == 1)
     }
 
+    @Test("a limited query's window (the last messages of a chat) survives a restart: offline it shows at once, child events in order; online it goes on from there")
+    func limitedQueryAcrossRestart() async throws {
+        let (node, port, dir) = try DatabaseTests.startNode()
+        let cache = URL(fileURLWithPath: dir).appendingPathComponent("client-cache")
+        defer {
+            node.shutdown()
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+        let first = try Self.database(port, cache: cache)
+        for i in 1...5 { try await DatabaseTests.bounded { try await first.reference(withPath: "chat/m\(i)").setValue("text \(i)") } }
+        let last = first.reference(withPath: "chat").queryOrderedByKey().queryLimited(toLast: 2)
+        let synced = R()
+        last.observe(.value) { s in synced.add(DatabaseTests.json(s.value)) }
+        #expect(await synced.wait { $0 == #"{"m4":"text 4","m5":"text 5"}"# }, "\(synced.all)")
+        try await DatabaseTests.bounded { try await first.reference(withPath: "chat/m6").setValue("text 6") }
+        #expect(await synced.wait { $0 == #"{"m5":"text 5","m6":"text 6"}"# }, "\(synced.all)")
+        first.shutdown()
+        #expect(first.persistenceError == nil)
+
+        // A new process, offline: the window it last saw, at once, as child events in order.
+        let second = try Self.database(port, cache: cache)
+        second.goOffline()
+        let added = R()
+        let query = second.reference(withPath: "chat").queryOrderedByKey().queryLimited(toLast: 2)
+        query.observe(.childAdded) { s in added.add(s.key ?? "?") }
+        #expect(await added.wait { $0 == "m6" }, "\(added.all)")
+        #expect(added.all == ["m5", "m6"], "\(added.all)")
+        let offline = try await DatabaseTests.bounded { try await query.getData() }
+        #expect(DatabaseTests.json(offline.value) == #"{"m5":"text 5","m6":"text 6"}"#)
+        // Another client writes meanwhile; online, the window moves on with no event repeated.
+        let other = try Database(url: "http://127.0.0.1:\(port)?ns=persist", authToken: "owner")
+        defer { other.shutdown() }
+        try await DatabaseTests.bounded { try await other.reference(withPath: "chat/m7").setValue("text 7") }
+        second.goOnline()
+        #expect(await added.wait { $0 == "m7" }, "\(added.all)")
+        #expect(added.all == ["m5", "m6", "m7"], "\(added.all)")
+        second.shutdown()
+    }
+
     @Test("two databases in one process cannot share a cache file: the second runs without persistence and says why")
     func oneFilePerDatabase() async throws {
         let dir = NSTemporaryDirectory() + "banyan-cache-\(UInt64.random(in: 0...UInt64.max))"

@@ -60,4 +60,22 @@ import Testing
         #expect(try applyWrite(try request("PUT", shorter + ".json", body: "1"), to: &machine).outcome == .ok)
         #expect(try applyWrite(try request("PUT", shorter + "/.priority.json", body: "1"), to: &machine, seq: 2).outcome == .ok)
     }
+
+    /// Fuzz target `rest` (an hour-long run, 2026-11-30): a conditional PUT (`if-match`) to a
+    /// `.priority` location passed the checks and became a compare-and-set whose location names
+    /// `.priority` as a key, which the log refused (`invalid_path`): the client was told its write
+    /// was valid. A realtime transaction at a priority is refused before the log; REST now too.
+    @Test("rest: if-match at a .priority location is refused before the log, as a realtime transaction at a priority is")
+    func conditionalPriorityWrite() throws {
+        var machine = StateMachine()
+        #expect(try applyWrite(try request("PUT", "/a.json", body: "1"), to: &machine).outcome == .ok)
+        let hash = machine.tree("default").child(at: try Path(parsing: "/a")).hashString
+        for etag in [hash, "null_etag", "aG"] {
+            let refused = parse("PUT", "/a/.priority.json", body: "2", headers: [("if-match", "\"\(etag)\"")])
+            #expect(refused.failureStatus == 400, "\(etag)")
+            #expect(refused.failure?.message.contains(".priority") == true)
+        }
+        // Conditional writes of the value itself go on, and a priority is set with its value.
+        #expect(try applyWrite(try request("PUT", "/a.json", body: #"{".value":2,".priority":5}"#, headers: [("if-match", "\"\(hash)\"")]), to: &machine, seq: 2).outcome == .ok)
+    }
 }
