@@ -228,14 +228,15 @@ extension StateMachine {
         var next = tree
         try next.apply(update: entries, at: Path.root)
         let paths = entries.map(\.path.path)
-        if let used = quotaUsage[queue.namespace], let quota = quotas[queue.namespace] {
-            // Judged as a write: a queue that would take the namespace over its quota no longer
-            // applies and is dropped (else a client could queue, disconnect, and repeat past it).
-            let delta = next.dataBytes(touching: paths) - tree.dataBytes(touching: paths)
-            if delta > 0, used + delta > quota {
-                throw TreeError(.inputTooLarge, path: "/", "QUOTA: these onDisconnect writes would take namespace \(queue.namespace) over its quota of \(quota) bytes")
-            }
-            quotaUsage[queue.namespace] = used + delta
+        // Judged as a write: a queue that would take the namespace over its quota no longer
+        // applies and is dropped (else a client could queue, disconnect, and repeat past it).
+        switch quotaCheck(queue.namespace, before: tree, after: next, touching: paths) {
+        case .unlimited:
+            break
+        case .within(let usage):
+            quotaUsage[queue.namespace] = usage
+        case .over(_, _, let quota):
+            throw TreeError(.inputTooLarge, path: "/", "QUOTA: these onDisconnect writes would take namespace \(queue.namespace) over its quota of \(quota) bytes")
         }
         tree = next
         return paths

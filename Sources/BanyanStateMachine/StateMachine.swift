@@ -325,6 +325,26 @@ public struct StateMachine: Sendable {
         }
     }
 
+    /// The quota decision for a change of `namespace` from `before` to `after` at `paths` (a
+    /// client's write, or an onDisconnect queue firing): one rule for both.
+    enum QuotaCheck {
+        /// No quota on the namespace.
+        case unlimited
+        /// Within the quota: the namespace's usage after the change.
+        case within(usage: Int)
+        /// The change adds bytes past the quota; nothing may change.
+        case over(used: Int, wouldHold: Int, quota: Int)
+    }
+
+    /// Measures only `paths` in both trees (`Tree.dataBytes(touching:)`); a change that adds no
+    /// bytes is always within (deletes go on at any usage).
+    func quotaCheck(_ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil) -> QuotaCheck {
+        guard let quota = quotas[namespace], let used = quotaUsage[namespace] else { return .unlimited }
+        let delta = after.dataBytes(touching: paths, priorityOnly: priorityOnly) - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
+        if delta > 0, used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
+        return .within(usage: used + delta)
+    }
+
     /// After a write to the quotas namespace: the quotas again, and the usage of each namespace
     /// that gained one measured (once; O(its data)).
     private mutating func quotasChanged() {
@@ -450,18 +470,20 @@ public struct StateMachine: Sendable {
             // may not read: judged clients get none.
             value = nil
         }
-        if let before, let quota = quotas[envelope.namespace], case .ok = outcome {
-            let used = quotaUsage[envelope.namespace] ?? 0
+        if let before, case .ok = outcome {
             let priorityOnly = Self.priorityOnly(envelope.command, count: written.count)
-            let delta = tree.dataBytes(touching: written, priorityOnly: priorityOnly) - before.dataBytes(touching: written, priorityOnly: priorityOnly)
-            if delta > 0, used + delta > quota {
+            switch quotaCheck(envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly) {
+            case .unlimited:
+                break
+            case .within(let usage):
+                quotaUsage[envelope.namespace] = usage
+            case let .over(used, wouldHold, quota):
+                // A judged client learns nothing of the sizes (they depend on data it may not read).
                 let judged = envelope.auth != nil && rules[envelope.namespace] != nil
-                outcome = .overQuota(namespace: envelope.namespace, used: judged ? -1 : used, wouldHold: judged ? -1 : used + delta, quota: quota)
+                outcome = .overQuota(namespace: envelope.namespace, used: judged ? -1 : used, wouldHold: judged ? -1 : wouldHold, quota: quota)
                 tree = before
                 written = []
                 value = nil
-            } else {
-                quotaUsage[envelope.namespace] = used + delta
             }
         }
         if !tree.isEmpty { namespaces[envelope.namespace] = tree }
