@@ -729,17 +729,11 @@ final class AccountService: Sendable {
     /// access token (`ServiceAccountTokenEndpoint`; form-encoded, as Google's libraries send it,
     /// or JSON). Nothing is written; the answer is OAuth's, not the Identity Toolkit's.
     private func serviceAccountToken(body: [UInt8], contentType: String?) -> HTTPReply {
-        var fields: [(String, String)] = []
-        if contentType?.lowercased().hasPrefix("application/json") == true {
-            guard let v = try? JSONValue(parsing: body, maxDepth: 4), case .object(let members) = v else {
-                return Self.oauthError("invalid_request", "the body is not a JSON object")
-            }
-            for case let (name, .string(value)) in members { fields.append((name, value)) }
-        } else {
-            guard let parsed = try? RESTRequest.parseQuery(Substring(decoding: body, as: UTF8.self)) else {
-                return Self.oauthError("invalid_request", "the form does not parse")
-            }
-            fields = parsed
+        let fields: [(String, String)]
+        switch Self.formFields(body: body, contentType: contentType) {
+        case .success(let parsed): fields = parsed
+        case .failure(.notAnObject): return Self.oauthError("invalid_request", "the body is not a JSON object")
+        case .failure(.badForm): return Self.oauthError("invalid_request", "the form does not parse")
         }
         let answer = ServiceAccountTokenEndpoint.answer(fields: fields, accounts: credentials.serviceAccounts, now: NodeRuntime.wallClock())
         if answer.status != 200 {
@@ -758,19 +752,38 @@ final class AccountService: Sendable {
         .json(.badRequest, JSONValue.object([("error", .string(code)), ("error_description", .string(description))]).jsonString)
     }
 
+    /// Why a token endpoint's body gave no fields.
+    enum FormProblem: Error {
+        /// A JSON body that is not an object.
+        case notAnObject
+        /// A form-encoded body that does not parse.
+        case badForm
+    }
+
+    /// The name/value pairs of a token endpoint's body, in order: a JSON object's string members
+    /// (others are ignored) when the content type says JSON, else an
+    /// `application/x-www-form-urlencoded` form (what Google's libraries send). Both token
+    /// endpoints read their bodies this way.
+    static func formFields(body: [UInt8], contentType: String?) -> Result<[(String, String)], FormProblem> {
+        if contentType?.lowercased().hasPrefix("application/json") == true {
+            guard let v = try? JSONValue(parsing: body, maxDepth: 4), case .object(let members) = v else { return .failure(.notAnObject) }
+            var fields: [(String, String)] = []
+            for case let (name, .string(value)) in members { fields.append((name, value)) }
+            return .success(fields)
+        }
+        guard let parsed = try? RESTRequest.parseQuery(Substring(decoding: body, as: UTF8.self)) else { return .failure(.badForm) }
+        return .success(parsed)
+    }
+
     /// `securetoken.googleapis.com/v1/token`: a new ID token for a refresh token (form-encoded
     /// or JSON body). Refresh tokens are sealed with the account's own refresh key, so a
     /// password change or revocation (a new key) ends them; nothing is written.
     private func refresh(body: [UInt8], contentType: String?, on loop: any EventLoop) -> EventLoopFuture<HTTPReply> {
-        var fields: [(String, String)] = []
-        if contentType?.lowercased().hasPrefix("application/json") == true {
-            guard let v = try? JSONValue(parsing: body, maxDepth: 4), case .object(let members) = v else { return loop.makeSucceededFuture(AccountError.invalidJSON.reply) }
-            for case let (name, .string(value)) in members { fields.append((name, value)) }
-        } else {
-            guard let parsed = try? RESTRequest.parseQuery(Substring(decoding: body, as: UTF8.self)) else {
-                return loop.makeSucceededFuture(AccountError("INVALID_ARGUMENT : the form does not parse").reply)
-            }
-            fields = parsed
+        let fields: [(String, String)]
+        switch Self.formFields(body: body, contentType: contentType) {
+        case .success(let parsed): fields = parsed
+        case .failure(.notAnObject): return loop.makeSucceededFuture(AccountError.invalidJSON.reply)
+        case .failure(.badForm): return loop.makeSucceededFuture(AccountError("INVALID_ARGUMENT : the form does not parse").reply)
         }
         func field(_ name: String) -> String? { fields.last { $0.0 == name }?.1 }
         guard field("grant_type") == "refresh_token" else { return loop.makeSucceededFuture(AccountError("INVALID_GRANT_TYPE").reply) }
