@@ -65,9 +65,9 @@ public enum NodeAction: Sendable {
     case wake(afterNanoseconds: UInt64)
     /// The pass stopped at its round limit with work left: call `process()` again soon.
     case processAgain
-    /// Read this committed entry ahead, off this thread (`PreparedCommand(payload:)`), then call
-    /// `prepared(index:_:)` on it (docs/replica.md, "Prepared entries").
-    case prepare(index: UInt64, payload: [UInt8])
+    /// Read this committed entry ahead, off this thread (`PreparedCommand(payload:measuring:)`),
+    /// then call `prepared(index:_:)` on it (docs/replica.md, "Prepared entries").
+    case prepare(index: UInt64, payload: [UInt8], measuring: Set<String>)
     /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
     /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
     case fatal(String)
@@ -566,8 +566,8 @@ public final class NodeCore {
                 output(.writeSnapshot(replica.machine, meta))
             case let .roleChanged(role, leader, term):
                 output(.note(.roleChanged(role: role, leader: leader, term: term)))
-            case let .prepare(index, payload):
-                output(.prepare(index: index, payload: payload))
+            case let .prepare(index, payload, measuring):
+                output(.prepare(index: index, payload: payload, measuring: measuring))
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }

@@ -90,9 +90,10 @@ public enum ReplicaEvent: Sendable {
     /// it (in the background; the machine is a value) and then calls `snapshotWritten(_:)`.
     case snapshotDue(SnapshotMeta)
     case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
-    /// Read this committed entry ahead (`PreparedCommand(payload:)`, on any thread) and hand the
-    /// result to `prepared(index:_:)`: entries from it on wait to apply until then.
-    case prepare(index: UInt64, payload: [UInt8])
+    /// Read this committed entry ahead (`PreparedCommand(payload:measuring:)`, on any thread) and
+    /// hand the result to `prepared(index:_:)`: entries from it on wait to apply until then.
+    /// `measuring`: the namespaces with a quota now, whose writes' sizes are measured ahead too.
+    case prepare(index: UInt64, payload: [UInt8], measuring: Set<String>)
 }
 
 /// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
@@ -694,7 +695,7 @@ public struct Replica: Sendable {
             guard needsPreparation(entry), readAhead[entry.index] == nil else { continue }
             readAhead[entry.index] = .asked(tick: ticks)
             asking += 1
-            events.append(.prepare(index: entry.index, payload: entry.data))
+            events.append(.prepare(index: entry.index, payload: entry.data, measuring: machine.quotaNamespaces))
         }
     }
 

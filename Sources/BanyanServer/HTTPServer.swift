@@ -1269,23 +1269,20 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
         switch head.method {
         case .GET:
             let loop = context.eventLoop
-            server.runtime.read(namespace: StateMachine.quotasNamespace, stale: false, on: loop) { quotas in
-                switch quotas {
+            server.runtime.quotaState(namespace: namespace, on: loop) { state in
+                switch state {
                 case .failure(let e): self.respond(context: bound.value, head: head, reply: Self.unavailable(e))
-                case .success(let quotaTree):
-                    let quota = StateMachine.parsedQuotas(quotaTree)[namespace]
-                    self.server.runtime.read(namespace: namespace, stale: true, on: loop) { data in
-                        switch data {
-                        case .failure(let e): self.respond(context: bound.value, head: head, reply: Self.unavailable(e))
-                        case .success(let tree):
-                            DispatchQueue.global().async {
-                                let used = tree.dataBytes
-                                loop.execute {
-                                    let text = "{\"namespace\":\(JSONValue.string(namespace).jsonString),\"quota_bytes\":\(quota.map(String.init) ?? "null"),\"used_bytes\":\(used)}"
-                                    self.respond(context: bound.value, head: head, reply: .json(.ok, text))
-                                }
-                            }
-                        }
+                case .success(let (quota, used, data)):
+                    let answer: @Sendable (Int) -> Void = { used in
+                        let text = "{\"namespace\":\(JSONValue.string(namespace).jsonString),\"quota_bytes\":\(quota.map(String.init) ?? "null"),\"used_bytes\":\(used)}"
+                        self.respond(context: bound.value, head: head, reply: .json(.ok, text))
+                    }
+                    if let used { return answer(used) }
+                    // No quota: the namespace is measured here, once, off the event loop
+                    // (O(its data); administrators only).
+                    DispatchQueue.global().async {
+                        let measured = data?.dataBytes ?? 0
+                        loop.execute { answer(measured) }
                     }
                 }
             }

@@ -389,6 +389,29 @@ public final class NodeRuntime: @unchecked Sendable {
         }
     }
 
+    /// A namespace's quota and usage after a ReadIndex round (`GET /.settings/quota.json`,
+    /// docs/operations.md, "Namespace quotas"): under a quota the state machine keeps the usage,
+    /// so the answer costs O(1); without one, `data` is the namespace's tree for the caller to
+    /// measure off this loop. `done` runs on `caller`.
+    public func quotaState(
+        namespace: String, on caller: any EventLoop,
+        _ done: @escaping @Sendable (Result<(quota: Int?, used: Int?, data: Tree?), ReplicaError>) -> Void
+    ) {
+        submit {
+            let completion = Completion<Result<Tree, ReplicaError>>(loop: self.loop) { result in
+                switch result {
+                case .failure(let e): caller.execute { done(.failure(e)) }
+                case .success(let tree):
+                    let machine = self.core.replica.machine
+                    let quota = machine.quotas[namespace]
+                    let used = machine.quotaUsage[namespace]
+                    caller.execute { done(.success((quota, used, used == nil ? tree : nil))) }
+                }
+            }
+            self.begin(\.readCompletions, completion) { id in self.core.read(id, namespace: namespace, stale: false) }
+        }
+    }
+
     /// Committed log entries for continuous archiving (`GET /.banyan/log`).
     public enum CommittedEntries: Sendable {
         /// Entries from the index asked for (possibly none yet), at most about `maxBytes` of
@@ -909,10 +932,10 @@ public final class NodeRuntime: @unchecked Sendable {
             }
         case .processAgain:
             scheduleProcess()
-        case let .prepare(index, payload):
+        case let .prepare(index, payload, measuring):
             // Reading a large write's data (JSON into a tree) is the costly part of applying it:
             // done here, the replica loop keeps ticking and answering peers meanwhile.
-            BulkWorkers.run(on: loop) { PreparedCommand(payload: payload) }.whenComplete { result in
+            BulkWorkers.run(on: loop) { PreparedCommand(payload: payload, measuring: measuring) }.whenComplete { result in
                 // A pool that is shutting down answers nothing: the replica asks again later.
                 guard case .success(let command) = result else { return }
                 self.core.prepared(index: index, command)

@@ -814,11 +814,11 @@ public struct WholeNodeSimulator {
                 scheduleProcess(node, after: Int((nanoseconds + 999_999) / 1_000_000))
             case .processAgain:
                 scheduleProcess(node, after: 0)
-            case let .prepare(index, payload):
+            case let .prepare(index, payload, measuring):
                 // The server reads ahead on a worker thread: the answer comes back later, and
                 // answers to several entries in any order.
                 report.stats.readAheads += 1
-                schedule(after: 1 + prepareRandom.below(25), .prepared(node.id, life: node.life, index: index, PreparedCommand(payload: payload)))
+                schedule(after: 1 + prepareRandom.below(25), .prepared(node.id, life: node.life, index: index, PreparedCommand(payload: payload, measuring: measuring)))
             case .fatal(let reason):
                 if node.fs.isCrashed {
                     diskCrashed(node)

@@ -173,6 +173,8 @@ public struct StateMachine: Sendable {
     public static let maxQuotaBytes = 1 << 50
     /// Quotas by namespace, in data bytes (derived from `quotasNamespace`).
     public private(set) var quotas: [String: Int] = [:]
+    /// The namespaces with a quota (a read-ahead measures their writes: `PreparedCommand`).
+    public var quotaNamespaces: Set<String> { quotas.isEmpty ? [] : Set(quotas.keys) }
     /// The data bytes each namespace with a quota holds (derived: measured once when its quota
     /// is set or the machine is loaded, then kept up to date by each write from the paths it
     /// touched). Not in the image.
@@ -338,9 +340,14 @@ public struct StateMachine: Sendable {
 
     /// Measures only `paths` in both trees (`Tree.dataBytes(touching:)`); a change that adds no
     /// bytes is always within (deletes go on at any usage).
-    func quotaCheck(_ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil) -> QuotaCheck {
+    /// `known`: the data bytes of the values written at `paths` when measured ahead
+    /// (`PreparedCommand.valueBytes`): the new side then walks only the way to each path.
+    func quotaCheck(
+        _ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil, known: [Int?]? = nil
+    ) -> QuotaCheck {
         guard let quota = quotas[namespace], let used = quotaUsage[namespace] else { return .unlimited }
-        let delta = after.dataBytes(touching: paths, priorityOnly: priorityOnly) - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
+        let delta =
+            after.dataBytes(touching: paths, priorityOnly: priorityOnly, known: known) - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
         if delta > 0, used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
         return .within(usage: used + delta)
     }
@@ -472,7 +479,7 @@ public struct StateMachine: Sendable {
         }
         if let before, case .ok = outcome {
             let priorityOnly = Self.priorityOnly(envelope.command, count: written.count)
-            switch quotaCheck(envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly) {
+            switch quotaCheck(envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes) {
             case .unlimited:
                 break
             case .within(let usage):

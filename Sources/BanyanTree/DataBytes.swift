@@ -28,14 +28,18 @@ extension Tree {
     /// - Parameter priorityOnly: for each path, whether the write there changes only the
     ///   priority of the tree at it (a `.priority` write): then that tree's own leaf and priority
     ///   count, not its children. Nil: none does.
-    public func dataBytes(touching paths: [Path], priorityOnly: [Bool]? = nil) -> Int {
+    /// - Parameter known: for each path, the data bytes of the subtree at it when the caller
+    ///   already knows them (a write's incoming value, measured ahead on another thread): that
+    ///   subtree is then not walked. Nil entries (and priority-only paths) are measured.
+    public func dataBytes(touching paths: [Path], priorityOnly: [Bool]? = nil, known: [Int?]? = nil) -> Int {
         let flags = priorityOnly.flatMap { $0.count == paths.count ? $0 : nil } ?? Array(repeating: false, count: paths.count)
-        if paths.count == 1 { return dataBytes(along: paths[0].segments[...], priorityOnly: flags[0]) }
-        return dataBytes(touching: zip(paths, flags).map { (path: $0.0.segments[...], priorityOnly: $0.1) })
+        let ends = known.flatMap { $0.count == paths.count ? $0 : nil } ?? Array(repeating: nil, count: paths.count)
+        if paths.count == 1 { return dataBytes(along: paths[0].segments[...], priorityOnly: flags[0], known: ends[0]) }
+        return dataBytes(touching: paths.indices.map { (path: paths[$0].segments[...], priorityOnly: flags[$0], known: ends[$0]) })
     }
 
     /// One path (most writes): a plain descent, nothing allocated.
-    private func dataBytes(along path: ArraySlice<ChildKey>, priorityOnly: Bool) -> Int {
+    private func dataBytes(along path: ArraySlice<ChildKey>, priorityOnly: Bool, known: Int? = nil) -> Int {
         var subtree = self
         var total = 0
         var rest = path
@@ -51,7 +55,7 @@ extension Tree {
                 rest = rest.dropFirst()
             }
         }
-        guard priorityOnly else { return total + subtree.dataBytes }
+        guard priorityOnly else { return total + (known ?? subtree.dataBytes) }
         switch subtree.storage {
         case .empty: return total
         case .leaf(let leaf, let priority): return total + Self.bytes(of: leaf) + Self.bytes(of: priority)
@@ -59,9 +63,12 @@ extension Tree {
         }
     }
 
-    private func dataBytes(touching paths: [(path: ArraySlice<ChildKey>, priorityOnly: Bool)]) -> Int {
+    private func dataBytes(touching paths: [(path: ArraySlice<ChildKey>, priorityOnly: Bool, known: Int?)]) -> Int {
         if paths.isEmpty { return 0 }
-        if paths.contains(where: { $0.path.isEmpty && !$0.priorityOnly }) { return dataBytes }
+        if let end = paths.first(where: { $0.path.isEmpty && !$0.priorityOnly }) {
+            // A path ends here: this whole subtree counts (known only when no other path meets it).
+            return paths.count == 1 ? (end.known ?? dataBytes) : dataBytes
+        }
         switch storage {
         case .empty: return 0
         case .leaf(let leaf, let priority): return Self.bytes(of: leaf) + Self.bytes(of: priority)
@@ -69,12 +76,12 @@ extension Tree {
             var total = Self.bytes(of: priority)
             // Grouped by their first key, each child on the way counted once.
             // A priority-only path ending here needs nothing beyond this tree's own priority.
-            var groups: [ChildKey: [(path: ArraySlice<ChildKey>, priorityOnly: Bool)]] = [:]
+            var groups: [ChildKey: [(path: ArraySlice<ChildKey>, priorityOnly: Bool, known: Int?)]] = [:]
             var order: [ChildKey] = []
-            for (path, priorityOnly) in paths {
+            for (path, priorityOnly, known) in paths {
                 guard let first = path.first else { continue }
                 if groups[first] == nil { order.append(first) }
-                groups[first, default: []].append((path.dropFirst(), priorityOnly))
+                groups[first, default: []].append((path.dropFirst(), priorityOnly, known))
             }
             for key in order {
                 guard let child = map[key], let rest = groups[key] else { continue }

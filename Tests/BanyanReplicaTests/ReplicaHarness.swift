@@ -79,7 +79,7 @@ struct ReplicaCluster {
         replicas[id] = r
         events[id, default: []].append(contentsOf: new)
         for event in new {
-            guard case .prepare(let index, let payload) = event else { continue }
+            guard case .prepare(let index, let payload, _) = event else { continue }
             heldReadAheads[id, default: []].append((index, payload))
             if !holdReadAheads { answerReadAhead(id, index: index) }
         }
@@ -122,7 +122,7 @@ struct ReplicaCluster {
             var pending = r.takeEvents()
             while !pending.isEmpty {
                 let event = pending.removeFirst()
-                if case .prepare(let index, let payload) = event {
+                if case .prepare(let index, let payload, _) = event {
                     if holdReadAheads {
                         heldReadAheads[id, default: []].append((index, payload))
                     } else {
@@ -180,7 +180,7 @@ struct ReplicaCluster {
                 clocks[id, default: 0] += 10
                 replicas[id]?.tick(now: clocks[id] ?? 0)
                 for event in replicas[id]?.takeEvents() ?? [] {
-                    if case .prepare(let index, let payload) = event { heldReadAheads[id, default: []].append((index, payload)) }
+                    if case .prepare(let index, let payload, _) = event { heldReadAheads[id, default: []].append((index, payload)) }
                     events[id, default: []].append(event)
                 }
                 if !holdReadAheads {

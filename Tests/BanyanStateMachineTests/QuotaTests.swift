@@ -10,12 +10,19 @@ import Testing
         var machine = StateMachine()
         var index: UInt64 = 0
         var seq: UInt64 = 0
+        /// Read every command ahead as a node's worker does, measuring writes into the
+        /// namespaces with a quota (`PreparedCommand`); false: applied as they come.
+        var readAhead = false
+        /// Commands applied with their values measured ahead.
+        var measuredAhead = 0
 
         mutating func apply(_ command: Command, namespace: String = "app", session: UInt64 = 3, auth: ClientAuth? = nil) -> StateMachine.Outcome? {
             index += 1
             seq += 1
             let payload = CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: 1_000 + Int64(index), command: command, auth: auth).encoded()
-            return machine.apply(payload, index: index)?.outcome
+            let prepared = readAhead ? PreparedCommand(payload: payload, measuring: machine.quotaNamespaces) : nil
+            if prepared?.valueBytes != nil { measuredAhead += 1 }
+            return machine.apply(payload, index: index, prepared: prepared)?.outcome
         }
 
         mutating func setQuota(_ bytes: Int?, of namespace: String = "app") -> StateMachine.Outcome? {
@@ -85,8 +92,11 @@ import Testing
     @Test("after every command of 4,000 random ones (sets, updates, priorities at any depth, server values, deletes, transactions, judged writes, onDisconnect queues fired) the kept usage equals a measure of the whole namespace, with and without refusals")
     func usageFollowsWrites() throws {
         var refusedInAll = 0
-        for seed in 1...8 as ClosedRange<UInt64> {
+        var measuredAhead = 0
+        // Each seed twice: applied as they come, and read ahead with the values measured there.
+        for (seed, readAhead) in (1...8 as ClosedRange<UInt64>).flatMap({ [($0, false), ($0, true)] }) {
             var log = Log()
+            log.readAhead = readAhead
             var g = Generator(random: SeededRandom(seed: seed))
             // Seeds 1-3: no refusal; 4-8: a small quota (100 bytes), so that refusals (restores) are in the mix;
             // 7-8: rules that allow everything, so every write is judged (the rules' own paths).
@@ -134,15 +144,17 @@ import Testing
                     #expect((used < 0) == judged, "sizes are withheld from judged writes only")
                 }
                 if case .rejected(let e)? = outcome, e.message.hasPrefix("QUOTA:") { refused += 1 }
-                #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").dataBytes, "seed \(seed) step \(step): \(String(describing: outcome))")
+                #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").dataBytes, "seed \(seed) (read ahead: \(readAhead)) step \(step): \(String(describing: outcome))")
             }
             if seed >= 4 {
                 #expect(refused > 5, "seed \(seed): only \(refused) refusals")
                 #expect(log.machine.tree("app").dataBytes <= 100, "seed \(seed): the namespace holds more than its quota")
             }
             refusedInAll += refused
+            measuredAhead += log.measuredAhead
         }
-        #expect(refusedInAll > 50)
+        #expect(refusedInAll > 100)
+        #expect(measuredAhead > 1_000, "the values measured ahead were used \(measuredAhead) times")
     }
 
     @Test("onDisconnect cannot carry a namespace past its quota: a queue that would is dropped when it fires, and a namespace at its quota takes no queued data")

@@ -3,7 +3,7 @@
 # CLIENTS clients each PUT a generated object of about 15 MiB one after another for SECONDS
 # seconds, spread over the nodes; prints writes, failures, elections (term and leader-change
 # deltas) and each node's longest tick gap (banyan_raft_tick_gap_max_ms).
-# usage: Tests/bench/large-writes.sh [BANYAN_BINARY] [SECONDS] [CLIENTS] [PORT_BASE]
+# usage: [QUOTA=bytes] Tests/bench/large-writes.sh [BANYAN_BINARY] [SECONDS] [CLIENTS] [PORT_BASE]
 set -u
 BIN=${1:-.build/release/banyan}; SECS=${2:-25}; CLIENTS=${3:-4}; BASE=${4:-29500}
 DIR=$(mktemp -d /tmp/banyan-large.XXXXXX)
@@ -17,6 +17,11 @@ for _ in $(seq 1 100); do
   [ "$(curl -s -o /dev/null -w '%{http_code}' -X PUT "http://127.0.0.1:$BASE/warm.json?auth=owner" -d 1)" = 200 ] && break
   sleep 0.3
 done
+if [ -n "${QUOTA:-}" ]; then
+  # A quota on the namespace written (QUOTA bytes, large enough to accept every write): each
+  # write is then measured where it applies (docs/operations.md, "Namespace quotas").
+  echo "quota: $(curl -s -X PUT "http://127.0.0.1:$BASE/.settings/quota.json?ns=default&auth=owner" -d "$QUOTA")"
+fi
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 terms_before="$(metric $BASE banyan_raft_term)"
 end=$(( $(date +%s) + SECS ))
