@@ -799,13 +799,24 @@ public struct Replica: Sendable {
         let since = applied >= raft.snapshotMeta.index ? applied - raft.snapshotMeta.index : 0
         guard since > 0, applied <= raft.appliedIndex else { return }
         // While the leader streams a snapshot, either bound is `snapshotDeferral` times larger.
-        let times = raft.isStreamingSnapshot ? max(1, configuration.snapshotDeferral) : 1
+        let streaming = raft.isStreamingSnapshot
+        let times = streaming ? max(1, configuration.snapshotDeferral) : 1
         func reached(_ count: UInt64, _ bound: UInt64) -> Bool {
             guard bound > 0 else { return false }
             let (scaled, overflow) = bound.multipliedReportingOverflow(by: times)
             return !overflow && count >= scaled
         }
         guard reached(since, configuration.snapshotEntries) || reached(logBytesSinceSnapshot, snapshotByteBound) else { return }
+        // A count of entries says nothing about how long the image takes to stream: with a
+        // large image (or a slow link) and a steady stream of small writes, every stream was
+        // restarted from byte 0 before it could finish, and a new or lagging member never caught
+        // up (simulator seed 5028 with sessions and client writes: a 5.5 KB image in 64-byte
+        // chunks, the stream replaced every 64 entries at 2.7–5.2 KB, for 30 s after healing).
+        // So mid-stream the log also waits until it holds `snapshotDeferral` times the image's
+        // bytes: a stream then finishes unless the writes outrun it several times over (in
+        // bytes), and the log kept for it stays proportional to the state, as the byte bound
+        // keeps it. (A deferral of 1 still means none.)
+        if streaming, times > 1, snapshotImageBytes > 0, !reached(logBytesSinceSnapshot, snapshotImageBytes) { return }
         guard let meta = try? raft.snapshotMeta(at: applied) else { return }
         snapshotInProgress = applied
         logBytesCoveredByDue = logBytesSinceSnapshot

@@ -54,6 +54,21 @@ struct SnapshotStreamTests {
         #expect((c.replicas[leader]?.raft.snapshotMeta.index ?? 0) + 5 * 4 >= c.replicas[leader]?.machine.appliedIndex ?? 0)
     }
 
+    /// Simulator seed 5028 (`--sessions --client-writes`): an image of 5.5 KB in 64-byte chunks
+    /// needed more round trips than four snapshot intervals of small writes, so the stream was
+    /// restarted from byte 0 every 64 entries and three new members never caught up. Mid-stream
+    /// the log now also waits until it holds four images' worth of bytes.
+    @Test("a stream longer than the deferred entries allow still finishes while small writes keep coming")
+    func largeImageJoinsWhileWritesContinue() throws {
+        var (c, leader) = try Self.cluster(items: 160, deferral: 4)
+        let image = c.disks[leader]?.image.count ?? 0
+        // Three chunk round trips per write: 4 × 5 writes carry 960 bytes of the image.
+        #expect(image > 2 * 4 * 5 * 3 * 16, "the image (\(image) bytes) must take more chunk round trips than 20 writes allow")
+        #expect(try Self.joinUnderLoad(&c, leader: leader, writes: 200), "node 4 never installed a snapshot")
+        c.tick(20)
+        #expect(c.replicas[4]?.machine.tree("app") == c.replicas[leader]?.machine.tree("app"))
+    }
+
     @Test("without the deferral the same join never finishes (the scenario can fail)")
     func restartsForeverWithoutDeferral() throws {
         var (c, leader) = try Self.cluster(items: 30, deferral: 1)
