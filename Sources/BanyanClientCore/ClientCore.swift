@@ -1136,8 +1136,9 @@ public struct ClientCore: Sendable {
     private mutating func failListen(_ key: ListenKey, _ error: WriteError) {
         guard let listen = listens.removeValue(forKey: key) else { return }
         if let tag = listen.tag { tags[tag] = nil }
-        if persistence, !key.isPlain {
-            // Refused or revoked: its window is no longer shown offline either.
+        if persistence, !key.isPlain, error.code == "permission_denied" {
+            // Refused or revoked by the rules: its window is no longer shown offline either
+            // (a transient failure, such as `unavailable`, keeps it).
             cachedQueries[key] = nil
             emit(.persist([.query(path: key.path, query: key.query, at: .root, json: [])], durable: false))
         }

@@ -11,7 +11,14 @@ public import BanyanTree
 /// A frame cut short or with a wrong checksum ends the file there (an append torn by a crash:
 /// every record before it stands).
 public enum ClientStore {
-    public static let magic: [UInt8] = Array("BNYCLI01".utf8)
+    /// Format 2: format 1's records and filtered queries' windows (`query`). Format 1 files are
+    /// read too, and the driver turns one into format 2 before appending to it
+    /// (`Restored.formatOne`), so an older SDK never reads a record it does not know: it sees no
+    /// cache and starts afresh, rather than cutting the file at the first unknown record and
+    /// reusing write numbers the server has already answered.
+    public static let magic: [UInt8] = Array("BNYCLI02".utf8)
+    /// The magic of format 1 (no `query` records).
+    public static let magicFormatOne: [UInt8] = Array("BNYCLI01".utf8)
     /// The largest record accepted (a write or a cached location of up to 64 MiB).
     public static let maxRecordBytes = 64 << 20
 
@@ -87,6 +94,8 @@ public enum ClientStore {
         public var complete: Set<Path> = []
         /// The windows of filtered queries (each complete as the server last sent it).
         public var queries: [QueryKey: Tree] = [:]
+        /// The file is in format 1: its magic must become format 2's before anything is appended.
+        public var formatOne = false
         /// Bytes of valid records (a torn tail after them is ignored and overwritten).
         public var validBytes = 0
         public var records = 0
@@ -191,8 +200,11 @@ public enum ClientStore {
     /// Replays a file's bytes. A file that does not start with the magic is not a cache (nil:
     /// the caller starts afresh and overwrites it).
     public static func restore(_ bytes: [UInt8]) -> Restored? {
-        guard bytes.count >= magic.count, Array(bytes.prefix(magic.count)) == magic else { return nil }
+        guard bytes.count >= magic.count else { return nil }
+        let head = Array(bytes.prefix(magic.count))
+        guard head == magic || head == magicFormatOne else { return nil }
         var state = Restored()
+        state.formatOne = head == magicFormatOne
         var writes: [UInt64: StoredWrite] = [:]
         var order: [UInt64] = []
         var highest: UInt64 = 0

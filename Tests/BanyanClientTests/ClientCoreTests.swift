@@ -877,3 +877,18 @@ extension ClientStoreTests {
         #expect(after.queries[.init(path: Self.path("/a"), query: params.identifier)] != nil)
     }
 }
+
+extension ClientStoreTests {
+    @Test("format 1 cache files (before filtered queries' windows) still restore; a database opening one turns it into format 2 in place, so an older SDK never meets a record it cannot read")
+    func formatOneFiles() throws {
+        let write = ClientStore.StoredWrite(number: 4, kind: .set, path: Self.path("/a"), json: Array("1".utf8))
+        let records: [ClientStore.Record] = [.identity(client: 77, nextNumber: 5), .write(write), .server(Self.path("/b"), Array("2".utf8)), .complete(Self.path("/b"), true)]
+        let old = ClientStore.magicFormatOne + records.flatMap { ClientStore.encode($0) }
+        let restored = try #require(ClientStore.restore(old))
+        #expect(restored.formatOne && restored.client == 77 && restored.writes == [write] && restored.complete == [Self.path("/b")])
+        #expect(try #require(ClientStore.restore(Self.file(records))).formatOne == false)
+        #expect(ClientStore.magic != ClientStore.magicFormatOne && ClientStore.magic.count == ClientStore.magicFormatOne.count)
+        // Anything else is not a cache.
+        #expect(ClientStore.restore(Array("BNYCLI03".utf8) + records.flatMap { ClientStore.encode($0) }) == nil)
+    }
+}
