@@ -294,7 +294,7 @@ let package = Package(
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanRaftTests",
-            dependencies: ["BanyanRaft", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
+            dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
             swiftSettings: strictSettings
         ),
         .testTarget(

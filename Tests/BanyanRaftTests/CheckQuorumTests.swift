@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Pre-vote and check-quorum (R15, R16), after etcd's checkquorum.txt, prevote*.txt and

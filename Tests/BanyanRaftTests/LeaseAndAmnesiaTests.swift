@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Regressions from the review of issue 4: lease reads that outlived the lease, and a wiped

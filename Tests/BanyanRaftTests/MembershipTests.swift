@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Single-server membership changes (R20–R23), after etcd's TestNewLeaderPendingConfig,

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// ReadIndex reads (R17, R18), after etcd's TestReadOnlyOptionSafe and TestReadOnlyForNewLeader.

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Bugs the retired Raft-core simulator found in `RaftNode`, kept as deterministic scenarios on

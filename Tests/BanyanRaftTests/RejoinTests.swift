@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Two operator stories from the issue: a node whose disk was wiped comes back, and a leader is
@@ -56,8 +57,8 @@ import Testing
         c.tickAll(times: 5)
         for id: NodeID in 1...3 {
             #expect(c.node(id)?.machine.value(0) == 500)
-            let applied = c.applied[id, default: []].compactMap { KVMachine.Envelope(decoding: $0.data) }
-            #expect(!applied.contains { $0.client == 1 && $0.seq >= 2 }, "node \(id) applied a write the cut-off leader accepted")
+            let applied = c.applied[id, default: []].compactMap { CommandEnvelope(decoding: $0.data) }
+            #expect(!applied.contains { $0.session == 1 && $0.seq >= 2 }, "node \(id) applied a write the cut-off leader accepted")
         }
         #expect(c.reads[1, default: []].isEmpty)
         #expect(c.violations.isEmpty)

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Raft paper §5.3 (log replication), after etcd's raft_paper_test.go and raft_test.go.

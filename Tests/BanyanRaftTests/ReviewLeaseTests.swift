@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Regression from the second review: a lease-holding follower moved to a newer term by a delayed

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 /// Raft paper §5.4 (safety): the election restriction and the commit rule.

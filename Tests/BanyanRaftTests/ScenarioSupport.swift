@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 
 /// Shared builders for the scenario tests: hand-made disks (term-labelled logs, as in the Raft
 /// paper's figures) and small message predicates.

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 import Testing
 
 @Suite struct SmokeTests {

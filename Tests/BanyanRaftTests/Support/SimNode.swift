@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 
 /// What a simulated node has made durable: hard state, the installed snapshot and the log
 /// after it. Everything else is lost when the node crashes.
@@ -50,7 +51,7 @@ struct SimNode: Sendable {
     let id: NodeID
     private(set) var raft: RaftNode
     private(set) var disk: SimDisk
-    private(set) var machine: KVMachine
+    private(set) var machine: StateMachine
     private(set) var incarnation: Int = 0
     var configuration: RaftConfiguration
     /// Take a snapshot and compact once this many entries were applied since the last one
@@ -68,12 +69,12 @@ struct SimNode: Sendable {
         var messages: [Message] = []
         /// Entries applied to the state machine (commands, no-ops and configurations).
         var applied: [LogEntry] = []
-        /// Commands applied with their outcome (nil outcome: a duplicate that was skipped).
-        var outcomes: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)] = []
+        /// Commands applied with their outcome (`.duplicate` for a retried copy).
+        var outcomes: [(envelope: CommandEnvelope, outcome: StateMachine.Applied?, index: UInt64)] = []
         /// ReadIndex reads whose index the state machine has reached: serve them now.
         var readsReady: [ReadState] = []
         /// State-machine digests at indexes divisible by `digestEvery`.
-        var digests: [(index: UInt64, digest: String)] = []
+        var digests: [(index: UInt64, digest: [UInt8])] = []
         /// Snapshots this node installed from its leader.
         var installedSnapshots = 0
         /// Breaches of the persist-before-send rule or of the core's invariants.
@@ -89,7 +90,13 @@ struct SimNode: Sendable {
         self.disk = disk
         self.snapshotEvery = snapshotEvery
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
-        machine = (try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine()
+        machine = Self.machine(from: disk)
+    }
+
+    /// The state machine a disk's snapshot holds (an empty one without a snapshot). A snapshot
+    /// that does not load gives an empty machine, which the tests' convergence checks catch.
+    static func machine(from disk: SimDisk) -> StateMachine {
+        disk.snapshotBytes.isEmpty ? StateMachine() : ((try? StateMachine(image: disk.snapshotBytes)) ?? StateMachine())
     }
 
     /// A founding member of a new cluster (the bootstrap state is written to disk first).
@@ -107,7 +114,7 @@ struct SimNode: Sendable {
         incarnation += 1
         configuration.seed = seed
         raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
-        machine = disk.snapshotBytes.isEmpty ? KVMachine() : ((try? KVMachine(snapshot: disk.snapshotBytes)) ?? KVMachine())
+        machine = Self.machine(from: disk)
         incoming = []
         incomingMeta = nil
         pendingReads = []
@@ -204,15 +211,15 @@ struct SimNode: Sendable {
             // 4. Apply.
             if let meta = rd.snapshot {
                 do {
-                    machine = try KVMachine(snapshot: disk.snapshotBytes)
+                    machine = try StateMachine(image: disk.snapshotBytes)
                 } catch {
                     out.violations.append("node \(id): installed snapshot \(meta.index) does not load: \(error)")
                 }
             }
             for e in rd.committedEntries {
                 out.applied.append(e)
-                if e.kind == .command, let env = KVMachine.Envelope(decoding: e.data) {
-                    out.outcomes.append((env, machine.apply(env, index: e.index), e.index))
+                if e.kind == .command, let env = CommandEnvelope(decoding: e.data) {
+                    out.outcomes.append((env, machine.apply(e.data, index: e.index), e.index))
                 } else {
                     machine.skip(index: e.index)
                 }
@@ -255,7 +262,7 @@ struct SimNode: Sendable {
         else { return }
         guard let meta = try? raft.snapshotMeta(at: raft.appliedIndex) else { return }
         // Durable snapshot first, then drop the covered entries (R14).
-        disk.install(meta, bytes: machine.snapshotBytes())
+        disk.install(meta, bytes: machine.image())
         _ = try? raft.compact(through: meta.index)
     }
 

@@ -1,4 +1,5 @@
 import BanyanRaft
+import BanyanStateMachine
 
 /// The Raft core's unit-test fixture (not a simulator: the one simulator is `WholeNodeSimulator`). A synchronous, step-by-step cluster for scenario tests (etcd's `network` harness, in Swift):
 /// messages are delivered immediately and in order unless a test drops, holds or redirects them.
@@ -15,7 +16,7 @@ struct TestCluster: Sendable {
     private(set) var delivered: [Message] = []
     /// Everything applied per node, in order.
     private(set) var applied: [NodeID: [LogEntry]] = [:]
-    private(set) var outcomes: [NodeID: [(envelope: KVMachine.Envelope, outcome: KVMachine.Outcome?, index: UInt64)]] = [:]
+    private(set) var outcomes: [NodeID: [(envelope: CommandEnvelope, outcome: StateMachine.Applied?, index: UInt64)]] = [:]
     private(set) var reads: [NodeID: [ReadState]] = [:]
     /// Persist-before-send and core invariant breaches seen so far (tests assert it stays empty).
     private(set) var violations: [String] = []
@@ -161,10 +162,10 @@ struct TestCluster: Sendable {
         return r
     }
 
-    /// Proposes a put through `id` (client 1, increasing sequence numbers).
+    /// Proposes a put through `id` (`Register.put`: client session 1 unless told).
     @discardableResult
     mutating func put(_ id: NodeID, key: Int, value: Int64, client: UInt32 = 1, seq: UInt32) throws(RaftError) -> RaftNode.ProposalOutcome? {
-        try propose(id, KVMachine.Envelope(client: client, seq: seq, command: .put(key: key, value: value)).encoded())
+        try propose(id, Register.put(key: key, value: value, client: client, seq: seq).encoded())
     }
 
     @discardableResult
