@@ -294,7 +294,10 @@ let package = Package(
         .testTarget(name: "BanyanOpLogTests", dependencies: ["BanyanOpLog", "BanyanBasics"], swiftSettings: strictSettings),
         .testTarget(
             name: "BanyanRaftTests",
-            dependencies: ["BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanCheckers", "BanyanBasics"],
+            dependencies: [
+                "BanyanRaft", "BanyanStateMachine", "BanyanNode", "BanyanOpLog", "BanyanOpLogFiles", "BanyanTree", "BanyanCheckers", "BanyanBasics",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

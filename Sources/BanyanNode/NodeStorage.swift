@@ -24,7 +24,7 @@ public final class NodeStorage {
     private let logger: Logger
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
-    private var savedHardState: BanyanRaft.HardState
+    public private(set) var savedHardState: BanyanRaft.HardState
     /// Simulator self-tests only (`Sabotage`); the server never sets it.
     public var sabotage: Sabotage = .none
     /// The core's latest hard state, as its last `Ready` that carried one reported it.

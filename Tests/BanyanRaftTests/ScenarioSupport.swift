@@ -9,8 +9,8 @@ enum Scenario {
     /// the state machine skips.
     static func disk(
         terms: [UInt64], term: UInt64, vote: NodeID = 0, commit: UInt64 = 1, members: [NodeID] = [1, 2, 3]
-    ) -> SimDisk {
-        var d = SimDisk()
+    ) -> StoredState {
+        var d = StoredState()
         d.hardState = HardState(term: term, vote: vote, commit: commit, mayVote: true)
         d.entries = terms.enumerated().map { i, t in
             let index = UInt64(i + 1)

@@ -1,12 +1,18 @@
+import BanyanNode
+import BanyanOpLog
+import BanyanOpLogFiles
 import BanyanRaft
 import BanyanStateMachine
+import Logging
 
-/// What a simulated node has made durable: hard state, the installed snapshot and the log
-/// after it. Everything else is lost when the node crashes.
-struct SimDisk: Sendable, Equatable {
+/// What a node's storage holds, read back from its file system (or, for `TestCluster.replace`,
+/// a hand-built state to write there): the saved hard state, the newest snapshot and its file,
+/// and the log after it.
+struct StoredState: Sendable, Equatable {
     /// A blank disk: the node may not vote until it is added as a learner (R22).
     var hardState = PersistedState.blank.hardState
     var snapshot: SnapshotMeta = .none
+    /// The snapshot's file as a follower receives it (empty without a snapshot).
     var snapshotBytes: [UInt8] = []
     /// Entries after `snapshot.index`, contiguous.
     var entries: [LogEntry] = []
@@ -14,43 +20,16 @@ struct SimDisk: Sendable, Equatable {
     init() {}
 
     var lastIndex: UInt64 { snapshot.index + UInt64(entries.count) }
-
-    func term(at index: UInt64) -> UInt64? {
-        if index == snapshot.index { return snapshot.term }
-        guard index > snapshot.index, index <= lastIndex else { return nil }
-        return entries[Int(index - snapshot.index - 1)].term
-    }
-
-    /// Writing an entry at index i replaces everything at i and after.
-    mutating func write(_ entry: LogEntry) {
-        guard entry.index > snapshot.index else { return }
-        let position = Int(entry.index - snapshot.index - 1)
-        if position < entries.count { entries.removeSubrange(position...) }
-        if position == entries.count { entries.append(entry) }
-    }
-
-    mutating func install(_ meta: SnapshotMeta, bytes: [UInt8]) {
-        if let t = term(at: meta.index), t == meta.term, meta.index <= lastIndex {
-            entries.removeFirst(Int(meta.index - snapshot.index))
-        } else {
-            entries = []
-        }
-        snapshot = meta
-        snapshotBytes = bytes
-    }
-
-    var persisted: PersistedState {
-        PersistedState(hardState: hardState, snapshot: snapshot, entries: entries)
-    }
 }
 
-/// The simulator's driver for one node: it runs the core's `Ready` loop in the documented order
-/// (persist, then send, then apply), keeps the state machine, takes snapshots, and checks that
-/// nothing is sent before the state it depends on is durable.
-struct SimNode: Sendable {
+/// The Raft unit tests' driver for one node: it runs the core's `Ready` loop in the documented
+/// order (persist, then send, then apply) with the node's own storage (`NodeStorage` over a
+/// `SimulatedFileSystem`: the segmented log, the hard-state file and the snapshot store), applies
+/// committed entries to the node's own `StateMachine`, takes snapshots with `SnapshotWriter`,
+/// and checks that nothing is sent before the state it depends on is durable on that disk.
+struct SimNode {
     let id: NodeID
     private(set) var raft: RaftNode
-    private(set) var disk: SimDisk
     private(set) var machine: StateMachine
     private(set) var incarnation: Int = 0
     var configuration: RaftConfiguration
@@ -60,12 +39,15 @@ struct SimNode: Sendable {
     /// Record the state machine's digest after applying every index divisible by this (0: never).
     var digestEvery: UInt64 = 0
 
-    private var incoming: [UInt8] = []
-    private var incomingMeta: SnapshotMeta?
+    /// The node's disk (shared by copies of this value: a copy is not a snapshot of the disk;
+    /// read `disk` for one).
+    private(set) var fileSystem: SimulatedFileSystem
+    private var storage: NodeStorage
     private var pendingReads: [ReadState] = []
+    static let directory = "/data"
 
     /// Everything one `process` call produced.
-    struct Output: Sendable {
+    struct Output {
         var messages: [Message] = []
         /// Entries applied to the state machine (commands, no-ops and configurations).
         var applied: [LogEntry] = []
@@ -84,39 +66,79 @@ struct SimNode: Sendable {
         var crashed = false
     }
 
-    init(configuration: RaftConfiguration, disk: SimDisk, snapshotEvery: UInt64 = 0) throws(RaftError) {
+    enum SetupError: Error { case storage(String) }
+
+    /// A node over `fileSystem` as it is (blank, or holding a node's data): its storage
+    /// recovers and loads what is there, as `banyan serve` does at start.
+    init(configuration: RaftConfiguration, fileSystem: SimulatedFileSystem, snapshotEvery: UInt64 = 0) throws {
         id = configuration.id
         self.configuration = configuration
-        self.disk = disk
         self.snapshotEvery = snapshotEvery
-        raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
-        machine = Self.machine(from: disk)
+        self.fileSystem = fileSystem
+        storage = try Self.openStorage(fileSystem)
+        let loaded = try storage.load { _ in }
+        raft = try RaftNode(configuration: configuration, restoring: loaded.persisted)
+        machine = loaded.machine
     }
 
-    /// The state machine a disk's snapshot holds (an empty one without a snapshot). A snapshot
-    /// that does not load gives an empty machine, which the tests' convergence checks catch.
-    static func machine(from disk: SimDisk) -> StateMachine {
-        disk.snapshotBytes.isEmpty ? StateMachine() : ((try? StateMachine(image: disk.snapshotBytes)) ?? StateMachine())
+    /// A node whose disk holds `stored` (written through its storage first; a blank
+    /// `StoredState` gives a blank disk).
+    init(configuration: RaftConfiguration, stored: StoredState, snapshotEvery: UInt64 = 0) throws {
+        let fileSystem = SimulatedFileSystem()
+        if stored != StoredState() {
+            let storage = try Self.openStorage(fileSystem)
+            var rd = Ready()
+            rd.entries = stored.entries
+            rd.hardState = stored.hardState
+            _ = try storage.persist(rd)
+        }
+        try self.init(configuration: configuration, fileSystem: fileSystem, snapshotEvery: snapshotEvery)
+    }
+
+    private static func openStorage(_ fileSystem: SimulatedFileSystem) throws -> NodeStorage {
+        var logger = Logger(label: "banyan.raft-tests")
+        logger.logLevel = .critical
+        return try NodeStorage(directory: directory, fileSystem: fileSystem, logger: logger) { _ in }
     }
 
     /// A founding member of a new cluster (the bootstrap state is written to disk first).
-    static func founding(configuration: RaftConfiguration, members: [NodeID], snapshotEvery: UInt64 = 0) throws(RaftError) -> SimNode {
-        var disk = SimDisk()
-        let state = RaftNode.bootstrapState(members: members)
-        disk.hardState = state.hardState
-        disk.entries = state.entries
-        return try SimNode(configuration: configuration, disk: disk, snapshotEvery: snapshotEvery)
+    static func founding(configuration: RaftConfiguration, members: [NodeID], snapshotEvery: UInt64 = 0) throws -> SimNode {
+        let fileSystem = SimulatedFileSystem()
+        try openStorage(fileSystem).bootstrap(members: members)
+        return try SimNode(configuration: configuration, fileSystem: fileSystem, snapshotEvery: snapshotEvery)
     }
 
-    /// Restarts from the disk after a crash: memory, the incoming snapshot and pending reads are
-    /// gone. `seed` re-seeds the election timer.
-    mutating func restart(seed: UInt64) throws(RaftError) {
+    /// What the disk holds now, read back through the storage: the saved hard state, the newest
+    /// snapshot (and its file) and the log after it.
+    var disk: StoredState {
+        var d = StoredState()
+        d.hardState = storage.savedHardState
+        guard let loaded = try? storage.load(progress: { _ in }) else { return d }
+        d.snapshot = loaded.persisted.snapshot
+        d.entries = loaded.persisted.entries
+        if d.snapshot.index > 0, let size = try? storage.snapshots.fileSize(lastIndex: d.snapshot.index),
+            let bytes = try? storage.snapshots.rawChunk(lastIndex: d.snapshot.index, offset: 0, maxBytes: size)
+        {
+            d.snapshotBytes = bytes
+        }
+        return d
+    }
+
+    /// The last index durable on this node's disk (log or snapshot).
+    private var durableLastIndex: UInt64 {
+        max(storage.logLastIndex, ((try? storage.snapshots.latest()) ?? nil)?.lastIndex ?? 0)
+    }
+
+    /// Restarts after a power loss: what was not synced is gone, and memory, the incoming
+    /// snapshot and pending reads with it. `seed` re-seeds the election timer.
+    mutating func restart(seed: UInt64) throws {
         incarnation += 1
         configuration.seed = seed
-        raft = try RaftNode(configuration: configuration, restoring: disk.persisted)
-        machine = Self.machine(from: disk)
-        incoming = []
-        incomingMeta = nil
+        fileSystem.reboot()
+        storage = try Self.openStorage(fileSystem)
+        let loaded = try storage.load { _ in }
+        raft = try RaftNode(configuration: configuration, restoring: loaded.persisted)
+        machine = loaded.machine
         pendingReads = []
     }
 
@@ -149,12 +171,11 @@ struct SimNode: Sendable {
 
     // MARK: - The Ready loop
 
-    /// Runs ready/advance until the core is quiet. With `persistBudget`, the node crashes after
-    /// that many durable writes of a batch (a snapshot, an entry and the hard state each count):
-    /// nothing of that batch is sent or applied, and the caller must `restart` it.
+    /// Runs ready/advance until the core is quiet. With `persistBudget`, the node's disk fails
+    /// (a crash) at that many file-system operations into a batch's persist: nothing of that
+    /// batch is sent or applied, and the caller must `restart` it.
     mutating func process(persistBudget: Int? = nil) -> Output {
         var out = Output()
-        var budget = persistBudget
         var rounds = 0
         while raft.hasReady && rounds < 10_000 {
             rounds += 1
@@ -174,34 +195,23 @@ struct SimNode: Sendable {
                 if let problem = earlySendProblem(m) { out.violations.append(problem) }
                 out.messages.append(m)
             }
-            // 1. Incoming snapshot chunks, then install.
-            for chunk in rd.snapshotChunks {
-                if chunk.offset == 0 {
-                    incoming = []
-                    incomingMeta = chunk.meta
-                }
-                if UInt64(incoming.count) == chunk.offset && incomingMeta == chunk.meta {
-                    incoming.append(contentsOf: chunk.data)
+            // 1 and 2. Snapshot chunks and install, entries, hard state: the node's storage.
+            if let budget = persistBudget { fileSystem.crashAtOperation = fileSystem.operations + 1 + budget }
+            let installed: StateMachine?
+            do {
+                installed = try storage.persist(rd)
+            } catch {
+                if fileSystem.isCrashed {
+                    out.crashed = true
                 } else {
-                    out.violations.append("node \(id): snapshot chunk at \(chunk.offset) does not continue the incoming snapshot")
+                    out.violations.append("node \(id): persisting failed: \(error)")
                 }
+                return out
             }
-            if let meta = rd.snapshot {
-                if incomingMeta != meta {
-                    out.violations.append("node \(id): asked to install snapshot \(meta.index) but the chunks received are for another one")
-                }
-                if !spend(&budget) { out.crashed = true; return out }
-                disk.install(meta, bytes: incoming)
+            fileSystem.crashAtOperation = nil
+            if rd.snapshot != nil {
                 out.installedSnapshots += 1
-            }
-            // 2. Entries, then hard state.
-            for e in rd.entries {
-                if !spend(&budget) { out.crashed = true; return out }
-                disk.write(e)
-            }
-            if let hs = rd.hardState {
-                if !spend(&budget) { out.crashed = true; return out }
-                disk.hardState = hs
+                if let installed { machine = installed }
             }
             // 3. Send, checking that every message is backed by durable state (R3, R26).
             for m in rd.messages.dropFirst(rd.sendBeforePersist) {
@@ -209,13 +219,6 @@ struct SimNode: Sendable {
                 out.messages.append(m)
             }
             // 4. Apply.
-            if let meta = rd.snapshot {
-                do {
-                    machine = try StateMachine(image: disk.snapshotBytes)
-                } catch {
-                    out.violations.append("node \(id): installed snapshot \(meta.index) does not load: \(error)")
-                }
-            }
             for e in rd.committedEntries {
                 out.applied.append(e)
                 if e.kind == .command, let env = CommandEnvelope(decoding: e.data) {
@@ -226,17 +229,9 @@ struct SimNode: Sendable {
                 if digestEvery > 0 && e.index % digestEvery == 0 { out.digests.append((e.index, machine.digest)) }
             }
             pendingReads.append(contentsOf: rd.readStates)
-            for request in rd.snapshotReads {
-                let bytes = disk.snapshotBytes
-                let start = Int(min(request.offset, UInt64(bytes.count)))
-                let end = min(bytes.count, start + request.maxBytes)
-                raft.snapshotChunk(
-                    to: request.to, meta: disk.snapshot, offset: request.offset, data: Array(bytes[start..<end]),
-                    last: end == bytes.count
-                )
-            }
+            for request in rd.snapshotReads { serveSnapshotChunk(request, &out) }
             raft.advance(rd)
-            maybeSnapshot()
+            maybeSnapshot(&out)
         }
         if !pendingReads.isEmpty {
             var kept: [ReadState] = []
@@ -249,20 +244,34 @@ struct SimNode: Sendable {
         return out
     }
 
-    private func spend(_ budget: inout Int?) -> Bool {
-        guard let b = budget else { return true }
-        if b <= 0 { return false }
-        budget = b - 1
-        return true
+    /// A leader's chunk of its snapshot file for a follower (as `NodeCore` serves it).
+    private mutating func serveSnapshotChunk(_ request: SnapshotChunkRequest, _ out: inout Output) {
+        do {
+            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
+            let offset = Int(min(request.offset, UInt64(total)))
+            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
+            raft.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: offset + data.count >= total)
+        } catch {
+            out.violations.append("node \(id): cannot read its snapshot at \(request.meta.index) for node \(request.to): \(error)")
+        }
     }
 
-    private mutating func maybeSnapshot() {
-        guard snapshotEvery > 0, raft.appliedIndex >= disk.snapshot.index + snapshotEvery,
+    /// Durable snapshot first, then drop the covered log and save the commit (R14), as the
+    /// server's snapshot thread and `NodeCore.snapshotWritten` do.
+    private mutating func maybeSnapshot(_ out: inout Output) {
+        guard snapshotEvery > 0, raft.appliedIndex >= raft.snapshotMeta.index + snapshotEvery,
             machine.appliedIndex == raft.appliedIndex
         else { return }
         guard let meta = try? raft.snapshotMeta(at: raft.appliedIndex) else { return }
-        // Durable snapshot first, then drop the covered entries (R14).
-        disk.install(meta, bytes: machine.image())
+        do {
+            try SnapshotWriter(directory: Self.directory, fileSystem: fileSystem).write(machine, meta: meta) { _ in }
+            try storage.snapshots.removeSnapshots(olderThan: meta.index)
+            try storage.compact(through: meta.index)
+            try storage.saveCommit(raft.durableHardState)
+        } catch {
+            out.violations.append("node \(id): snapshot at \(meta.index) failed: \(error)")
+            return
+        }
         _ = try? raft.compact(through: meta.index)
     }
 
@@ -273,13 +282,13 @@ struct SimNode: Sendable {
         switch m.body {
         case .append, .heartbeat, .snapshotChunk:
             if raft.role != .leader { return "node \(id), not the leader, sent \(m.body) before persisting its batch" }
-            if disk.hardState.term != m.term {
-                return "node \(id) sent a term-\(m.term) replication message before persisting, with term \(disk.hardState.term) durable"
+            if storage.savedHardState.term != m.term {
+                return "node \(id) sent a term-\(m.term) replication message before persisting, with term \(storage.savedHardState.term) durable"
             }
             return nil
         case .proposal, .readIndex:
-            if disk.hardState.term != m.term {
-                return "node \(id) sent a term-\(m.term) \(m.body) before persisting, with term \(disk.hardState.term) durable"
+            if storage.savedHardState.term != m.term {
+                return "node \(id) sent a term-\(m.term) \(m.body) before persisting, with term \(storage.savedHardState.term) durable"
             }
             return nil
         default:
@@ -290,16 +299,16 @@ struct SimNode: Sendable {
     private func persistenceProblem(_ m: Message) -> String? {
         switch m.body {
         case .voteResponse(granted: true):
-            if disk.hardState.term != m.term || disk.hardState.vote != m.to {
-                return "node \(id) granted a vote to \(m.to) in term \(m.term) before persisting it (disk: term \(disk.hardState.term) vote \(disk.hardState.vote))"
+            if storage.savedHardState.term != m.term || storage.savedHardState.vote != m.to {
+                return "node \(id) granted a vote to \(m.to) in term \(m.term) before persisting it (disk: term \(storage.savedHardState.term) vote \(storage.savedHardState.vote))"
             }
         case .appendAccepted(let index, _) where index > 0:
-            if disk.lastIndex < index || disk.hardState.term < m.term {
-                return "node \(id) acknowledged index \(index) in term \(m.term) with only \(disk.lastIndex) durable (term \(disk.hardState.term))"
+            if durableLastIndex < index || storage.savedHardState.term < m.term {
+                return "node \(id) acknowledged index \(index) in term \(m.term) with only \(durableLastIndex) durable (term \(storage.savedHardState.term))"
             }
         case .vote, .append, .heartbeat:
-            if disk.hardState.term < m.term {
-                return "node \(id) sent a term-\(m.term) message before persisting the term (disk: \(disk.hardState.term))"
+            if storage.savedHardState.term < m.term {
+                return "node \(id) sent a term-\(m.term) message before persisting the term (disk: \(storage.savedHardState.term))"
             }
         default:
             break

@@ -4,7 +4,7 @@ import BanyanStateMachine
 /// The Raft core's unit-test fixture (not a simulator: the one simulator is `WholeNodeSimulator`). A synchronous, step-by-step cluster for scenario tests (etcd's `network` harness, in Swift):
 /// messages are delivered immediately and in order unless a test drops, holds or redirects them.
 /// Nothing here is random except each node's seeded election timer.
-struct TestCluster: Sendable {
+struct TestCluster {
     private(set) var nodes: [NodeID: SimNode] = [:]
     /// Nodes that are down (crashed and not restarted).
     private(set) var down: Set<NodeID> = []
@@ -37,7 +37,7 @@ struct TestCluster: Sendable {
     static func seed(_ id: NodeID) -> UInt64 { id &* 0x9E37_79B9 }
 
     /// A cluster of `count` founding voters with ids 1…count.
-    init(voters count: Int, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+    init(voters count: Int, configure: (inout RaftConfiguration) -> Void = { _ in }) throws {
         let ids = (1...UInt64(count)).map { $0 }
         for id in ids {
             var config = RaftConfiguration(id: id, seed: Self.seed(id))
@@ -47,10 +47,10 @@ struct TestCluster: Sendable {
     }
 
     /// Adds a blank node (it joins when the leader adds it as a learner).
-    mutating func addBlankNode(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+    mutating func addBlankNode(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws {
         var config = RaftConfiguration(id: id, seed: Self.seed(id))
         configure(&config)
-        nodes[id] = try SimNode(configuration: config, disk: SimDisk())
+        nodes[id] = try SimNode(configuration: config, stored: StoredState())
     }
 
     func node(_ id: NodeID) -> SimNode? { nodes[id] }
@@ -101,20 +101,23 @@ struct TestCluster: Sendable {
 
     mutating func crash(_ id: NodeID) { down.insert(id) }
 
-    mutating func restart(_ id: NodeID) throws(RaftError) {
+    /// Restarts a node after a power loss (`SimNode.restart`).
+    mutating func restart(_ id: NodeID) throws {
         restarts += 1
         down.remove(id)
         let seed = id &* 7919 &+ restarts
-        _ = try withNode(id) { (n: inout SimNode) throws(RaftError) in try n.restart(seed: seed) }
+        guard var n = nodes[id] else { return }
+        try n.restart(seed: seed)
+        nodes[id] = n
     }
 
     /// Replaces a node's disk with a blank one and restarts it (a wiped disk, R22). `configure`
     /// changes the configuration it comes back with (a wiped node's new incarnation).
-    mutating func wipe(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws(RaftError) {
+    mutating func wipe(_ id: NodeID, configure: (inout RaftConfiguration) -> Void = { _ in }) throws {
         guard let n = nodes[id] else { return }
         var config = n.configuration
         configure(&config)
-        nodes[id] = try SimNode(configuration: config, disk: SimDisk())
+        nodes[id] = try SimNode(configuration: config, stored: StoredState())
         down.remove(id)
     }
 
@@ -127,9 +130,9 @@ struct TestCluster: Sendable {
 
     /// Replaces a node with one restored from `disk` (a hand-built log for scenario tests); the
     /// node keeps its configuration and snapshot interval and is up afterwards.
-    mutating func replace(_ id: NodeID, disk: SimDisk) throws(RaftError) {
+    mutating func replace(_ id: NodeID, disk: StoredState) throws {
         guard let n = nodes[id] else { return }
-        nodes[id] = try SimNode(configuration: n.configuration, disk: disk, snapshotEvery: n.snapshotEvery)
+        nodes[id] = try SimNode(configuration: n.configuration, stored: disk, snapshotEvery: n.snapshotEvery)
         down.remove(id)
     }
 
