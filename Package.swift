@@ -305,7 +305,10 @@ let package = Package(
         ),
         .testTarget(
             name: "BanyanReplicaTests",
-            dependencies: ["BanyanReplica", "BanyanRaft", "BanyanStateMachine", "BanyanTree", "BanyanCheckers"],
+            dependencies: [
+                "BanyanReplica", "BanyanRaft", "BanyanStateMachine", "BanyanNode", "BanyanOpLog", "BanyanOpLogFiles", "BanyanTree", "BanyanCheckers",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -398,19 +398,11 @@ public final class NodeCore {
 
     private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
         do {
-            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
-            // The offset comes from a peer: never trust it to fit.
-            guard let offset = Int(exactly: request.offset), offset <= total else {
-                return output(
-                    .note(
-                        .snapshotChunkUnavailable(
-                            follower: request.to, index: request.meta.index, error: "offset \(request.offset) is beyond the snapshot's \(total) bytes")))
-            }
-            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
-            let last = offset + data.count >= total
-            replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: last)
+            let chunk = try storage.snapshotChunk(request)
+            replica.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: chunk.data, last: chunk.last)
         } catch {
-            // A newer snapshot may have replaced it; the follower asks again.
+            // A newer snapshot may have replaced it (the follower asks again), or the offset
+            // was beyond the file.
             output(.note(.snapshotChunkUnavailable(follower: request.to, index: request.meta.index, error: "\(error)")))
         }
     }

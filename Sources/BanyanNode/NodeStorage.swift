@@ -486,6 +486,18 @@ public final class NodeStorage {
         if hs != savedHardState { try saveHardState(hs) }
     }
 
+    /// A follower's chunk of the snapshot file at `request.meta.index`: at most
+    /// `request.maxBytes` bytes from `request.offset`, and whether they end the file. The offset
+    /// comes from a peer, so one beyond the file is an error, not a trap.
+    public func snapshotChunk(_ request: SnapshotChunkRequest) throws(OpLogError) -> (data: [UInt8], last: Bool) {
+        let total = try snapshots.fileSize(lastIndex: request.meta.index)
+        guard let offset = Int(exactly: request.offset), offset <= total else {
+            throw OpLogError(.invalidArgument, "offset \(request.offset) is beyond the snapshot's \(total) bytes")
+        }
+        let data = try snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
+        return (data, offset + data.count >= total)
+    }
+
     /// After a snapshot at `index` is durable: drop log segments it covers.
     public func compact(through index: UInt64) throws {
         try log.compact(through: index)

@@ -70,7 +70,7 @@ import Testing
 
     /// Log entries on `id`'s disk carrying the command (session, seq).
     func copies(_ c: ReplicaCluster, on id: NodeID, session: UInt64, seq: UInt64) -> Int {
-        (c.disks[id]?.persisted.entries ?? []).filter { e in
+        c.storedEntries(id).filter { e in
             guard case .command = e.kind, let envelope = CommandEnvelope(decoding: e.data) else { return false }
             return envelope.session == session && envelope.seq == seq
         }.count

@@ -1,20 +1,22 @@
+import BanyanNode
+import BanyanOpLog
+import BanyanOpLogFiles
 import BanyanRaft
 import BanyanReplica
 import BanyanStateMachine
 import BanyanTree
+import Logging
+import Testing
 
-/// A synchronous in-memory cluster of replicas for scenario tests: each node has a memory disk
-/// (hard state, snapshot image, entries after it), the network is a queue that tests can filter,
-/// duplicate or drop, and every node has its own wall clock.
+/// A synchronous cluster of replicas for scenario tests: each node persists through the node's
+/// own `NodeStorage` (segmented log, hard-state file, snapshot store) over its own
+/// `SimulatedFileSystem` and writes snapshots with `SnapshotWriter`, as `NodeCore` and the
+/// server's snapshot thread do; the network is a queue that tests can filter, duplicate or
+/// drop, and every node has its own wall clock.
 struct ReplicaCluster {
-    struct Disk {
-        var persisted = PersistedState.blank
-        var image: [UInt8] = StateMachine().image()
-        var incoming: [UInt8] = []
-    }
-
     var replicas: [NodeID: Replica] = [:]
-    var disks: [NodeID: Disk] = [:]
+    var fileSystems: [NodeID: SimulatedFileSystem] = [:]
+    var storages: [NodeID: NodeStorage] = [:]
     var clocks: [NodeID: Int64] = [:]
     var network: [Message] = []
     /// Return false to drop a message.
@@ -26,6 +28,7 @@ struct ReplicaCluster {
     /// answering them at once; `answerReadAhead` answers one.
     var holdReadAheads = false
     var heldReadAheads: [NodeID: [(index: UInt64, payload: [UInt8])]] = [:]
+    static let directory = "/data"
 
     static func configuration(_ id: NodeID, snapshotEntries: UInt64 = 0) -> ReplicaConfiguration {
         var raft = RaftConfiguration(id: id, seed: id * 7919)
@@ -37,36 +40,56 @@ struct ReplicaCluster {
         return c
     }
 
+    static func openStorage(_ fileSystem: SimulatedFileSystem) throws -> NodeStorage {
+        var logger = Logger(label: "banyan.replica-tests")
+        logger.logLevel = .critical
+        return try NodeStorage(directory: directory, fileSystem: fileSystem, logger: logger) { _ in }
+    }
+
     /// `tune` adjusts every node's configuration (for example Raft's flow-control limits).
     init(nodes: Int, snapshotEntries: UInt64 = 0, tune: (inout ReplicaConfiguration) -> Void = { _ in }) throws {
         let ids = (1...UInt64(nodes)).map { $0 }
         for id in ids {
-            var disk = Disk()
-            disk.persisted = RaftNode.bootstrapState(members: ids)
-            disks[id] = disk
-            clocks[id] = 1_000_000 * Int64(id)
+            let fileSystem = SimulatedFileSystem()
+            try Self.openStorage(fileSystem).bootstrap(members: ids)
             var configuration = Self.configuration(id, snapshotEntries: snapshotEntries)
             tune(&configuration)
-            replicas[id] = try Replica(
-                configuration: configuration, persisted: disk.persisted,
-                machine: StateMachine(), session: 1000 + id, now: clocks[id] ?? 0)
+            try start(id, fileSystem: fileSystem, configuration: configuration, session: 1000 + id)
         }
+    }
+
+    /// Starts node `id` from what `fileSystem` holds (its storage recovers and loads it).
+    private mutating func start(_ id: NodeID, fileSystem: SimulatedFileSystem, configuration: ReplicaConfiguration, session: UInt64) throws {
+        let storage = try Self.openStorage(fileSystem)
+        let loaded = try storage.load { _ in }
+        fileSystems[id] = fileSystem
+        storages[id] = storage
+        if clocks[id] == nil { clocks[id] = 1_000_000 * Int64(id) }
+        replicas[id] = try Replica(
+            configuration: configuration, persisted: loaded.persisted, machine: loaded.machine, session: session, now: clocks[id] ?? 0)
     }
 
     /// Adds a blank node (a learner-to-be) that knows nothing yet.
     mutating func addBlank(_ id: NodeID, snapshotEntries: UInt64 = 0) throws {
-        disks[id] = Disk()
-        clocks[id] = 1_000_000 * Int64(id)
-        replicas[id] = try Replica(
-            configuration: Self.configuration(id, snapshotEntries: snapshotEntries), persisted: .blank, machine: StateMachine(),
-            session: 1000 + id, now: clocks[id] ?? 0)
+        try start(id, fileSystem: SimulatedFileSystem(), configuration: Self.configuration(id, snapshotEntries: snapshotEntries), session: 1000 + id)
     }
 
-    /// Restarts a node from its disk (memory lost).
+    /// Restarts a node from its disk after a power loss (memory and anything unsynced lost).
     mutating func restart(_ id: NodeID, session: UInt64) throws {
-        guard let disk = disks[id], let old = replicas[id] else { return }
-        let machine = try StateMachine(image: disk.image)
-        replicas[id] = try Replica(configuration: old.configuration, persisted: disk.persisted, machine: machine, session: session, now: clocks[id] ?? 0)
+        guard let fileSystem = fileSystems[id], let old = replicas[id] else { return }
+        fileSystem.reboot()
+        try start(id, fileSystem: fileSystem, configuration: old.configuration, session: session)
+    }
+
+    /// The log entries on `id`'s disk after its newest snapshot, read back through its storage.
+    func storedEntries(_ id: NodeID) -> [LogEntry] {
+        (try? storages[id]?.load { _ in }.persisted.entries) ?? []
+    }
+
+    /// The size of `id`'s newest snapshot file (what a follower receives), 0 without one.
+    func snapshotFileBytes(_ id: NodeID) -> Int {
+        guard let storage = storages[id], let latest = (try? storage.snapshots.latest()) ?? nil else { return 0 }
+        return (try? storage.snapshots.fileSize(lastIndex: latest.lastIndex)) ?? 0
     }
 
     /// Answers a held read-ahead of `id` (and settles nothing: call `settle()`).
@@ -90,33 +113,28 @@ struct ReplicaCluster {
         return nextRequest
     }
 
-    /// Runs one node's ready loop until it has nothing to do.
+    /// Runs one node's ready loop until it has nothing to do: persist (snapshot chunks and
+    /// install, entries, hard state) through its storage, send, serve snapshot chunks from its
+    /// store, advance, then write any snapshot due and compact, as `NodeCore` does.
     mutating func process(_ id: NodeID) {
-        guard var r = replicas[id], var disk = disks[id] else { return }
+        guard var r = replicas[id], let storage = storages[id], let fileSystem = fileSystems[id] else { return }
         while let rd = r.ready() {
-            for chunk in rd.snapshotChunks {
-                if chunk.offset == 0 { disk.incoming = [] }
-                if Int(chunk.offset) == disk.incoming.count { disk.incoming.append(contentsOf: chunk.data) }
+            let installed: StateMachine?
+            do {
+                installed = try storage.persist(rd)
+            } catch {
+                // The tests inject no disk faults: any storage error fails the running test.
+                Issue.record("node \(id): persisting failed: \(error)")
+                break
             }
-            var installed: StateMachine?
-            if let meta = rd.snapshot {
-                disk.image = disk.incoming
-                let keep = disk.persisted.entries.filter { $0.index > meta.index }
-                let continues = disk.persisted.entries.contains { $0.index == meta.index && $0.term == meta.term }
-                disk.persisted.entries = continues ? keep : []
-                disk.persisted.snapshot = meta
-                installed = try? StateMachine(image: disk.image)
-            }
-            for e in rd.entries {
-                disk.persisted.entries.removeAll { $0.index >= e.index }
-                disk.persisted.entries.append(e)
-            }
-            if let hs = rd.hardState { disk.persisted.hardState = hs }
             network.append(contentsOf: rd.messages)
             for req in rd.snapshotReads {
-                let start = min(Int(req.offset), disk.image.count)
-                let end = min(start + req.maxBytes, disk.image.count)
-                r.snapshotChunk(to: req.to, meta: req.meta, offset: req.offset, data: Array(disk.image[start..<end]), last: end == disk.image.count)
+                do {
+                    let chunk = try storage.snapshotChunk(req)
+                    r.snapshotChunk(to: req.to, meta: req.meta, offset: req.offset, data: chunk.data, last: chunk.last)
+                } catch {
+                    Issue.record("node \(id): cannot read its snapshot at \(req.meta.index): \(error)")
+                }
             }
             r.advance(rd, installed: installed)
             var pending = r.takeEvents()
@@ -132,18 +150,25 @@ struct ReplicaCluster {
                     }
                 }
                 if case .snapshotDue(let meta) = event {
-                    disk.image = r.machine.image()
-                    disk.persisted.snapshot = meta
-                    disk.persisted.entries.removeAll { $0.index <= meta.index }
-                    r.snapshotWritten(meta, imageBytes: UInt64(disk.image.count))
-                    snapshotsWritten[id, default: 0] += 1
+                    do {
+                        try SnapshotWriter(directory: Self.directory, fileSystem: fileSystem).write(r.machine, meta: meta) { _ in }
+                        try storage.snapshots.removeSnapshots(olderThan: meta.index)
+                        try storage.compact(through: meta.index)
+                        try storage.saveCommit(r.raft.durableHardState)
+                        let size = try storage.snapshots.fileSize(lastIndex: meta.index)
+                        r.snapshotWritten(meta, imageBytes: UInt64(size))
+                        snapshotsWritten[id, default: 0] += 1
+                    } catch {
+                        Issue.record("node \(id): snapshot at \(meta.index) failed: \(error)")
+                        r.snapshotFailed()
+                    }
+                    pending.append(contentsOf: r.takeEvents())
                 }
                 events[id, default: []].append(event)
             }
         }
         for event in r.takeEvents() { events[id, default: []].append(event) }
         replicas[id] = r
-        disks[id] = disk
     }
 
     /// Makes `filter` drop the first proposal on its way to the leader; the box counts drops.
@@ -245,5 +270,27 @@ struct ReplicaCluster {
     func value(_ id: NodeID, _ path: String, namespace: String = "app") -> String {
         guard let r = replicas[id], let p = try? Path(parsing: path) else { return "?" }
         return JSONWriter.string(r.machine.tree(namespace).child(at: p))
+    }
+}
+
+extension ReplicaCluster {
+    /// A JSON string of `length` characters drawn from 64 letters by a generator seeded with
+    /// `seed`: data that deflate cannot shrink much (to about three quarters), so tests that
+    /// need snapshot files of a given size can get them (the store compresses images).
+    static func noise(_ seed: Int, length: Int) -> String {
+        let letters = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        var state = UInt64(truncatingIfNeeded: seed) &+ 0x9E37_79B9_7F4A_7C15
+        var out = "\""
+        out.reserveCapacity(length + 2)
+        for _ in 0..<length {
+            state = state &+ 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            z ^= z >> 31
+            out.append(letters[Int(z & 63)])
+        }
+        out.append("\"")
+        return out
     }
 }

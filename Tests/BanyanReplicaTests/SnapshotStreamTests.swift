@@ -9,7 +9,8 @@ import Testing
 /// seeds 333, 354, 369, 428 and 579, 64-byte chunks of an image that grows with session records).
 @Suite("Snapshot streams under load")
 struct SnapshotStreamTests {
-    /// Three nodes taking a snapshot every 5 entries, with 16-byte chunks; `items` writes first.
+    /// Three nodes taking a snapshot every 5 entries, with 16-byte chunks; `items` writes first
+    /// (values that do not compress much: the snapshot file's size is what streams).
     static func cluster(items: Int, deferral: UInt64) throws -> (ReplicaCluster, NodeID) {
         var c = try ReplicaCluster(nodes: 3, snapshotEntries: 5) {
             $0.raft.snapshotChunkBytes = 16
@@ -17,7 +18,7 @@ struct SnapshotStreamTests {
         }
         let leader = try elect(&c)
         for i in 0..<items {
-            _ = c.write(via: leader, "/items/k\(i)", "\"value number \(i)\"")
+            _ = c.write(via: leader, "/items/k\(i)", ReplicaCluster.noise(i, length: 40))
             c.settle()
         }
         return (c, leader)
@@ -39,7 +40,7 @@ struct SnapshotStreamTests {
     @Test("a node joins from a snapshot while writes keep coming: compaction waits for the stream")
     func joinsWhileWritesContinue() throws {
         var (c, leader) = try Self.cluster(items: 30, deferral: 4)
-        let image = c.disks[leader]?.image.count ?? 0
+        let image = c.snapshotFileBytes(leader)
         #expect(image > 40 * 16, "the image (\(image) bytes) must take more chunk round trips than 5 writes allow")
         let snapshotsBefore = c.snapshotsWritten[leader] ?? 0
         #expect(try Self.joinUnderLoad(&c, leader: leader, writes: 60), "node 4 never installed a snapshot")
@@ -61,7 +62,7 @@ struct SnapshotStreamTests {
     @Test("a stream longer than the deferred entries allow still finishes while small writes keep coming")
     func largeImageJoinsWhileWritesContinue() throws {
         var (c, leader) = try Self.cluster(items: 160, deferral: 4)
-        let image = c.disks[leader]?.image.count ?? 0
+        let image = c.snapshotFileBytes(leader)
         // Three chunk round trips per write: 4 × 5 writes carry 960 bytes of the image.
         #expect(image > 2 * 4 * 5 * 3 * 16, "the image (\(image) bytes) must take more chunk round trips than 20 writes allow")
         #expect(try Self.joinUnderLoad(&c, leader: leader, writes: 200), "node 4 never installed a snapshot")

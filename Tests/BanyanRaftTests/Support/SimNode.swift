@@ -247,10 +247,8 @@ struct SimNode {
     /// A leader's chunk of its snapshot file for a follower (as `NodeCore` serves it).
     private mutating func serveSnapshotChunk(_ request: SnapshotChunkRequest, _ out: inout Output) {
         do {
-            let total = try storage.snapshots.fileSize(lastIndex: request.meta.index)
-            let offset = Int(min(request.offset, UInt64(total)))
-            let data = try storage.snapshots.rawChunk(lastIndex: request.meta.index, offset: offset, maxBytes: request.maxBytes)
-            raft.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: data, last: offset + data.count >= total)
+            let chunk = try storage.snapshotChunk(request)
+            raft.snapshotChunk(to: request.to, meta: request.meta, offset: request.offset, data: chunk.data, last: chunk.last)
         } catch {
             out.violations.append("node \(id): cannot read its snapshot at \(request.meta.index) for node \(request.to): \(error)")
         }
