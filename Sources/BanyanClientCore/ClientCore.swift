@@ -429,39 +429,49 @@ public struct ClientCore: Sendable {
         emit(.persist([.writeDone(number)], durable: false))
     }
 
-    /// The disk cache rewritten: identity, unanswered writes, then the server's data for complete
-    /// locations while they fit in `budget` bytes: first every location listened to now or kept
-    /// synced (whatever their size), then the others in path order. A location inside one already
-    /// written is covered by it. Locations that do not fit are forgotten, and their data dropped
-    /// from memory too, except the listened or kept-synced locations inside them.
+    /// The disk cache rewritten: identity and unanswered writes; then what must stay whatever its
+    /// size: every complete location listened to now or kept synced, and every complete filtered
+    /// query listened to now; then, while they fit in `budget` bytes, the other complete
+    /// locations in path order and the other cached query windows. Every record counts by its
+    /// encoded size (`ClientStore.encodedSize`). A location inside one already written is covered
+    /// by it. Locations that do not fit are forgotten, and their data dropped from memory too,
+    /// except the listened or kept-synced locations inside them; windows that do not fit are
+    /// forgotten.
     public mutating func compactedRecords(budget: Int) -> [ClientStore.Record] {
         var records: [ClientStore.Record] = [.identity(client: clientID, nextNumber: nextWriteNumber)]
         for w in writes.all { if let s = Self.stored(w) { records.append(.write(s)) } }
         let live = Set(listens.filter { $0.key.isPlain && $0.value.complete }.map(\.key.path))
         let candidates = live.union(cachedComplete)
         let mustKeep = candidates.filter { keptSynced.contains($0) || live.contains($0) }
-        var used = records.reduce(0) { $0 + ClientStore.encode($1).count }
+        var used = records.reduce(0) { $0 + ClientStore.encodedSize($1) }
         var kept: [Path] = []
         func covered(_ path: Path) -> Bool { kept.contains { $0.contains(path) } }
-        // Outermost first within each group (a shorter path sorts before the paths inside it).
-        for path in mustKeep.sorted() + candidates.subtracting(mustKeep).sorted() where !covered(path) {
-            let json = JSONWriter.bytes(server.child(at: path), format: .export)
-            if !mustKeep.contains(path) && used + json.count > budget { continue }
-            used += json.count
-            records.append(.server(path, json))
-            records.append(.complete(path, true))
+        // Keeps a complete location (its data and its completeness mark) unless it is optional
+        // and does not fit.
+        func keep(_ path: Path, optional: Bool) {
+            guard !covered(path) else { return }
+            let data: ClientStore.Record = .server(path, JSONWriter.bytes(server.child(at: path), format: .export))
+            let mark: ClientStore.Record = .complete(path, true)
+            let size = ClientStore.encodedSize(data) + ClientStore.encodedSize(mark)
+            if optional && used + size > budget { return }
+            used += size
+            records.append(data)
+            records.append(mark)
             kept.append(path)
         }
-        // Filtered queries' windows: every complete one listened to now (whatever its size), then
-        // the others while they fit; those that do not are forgotten.
+        // 1. What must stay: listened and kept-synced locations (outermost first: a shorter path
+        // sorts before the paths inside it), then the filtered queries listened to now.
+        for path in mustKeep.sorted() { keep(path, optional: false) }
         for (key, listen) in listens.sorted(by: { $0.key < $1.key }) where !key.isPlain && listen.complete {
             let record = Self.queryRecord(key, at: .root, listen.cache)
-            used += ClientStore.encode(record).count
+            used += ClientStore.encodedSize(record)
             records.append(record)
         }
+        // 2. What may stay while it fits: other complete locations, then other cached windows.
+        for path in candidates.subtracting(mustKeep).sorted() { keep(path, optional: true) }
         for (key, tree) in cachedQueries.sorted(by: { $0.key < $1.key }) {
             let record = Self.queryRecord(key, at: .root, tree)
-            let size = ClientStore.encode(record).count
+            let size = ClientStore.encodedSize(record)
             if used + size > budget {
                 cachedQueries[key] = nil
                 continue
@@ -1140,7 +1150,7 @@ public struct ClientCore: Sendable {
             // Refused or revoked by the rules: its window is no longer shown offline either
             // (a transient failure, such as `unavailable`, keeps it).
             cachedQueries[key] = nil
-            emit(.persist([.query(path: key.path, query: key.query, at: .root, json: [])], durable: false))
+            emit(.persist([Self.forgetQueryRecord(key)], durable: false))
         }
         for viewKey in views.keys.sorted() where views[viewKey]?.listen == key {
             guard let view = views.removeValue(forKey: viewKey) else { continue }
@@ -1362,6 +1372,11 @@ public struct ClientCore: Sendable {
     /// disk-cache record.
     private static func queryRecord(_ key: ListenKey, at: Path, _ tree: Tree) -> ClientStore.Record {
         .query(path: key.path, query: key.query, at: at, json: JSONWriter.bytes(tree, format: .export))
+    }
+
+    /// The record that forgets a query's cached window (no JSON).
+    private static func forgetQueryRecord(_ key: ListenKey) -> ClientStore.Record {
+        .query(path: key.path, query: key.query, at: .root, json: [])
     }
 
     /// What a view shows, before its query: the server's data at its location (the plain

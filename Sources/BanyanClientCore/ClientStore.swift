@@ -104,6 +104,31 @@ public enum ClientStore {
 
     // MARK: - Encoding
 
+    /// The bytes `encode(record)` produces, counted without encoding it (compaction measures
+    /// every record it keeps against its budget): a 12-byte frame (length, checksum), then the
+    /// body, whose strings and byte runs carry an 8-byte length each.
+    public static func encodedSize(_ record: Record) -> Int {
+        func run(_ n: Int) -> Int { 8 + n }
+        let body: Int
+        switch record {
+        case .identity:
+            body = 1 + 8 + 8
+        case .write(let write):
+            body =
+                1 + 8 + 1 + 1 + run(write.path.description.utf8.count) + run(write.hash.utf8.count) + run(write.json.count) + 8
+                + write.children.reduce(0) { $0 + run($1.0.description.utf8.count) + run($1.1.count) }
+        case .writeDone:
+            body = 1 + 8
+        case let .server(path, json):
+            body = 1 + run(path.description.utf8.count) + run(json.count)
+        case let .complete(path, _):
+            body = 1 + run(path.description.utf8.count) + 1
+        case let .query(path, query, at, json):
+            body = 1 + run(path.description.utf8.count) + run(query.utf8.count) + run(at.description.utf8.count) + run(json.count)
+        }
+        return 12 + body
+    }
+
     public static func encode(_ record: Record) -> [UInt8] {
         var w = ByteWriter(capacity: 64)
         switch record {

@@ -892,3 +892,45 @@ extension ClientStoreTests {
         #expect(ClientStore.restore(Array("BNYCLI03".utf8) + records.flatMap { ClientStore.encode($0) }) == nil)
     }
 }
+
+extension ClientStoreTests {
+    @Test("a record's size is counted without encoding it, exactly: every kind, non-ASCII paths, updates with children")
+    func encodedSizeIsExact() throws {
+        let p = Self.path("/héllo/wörld")
+        let update = ClientStore.StoredWrite(number: 3, kind: .merge, path: p, children: [(Self.path("a/ü"), Array("1".utf8)), (Self.path("b"), Array("{}".utf8))], visible: true)
+        let records: [ClientStore.Record] = [
+            .identity(client: 1, nextNumber: 2),
+            .write(ClientStore.StoredWrite(number: 4, kind: .transaction, path: p, json: Array(#""x""#.utf8), hash: "abc=", visible: false)),
+            .write(update),
+            .writeDone(9),
+            .server(p, Array(#"{"k":"ß"}"#.utf8)),
+            .complete(p, true),
+            .query(path: p, query: #"{"l":2,"vf":"r"}"#, at: Self.path("/ä"), json: Array("[1]".utf8)),
+            .query(path: .root, query: "", at: .root, json: []),
+        ]
+        for r in records { #expect(ClientStore.encodedSize(r) == ClientStore.encode(r).count, "\(r)") }
+    }
+
+    @Test("compaction keeps what must stay first (listened locations and live query windows), then optional locations only while they fit, so a file fits its budget whenever dropping optional data makes it fit")
+    func compactionKeepsLiveWindowsBeforeOptionalData() throws {
+        let params = try Query().orderByKey().limitToLast(1).params
+        var core = Self.persistentOnline(seed: 6)
+        // An optional cached location (listened to, then released) sorted before the window.
+        core.observe(1, path: Self.path("/a"), type: .value)
+        core.received(ClientCoreTests.data("/a", "\"" + String(repeating: "a", count: 1_000) + "\""))
+        core.removeObserver(1)
+        // A live filtered query of about 1 KB.
+        core.observe(2, path: Self.path("/z"), params: params, type: .value)
+        core.received(ClientCoreTests.data("/z", #"{"k":"\#(String(repeating: "z", count: 1_000))"}"#, tag: 1))
+        core.received(ClientCoreTests.ok(2, "{}"))
+        _ = core.takeActions()
+        let budget = 1_300
+        let compacted = core.compactedRecords(budget: budget)
+        let windows = compacted.compactMap { if case let .query(path, _, _, _) = $0 { path.description } else { nil } }
+        let locations = compacted.compactMap { if case .complete(let p, true) = $0 { p.description } else { nil } }
+        #expect(windows == ["/z"], "\(windows)")
+        #expect(locations.isEmpty, "the optional location should have been dropped: \(locations)")
+        let bytes = compacted.reduce(0) { $0 + ClientStore.encode($1).count }
+        #expect(bytes <= budget, "\(bytes) bytes against a budget of \(budget)")
+    }
+}
