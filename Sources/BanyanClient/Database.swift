@@ -90,6 +90,8 @@ public final class Database: @unchecked Sendable {
         var directory: URL?
         var error: String?
         var timeouts = ClientCore.Timeouts()
+        /// Testing only (`_skewClock`): this client's clock reads this far from the wall clock.
+        var clockSkew: Int64 = 0
     }
     private let settings = Locked(Settings())
     private var cacheFile: CacheFile?
@@ -109,6 +111,14 @@ public final class Database: @unchecked Sendable {
     private var transactionBlocks: [UInt64: @Sendable (ClientCore.TransactionOutcome) -> Void] = [:]
     private var getBlocks: [UInt64: @Sendable (Result<Tree, DatabaseError>) -> Void] = [:]
     private var pushIDs: PushIDGenerator
+    /// The core's `serverTimeOffset` as the push-id generator reads it (under `ids`' lock: ids
+    /// are taken on the caller's thread). Copied after each turn of the loop that changed it.
+    private var pushClockOffset: Int64 = 0
+    private var copiedOffset: Int64 = 0
+    /// `Settings.clockSkew`, for the loop (`clockSkew`) and for push ids (`pushClockSkew`,
+    /// under `ids`' lock).
+    private var clockSkew: Int64 = 0
+    private var pushClockSkew: Int64 = 0
     private let ids = IDSource()
     private var ticker: RepeatedTask?
     private var lastKeepAlive: Int64 = 0
@@ -180,6 +190,8 @@ public final class Database: @unchecked Sendable {
 
     private func start(_ s: Settings) {
         core.timeouts = s.timeouts
+        clockSkew = s.clockSkew
+        ids.withLock { pushClockSkew = s.clockSkew }
         if s.persistence {
             do {
                 let directory = s.directory ?? Self.defaultCacheDirectory()
@@ -294,7 +306,10 @@ public final class Database: @unchecked Sendable {
     /// of the system clock (NTP, a user) neither fires nor stalls the back-off, the connection
     /// and ping timers, or the keep-alive. Server values still read as wall time (corrected by
     /// `.info/serverTimeOffset` at each hello).
-    private func nowMillis() -> Int64 {
+    private func nowMillis() -> Int64 { unskewedMillis() + clockSkew }
+
+    /// The same clock without the testing skew; any thread.
+    private func unskewedMillis() -> Int64 {
         clockBase.wall + Int64((DispatchTime.now().uptimeNanoseconds &- clockBase.monotonic) / 1_000_000)
     }
 
@@ -320,6 +335,11 @@ public final class Database: @unchecked Sendable {
     private func process() {
         var durable = false
         defer {
+            if core.serverTimeOffset != copiedOffset {
+                copiedOffset = core.serverTimeOffset
+                let offset = copiedOffset
+                ids.withLock { pushClockOffset = offset }
+            }
             if let file = cacheFile {
                 if durable { file.sync() }
                 if file.needsCompaction { file.compact(core.compactedRecords(budget: file.budget / 2)) }
@@ -502,6 +522,10 @@ public final class Database: @unchecked Sendable {
     /// a connection dies after the server applied a write and before its answer arrived.
     @_spi(Testing) public func _dropNextAnswerAndDisconnect() { _ = onLoopSync { self.dropNextAnswer = true } }
 
+    /// Testing only, before the first use: this client's clock reads `millis` away from the wall
+    /// clock (a device whose clock is wrong).
+    @_spi(Testing) public func _skewClock(byMillis millis: Int64) { settings.withLock { s in if !s.activated { s.clockSkew = millis } } }
+
     /// Testing only: whether writes carry their numbers (exactly once) when the server takes them.
     @_spi(Testing) public func _setWriteNumbers(_ on: Bool) { _ = onLoopSync { self.core.useWriteNumbers = on } }
 
@@ -640,9 +664,13 @@ public final class Database: @unchecked Sendable {
         }
     }
 
+    /// A push id dated by the server's clock as this client estimates it (its own clock plus
+    /// `.info/serverTimeOffset`, as Firebase's SDKs date them), so ids from clients whose clocks
+    /// disagree, or from a device whose monotonic clock stood still while it slept (the offset is
+    /// measured again at the next hello), still sort in the order they were made.
     func nextPushID() -> String {
         // Taken on the caller's thread: the generator is guarded by the id source's lock.
-        ids.withLock { pushIDs.next(now: nowMillis()) }
+        ids.withLock { pushIDs.next(now: unskewedMillis() + pushClockSkew + pushClockOffset) }
     }
 }
 

@@ -1,5 +1,6 @@
 @_spi(Testing) import BanyanClient
 import BanyanServer
+import BanyanTree
 import Foundation
 import Testing
 
@@ -75,5 +76,38 @@ import Testing
         #expect(runs.all == ["run on 10"], "\(runs.all)")
         let read = try await DatabaseTests.bounded { try await db.reference(withPath: "n").getData() }
         #expect(read.value as? Int == 11)
+    }
+}
+
+/// Push ids are dated by the server's clock as the client estimates it (its clock plus
+/// `.info/serverTimeOffset`), as Firebase's SDKs date them.
+@Suite(.serialized) struct PushIDClockTests {
+    typealias R = DatabaseTests.Recorder
+
+    @Test("a client whose clock is an hour slow makes push ids dated by the server's time once connected, so they sort after ids other clients made before them")
+    func pushIDsUseTheServerOffset() async throws {
+        try await DatabaseTests.withNode { port in
+            let slow = try Database(url: "http://127.0.0.1:\(port)?ns=clock", authToken: "owner")
+            let right = try Database(url: "http://127.0.0.1:\(port)?ns=clock", authToken: "owner")
+            defer {
+                slow.shutdown()
+                right.shutdown()
+            }
+            slow._skewClock(byMillis: -3_600_000)
+            let connected = R()
+            slow.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
+            #expect(await connected.wait { $0 == "true" })
+            let offset = try await DatabaseTests.bounded { try await slow.reference(withPath: ".info/serverTimeOffset").getData() }
+            let measured = try #require(offset.value as? Int)
+            #expect(abs(measured - 3_600_000) < 60_000, "offset \(measured)")
+            let earlier = right.reference(withPath: "list").childByAutoId()
+            let later = slow.reference(withPath: "list").childByAutoId()
+            let wall = Int64((Date().timeIntervalSince1970 * 1000).rounded())
+            let laterKey = try #require(later.key)
+            let earlierKey = try #require(earlier.key)
+            let dated = try #require(PushIDGenerator.timestamp(of: laterKey))
+            #expect(abs(dated - wall) < 60_000, "the slow client's push id is dated \(wall - dated) ms before the wall clock")
+            #expect(earlierKey < laterKey)
+        }
     }
 }
