@@ -157,6 +157,7 @@ struct Serve: ParsableCommand {
         signal(SIGHUP, SIG_IGN)
         var logger = Logger(label: "banyan")
         logger[metadataKey: "node"] = "\(config.nodeID)"
+        ProcessMemory.startTrimming(logger: logger)
         let node: BanyanNode
         // SIGINT/SIGTERM while a full disk holds the start back end the wait.
         let stop = StopFlag()
