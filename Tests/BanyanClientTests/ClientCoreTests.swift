@@ -934,3 +934,41 @@ extension ClientStoreTests {
         #expect(bytes <= budget, "\(bytes) bytes against a budget of \(budget)")
     }
 }
+
+extension ClientStoreTests {
+    /// A transaction restored from the cache (its function is gone with the old process) is sent
+    /// once as its last compare-and-set (docs/swift-sdk.md, "Offline and persistence").
+    @Test("a restored transaction applies if the data is unchanged, and if it changed ends without rerunning: its value is rolled back and it is not sent again", arguments: [true, false])
+    func restoredTransactionOutcome(unchanged: Bool) throws {
+        let five = try Tree(json: "5")
+        let write = ClientStore.StoredWrite(number: 1, kind: .transaction, path: Self.path("/t"), json: Array("6".utf8), hash: five.hashString, visible: true)
+        let records: [ClientStore.Record] = [
+            .identity(client: 7, nextNumber: 2), .server(Self.path("/t"), Array("5".utf8)), .complete(Self.path("/t"), true), .write(write),
+        ]
+        var core = ClientCore(nodeCount: 1, seed: 3, persistence: true, restored: try #require(ClientStore.restore(Self.file(records))))
+        _ = core.takeActions()
+        core.observe(1, path: Self.path("/t"), type: .value)
+        core.tick(now: 10)
+        #expect(ClientCoreTests.events(core.takeActions()).last == "1 value 6", "shown at once, as its last attempt")
+        core.received(ClientCoreTests.hello())
+        let sent = ClientCoreTests.sent(core.takeActions())
+        let put = try #require(sent.first { $0.contains(#""a":"p""#) && $0.contains(#""p":"/t""#) }, "\(sent)")
+        #expect(put.contains(#""h":"\#(five.hashString)""#) && put.contains(#""d":6"#), "\(put)")
+        let number = try #require(Int64(put.split(separator: #""r":"#)[1].prefix { $0.isNumber }))
+        if unchanged {
+            core.received(ClientCoreTests.data("/t", "6"))
+            core.received(ClientCoreTests.ok(number))
+        } else {
+            // Another client wrote 9 meanwhile: the server sends it, then refuses the swap.
+            core.received(ClientCoreTests.data("/t", "9"))
+            core.received(ClientCoreTests.status(number, "datastale"))
+        }
+        let after = core.takeActions()
+        let shown = ClientCoreTests.events(after)
+        // Unchanged: 6 was shown and stays (no event); changed: the server's 9 replaces it.
+        #expect(unchanged ? shown.isEmpty : shown.last == "1 value 9", "\(shown)")
+        #expect(Self.records(after).contains(.writeDone(1)), "answered: not restored again")
+        #expect(ClientCoreTests.sent(after).isEmpty, "not sent again: \(ClientCoreTests.sent(after))")
+        #expect(core.pendingWriteCount == 0)
+    }
+}

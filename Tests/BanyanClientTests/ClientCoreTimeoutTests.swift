@@ -161,3 +161,51 @@ extension ClientCoreTests {
         #expect(Self.ticks(&core, from: 11_000, to: 11_500) == [.disconnect])
     }
 }
+
+extension ClientCoreTests {
+    /// Ticks every millisecond from `from` until the core asks to connect (at most `limit` ms);
+    /// the node and when.
+    static func nextConnect(_ core: inout ClientCore, from: Int64, limit: Int64 = 60_000) -> (node: Int, at: Int64)? {
+        var t = from
+        while t < from + limit {
+            t += 1
+            core.tick(now: t)
+            for action in core.takeActions() {
+                if case .connect(let node) = action { return (node, t) }
+            }
+        }
+        return nil
+    }
+
+    @Test("reconnecting: each failed attempt waits a jittered, doubling back-off (the k-th failure between half and all of min(30 s, 300 ms × 2^k)), tries the next node, and a successful hello starts the back-off again")
+    func backOffDoublesWithJitterAndACap() throws {
+        var delaysOfThirdFailure: Set<Int64> = []
+        for seed: UInt64 in 1...8 {
+            var core = ClientCore(nodeCount: 3, seed: seed)
+            core.tick(now: 0)
+            #expect(core.takeActions() == [.connect(node: 0)])
+            var now: Int64 = 0
+            var node = 0
+            for failure in 1...10 {
+                core.closed()
+                _ = core.takeActions()
+                let next = try #require(Self.nextConnect(&core, from: now), "seed \(seed), failure \(failure)")
+                let base = Int64(min(30_000, 300 << min(failure, 7)))
+                let delay = next.at - now
+                #expect(delay >= base / 2 && delay <= base, "seed \(seed), failure \(failure): waited \(delay) ms, expected \(base / 2)–\(base)")
+                #expect(next.node == (node + 1) % 3, "seed \(seed), failure \(failure): node \(next.node) after \(node)")
+                if failure == 3 { delaysOfThirdFailure.insert(delay) }
+                now = next.at
+                node = next.node
+            }
+            // Online again: the next failure waits as a first one does.
+            core.received(Self.hello())
+            _ = core.takeActions()
+            core.closed()
+            _ = core.takeActions()
+            let again = try #require(Self.nextConnect(&core, from: now))
+            #expect(again.at - now >= 300 && again.at - now <= 600, "seed \(seed): after a hello the back-off restarts, waited \(again.at - now) ms")
+        }
+        #expect(delaysOfThirdFailure.count >= 4, "jitter: eight clients' third retries came after \(delaysOfThirdFailure.sorted()) ms")
+    }
+}
