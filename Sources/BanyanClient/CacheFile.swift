@@ -70,8 +70,8 @@ final class CacheFile: @unchecked Sendable {
             size = restored.validBytes
             compactedSize = size
             _ = ftruncate(fd, off_t(size))
-            if restored.formatOne {
-                // Format 2 from now on (same length, in place, synced before any new record):
+            if restored.olderFormat {
+                // The current format from now on (same length, in place, synced before any new record):
                 // an older SDK then sees no cache instead of a record it cannot read.
                 let magic = ClientStore.magic
                 _ = magic.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }

@@ -179,6 +179,11 @@ public struct ClientCore: Sendable {
         var isTransaction: Bool
         /// The request number it was last sent under (nil: not sent on this connection).
         var sentAs: Int64?
+        /// Made while the connection had a credential (stored with it, `StoredWrite.signedIn`).
+        var signedIn = false
+        /// Restored from the cache and made signed in: it, and every write after it (order is
+        /// kept), waits until a credential is set (`setAuthToken`).
+        var waitsForCredential = false
     }
 
     /// What a listen is: the plain location, or a filtered query with a tag.
@@ -383,7 +388,7 @@ public struct ClientCore: Sendable {
         }
         return PendingWrite(
             id: restoredWriteID(stored.number), number: stored.number, request: request, changes: [], visible: stored.visible,
-            isTransaction: stored.kind == .transaction, sentAs: nil)
+            isTransaction: stored.kind == .transaction, sentAs: nil, signedIn: stored.signedIn, waitsForCredential: stored.signedIn)
     }
 
     /// The local changes of a write, from its request (server values with the clock now).
@@ -411,9 +416,10 @@ public struct ClientCore: Sendable {
         switch write.request {
         case let .put(path, data, hash, priority):
             let kind: ClientStore.WriteKind = priority ? .priority : (hash != nil ? .transaction : .set)
-            return ClientStore.StoredWrite(number: write.number, kind: kind, path: path, json: data, hash: hash ?? "", visible: write.visible)
+            return ClientStore.StoredWrite(
+                number: write.number, kind: kind, path: path, json: data, hash: hash ?? "", visible: write.visible, signedIn: write.signedIn)
         case let .merge(path, children):
-            return ClientStore.StoredWrite(number: write.number, kind: .merge, path: path, children: children, visible: write.visible)
+            return ClientStore.StoredWrite(number: write.number, kind: .merge, path: path, children: children, visible: write.visible, signedIn: write.signedIn)
         default:
             return nil
         }
@@ -768,6 +774,8 @@ public struct ClientCore: Sendable {
         authToken = token
         guard changed, isOnline else { return }
         if let token { send(.auth(token: token), as: .auth) } else { send(.unauth, as: .ignored) }
+        // Writes restored from the cache that waited for a credential go now, after it.
+        if token != nil { sendWaitingWrites() }
     }
 
     // MARK: - Writes
@@ -803,6 +811,7 @@ public struct ClientCore: Sendable {
     private mutating func addWrite(_ newWrite: PendingWrite) {
         var write = newWrite
         write.number = takeWriteNumber()
+        write.signedIn = authToken != nil
         // A set or update over a running transaction's location overrides it (Firebase's
         // `overriddenBySet`).
         for id in transactions.keys.sorted() {
@@ -815,9 +824,10 @@ public struct ClientCore: Sendable {
                 transactions[id]?.overridden = true
             }
         }
-        let seq = appendWrite(write)
+        _ = appendWrite(write)
         persistWrite(write)
-        sendWrite(seq)
+        // In order: behind any earlier write still waiting (the window, a credential).
+        sendWaitingWrites()
         refresh(touching: write.changes.map(\.path))
     }
 
@@ -843,6 +853,12 @@ public struct ClientCore: Sendable {
     @discardableResult
     private mutating func sendWrite(_ seq: UInt64) -> Bool {
         guard isOnline, let write = writes[seq], write.sentAs == nil else { return true }
+        // A write restored from the cache that was made signed in waits for a credential, and
+        // the writes after it wait behind it (a connection's writes apply in order).
+        if write.waitsForCredential {
+            guard authToken != nil else { return false }
+            writes[seq]?.waitsForCredential = false
+        }
         var client: (number: UInt64, acknowledgedBelow: UInt64)?
         if numbered {
             let lowest = acknowledgedBelow
@@ -904,10 +920,10 @@ public struct ClientCore: Sendable {
             }
             let write = PendingWrite(
                 id: id, number: takeWriteNumber(), request: .put(path: t.path, data: json, hash: current.hashString), changes: [.set(t.path, value)],
-                visible: t.applyLocally, isTransaction: true, sentAs: nil)
-            let seq = appendWrite(write)
+                visible: t.applyLocally, isTransaction: true, sentAs: nil, signedIn: authToken != nil)
+            _ = appendWrite(write)
             persistWrite(write)
-            sendWrite(seq)
+            sendWaitingWrites()
             refresh(touching: [t.path])
         }
     }

@@ -11,14 +11,18 @@ public import BanyanTree
 /// A frame cut short or with a wrong checksum ends the file there (an append torn by a crash:
 /// every record before it stands).
 public enum ClientStore {
-    /// Format 2: format 1's records and filtered queries' windows (`query`). Format 1 files are
-    /// read too, and the driver turns one into format 2 before appending to it
-    /// (`Restored.formatOne`), so an older SDK never reads a record it does not know: it sees no
-    /// cache and starts afresh, rather than cutting the file at the first unknown record and
-    /// reusing write numbers the server has already answered.
-    public static let magic: [UInt8] = Array("BNYCLI02".utf8)
+    /// Format 3: format 2's records and writes made while signed in (record kind 7: a write
+    /// record that also says so, `StoredWrite.signedIn`). Format 2 added filtered queries'
+    /// windows (`query`) to format 1. Files of formats 1 and 2 are read too, and the driver
+    /// turns one into format 3 before appending to it (`Restored.olderFormat`), so an older SDK
+    /// never reads a record it does not know: it sees no cache and starts afresh, rather than
+    /// cutting the file at the first unknown record and reusing write numbers the server has
+    /// already answered.
+    public static let magic: [UInt8] = Array("BNYCLI03".utf8)
     /// The magic of format 1 (no `query` records).
     public static let magicFormatOne: [UInt8] = Array("BNYCLI01".utf8)
+    /// The magic of format 2 (no signed-in writes).
+    public static let magicFormatTwo: [UInt8] = Array("BNYCLI02".utf8)
     /// The largest record accepted (a write or a cached location of up to 64 MiB).
     public static let maxRecordBytes = 64 << 20
 
@@ -41,8 +45,14 @@ public enum ClientStore {
         public var children: [(Path, [UInt8])]
         public var hash: String
         public var visible: Bool
+        /// Made while the connection had a credential: after a restart it is held until one is
+        /// set again (`ClientCore.setAuthToken`), so rules that need the user still see one.
+        public var signedIn: Bool
 
-        public init(number: UInt64, kind: WriteKind, path: Path, json: [UInt8] = [], children: [(Path, [UInt8])] = [], hash: String = "", visible: Bool = true) {
+        public init(
+            number: UInt64, kind: WriteKind, path: Path, json: [UInt8] = [], children: [(Path, [UInt8])] = [], hash: String = "", visible: Bool = true,
+            signedIn: Bool = false
+        ) {
             self.number = number
             self.kind = kind
             self.path = path
@@ -50,10 +60,12 @@ public enum ClientStore {
             self.children = children
             self.hash = hash
             self.visible = visible
+            self.signedIn = signedIn
         }
 
         public static func == (a: StoredWrite, b: StoredWrite) -> Bool {
             a.number == b.number && a.kind == b.kind && a.path == b.path && a.json == b.json && a.hash == b.hash && a.visible == b.visible
+                && a.signedIn == b.signedIn
                 && a.children.count == b.children.count && zip(a.children, b.children).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
         }
     }
@@ -94,8 +106,11 @@ public enum ClientStore {
         public var complete: Set<Path> = []
         /// The windows of filtered queries (each complete as the server last sent it).
         public var queries: [QueryKey: Tree] = [:]
-        /// The file is in format 1: its magic must become format 2's before anything is appended.
+        /// The file is in format 1.
         public var formatOne = false
+        /// The file is in format 1 or 2: its magic must become format 3's before anything is
+        /// appended.
+        public var olderFormat = false
         /// Bytes of valid records (a torn tail after them is ignored and overwritten).
         public var validBytes = 0
         public var records = 0
@@ -137,7 +152,7 @@ public enum ClientStore {
             w.u64(client)
             w.u64(next)
         case .write(let write):
-            w.u8(2)
+            w.u8(write.signedIn ? 7 : 2)
             w.u64(write.number)
             w.u8(write.kind.rawValue)
             w.u8(write.visible ? 1 : 0)
@@ -185,9 +200,9 @@ public enum ClientStore {
             switch try r.u8("record kind") {
             case 1:
                 return .identity(client: try r.u64("client"), nextNumber: try r.u64("next number"))
-            case 2:
+            case let kind where kind == 2 || kind == 7:
                 let number = try r.u64("number")
-                guard let kind = WriteKind(rawValue: try r.u8("write kind")) else { throw .badValue(field: "write kind") }
+                guard let writeKind = WriteKind(rawValue: try r.u8("write kind")) else { throw .badValue(field: "write kind") }
                 let visible = try r.bool("visible")
                 let p = try path("path")
                 let hash = try r.string("hash")
@@ -195,7 +210,7 @@ public enum ClientStore {
                 let count = try r.count("children", itemBytes: 16)
                 var children: [(Path, [UInt8])] = []
                 for _ in 0..<count { children.append((try path("child path"), try r.bytes("child json"))) }
-                return .write(StoredWrite(number: number, kind: kind, path: p, json: json, children: children, hash: hash, visible: visible))
+                return .write(StoredWrite(number: number, kind: writeKind, path: p, json: json, children: children, hash: hash, visible: visible, signedIn: kind == 7))
             case 3:
                 return .writeDone(try r.u64("number"))
             case 4:
@@ -227,9 +242,10 @@ public enum ClientStore {
     public static func restore(_ bytes: [UInt8]) -> Restored? {
         guard bytes.count >= magic.count else { return nil }
         let head = Array(bytes.prefix(magic.count))
-        guard head == magic || head == magicFormatOne else { return nil }
+        guard head == magic || head == magicFormatTwo || head == magicFormatOne else { return nil }
         var state = Restored()
         state.formatOne = head == magicFormatOne
+        state.olderFormat = head != magic
         var writes: [UInt64: StoredWrite] = [:]
         var order: [UInt64] = []
         var highest: UInt64 = 0

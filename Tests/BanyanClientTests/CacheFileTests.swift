@@ -6,7 +6,7 @@ import Testing
 
 /// The SDK's cache file on disk (docs/swift-sdk.md, "Offline and persistence").
 @Suite struct CacheFileTests {
-    @Test("a format 1 file keeps its records, gets format 2's magic before anything is appended, and reads back whole with the new records")
+    @Test("a format 1 file keeps its records, gets the current format's magic before anything is appended, and reads back whole with the new records")
     func upgradesFormatOneInPlace() throws {
         let dir = NSTemporaryDirectory() + "banyan-cachefile-\(UInt64.random(in: 0...UInt64.max))"
         defer { try? FileManager.default.removeItem(atPath: dir) }

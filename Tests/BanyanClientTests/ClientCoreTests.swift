@@ -879,7 +879,7 @@ extension ClientStoreTests {
 }
 
 extension ClientStoreTests {
-    @Test("format 1 cache files (before filtered queries' windows) still restore; a database opening one turns it into format 2 in place, so an older SDK never meets a record it cannot read")
+    @Test("format 1 cache files (before filtered queries' windows) still restore; a database opening one turns it into the current format in place, so an older SDK never meets a record it cannot read")
     func formatOneFiles() throws {
         let write = ClientStore.StoredWrite(number: 4, kind: .set, path: Self.path("/a"), json: Array("1".utf8))
         let records: [ClientStore.Record] = [.identity(client: 77, nextNumber: 5), .write(write), .server(Self.path("/b"), Array("2".utf8)), .complete(Self.path("/b"), true)]
@@ -889,7 +889,7 @@ extension ClientStoreTests {
         #expect(try #require(ClientStore.restore(Self.file(records))).formatOne == false)
         #expect(ClientStore.magic != ClientStore.magicFormatOne && ClientStore.magic.count == ClientStore.magicFormatOne.count)
         // Anything else is not a cache.
-        #expect(ClientStore.restore(Array("BNYCLI03".utf8) + records.flatMap { ClientStore.encode($0) }) == nil)
+        #expect(ClientStore.restore(Array("BNYCLI04".utf8) + records.flatMap { ClientStore.encode($0) }) == nil)
     }
 }
 
@@ -970,5 +970,61 @@ extension ClientStoreTests {
         #expect(Self.records(after).contains(.writeDone(1)), "answered: not restored again")
         #expect(ClientCoreTests.sent(after).isEmpty, "not sent again: \(ClientCoreTests.sent(after))")
         #expect(core.pendingWriteCount == 0)
+    }
+}
+
+extension ClientStoreTests {
+    @Test("format 2 files (before signed-in writes) still restore and are marked for the in-place upgrade; a write made signed in round-trips as one")
+    func formatTwoFilesAndSignedInWrites() throws {
+        let plain = ClientStore.StoredWrite(number: 1, kind: .set, path: Self.path("/a"), json: Array("1".utf8))
+        let signed = ClientStore.StoredWrite(number: 2, kind: .merge, path: Self.path("/b"), children: [(Self.path("c"), Array("2".utf8))], signedIn: true)
+        let records: [ClientStore.Record] = [.identity(client: 3, nextNumber: 1), .write(plain), .write(signed)]
+        let now = try #require(ClientStore.restore(Self.file(records)))
+        #expect(now.writes == [plain, signed] && !now.olderFormat)
+        #expect(now.writes.map { $0.signedIn } == [false, true])
+        let two = try #require(ClientStore.restore(ClientStore.magicFormatTwo + [ClientStore.Record.identity(client: 3, nextNumber: 1), .write(plain)].flatMap { ClientStore.encode($0) }))
+        #expect(two.olderFormat && !two.formatOne && two.writes == [plain])
+        #expect(ClientStore.encodedSize(.write(signed)) == ClientStore.encode(.write(signed)).count)
+    }
+
+    /// A write made while signed in, restored after a restart, must not reach the server before
+    /// the app has a credential again: rules that need the user would refuse it, and the refusal
+    /// would drop the user's offline write (its completion block died with the old process).
+    @Test("a restored write made signed in waits for a credential, the writes after it wait behind it, and both go, in order, after the credential; a restored write made signed out goes at once")
+    func restoredSignedInWritesWaitForACredential() throws {
+        var first = ClientCore(nodeCount: 1, seed: 1, authToken: "token-1", persistence: true)
+        first.tick(now: 0)
+        try first.set(1, path: Self.path("/signed"), json: Array("1".utf8))
+        first.setAuthToken(nil)
+        try first.set(2, path: Self.path("/anonymous"), json: Array("2".utf8))
+        let records = [ClientStore.Record.identity(client: first.clientID, nextNumber: first.nextWriteNumber)] + Self.records(first.takeActions())
+        let restored = try #require(ClientStore.restore(Self.file(records)))
+        #expect(restored.writes.map { $0.signedIn } == [true, false])
+
+        var second = ClientCore(nodeCount: 1, seed: 2, persistence: true, restored: restored)
+        second.tick(now: 10)
+        _ = second.takeActions()
+        second.received(ClientCoreTests.hello())
+        #expect(ClientCoreTests.sent(second.takeActions()).filter { $0.contains(#""a":"p""#) }.isEmpty, "nothing is sent before a credential")
+        // A new write, made signed out, waits behind them.
+        try second.set(3, path: Self.path("/later"), json: Array("3".utf8))
+        #expect(ClientCoreTests.sent(second.takeActions()).filter { $0.contains(#""a":"p""#) }.isEmpty, "a later write does not overtake them")
+        second.setAuthToken("token-2")
+        let sent = ClientCoreTests.sent(second.takeActions())
+        let order = sent.compactMap { m -> String? in
+            if m.contains(#""a":"auth""#) { return "auth" }
+            for p in ["/signed", "/anonymous", "/later"] where m.contains(#""p":"\#(p)""#) { return p }
+            return nil
+        }
+        #expect(order == ["auth", "/signed", "/anonymous", "/later"], "\(sent)")
+
+        // Restored writes made signed out do not wait.
+        let unsigned = ClientStore.StoredWrite(number: 1, kind: .set, path: Self.path("/x"), json: Array("1".utf8))
+        let plainFile = Self.file([.identity(client: 5, nextNumber: 2), .write(unsigned)])
+        var third = ClientCore(nodeCount: 1, seed: 3, persistence: true, restored: try #require(ClientStore.restore(plainFile)))
+        third.tick(now: 10)
+        _ = third.takeActions()
+        third.received(ClientCoreTests.hello())
+        #expect(ClientCoreTests.sent(third.takeActions()).contains { $0.contains(#""p":"/x""#) })
     }
 }
