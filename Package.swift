@@ -71,6 +71,9 @@ let package = Package(
         // CRC-32C with the processor's instruction (SSE 4.2 / AArch64 CRC), for BanyanOpLog's
         // checksums; pure computation, no I/O.
         .target(name: "CCRC32C"),
+        // glibc's heap statistics and trim (`mallinfo2`, `malloc_trim`), for the server's memory
+        // trimming (docs/operations.md, "Memory"); nothing on other C libraries.
+        .target(name: "CHeap"),
 
         // Operation log format: records, CRC32C, segment scanning and recovery rules, hard state.
         .target(name: "BanyanOpLog", dependencies: ["BanyanBasics", "CCRC32C"], swiftSettings: optimisedCoreSettings),
@@ -188,7 +191,7 @@ let package = Package(
             name: "BanyanServer",
             dependencies: [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "BanyanAuth", "CZlib",
+                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "BanyanAuth", "CZlib", "CHeap",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -524,7 +524,17 @@ public final class Database: @unchecked Sendable {
 
     /// Testing only, before the first use: this client's clock reads `millis` away from the wall
     /// clock (a device whose clock is wrong).
-    @_spi(Testing) public func _skewClock(byMillis millis: Int64) { settings.withLock { s in if !s.activated { s.clockSkew = millis } } }
+    @_spi(Testing) public func _skewClock(byMillis millis: Int64) {
+        let set = settings.withLock { s -> Bool in
+            guard !s.activated else { return false }
+            s.clockSkew = millis
+            return true
+        }
+        if set { ids.withLock { pushClockSkew = millis } }
+    }
+
+    /// Testing only: the credential the connection uses now (what `Auth` last gave it).
+    @_spi(Testing) public func _credentialInUse() -> String? { onLoopSync { self.core.authToken } ?? nil }
 
     /// Testing only: whether writes carry their numbers (exactly once) when the server takes them.
     @_spi(Testing) public func _setWriteNumbers(_ on: Bool) { _ = onLoopSync { self.core.useWriteNumbers = on } }

@@ -295,7 +295,8 @@ public struct ClientCore: Sendable {
     /// The connection is closing because `goOffline` asked (not a failure: no back-off, and a
     /// `goOnline` before it ended reconnects to the same node).
     private var closingForOffline = false
-    private var authToken: String?
+    /// The connection's credential (nil: none).
+    public private(set) var authToken: String?
     /// The server's clock minus the local one (ms), from the last hello.
     public private(set) var serverTimeOffset: Int64 = 0
     public private(set) var sessionID: String?

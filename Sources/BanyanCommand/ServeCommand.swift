@@ -157,7 +157,6 @@ struct Serve: ParsableCommand {
         signal(SIGHUP, SIG_IGN)
         var logger = Logger(label: "banyan")
         logger[metadataKey: "node"] = "\(config.nodeID)"
-        ProcessMemory.startTrimming(logger: logger)
         let node: BanyanNode
         // SIGINT/SIGTERM while a full disk holds the start back end the wait.
         let stop = StopFlag()
@@ -172,6 +171,8 @@ struct Serve: ParsableCommand {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
+        // After the start, which set up the metrics its counters report to.
+        ProcessMemory.startTrimming(logger: logger)
         // SIGHUP reloads the certificates; SIGINT and SIGTERM (already watched by `stop`: one
         // dispatch source per signal gets it) stop the node.
         signal(SIGHUP, SIG_IGN)

@@ -1,3 +1,4 @@
+internal import CHeap
 import Foundation
 import Glibc
 public import Logging
@@ -24,23 +25,52 @@ public enum ProcessMemory {
         return mallopt(mmapThreshold, bytes) == 1
     }
 
+    /// When a trim is worth its cost: the heap holds at least `minimumFree` bytes freed, and
+    /// either that grew by `growth` since the last trim (new frees: a deleted subtree, bodies
+    /// parsed and dropped) or the resident size grew by `2 × growth` since (pages handed back
+    /// were reused and freed again). A node whose heap holds little free memory is never
+    /// trimmed, whatever its size; one that freed a lot once is trimmed once.
+    public struct TrimPolicy: Sendable, Equatable {
+        public var minimumResident = 128 << 20
+        public var minimumFree = 64 << 20
+        public var growth = 32 << 20
+        /// The heap's free bytes and the resident size just after the last trim.
+        public private(set) var freeAfterLast = 0
+        public private(set) var residentAfterLast = 0
+        public init() {}
+
+        public func shouldTrim(free: Int, resident: Int) -> Bool {
+            guard resident >= minimumResident, free >= minimumFree else { return false }
+            return free >= freeAfterLast + growth || resident >= residentAfterLast + 2 * growth
+        }
+
+        public mutating func trimmed(free: Int, resident: Int) {
+            freeAfterLast = free
+            residentAfterLast = resident
+        }
+    }
+
     /// Starts a thread that, every `interval` seconds, hands the heap's free pages back to the
-    /// system (`malloc_trim`) when the process holds at least `minimumResidentBytes`. Freed
-    /// small allocations (a deleted subtree's nodes, parsed bodies, a snapshot's buffers) stay
-    /// in glibc's heap otherwise: after the hostile scenario, with its data deleted, each node
-    /// kept 65–115 MiB more than its live data explained. The thread lives as long as the
-    /// process (`banyan serve` only); a trim that finds nothing to return costs a walk of the
-    /// free lists. Does nothing under another C library. Returns whether the thread started.
+    /// system (`malloc_trim`) when `TrimPolicy` says it is worth it. Freed small allocations (a
+    /// deleted subtree's nodes, parsed bodies, a snapshot's buffers) stay in glibc's heap
+    /// otherwise: after the hostile scenario, with its data deleted, each node kept 65–114 MiB
+    /// more than its live data explained. The thread lives as long as the process (`banyan
+    /// serve` only; start it after the metrics system is set up). Does nothing where the C
+    /// library gives no heap statistics. Returns whether the thread started.
     @discardableResult
-    public static func startTrimming(every interval: Double = 5, minimumResidentBytes: Int = 128 << 20, logger: Logger) -> Bool {
-        guard let trim = mallocTrim() else { return false }
+    public static func startTrimming(every interval: Double = 5, policy initial: TrimPolicy = TrimPolicy(), logger: Logger) -> Bool {
+        guard canTrim else { return false }
         let trims = Counter(label: "banyan_memory_trims_total")
         let returned = Counter(label: "banyan_memory_trimmed_bytes_total")
         let thread = Thread {
+            var policy = initial
             while true {
                 Thread.sleep(forTimeInterval: interval)
-                guard let before = residentBytes(), before >= minimumResidentBytes else { continue }
-                let (after, took) = trimNow(trim, before: before)
+                guard let before = residentBytes() else { continue }
+                let free = Int(banyan_heap_free_bytes())
+                guard policy.shouldTrim(free: free, resident: before) else { continue }
+                let (after, took) = trimNow(before: before)
+                policy.trimmed(free: Int(banyan_heap_free_bytes()), resident: after)
                 trims.increment()
                 if after < before { returned.increment(by: Int64(before - after)) }
                 // A long trim holds the heap's lock while other threads allocate: worth a notice.
@@ -49,27 +79,35 @@ public enum ProcessMemory {
                     level: level, "returned free heap memory to the system",
                     metadata: [
                         "resident_before_mib": "\(before >> 20)", "resident_after_mib": "\(after >> 20)",
-                        "took_us": "\(took / 1_000)",
+                        "heap_free_mib": "\(free >> 20)", "took_us": "\(took / 1_000)",
                     ])
             }
         }
         thread.name = "banyan-memory-trim"
-        thread.qualityOfService = .utility
         thread.start()
         return true
     }
 
-    /// Trims the heap once (`malloc_trim(0)`): the resident size before and after, and the
-    /// time it took; nil where `malloc_trim` or the resident size is not available.
+    /// glibc: heap statistics and trimming exist (`mallinfo2`, glibc 2.33 and later).
+    static var canTrim: Bool {
+        #if canImport(Glibc)
+        return banyan_heap_free_bytes() > 0
+        #else
+        return false
+        #endif
+    }
+
+    /// Trims the heap once: the resident size before and after, and the time it took; nil
+    /// where the resident size is not available.
     public static func trimOnce() -> (before: Int, after: Int, nanoseconds: UInt64)? {
-        guard let trim = mallocTrim(), let before = residentBytes() else { return nil }
-        let (after, took) = trimNow(trim, before: before)
+        guard let before = residentBytes() else { return nil }
+        let (after, took) = trimNow(before: before)
         return (before, after, took)
     }
 
-    private static func trimNow(_ trim: MallocTrim, before: Int) -> (after: Int, nanoseconds: UInt64) {
+    private static func trimNow(before: Int) -> (after: Int, nanoseconds: UInt64) {
         let start = DispatchTime.now().uptimeNanoseconds
-        _ = trim(0)
+        _ = banyan_heap_trim()
         let took = DispatchTime.now().uptimeNanoseconds - start
         return (residentBytes() ?? before, took)
     }
@@ -80,14 +118,6 @@ public enum ProcessMemory {
         let fields = text.split(separator: " ")
         guard fields.count > 1, let pages = Int(fields[1]) else { return nil }
         return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
-    }
-
-    typealias MallocTrim = @convention(c) (Int) -> Int32
-
-    /// glibc's `malloc_trim`, found in the process as `mallopt` is (nil elsewhere).
-    static func mallocTrim() -> MallocTrim? {
-        guard let process = dlopen(nil, RTLD_NOW), let symbol = dlsym(process, "malloc_trim") else { return nil }
-        return unsafeBitCast(symbol, to: MallocTrim.self)
     }
 
     typealias MallOpt = @convention(c) (Int32, Int32) -> Int32

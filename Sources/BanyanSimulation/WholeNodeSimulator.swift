@@ -1233,11 +1233,11 @@ public struct WholeNodeSimulator {
     private mutating func changeMembership() {
         guard let leader = currentLeader, let node = nodes[leader], let core = node.core else { return }
         let membership = core.replica.raft.membership
-        report.stats.membershipChanges += 1
         // Seven members at most: with seven, remove a voter, if more than three are left, or
         // nothing (seed 5028 once took the voters to one while its learners could not catch up).
         let full = membership.all.count >= 7
         if full && membership.voters.count <= 3 { return }
+        report.stats.membershipChanges += 1
         if membership.voters.count > 3 && (nemesisRandom.chance(1, in: 2) || full) {
             // No operator removes a healthy voter while another one waits for its repair: that
             // spends the fault tolerance the repair is restoring (soak seed 1253064).

@@ -1,4 +1,4 @@
-import BanyanClient
+@_spi(Testing) import BanyanClient
 import BanyanServer
 import Foundation
 #if canImport(FoundationNetworking)
@@ -196,6 +196,14 @@ import Testing
             let linus = try await DatabaseTests.bounded { try await auth.createUser(withEmail: "linus@x.y", password: "kernel-91") }
             #expect(await tokens.wait { $0.hasPrefix("token") })
             #expect(await tokens.wait(seconds: 60) { _ in seenTokens.distinct >= 2 }, "a scheduled refresh gave a new token: \(tokens.all)")
+            // The connection got it: the credential it uses is the newest token.
+            var inUse: String?
+            for _ in 0..<50 {
+                inUse = db._credentialInUse()
+                if inUse != nil, inUse == seenTokens.last { break }
+                try await Task.sleep(nanoseconds: 100_000_000)
+            }
+            #expect(inUse != nil && inUse == seenTokens.last, "the connection still uses an older credential")
             #expect(await Self.write(db.reference(withPath: "users/\(linus.uid)"), ["v": 1]) == "ok")
 
             // Back to the usual margin: no more scheduled refreshes during the rest.
@@ -225,6 +233,7 @@ import Testing
         func add(_ t: String) { lock.withLock { tokens.append(t) } }
         var count: Int { lock.withLock { tokens.count } }
         var distinct: Int { lock.withLock { Set(tokens).count } }
+        var last: String? { lock.withLock { tokens.last } }
     }
 
     @Test("password and email changes, a password reset through the node's code file, and deleting the user")

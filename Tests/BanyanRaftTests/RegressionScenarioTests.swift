@@ -171,6 +171,7 @@ import Testing
         #expect(Self.terms(c, 3, 6...last) == Self.terms(c, 1, 6...last))
         #expect(c.raft(3)?.commitIndex == last)
         #expect(Scenario.values(c, 3, keys: 7) == Scenario.values(c, 1, keys: 7))
+        #expect(c.node(3)?.machine.digest == c.node(1)?.machine.digest)
         #expect(c.violations.isEmpty)
     }
 }

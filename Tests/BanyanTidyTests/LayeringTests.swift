@@ -18,6 +18,8 @@ import Testing
         "BanyanCheckers": (true, []),
         // C: the CRC-32C instruction (no Swift files; no dependencies).
         "CCRC32C": (true, []),
+        // C: glibc's heap statistics and trim, for the server's driver (no dependencies).
+        "CHeap": (false, []),
         "BanyanRaft": (true, ["BanyanBasics"]),
         "BanyanStateMachine": (true, ["BanyanTree", "BanyanRules", "BanyanBasics"]),
         "BanyanRules": (true, ["BanyanTree", "BanyanBasics"]),
@@ -41,7 +43,7 @@ import Testing
             false,
             [
                 "BanyanNode", "BanyanOpLogFiles", "BanyanOpLog", "BanyanRaft", "BanyanReplica", "BanyanStateMachine", "BanyanTree", "BanyanQuery",
-                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "BanyanAuth", "CZlib", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
+                "BanyanBasics", "BanyanRules", "BanyanREST", "BanyanSession", "BanyanListen", "BanyanAuth", "CZlib", "CHeap", "Logging", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "X509", "Crypto", "Metrics", "Prometheus",
                 "Yams", "Foundation", "Glibc", "Dispatch", "Synchronization", "SwiftASN1",
             ]
         ),

@@ -4,6 +4,7 @@ import BanyanOpLogFiles
 import BanyanRaft
 import BanyanStateMachine
 import Logging
+import Testing
 
 /// What a node's storage holds, read back from its file system (or, for `TestCluster.replace`,
 /// a hand-built state to write there): the saved hard state, the newest snapshot and its file,
@@ -44,6 +45,9 @@ struct SimNode {
     private(set) var fileSystem: SimulatedFileSystem
     private var storage: NodeStorage
     private var pendingReads: [ReadState] = []
+    /// The incoming snapshot the core's chunks have built so far (to check their order).
+    private var incomingMeta: SnapshotMeta?
+    private var incomingNext: UInt64 = 0
     static let directory = "/data"
 
     /// Everything one `process` call produced.
@@ -66,7 +70,7 @@ struct SimNode {
         var crashed = false
     }
 
-    enum SetupError: Error { case storage(String) }
+    enum SetupError: Error { case snapshotNotSupported }
 
     /// A node over `fileSystem` as it is (blank, or holding a node's data): its storage
     /// recovers and loads what is there, as `banyan serve` does at start.
@@ -84,6 +88,8 @@ struct SimNode {
     /// A node whose disk holds `stored` (written through its storage first; a blank
     /// `StoredState` gives a blank disk).
     init(configuration: RaftConfiguration, stored: StoredState, snapshotEvery: UInt64 = 0) throws {
+        // Hand-built states are logs (`Scenario.disk`); a snapshot would need its image.
+        guard stored.snapshot.index == 0, stored.snapshotBytes.isEmpty else { throw SetupError.snapshotNotSupported }
         let fileSystem = SimulatedFileSystem()
         if stored != StoredState() {
             let storage = try Self.openStorage(fileSystem)
@@ -108,12 +114,24 @@ struct SimNode {
         return try SimNode(configuration: configuration, fileSystem: fileSystem, snapshotEvery: snapshotEvery)
     }
 
-    /// What the disk holds now, read back through the storage: the saved hard state, the newest
-    /// snapshot (and its file) and the log after it.
+    /// What the disk holds now, read back: the hard-state file (through a `HardStateStore` of
+    /// its own), the newest snapshot (and its file) and the log after it (through the storage).
+    /// A read that fails fails the running test.
     var disk: StoredState {
         var d = StoredState()
-        d.hardState = storage.savedHardState
-        guard let loaded = try? storage.load(progress: { _ in }) else { return d }
+        do {
+            let record = try HardStateStore(directory: Self.directory + "/raft", fileSystem: fileSystem).load()
+            d.hardState = HardState(term: record.term, vote: record.vote, commit: record.commit, mayVote: record.mayVote)
+        } catch {
+            Issue.record("node \(id): the hard-state file does not read back: \(error)")
+        }
+        let loaded: NodeStorage.Loaded
+        do {
+            loaded = try storage.load(progress: { _ in })
+        } catch {
+            Issue.record("node \(id): the storage does not load: \(error)")
+            return d
+        }
         d.snapshot = loaded.persisted.snapshot
         d.entries = loaded.persisted.entries
         if d.snapshot.index > 0, let size = try? storage.snapshots.fileSize(lastIndex: d.snapshot.index),
@@ -140,6 +158,8 @@ struct SimNode {
         raft = try RaftNode(configuration: configuration, restoring: loaded.persisted)
         machine = loaded.machine
         pendingReads = []
+        incomingMeta = nil
+        incomingNext = 0
     }
 
     // MARK: - Inputs
@@ -194,6 +214,20 @@ struct SimNode {
             for m in rd.messages.prefix(rd.sendBeforePersist) {
                 if let problem = earlySendProblem(m) { out.violations.append(problem) }
                 out.messages.append(m)
+            }
+            // The core hands chunks over in order, each continuing the snapshot it started.
+            for chunk in rd.snapshotChunks {
+                if chunk.offset == 0 {
+                    incomingMeta = chunk.meta
+                    incomingNext = 0
+                }
+                if chunk.offset != incomingNext || chunk.meta != incomingMeta {
+                    out.violations.append("node \(id): snapshot chunk at \(chunk.offset) does not continue the incoming snapshot (next \(incomingNext))")
+                }
+                incomingNext = chunk.offset + UInt64(chunk.data.count)
+            }
+            if let meta = rd.snapshot, meta != incomingMeta {
+                out.violations.append("node \(id): asked to install snapshot \(meta.index) but the chunks received are for another one")
             }
             // 1 and 2. Snapshot chunks and install, entries, hard state: the node's storage.
             if let budget = persistBudget { fileSystem.crashAtOperation = fileSystem.operations + 1 + budget }
