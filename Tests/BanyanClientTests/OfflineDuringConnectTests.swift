@@ -117,14 +117,25 @@ import Glibc
             _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             // Then read the client's frames (masked) until it closes the connection.
             var pending: [UInt8] = []
-            while let more = read(fd) {
-                pending += more
+            var peerClosed = false
+            while true {
+                var chunk = [UInt8](repeating: 0, count: 4096)
+                let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                if n == 0 { peerClosed = true }
+                if n <= 0 {
+                    // A receive timeout (the client kept the connection) is not a close: keep
+                    // waiting while the node runs, so a slow client is not taken for a closing one.
+                    if n < 0, errno == EAGAIN || errno == EWOULDBLOCK, !lock.withLock({ stopped }) { continue }
+                    break
+                }
+                pending += chunk[0..<n]
                 while let (text, used) = Self.frame(pending) {
                     pending.removeFirst(used)
                     if let text { lock.withLock { messages.append(text) } }
                 }
             }
-            lock.withLock { closedAfterUpgrade += 1 }
+            // Counted only when the client closed the connection (not on a timeout or a stop).
+            if peerClosed { lock.withLock { closedAfterUpgrade += 1 } }
         }
 
         /// Bytes from `fd`; nil at the end of the connection or after the receive timeout.
@@ -175,7 +186,9 @@ import Glibc
         node.release()
         // The abandoned connection is closed by the client (at once, mid-upgrade: the node sees
         // the end when it answers).
-        #expect(await ClusterSDKTests.eventually(seconds: 20) { node.closedCount == 1 }, "the abandoned connection stayed open")
+        // (Up to a minute: in the full suite the test's own steps may run late; the node counts
+        // only a close by the client, so waiting longer does not make a kept connection pass.)
+        #expect(await ClusterSDKTests.eventually(seconds: 60) { node.closedCount == 1 }, "the abandoned connection stayed open")
         #expect(db.connectedNode == nil && db.pendingWriteCount == 1)
         #expect(!node.received.contains { $0.contains(#""a":"p""#) }, "a write went out while offline: \(node.received)")
         #expect(!connected.all.contains("true"), "\(connected.all)")
