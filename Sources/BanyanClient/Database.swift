@@ -533,6 +533,9 @@ public final class Database: @unchecked Sendable {
         if set { ids.withLock { pushClockSkew = millis } }
     }
 
+    /// Testing only: how many observers are registered.
+    @_spi(Testing) public var _observerCount: Int { onLoopSync { self.observers.count } ?? 0 }
+
     /// Testing only: the credential the connection uses now (what `Auth` last gave it).
     @_spi(Testing) public func _credentialInUse() -> String? { onLoopSync { self.core.authToken } ?? nil }
 

@@ -121,7 +121,9 @@ import Glibc
             while true {
                 var chunk = [UInt8](repeating: 0, count: 4096)
                 let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-                if n == 0 { peerClosed = true }
+                // The client closed: an orderly end, or a reset when its close crossed the
+                // node's reply (the reply then hits a closed socket).
+                if n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE)) { peerClosed = true }
                 if n <= 0 {
                     // A receive timeout (the client kept the connection) is not a close: keep
                     // waiting while the node runs, so a slow client is not taken for a closing one.
