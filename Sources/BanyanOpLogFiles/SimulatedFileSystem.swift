@@ -397,6 +397,23 @@ public final class SimulatedFileSystem: FileSystem {
         inodes = inodes.filter { live.contains($0.key) }
     }
 
+    /// An independent file system holding the same files, names and durability as this one
+    /// (open handles, pending faults and the operation count are not copied): a copy to inspect
+    /// (`reboot` it to see what a power loss now would leave) without touching this one.
+    public func copy() -> SimulatedFileSystem {
+        let other = SimulatedFileSystem()
+        other.inodes = inodes
+        other.names = names
+        other.durableNames = durableNames
+        other.directories = directories
+        other.durableDirectories = durableDirectories
+        other.nextInode = nextInode
+        other.sectorBytes = sectorBytes
+        other.createsAreDurable = createsAreDurable
+        other.capacity = capacity
+        return other
+    }
+
     /// A process crash without power loss: open files are closed, everything written stays
     /// visible (the page cache survives), and nothing becomes durable that was not.
     public func restartProcess() {

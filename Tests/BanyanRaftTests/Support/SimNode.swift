@@ -114,28 +114,34 @@ struct SimNode {
         return try SimNode(configuration: configuration, fileSystem: fileSystem, snapshotEvery: snapshotEvery)
     }
 
-    /// What the disk holds now, read back: the hard-state file (through a `HardStateStore` of
-    /// its own), the newest snapshot (and its file) and the log after it (through the storage).
-    /// A read that fails fails the running test.
+    /// What the disk holds now, read back as a restart after a power loss now would find it:
+    /// a copy of the file system loses what is not durable, then a storage of its own reads the
+    /// hard-state file (also through a `HardStateStore`), the newest snapshot (and its file) and
+    /// the log after it. The node's own storage and file system are not touched, so reading
+    /// never changes what the test goes on to run. A read that fails fails the running test.
     var disk: StoredState {
         var d = StoredState()
+        let image = fileSystem.copy()
+        image.reboot()
         do {
-            let record = try HardStateStore(directory: Self.directory + "/raft", fileSystem: fileSystem).load()
+            let record = try HardStateStore(directory: Self.directory + "/raft", fileSystem: image).load()
             d.hardState = HardState(term: record.term, vote: record.vote, commit: record.commit, mayVote: record.mayVote)
         } catch {
             Issue.record("node \(id): the hard-state file does not read back: \(error)")
         }
+        let reader: NodeStorage
         let loaded: NodeStorage.Loaded
         do {
-            loaded = try storage.load(progress: { _ in })
+            reader = try Self.openStorage(image)
+            loaded = try reader.load(progress: { _ in })
         } catch {
             Issue.record("node \(id): the storage does not load: \(error)")
             return d
         }
         d.snapshot = loaded.persisted.snapshot
         d.entries = loaded.persisted.entries
-        if d.snapshot.index > 0, let size = try? storage.snapshots.fileSize(lastIndex: d.snapshot.index),
-            let bytes = try? storage.snapshots.rawChunk(lastIndex: d.snapshot.index, offset: 0, maxBytes: size)
+        if d.snapshot.index > 0, let size = try? reader.snapshots.fileSize(lastIndex: d.snapshot.index),
+            let bytes = try? reader.snapshots.rawChunk(lastIndex: d.snapshot.index, offset: 0, maxBytes: size)
         {
             d.snapshotBytes = bytes
         }
