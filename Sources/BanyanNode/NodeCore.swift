@@ -68,6 +68,9 @@ public enum NodeAction: Sendable {
     /// Read this committed entry ahead, off this thread (`PreparedCommand(payload:measuring:)`),
     /// then call `prepared(index:_:)` on it (docs/replica.md, "Prepared entries").
     case prepare(index: UInt64, payload: [UInt8], measuring: Set<String>)
+    /// Large subtrees that applied writes replaced or deleted (`StateMachine.Applied.released`):
+    /// free them off this thread (or drop them; the core holds no other reference).
+    case release([Tree])
     /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
     /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
     case fatal(String)
@@ -519,8 +522,13 @@ public final class NodeCore {
         var applied = 0
         for event in events {
             switch event {
-            case let .applied(result, tree, request):
+            case .applied(var result, let tree, let request):
                 applied += 1
+                if !result.released.trees.isEmpty {
+                    // Freed by the driver, off this thread; nothing below keeps them.
+                    output(.release(result.released.trees))
+                    result.released = .init()
+                }
                 if let request, request == expiryRequest { expiryRequest = nil }
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }
                 if result.namespace == Self.clusterNamespace, result.outcome == .ok { learnPeers(from: tree, announce: true) }

@@ -814,6 +814,8 @@ public struct WholeNodeSimulator {
                 scheduleProcess(node, after: Int((nanoseconds + 999_999) / 1_000_000))
             case .processAgain:
                 scheduleProcess(node, after: 0)
+            case .release:
+                break
             case let .prepare(index, payload, measuring):
                 // The server reads ahead on a worker thread: the answer comes back later, and
                 // answers to several entries in any order.

@@ -73,3 +73,43 @@ import Testing
         #expect(core.replica.raft.membership.learners == [4] || core.replica.raft.membership.voters.contains(4))
     }
 }
+
+/// The node core hands the large subtrees that applied writes replaced to its driver
+/// (`NodeAction.release`) and keeps no reference to them itself: the server frees them on a
+/// worker, off the loop that ticks Raft (docs/replica.md, "Freeing replaced subtrees").
+@Suite struct ReleaseActionTests {
+    @Test("an overwrite of a large subtree ends in one release action holding it; live views get the outcome without it")
+    func overwriteOfALargeSubtree() throws {
+        let (core, box, run) = try AddMemberValidationTests.leader()
+        let big = "{" + (0..<3_000).map { #""k\#($0)":{"n":\#($0)}"# }.joined(separator: ",") + "}"
+        core.write(10, namespace: "app", command: .set(path: "/big", json: Array(big.utf8)))
+        run()
+        core.watch(11, watch: 1, namespace: "app", stale: true)
+        box.actions = []
+        core.write(12, namespace: "app", command: .set(path: "/big", json: Array("null".utf8)))
+        run()
+        var released: [Tree] = []
+        var watched = 0
+        var acknowledged = false
+        for action in box.actions {
+            switch action {
+            case .release(let trees): released += trees
+            case .watch(1, .applied(let result, _)):
+                watched += 1
+                #expect(result.released.trees.isEmpty)
+            case .wrote(12, .success(let outcome)): acknowledged = outcome.outcome == .ok
+            default: break
+            }
+        }
+        #expect(acknowledged, "\(box.actions)")
+        #expect(watched == 1)
+        #expect(released.count == 1)
+        #expect(released.first?.valueCount == 6_001)
+        #expect(core.replica.machine.tree("app").isEmpty)
+        // A small write releases nothing.
+        box.actions = []
+        core.write(13, namespace: "app", command: .set(path: "/small", json: Array("1".utf8)))
+        run()
+        #expect(!box.actions.contains { if case .release = $0 { true } else { false } })
+    }
+}

@@ -1,0 +1,101 @@
+import BanyanBasics
+@testable import BanyanStateMachine
+import BanyanTree
+import Testing
+
+/// A write that replaces or deletes a large subtree hands it back (`Applied.released`), so the
+/// node frees it on a worker instead of on the thread that ticks Raft (docs/replica.md,
+/// "Freeing replaced subtrees").
+@Suite struct ReleasedSubtreeTests {
+    struct Log {
+        var machine = StateMachine()
+        var index: UInt64 = 0
+
+        mutating func apply(_ command: Command, session: UInt64 = 3) -> StateMachine.Applied? {
+            index += 1
+            let payload = CommandEnvelope(namespace: "app", session: session, seq: index, timestamp: 1_000, command: command).encoded()
+            return machine.apply(payload, index: index)
+        }
+
+        mutating func set(_ path: String, _ json: String) -> StateMachine.Applied? { apply(.set(path: path, json: Array(json.utf8))) }
+    }
+
+    /// `{"k0": {"n": 0}, …}`: `count` children of one value each (2 × count + 1 values).
+    static func object(_ count: Int) -> String {
+        "{" + (0..<count).map { #""k\#($0)":{"n":\#($0)}"# }.joined(separator: ",") + "}"
+    }
+
+    @Test("a set or delete over 4,096 values or more hands the old subtree back; the tree no longer holds it")
+    func largeSubtreesAreHandedBack() throws {
+        var log = Log()
+        #expect(log.set("/big", Self.object(3_000))?.outcome == .ok)
+        let old = log.machine.tree("app").child(at: try Path(parsing: "/big"))
+        #expect(old.valueCount == 6_001)
+        // Overwritten by a small value.
+        let overwriteResult = log.set("/big", #"{"x":1}"#)
+        let overwrite = try #require(overwriteResult)
+        #expect(overwrite.outcome == .ok)
+        #expect(overwrite.released.trees.count == 1)
+        #expect(overwrite.released.trees.first?.valueCount == 6_001)
+        #expect(JSONWriter.string(log.machine.tree("app").child(at: try Path(parsing: "/big"))) == #"{"x":1}"#)
+        // Deleted, under its parent.
+        #expect(log.set("/a/big", Self.object(3_000))?.outcome == .ok)
+        let deleteResult = log.set("/a", "null")
+        let delete = try #require(deleteResult)
+        #expect(delete.outcome == .ok && delete.released.trees.count == 1)
+        #expect(delete.released.trees.first?.valueCount == 6_002)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/a")).isEmpty)
+    }
+
+    @Test("small subtrees, leaves and priority writes keep nothing")
+    func smallOnesAreFreedInPlace() throws {
+        var log = Log()
+        #expect(log.set("/small", Self.object(100))?.outcome == .ok)
+        #expect(log.set("/small", "1")?.released.trees.isEmpty == true)
+        #expect(log.set("/leaf", #""text""#)?.released.trees.isEmpty == true)
+        #expect(log.set("/big", Self.object(3_000))?.outcome == .ok)
+        let priorityResult = log.set("/big/.priority", "5")
+        let priority = try #require(priorityResult)
+        #expect(priority.outcome == .ok && priority.released.trees.isEmpty)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/big")).valueCount == 6_001)
+    }
+
+    @Test("updates (up to 64 items) and compare-and-sets hand back what they replace; a refused write hands back nothing")
+    func updatesTransactionsAndRefusals() throws {
+        var log = Log()
+        #expect(log.set("/p/one", Self.object(2_500))?.outcome == .ok)
+        #expect(log.set("/p/two", Self.object(2_500))?.outcome == .ok)
+        let updateResult = 
+            log.apply(.update(path: "/p", entries: [.init(path: "one", json: Array("null".utf8)), .init(path: "two", json: Array("2".utf8))]))
+        let update = try #require(updateResult)
+        #expect(update.outcome == .ok && update.released.trees.count == 2)
+        #expect(JSONWriter.string(log.machine.tree("app").child(at: try Path(parsing: "/p"))) == #"{"two":2}"#)
+
+        #expect(log.set("/t", Self.object(2_500))?.outcome == .ok)
+        let current = log.machine.tree("app").child(at: try Path(parsing: "/t"))
+        let staleResult = log.apply(.compareAndSet(path: "/t", expectedHash: "wrong", json: Array("1".utf8)))
+        let stale = try #require(staleResult)
+        if case .datastale = stale.outcome {} else { Issue.record("expected datastale, got \(stale.outcome)") }
+        #expect(stale.released.trees.isEmpty)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/t")).valueCount == current.valueCount)
+        let swappedResult = log.apply(.compareAndSet(path: "/t", expectedHash: current.hashString, json: Array("1".utf8)))
+        let swapped = try #require(swappedResult)
+        #expect(swapped.outcome == .ok && swapped.released.trees.count == 1)
+
+        // Refused: a value nested deeper than the limit (32 levels) changes nothing.
+        #expect(log.set("/r", Self.object(2_500))?.outcome == .ok)
+        let refusedResult = log.set("/r", "{\"a\":" + String(repeating: "{\"a\":", count: 40) + "1" + String(repeating: "}", count: 41))
+        let refused = try #require(refusedResult)
+        if case .ok = refused.outcome { Issue.record("a value 42 levels deep was accepted") }
+        #expect(refused.released.trees.isEmpty)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/r")).valueCount == 5_001)
+    }
+
+    @Test("applied outcomes compare equal whatever they hand back")
+    func releasedTreesDoNotChangeEquality() {
+        var a = StateMachine.Applied(namespace: "n", session: 1, seq: 1, outcome: .ok, written: [])
+        let b = a
+        a.released = .init([Tree(.int(1))])
+        #expect(a == b)
+    }
+}
