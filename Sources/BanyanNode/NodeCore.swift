@@ -527,7 +527,7 @@ public final class NodeCore {
                 if !result.released.trees.isEmpty {
                     // Freed by the driver, off this thread; nothing below keeps them.
                     output(.release(result.released.trees))
-                    result.released = .init()
+                    result.released = .init(handedOff: true)
                 }
                 if let request, request == expiryRequest { expiryRequest = nil }
                 if let request, let waiter = waiters.removeValue(forKey: request) { finished(request, waiter, result) }

@@ -532,7 +532,12 @@ public final class NodeRuntime: @unchecked Sendable {
         guard keep > 0 else { return }
         if let last = historyBases.last, last.appliedIndex >= machine.appliedIndex { return }
         historyBases.append(machine)
-        if historyBases.count > keep { historyBases.removeFirst(historyBases.count - keep) }
+        if historyBases.count > keep {
+            // What an old base holds alone (data replaced since) is freed off this loop.
+            let dropped = Array(historyBases.prefix(historyBases.count - keep))
+            historyBases.removeFirst(historyBases.count - keep)
+            BulkWorkers.free(consume dropped)
+        }
     }
 
     /// Why a read of the past has no answer.
@@ -906,21 +911,14 @@ public final class NodeRuntime: @unchecked Sendable {
             metadata: ["took_ms": "\(nanoseconds / 1_000_000)", "persisting_ms": "\(passPersistNanoseconds / 1_000_000)"])
     }
 
-    /// Replaced subtrees waiting to be freed on a worker (`NodeAction.release`). Loop-confined
-    /// until handed over, then the worker's alone.
-    private var releasing = ReleasedTrees()
-
-    final class ReleasedTrees: @unchecked Sendable {
-        var trees: [Tree] = []
-    }
+    /// Replaced subtrees waiting to be freed on the freeing thread (`NodeAction.release`),
+    /// handed over once the pass is over (the core's copies are gone by then).
+    private var releasing: [Tree] = []
 
     private func freeReleased() {
-        let box = releasing
-        releasing = ReleasedTrees()
-        BulkWorkers.pool.submit { _ in
-            BulkWorkers.lowerPriority()
-            box.trees = []
-        }
+        let trees = releasing
+        releasing = []
+        BulkWorkers.free(consume trees)
     }
 
     /// Carries out one of the core's actions (docs/node-core.md), in the order given.
@@ -950,10 +948,10 @@ public final class NodeRuntime: @unchecked Sendable {
         case .processAgain:
             scheduleProcess()
         case .release(let trees):
-            // Handed to a worker once this pass is over (the core's copies are gone by then):
-            // freeing a replaced subtree of a million values takes about 150 ms.
-            if releasing.trees.isEmpty { loop.execute { self.freeReleased() } }
-            releasing.trees += trees
+            // Handed to the freeing thread once this pass is over (the core's copies are gone by
+            // then): freeing a replaced subtree of a million values takes about 150 ms.
+            if releasing.isEmpty { loop.execute { self.freeReleased() } }
+            releasing += trees
         case let .prepare(index, payload, measuring):
             // Reading a large write's data (JSON into a tree) is the costly part of applying it:
             // done here, the replica loop keeps ticking and answering peers meanwhile.

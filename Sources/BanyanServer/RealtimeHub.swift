@@ -209,10 +209,13 @@ final class RealtimeHub: @unchecked Sendable {
                 if p.stale { start(id, tree: tree) } else { barrier(id, ns, generation: generation) }
             }
         case .applied(let applied, let tree):
-            guard feed.tree != nil else { return }
+            guard let previous = feed.tree else { return }
             feed.tree = tree
             feeds[ns] = feed
             deliver(core.fanOut(namespace: ns, written: applied.written, tree: tree), tree: tree)
+            // The write replaced a large subtree, which the previous tree still holds: freed off
+            // this loop (with one network thread it is the loop that ticks Raft).
+            if applied.released.handedOff { BulkWorkers.free(consume previous) }
         case .restored(let tree):
             guard feed.tree != nil else { return }
             feed.tree = tree

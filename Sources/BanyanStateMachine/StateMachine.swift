@@ -166,7 +166,13 @@ public struct StateMachine: Sendable {
     /// any two compare equal.
     public struct ReleasedTrees: Sendable, Equatable {
         public var trees: [Tree] = []
-        public init(_ trees: [Tree] = []) { self.trees = trees }
+        /// The trees were taken by whoever frees them (`NodeCore`): holders of the namespace's
+        /// previous tree (live views) free theirs the same way.
+        public var handedOff = false
+        public init(_ trees: [Tree] = [], handedOff: Bool = false) {
+            self.trees = trees
+            self.handedOff = handedOff
+        }
         public static func == (a: ReleasedTrees, b: ReleasedTrees) -> Bool { true }
     }
 

@@ -79,13 +79,13 @@ import Testing
             let other = try Database.database(url: "http://127.0.0.1:\(port)?ns=shared2")
             #expect(other !== a)
             let withNodes = try Database.database(url: url, nodes: ["127.0.0.1:1"])
+            defer {
+                for d in [a, other, withNodes] { d.shutdown() }
+            }
             #expect(withNodes !== a)
             #expect(try Database.database(url: url, nodes: ["127.0.0.1:1"]) === withNodes)
             #expect(throws: DatabaseError.self) { try Database.database(url: "ftp://nowhere") }
             #expect(throws: DatabaseError.self) { try Database.database(url: "ftp://nowhere") }
-            defer {
-                for d in [a, other, withNodes] { d.shutdown() }
-            }
             // One instance, one state: a value written through one handle is read through the
             // other without a second connection.
             try await DatabaseTests.bounded { try await a.reference(withPath: "x").setValue("one") }

@@ -96,8 +96,10 @@ import Testing
             case .release(let trees): released += trees
             case .watch(1, .applied(let result, _)):
                 watched += 1
-                #expect(result.released.trees.isEmpty)
-            case .wrote(12, .success(let outcome)): acknowledged = outcome.outcome == .ok
+                #expect(result.released.trees.isEmpty && result.released.handedOff)
+            case .wrote(12, .success(let outcome)):
+                acknowledged = outcome.outcome == .ok
+                #expect(outcome.released.trees.isEmpty && outcome.released.handedOff, "the writer's answer kept the subtree")
             default: break
             }
         }

@@ -91,6 +91,43 @@ import Testing
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/r")).valueCount == 5_001)
     }
 
+    @Test("nested update items hand back what they replace; an update of more than 64 items frees in place; a write over the quota hands back nothing")
+    func nestedLargeUpdatesAndQuota() throws {
+        var log = Log()
+        #expect(log.set("/n/a/b", Self.object(2_500))?.outcome == .ok)
+        let nestedResult = log.apply(.update(path: "/n", entries: [.init(path: "a/b", json: Array("1".utf8)), .init(path: "c", json: Array("2".utf8))]))
+        let nested = try #require(nestedResult)
+        #expect(nested.outcome == .ok && nested.released.trees.count == 1)
+
+        #expect(log.set("/m/big", Self.object(2_500))?.outcome == .ok)
+        let many = [Command.UpdateItem(path: "big", json: Array("null".utf8))] + (0..<64).map { .init(path: "x\($0)", json: Array("1".utf8)) }
+        let manyResult = log.apply(.update(path: "/m", entries: many))
+        let large = try #require(manyResult)
+        #expect(large.outcome == .ok && large.released.trees.isEmpty)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/m/big")).isEmpty)
+
+        // A quota of 200,000 data bytes: replacing a 5,001-value subtree with a larger one goes
+        // over it and is refused, the subtree staying where it was.
+        #expect(log.set("/q", Self.object(2_500))?.outcome == .ok)
+        do {
+            log.index += 1
+            let payload = CommandEnvelope(
+                namespace: StateMachine.quotasNamespace, session: 9, seq: 1, timestamp: 1_000, command: .set(path: "/app", json: Array("200000".utf8))
+            ).encoded()
+            _ = log.machine.apply(payload, index: log.index)
+            #expect(log.machine.quotas["app"] == 200_000)
+        }
+        let overResult = log.set("/q", Self.object(40_000))
+        let over = try #require(overResult)
+        if case .overQuota = over.outcome {} else { Issue.record("expected overQuota, got \(over.outcome)") }
+        #expect(over.released.trees.isEmpty)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/q")).valueCount == 5_001)
+        // A replacement that shrinks the data is accepted and hands the old subtree back.
+        let withinResult = log.set("/q", "1")
+        let within = try #require(withinResult)
+        #expect(within.outcome == .ok && within.released.trees.count == 1)
+    }
+
     @Test("applied outcomes compare equal whatever they hand back")
     func releasedTreesDoNotChangeEquality() {
         var a = StateMachine.Applied(namespace: "n", session: 1, seq: 1, outcome: .ok, written: [])
