@@ -73,10 +73,24 @@ extension BanyanBench {
                     // worker. Timed apart: the apply (the loop's part) and the free.
                     var kept: StateMachine.Applied?
                     let took = seconds { kept = m.apply(payload, index: at) }
-                    let handedBack = kept?.released.trees.count ?? 0
-                    let freeing = seconds { kept = nil }
+                    // Under a quota the subtree is measured first (on the node's freeing thread),
+                    // then handed back by `measured` to be freed.
+                    var trees = kept?.released.trees ?? []
+                    var toMeasure = kept?.released.toMeasure ?? []
+                    kept = nil
+                    let measureCount = toMeasure.count
+                    var measuring = 0.0
+                    while let entry = toMeasure.popLast() {
+                        var bytes = 0
+                        measuring += seconds { bytes = entry.tree.dataBytes }
+                        if let tree = m.measured(namespace: "app", id: entry.id, bytes: bytes) { trees.append(tree) }
+                    }
+                    let count = trees.count
+                    let freeing = seconds { trees = [] }
                     figures.append(
-                        "\(quota ? "with a quota" : "no quota") \(format(took * 1000)) ms on the loop + \(format(freeing * 1000)) ms freeing \(handedBack) subtree(s) on a worker")
+                        "\(quota ? "with a quota" : "no quota") \(format(took * 1000)) ms on the loop + "
+                            + (measureCount == 0 ? "" : "\(format(measuring * 1000)) ms measuring and ")
+                            + "\(format(freeing * 1000)) ms freeing \(count) subtree(s) off it")
                 }
                 print("  /users of \(count) children \(label): " + figures.joined(separator: ", "))
             }

@@ -418,6 +418,12 @@ public struct Replica: Sendable {
         queued.insert(key)
     }
 
+    /// A replaced subtree's data bytes measured off the applying thread
+    /// (`StateMachine.measured(namespace:id:bytes:)`): returns it for freeing.
+    public mutating func measured(namespace: String, id: UInt64, bytes: Int) -> Tree? {
+        machine.measured(namespace: namespace, id: id, bytes: bytes)
+    }
+
     /// Submits a linearizable read (ReadIndex). `.readsReady` says when to serve it.
     public mutating func read(_ request: RequestID) {
         guard pendingReads < configuration.maxPendingRequests else {

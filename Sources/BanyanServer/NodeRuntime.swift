@@ -404,8 +404,19 @@ public final class NodeRuntime: @unchecked Sendable {
                 case .success(let tree):
                     let machine = self.core.replica.machine
                     let quota = machine.quotas[namespace]
-                    let used = machine.quotaUsage[namespace]
-                    caller.execute { done(.success((quota, used, used == nil ? tree : nil))) }
+                    let upper = machine.quotaUsage[namespace]
+                    // Replaced subtrees not measured yet: measured on a worker.
+                    let unmeasured = machine.unmeasuredQuota[namespace] ?? []
+                    guard !unmeasured.isEmpty, let upper else {
+                        caller.execute { done(.success((quota, upper, upper == nil ? tree : nil))) }
+                        return
+                    }
+                    BulkWorkers.run(on: caller) { unmeasured.reduce(upper) { $0 - $1.tree.dataBytes } }.whenComplete { result in
+                        switch result {
+                        case .success(let used): done(.success((quota, used, nil)))
+                        case .failure: done(.failure(.timedOut(write: false)))
+                        }
+                    }
                 }
             }
             self.begin(\.readCompletions, completion) { id in self.core.read(id, namespace: namespace, stale: false) }
@@ -952,6 +963,15 @@ public final class NodeRuntime: @unchecked Sendable {
             // then): freeing a replaced subtree of a million values takes about 150 ms.
             if releasing.isEmpty { loop.execute { self.freeReleased() } }
             releasing += trees
+        case let .measure(namespace, id, tree):
+            // A quota's measure of a replaced subtree (as long as freeing it), on the freeing
+            // thread; the usage takes it on this loop.
+            BulkWorkers.freeing.runIfActive(eventLoop: loop) {
+                BulkWorkers.lowerPriority()
+                return tree.dataBytes
+            }.whenSuccess { bytes in
+                self.core.measured(namespace: namespace, id: id, bytes: bytes)
+            }
         case let .prepare(index, payload, measuring):
             // Reading a large write's data (JSON into a tree) is the costly part of applying it:
             // done here, the replica loop keeps ticking and answering peers meanwhile.

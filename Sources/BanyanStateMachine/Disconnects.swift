@@ -154,8 +154,8 @@ extension StateMachine {
         if holder != 0, expiredHolders.contains(holder) {
             return .refused("the lease of the connection's node (holder \(holder)) has expired")
         }
-        if let quota = quotas[envelope.namespace], let used = quotaUsage[envelope.namespace], used >= quota,
-            adding.contains(where: { !$0.1.isEmptyData })
+        if let quota = quotas[envelope.namespace], let upper = quotaUsage[envelope.namespace], upper >= quota,
+            adding.contains(where: { !$0.1.isEmptyData }), let used = exactQuotaUsage(envelope.namespace), used >= quota
         {
             // A namespace at its quota takes no more queued data (it could not fire); removals
             // may still be queued.
@@ -233,7 +233,7 @@ extension StateMachine {
         switch quotaCheck(queue.namespace, before: tree, after: next, touching: paths) {
         case .unlimited:
             break
-        case .within(let usage):
+        case .within(let usage, _):
             quotaUsage[queue.namespace] = usage
         case .over(_, _, let quota):
             throw TreeError(.inputTooLarge, path: "/", "QUOTA: these onDisconnect writes would take namespace \(queue.namespace) over its quota of \(quota) bytes")

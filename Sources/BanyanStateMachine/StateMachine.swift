@@ -166,6 +166,10 @@ public struct StateMachine: Sendable {
     /// any two compare equal.
     public struct ReleasedTrees: Sendable, Equatable {
         public var trees: [Tree] = []
+        /// A replaced subtree of a namespace with a quota whose data bytes are still to be
+        /// measured (`unmeasuredQuota`): measure it off the applying thread and hand the figure
+        /// back with `measured(namespace:id:bytes:)`, which returns it for freeing.
+        public var toMeasure: [UnmeasuredSubtree] = []
         /// The trees were taken by whoever frees them (`NodeCore`): holders of the namespace's
         /// previous tree (live views) free theirs the same way.
         public var handedOff = false
@@ -179,6 +183,41 @@ public struct StateMachine: Sendable {
     /// A write that replaces or deletes a subtree of at least this many values hands it back in
     /// `Applied.released` instead of freeing it where it applies.
     public static let releaseAfterValues = 4096
+
+    /// A subtree a write replaced in a namespace with a quota, not measured yet: `id` is the
+    /// write's log index.
+    public struct UnmeasuredSubtree: Sendable {
+        public let id: UInt64
+        public let tree: Tree
+    }
+    /// Per namespace with a quota, the replaced subtrees whose data bytes are not known yet: the
+    /// namespace's usage is `quotaUsage` minus their bytes (docs/replica.md, "Freeing replaced
+    /// subtrees"). Decisions that need the exact usage measure them where they are taken.
+    public internal(set) var unmeasuredQuota: [String: [UnmeasuredSubtree]] = [:]
+    /// A write under a quota that replaces a subtree of at least this many values leaves its
+    /// measure for later when the decision does not need it (tests lower it).
+    public var measureLaterAtValues = StateMachine.releaseAfterValues
+
+    /// The namespace's exact usage: `quotaUsage` with what is unmeasured measured here.
+    mutating func exactQuotaUsage(_ namespace: String) -> Int? {
+        guard var used = quotaUsage[namespace] else { return nil }
+        if let list = unmeasuredQuota.removeValue(forKey: namespace) {
+            for entry in list { used -= entry.tree.dataBytes }
+            quotaUsage[namespace] = used
+        }
+        return used
+    }
+
+    /// A replaced subtree's data bytes, measured elsewhere (`Applied.released.toMeasure`): the
+    /// usage takes them and the subtree is returned for freeing (nil: already measured here, or
+    /// unknown to this machine, e.g. after a snapshot replaced it).
+    public mutating func measured(namespace: String, id: UInt64, bytes: Int) -> Tree? {
+        guard var list = unmeasuredQuota[namespace], let at = list.firstIndex(where: { $0.id == id }) else { return nil }
+        let entry = list.remove(at: at)
+        unmeasuredQuota[namespace] = list.isEmpty ? nil : list
+        quotaUsage[namespace]? -= bytes
+        return entry.tree
+    }
 
     /// The system namespace that holds every namespace's rules text, one string child per
     /// namespace (no client can name it: client namespaces never start with `$`). Being a tree
@@ -303,7 +342,7 @@ public struct StateMachine: Sendable {
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
         lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:], leases: [UInt64: Lease] = [:],
-        expiredHolders: Set<UInt64> = [], quotaUsage known: [String: Int]? = nil
+        expiredHolders: Set<UInt64> = [], quotaUsage known: [String: Int]? = nil, unmeasuredQuota: [String: [UnmeasuredSubtree]] = [:]
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
@@ -319,7 +358,14 @@ public struct StateMachine: Sendable {
         self.spaceAlarms = Set((self.namespaces[Self.alarmsNamespace] ?? .empty).children.keys.compactMap { UInt64($0.string) })
         self.quotas = Self.parsedQuotas(self.namespaces[Self.quotasNamespace] ?? .empty)
         // Measured once (O(the namespaces' data)), unless the caller knows it (a backup's copy).
-        for namespace in quotas.keys { quotaUsage[namespace] = known?[namespace] ?? tree(namespace).dataBytes }
+        for namespace in quotas.keys {
+            if let usage = known?[namespace] {
+                quotaUsage[namespace] = usage
+                if let list = unmeasuredQuota[namespace] { self.unmeasuredQuota[namespace] = list }
+            } else {
+                quotaUsage[namespace] = tree(namespace).dataBytes
+            }
+        }
     }
 
     /// The quotas of the quotas namespace: positive integers under client namespace names
@@ -354,8 +400,9 @@ public struct StateMachine: Sendable {
     enum QuotaCheck {
         /// No quota on the namespace.
         case unlimited
-        /// Within the quota: the namespace's usage after the change.
-        case within(usage: Int)
+        /// Within the quota: the namespace's usage after the change (`quotaUsage`'s value), and
+        /// the replaced subtree to add to `unmeasuredQuota` when its size was not needed.
+        case within(usage: Int, unmeasured: Tree?)
         /// The change adds bytes past the quota; nothing may change.
         case over(used: Int, wouldHold: Int, quota: Int)
     }
@@ -364,21 +411,48 @@ public struct StateMachine: Sendable {
     /// bytes is always within (deletes go on at any usage).
     /// `known`: the data bytes of the values written at `paths` when measured ahead
     /// (`PreparedCommand.valueBytes`): the new side then walks only the way to each path.
-    func quotaCheck(
-        _ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil, known: [Int?]? = nil
+    /// `replaced`: the subtree at the one path of `paths` in `before`, when large: its size is
+    /// measured only as far as the decision needs (up to what the write adds around it), and
+    /// when that shows the write adds nothing it is left unmeasured (`.within`'s `unmeasured`).
+    /// `quotaUsage` less what is unmeasured is never below the true usage, so a write that fits
+    /// under it fits; only one that does not is judged against the exact usage, measured here.
+    /// The decision is the same whether or not earlier subtrees were measured meanwhile.
+    mutating func quotaCheck(
+        _ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil, known: [Int?]? = nil,
+        replaced: Tree? = nil
     ) -> QuotaCheck {
-        guard let quota = quotas[namespace], let used = quotaUsage[namespace] else { return .unlimited }
-        let delta =
-            after.dataBytes(touching: paths, priorityOnly: priorityOnly, known: known) - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
-        if delta > 0, used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
-        return .within(usage: used + delta)
+        guard let quota = quotas[namespace], let upper = quotaUsage[namespace] else { return .unlimited }
+        let afterBytes = after.dataBytes(touching: paths, priorityOnly: priorityOnly, known: known)
+        var delta: Int
+        if let replaced, paths.count == 1, priorityOnly?.first != true {
+            // before = around + the replaced subtree's bytes.
+            let around = before.dataBytes(touching: paths, known: [0])
+            let need = afterBytes - around
+            if need > 0, let bytes = replaced.dataBytes(below: need) {
+                delta = need - bytes
+            } else {
+                // The subtree holds at least what the write adds around it: the change adds
+                // nothing, whatever its exact size.
+                return .within(usage: upper + need, unmeasured: replaced)
+            }
+        } else {
+            delta = afterBytes - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
+        }
+        if delta > 0, upper + delta > quota, let used = exactQuotaUsage(namespace) {
+            if used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
+            return .within(usage: used + delta, unmeasured: nil)
+        }
+        return .within(usage: upper + delta, unmeasured: nil)
     }
 
     /// After a write to the quotas namespace: the quotas again, and the usage of each namespace
     /// that gained one measured (once; O(its data)).
     private mutating func quotasChanged() {
         let next = Self.parsedQuotas(tree(Self.quotasNamespace))
-        for namespace in quotaUsage.keys where next[namespace] == nil { quotaUsage[namespace] = nil }
+        for namespace in quotaUsage.keys where next[namespace] == nil {
+            quotaUsage[namespace] = nil
+            unmeasuredQuota[namespace] = nil
+        }
         for namespace in next.keys where quotaUsage[namespace] == nil { quotaUsage[namespace] = tree(namespace).dataBytes }
         quotas = next
     }
@@ -478,6 +552,7 @@ public struct StateMachine: Sendable {
         }
         var written: [Path] = []
         var value: Tree?
+        var toMeasure: [UnmeasuredSubtree] = []
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
         // Kept only under a quota (a second holder makes the write copy the path it changes).
         let before: Tree? = quotas[envelope.namespace] != nil ? tree : nil
@@ -504,11 +579,27 @@ public struct StateMachine: Sendable {
         }
         if let before, case .ok = outcome {
             let priorityOnly = Self.priorityOnly(envelope.command, count: written.count)
-            switch quotaCheck(envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes) {
+            // A large subtree replaced at the write's one path: measured later when the decision
+            // does not need its size (a write that shrinks the data, or grows it by less than
+            // the subtree holds).
+            var large: Tree?
+            if written.count == 1, priorityOnly?.first != true {
+                let old = before.child(at: written[0])
+                if old.hasChildren, old.valueCount(atLeast: measureLaterAtValues) { large = old }
+            }
+            switch quotaCheck(
+                envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes,
+                replaced: large)
+            {
             case .unlimited:
                 break
-            case .within(let usage):
+            case .within(let usage, let unmeasured):
                 quotaUsage[envelope.namespace] = usage
+                if let unmeasured {
+                    let entry = UnmeasuredSubtree(id: index, tree: unmeasured)
+                    unmeasuredQuota[envelope.namespace, default: []].append(entry)
+                    toMeasure = [entry]
+                }
             case let .over(used, wouldHold, quota):
                 // A judged client learns nothing of the sizes (they depend on data it may not read).
                 let judged = envelope.auth != nil && rules[envelope.namespace] != nil
@@ -523,7 +614,12 @@ public struct StateMachine: Sendable {
         if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
         var released = ReleasedTrees()
         if case .ok = outcome {
-            for subtree in replaced where subtree.valueCount(atLeast: Self.releaseAfterValues) { released.trees.append(subtree) }
+            released.toMeasure = toMeasure
+            // A subtree left to measure is held by `unmeasuredQuota` until then, and returned
+            // for freeing by `measured`.
+            if toMeasure.isEmpty {
+                for subtree in replaced where subtree.valueCount(atLeast: Self.releaseAfterValues) { released.trees.append(subtree) }
+            }
         }
         return Applied(
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value,

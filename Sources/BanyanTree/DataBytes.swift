@@ -16,6 +16,32 @@ extension Tree {
         }
     }
 
+    /// The data bytes of this tree when fewer than `bound`, else nil: a walk that stops once the
+    /// count reaches `bound`, so O(min(size, bound)) (every value below the root has a key of at
+    /// least one byte).
+    public func dataBytes(below bound: Int) -> Int? {
+        var total = 0
+        return adds(to: &total, below: bound) ? total : nil
+    }
+
+    private func adds(to total: inout Int, below bound: Int) -> Bool {
+        switch storage {
+        case .empty:
+            return total < bound
+        case .leaf(let leaf, let priority):
+            total += Self.bytes(of: leaf) + Self.bytes(of: priority)
+            return total < bound
+        case .children(let map, let priority):
+            total += Self.bytes(of: priority)
+            if total >= bound { return false }
+            for (key, child) in map.elements() {
+                total += key.string.utf8.count
+                if total >= bound || !child.adds(to: &total, below: bound) { return false }
+            }
+            return total < bound
+        }
+    }
+
     /// The data bytes a write at `paths` (relative to this tree) can change: the whole subtree at
     /// each path, plus what lies on the way to it (each key on the way, and the leaf and priority
     /// of every tree passed, which a write may replace or prune). Siblings off the paths are

@@ -157,6 +157,89 @@ import Testing
         #expect(measuredAhead > 1_000, "the values measured ahead were used \(measuredAhead) times")
     }
 
+    @Test("a replaced subtree's measure left for later (answered at random, or never) changes no outcome, tree or usage: three machines in lockstep over 8 × 600 random commands and quota changes")
+    func deferredMeasuresDecideAlike() throws {
+        var deferred = 0
+        var answered = 0
+        var refusals = 0
+        for seed in 1...8 as ClosedRange<UInt64> {
+            // exact: measures where it applies; later: leaves every replaced subtree with
+            // children unmeasured and is never answered; answered: the same, answered at random.
+            var logs = [Log(), Log(), Log()]
+            logs[1].machine.measureLaterAtValues = 1
+            logs[2].machine.measureLaterAtValues = 1
+            var g = Generator(random: SeededRandom(seed: seed))
+            var pending: [StateMachine.UnmeasuredSubtree] = []
+            func run(_ command: Command, namespace: String = "app", session: UInt64 = 3) -> StateMachine.Outcome? {
+                var outcomes: [StateMachine.Outcome?] = []
+                for i in logs.indices {
+                    logs[i].index += 1
+                    logs[i].seq += 1
+                    let payload = CommandEnvelope(
+                        namespace: namespace, session: session, seq: logs[i].seq, timestamp: 1_000 + Int64(logs[i].index), command: command
+                    ).encoded()
+                    let applied = logs[i].machine.apply(payload, index: logs[i].index)
+                    outcomes.append(applied?.outcome)
+                    if i == 1 { deferred += applied?.released.toMeasure.count ?? 0 }
+                    if i == 2 { pending += applied?.released.toMeasure ?? [] }
+                }
+                #expect(outcomes[0] == outcomes[1] && outcomes[0] == outcomes[2], "seed \(seed): \(command): \(outcomes)")
+                return outcomes[0]
+            }
+            _ = run(.set(path: "/app", json: Array("150".utf8)), namespace: StateMachine.quotasNamespace, session: 2)
+            for step in 0..<600 {
+                var outcome: StateMachine.Outcome?
+                switch g.below(10) {
+                case 0, 1, 2: outcome = run(.set(path: g.path(), json: Array(g.value().utf8)))
+                case 3: outcome = run(.set(path: g.path(depth: g.below(3)), json: Array("null".utf8)))
+                case 4:
+                    var entries: [Command.UpdateItem] = []
+                    var used = Set<String>()
+                    for _ in 0..<(1 + g.below(2)) {
+                        let k = g.key()
+                        guard used.insert(k).inserted else { continue }
+                        entries.append(.init(path: k, json: Array(g.value(depth: 1).utf8)))
+                    }
+                    outcome = run(.update(path: g.path(depth: g.below(2)), entries: entries))
+                case 5:
+                    let at = g.path(depth: g.below(3))
+                    outcome = run(.set(path: (at == "/" ? "" : at) + "/.priority", json: Array("5".utf8)))
+                case 6:
+                    let connection = UInt64(1_000 + step)
+                    _ = run(.onDisconnectSet(path: g.path(depth: 1 + g.below(2)), json: Array(g.value(depth: 1).utf8), secret: 9, holder: 0), session: connection)
+                    outcome = run(.connectionEnded(connection: connection, secret: 9), session: 5)
+                case 7:
+                    let path = g.path(depth: 1 + g.below(2))
+                    let current = logs[0].machine.tree("app").child(at: try Path(parsing: path))
+                    outcome = run(.compareAndSet(path: path, expectedHash: current.hashString, json: Array(g.value(depth: 1).utf8)))
+                case 8 where g.below(10) == 0:
+                    // The quota changes, goes and comes back.
+                    let quota = [nil, "60", "150", "400"][g.below(4)]
+                    _ = run(.set(path: "/app", json: Array((quota ?? "null").utf8)), namespace: StateMachine.quotasNamespace, session: 2)
+                default:
+                    outcome = run(.set(path: g.path(depth: 1 + g.below(2)), json: Array(g.value(depth: 1).utf8)))
+                }
+                if case .overQuota? = outcome { refusals += 1 }
+                // Answers for some of the third machine's measures, in any order.
+                while !pending.isEmpty, g.below(3) == 0 {
+                    let entry = pending.remove(at: g.below(pending.count))
+                    if logs[2].machine.measured(namespace: "app", id: entry.id, bytes: entry.tree.dataBytes) != nil { answered += 1 }
+                }
+                let trees = logs.map { JSONWriter.string($0.machine.tree("app"), format: .export) }
+                #expect(trees[0] == trees[1] && trees[0] == trees[2], "seed \(seed) step \(step)")
+                let truth = logs[0].machine.tree("app").dataBytes
+                for (i, log) in logs.enumerated() {
+                    let usage = log.machine.quotaUsage["app"].map { u in (log.machine.unmeasuredQuota["app"] ?? []).reduce(u) { $0 - $1.tree.dataBytes } }
+                    #expect(usage == nil || usage == truth, "seed \(seed) step \(step) machine \(i): \(String(describing: usage)) against \(truth)")
+                    #expect((log.machine.quotaUsage["app"] == nil) == (logs[0].machine.quotaUsage["app"] == nil))
+                }
+            }
+        }
+        #expect(deferred > 200, "measures left for later: \(deferred)")
+        #expect(answered > 50, "answered: \(answered)")
+        #expect(refusals > 50, "refusals: \(refusals)")
+    }
+
     @Test("onDisconnect cannot carry a namespace past its quota: a queue that would is dropped when it fires, and a namespace at its quota takes no queued data")
     func disconnectsCannotBypass() throws {
         var log = Log()

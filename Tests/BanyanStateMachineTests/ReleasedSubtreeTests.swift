@@ -91,7 +91,7 @@ import Testing
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/r")).valueCount == 5_001)
     }
 
-    @Test("nested update items hand back what they replace; an update of more than 64 items frees in place; a write over the quota hands back nothing")
+    @Test("nested update items hand back what they replace; an update of more than 64 items frees in place; a write over the quota hands back nothing; under a quota the subtree goes to be measured first")
     func nestedLargeUpdatesAndQuota() throws {
         var log = Log()
         #expect(log.set("/n/a/b", Self.object(2_500))?.outcome == .ok)
@@ -122,10 +122,20 @@ import Testing
         if case .overQuota = over.outcome {} else { Issue.record("expected overQuota, got \(over.outcome)") }
         #expect(over.released.trees.isEmpty)
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/q")).valueCount == 5_001)
-        // A replacement that shrinks the data is accepted and hands the old subtree back.
+        // A replacement that shrinks the data is accepted without measuring the old subtree:
+        // it is handed back to be measured, then (through `measured`) to be freed.
         let withinResult = log.set("/q", "1")
         let within = try #require(withinResult)
-        #expect(within.outcome == .ok && within.released.trees.count == 1)
+        #expect(within.outcome == .ok && within.released.trees.isEmpty && within.released.toMeasure.count == 1)
+        let entry = try #require(within.released.toMeasure.first)
+        #expect(entry.tree.valueCount == 5_001)
+        let unmeasured = log.machine.quotaUsage["app"].map { $0 - entry.tree.dataBytes }
+        #expect(unmeasured == log.machine.tree("app").dataBytes)
+        let freed = log.machine.measured(namespace: "app", id: entry.id, bytes: entry.tree.dataBytes)
+        #expect(freed?.valueCount == 5_001)
+        #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").dataBytes)
+        #expect(log.machine.unmeasuredQuota["app"] == nil)
+        #expect(log.machine.measured(namespace: "app", id: entry.id, bytes: 1) == nil, "answered twice")
     }
 
     @Test("applied outcomes compare equal whatever they hand back")
