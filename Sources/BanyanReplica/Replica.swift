@@ -66,6 +66,10 @@ public struct ReplicaConfiguration: Sendable {
     public var prepareThreshold: Int = 128 << 10
     /// Entries being read ahead at once (beyond the one next to apply, which is always asked for).
     public var maxPreparing: Int = 4
+    /// Under a quota, a replaced subtree of this many values or more may be left for the driver
+    /// to measure (`StateMachine.measureLaterAtValues`, `NodeAction.measure`). `Int.max`
+    /// (the default): never, for drivers that do not answer measures.
+    public var measureQuotaLaterAtValues: Int = .max
 
     public init(raft: RaftConfiguration) {
         self.raft = raft
@@ -708,6 +712,8 @@ public struct Replica: Sendable {
     private mutating func apply(_ entry: LogEntry, prepared: PreparedCommand?) {
         switch entry.kind {
         case .command:
+            // The machine may have been replaced (a snapshot, a reload) since the last apply.
+            machine.measureLaterAtValues = configuration.measureQuotaLaterAtValues
             guard let applied = machine.apply(entry.data, index: entry.index, prepared: prepared) else { return }
             let key = WriteKey(session: applied.session, seq: applied.seq)
             if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }

@@ -221,6 +221,8 @@ public final class NodeRuntime: @unchecked Sendable {
         let tickMs = max(1, config.raft.tickMilliseconds)
         rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
         rc.retryTicks = max(config.raft.electionTicks * 2, 5)
+        // This driver answers `NodeAction.measure` (on the freeing thread).
+        rc.measureQuotaLaterAtValues = StateMachine.releaseAfterValues
         var settings = NodeCore.Settings(replica: rc)
         settings.roundIntervalNanoseconds = UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000
         core = try NodeCore(
@@ -411,7 +413,10 @@ public final class NodeRuntime: @unchecked Sendable {
                         caller.execute { done(.success((quota, upper, upper == nil ? tree : nil))) }
                         return
                     }
-                    BulkWorkers.run(on: caller) { unmeasured.reduce(upper) { $0 - $1.tree.dataBytes } }.whenComplete { result in
+                    BulkWorkers.freeing.runIfActive(eventLoop: caller) {
+                        BulkWorkers.lowerPriority()
+                        return unmeasured.reduce(upper) { $0 - $1.tree.dataBytes }
+                    }.whenComplete { result in
                         switch result {
                         case .success(let used): done(.success((quota, used, nil)))
                         case .failure: done(.failure(.timedOut(write: false)))

@@ -195,14 +195,22 @@ public struct StateMachine: Sendable {
     /// subtrees"). Decisions that need the exact usage measure them where they are taken.
     public internal(set) var unmeasuredQuota: [String: [UnmeasuredSubtree]] = [:]
     /// A write under a quota that replaces a subtree of at least this many values leaves its
-    /// measure for later when the decision does not need it (tests lower it).
-    public var measureLaterAtValues = StateMachine.releaseAfterValues
+    /// measure for later when the decision does not need it. `Int.max` (the default): never,
+    /// for callers that do not answer `Applied.released.toMeasure` (a restore's replay, reads
+    /// of the past); the node's replica sets it (`ReplicaConfiguration`).
+    public var measureLaterAtValues = Int.max
+    /// Unmeasured subtrees measured or dropped here (`exactQuotaUsage`, a quota removed): handed
+    /// back with the next applied write's `released.trees`, to be freed off this thread.
+    var measuredHere: [Tree] = []
 
     /// The namespace's exact usage: `quotaUsage` with what is unmeasured measured here.
     mutating func exactQuotaUsage(_ namespace: String) -> Int? {
         guard var used = quotaUsage[namespace] else { return nil }
         if let list = unmeasuredQuota.removeValue(forKey: namespace) {
-            for entry in list { used -= entry.tree.dataBytes }
+            for entry in list {
+                used -= entry.tree.dataBytes
+                measuredHere.append(entry.tree)
+            }
             quotaUsage[namespace] = used
         }
         return used
@@ -451,7 +459,7 @@ public struct StateMachine: Sendable {
         let next = Self.parsedQuotas(tree(Self.quotasNamespace))
         for namespace in quotaUsage.keys where next[namespace] == nil {
             quotaUsage[namespace] = nil
-            unmeasuredQuota[namespace] = nil
+            measuredHere += (unmeasuredQuota.removeValue(forKey: namespace) ?? []).map(\.tree)
         }
         for namespace in next.keys where quotaUsage[namespace] == nil { quotaUsage[namespace] = tree(namespace).dataBytes }
         quotas = next
@@ -620,6 +628,10 @@ public struct StateMachine: Sendable {
             if toMeasure.isEmpty {
                 for subtree in replaced where subtree.valueCount(atLeast: Self.releaseAfterValues) { released.trees.append(subtree) }
             }
+        }
+        if !measuredHere.isEmpty {
+            released.trees += measuredHere
+            measuredHere = []
         }
         return Applied(
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value,

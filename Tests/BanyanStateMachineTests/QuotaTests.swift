@@ -157,7 +157,7 @@ import Testing
         #expect(measuredAhead > 1_000, "the values measured ahead were used \(measuredAhead) times")
     }
 
-    @Test("a replaced subtree's measure left for later (answered at random, or never) changes no outcome, tree or usage: three machines in lockstep over 8 × 600 random commands and quota changes")
+    @Test("a replaced subtree's measure left for later (answered at random, or never) changes no outcome, tree or usage: three machines in lockstep over 8 × 600 random commands (one reading them ahead) and quota changes")
     func deferredMeasuresDecideAlike() throws {
         var deferred = 0
         var answered = 0
@@ -178,7 +178,9 @@ import Testing
                     let payload = CommandEnvelope(
                         namespace: namespace, session: session, seq: logs[i].seq, timestamp: 1_000 + Int64(logs[i].index), command: command
                     ).encoded()
-                    let applied = logs[i].machine.apply(payload, index: logs[i].index)
+                    // The answered machine reads every command ahead, its values measured there.
+                    let prepared = i == 2 ? PreparedCommand(payload: payload, measuring: logs[i].machine.quotaNamespaces) : nil
+                    let applied = logs[i].machine.apply(payload, index: logs[i].index, prepared: prepared)
                     outcomes.append(applied?.outcome)
                     if i == 1 { deferred += applied?.released.toMeasure.count ?? 0 }
                     if i == 2 { pending += applied?.released.toMeasure ?? [] }
@@ -191,7 +193,9 @@ import Testing
                 var outcome: StateMachine.Outcome?
                 switch g.below(10) {
                 case 0, 1, 2: outcome = run(.set(path: g.path(), json: Array(g.value().utf8)))
-                case 3: outcome = run(.set(path: g.path(depth: g.below(3)), json: Array("null".utf8)))
+                case 3:
+                    let json = [#"null"#, #"{".sv":{"increment":2}}"#, #"{".sv":"timestamp"}"#][g.below(3)]
+                    outcome = run(.set(path: g.path(depth: g.below(3)), json: Array(json.utf8)))
                 case 4:
                     var entries: [Command.UpdateItem] = []
                     var used = Set<String>()

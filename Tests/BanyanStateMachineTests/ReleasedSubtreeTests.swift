@@ -122,8 +122,16 @@ import Testing
         if case .overQuota = over.outcome {} else { Issue.record("expected overQuota, got \(over.outcome)") }
         #expect(over.released.trees.isEmpty)
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/q")).valueCount == 5_001)
-        // A replacement that shrinks the data is accepted without measuring the old subtree:
-        // it is handed back to be measured, then (through `measured`) to be freed.
+        // By default a machine measures where it applies (nobody may answer it): the old
+        // subtree is handed back to be freed.
+        #expect(log.set("/q2", Self.object(2_500))?.outcome == .ok)
+        let inlineResult = log.set("/q2", "1")
+        let inline = try #require(inlineResult)
+        #expect(inline.outcome == .ok && inline.released.trees.count == 1 && inline.released.toMeasure.isEmpty)
+        // A node's machine (`measureLaterAtValues` set by its replica): a replacement that
+        // shrinks the data is accepted without measuring the old subtree, which is handed back
+        // to be measured, then (through `measured`) to be freed.
+        log.machine.measureLaterAtValues = StateMachine.releaseAfterValues
         let withinResult = log.set("/q", "1")
         let within = try #require(withinResult)
         #expect(within.outcome == .ok && within.released.trees.isEmpty && within.released.toMeasure.count == 1)
