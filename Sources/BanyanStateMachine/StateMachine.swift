@@ -593,7 +593,7 @@ public struct StateMachine: Sendable {
             var large: Tree?
             if written.count == 1, priorityOnly?.first != true {
                 let old = before.child(at: written[0])
-                if old.hasChildren, old.valueCount(atLeast: measureLaterAtValues) { large = old }
+                if !old.isEmpty, old.valueCount(atLeast: measureLaterAtValues) { large = old }
             }
             switch quotaCheck(
                 envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes,
