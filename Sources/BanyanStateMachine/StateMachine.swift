@@ -593,7 +593,8 @@ public struct StateMachine: Sendable {
             var large: Tree?
             if written.count == 1, priorityOnly?.first != true {
                 let old = before.child(at: written[0])
-                if !old.isEmpty, old.valueCount(atLeast: measureLaterAtValues) { large = old }
+                // `Int.max` (no deferral): no walk at all.
+                if measureLaterAtValues < .max, !old.isEmpty, old.valueCount(atLeast: measureLaterAtValues) { large = old }
             }
             switch quotaCheck(
                 envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes,
