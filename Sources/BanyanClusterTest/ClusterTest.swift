@@ -102,9 +102,9 @@ struct ClusterTest: AsyncParsableCommand {
         let snapshotEntries = scenario == .backup ? 5_000 : 300
         // The disk-full scenario's nodes each get a small disk of their own, and a minimum free
         // space to match.
-        let disks = scenario == .diskFull ? try NodeDisks(cluster: cluster, ids: [1, 2, 3], bytes: 96 << 20, minFree: 16 << 20) : nil
+        let disks = scenario == .diskFull ? try NodeDisks(cluster: cluster, ids: [1, 2, 3], bytes: 96 << 20, minFree: 16 << 20, ballast: 8 << 20) : nil
         defer { disks?.unmount(stopping: cluster) }
-        let storage = disks.map { "storage:\n  min_free_bytes: \($0.minFree)\n" } ?? ""
+        let storage = disks.map { "storage:\n  min_free_bytes: \($0.minFree)\n  ballast_bytes: \($0.ballast)\n" } ?? ""
         let settings =
             scenario == .hostile
             ? Self.hostileSettings

@@ -134,20 +134,52 @@ extension ClusterTest {
         print(String(format: "nodes \(others) (leader \(next)) answer %.1f s after the fill: writes \(verdict), space_alarms \(alarms ?? [])", Date().timeIntervalSince(filledAt)))
         try await readAcknowledged(cluster, writer: writer, through: others)
 
-        // Restart on the still-full disk (topped up: whatever the stopped node left free).
+        // Restart on the still-full disk (topped up: whatever the stopped node left free). The
+        // start releases the ballast, which gives the node room to start: it serves reads, raises
+        // its alarm (it has less than the minimum free) and catches up.
         _ = try disks.fill(full, leaving: 0)
         let log = "\(cluster.directory)/node\(full).log"
-        let waiting = "the disk holding the data directory is full"
-        let loggedBefore = Self.occurrences(of: waiting, inFile: log)
+        let released = "released the ballast file to start"
+        let ballastPath = cluster.dataDirectory(full) + "/ballast"
+        guard FileManager.default.fileExists(atPath: ballastPath) else { throw Failure("node \(full) had no ballast file before its disk filled") }
+        let releasedBefore = Self.occurrences(of: released, inFile: log)
         try cluster.start(full)
         let restartedAt = Date()
-        try await waitUntil("node \(full), restarted on its full disk, logs twice that it waits", timeout: 20) {
-            Self.occurrences(of: waiting, inFile: log) >= loggedBefore + 2 || !cluster.isRunning(full)
+        try await waitUntil("node \(full), restarted on its full disk, releases its ballast and serves", timeout: 30) {
+            guard cluster.isRunning(full) else { return true }
+            guard Self.occurrences(of: released, inFile: log) > releasedBefore else { return false }
+            return await cluster.status(full) != nil
         }
         guard cluster.isRunning(full) else {
             throw Failure("node \(full), restarted on its full disk, exited with status \(cluster.processes[full]?.terminationStatus ?? -1) (see \(log))")
         }
-        print(String(format: "node \(full) restarted on its full disk: still running after %.1f s, logging '\(waiting)'", Date().timeIntervalSince(restartedAt)))
+        guard !FileManager.default.fileExists(atPath: ballastPath) else { throw Failure("node \(full) started on its full disk but its ballast is still there") }
+        let startedIn = Date().timeIntervalSince(restartedAt)
+        try await waitUntil("node \(full)'s alarm stands and writes through every node are refused with NOSPACE", timeout: 20) {
+            let alarms = (await cluster.status(full)?["space_alarms"] as? [NSNumber])?.map(\.uint64Value)
+            guard alarms == [full] else { return false }
+            return await probeWrites(cluster, [1, 2, 3]).allSatisfy { Self.isNoSpace($0) }
+        }
+        try await readAcknowledged(cluster, writer: writer, through: [full])
+        print(String(format: "node \(full) restarted on its full disk: released its ballast, served after %.1f s, alarm [\(full)], \(disks.freeBytes(full) >> 10) KiB free",
+                     startedIn))
+
+        // Stopped and started again on the full disk, now without a ballast: it waits, logging
+        // that its disk is full, and starts by itself once space is freed.
+        cluster.signal(full, SIGTERM)
+        try await waitUntil("node \(full) stops on SIGTERM", timeout: 20) { !cluster.isRunning(full) }
+        _ = try disks.fill(full, leaving: 0)
+        let waiting = "the disk holding the data directory is full: free space there"
+        let loggedBefore = Self.occurrences(of: waiting, inFile: log)
+        try cluster.start(full)
+        let waitingSince = Date()
+        try await waitUntil("node \(full), restarted on its full disk without a ballast, logs twice that it waits", timeout: 20) {
+            Self.occurrences(of: waiting, inFile: log) >= loggedBefore + 2 || !cluster.isRunning(full)
+        }
+        guard cluster.isRunning(full) else {
+            throw Failure("node \(full), restarted on its full disk without a ballast, exited with status \(cluster.processes[full]?.terminationStatus ?? -1) (see \(log))")
+        }
+        print(String(format: "node \(full) restarted on its full disk without a ballast: still running after %.1f s, logging '\(waiting)'", Date().timeIntervalSince(waitingSince)))
         try disks.removeFiller(full)
         let freedAt = Date()
         try await waitUntil("node \(full) serves after its filler is removed", timeout: 20) { await cluster.status(full) != nil }
@@ -156,7 +188,12 @@ extension ClusterTest {
         try await waitUntil("the alarm clears and writes are accepted through every node", timeout: 30) {
             await probeWrites(cluster, [1, 2, 3]).allSatisfy { $0?.status == 200 }
         }
-        print(String(format: "filler removed: node \(full) serves after %.1f s; writes accepted through every node after %.1f s", served, Date().timeIntervalSince(freedAt)))
+        let accepted = Date().timeIntervalSince(freedAt)
+        try await waitUntil("node \(full) makes its ballast again", timeout: 20) {
+            (await cluster.status(full)?["ballast_bytes"] as? NSNumber)?.uint64Value == disks.ballast
+        }
+        print(String(format: "filler removed: node \(full) serves after %.1f s; writes accepted through every node after %.1f s; ballast made again after %.1f s",
+                     served, accepted, Date().timeIntervalSince(freedAt)))
         try await readAcknowledged(cluster, writer: writer, through: [full])
     }
 
@@ -316,13 +353,16 @@ final class OutcomeWriter: @unchecked Sendable {
 final class NodeDisks: @unchecked Sendable {
     let bytes: UInt64
     let minFree: UInt64
+    /// Each node's `storage.ballast_bytes`.
+    let ballast: UInt64
     private let paths: [UInt64: String]
 
     /// Mounts a tmpfs of `bytes` over each of `ids`' data directories; unmounts what it mounted
     /// if one fails.
-    init(cluster: LocalCluster, ids: [UInt64], bytes: UInt64, minFree: UInt64) throws {
+    init(cluster: LocalCluster, ids: [UInt64], bytes: UInt64, minFree: UInt64, ballast: UInt64) throws {
         self.bytes = bytes
         self.minFree = minFree
+        self.ballast = ballast
         var mounted: [UInt64: String] = [:]
         for id in ids {
             let path = cluster.dataDirectory(id)

@@ -59,9 +59,25 @@ public final class BanyanNode: Sendable {
     public static func startWhenSpace(
         config: NodeConfig, logger: Logger, interval: Double = 5, shouldStop: @escaping () -> Bool
     ) throws -> BanyanNode? {
-        try StartRetry.run(
-            attempt: { try BanyanNode(config: config, logger: logger) }, shouldStop: shouldStop,
-            wait: { Thread.sleep(forTimeInterval: interval) }
+        let ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.ballastBytes)
+        return try StartRetry.run(
+            attempt: { try BanyanNode(config: config, logger: logger) },
+            relieve: { error in
+                // The ballast gives the node room to start, raise its alarm and catch up.
+                let released: UInt64
+                do {
+                    released = try ballast.release()
+                } catch {
+                    logger.error("cannot release the ballast file", metadata: ["error": "\(error)"])
+                    return false
+                }
+                guard released > 0 else { return false }
+                logger.critical(
+                    "the disk holding the data directory is full: released the ballast file to start (the cluster accepts only deletes until space is freed; the node makes the ballast again then)",
+                    metadata: ["error": "\(error)", "released_bytes": "\(released)", "path": "\(ballast.path)"])
+                return true
+            },
+            shouldStop: shouldStop, wait: { Thread.sleep(forTimeInterval: interval) }
         ) { error, attempt in
             let free = NodeRuntime.statvfsFreeBytes(config.dataDirectory).map { String($0) } ?? "unknown"
             logger.critical(

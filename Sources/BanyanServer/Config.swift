@@ -64,6 +64,11 @@ public struct NodeConfig: Sendable, Equatable {
     /// data directory's file system the node raises its alarm through the log, and the cluster
     /// accepts only deletes until it has twice as much free again. 0 turns the alarm off.
     public var minFreeBytes: UInt64 = 256 << 20
+    /// The ballast (docs/operations.md, "Disk space"): bytes held in reserve in `DATA/ballast`,
+    /// released when the node starts on a full disk so that it can start, and made again once
+    /// there is this much free besides twice `min_free_bytes`. 0: none (an existing one is
+    /// removed).
+    public var ballastBytes: UInt64 = 64 << 20
     /// Inbound peer connections on a thread of their own (default), so their TLS handshakes and
     /// decryption never hold the replica loop; false: on the replica loop (one hand-off less
     /// per inbound read burst; docs/server.md).
@@ -451,6 +456,7 @@ extension NodeConfig {
                 for (k, v) in try r.map(value, key) {
                     switch k {
                     case "min_free_bytes": c.minFreeBytes = try r.uint(v, "storage.min_free_bytes")
+                    case "ballast_bytes": c.ballastBytes = try r.uint(v, "storage.ballast_bytes")
                     default: throw ConfigError("\(source): unknown key storage.\(k)")
                     }
                 }
@@ -600,6 +606,7 @@ extension NodeConfig {
         }
         if join && newCluster { throw ConfigError("--new-cluster and join exclude each other") }
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
+        guard ballastBytes <= 1 << 40 else { throw ConfigError("storage.ballast_bytes must be at most 1 TiB (2^40)") }
         if auth.jwksFile != nil || auth.x509File != nil, auth.effectiveIssuer == nil || auth.effectiveAudience == nil {
             throw ConfigError("auth: ID token keys (jwks_file, x509_file) need auth.project_id, or auth.issuer and auth.audience")
         }

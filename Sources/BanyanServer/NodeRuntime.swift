@@ -48,6 +48,8 @@ public struct NodeStatus: Sendable, Codable {
     public var spaceAlarms: [UInt64] = []
     /// Writes this node refused without proposing them while an alarm was raised, since start.
     public var writesRefusedForSpace: UInt64? = nil
+    /// The size of this node's ballast file (0: none; docs/operations.md, "Disk space").
+    public var ballastBytes: UInt64? = nil
     /// When this process started (Unix milliseconds): a restart changes it even where the
     /// process id does not (a container's pid 1). `banyan cluster roll` waits for it to change.
     public var startedAtMs: Int64? = nil
@@ -166,6 +168,14 @@ public final class NodeRuntime: @unchecked Sendable {
     /// (`setFreeSpaceProbe`: tests stand in a full disk).
     private let freeSpace = Mutex<@Sendable (String) -> UInt64?>(NodeRuntime.statvfsFreeBytes)
     private let diskFree = Gauge(label: "banyan_disk_free_bytes")
+    /// The ballast file (docs/operations.md, "Disk space") and its size on disk (nil: none),
+    /// known on `loop`; made on the freeing thread (`ballastBusy` meanwhile), and after a failure
+    /// tried again only after `ballastRetryChecks` more space checks.
+    private let ballast: Ballast
+    private var ballastSize: UInt64?
+    private var ballastBusy = false
+    private var ballastRetryChecks = 0
+    private let ballastGauge = Gauge(label: "banyan_disk_ballast_bytes")
     private let spaceAlarmGauge = Gauge(label: "banyan_space_alarm")
     private var ticksToSpaceCheck = 0
     /// A raise or clear of this node's alarm is on its way through the log.
@@ -203,6 +213,12 @@ public final class NodeRuntime: @unchecked Sendable {
         // Before the node takes part: a full disk fails here (`.noSpace`, waited out by
         // `BanyanNode.startWhenSpace`) rather than at the node's first write (exit 75).
         try storage.requireRoom()
+        ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.ballastBytes)
+        if config.ballastBytes == 0, let had = ballast.size() {
+            try ballast.release()
+            logger.notice("removed the ballast file (storage.ballast_bytes is 0)", metadata: ["released_bytes": "\(had)", "path": "\(ballast.path)"])
+        }
+        ballastSize = ballast.size()
         incarnation = storage.incarnation
         if storage.isBlank && !config.foundsClusterWhenBlank && !config.join {
             logger.warning(
@@ -819,7 +835,7 @@ public final class NodeRuntime: @unchecked Sendable {
             pendingWrites: replica.pendingWrites, pendingReads: replica.pendingReads, watchers: core.watchCount,
             namespaces: replica.machine.namespaces.count, mayVote: raft.mayVote, incarnation: String(incarnation, radix: 16),
             pid: getpid(), spaceAlarms: replica.machine.spaceAlarms.sorted(), writesRefusedForSpace: core.refusedBeforeProposal,
-            startedAtMs: Self.processStart)
+            ballastBytes: ballastSize ?? 0, startedAtMs: Self.processStart)
     }
 
     // MARK: - The loop
@@ -852,8 +868,10 @@ public final class NodeRuntime: @unchecked Sendable {
         let alarms = core.replica.machine.spaceAlarms
         spaceAlarmGauge.record(alarms.isEmpty ? 0 : 1)
         let probe = freeSpace.withLock { $0 }
-        guard config.minFreeBytes > 0, let free = probe(config.dataDirectory) else { return }
+        guard config.minFreeBytes > 0 || config.ballastBytes > 0, let free = probe(config.dataDirectory) else { return }
         diskFree.record(Int64(clamping: free))
+        considerBallast(free: free)
+        guard config.minFreeBytes > 0 else { return }
         let raised = alarms.contains(config.nodeID)
         let low = free < config.minFreeBytes
         let (twice, overflow) = config.minFreeBytes.multipliedReportingOverflow(by: 2)
@@ -871,6 +889,44 @@ public final class NodeRuntime: @unchecked Sendable {
         write(namespace: StateMachine.alarmsNamespace, command: alarm).whenComplete { _ in
             // Applied, refused or timed out: the next check looks again at what the log says.
             self.spaceAlarmProposed = false
+        }
+    }
+
+    /// Makes the ballast, on the freeing thread, when it is missing (released at a start on a
+    /// full disk, or never made) and the disk has its size free besides `min_free_bytes`.
+    private func considerBallast(free: UInt64) {
+        // Looked at each time (a stat): an operator may remove the file to win its space back.
+        if !ballastBusy { ballastSize = ballast.size() }
+        ballastGauge.record(Int64(clamping: ballastSize ?? 0))
+        if ballastRetryChecks > 0 {
+            ballastRetryChecks -= 1
+            return
+        }
+        guard !ballastBusy, Ballast.shouldCreate(bytes: config.ballastBytes, present: ballastSize, free: free, minFree: config.minFreeBytes) else {
+            return
+        }
+        ballastBusy = true
+        let ballast = self.ballast
+        BulkWorkers.freeing.runIfActive(eventLoop: loop) { () -> BallastError? in
+            BulkWorkers.lowerPriority()
+            do throws(BallastError) {
+                try ballast.create()
+                return nil
+            } catch {
+                return error
+            }
+        }.whenSuccess { error in
+            self.ballastBusy = false
+            if let error {
+                self.ballastSize = ballast.size()
+                self.ballastRetryChecks = 60
+                self.logger.warning("cannot make the ballast file; trying again in a minute", metadata: ["error": "\(error)"])
+            } else {
+                self.ballastSize = ballast.bytes
+                self.ballastGauge.record(Int64(clamping: ballast.bytes))
+                self.logger.notice(
+                    "made the ballast file: space held in reserve for a start on a full disk", metadata: ["bytes": "\(ballast.bytes)", "path": "\(ballast.path)"])
+            }
         }
     }
 

@@ -8,12 +8,13 @@ public enum StartRetry {
         (error as? OpLogError)?.code == .noSpace || (error as? FileSystemError)?.code == .noSpace
     }
 
-    /// Runs `attempt` until it succeeds; after each failure `isNoSpace` accepts, reports it (with
-    /// the attempt's number, from 1) and waits, unless `shouldStop` (then nil). Other failures
-    /// are thrown at once.
+    /// Runs `attempt` until it succeeds. After a failure `isNoSpace` accepts, it first asks
+    /// `relieve` to make room (the ballast: true when it released some) and then tries again at
+    /// once; otherwise it reports the failure (with the number of the wait, from 1) and waits,
+    /// unless `shouldStop` (then nil). Other failures are thrown at once.
     public static func run<T>(
-        attempt: () throws -> T, isNoSpace: (any Error) -> Bool = isNoSpace, shouldStop: () -> Bool, wait: () -> Void,
-        report: (any Error, Int) -> Void
+        attempt: () throws -> T, isNoSpace: (any Error) -> Bool = isNoSpace, relieve: (any Error) -> Bool = { _ in false },
+        shouldStop: () -> Bool, wait: () -> Void, report: (any Error, Int) -> Void
     ) throws -> T? {
         var attempts = 0
         while true {
@@ -21,6 +22,7 @@ public enum StartRetry {
                 return try attempt()
             } catch {
                 guard isNoSpace(error) else { throw error }
+                if relieve(error) { continue }
                 attempts += 1
                 report(error, attempts)
                 if shouldStop() { return nil }

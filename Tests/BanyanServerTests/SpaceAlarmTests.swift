@@ -88,6 +88,22 @@ import Testing
             _ = try StartRetry.run(attempt: { () throws -> Int in throw OpLogError(.io, "other") }, shouldStop: { false }, wait: {}, report: { _, _ in })
         }
 
+        // A ballast to release: tried again at once, without a wait or a report; then the wait.
+        attempts = 0
+        var relieved = 0
+        waits = 0
+        reports = []
+        let started = try StartRetry.run(
+            attempt: { () throws -> Int in
+                attempts += 1
+                if attempts < 3 { throw full }
+                return 7
+            }, relieve: { _ in
+                relieved += 1
+                return relieved == 1
+            }, shouldStop: { false }, wait: { waits += 1 }, report: { _, n in reports.append(n) })
+        #expect(started == 7 && attempts == 3 && relieved == 2 && waits == 1 && reports == [1])
+
         var stopAfter = 0
         let stopped = try StartRetry.run(
             attempt: { () throws -> Int in throw FileSystemError(.noSpace, path: "/d", "full") }, shouldStop: { stopAfter += 1; return stopAfter > 3 },
@@ -208,5 +224,102 @@ import Testing
         #expect(!policy.shouldTrim(free: 410 * mib, resident: 460 * mib), "nothing new since")
         #expect(policy.shouldTrim(free: 440 * mib, resident: 460 * mib), "32 MiB more freed")
         #expect(policy.shouldTrim(free: 400 * mib, resident: 520 * mib), "64 MiB more resident")
+    }
+}
+
+/// The ballast (docs/operations.md, "Disk space"): space held in reserve that a start on a full
+/// disk releases, made again by the node once the disk has room for it besides the minimum.
+@Suite struct BallastTests {
+    static func allocatedBytes(_ path: String) -> UInt64 {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return 0 }
+        return UInt64(info.st_blocks) * 512
+    }
+
+    @Test("made at its size with its blocks reserved, replaced at another size, released")
+    func createReplaceRelease() throws {
+        let dir = try temporaryDirectory("ballast")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let ballast = Ballast(dataDirectory: dir, bytes: 3 << 20)
+        #expect(ballast.size() == nil && !ballast.isInPlace)
+        #expect(try ballast.release() == 0)
+        try ballast.create()
+        #expect(ballast.size() == 3 << 20 && ballast.isInPlace)
+        // Reserved, not sparse: a sparse file would give nothing back when released.
+        #expect(Self.allocatedBytes(ballast.path) >= 3 << 20, "\(Self.allocatedBytes(ballast.path)) bytes allocated")
+        #expect(!FileManager.default.fileExists(atPath: ballast.path + ".tmp"))
+        let smaller = Ballast(dataDirectory: dir, bytes: 1 << 20)
+        #expect(!smaller.isInPlace)
+        try smaller.create()
+        #expect(smaller.size() == 1 << 20 && !ballast.isInPlace)
+        #expect(try smaller.release() == 1 << 20)
+        #expect(ballast.size() == nil)
+        #expect(try smaller.release() == 0)
+    }
+
+    @Test("a ballast that cannot be made throws with its path and leaves nothing")
+    func failedCreate() throws {
+        let dir = try temporaryDirectory("ballast-missing")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let ballast = Ballast(dataDirectory: dir + "/absent", bytes: 1 << 20)
+        do {
+            try ballast.create()
+            Issue.record("made a ballast in a directory that does not exist")
+        } catch {
+            #expect(error.description.contains(dir + "/absent/ballast"), "\(error)")
+        }
+        #expect(ballast.size() == nil && !FileManager.default.fileExists(atPath: ballast.path + ".tmp"))
+    }
+
+    @Test("made only when missing or of another size, and when the disk has its size free besides twice the minimum")
+    func decision() {
+        let mib: UInt64 = 1 << 20
+        // Made, the alarm (below 256 MiB) could neither be raised nor kept from clearing (at 512).
+        #expect(Ballast.shouldCreate(bytes: 64 * mib, present: nil, free: 576 * mib, minFree: 256 * mib))
+        #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: nil, free: 576 * mib - 1, minFree: 256 * mib))
+        #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: 64 * mib, free: 1 << 40, minFree: 256 * mib))
+        #expect(Ballast.shouldCreate(bytes: 64 * mib, present: 8 * mib, free: 1 << 40, minFree: 256 * mib))
+        #expect(Ballast.shouldCreate(bytes: 64 * mib, present: 0, free: 64 * mib, minFree: 0))
+        #expect(!Ballast.shouldCreate(bytes: 0, present: nil, free: 1 << 40, minFree: 0))
+        #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: nil, free: .max, minFree: .max))
+    }
+
+    @Test("storage.ballast_bytes: 64 MiB by default, 0 allowed, at most 1 TiB")
+    func configuration() throws {
+        #expect(NodeConfig().ballastBytes == 64 << 20)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 0\n").ballastBytes == 0)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 8388608\n  min_free_bytes: 1\n").ballastBytes == 8 << 20)
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: \((1 << 40) + 1)\n") }
+        var c = NodeConfig()
+        c.ballastBytes = (1 << 40) + 1
+        #expect(throws: ConfigError.self) { try c.validate() }
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: -1\n") }
+    }
+
+    @Test("a node makes its ballast, makes it again when removed, reports its size, and removes it when set to 0")
+    func nodeKeepsItsBallast() async throws {
+        let dir = try temporaryDirectory("ballast-node")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var c = singleNodeConfig(dir)
+        c.minFreeBytes = 1 << 20
+        c.ballastBytes = 2 << 20
+        let ballast = Ballast(dataDirectory: c.dataDirectory, bytes: c.ballastBytes)
+        do {
+            let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+            defer { node.shutdown() }
+            let made = await eventually({ (try? node.runtime.status().wait().ballastBytes) == 2 << 20 }, seconds: 20)
+            #expect(made && ballast.isInPlace)
+            // An operator removes it to win its space back: the node makes it again.
+            #expect(try ballast.release() == 2 << 20)
+            let again = await eventually({ ballast.isInPlace }, seconds: 10)
+            #expect(again)
+            let metrics = try httpExchange(port: clientPort(node), "GET", "/metrics").body
+            #expect(metrics.contains("banyan_disk_ballast_bytes"))
+        }
+        c.ballastBytes = 0
+        let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
+        defer { node.shutdown() }
+        #expect(ballast.size() == nil)
+        #expect(try node.runtime.status().wait().ballastBytes == 0)
     }
 }
