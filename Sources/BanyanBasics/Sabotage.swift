@@ -74,4 +74,11 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Issue 17: the state machine records client writes but never looks them up, so a write a
     /// client sends again after a lost answer is decided again (`--client-writes`).
     case ignoreClientWrites = "ignore-client-writes"
+    /// Snapshots and compaction ignore live snapshot streams (no deferral, no hold): a snapshot
+    /// written mid-stream compacts past the streamed one, the stream restarts from its first
+    /// byte with the newer snapshot, and a follower whose stream is slower than the snapshots
+    /// never catches up (seeds 333, 369, 579 with sessions; 100021 with `--quota --sessions
+    /// --client-writes`). `ReplicaConfiguration.compactionWaitsForStreams` false and
+    /// `snapshotDeferral` 1.
+    case restartSnapshotStreams = "restart-snapshot-streams"
 }

@@ -427,9 +427,12 @@ public final class NodeCore {
     /// covers go, and the commit index is saved (never beyond what is durable in the log).
     public func snapshotWritten(_ meta: SnapshotMeta) {
         guard !stopped else { return }
+        // Not past a snapshot the leader streams to a live follower: its image stays readable and
+        // the log after it stays, so the stream is not restarted (`Replica.compactionPoint`).
+        let through = replica.compactionPoint(for: meta.index)
         do {
-            try storage.snapshots.removeSnapshots(olderThan: meta.index)
-            try storage.compact(through: meta.index)
+            try storage.snapshots.removeSnapshots(olderThan: through)
+            try storage.compact(through: through)
             try storage.saveCommit(hardStateToSave)
         } catch {
             // A storage error (a failed fsync, a removal or a save that did not happen): memory
@@ -439,7 +442,7 @@ public final class NodeCore {
             return
         }
         let size = (try? storage.snapshots.fileSize(lastIndex: meta.index)).map { UInt64($0) } ?? 0
-        replica.snapshotWritten(meta, imageBytes: size)
+        replica.snapshotWritten(meta, imageBytes: size, compactedThrough: through)
         output(.note(.snapshotWritten(meta)))
     }
 

@@ -223,6 +223,21 @@ public struct RaftNode: Sendable {
         }
     }
 
+    /// The snapshot this leader streams to a follower that answered within the last two
+    /// election timeouts (the lowest, should there be several): compacting past it would
+    /// restart that stream from its first byte with the newer snapshot, and a stream slower
+    /// than the snapshots would never finish. The replica compacts no further while it holds
+    /// (`Replica.compactionPoint(for:)`). Nil: no such stream, or not the leader.
+    public var streamedSnapshotIndex: UInt64? {
+        guard role == .leader else { return nil }
+        var lowest: UInt64?
+        for pr in progress.values {
+            guard case .snapshot(let index) = pr.state, pr.snapshotSilentTicks < 2 * configuration.electionTicks else { continue }
+            lowest = min(lowest ?? index, index)
+        }
+        return lowest
+    }
+
     /// The leader's view of a member's replication, for status pages.
     public struct ReplicationStatus: Sendable, Equatable {
         public var node: NodeID

@@ -48,6 +48,11 @@ public struct ReplicaConfiguration: Sendable {
     /// `snapshotEntries` writes would never catch up), until this many times `snapshotEntries`
     /// were applied since the last one: the bound on the log kept for it.
     public var snapshotDeferral: UInt64 = 4
+    /// A snapshot written while the leader streams an older one to a live follower compacts the
+    /// log only through the streamed one, so the stream finishes and the follower catches up
+    /// from the log after it (`compactionPoint(for:)`). False only to show the stall it
+    /// prevents (tests).
+    public var compactionWaitsForStreams = true
     /// Re-propose a write, or re-ask for a read index, not finished after this many ticks.
     public var retryTicks: Int = 30
     /// Fail a request not finished after this many ticks.
@@ -193,6 +198,9 @@ public struct Replica: Sendable {
     /// snapshot being written covers, and the newest snapshot image's size (the driver tells).
     public private(set) var logBytesSinceSnapshot: UInt64 = 0
     private var logBytesCoveredByDue: UInt64 = 0
+    /// The newest snapshot written here (the log may be compacted only to an older one, held
+    /// for a stream: `compactionPoint(for:)`); the next snapshot counts from it.
+    private var newestSnapshotIndex: UInt64 = 0
     public private(set) var snapshotImageBytes: UInt64 = 0
     /// Committed entries Raft handed over that have not applied yet (from `applyHead` on): they
     /// wait while the next one is a large command being read ahead.
@@ -471,12 +479,25 @@ public struct Replica: Sendable {
 
     /// The driver durably wrote the snapshot announced by `.snapshotDue`; the log before it may go.
     /// `imageBytes`: the snapshot file's size (0 when unknown).
-    public mutating func snapshotWritten(_ meta: SnapshotMeta, imageBytes: UInt64 = 0) {
+    /// `compactedThrough`: where the driver compacted its files (`compactionPoint(for:)` when
+    /// nil); the log in memory is compacted to the same point.
+    public mutating func snapshotWritten(_ meta: SnapshotMeta, imageBytes: UInt64 = 0, compactedThrough: UInt64? = nil) {
         snapshotInProgress = nil
         logBytesSinceSnapshot -= min(logBytesCoveredByDue, logBytesSinceSnapshot)
         logBytesCoveredByDue = 0
         if imageBytes > 0 { snapshotImageBytes = imageBytes }
-        _ = try? raft.compact(through: meta.index)
+        newestSnapshotIndex = max(newestSnapshotIndex, meta.index)
+        _ = try? raft.compact(through: min(meta.index, compactedThrough ?? compactionPoint(for: meta.index)))
+    }
+
+    /// How far a snapshot written at `index` may compact the log (and the older snapshots):
+    /// to `index`, or, while the leader streams an older snapshot to a live follower, only to
+    /// that one, whose image must stay readable and after which the follower continues from the
+    /// log. The hold ends when the stream does (installed, or the follower silent for two
+    /// election timeouts); the next snapshot then compacts as usual.
+    public func compactionPoint(for index: UInt64) -> UInt64 {
+        guard configuration.compactionWaitsForStreams, let streamed = raft.streamedSnapshotIndex, streamed < index else { return index }
+        return streamed
     }
 
     /// The size of the newest snapshot image, when the driver learns it otherwise (loaded at
@@ -808,7 +829,8 @@ public struct Replica: Sendable {
     private mutating func considerSnapshot() {
         guard snapshotInProgress == nil else { return }
         let applied = machine.appliedIndex
-        let since = applied >= raft.snapshotMeta.index ? applied - raft.snapshotMeta.index : 0
+        let last = max(raft.snapshotMeta.index, newestSnapshotIndex)
+        let since = applied >= last ? applied - last : 0
         guard since > 0, applied <= raft.appliedIndex else { return }
         // While the leader streams a snapshot, either bound is `snapshotDeferral` times larger.
         let streaming = raft.isStreamingSnapshot

@@ -44,6 +44,14 @@ public struct Ballast: Sendable {
         return UInt64(clamping: info.st_size)
     }
 
+    /// The bytes the file system allocated to the ballast (its blocks); nil when there is none.
+    /// At least its size when the space is held, not promised.
+    public func allocatedBytes() -> UInt64? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return UInt64(clamping: info.st_blocks) * 512
+    }
+
     /// Whether the ballast is there at its configured size.
     public var isInPlace: Bool { size() == bytes }
 

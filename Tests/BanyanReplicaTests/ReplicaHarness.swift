@@ -152,11 +152,13 @@ struct ReplicaCluster {
                 if case .snapshotDue(let meta) = event {
                     do {
                         try SnapshotWriter(directory: Self.directory, fileSystem: fileSystem).write(r.machine, meta: meta) { _ in }
-                        try storage.snapshots.removeSnapshots(olderThan: meta.index)
-                        try storage.compact(through: meta.index)
+                        // As `NodeCore`: not past a snapshot the leader streams to a live follower.
+                        let through = r.compactionPoint(for: meta.index)
+                        try storage.snapshots.removeSnapshots(olderThan: through)
+                        try storage.compact(through: through)
                         try storage.saveCommit(r.raft.durableHardState)
                         let size = try storage.snapshots.fileSize(lastIndex: meta.index)
-                        r.snapshotWritten(meta, imageBytes: UInt64(size))
+                        r.snapshotWritten(meta, imageBytes: UInt64(size), compactedThrough: through)
                         snapshotsWritten[id, default: 0] += 1
                     } catch {
                         Issue.record("node \(id): snapshot at \(meta.index) failed: \(error)")

@@ -315,3 +315,38 @@ extension WholeNodeSimulatorTests {
         #expect(caught != nil, "no seed of 20 caught a client write decided twice")
     }
 }
+
+extension WholeNodeSimulatorTests {
+    /// Catch-up stalls (2026-11-30), at 300 operations. 169 and 133 with sessions and client
+    /// writes: a restarted leader replayed its log reading every entry ahead, one at a time, each
+    /// answer after 1–25 simulated ms (about 80 entries a second), so its own writes (the
+    /// operator model's re-add of a replaced node) timed out for 20 s; the read-ahead model now
+    /// answers in 1–3 ms, one in ten slower. 100021 with a quota as well: snapshots every 16
+    /// entries outran a 64-byte-chunk stream to a voter one entry behind, and each compaction
+    /// restarted it; compaction now waits for a live stream (`Replica.compactionPoint`).
+    @Test("the seeds whose catch-up stalled pass", arguments: [169, 133, 100021] as [UInt64])
+    func catchUpStallSeed(_ seed: UInt64) {
+        var o = Self.sessionOptions(seed, operations: 300)
+        o.clientWrites = true
+        o.quota = seed == 100021
+        let report = WholeNodeSimulator.run(o)
+        #expect(report.passed, "\(report.summary)")
+    }
+
+    @Test("the checker catches snapshots and compaction that ignore live snapshot streams")
+    func restartedStreamsCaught() {
+        var caught: UInt64?
+        for seed in UInt64(301)...UInt64(320) {
+            var o = Self.sessionOptions(seed, operations: 300)
+            o.sabotage = .restartSnapshotStreams
+            let report = WholeNodeSimulator.run(o)
+            if !report.passed {
+                #expect(report.violations.contains { $0.contains("convergence") || $0.contains("not converged") }, "\(report.violations.prefix(3))")
+                #expect(WholeNodeSimulator.run(Self.sessionOptions(seed, operations: 300)).passed, "seed \(seed) fails without the sabotage too")
+                caught = seed
+                break
+            }
+        }
+        #expect(caught != nil, "no seed of 301–320 caught a stream restarted by compaction")
+    }
+}
