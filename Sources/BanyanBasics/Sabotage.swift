@@ -77,8 +77,8 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// Snapshots and compaction ignore live snapshot streams (no deferral, no hold): a snapshot
     /// written mid-stream compacts past the streamed one, the stream restarts from its first
     /// byte with the newer snapshot, and a follower whose stream is slower than the snapshots
-    /// never catches up (seeds 333, 369, 579 with sessions; 100021 with `--quota --sessions
-    /// --client-writes`). `ReplicaConfiguration.compactionWaitsForStreams` false and
+    /// never catches up (with `--sessions --operations 300`: 347, 354, 369 of 301–400; before
+    /// the fix, 100021 with `--quota --sessions --client-writes` unsabotaged). `ReplicaConfiguration.compactionWaitsForStreams` false and
     /// `snapshotDeferral` 1.
     case restartSnapshotStreams = "restart-snapshot-streams"
 }

@@ -431,7 +431,8 @@ public final class NodeCore {
         // the log after it stays, so the stream is not restarted (`Replica.compactionPoint`).
         let through = replica.compactionPoint(for: meta.index)
         do {
-            try storage.snapshots.removeSnapshots(olderThan: through)
+            // The held one stays readable; any written between it and this one is of no use.
+            try storage.snapshots.removeSnapshots(olderThan: meta.index, keeping: through < meta.index ? through : nil)
             try storage.compact(through: through)
             try storage.saveCommit(hardStateToSave)
         } catch {

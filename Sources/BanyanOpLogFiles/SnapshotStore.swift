@@ -134,11 +134,12 @@ public final class SnapshotStore {
         }
     }
 
-    /// Removes every snapshot older than `lastIndex` (call only once that one is durable).
-    public func removeSnapshots(olderThan lastIndex: UInt64) throws(OpLogError) {
+    /// Removes every snapshot older than `lastIndex` (call only once that one is durable), but
+    /// the one at `keeping` (a snapshot still streamed to a follower).
+    public func removeSnapshots(olderThan lastIndex: UInt64, keeping: UInt64? = nil) throws(OpLogError) {
         do {
             var removed = false
-            for old in try files() where old.lastIndex < lastIndex {
+            for old in try files() where old.lastIndex < lastIndex && old.lastIndex != keeping {
                 try fileSystem.remove(path(old.name))
                 removed = true
             }

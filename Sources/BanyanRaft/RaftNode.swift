@@ -223,8 +223,9 @@ public struct RaftNode: Sendable {
         }
     }
 
-    /// The snapshot this leader streams to a follower that answered within the last two
-    /// election timeouts (the lowest, should there be several): compacting past it would
+    /// The snapshot this leader streams to a follower that answered a chunk within the last two
+    /// election timeouts, or whose stream began within them (the lowest, should there be
+    /// several): compacting past it would
     /// restart that stream from its first byte with the newer snapshot, and a stream slower
     /// than the snapshots would never finish. The replica compacts no further while it holds
     /// (`Replica.compactionPoint(for:)`). Nil: no such stream, or not the leader.

@@ -46,13 +46,19 @@ public struct ReplicaConfiguration: Sendable {
     /// While the leader streams its snapshot to a live follower, a new snapshot waits (it would
     /// restart the stream from the first byte, and a follower whose transfer takes longer than
     /// `snapshotEntries` writes would never catch up), until this many times `snapshotEntries`
-    /// were applied since the last one: the bound on the log kept for it.
+    /// were applied since the last one. (A snapshot taken mid-stream then compacts only to the
+    /// streamed one: `compactionWaitsForStreams`; the log kept is bounded by
+    /// `streamHoldLimitBytes`.)
     public var snapshotDeferral: UInt64 = 4
     /// A snapshot written while the leader streams an older one to a live follower compacts the
     /// log only through the streamed one, so the stream finishes and the follower catches up
     /// from the log after it (`compactionPoint(for:)`). False only to show the stall it
     /// prevents (tests).
     public var compactionWaitsForStreams = true
+    /// The hold ends, and the next snapshot compacts as usual (restarting the stream), once the
+    /// log kept since the compaction point carries `snapshotDeferral` times the larger of this
+    /// and the snapshot byte bound: the log in memory stays bounded whatever the stream does.
+    public var streamHoldMinimumBytes: UInt64 = 64 << 20
     /// Re-propose a write, or re-ask for a read index, not finished after this many ticks.
     public var retryTicks: Int = 30
     /// Fail a request not finished after this many ticks.
@@ -197,6 +203,9 @@ public struct Replica: Sendable {
     /// Payload bytes of the entries applied since the newest snapshot, the part of them a
     /// snapshot being written covers, and the newest snapshot image's size (the driver tells).
     public private(set) var logBytesSinceSnapshot: UInt64 = 0
+    /// Payload bytes applied since the compaction point: what the log in memory holds (more than
+    /// `logBytesSinceSnapshot` while a stream holds compaction back).
+    public private(set) var logBytesKept: UInt64 = 0
     private var logBytesCoveredByDue: UInt64 = 0
     /// The newest snapshot written here (the log may be compacted only to an older one, held
     /// for a stream: `compactionPoint(for:)`); the next snapshot counts from it.
@@ -487,7 +496,16 @@ public struct Replica: Sendable {
         logBytesCoveredByDue = 0
         if imageBytes > 0 { snapshotImageBytes = imageBytes }
         newestSnapshotIndex = max(newestSnapshotIndex, meta.index)
-        _ = try? raft.compact(through: min(meta.index, compactedThrough ?? compactionPoint(for: meta.index)))
+        let through = min(meta.index, compactedThrough ?? compactionPoint(for: meta.index))
+        _ = try? raft.compact(through: through)
+        if through == meta.index { logBytesKept = logBytesSinceSnapshot }
+    }
+
+    /// The bytes of log kept since the compaction point beyond which a stream no longer holds
+    /// compaction back.
+    public var streamHoldLimitBytes: UInt64 {
+        let (limit, overflow) = max(snapshotByteBound, configuration.streamHoldMinimumBytes).multipliedReportingOverflow(by: max(1, configuration.snapshotDeferral))
+        return overflow ? .max : limit
     }
 
     /// How far a snapshot written at `index` may compact the log (and the older snapshots):
@@ -496,7 +514,8 @@ public struct Replica: Sendable {
     /// log. The hold ends when the stream does (installed, or the follower silent for two
     /// election timeouts); the next snapshot then compacts as usual.
     public func compactionPoint(for index: UInt64) -> UInt64 {
-        guard configuration.compactionWaitsForStreams, let streamed = raft.streamedSnapshotIndex, streamed < index else { return index }
+        guard configuration.compactionWaitsForStreams, let streamed = raft.streamedSnapshotIndex, streamed < index, logBytesKept < streamHoldLimitBytes
+        else { return index }
         return streamed
     }
 
@@ -642,6 +661,7 @@ public struct Replica: Sendable {
         if let meta = rd.snapshot, let installed, installed.appliedIndex >= machine.appliedIndex {
             machine = installed
             logBytesSinceSnapshot = 0
+            logBytesKept = 0
             logBytesCoveredByDue = 0
             events.append(.restoredFromSnapshot(meta))
             settleWritesCoveredBySnapshot()
@@ -697,6 +717,7 @@ public struct Replica: Sendable {
             applyHead += 1
             apply(entry, prepared: prepared)
             logBytesSinceSnapshot &+= UInt64(entry.data.count)
+            logBytesKept &+= UInt64(entry.data.count)
         }
         if applyHead == applyQueue.count {
             applyQueue.removeAll(keepingCapacity: applyQueue.count < 1_024)

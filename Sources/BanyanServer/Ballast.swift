@@ -59,12 +59,22 @@ public struct Ballast: Sendable {
     /// none).
     @discardableResult
     public func release() throws(BallastError) -> UInt64 {
-        let had = size() ?? 0
-        unlink(temporaryPath)
-        guard had > 0 || size() != nil else { return 0 }
+        let leftover = removeLeftover()
+        guard let had = size() else { return leftover }
         guard unlink(path) == 0 || errno == ENOENT else { throw failure("cannot remove it") }
         syncDirectory()
-        return had
+        return had + leftover
+    }
+
+    /// Removes a half-made ballast (`ballast.tmp`, left by a crash while making one); returns
+    /// its size (0: none).
+    @discardableResult
+    public func removeLeftover() -> UInt64 {
+        var info = stat()
+        guard stat(temporaryPath, &info) == 0 else { return 0 }
+        guard unlink(temporaryPath) == 0 else { return 0 }
+        syncDirectory()
+        return UInt64(clamping: info.st_size)
     }
 
     /// Makes the ballast at `bytes` (replacing one of another size). A failure removes what it
@@ -101,9 +111,12 @@ public struct Ballast: Sendable {
 
     /// Whether the node should make the ballast now: it is missing or of another size, and the
     /// disk has `bytes` free besides twice the alarm's minimum (where a raised alarm clears), so
-    /// making it can neither raise the alarm nor keep a raised one from clearing.
+    /// making it can neither raise the alarm nor keep a raised one from clearing. Never with the
+    /// alarm off (`minFree` 0): a node started on its ballast would make it again at once and
+    /// fill its disk anew (the configuration also requires the ballast below the minimum, so
+    /// that a node started on it raises its alarm).
     public static func shouldCreate(bytes: UInt64, present: UInt64?, free: UInt64, minFree: UInt64) -> Bool {
-        guard bytes > 0, present != bytes else { return false }
+        guard bytes > 0, minFree > 0, present != bytes else { return false }
         let (twice, overflow) = minFree.multipliedReportingOverflow(by: 2)
         let (need, over) = twice.addingReportingOverflow(bytes)
         return !overflow && !over && free >= need

@@ -59,7 +59,7 @@ public final class BanyanNode: Sendable {
     public static func startWhenSpace(
         config: NodeConfig, logger: Logger, interval: Double = 5, shouldStop: @escaping () -> Bool
     ) throws -> BanyanNode? {
-        let ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.ballastBytes)
+        let ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.effectiveBallastBytes)
         return try StartRetry.run(
             attempt: { try BanyanNode(config: config, logger: logger) },
             relieve: { error in

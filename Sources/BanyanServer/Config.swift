@@ -66,9 +66,12 @@ public struct NodeConfig: Sendable, Equatable {
     public var minFreeBytes: UInt64 = 256 << 20
     /// The ballast (docs/operations.md, "Disk space"): bytes held in reserve in `DATA/ballast`,
     /// released when the node starts on a full disk so that it can start, and made again once
-    /// there is this much free besides twice `min_free_bytes`. 0: none (an existing one is
-    /// removed).
-    public var ballastBytes: UInt64 = 64 << 20
+    /// there is this much free besides twice `min_free_bytes`. Nil: the default, 64 MiB or a
+    /// quarter of `min_free_bytes` if less (`effectiveBallastBytes`); set, it must be below
+    /// `min_free_bytes`. Not made with the alarm off. 0: none (an existing one is removed).
+    public var ballastBytes: UInt64?
+    /// The ballast's size in force.
+    public var effectiveBallastBytes: UInt64 { ballastBytes ?? min(64 << 20, minFreeBytes / 4) }
     /// Inbound peer connections on a thread of their own (default), so their TLS handshakes and
     /// decryption never hold the replica loop; false: on the replica loop (one hand-off less
     /// per inbound read burst; docs/server.md).
@@ -606,7 +609,11 @@ extension NodeConfig {
         }
         if join && newCluster { throw ConfigError("--new-cluster and join exclude each other") }
         guard !clusterID.isEmpty else { throw ConfigError("cluster_id must not be empty") }
-        guard ballastBytes <= 1 << 40 else { throw ConfigError("storage.ballast_bytes must be at most 1 TiB (2^40)") }
+        if let ballastBytes, ballastBytes > 0, minFreeBytes > 0, ballastBytes >= minFreeBytes {
+            throw ConfigError(
+                "storage.ballast_bytes (\(ballastBytes)) must be below storage.min_free_bytes (\(minFreeBytes)): a node started on a full disk runs on its ballast and must raise the free-space alarm there"
+            )
+        }
         if auth.jwksFile != nil || auth.x509File != nil, auth.effectiveIssuer == nil || auth.effectiveAudience == nil {
             throw ConfigError("auth: ID token keys (jwks_file, x509_file) need auth.project_id, or auth.issuer and auth.audience")
         }

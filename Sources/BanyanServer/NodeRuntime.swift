@@ -156,6 +156,7 @@ public final class NodeRuntime: @unchecked Sendable {
     private let appliedGauge = Gauge(label: "banyan_raft_applied_index")
     /// Payload bytes applied since the newest snapshot (held in memory; docs/replica.md).
     private let logBytesGauge = Gauge(label: "banyan_raft_log_bytes_since_snapshot")
+    private let logKeptGauge = Gauge(label: "banyan_raft_log_bytes_kept")
     private let leaderGauge = Gauge(label: "banyan_raft_is_leader")
     private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
     /// Time between Raft ticks (due every `raft.tick_ms`): how long the replica loop was busy
@@ -213,10 +214,16 @@ public final class NodeRuntime: @unchecked Sendable {
         // Before the node takes part: a full disk fails here (`.noSpace`, waited out by
         // `BanyanNode.startWhenSpace`) rather than at the node's first write (exit 75).
         try storage.requireRoom()
-        ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.ballastBytes)
-        if config.ballastBytes == 0, let had = ballast.size() {
-            try ballast.release()
-            logger.notice("removed the ballast file (storage.ballast_bytes is 0)", metadata: ["released_bytes": "\(had)", "path": "\(ballast.path)"])
+        ballast = Ballast(dataDirectory: config.dataDirectory, bytes: config.effectiveBallastBytes)
+        // A half-made ballast (a crash while making it) holds space for nothing.
+        ballast.removeLeftover()
+        if config.effectiveBallastBytes == 0, let had = ballast.size() {
+            do {
+                try ballast.release()
+                logger.notice("removed the ballast file (no ballast configured: storage.ballast_bytes or min_free_bytes is 0)", metadata: ["released_bytes": "\(had)", "path": "\(ballast.path)"])
+            } catch {
+                logger.warning("cannot remove the ballast file (no ballast configured); remove it by hand", metadata: ["error": "\(error)"])
+            }
         }
         ballastSize = ballast.size()
         incarnation = storage.incarnation
@@ -868,10 +875,9 @@ public final class NodeRuntime: @unchecked Sendable {
         let alarms = core.replica.machine.spaceAlarms
         spaceAlarmGauge.record(alarms.isEmpty ? 0 : 1)
         let probe = freeSpace.withLock { $0 }
-        guard config.minFreeBytes > 0 || config.ballastBytes > 0, let free = probe(config.dataDirectory) else { return }
+        guard config.minFreeBytes > 0, let free = probe(config.dataDirectory) else { return }
         diskFree.record(Int64(clamping: free))
         considerBallast(free: free)
-        guard config.minFreeBytes > 0 else { return }
         let raised = alarms.contains(config.nodeID)
         let low = free < config.minFreeBytes
         let (twice, overflow) = config.minFreeBytes.multipliedReportingOverflow(by: 2)
@@ -902,7 +908,7 @@ public final class NodeRuntime: @unchecked Sendable {
             ballastRetryChecks -= 1
             return
         }
-        guard !ballastBusy, Ballast.shouldCreate(bytes: config.ballastBytes, present: ballastSize, free: free, minFree: config.minFreeBytes) else {
+        guard !ballastBusy, Ballast.shouldCreate(bytes: config.effectiveBallastBytes, present: ballastSize, free: free, minFree: config.minFreeBytes) else {
             return
         }
         ballastBusy = true
@@ -961,6 +967,7 @@ public final class NodeRuntime: @unchecked Sendable {
         commitGauge.record(Int64(raft.commitIndex))
         appliedGauge.record(Int64(core.replica.machine.appliedIndex))
         logBytesGauge.record(Int64(clamping: core.replica.logBytesSinceSnapshot))
+        logKeptGauge.record(Int64(clamping: core.replica.logBytesKept))
     }
 
     /// Time spent persisting in the current pass (from the core's `.persisted` notes).
@@ -1074,7 +1081,7 @@ public final class NodeRuntime: @unchecked Sendable {
             connectionsRestored.withLock { $0 }?({ sessions[$0]?.ended == true })
         case .snapshotWritten(let meta):
             snapshotCounter.increment()
-            logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)"])
+            logger.info("snapshot written, log compacted", metadata: ["index": "\(meta.index)", "compacted_through": "\(core.replica.raft.snapshotMeta.index)"])
         case .appliedCommands(let n):
             appliedCounter.increment(by: n)
         case .persisted(let nanoseconds):
@@ -1118,7 +1125,9 @@ public final class NodeRuntime: @unchecked Sendable {
                 let ms = (DispatchTime.now().uptimeNanoseconds - started) / 1_000_000
                 logger.debug("snapshot file durable", metadata: ["index": "\(meta.index)", "ms": "\(ms)"])
                 self.loop.execute {
-                    self.retainCompacted(through: meta.index)
+                    // Only what the compaction drops (a snapshot streamed to a follower holds it
+                    // back: `Replica.compactionPoint`); both calls on this loop, so it cannot move.
+                    self.retainCompacted(through: self.core.replica.compactionPoint(for: meta.index))
                     self.core.snapshotWritten(meta)
                 }
             } catch {

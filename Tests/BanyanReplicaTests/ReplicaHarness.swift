@@ -154,7 +154,7 @@ struct ReplicaCluster {
                         try SnapshotWriter(directory: Self.directory, fileSystem: fileSystem).write(r.machine, meta: meta) { _ in }
                         // As `NodeCore`: not past a snapshot the leader streams to a live follower.
                         let through = r.compactionPoint(for: meta.index)
-                        try storage.snapshots.removeSnapshots(olderThan: through)
+                        try storage.snapshots.removeSnapshots(olderThan: meta.index, keeping: through < meta.index ? through : nil)
                         try storage.compact(through: through)
                         try storage.saveCommit(r.raft.durableHardState)
                         let size = try storage.snapshots.fileSize(lastIndex: meta.index)

@@ -11,11 +11,15 @@ import Testing
 struct SnapshotStreamTests {
     /// Three nodes taking a snapshot every 5 entries, with 16-byte chunks; `items` writes first
     /// (values that do not compress much: the snapshot file's size is what streams).
-    static func cluster(items: Int, deferral: UInt64, hold: Bool = true) throws -> (ReplicaCluster, NodeID) {
+    static func cluster(items: Int, deferral: UInt64, hold: Bool = true, holdBytes: UInt64? = nil) throws -> (ReplicaCluster, NodeID) {
         var c = try ReplicaCluster(nodes: 3, snapshotEntries: 5) {
             $0.raft.snapshotChunkBytes = 16
             $0.snapshotDeferral = deferral
             $0.compactionWaitsForStreams = hold
+            if let holdBytes {
+                $0.snapshotLogBytes = 0
+                $0.streamHoldMinimumBytes = holdBytes
+            }
         }
         let leader = try elect(&c)
         for i in 0..<items {
@@ -140,5 +144,34 @@ struct SnapshotStreamTests {
             c.settle()
         }
         #expect((c.snapshotsWritten[leader] ?? 0) > before)
+    }
+
+    /// Node 4 joins while 60 writes come; the most log bytes the leader kept meanwhile (until
+    /// node 4 installed a snapshot, when `untilJoined`).
+    static func mostKept(_ c: inout ReplicaCluster, leader: NodeID, untilJoined: Bool) throws -> UInt64 {
+        try c.addBlank(4)
+        let q = c.request()
+        c.replicas[leader]?.changeMembership(q, .addLearner(4))
+        var most: UInt64 = 0
+        for i in 0..<60 {
+            _ = c.write(via: leader, "/load/w\(i)", "\(i)")
+            c.settle(rounds: 6)
+            most = max(most, c.replicas[leader]?.logBytesKept ?? 0)
+            if untilJoined, c.replicas[4]?.machine.appliedIndex ?? 0 > 0 { break }
+        }
+        return most
+    }
+
+    @Test("a hold ends once the log kept for it reaches its byte bound: the log in memory stays bounded")
+    func holdIsBounded() throws {
+        var (c, leader) = try Self.cluster(items: 30, deferral: 1, holdBytes: 400)
+        #expect(c.replicas[leader]?.streamHoldLimitBytes == 400)
+        let most = try Self.mostKept(&c, leader: leader, untilJoined: false)
+        // At most the bound, the entries of one snapshot interval beyond it, and a write's worth.
+        #expect(most > 0 && most < 400 + 5 * 200, "the leader kept \(most) bytes of log")
+        // The unbounded hold keeps more under the same load (the bound is what stopped it).
+        var (held, heldLeader) = try Self.cluster(items: 30, deferral: 1)
+        let heldMost = try Self.mostKept(&held, leader: heldLeader, untilJoined: true)
+        #expect(heldMost > most, "unbounded \(heldMost), bounded \(most)")
     }
 }

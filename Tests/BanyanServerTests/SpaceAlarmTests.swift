@@ -273,21 +273,35 @@ import Testing
         #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: nil, free: 576 * mib - 1, minFree: 256 * mib))
         #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: 64 * mib, free: 1 << 40, minFree: 256 * mib))
         #expect(Ballast.shouldCreate(bytes: 64 * mib, present: 8 * mib, free: 1 << 40, minFree: 256 * mib))
-        #expect(Ballast.shouldCreate(bytes: 64 * mib, present: 0, free: 64 * mib, minFree: 0))
+        // Never with the alarm off: a node started on its ballast would make it again at once.
+        #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: 0, free: 1 << 40, minFree: 0))
         #expect(!Ballast.shouldCreate(bytes: 0, present: nil, free: 1 << 40, minFree: 0))
         #expect(!Ballast.shouldCreate(bytes: 64 * mib, present: nil, free: .max, minFree: .max))
     }
 
-    @Test("storage.ballast_bytes: 64 MiB by default, 0 allowed, at most 1 TiB")
+    @Test("storage.ballast_bytes: 64 MiB by default or a quarter of min_free_bytes if less, 0 allowed, below the minimum when set")
     func configuration() throws {
-        #expect(NodeConfig().ballastBytes == 64 << 20)
-        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 0\n").ballastBytes == 0)
-        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 8388608\n  min_free_bytes: 1\n").ballastBytes == 8 << 20)
-        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: \((1 << 40) + 1)\n") }
-        var c = NodeConfig()
-        c.ballastBytes = (1 << 40) + 1
-        #expect(throws: ConfigError.self) { try c.validate() }
+        #expect(NodeConfig().effectiveBallastBytes == 64 << 20)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  min_free_bytes: 33554432\n").effectiveBallastBytes == 8 << 20)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  min_free_bytes: 0\n").effectiveBallastBytes == 0)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 0\n").effectiveBallastBytes == 0)
+        #expect(try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 8388608\n  min_free_bytes: 16777216\n").effectiveBallastBytes == 8 << 20)
+        // A node started on its ballast must be below the minimum, so that it raises the alarm.
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 16777216\n  min_free_bytes: 16777216\n") }
+        #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: 8388608\n  min_free_bytes: 1\n") }
         #expect(throws: ConfigError.self) { try NodeConfig.parse(yaml: "storage:\n  ballast_bytes: -1\n") }
+    }
+
+    @Test("a half-made ballast left by a crash is removed, and counts as released")
+    func leftoverRemoved() throws {
+        let dir = try temporaryDirectory("ballast-leftover")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let ballast = Ballast(dataDirectory: dir, bytes: 1 << 20)
+        FileManager.default.createFile(atPath: ballast.path + ".tmp", contents: Data(count: 4096))
+        #expect(try ballast.release() == 4096)
+        #expect(!FileManager.default.fileExists(atPath: ballast.path + ".tmp"))
+        FileManager.default.createFile(atPath: ballast.path + ".tmp", contents: Data(count: 100))
+        #expect(ballast.removeLeftover() == 100 && ballast.removeLeftover() == 0)
     }
 
     @Test("a node makes its ballast, makes it again when removed, reports its size, and removes it when set to 0")
@@ -295,9 +309,9 @@ import Testing
         let dir = try temporaryDirectory("ballast-node")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var c = singleNodeConfig(dir)
-        c.minFreeBytes = 1 << 20
+        c.minFreeBytes = 8 << 20
         c.ballastBytes = 2 << 20
-        let ballast = Ballast(dataDirectory: c.dataDirectory, bytes: c.ballastBytes)
+        let ballast = Ballast(dataDirectory: c.dataDirectory, bytes: c.effectiveBallastBytes)
         do {
             let node = try BanyanNode.start(config: c, logger: Logger(label: "test"))
             defer { node.shutdown() }
