@@ -215,13 +215,7 @@ public struct RaftNode: Sendable {
     /// timeouts. A new snapshot would restart that stream from its first byte (the chunks name
     /// the snapshot they belong to), so the replica postpones compaction while this holds, up
     /// to a bound (`ReplicaConfiguration.snapshotDeferral`).
-    public var isStreamingSnapshot: Bool {
-        guard role == .leader else { return false }
-        return progress.values.contains { pr in
-            guard case .snapshot = pr.state else { return false }
-            return pr.snapshotSilentTicks < 2 * configuration.electionTicks
-        }
-    }
+    public var isStreamingSnapshot: Bool { streamedSnapshotIndex != nil }
 
     /// The snapshot this leader streams to a follower that answered a chunk within the last two
     /// election timeouts, or whose stream began within them (the lowest, should there be
