@@ -899,7 +899,8 @@ public final class NodeRuntime: @unchecked Sendable {
     }
 
     /// Makes the ballast, on the freeing thread, when it is missing (released at a start on a
-    /// full disk, or never made) and the disk has its size free besides `min_free_bytes`.
+    /// full disk, or never made) and the disk has its size free besides twice `min_free_bytes`
+    /// (`Ballast.shouldCreate`).
     private func considerBallast(free: UInt64) {
         // Looked at each time (a stat): an operator may remove the file to win its space back.
         if !ballastBusy { ballastSize = ballast.size() }
