@@ -65,9 +65,9 @@ public enum NodeAction: Sendable {
     case wake(afterNanoseconds: UInt64)
     /// The pass stopped at its round limit with work left: call `process()` again soon.
     case processAgain
-    /// Read this committed entry ahead, off this thread (`PreparedCommand(payload:measuring:)`),
-    /// then call `prepared(index:_:)` on it (docs/replica.md, "Prepared entries").
-    case prepare(index: UInt64, payload: [UInt8], measuring: Set<String>)
+    /// Read this entry ahead, off this thread (`PreparedCommand(payload:measuring:)`), then
+    /// call `prepared(index:term:_:)` on it (docs/replica.md, "Prepared entries").
+    case prepare(index: UInt64, term: UInt64, payload: [UInt8], measuring: Set<String>)
     /// Large subtrees that applied writes replaced or deleted (`StateMachine.Applied.released`):
     /// free them off this thread (or drop them; the core holds no other reference).
     case release([Tree])
@@ -402,11 +402,11 @@ public final class NodeCore {
     /// The driver's wake-up for pacing fired (call `process()` next).
     public func woke() { wakePending = false }
 
-    /// The read-ahead of committed entry `index` that `NodeAction.prepare` asked for: the entries
-    /// waiting behind it apply now. Call `process()` afterwards.
-    public func prepared(index: UInt64, _ command: PreparedCommand?) {
+    /// The read-ahead of entry `index` of `term` that `NodeAction.prepare` asked for: once it
+    /// is committed, it and the entries waiting behind it apply. Call `process()` afterwards.
+    public func prepared(index: UInt64, term: UInt64, _ command: PreparedCommand?) {
         guard !stopped else { return }
-        replica.prepared(index: index, command)
+        replica.prepared(index: index, term: term, command)
         handle(replica.takeEvents())
     }
 
@@ -583,8 +583,8 @@ public final class NodeCore {
                 output(.writeSnapshot(replica.machine, meta))
             case let .roleChanged(role, leader, term):
                 output(.note(.roleChanged(role: role, leader: leader, term: term)))
-            case let .prepare(index, payload, measuring):
-                output(.prepare(index: index, payload: payload, measuring: measuring))
+            case let .prepare(index, term, payload, measuring):
+                output(.prepare(index: index, term: term, payload: payload, measuring: measuring))
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }

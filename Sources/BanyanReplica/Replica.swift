@@ -77,6 +77,17 @@ public struct ReplicaConfiguration: Sendable {
     public var prepareThreshold: Int = 128 << 10
     /// Entries being read ahead at once (beyond the one next to apply, which is always asked for).
     public var maxPreparing: Int = 4
+    /// Command payloads of at least this many bytes are large for admission (below).
+    public var largeEntryBytes: Int = 1 << 20
+    /// A leader keeps at most this many large entries appended and not yet applied: a later
+    /// large write waits for room while small ones go ahead of it, so a small write waits for
+    /// at most this many large ones (docs/replica.md, "Large writes wait their turn"). 0: no
+    /// limit.
+    public var maxLargeInFlight: Int = 1
+    /// Bytes of forwarded commands a leader holds while they wait for room (large ones, and
+    /// those of an ordered session behind one); further ones are dropped, and their follower
+    /// proposes them again after `retryTicks`.
+    public var maxHeldForwardedBytes: Int = 128 << 20
     /// Under a quota, a replaced subtree of this many values or more may be left for the driver
     /// to measure (`StateMachine.measureLaterAtValues`, `NodeAction.measure`). `Int.max`
     /// (the default): never, for drivers that do not answer measures.
@@ -105,10 +116,12 @@ public enum ReplicaEvent: Sendable {
     /// it (in the background; the machine is a value) and then calls `snapshotWritten(_:)`.
     case snapshotDue(SnapshotMeta)
     case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
-    /// Read this committed entry ahead (`PreparedCommand(payload:measuring:)`, on any thread) and
-    /// hand the result to `prepared(index:_:)`: entries from it on wait to apply until then.
-    /// `measuring`: the namespaces with a quota now, whose writes' sizes are measured ahead too.
-    case prepare(index: UInt64, payload: [UInt8], measuring: Set<String>)
+    /// Read this entry ahead (`PreparedCommand(payload:measuring:)`, on any thread) and hand the
+    /// result to `prepared(index:term:_:)`: once committed, entries from it on wait to apply until
+    /// then. Asked for when the entry is written to this node's log (or, past `maxPreparing`,
+    /// when it is next to apply). `measuring`: the namespaces with a quota now, whose writes'
+    /// sizes are measured ahead too.
+    case prepare(index: UInt64, term: UInt64, payload: [UInt8], measuring: Set<String>)
 }
 
 /// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
@@ -143,6 +156,8 @@ public struct Replica: Sendable {
         /// A copy applied as `outOfOrder` (an ordered session's predecessor was missing): it is
         /// proposed again as soon as nothing of its session before it waits here.
         var parked = false
+        /// Waited for room as a large write (admission; counted once).
+        var heldForRoom = false
     }
     /// A write's identity in the log: its session and sequence number.
     struct WriteKey: Hashable, Comparable, Sendable {
@@ -215,11 +230,17 @@ public struct Replica: Sendable {
     /// wait while the next one is a large command being read ahead.
     private var applyQueue: [LogEntry] = []
     private var applyHead = 0
-    /// Large entries read ahead (`ReplicaEvent.prepare`), by index: asked for at a tick, or done
-    /// (nil: the payload is not a command envelope, and applies as it is).
+    /// Large entries read ahead (`ReplicaEvent.prepare`), by index, with the term of the entry
+    /// read (an entry not yet committed may be replaced by another at its index): asked for at a
+    /// tick, or done (nil: the payload is not a command envelope, and applies as it is).
     private enum ReadAhead {
-        case asked(tick: Int)
-        case done(PreparedCommand?)
+        case asked(term: UInt64, tick: Int)
+        case done(term: UInt64, PreparedCommand?)
+        var term: UInt64 {
+            switch self {
+            case .asked(let term, _), .done(let term, _): term
+            }
+        }
     }
     private var readAhead: [UInt64: ReadAhead] = [:]
     /// Read-aheads asked for and not done.
@@ -238,6 +259,18 @@ public struct Replica: Sendable {
     /// Proposals forwarded by followers that arrived while `holdProposals` was set (leader only;
     /// proposed, restamped, by the next `ready()` that does not hold).
     private var heldForwarded: [[[UInt8]]] = []
+    /// As leader: the indexes of the large entries (`largeEntryBytes`) appended in `largeTerm`
+    /// and not applied yet, at most `maxLargeInFlight` (admission, "Large writes wait their turn").
+    private var largeInFlight: [UInt64] = []
+    private var largeTerm: UInt64 = 0
+    /// As leader: forwarded commands waiting for room, in arrival order (unstamped), with their
+    /// identities and bytes (a follower's retry of one held is dropped).
+    private var heldForRoom: [(key: WriteKey, payload: [UInt8], ordered: Bool)] = []
+    private var heldForRoomKeys: Set<WriteKey> = []
+    public private(set) var heldForRoomBytes = 0
+    /// Large writes that began to wait for room (tests and metrics; a forwarded one held
+    /// again after its follower's retry was dropped counts again).
+    public private(set) var largeWritesHeld = 0
 
     /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
     /// from the newest snapshot (its `appliedIndex` is the snapshot's index).
@@ -305,10 +338,7 @@ public struct Replica: Sendable {
         if parkedCount > 0 { proposeUnparked() }
         // A read-ahead whose answer never came (a driver that lost it) is asked for again.
         for (index, state) in readAhead {
-            if case .asked(let tick) = state, ticks - tick >= 10 * configuration.retryTicks {
-                readAhead[index] = nil
-                asking -= 1
-            }
+            if case .asked(_, let tick) = state, ticks - tick >= 10 * configuration.retryTicks { forgetReadAhead(index) }
         }
         askForPreparation()
         newReads = expireReads(newReads)
@@ -331,38 +361,84 @@ public struct Replica: Sendable {
 
     /// Proposes batches forwarded by followers, each stamped with the leader's clock (a batch
     /// refused by flow control is dropped: its follower proposes it again after `retryTicks`).
-    private mutating func proposeForwarded(_ batches: [[[UInt8]]]) {
+    private mutating func proposeForwarded(_ batches: [[[UInt8]]], releasing: Bool = false) {
         let stamp = nextStamp()
+        var room = largeRoom()
+        // Ordered sessions with a command held in this call or before: what follows waits too.
+        var heldOrdered = Set(heldForRoom.lazy.filter { $0.ordered }.map(\.key.session))
         for commands in batches {
             var keys: [WriteKey] = []
             var stamped: [[UInt8]] = []
             for command in commands {
-                guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else { continue }
-                if let key = Self.identity(command) {
-                    if waitsOrApplied(key) {
+                if let header = CommandEnvelope.header(of: command) {
+                    let key = WriteKey(session: header.session, seq: header.seq)
+                    if waitsOrApplied(key) || heldForRoomKeys.contains(key) {
                         droppedRetries += 1
                         continue
                     }
+                    let large = command.count >= configuration.largeEntryBytes
+                    if (large && room == 0) || heldOrdered.contains(key.session) {
+                        if holdForRoom(key, command, ordered: header.ordered), large, !releasing { largeWritesHeld += 1 }
+                        if header.ordered { heldOrdered.insert(key.session) }
+                        continue
+                    }
+                    if large { room -= 1 }
                     keys.append(key)
                 } else {
                     keys.append(WriteKey(session: 0, seq: 0))
                 }
+                guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else {
+                    keys.removeLast()
+                    continue
+                }
                 stamped.append(restamped)
             }
-            if !stamped.isEmpty, let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome) }
+            if !stamped.isEmpty, let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome, stamped) }
         }
+    }
+
+    /// Keeps a forwarded command until there is room for it (`proposeHeldForRoom`); past
+    /// `maxHeldForwardedBytes` it is dropped instead, and its follower proposes it again.
+    @discardableResult
+    private mutating func holdForRoom(_ key: WriteKey, _ command: [UInt8], ordered: Bool) -> Bool {
+        guard heldForRoomBytes + command.count <= configuration.maxHeldForwardedBytes else { return false }
+        heldForRoom.append((key, command, ordered))
+        heldForRoomKeys.insert(key)
+        heldForRoomBytes += command.count
+        return true
+    }
+
+    /// Proposes the forwarded commands held for room, in order, as far as there is room now.
+    private mutating func proposeHeldForRoom() {
+        guard !heldForRoom.isEmpty else { return }
+        // Without room nothing held can go: each is large, or behind a large one of its
+        // ordered session.
+        if raft.role == .leader, largeRoom() == 0 { return }
+        let held = heldForRoom
+        heldForRoom = []
+        heldForRoomKeys = []
+        heldForRoomBytes = 0
+        // Leadership lost meanwhile: the followers propose them again after `retryTicks`.
+        guard raft.role == .leader else { return }
+        proposeForwarded([held.map(\.payload)], releasing: true)
+    }
+
+    /// Room for more large entries in this leader's log (`maxLargeInFlight`; `.max` without a
+    /// limit). Entries applied, or of an earlier term or leadership, no longer count.
+    private mutating func largeRoom() -> Int {
+        guard configuration.maxLargeInFlight > 0 else { return .max }
+        if raft.role != .leader || raft.term != largeTerm {
+            largeInFlight = []
+            largeTerm = raft.term
+        }
+        let applied = machine.appliedIndex
+        if let first = largeInFlight.first, first <= applied { largeInFlight.removeAll { $0 <= applied } }
+        return max(0, configuration.maxLargeInFlight - largeInFlight.count)
     }
 
     /// A command's identity, read from its payload's fixed header (session, then seq).
     static func identity(_ payload: [UInt8]) -> WriteKey? {
-        guard payload.count >= 18, (2...5).contains(payload[0]) else { return nil }
-        var session: UInt64 = 0
-        var seq: UInt64 = 0
-        for i in 0..<8 {
-            session |= UInt64(payload[2 + i]) << (8 * UInt64(i))
-            seq |= UInt64(payload[10 + i]) << (8 * UInt64(i))
-        }
-        return WriteKey(session: session, seq: seq)
+        CommandEnvelope.header(of: payload).map { WriteKey(session: $0.session, seq: $0.seq) }
     }
 
     /// As leader: a copy of this command waits in this term's log, or the command applied.
@@ -372,14 +448,23 @@ public struct Replica: Sendable {
         return machine.sessions[key.session]?.contains(key.seq) == true
     }
 
-    /// Records what this leader appended (keys in payload order; session 0 is no identity).
-    private mutating func noteAppended(_ keys: [WriteKey], _ outcome: RaftNode.ProposalOutcome) {
+    /// Records what this leader appended (keys in payload order; session 0 is no identity), and
+    /// where its large entries went (admission).
+    private mutating func noteAppended(_ keys: [WriteKey], _ outcome: RaftNode.ProposalOutcome, _ payloads: [[UInt8]]) {
         guard case .appended(let first, _, let term) = outcome else { return }
         if appendedTerm != term {
             appendedTerm = term
             appendedInTerm = [:]
         }
         for (i, key) in keys.enumerated() where key.session != 0 { appendedInTerm[key] = first + UInt64(i) }
+        guard configuration.maxLargeInFlight > 0 else { return }
+        if largeTerm != term {
+            largeTerm = term
+            largeInFlight = []
+        }
+        for (i, payload) in payloads.enumerated() where payload.count >= configuration.largeEntryBytes {
+            largeInFlight.append(first + UInt64(i))
+        }
     }
 
     private mutating func nextStamp() -> Int64 {
@@ -554,12 +639,17 @@ public struct Replica: Sendable {
             // as after any forward lost in a leader change.
             if raft.role == .leader { proposeForwarded(held) }
         }
+        proposeHeldForRoom()
         guard !toPropose.isEmpty else { return }
         let seqs = toPropose
         toPropose = []
         queued = []
         let leader = raft.role == .leader
         let stamp = leader ? nextStamp() : 0
+        // Admission (leader only): a large write waits while `maxLargeInFlight` large entries
+        // are unapplied, and so does what follows it in an ordered session; the rest goes ahead.
+        var room = leader ? largeRoom() : .max
+        var waitingOrdered: Set<UInt64> = []
         // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
         // alone): a forwarded proposal is one peer frame, which must stay under its limit.
         var batch: [WriteKey] = []
@@ -568,6 +658,18 @@ public struct Replica: Sendable {
         var readyBytes = 0
         for (position, seq) in seqs.enumerated() {
             guard let w = writes[seq] else { continue }
+            let large = w.payload.count >= configuration.largeEntryBytes
+            if leader, (large && room == 0) || waitingOrdered.contains(seq.session) {
+                if large, !w.heldForRoom {
+                    largeWritesHeld += 1
+                    var marked = w
+                    marked.heldForRoom = true
+                    writes[seq] = marked
+                }
+                if counters[seq.session]?.ordered == true { waitingOrdered.insert(seq.session) }
+                if queued.insert(seq).inserted { toPropose.append(seq) }
+                continue
+            }
             if readyBytes > 0, readyBytes + w.payload.count > configuration.maxReadyBytes {
                 // The rest goes into the next `Ready`, in the same order.
                 for later in seqs[position...] where writes[later] != nil && queued.insert(later).inserted { toPropose.append(later) }
@@ -587,6 +689,7 @@ public struct Replica: Sendable {
                 payloads = []
                 bytes = 0
             }
+            if leader, large { room -= 1 }
             batch.append(seq)
             payloads.append(leader ? (CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload) : w.payload)
             bytes += w.payload.count
@@ -598,7 +701,7 @@ public struct Replica: Sendable {
     private mutating func propose(_ seqs: [WriteKey], _ payloads: [[UInt8]]) {
         var proposed = false
         do {
-            noteAppended(seqs, try raft.propose(payloads))
+            noteAppended(seqs, try raft.propose(payloads), payloads)
             proposed = true
         } catch {
             switch error {
@@ -673,6 +776,7 @@ public struct Replica: Sendable {
         }
         applyQueue.append(contentsOf: rd.committedEntries)
         applyQueued()
+        readAheadAppended(rd.entries)
         for state in rd.readStates {
             reads[state.context]?.index = state.index
         }
@@ -693,9 +797,9 @@ public struct Replica: Sendable {
     /// The read-ahead of committed entry `index` (`ReplicaEvent.prepare`): entries waiting
     /// behind it apply now. An answer nobody waits for (the entry applied meanwhile from a
     /// snapshot, or it was asked for by an earlier life of this replica) is dropped.
-    public mutating func prepared(index: UInt64, _ command: PreparedCommand?) {
-        guard case .asked? = readAhead[index] else { return }
-        readAhead[index] = .done(command)
+    public mutating func prepared(index: UInt64, term: UInt64, _ command: PreparedCommand?) {
+        guard case .asked(let asked, _)? = readAhead[index], asked == term else { return }
+        readAhead[index] = .done(term: term, command)
         asking -= 1
         applyQueued()
         if parkedCount > 0 { proposeUnparked() }
@@ -710,7 +814,7 @@ public struct Replica: Sendable {
             let entry = applyQueue[applyHead]
             var prepared: PreparedCommand?
             if needsPreparation(entry) {
-                guard case .done(let command)? = readAhead[entry.index] else { break }
+                guard case .done(let term, let command)? = readAhead[entry.index], term == entry.term else { break }
                 readAhead[entry.index] = nil
                 prepared = command
             }
@@ -726,7 +830,38 @@ public struct Replica: Sendable {
             applyQueue.removeSubrange(..<applyHead)
             applyHead = 0
         }
+        // Read-aheads of entries that were replaced before they committed (another entry
+        // applied at their index): nobody waits for them.
+        if !readAhead.isEmpty {
+            let applied = machine.appliedIndex
+            for index in readAhead.keys where index <= applied { forgetReadAhead(index) }
+        }
         askForPreparation()
+    }
+
+    private mutating func forgetReadAhead(_ index: UInt64) {
+        guard let state = readAhead.removeValue(forKey: index) else { return }
+        if case .asked = state { asking -= 1 }
+    }
+
+    private mutating func askReadAhead(_ entry: LogEntry) {
+        if let state = readAhead[entry.index] {
+            // Asked for this entry already, or for one it replaced (its answer is dropped).
+            guard state.term != entry.term else { return }
+            forgetReadAhead(entry.index)
+        }
+        readAhead[entry.index] = .asked(term: entry.term, tick: ticks)
+        asking += 1
+        events.append(.prepare(index: entry.index, term: entry.term, payload: entry.data, measuring: machine.quotaNamespaces))
+    }
+
+    /// Large entries just written to this node's log are read ahead before they commit, while
+    /// the round that commits them goes on (at most `maxPreparing` kept ahead at once).
+    private mutating func readAheadAppended(_ entries: [LogEntry]) {
+        for entry in entries where needsPreparation(entry) && readAhead[entry.index]?.term != entry.term {
+            guard readAhead.count < max(1, configuration.maxPreparing) else { return }
+            askReadAhead(entry)
+        }
     }
 
     /// Whether `entry` is a command large enough to be read ahead, and not applied yet.
@@ -744,10 +879,8 @@ public struct Replica: Sendable {
         while position < end, asking < max(1, configuration.maxPreparing) || position == applyHead {
             let entry = applyQueue[position]
             position += 1
-            guard needsPreparation(entry), readAhead[entry.index] == nil else { continue }
-            readAhead[entry.index] = .asked(tick: ticks)
-            asking += 1
-            events.append(.prepare(index: entry.index, payload: entry.data, measuring: machine.quotaNamespaces))
+            guard needsPreparation(entry), readAhead[entry.index]?.term != entry.term else { continue }
+            askReadAhead(entry)
         }
     }
 

@@ -1041,13 +1041,13 @@ public final class NodeRuntime: @unchecked Sendable {
             }.whenSuccess { bytes in
                 self.core.measured(namespace: namespace, id: id, bytes: bytes)
             }
-        case let .prepare(index, payload, measuring):
+        case let .prepare(index, term, payload, measuring):
             // Reading a large write's data (JSON into a tree) is the costly part of applying it:
             // done here, the replica loop keeps ticking and answering peers meanwhile.
-            BulkWorkers.run(on: loop) { PreparedCommand(payload: payload, measuring: measuring) }.whenComplete { result in
+            BulkWorkers.runReadAhead(on: loop) { PreparedCommand(payload: payload, measuring: measuring) }.whenComplete { result in
                 // A pool that is shutting down answers nothing: the replica asks again later.
                 guard case .success(let command) = result else { return }
-                self.core.prepared(index: index, command)
+                self.core.prepared(index: index, term: term, command)
                 self.flushReplies()
                 self.scheduleProcess()
             }

@@ -190,6 +190,8 @@ public struct WholeNodeReport: Sendable {
         public var snapshotsInstalled = 0
         /// Large entries read ahead on a node's worker (docs/replica.md, "Prepared entries").
         public var readAheads = 0
+        /// Large writes a leader held back for room (docs/replica.md, "Large writes wait their turn").
+        public var largeWritesHeld = 0
         public var membershipChanges = 0
         public var fileOperations = 0
         public var writesPatched = 0
@@ -231,7 +233,7 @@ public struct WholeNodeReport: Sendable {
         s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied), over the quota \(stats.writesOverQuota)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
-        s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads)"
+        s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads), large writes held \(stats.largeWritesHeld)"
         s += stats.quotaMeasures > 0 ? ", quota measures \(stats.quotaMeasures)\n" : "\n"
         if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 || stats.expired > 0 {
             s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied); idle records expired \(stats.expired)\n"
@@ -297,7 +299,7 @@ public struct WholeNodeSimulator {
         case presenceEnd(Int)
         case presenceRetryEnd(Int, NodeID, life: Int)
         /// A read-ahead (`NodeAction.prepare`) done on the node's worker thread.
-        case prepared(NodeID, life: Int, index: UInt64, PreparedCommand?)
+        case prepared(NodeID, life: Int, index: UInt64, term: UInt64, PreparedCommand?)
         /// A quota's measure of a replaced subtree, answered (`NodeAction.measure`).
         case measured(NodeID, life: Int, namespace: String, id: UInt64, bytes: Int)
     }
@@ -311,6 +313,8 @@ public struct WholeNodeSimulator {
         /// Bumped at every start, so events of an earlier life are ignored.
         var life = 0
         var retired = false
+        /// The core's `largeWritesHeld` when last counted (a new core starts again from 0).
+        var largeWritesHeldSeen = 0
         var nextRequest: RequestID = 1
         /// Client operations waiting on this node: request id → client index.
         var requests: [RequestID: Int] = [:]
@@ -603,13 +607,13 @@ public struct WholeNodeSimulator {
             endPresence(p)
         case let .presenceRetryEnd(p, id, life):
             if let node = nodes[id], node.life == life, node.core != nil, !node.paused { proposeEnd(p, via: node) }
-        case let .prepared(id, life, index, command):
+        case let .prepared(id, life, index, term, command):
             guard let node = nodes[id], let core = node.core, node.life == life else { return }
             if node.paused {
-                schedule(after: 50, .prepared(id, life: life, index: index, command))
+                schedule(after: 50, .prepared(id, life: life, index: index, term: term, command))
                 return
             }
-            core.prepared(index: index, command)
+            core.prepared(index: index, term: term, command)
             perform(takeActions(node), on: node)
             scheduleProcess(node, after: 0)
         case let .measured(id, life, namespace, measureID, bytes):
@@ -658,6 +662,15 @@ public struct WholeNodeSimulator {
         default: s.replica.prepareThreshold = 90
         }
         s.replica.maxPreparing = 1 + Int(options.seed / 3 % 4)
+        // Admission of large writes (docs/replica.md, "Large writes wait their turn"): in two
+        // thirds of the seeds, commands of 90 bytes or more are large, one or two in flight.
+        switch options.seed / 12 % 3 {
+        case 0: s.replica.maxLargeInFlight = 0
+        case 1: s.replica.largeEntryBytes = 90
+        default:
+            s.replica.largeEntryBytes = 90
+            s.replica.maxLargeInFlight = 2
+        }
         if options.sabotage == .restartSnapshotStreams {
             // Compaction that ignores live streams altogether: no hold and no deferral.
             s.replica.compactionWaitsForStreams = false
@@ -792,6 +805,10 @@ public struct WholeNodeSimulator {
     }
 
     private mutating func perform(_ actions: [NodeAction], on node: SimulatedNode) {
+        if let held = node.core?.replica.largeWritesHeld, held != node.largeWritesHeldSeen {
+            report.stats.largeWritesHeld += held > node.largeWritesHeldSeen ? held - node.largeWritesHeldSeen : held
+            node.largeWritesHeldSeen = held
+        }
         for action in actions {
             switch action {
             case .send(let messages):
@@ -848,7 +865,7 @@ public struct WholeNodeSimulator {
                 schedule(
                     after: 1 + measureRandom.below(25),
                     .measured(node.id, life: node.life, namespace: namespace, id: id, bytes: tree.dataBytes))
-            case let .prepare(index, payload, measuring):
+            case let .prepare(index, term, payload, measuring):
                 // The server reads ahead on a worker thread: the answer comes back later, and
                 // answers to several entries in any order. Mostly within 1-3 ms (a hop to the
                 // worker and back, and the parse); one in ten waits 1-25 ms (a busy worker, a
@@ -858,7 +875,7 @@ public struct WholeNodeSimulator {
                 // client writes), which no server does.
                 report.stats.readAheads += 1
                 let answerMillis = prepareRandom.below(10) == 0 ? 1 + prepareRandom.below(25) : 1 + prepareRandom.below(3)
-                schedule(after: answerMillis, .prepared(node.id, life: node.life, index: index, PreparedCommand(payload: payload, measuring: measuring)))
+                schedule(after: answerMillis, .prepared(node.id, life: node.life, index: index, term: term, PreparedCommand(payload: payload, measuring: measuring)))
             case .fatal(let reason):
                 if node.fs.isCrashed {
                     diskCrashed(node)

@@ -460,6 +460,20 @@ public struct CommandEnvelope: Sendable, Equatable {
         return w.finish()
     }
 
+    /// A payload's identity and order, read from its fixed header (version, kind, session, seq):
+    /// nil when it is too short or of another version. `ordered`: the kind byte's flag
+    /// (version 5 on; earlier versions are unordered).
+    public static func header(of payload: [UInt8]) -> (session: UInt64, seq: UInt64, ordered: Bool)? {
+        guard payload.count >= 18, (2...version).contains(payload[0]) else { return nil }
+        var session: UInt64 = 0
+        var seq: UInt64 = 0
+        for i in 0..<8 {
+            session |= UInt64(payload[2 + i]) << (8 * UInt64(i))
+            seq |= UInt64(payload[10 + i]) << (8 * UInt64(i))
+        }
+        return (session, seq, payload[0] >= 5 && payload[1] & orderedFlag != 0)
+    }
+
     /// The leader's timestamp a payload carries (ms since the epoch); nil when `payload` is too
     /// short or of another version. Point-in-time restore stops at the first command stamped
     /// after its target time.

@@ -64,7 +64,7 @@ import Testing
         c.settle()
         let asked = try #require(c.heldReadAheads[leader]?.first)
         // An unknown index changes nothing.
-        c.replicas[leader]?.prepared(index: asked.index + 100, PreparedCommand(payload: asked.payload))
+        c.replicas[leader]?.prepared(index: asked.index + 100, term: asked.term, PreparedCommand(payload: asked.payload))
         #expect(c.value(leader, "/a") == "null")
         // The answer is lost; after ten retry intervals the replica asks again.
         c.heldReadAheads[leader] = []
@@ -77,5 +77,70 @@ import Testing
         c.settle()
         #expect((try? c.writeOutcome(a, on: leader)?.get())?.outcome == .ok)
         #expect(c.value(leader, "/a/tag") == "\"A\"")
+    }
+
+    @Test("a large entry is read ahead as soon as it is written to the log, before it commits")
+    func askedAtAppend() throws {
+        var (c, leader) = try Self.cluster()
+        // Nothing reaches the followers: the entry cannot commit.
+        c.filter = { $0.from != leader }
+        let a = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        let asked = try #require(c.heldReadAheads[leader]?.first)
+        let commit = try #require(c.replicas[leader]?.raft.commitIndex)
+        #expect(asked.index > commit)
+        c.answerReadAhead(leader, index: asked.index)
+        #expect(c.writeOutcome(a, on: leader) == nil)
+        // Once it commits it applies at once: the read-ahead came back already.
+        c.filter = { _ in true }
+        c.tick(3)
+        #expect((try? c.writeOutcome(a, on: leader)?.get())?.outcome == .ok)
+        #expect((c.heldReadAheads[leader] ?? []).isEmpty)
+    }
+
+    @Test("a read-ahead of an entry replaced before it committed is dropped, and the entry in its place applies")
+    func replacedEntry() throws {
+        var (c, old) = try Self.cluster()
+        let others = [NodeID(1), 2, 3].filter { $0 != old }
+        // The leader is cut off and writes a small entry and a large one nobody else gets; the
+        // large one is read ahead.
+        c.filter = { $0.from != old && $0.to != old }
+        let s = c.write(via: old, "/s", "1")
+        let a = c.write(via: old, "/a", Self.big("A"))
+        c.settle()
+        let stale = try #require(c.heldReadAheads[old]?.first)
+        // The others elect a leader, which writes a large entry at that index (after its term's
+        // empty entry, where the small one was).
+        var next: NodeID?
+        for _ in 0..<300 where next == nil {
+            c.tick()
+            next = others.first { c.replicas[$0]?.raft.role == .leader }
+        }
+        let leader = try #require(next)
+        let b = c.write(via: leader, "/b", Self.big("B"))
+        c.settle()
+        let replacing = try #require(c.heldReadAheads[leader]?.first { $0.index == stale.index })
+        #expect(replacing.term > stale.term)
+        // The old leader rejoins: its entries are replaced. The answer for its own, late, is
+        // dropped; the entry in its place waits for its own read-ahead.
+        c.filter = { _ in true }
+        c.tick(2)
+        #expect(c.replicas[old]?.raft.term == replacing.term)
+        c.answerReadAhead(old, index: stale.index)
+        c.settle()
+        #expect(c.value(old, "/b") == "null")
+        #expect(c.heldReadAheads[old]?.contains { $0.index == stale.index && $0.term == replacing.term } == true)
+        // Everything answered: all three writes apply once, the same everywhere.
+        c.holdReadAheads = false
+        for id: NodeID in [1, 2, 3] {
+            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
+        }
+        c.tick(60)
+        for q in [s, a] { #expect((try? c.writeOutcome(q, on: old)?.get())?.outcome == .ok) }
+        #expect((try? c.writeOutcome(b, on: leader)?.get())?.outcome == .ok)
+        for id: NodeID in [1, 2, 3] {
+            #expect(c.value(id, "/a/tag") == "\"A\"" && c.value(id, "/b/tag") == "\"B\"" && c.value(id, "/s") == "1", "node \(id)")
+            #expect(c.replicas[id]?.machine.image() == c.replicas[leader]?.machine.image())
+        }
     }
 }

@@ -27,7 +27,7 @@ struct ReplicaCluster {
     /// Keep read-aheads (`ReplicaEvent.prepare`) unanswered in `heldReadAheads` instead of
     /// answering them at once; `answerReadAhead` answers one.
     var holdReadAheads = false
-    var heldReadAheads: [NodeID: [(index: UInt64, payload: [UInt8])]] = [:]
+    var heldReadAheads: [NodeID: [(index: UInt64, term: UInt64, payload: [UInt8])]] = [:]
     static let directory = "/data"
 
     static func configuration(_ id: NodeID, snapshotEntries: UInt64 = 0) -> ReplicaConfiguration {
@@ -97,13 +97,13 @@ struct ReplicaCluster {
         guard var r = replicas[id], let i = heldReadAheads[id]?.firstIndex(where: { $0.index == index }),
             let held = heldReadAheads[id]?.remove(at: i)
         else { return }
-        r.prepared(index: held.index, PreparedCommand(payload: held.payload))
+        r.prepared(index: held.index, term: held.term, PreparedCommand(payload: held.payload))
         let new = r.takeEvents()
         replicas[id] = r
         events[id, default: []].append(contentsOf: new)
         for event in new {
-            guard case .prepare(let index, let payload, _) = event else { continue }
-            heldReadAheads[id, default: []].append((index, payload))
+            guard case .prepare(let index, let term, let payload, _) = event else { continue }
+            heldReadAheads[id, default: []].append((index, term, payload))
             if !holdReadAheads { answerReadAhead(id, index: index) }
         }
     }
@@ -140,12 +140,12 @@ struct ReplicaCluster {
             var pending = r.takeEvents()
             while !pending.isEmpty {
                 let event = pending.removeFirst()
-                if case .prepare(let index, let payload, _) = event {
+                if case .prepare(let index, let term, let payload, _) = event {
                     if holdReadAheads {
-                        heldReadAheads[id, default: []].append((index, payload))
+                        heldReadAheads[id, default: []].append((index, term, payload))
                     } else {
                         // Read ahead at once here (the server's driver uses another thread).
-                        r.prepared(index: index, PreparedCommand(payload: payload))
+                        r.prepared(index: index, term: term, PreparedCommand(payload: payload))
                         pending.append(contentsOf: r.takeEvents())
                     }
                 }
@@ -207,11 +207,11 @@ struct ReplicaCluster {
                 clocks[id, default: 0] += 10
                 replicas[id]?.tick(now: clocks[id] ?? 0)
                 for event in replicas[id]?.takeEvents() ?? [] {
-                    if case .prepare(let index, let payload, _) = event { heldReadAheads[id, default: []].append((index, payload)) }
+                    if case .prepare(let index, let term, let payload, _) = event { heldReadAheads[id, default: []].append((index, term, payload)) }
                     events[id, default: []].append(event)
                 }
                 if !holdReadAheads {
-                    for (index, _) in heldReadAheads[id] ?? [] { answerReadAhead(id, index: index) }
+                    for (index, _, _) in heldReadAheads[id] ?? [] { answerReadAhead(id, index: index) }
                 }
             }
             settle()

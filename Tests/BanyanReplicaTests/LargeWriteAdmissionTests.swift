@@ -1,0 +1,158 @@
+import BanyanRaft
+import BanyanReplica
+import BanyanStateMachine
+import BanyanTree
+import Testing
+
+/// A leader keeps at most `maxLargeInFlight` large entries appended and not applied; later
+/// large writes wait for room while small ones go ahead (docs/replica.md, "Large writes wait
+/// their turn").
+@Suite struct LargeWriteAdmissionTests {
+    static func big(_ tag: String) -> String { ReadAheadTests.big(tag) }
+
+    /// Three replicas; entries of 256 bytes or more are large and read ahead (answers held).
+    static func cluster(maxLargeInFlight: Int = 1) throws -> (ReplicaCluster, NodeID) {
+        var c = try ReplicaCluster(nodes: 3) {
+            $0.prepareThreshold = 256
+            $0.largeEntryBytes = 256
+            $0.maxLargeInFlight = maxLargeInFlight
+        }
+        let leader = try elect(&c)
+        c.holdReadAheads = true
+        return (c, leader)
+    }
+
+    /// The tags of the command entries in `id`'s log, in log order ("s…" for small ones).
+    static func logTags(_ c: ReplicaCluster, _ id: NodeID) -> [String] {
+        c.storedEntries(id).compactMap { entry -> String? in
+            guard case .command = entry.kind else { return nil }
+            let text = String(decoding: entry.data, as: UTF8.self)
+            for tag in ["A", "B", "C"] where text.contains("\"tag\":\"\(tag)\"") { return tag }
+            return text.contains("/s") ? "s" : "?"
+        }
+    }
+
+    static func ok(_ c: ReplicaCluster, _ q: RequestID, on id: NodeID) -> Bool {
+        (try? c.writeOutcome(q, on: id)?.get())?.outcome == .ok
+    }
+
+    @Test("the leader's second large write waits for the first to apply; a small one written after it goes first")
+    func smallGoesAhead() throws {
+        var (c, leader) = try Self.cluster()
+        let a = c.write(via: leader, "/a", Self.big("A"))
+        let b = c.write(via: leader, "/b", Self.big("B"))
+        let s = c.write(via: leader, "/s", "1")
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A", "s"])
+        #expect(c.replicas[leader]?.largeWritesHeld == 1)
+        // A waits for its read-ahead, and s behind it; B is not in any log yet.
+        #expect(c.writeOutcome(s, on: leader) == nil)
+        let askedA = try #require(c.heldReadAheads[leader]?.first)
+        c.answerReadAhead(leader, index: askedA.index)
+        c.settle()
+        #expect(Self.ok(c, a, on: leader) && Self.ok(c, s, on: leader))
+        #expect(Self.logTags(c, leader) == ["A", "s", "B"])
+        let askedB = try #require(c.heldReadAheads[leader]?.first { $0.index > askedA.index })
+        c.answerReadAhead(leader, index: askedB.index)
+        c.settle()
+        #expect(Self.ok(c, b, on: leader))
+        #expect(c.value(leader, "/b/tag") == "\"B\"")
+        // Every node holds the same log.
+        for id: NodeID in [1, 2, 3] { #expect(Self.logTags(c, id) == ["A", "s", "B"]) }
+    }
+
+    @Test("without a limit the large writes go into the log in the order written")
+    func noLimit() throws {
+        var (c, leader) = try Self.cluster(maxLargeInFlight: 0)
+        _ = c.write(via: leader, "/a", Self.big("A"))
+        _ = c.write(via: leader, "/b", Self.big("B"))
+        _ = c.write(via: leader, "/s", "1")
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A", "B", "s"])
+        #expect(c.replicas[leader]?.largeWritesHeld == 0)
+    }
+
+    @Test("a follower's large write waits at the leader, its retries are dropped, and it applies once there is room")
+    func forwardedWaits() throws {
+        var (c, leader) = try Self.cluster()
+        let followers = [NodeID(1), 2, 3].filter { $0 != leader }
+        let a = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        let b = c.write(via: followers[0], "/b", Self.big("B"))
+        let s = c.write(via: followers[1], "/s", "1")
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A", "s"])
+        let held = try #require(c.replicas[leader]?.heldForRoomBytes)
+        #expect(held > 256)
+        // The follower proposes B again after `retryTicks` (30): the copy is dropped, not held twice.
+        let dropped = c.replicas[leader]?.droppedRetries ?? 0
+        c.tick(31)
+        #expect(c.replicas[leader]?.heldForRoomBytes == held)
+        #expect((c.replicas[leader]?.droppedRetries ?? 0) > dropped)
+        #expect(Self.logTags(c, leader) == ["A", "s"])
+        // Room once A applies on the leader: B goes in, and applies on its follower.
+        let askedA = try #require(c.heldReadAheads[leader]?.first)
+        c.answerReadAhead(leader, index: askedA.index)
+        c.settle()
+        #expect(Self.ok(c, a, on: leader))
+        #expect(Self.logTags(c, leader) == ["A", "s", "B"])
+        #expect(c.replicas[leader]?.heldForRoomBytes == 0)
+        c.holdReadAheads = false
+        for id: NodeID in [1, 2, 3] {
+            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
+        }
+        c.settle()
+        #expect(Self.ok(c, b, on: followers[0]) && Self.ok(c, s, on: followers[1]))
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/b/tag") == "\"B\"") }
+    }
+
+    @Test("in an ordered session nothing overtakes a large write that waits")
+    func orderedSessionKeepsItsOrder() throws {
+        var (c, leader) = try Self.cluster()
+        let session: UInt64 = 0xABCD
+        #expect(c.replicas[leader]?.openSession(session, ordered: true) == true)
+        let a = c.write(via: leader, "/a", Self.big("A"))
+        let b = c.request()
+        c.replicas[leader]?.write(b, namespace: "app", command: .set(path: "/b", json: Array(Self.big("B").utf8)), session: session)
+        let s2 = c.request()
+        c.replicas[leader]?.write(s2, namespace: "app", command: .set(path: "/s2", json: Array("2".utf8)), session: session)
+        let s = c.write(via: leader, "/s", "1")
+        c.settle()
+        // The node's own (unordered) session goes ahead; the ordered one waits behind B.
+        #expect(Self.logTags(c, leader) == ["A", "s"])
+        c.holdReadAheads = false
+        let askedA = try #require(c.heldReadAheads[leader]?.first)
+        c.answerReadAhead(leader, index: askedA.index)
+        c.settle()
+        for id: NodeID in [1, 2, 3] {
+            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
+        }
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A", "s", "B", "s"])
+        for q in [a, b, s2, s] { #expect(Self.ok(c, q, on: leader), "request \(q)") }
+        #expect(c.value(leader, "/s2") == "2")
+    }
+
+    @Test("a leader that steps down drops what it held; the follower's retry reaches the next leader")
+    func heldDroppedOnStepDown() throws {
+        var (c, leader) = try Self.cluster()
+        let followers = [NodeID(1), 2, 3].filter { $0 != leader }
+        _ = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        let b = c.write(via: followers[0], "/b", Self.big("B"))
+        c.settle()
+        #expect((c.replicas[leader]?.heldForRoomBytes ?? 0) > 0)
+        // Leadership moves to the other follower; the old leader's next ready drops what it held.
+        try c.replicas[leader]?.transferLeadership(to: followers[1])
+        c.holdReadAheads = false
+        for id: NodeID in [1, 2, 3] {
+            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
+        }
+        c.settle()
+        c.tick(40)
+        #expect(c.leader == followers[1])
+        #expect(c.replicas[leader]?.heldForRoomBytes == 0)
+        #expect(Self.ok(c, b, on: followers[0]))
+        for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/b/tag") == "\"B\"") }
+    }
+}
