@@ -156,8 +156,10 @@ public struct Replica: Sendable {
         /// A copy applied as `outOfOrder` (an ordered session's predecessor was missing): it is
         /// proposed again as soon as nothing of its session before it waits here.
         var parked = false
-        /// Waited for room as a large write (admission; counted once).
-        var heldForRoom = false
+        /// The tick this large write began to wait for room (admission), if it did.
+        var heldSince: Int?
+        /// Times proposed again by the retry timer (a large write's retries back off).
+        var retries = 0
     }
     /// A write's identity in the log: its session and sequence number.
     struct WriteKey: Hashable, Comparable, Sendable {
@@ -265,7 +267,15 @@ public struct Replica: Sendable {
     private var largeTerm: UInt64 = 0
     /// As leader: forwarded commands waiting for room, in arrival order (unstamped), with their
     /// identities and bytes (a follower's retry of one held is dropped).
-    private var heldForRoom: [(key: WriteKey, payload: [UInt8], ordered: Bool)] = []
+    private struct Held {
+        var key: WriteKey
+        var payload: [UInt8]
+        var ordered: Bool
+        var large: Bool
+        /// The tick it was first held.
+        var since: Int
+    }
+    private var heldForRoom: [Held] = []
     private var heldForRoomKeys: Set<WriteKey> = []
     public private(set) var heldForRoomBytes = 0
     /// Large writes that began to wait for room (tests and metrics; a forwarded one held
@@ -304,7 +314,12 @@ public struct Replica: Sendable {
             if ticks >= w.deadline {
                 writes[key] = nil
                 if w.parked { parkedCount -= 1 }
-                events.append(.failed(w.request, .timedOut(write: true)))
+                if w.heldSince != nil, !w.proposed {
+                    // Never handed to Raft: certainly in no log.
+                    events.append(.failed(w.request, .overloaded("it waited for room behind large writes until its deadline")))
+                } else {
+                    events.append(.failed(w.request, .timedOut(write: true)))
+                }
                 continue
             }
             if key.session != session {
@@ -313,10 +328,14 @@ public struct Replica: Sendable {
             }
             // A parked write waits for its predecessor (`proposeUnparked`): proposed now, it would
             // only be out of order again.
-            if ticks - w.lastProposedTick >= configuration.retryTicks, !queued.contains(key), !w.parked {
+            // A large write's retries back off (twice the interval each time, up to eight
+            // times): a leader may hold it for room, and each copy resends the whole body.
+            let interval = w.payload.count >= configuration.largeEntryBytes ? configuration.retryTicks << min(w.retries, 3) : configuration.retryTicks
+            if ticks - w.lastProposedTick >= interval, !queued.contains(key), !w.parked {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
                 var retry = w
+                retry.retries += 1
                 retry.payload = CommandEnvelope.resettled(w.payload, settledBelow: lowest)
                 writes[key] = retry
                 toPropose.append(key)
@@ -336,6 +355,12 @@ public struct Replica: Sendable {
         }
         // A predecessor that timed out above unblocks the parked writes behind it.
         if parkedCount > 0 { proposeUnparked() }
+        // Forwarded commands held past a request's timeout: their followers gave up on them.
+        if let first = heldForRoom.first, ticks - first.since >= configuration.requestTimeoutTicks {
+            heldForRoom.removeAll { ticks - $0.since >= configuration.requestTimeoutTicks }
+            heldForRoomKeys = Set(heldForRoom.map(\.key))
+            heldForRoomBytes = heldForRoom.reduce(0) { $0 + $1.payload.count }
+        }
         // A read-ahead whose answer never came (a driver that lost it) is asked for again.
         for (index, state) in readAhead {
             if case .asked(_, let tick) = state, ticks - tick >= 10 * configuration.retryTicks { forgetReadAhead(index) }
@@ -361,66 +386,97 @@ public struct Replica: Sendable {
 
     /// Proposes batches forwarded by followers, each stamped with the leader's clock (a batch
     /// refused by flow control is dropped: its follower proposes it again after `retryTicks`).
-    private mutating func proposeForwarded(_ batches: [[[UInt8]]], releasing: Bool = false) {
+    private mutating func proposeForwarded(_ batches: [[[UInt8]]]) {
+        for commands in batches { admitForwarded(commands.map { ($0, nil) }) }
+    }
+
+    /// Stamps and proposes forwarded commands, in order, in proposals of at most
+    /// `maxProposalBytes` (a larger one alone), holding those without room (admission): a large
+    /// one while `maxLargeInFlight` large entries are unapplied or an older large one is held,
+    /// and what follows a held one in its ordered session. `since`: when a command released from
+    /// `heldForRoom` was first held (nil for one just forwarded).
+    private mutating func admitForwarded(_ items: [(command: [UInt8], since: Int?)]) {
         let stamp = nextStamp()
         var room = largeRoom()
-        // Ordered sessions with a command held in this call or before: what follows waits too.
-        var heldOrdered = Set(heldForRoom.lazy.filter { $0.ordered }.map(\.key.session))
-        for commands in batches {
-            var keys: [WriteKey] = []
-            var stamped: [[UInt8]] = []
-            for command in commands {
-                if let header = CommandEnvelope.header(of: command) {
-                    let key = WriteKey(session: header.session, seq: header.seq)
-                    if waitsOrApplied(key) || heldForRoomKeys.contains(key) {
-                        droppedRetries += 1
-                        continue
-                    }
-                    let large = command.count >= configuration.largeEntryBytes
-                    if (large && room == 0) || heldOrdered.contains(key.session) {
-                        if holdForRoom(key, command, ordered: header.ordered), large, !releasing { largeWritesHeld += 1 }
-                        if header.ordered { heldOrdered.insert(key.session) }
-                        continue
-                    }
-                    if large { room -= 1 }
-                    keys.append(key)
-                } else {
-                    keys.append(WriteKey(session: 0, seq: 0))
-                }
-                guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else {
-                    keys.removeLast()
+        var heldOrdered = Set(heldForRoom.lazy.filter(\.ordered).map(\.key.session))
+        var heldLarge = heldForRoom.contains { $0.large }
+        var keys: [WriteKey] = []
+        var stamped: [[UInt8]] = []
+        var bytes = 0
+        for (command, since) in items {
+            var key = WriteKey(session: 0, seq: 0)
+            if let header = CommandEnvelope.header(of: command) {
+                key = WriteKey(session: header.session, seq: header.seq)
+                if waitsOrApplied(key) || heldForRoomKeys.contains(key) {
+                    droppedRetries += 1
                     continue
                 }
-                stamped.append(restamped)
+                let large = command.count >= configuration.largeEntryBytes
+                // First come, first served: a new large command queues behind held ones.
+                if (large && (room == 0 || (since == nil && heldLarge))) || heldOrdered.contains(key.session) {
+                    let held = Held(key: key, payload: command, ordered: header.ordered, large: large, since: since ?? ticks)
+                    if holdForRoom(held), large {
+                        heldLarge = true
+                        if since == nil { largeWritesHeld += 1 }
+                    }
+                    if header.ordered { heldOrdered.insert(key.session) }
+                    continue
+                }
+                if large { room -= 1 }
             }
-            if !stamped.isEmpty, let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome, stamped) }
+            guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else { continue }
+            if !stamped.isEmpty, bytes + restamped.count > configuration.maxProposalBytes {
+                if let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome, stamped) }
+                keys = []
+                stamped = []
+                bytes = 0
+            }
+            keys.append(key)
+            stamped.append(restamped)
+            bytes += restamped.count
         }
+        if !stamped.isEmpty, let outcome = try? raft.propose(stamped) { noteAppended(keys, outcome, stamped) }
     }
 
     /// Keeps a forwarded command until there is room for it (`proposeHeldForRoom`); past
     /// `maxHeldForwardedBytes` it is dropped instead, and its follower proposes it again.
-    @discardableResult
-    private mutating func holdForRoom(_ key: WriteKey, _ command: [UInt8], ordered: Bool) -> Bool {
-        guard heldForRoomBytes + command.count <= configuration.maxHeldForwardedBytes else { return false }
-        heldForRoom.append((key, command, ordered))
-        heldForRoomKeys.insert(key)
-        heldForRoomBytes += command.count
+    private mutating func holdForRoom(_ held: Held) -> Bool {
+        guard heldForRoomBytes + held.payload.count <= configuration.maxHeldForwardedBytes else { return false }
+        heldForRoom.append(held)
+        heldForRoomKeys.insert(held.key)
+        heldForRoomBytes += held.payload.count
         return true
     }
 
-    /// Proposes the forwarded commands held for room, in order, as far as there is room now.
+    /// Proposes the forwarded commands held for room, in order, as far as there is room now,
+    /// unless one of this leader's own large writes has waited longer (it goes first).
     private mutating func proposeHeldForRoom() {
         guard !heldForRoom.isEmpty else { return }
-        // Without room nothing held can go: each is large, or behind a large one of its
-        // ordered session.
-        if raft.role == .leader, largeRoom() == 0 { return }
+        if raft.role == .leader {
+            // Without room nothing held can go: each is large, or behind a large one of its
+            // ordered session.
+            guard largeRoom() > 0 else { return }
+            if let oldestHeld = heldForRoom.first(where: \.large)?.since, let oldestOwn = oldestOwnLargeWaiting(), oldestOwn < oldestHeld {
+                return
+            }
+        }
         let held = heldForRoom
         heldForRoom = []
         heldForRoomKeys = []
         heldForRoomBytes = 0
         // Leadership lost meanwhile: the followers propose them again after `retryTicks`.
         guard raft.role == .leader else { return }
-        proposeForwarded([held.map(\.payload)], releasing: true)
+        admitForwarded(held.map { ($0.payload, $0.since) })
+    }
+
+    /// The tick since which this node's oldest large write waiting for room has waited.
+    private func oldestOwnLargeWaiting() -> Int? {
+        var oldest: Int?
+        for key in toPropose {
+            guard let since = writes[key]?.heldSince else { continue }
+            oldest = min(oldest ?? since, since)
+        }
+        return oldest
     }
 
     /// Room for more large entries in this leader's log (`maxLargeInFlight`; `.max` without a
@@ -434,11 +490,6 @@ public struct Replica: Sendable {
         let applied = machine.appliedIndex
         if let first = largeInFlight.first, first <= applied { largeInFlight.removeAll { $0 <= applied } }
         return max(0, configuration.maxLargeInFlight - largeInFlight.count)
-    }
-
-    /// A command's identity, read from its payload's fixed header (session, then seq).
-    static func identity(_ payload: [UInt8]) -> WriteKey? {
-        CommandEnvelope.header(of: payload).map { WriteKey(session: $0.session, seq: $0.seq) }
     }
 
     /// As leader: a copy of this command waits in this term's log, or the command applied.
@@ -632,6 +683,8 @@ public struct Replica: Sendable {
 
     private mutating func flushProposals() {
         guard !holdProposals else { return }
+        // Held for room first: they came before anything forwarded since.
+        proposeHeldForRoom()
         if !heldForwarded.isEmpty {
             let held = heldForwarded
             heldForwarded = []
@@ -639,7 +692,6 @@ public struct Replica: Sendable {
             // as after any forward lost in a leader change.
             if raft.role == .leader { proposeForwarded(held) }
         }
-        proposeHeldForRoom()
         guard !toPropose.isEmpty else { return }
         let seqs = toPropose
         toPropose = []
@@ -647,8 +699,10 @@ public struct Replica: Sendable {
         let leader = raft.role == .leader
         let stamp = leader ? nextStamp() : 0
         // Admission (leader only): a large write waits while `maxLargeInFlight` large entries
-        // are unapplied, and so does what follows it in an ordered session; the rest goes ahead.
+        // are unapplied or a forwarded one held longer waits, and so does what follows it in an
+        // ordered session; the rest goes ahead.
         var room = leader ? largeRoom() : .max
+        let oldestHeld = leader ? heldForRoom.first(where: \.large)?.since : nil
         var waitingOrdered: Set<UInt64> = []
         // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
         // alone): a forwarded proposal is one peer frame, which must stay under its limit.
@@ -658,12 +712,21 @@ public struct Replica: Sendable {
         var readyBytes = 0
         for (position, seq) in seqs.enumerated() {
             guard let w = writes[seq] else { continue }
+            if leader, w.proposed, waitsOrApplied(seq) {
+                // This leader's log holds a copy already (or it applied): nothing to add.
+                droppedRetries += 1
+                var kept = w
+                kept.lastProposedTick = ticks
+                writes[seq] = kept
+                continue
+            }
             let large = w.payload.count >= configuration.largeEntryBytes
-            if leader, (large && room == 0) || waitingOrdered.contains(seq.session) {
-                if large, !w.heldForRoom {
+            let heldLonger = oldestHeld.map { $0 <= (w.heldSince ?? ticks) } ?? false
+            if leader, (large && (room == 0 || heldLonger)) || waitingOrdered.contains(seq.session) {
+                if large, w.heldSince == nil {
                     largeWritesHeld += 1
                     var marked = w
-                    marked.heldForRoom = true
+                    marked.heldSince = ticks
                     writes[seq] = marked
                 }
                 if counters[seq.session]?.ordered == true { waitingOrdered.insert(seq.session) }
@@ -674,14 +737,6 @@ public struct Replica: Sendable {
                 // The rest goes into the next `Ready`, in the same order.
                 for later in seqs[position...] where writes[later] != nil && queued.insert(later).inserted { toPropose.append(later) }
                 break
-            }
-            if leader, w.proposed, waitsOrApplied(seq) {
-                // This leader's log holds a copy already (or it applied): nothing to add.
-                droppedRetries += 1
-                var kept = w
-                kept.lastProposedTick = ticks
-                writes[seq] = kept
-                continue
             }
             if !payloads.isEmpty, bytes + w.payload.count > configuration.maxProposalBytes {
                 propose(batch, payloads)

@@ -84,9 +84,9 @@ import Testing
         #expect(Self.logTags(c, leader) == ["A", "s"])
         let held = try #require(c.replicas[leader]?.heldForRoomBytes)
         #expect(held > 256)
-        // The follower proposes B again after `retryTicks` (30): the copy is dropped, not held twice.
+        // The follower proposes B again after `retryTicks` (5 here): the copy is dropped, not held twice.
         let dropped = c.replicas[leader]?.droppedRetries ?? 0
-        c.tick(31)
+        c.tick(12)
         #expect(c.replicas[leader]?.heldForRoomBytes == held)
         #expect((c.replicas[leader]?.droppedRetries ?? 0) > dropped)
         #expect(Self.logTags(c, leader) == ["A", "s"])
@@ -154,5 +154,70 @@ import Testing
         #expect(c.replicas[leader]?.heldForRoomBytes == 0)
         #expect(Self.ok(c, b, on: followers[0]))
         for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/b/tag") == "\"B\"") }
+    }
+
+    @Test("large writes get room in the order they began to wait, the leader's own and forwarded ones alike")
+    func firstComeFirstServed() throws {
+        var (c, leader) = try Self.cluster()
+        let followers = [NodeID(1), 2, 3].filter { $0 != leader }
+        _ = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        // B (forwarded) waits first, then the leader's own C: B goes before C.
+        let b = c.write(via: followers[0], "/b", Self.big("B"))
+        c.settle()
+        c.tick()
+        let own = c.write(via: leader, "/c", Self.big("C"))
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A"])
+        c.holdReadAheads = false
+        for asked in c.heldReadAheads[leader] ?? [] { c.answerReadAhead(leader, index: asked.index) }
+        c.settle()
+        #expect(Self.logTags(c, leader).prefix(2) == ["A", "B"])
+        c.tick(5)
+        #expect(Self.logTags(c, leader) == ["A", "B", "C"])
+        #expect(Self.ok(c, b, on: followers[0]) && Self.ok(c, own, on: leader))
+
+        // The other way round: the leader's own E waits first, then a forwarded F.
+        c.holdReadAheads = true
+        _ = c.write(via: leader, "/d", Self.big("A"))
+        c.settle()
+        let e = c.write(via: leader, "/e", Self.big("B"))
+        c.settle()
+        c.tick()
+        let f = c.write(via: followers[1], "/f", Self.big("C"))
+        c.settle()
+        c.holdReadAheads = false
+        for id: NodeID in [1, 2, 3] {
+            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
+        }
+        c.tick(10)
+        #expect(Self.logTags(c, leader).suffix(3) == ["A", "B", "C"])
+        #expect(Self.ok(c, e, on: leader) && Self.ok(c, f, on: followers[1]))
+    }
+
+    @Test("a write that waited for room until its deadline fails cleanly; a forwarded one held that long is dropped")
+    func deadlines() throws {
+        var (c, leader) = try Self.cluster()
+        let followers = [NodeID(1), 2, 3].filter { $0 != leader }
+        // A's read-ahead never comes back on the leader: nothing else large gets room.
+        _ = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        let own = c.write(via: leader, "/b", Self.big("B"))
+        let forwarded = c.write(via: followers[0], "/c", Self.big("C"))
+        c.settle()
+        #expect((c.replicas[leader]?.heldForRoomBytes ?? 0) > 0)
+        // The harness's request timeout: 60 ticks.
+        c.heldReadAheads = [:]
+        c.tick(61)
+        guard case .failure(.overloaded)? = c.writeOutcome(own, on: leader) else {
+            Issue.record("the leader's own write: \(String(describing: c.writeOutcome(own, on: leader)))")
+            return
+        }
+        guard case .failure(.timedOut)? = c.writeOutcome(forwarded, on: followers[0]) else {
+            Issue.record("the follower's write: \(String(describing: c.writeOutcome(forwarded, on: followers[0])))")
+            return
+        }
+        #expect(c.replicas[leader]?.heldForRoomBytes == 0)
+        #expect(Self.logTags(c, leader) == ["A"])
     }
 }
