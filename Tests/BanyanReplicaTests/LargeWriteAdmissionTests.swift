@@ -98,9 +98,7 @@ import Testing
         #expect(Self.logTags(c, leader) == ["A", "s", "B"])
         #expect(c.replicas[leader]?.heldForRoomBytes == 0)
         c.holdReadAheads = false
-        for id: NodeID in [1, 2, 3] {
-            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
-        }
+        c.answerAllReadAheads()
         c.settle()
         #expect(Self.ok(c, b, on: followers[0]) && Self.ok(c, s, on: followers[1]))
         for id: NodeID in [1, 2, 3] { #expect(c.value(id, "/b/tag") == "\"B\"") }
@@ -124,9 +122,7 @@ import Testing
         let askedA = try #require(c.heldReadAheads[leader]?.first)
         c.answerReadAhead(leader, index: askedA.index)
         c.settle()
-        for id: NodeID in [1, 2, 3] {
-            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
-        }
+        c.answerAllReadAheads()
         c.settle()
         #expect(Self.logTags(c, leader) == ["A", "s", "B", "s"])
         for q in [a, b, s2, s] { #expect(Self.ok(c, q, on: leader), "request \(q)") }
@@ -145,9 +141,7 @@ import Testing
         // Leadership moves to the other follower; the old leader's next ready drops what it held.
         try c.replicas[leader]?.transferLeadership(to: followers[1])
         c.holdReadAheads = false
-        for id: NodeID in [1, 2, 3] {
-            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
-        }
+        c.answerAllReadAheads()
         c.settle()
         c.tick(40)
         #expect(c.leader == followers[1])
@@ -187,9 +181,7 @@ import Testing
         let f = c.write(via: followers[1], "/f", Self.big("C"))
         c.settle()
         c.holdReadAheads = false
-        for id: NodeID in [1, 2, 3] {
-            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
-        }
+        c.answerAllReadAheads()
         c.tick(10)
         #expect(Self.logTags(c, leader).suffix(3) == ["A", "B", "C"])
         #expect(Self.ok(c, e, on: leader) && Self.ok(c, f, on: followers[1]))

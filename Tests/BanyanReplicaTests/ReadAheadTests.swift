@@ -132,9 +132,7 @@ import Testing
         #expect(c.heldReadAheads[old]?.contains { $0.index == stale.index && $0.term == replacing.term } == true)
         // Everything answered: all three writes apply once, the same everywhere.
         c.holdReadAheads = false
-        for id: NodeID in [1, 2, 3] {
-            for asked in c.heldReadAheads[id] ?? [] { c.answerReadAhead(id, index: asked.index) }
-        }
+        c.answerAllReadAheads()
         c.tick(60)
         for q in [s, a] { #expect((try? c.writeOutcome(q, on: old)?.get())?.outcome == .ok) }
         #expect((try? c.writeOutcome(b, on: leader)?.get())?.outcome == .ok)

@@ -108,6 +108,13 @@ struct ReplicaCluster {
         }
     }
 
+    /// Answers every read-ahead held on every node, in the order asked.
+    mutating func answerAllReadAheads() {
+        for id in replicas.keys.sorted() {
+            for asked in heldReadAheads[id] ?? [] { answerReadAhead(id, index: asked.index) }
+        }
+    }
+
     mutating func request() -> RequestID {
         defer { nextRequest += 1 }
         return nextRequest
