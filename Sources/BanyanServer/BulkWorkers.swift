@@ -26,13 +26,12 @@ enum BulkWorkers {
         }
     }
 
-    /// Threads for the read-ahead of committed large entries (`NodeAction.prepare`), at the
-    /// event loops' priority: every write committed after such an entry waits for it to apply,
-    /// so it goes before new bodies and large answers (docs/server.md, "Large writes").
+    /// Threads for the read-ahead of large entries (`NodeAction.prepare`), at nice +5: every
+    /// write committed after such an entry waits for it to apply, so it goes before new bodies
+    /// and large answers (nice +10), yet after the loops that tick Raft and carry heartbeats
+    /// (docs/server.md, "Large writes").
     /// One per two cores, at most two: with large writes admitted one at a time (docs/replica.md)
-    /// a node rarely has more than one entry to read ahead, except while it catches up; and on
-    /// two cores, two such threads per node (three nodes) left followers' heartbeats late
-    /// enough for pre-votes in three of six hostile runs, one in none of four.
+    /// a node rarely has more than one entry to read ahead, except while it catches up.
     static let readAhead: NIOThreadPool = {
         let pool = NIOThreadPool(numberOfThreads: max(1, min(2, System.coreCount / 2)))
         pool.start()
@@ -41,7 +40,10 @@ enum BulkWorkers {
 
     /// Runs a read-ahead on `readAhead`; the future completes on `loop`.
     static func runReadAhead<T: Sendable>(on loop: any EventLoop, _ work: @escaping @Sendable () -> T) -> EventLoopFuture<T> {
-        readAhead.runIfActive(eventLoop: loop) { work() }
+        readAhead.runIfActive(eventLoop: loop) {
+            lowerPriority(to: readAheadNiceness)
+            return work()
+        }
     }
 
     /// One thread that frees memory (replaced subtrees, old history bases, a live view's previous
@@ -69,12 +71,15 @@ enum BulkWorkers {
         init(_ value: consuming T) { self.value = value }
     }
 
-    /// Lowers the calling thread's priority (a worker's, once: it stays lowered).
-    static func lowerPriority() {
+    /// Nice value of the read-ahead threads: above the workers', below the event loops'.
+    static let readAheadNiceness: Int32 = 5
+
+    /// Lowers the calling thread's priority to `nice` (a worker's, once: it stays lowered).
+    static func lowerPriority(to nice: Int32 = niceness) {
         #if os(Linux)
         // On Linux `setpriority(PRIO_PROCESS, 0, …)` changes the calling thread only.
         let current = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
-        if current < niceness { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, niceness) }
+        if current < nice { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice) }
         #endif
     }
 }
