@@ -157,6 +157,12 @@ public final class NodeRuntime: @unchecked Sendable {
     /// Payload bytes applied since the newest snapshot (held in memory; docs/replica.md).
     private let logBytesGauge = Gauge(label: "banyan_raft_log_bytes_since_snapshot")
     private let logKeptGauge = Gauge(label: "banyan_raft_log_bytes_kept")
+    /// Admission of large writes (docs/replica.md, "Large writes wait their turn"): large writes
+    /// that began to wait for room, and forwarded ones the leader holds meanwhile.
+    private let largeHeldCounter = Counter(label: "banyan_raft_large_writes_held_total")
+    private let heldForwardGauge = Gauge(label: "banyan_raft_held_forward_bytes")
+    /// The replica's `largeWritesHeld` when last counted (a reloaded replica starts from 0).
+    private var largeHeldSeen = 0
     private let leaderGauge = Gauge(label: "banyan_raft_is_leader")
     private let leaderChanges = Counter(label: "banyan_raft_leader_changes_total")
     /// Time between Raft ticks (due every `raft.tick_ms`): how long the replica loop was busy
@@ -969,6 +975,12 @@ public final class NodeRuntime: @unchecked Sendable {
         appliedGauge.record(Int64(core.replica.machine.appliedIndex))
         logBytesGauge.record(Int64(clamping: core.replica.logBytesSinceSnapshot))
         logKeptGauge.record(Int64(clamping: core.replica.logBytesKept))
+        let held = core.replica.largeWritesHeld
+        if held != largeHeldSeen {
+            largeHeldCounter.increment(by: Int64(held > largeHeldSeen ? held - largeHeldSeen : held))
+            largeHeldSeen = held
+        }
+        heldForwardGauge.record(Int64(core.replica.heldForRoomBytes))
     }
 
     /// Time spent persisting in the current pass (from the core's `.persisted` notes).
