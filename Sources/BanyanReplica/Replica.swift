@@ -156,8 +156,9 @@ public struct Replica: Sendable {
         /// A copy applied as `outOfOrder` (an ordered session's predecessor was missing): it is
         /// proposed again as soon as nothing of its session before it waits here.
         var parked = false
-        /// The tick this large write began to wait for room (admission), if it did.
-        var heldSince: Int?
+        /// When this large write began to wait for room (admission: its place in `waitOrder`), if
+        /// it waits.
+        var heldSince: UInt64?
         /// Times proposed again by the retry timer (a large write's retries back off).
         var retries = 0
     }
@@ -272,14 +273,19 @@ public struct Replica: Sendable {
         var payload: [UInt8]
         var ordered: Bool
         var large: Bool
-        /// The tick it was first held.
+        /// The tick it was first held (it is dropped at the request timeout).
         var since: Int
+        /// Its place among the large writes waiting for room (`waitOrder`).
+        var order: UInt64
     }
     private var heldForRoom: [Held] = []
     private var heldForRoomKeys: Set<WriteKey> = []
     public private(set) var heldForRoomBytes = 0
-    /// Large writes that began to wait for room (tests and metrics; a forwarded one held
-    /// again after its follower's retry was dropped counts again).
+    /// Numbers the large writes, own and forwarded, in the order they begin to wait for room:
+    /// room goes to the lowest (first come, first served; ticks would tie).
+    private var waitOrder: UInt64 = 0
+    /// Large writes that began to wait for room (tests and metrics; one that waits again, a
+    /// retry of a write proposed before, counts again).
     public private(set) var largeWritesHeld = 0
 
     /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
@@ -395,11 +401,13 @@ public struct Replica: Sendable {
     /// one while `maxLargeInFlight` large entries are unapplied or an older large one is held,
     /// and what follows a held one in its ordered session. `since`: when a command released from
     /// `heldForRoom` was first held (nil for one just forwarded).
-    private mutating func admitForwarded(_ items: [(command: [UInt8], since: Int?)]) {
+    private mutating func admitForwarded(_ items: [(command: [UInt8], since: (tick: Int, order: UInt64)?)]) {
         let stamp = nextStamp()
         var room = largeRoom()
         var heldOrdered = Set(heldForRoom.lazy.filter(\.ordered).map(\.key.session))
         var heldLarge = heldForRoom.contains { $0.large }
+        // Whether one of this leader's own large writes waits for room (asked once, if needed).
+        var ownLargeWaits: Bool?
         var keys: [WriteKey] = []
         var stamped: [[UInt8]] = []
         var bytes = 0
@@ -412,9 +420,12 @@ public struct Replica: Sendable {
                     continue
                 }
                 let large = command.count >= configuration.largeEntryBytes
-                // First come, first served: a new large command queues behind held ones.
-                if (large && (room == 0 || (since == nil && heldLarge))) || heldOrdered.contains(key.session) {
-                    let held = Held(key: key, payload: command, ordered: header.ordered, large: large, since: since ?? ticks)
+                // First come, first served: a new large command queues behind held ones and
+                // behind this leader's own large writes that wait.
+                if large, since == nil, room > 0, !heldLarge, ownLargeWaits == nil { ownLargeWaits = oldestOwnLargeWaiting() != nil }
+                if (large && (room == 0 || (since == nil && (heldLarge || ownLargeWaits == true)))) || heldOrdered.contains(key.session) {
+                    if since == nil { waitOrder += 1 }
+                    let held = Held(key: key, payload: command, ordered: header.ordered, large: large, since: since?.tick ?? ticks, order: since?.order ?? waitOrder)
                     if holdForRoom(held), large {
                         heldLarge = true
                         if since == nil { largeWritesHeld += 1 }
@@ -456,7 +467,7 @@ public struct Replica: Sendable {
             // Without room nothing held can go: each is large, or behind a large one of its
             // ordered session.
             guard largeRoom() > 0 else { return }
-            if let oldestHeld = heldForRoom.first(where: \.large)?.since, let oldestOwn = oldestOwnLargeWaiting(), oldestOwn < oldestHeld {
+            if let oldestHeld = heldForRoom.first(where: \.large)?.order, let oldestOwn = oldestOwnLargeWaiting(), oldestOwn < oldestHeld {
                 return
             }
         }
@@ -466,12 +477,12 @@ public struct Replica: Sendable {
         heldForRoomBytes = 0
         // Leadership lost meanwhile: the followers propose them again after `retryTicks`.
         guard raft.role == .leader else { return }
-        admitForwarded(held.map { ($0.payload, $0.since) })
+        admitForwarded(held.map { ($0.payload, ($0.since, $0.order)) })
     }
 
-    /// The tick since which this node's oldest large write waiting for room has waited.
-    private func oldestOwnLargeWaiting() -> Int? {
-        var oldest: Int?
+    /// The place in `waitOrder` of this node's oldest large write waiting for room.
+    private func oldestOwnLargeWaiting() -> UInt64? {
+        var oldest: UInt64?
         for key in toPropose {
             guard let since = writes[key]?.heldSince else { continue }
             oldest = min(oldest ?? since, since)
@@ -702,7 +713,7 @@ public struct Replica: Sendable {
         // are unapplied or a forwarded one held longer waits, and so does what follows it in an
         // ordered session; the rest goes ahead.
         var room = leader ? largeRoom() : .max
-        let oldestHeld = leader ? heldForRoom.first(where: \.large)?.since : nil
+        let oldestHeld = leader ? heldForRoom.first(where: \.large)?.order : nil
         var waitingOrdered: Set<UInt64> = []
         // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
         // alone): a forwarded proposal is one peer frame, which must stay under its limit.
@@ -721,12 +732,14 @@ public struct Replica: Sendable {
                 continue
             }
             let large = w.payload.count >= configuration.largeEntryBytes
-            let heldLonger = oldestHeld.map { $0 <= (w.heldSince ?? ticks) } ?? false
+            // A forwarded one waits longer than this write (a write not yet waiting comes last).
+            let heldLonger = oldestHeld.map { held in w.heldSince.map { held < $0 } ?? true } ?? false
             if leader, (large && (room == 0 || heldLonger)) || waitingOrdered.contains(seq.session) {
                 if large, w.heldSince == nil {
                     largeWritesHeld += 1
                     var marked = w
-                    marked.heldSince = ticks
+                    waitOrder += 1
+                    marked.heldSince = waitOrder
                     writes[seq] = marked
                 }
                 if counters[seq.session]?.ordered == true { waitingOrdered.insert(seq.session) }
@@ -776,7 +789,11 @@ public struct Replica: Sendable {
         // frame on every call.
         for seq in seqs {
             guard var w = writes[seq] else { continue }
-            if proposed { w.proposed = true }
+            if proposed {
+                w.proposed = true
+                // No longer waiting for room (a retry that waits again counts again).
+                w.heldSince = nil
+            }
             w.lastProposedTick = ticks
             writes[seq] = w
         }

@@ -212,4 +212,32 @@ import Testing
         #expect(c.replicas[leader]?.heldForRoomBytes == 0)
         #expect(Self.logTags(c, leader) == ["A"])
     }
+
+    @Test("a forwarded large write that arrives as room frees does not overtake the leader's own that waited")
+    func forwardedDoesNotOvertakeOwn() throws {
+        var (c, leader) = try Self.cluster()
+        let follower = try #require([NodeID(1), 2, 3].first { $0 != leader })
+        _ = c.write(via: leader, "/a", Self.big("A"))
+        c.settle()
+        let b = c.write(via: leader, "/b", Self.big("B"))
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A"])
+        // A applies on the leader (room frees); before its next `ready()`, a follower's large
+        // write arrives.
+        let asked = try #require(c.heldReadAheads[leader]?.first)
+        c.answerReadAhead(leader, index: asked.index)
+        let payload = CommandEnvelope(
+            namespace: "app", session: 4_242, seq: 1, timestamp: 0, command: .set(path: "/c", json: Array(Self.big("C").utf8))
+        ).encoded()
+        let term = try #require(c.replicas[leader]?.raft.term)
+        c.replicas[leader]?.receive(Message(from: follower, to: leader, term: term, body: .proposal(commands: [payload])))
+        c.settle()
+        #expect(Self.logTags(c, leader) == ["A", "B"])
+        c.holdReadAheads = false
+        c.answerAllReadAheads()
+        c.tick(5)
+        #expect(Self.logTags(c, leader) == ["A", "B", "C"])
+        #expect(Self.ok(c, b, on: leader))
+        #expect(c.value(follower, "/c/tag") == "\"C\"")
+    }
 }
