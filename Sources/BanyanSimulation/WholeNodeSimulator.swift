@@ -198,6 +198,9 @@ public struct WholeNodeReport: Sendable {
         /// Nodes whose log refused to open after a power loss, replaced by a blank disk (the
         /// runbook's procedure).
         public var replacements = 0
+        /// Repairs whose member came back with a stale incarnation after the operator had asked
+        /// to add the node again (its removal lost in a leader change): removed again.
+        public var staleRemovals = 0
         public var retired = 0
         public var gracefulRestarts = 0
         /// Failed fsyncs injected (the node exits and restarts without a power loss).
@@ -232,7 +235,7 @@ public struct WholeNodeReport: Sendable {
         s += " \(stats.leaderChanges) leader changes, max term \(stats.maxTerm), \(stats.fileOperations) file operations\n"
         s += "  writes ok \(stats.writesOK) (denied by rules \(stats.writesDenied), over the quota \(stats.writesOverQuota)) unknown \(stats.writesUnknown) refused \(stats.writesRefused); reads ok \(stats.readsOK)"
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
-        s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements), membership \(stats.membershipChanges), retired \(stats.retired);"
+        s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements) (removed again \(stats.staleRemovals)), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads), large writes held \(stats.largeWritesHeld)"
         s += stats.quotaMeasures > 0 ? ", quota measures \(stats.quotaMeasures)\n" : "\n"
         if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 || stats.expired > 0 {
@@ -2118,6 +2121,24 @@ public struct WholeNodeSimulator {
             // Its new incarnation, not the configuration of a leader elected before the removal.
             if membership.contains(id), membership.incarnation(of: id) == nodes[id]?.incarnation {
                 pendingRepair.removeFirst()
+                return
+            }
+            let named = membership.incarnation(of: id)
+            if membership.isVoter(id), named != 0, id != leader {
+                // A voter under an incarnation other than the node's own: the removal was lost
+                // (a leader that never committed it stepped down) and the voter is the replaced
+                // disk's. An add would be refused (already a member); as the runbook says,
+                // remove it again, then add it back. (A learner may name a stale incarnation,
+                // the one its leader last heard: it counts in no quorum, and its promotion
+                // names the incarnation the leader knows by then.)
+                report.stats.staleRemovals += 1
+                readdAsked.remove(id)
+                awaitingReadd.insert(id)
+                pendingAdds[id] = nil
+                traceLine("repair-remove \(id) (stale incarnation \(named))", 18, id)
+                core.changeMembership(node.nextRequest, .remove(id))
+                node.nextRequest += 1
+                run(node)
                 return
             }
             traceLine("repair-add \(id) (again)", 19, id)
