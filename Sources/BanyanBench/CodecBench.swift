@@ -91,7 +91,7 @@ extension BanyanBench {
 
     /// The read-ahead of a large entry (docs/replica.md, "Prepared entries"): a set of the hostile
     /// scenario's 14.9 MiB object of 137,000 children, read into a tree as a node's read-ahead
-    /// thread does (`PreparedCommand(payload:measuring:)`), without and with a quota's measure.
+    /// thread does (`PreparedCommand(payload:)`); the tree carries its measure as it is built.
     static func readAhead() {
         let filler = String(repeating: "x", count: 84)
         var json: [UInt8] = [UInt8(ascii: "{")]
@@ -101,19 +101,18 @@ extension BanyanBench {
         }
         json.append(UInt8(ascii: "}"))
         let payload = CommandEnvelope(namespace: "demo", session: 77, seq: 1, timestamp: 1_790_000_000_000, command: .set(path: "big", json: json)).encoded()
-        for measuring in [Set<String>(), ["demo"]] {
+        do {
             var ok = true
             // Kept past the timing: freeing the tree (as long again) is not part of reading
             // ahead (the tree is grafted into the state machine).
             var kept: [PreparedCommand] = []
             let time = best(runs: 3) {
-                guard let prepared = PreparedCommand(payload: payload, measuring: measuring) else { return ok = false }
+                guard let prepared = PreparedCommand(payload: payload) else { return ok = false }
                 kept.append(prepared)
             }
             kept.removeAll()
-            let quota = measuring.isEmpty ? "" : ", measured for a quota"
             print(
-                "read-ahead of a \(format(Double(payload.count) / 1_048_576)) MiB set (137,000 children)\(quota):"
+                "read-ahead of a \(format(Double(payload.count) / 1_048_576)) MiB set (137,000 children):"
                     + " \(format(time * 1e3)) ms (\(format(Double(payload.count) / time / 1e6)) MB/s)\(ok ? "" : " FAILED")"
             )
         }

@@ -14,7 +14,7 @@ public enum BackupImage {
         StateMachine(
             namespaces: m.namespaces.filter { !excludedNamespaces.contains($0.key) }, appliedIndex: m.appliedIndex,
             sessions: m.sessions, lastTimestamp: m.lastTimestamp, disconnects: m.disconnects, leases: m.leases,
-            expiredHolders: m.expiredHolders, quotaUsage: m.quotaUsage, unmeasuredQuota: m.unmeasuredQuota)
+            expiredHolders: m.expiredHolders)
     }
 }
 

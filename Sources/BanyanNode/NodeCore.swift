@@ -65,16 +65,12 @@ public enum NodeAction: Sendable {
     case wake(afterNanoseconds: UInt64)
     /// The pass stopped at its round limit with work left: call `process()` again soon.
     case processAgain
-    /// Read this entry ahead, off this thread (`PreparedCommand(payload:measuring:)`), then
+    /// Read this entry ahead, off this thread (`PreparedCommand(payload:)`), then
     /// call `prepared(index:term:_:)` on it (docs/replica.md, "Prepared entries").
-    case prepare(index: UInt64, term: UInt64, payload: [UInt8], measuring: Set<String>)
+    case prepare(index: UInt64, term: UInt64, payload: [UInt8])
     /// Large subtrees that applied writes replaced or deleted (`StateMachine.Applied.released`):
     /// free them off this thread (or drop them; the core holds no other reference).
     case release([Tree])
-    /// A replaced subtree of a namespace with a quota: measure its data bytes off this thread
-    /// (`Tree.dataBytes`) and call `measured(namespace:id:bytes:)` (or never: the state machine
-    /// then measures it when a decision needs it).
-    case measure(namespace: String, id: UInt64, Tree)
     /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
     /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
     case fatal(String)
@@ -392,13 +388,6 @@ public final class NodeCore {
         }
     }
 
-    /// The data bytes of a subtree `NodeAction.measure` asked for: the namespace's usage takes
-    /// them, and the subtree comes back in a `release`.
-    public func measured(namespace: String, id: UInt64, bytes: Int) {
-        guard !stopped else { return }
-        if let tree = replica.measured(namespace: namespace, id: id, bytes: bytes) { output(.release([tree])) }
-    }
-
     /// The driver's wake-up for pacing fired (call `process()` next).
     public func woke() { wakePending = false }
 
@@ -539,11 +528,9 @@ public final class NodeCore {
             switch event {
             case .applied(var result, let tree, let request):
                 applied += 1
-                if !result.released.trees.isEmpty || !result.released.toMeasure.isEmpty {
-                    // Freed (or measured, then freed) by the driver, off this thread; nothing
-                    // below keeps them.
-                    if !result.released.trees.isEmpty { output(.release(result.released.trees)) }
-                    for entry in result.released.toMeasure { output(.measure(namespace: result.namespace, id: entry.id, entry.tree)) }
+                if !result.released.trees.isEmpty {
+                    // Freed by the driver, off this thread; nothing below keeps them.
+                    output(.release(result.released.trees))
                     result.released = .init(handedOff: true)
                 }
                 if let request, request == expiryRequest { expiryRequest = nil }
@@ -583,8 +570,8 @@ public final class NodeCore {
                 output(.writeSnapshot(replica.machine, meta))
             case let .roleChanged(role, leader, term):
                 output(.note(.roleChanged(role: role, leader: leader, term: term)))
-            case let .prepare(index, term, payload, measuring):
-                output(.prepare(index: index, term: term, payload: payload, measuring: measuring))
+            case let .prepare(index, term, payload):
+                output(.prepare(index: index, term: term, payload: payload))
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }

@@ -185,7 +185,7 @@ public struct QueryView: Sendable {
         var added: [(IndexEntry, ViewEvent)] = []
         var moved: [(IndexEntry, ViewEvent)] = []
         var changed: [(IndexEntry, ViewEvent)] = []
-        var viewChildren = viewTree.children
+        var viewChildren = ViewChildren(viewTree)
         let childrenView = locationTree.hasChildren
         for key in order {
             guard let t = touched[key] else { continue }
@@ -218,7 +218,7 @@ public struct QueryView: Sendable {
         } else if params.loadsAllData {
             viewTree = params.isDefault ? locationTree : locationTree.withPriority(.none)
         } else {
-            viewTree = Tree(children: viewChildren)
+            viewTree = viewChildren.tree
         }
 
         var events: [ViewEvent] = []
@@ -270,7 +270,7 @@ public struct QueryView: Sendable {
         var removed: [(IndexEntry, ViewEvent)] = []
         var added: [(IndexEntry, ViewEvent)] = []
         var events: [ViewEvent] = []
-        var viewChildren = viewTree.children
+        var viewChildren = ViewChildren(viewTree)
         switch (wasIn, isIn) {
         case (true, false):
             removed.append((index.entry(key: key, child: old), ViewEvent(.childRemoved, key: key, tree: old)))
@@ -323,7 +323,7 @@ public struct QueryView: Sendable {
         if params.loadsAllData {
             viewTree = params.isDefault ? locationTree : locationTree.withPriority(.none)
         } else {
-            viewTree = Tree(children: viewChildren)
+            viewTree = viewChildren.tree
         }
         if !events.isEmpty || oldViewTree != viewTree {
             events.append(ViewEvent(.value, key: nil, tree: viewTree))
@@ -376,4 +376,17 @@ public struct QueryView: Sendable {
             }
         }
     }
+}
+
+/// A view's children changed one at a time, kept as a tree without a priority: each change is a
+/// `Tree.set` of one child (O(log n), the tree's data bytes kept from the entry changed), never a
+/// tree built again from the whole window. Setting the empty tree removes the child.
+struct ViewChildren {
+    private(set) var tree: Tree
+
+    init(_ view: Tree) { tree = view.hasChildren ? view.withPriority(.none) : .empty }
+
+    mutating func removeValue(forKey key: ChildKey) { tree.set(.empty, at: Path(segments: [key])) }
+
+    mutating func updateValue(_ child: Tree, forKey key: ChildKey) { tree.set(child, at: Path(segments: [key])) }
 }

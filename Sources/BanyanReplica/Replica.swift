@@ -88,10 +88,6 @@ public struct ReplicaConfiguration: Sendable {
     /// those of an ordered session behind one); further ones are dropped, and their follower
     /// proposes them again after `retryTicks`.
     public var maxHeldForwardedBytes: Int = 128 << 20
-    /// Under a quota, a replaced subtree of this many values or more may be left for the driver
-    /// to measure (`StateMachine.measureLaterAtValues`, `NodeAction.measure`). `Int.max`
-    /// (the default): never, for drivers that do not answer measures.
-    public var measureQuotaLaterAtValues: Int = .max
 
     public init(raft: RaftConfiguration) {
         self.raft = raft
@@ -116,12 +112,11 @@ public enum ReplicaEvent: Sendable {
     /// it (in the background; the machine is a value) and then calls `snapshotWritten(_:)`.
     case snapshotDue(SnapshotMeta)
     case roleChanged(role: RaftRole, leader: NodeID, term: UInt64)
-    /// Read this entry ahead (`PreparedCommand(payload:measuring:)`, on any thread) and hand the
-    /// result to `prepared(index:term:_:)`: once committed, entries from it on wait to apply until
-    /// then. Asked for when the entry is written to this node's log (or, past `maxPreparing`,
-    /// when it is next to apply). `measuring`: the namespaces with a quota now, whose writes'
-    /// sizes are measured ahead too.
-    case prepare(index: UInt64, term: UInt64, payload: [UInt8], measuring: Set<String>)
+    /// Read this entry ahead (`PreparedCommand(payload:)`, on any thread) and hand the result to
+    /// `prepared(index:term:_:)`: once committed, entries from it on wait to apply until then.
+    /// Asked for when the entry is written to this node's log (or, past `maxPreparing`, when it
+    /// is next to apply).
+    case prepare(index: UInt64, term: UInt64, payload: [UInt8])
 }
 
 /// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
@@ -586,12 +581,6 @@ public struct Replica: Sendable {
         queued.insert(key)
     }
 
-    /// A replaced subtree's data bytes measured off the applying thread
-    /// (`StateMachine.measured(namespace:id:bytes:)`): returns it for freeing.
-    public mutating func measured(namespace: String, id: UInt64, bytes: Int) -> Tree? {
-        machine.measured(namespace: namespace, id: id, bytes: bytes)
-    }
-
     /// Submits a linearizable read (ReadIndex). `.readsReady` says when to serve it.
     public mutating func read(_ request: RequestID) {
         guard pendingReads < configuration.maxPendingRequests else {
@@ -924,7 +913,7 @@ public struct Replica: Sendable {
         }
         readAhead[entry.index] = .asked(term: entry.term, tick: ticks)
         asking += 1
-        events.append(.prepare(index: entry.index, term: entry.term, payload: entry.data, measuring: machine.quotaNamespaces))
+        events.append(.prepare(index: entry.index, term: entry.term, payload: entry.data))
     }
 
     /// Large entries just written to this node's log are read ahead before they commit, while
@@ -959,8 +948,6 @@ public struct Replica: Sendable {
     private mutating func apply(_ entry: LogEntry, prepared: PreparedCommand?) {
         switch entry.kind {
         case .command:
-            // The machine may have been replaced (a snapshot, a reload) since the last apply.
-            machine.measureLaterAtValues = configuration.measureQuotaLaterAtValues
             guard let applied = machine.apply(entry.data, index: entry.index, prepared: prepared) else { return }
             let key = WriteKey(session: applied.session, seq: applied.seq)
             if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }

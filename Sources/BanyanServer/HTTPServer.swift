@@ -1257,7 +1257,7 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// (no quota), written through the log into the quotas namespace, so every node switches at
     /// the same position. `GET` answers `{"namespace": NS, "quota_bytes": Q or null,
     /// "used_bytes": U}` after a
-    /// linearizable read; the usage is measured off the event loop.
+    /// linearizable read; the usage is read, not measured (O(1): trees carry their measure).
     private func handleQuota(context: ChannelHandlerContext, head: HTTPRequestHead, body: [UInt8]) {
         guard let access = administratorAccess(context: context, head: head, what: "quotas") else { return }
         let namespace = access.namespace
@@ -1272,18 +1272,9 @@ final class HTTPConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler
             server.runtime.quotaState(namespace: namespace, on: loop) { state in
                 switch state {
                 case .failure(let e): self.respond(context: bound.value, head: head, reply: Self.unavailable(e))
-                case .success(let (quota, used, data)):
-                    let answer: @Sendable (Int) -> Void = { used in
-                        let text = "{\"namespace\":\(JSONValue.string(namespace).jsonString),\"quota_bytes\":\(quota.map(String.init) ?? "null"),\"used_bytes\":\(used)}"
-                        self.respond(context: bound.value, head: head, reply: .json(.ok, text))
-                    }
-                    if let used { return answer(used) }
-                    // No quota: the namespace is measured here, once, off the event loop
-                    // (O(its data); administrators only).
-                    DispatchQueue.global().async {
-                        let measured = data?.dataBytes ?? 0
-                        loop.execute { answer(measured) }
-                    }
+                case .success(let (quota, used)):
+                    let text = "{\"namespace\":\(JSONValue.string(namespace).jsonString),\"quota_bytes\":\(quota.map(String.init) ?? "null"),\"used_bytes\":\(used)}"
+                    self.respond(context: bound.value, head: head, reply: .json(.ok, text))
                 }
             }
         case .PUT:

@@ -250,8 +250,6 @@ public final class NodeRuntime: @unchecked Sendable {
         let tickMs = max(1, config.raft.tickMilliseconds)
         rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
         rc.retryTicks = max(config.raft.electionTicks * 2, 5)
-        // This driver answers `NodeAction.measure` (on the freeing thread).
-        rc.measureQuotaLaterAtValues = StateMachine.releaseAfterValues
         var settings = NodeCore.Settings(replica: rc)
         settings.roundIntervalNanoseconds = UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000
         core = try NodeCore(
@@ -421,12 +419,12 @@ public final class NodeRuntime: @unchecked Sendable {
     }
 
     /// A namespace's quota and usage after a ReadIndex round (`GET /.settings/quota.json`,
-    /// docs/operations.md, "Namespace quotas"): under a quota the state machine keeps the usage,
-    /// so the answer costs O(1); without one, `data` is the namespace's tree for the caller to
-    /// measure off this loop. `done` runs on `caller`.
+    /// docs/operations.md, "Namespace quotas"): under a quota the state machine keeps the usage;
+    /// without one, the namespace's tree carries its measure. O(1) either way. `done` runs on
+    /// `caller`.
     public func quotaState(
         namespace: String, on caller: any EventLoop,
-        _ done: @escaping @Sendable (Result<(quota: Int?, used: Int?, data: Tree?), ReplicaError>) -> Void
+        _ done: @escaping @Sendable (Result<(quota: Int?, used: Int), ReplicaError>) -> Void
     ) {
         submit {
             let completion = Completion<Result<Tree, ReplicaError>>(loop: self.loop) { result in
@@ -435,22 +433,8 @@ public final class NodeRuntime: @unchecked Sendable {
                 case .success(let tree):
                     let machine = self.core.replica.machine
                     let quota = machine.quotas[namespace]
-                    let upper = machine.quotaUsage[namespace]
-                    // Replaced subtrees not measured yet: measured on a worker.
-                    let unmeasured = machine.unmeasuredQuota[namespace] ?? []
-                    guard !unmeasured.isEmpty, let upper else {
-                        caller.execute { done(.success((quota, upper, upper == nil ? tree : nil))) }
-                        return
-                    }
-                    BulkWorkers.freeing.runIfActive(eventLoop: caller) {
-                        BulkWorkers.lowerPriority()
-                        return unmeasured.reduce(upper) { $0 - $1.tree.dataBytes }
-                    }.whenComplete { result in
-                        switch result {
-                        case .success(let used): done(.success((quota, used, nil)))
-                        case .failure: done(.failure(.timedOut(write: false)))
-                        }
-                    }
+                    let used = machine.quotaUsage[namespace] ?? tree.dataBytes
+                    caller.execute { done(.success((quota, used))) }
                 }
             }
             self.begin(\.readCompletions, completion) { id in self.core.read(id, namespace: namespace, stale: false) }
@@ -1044,19 +1028,10 @@ public final class NodeRuntime: @unchecked Sendable {
             // then): freeing a replaced subtree of a million values takes about 150 ms.
             if releasing.isEmpty { loop.execute { self.freeReleased() } }
             releasing += trees
-        case let .measure(namespace, id, tree):
-            // A quota's measure of a replaced subtree (as long as freeing it), on the freeing
-            // thread; the usage takes it on this loop.
-            BulkWorkers.freeing.runIfActive(eventLoop: loop) {
-                BulkWorkers.lowerPriority()
-                return tree.dataBytes
-            }.whenSuccess { bytes in
-                self.core.measured(namespace: namespace, id: id, bytes: bytes)
-            }
-        case let .prepare(index, term, payload, measuring):
+        case let .prepare(index, term, payload):
             // Reading a large write's data (JSON into a tree) is the costly part of applying it:
             // done here, the replica loop keeps ticking and answering peers meanwhile.
-            BulkWorkers.runReadAhead(on: loop) { PreparedCommand(payload: payload, measuring: measuring) }.whenComplete { result in
+            BulkWorkers.runReadAhead(on: loop) { PreparedCommand(payload: payload) }.whenComplete { result in
                 // A pool that is shutting down answers nothing: the replica asks again later.
                 guard case .success(let command) = result else { return }
                 self.core.prepared(index: index, term: term, command)

@@ -173,8 +173,6 @@ public struct WholeNodeReport: Sendable {
         public var writesRefused = 0
         /// Writes the security rules denied (`--rules`), counted among `writesOK` (answered).
         public var writesDenied = 0
-        /// Replaced values whose quota measure was left for later and asked of the driver.
-        public var quotaMeasures = 0
         /// Writes refused over the namespace's quota (`--quota`), counted among `writesOK`.
         public var writesOverQuota = 0
         public var readsOK = 0
@@ -237,7 +235,7 @@ public struct WholeNodeReport: Sendable {
         s += " failed \(stats.readsFailed); faults \(stats.faults): crashes \(stats.crashes), disk crashes \(stats.diskCrashes),"
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements) (removed again \(stats.staleRemovals)), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads), large writes held \(stats.largeWritesHeld)"
-        s += stats.quotaMeasures > 0 ? ", quota measures \(stats.quotaMeasures)\n" : "\n"
+        s += "\n"
         if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 || stats.expired > 0 {
             s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied); idle records expired \(stats.expired)\n"
         }
@@ -303,8 +301,6 @@ public struct WholeNodeSimulator {
         case presenceRetryEnd(Int, NodeID, life: Int)
         /// A read-ahead (`NodeAction.prepare`) done on the node's worker thread.
         case prepared(NodeID, life: Int, index: UInt64, term: UInt64, PreparedCommand?)
-        /// A quota's measure of a replaced subtree, answered (`NodeAction.measure`).
-        case measured(NodeID, life: Int, namespace: String, id: UInt64, bytes: Int)
     }
 
     private final class SimulatedNode {
@@ -422,8 +418,6 @@ public struct WholeNodeSimulator {
     private var nemesisRandom: SeededRandom
     /// How long each read-ahead takes on its worker thread (its own stream: other draws stay put).
     private var prepareRandom: SeededRandom
-    /// Delays of quota measures (`--quota`): a stream of its own, so no other draw moves.
-    private var measureRandom: SeededRandom
     private var clientRandom: SeededRandom
     private var seedRandom: SeededRandom
     private var presenceRandom: SeededRandom
@@ -483,7 +477,6 @@ public struct WholeNodeSimulator {
         seedRandom = SeededRandom(seed: root.next())
         presenceRandom = SeededRandom(seed: root.next())
         prepareRandom = SeededRandom(seed: root.next())
-        measureRandom = SeededRandom(seed: options.seed ^ 0x6D65_6173_7572_6521)
         swarm = WholeNodeSwarm.draw(&swarmRandom, nodes: options.nodes.map { min(max($0, 1), 9) }, faults: options.faults)
         if let bytes = options.snapshotLogBytes { swarm.snapshotLogBytes = bytes }
         if options.sabotage == .leaseWithPauses {
@@ -619,14 +612,6 @@ public struct WholeNodeSimulator {
             core.prepared(index: index, term: term, command)
             perform(takeActions(node), on: node)
             scheduleProcess(node, after: 0)
-        case let .measured(id, life, namespace, measureID, bytes):
-            guard let node = nodes[id], let core = node.core, node.life == life else { return }
-            if node.paused {
-                schedule(after: 50, .measured(id, life: life, namespace: namespace, id: measureID, bytes: bytes))
-                return
-            }
-            core.measured(namespace: namespace, id: measureID, bytes: bytes)
-            perform(takeActions(node), on: node)
         }
     }
 
@@ -645,9 +630,6 @@ public struct WholeNodeSimulator {
         raft.snapshotChunkBytes = swarm.snapshotChunkBytes
         raft.promotionLag = 16
         var replica = ReplicaConfiguration(raft: raft)
-        // With quotas, every replaced value's measure is left for later where the decision
-        // allows (the server does it for 4,096 values and more; the registers are single values).
-        if options.quota { replica.measureQuotaLaterAtValues = 1 }
         replica.snapshotEntries = swarm.snapshotEntries
         replica.snapshotLogBytes = swarm.snapshotLogBytes
         replica.retryTicks = 20
@@ -860,15 +842,7 @@ public struct WholeNodeSimulator {
                 scheduleProcess(node, after: 0)
             case .release:
                 break
-            case let .measure(namespace, id, tree):
-                // The server measures on a worker: the answer comes back later, in any order, or
-                // never (a restart drops it); meanwhile decisions that need the exact usage
-                // measure where they apply.
-                report.stats.quotaMeasures += 1
-                schedule(
-                    after: 1 + measureRandom.below(25),
-                    .measured(node.id, life: node.life, namespace: namespace, id: id, bytes: tree.dataBytes))
-            case let .prepare(index, term, payload, measuring):
+            case let .prepare(index, term, payload):
                 // The server reads ahead on a worker thread: the answer comes back later, and
                 // answers to several entries in any order. Mostly within 1-3 ms (a hop to the
                 // worker and back, and the parse); one in ten waits 1-25 ms (a busy worker, a
@@ -878,7 +852,7 @@ public struct WholeNodeSimulator {
                 // client writes), which no server does.
                 report.stats.readAheads += 1
                 let answerMillis = prepareRandom.below(10) == 0 ? 1 + prepareRandom.below(25) : 1 + prepareRandom.below(3)
-                schedule(after: answerMillis, .prepared(node.id, life: node.life, index: index, term: term, PreparedCommand(payload: payload, measuring: measuring)))
+                schedule(after: answerMillis, .prepared(node.id, life: node.life, index: index, term: term, PreparedCommand(payload: payload)))
             case .fatal(let reason):
                 if node.fs.isCrashed {
                     diskCrashed(node)
@@ -2243,15 +2217,16 @@ public struct WholeNodeSimulator {
         let reference = lr.replica.machine.image()
         for id in lr.replica.raft.membership.all {
             guard let core = nodes[id]?.core else { continue }
-            // The usage a quota is judged by, whatever measures are still unanswered: equal to
-            // a whole measure of the namespace on every node (it is derived, not in the image).
+            // The usage a quota is judged by equals a whole measure of the namespace, walked, on
+            // every node (it is derived, not in the image); and every tree carries the measure
+            // its contents have (kept by each write, read from images and snapshots).
             let m = core.replica.machine
-            for (namespace, upper) in m.quotaUsage {
-                let usage = (m.unmeasuredQuota[namespace] ?? []).reduce(upper) { $0 - $1.tree.dataBytes }
-                if usage != m.tree(namespace).dataBytes {
-                    report.violations.append(
-                        "t=\(now) quota: node \(id) counts \(usage) data bytes in '\(namespace)', which holds \(m.tree(namespace).dataBytes)")
-                }
+            for (namespace, usage) in m.quotaUsage where usage != m.tree(namespace).walkedDataBytes {
+                report.violations.append(
+                    "t=\(now) quota: node \(id) counts \(usage) data bytes in '\(namespace)', which holds \(m.tree(namespace).walkedDataBytes)")
+            }
+            for (namespace, tree) in m.namespaces where !tree.dataBytesAreConsistent {
+                report.violations.append("t=\(now) measure: node \(id)'s tree of '\(namespace)' carries data bytes its contents do not have")
             }
             if core.replica.machine.image() != reference {
                 report.violations.append(

@@ -154,8 +154,8 @@ extension StateMachine {
         if holder != 0, expiredHolders.contains(holder) {
             return .refused("the lease of the connection's node (holder \(holder)) has expired")
         }
-        if let quota = quotas[envelope.namespace], let upper = quotaUsage[envelope.namespace], upper >= quota,
-            adding.contains(where: { !$0.1.isEmptyData }), let used = exactQuotaUsage(envelope.namespace), used >= quota
+        if let quota = quotas[envelope.namespace], let used = quotaUsage[envelope.namespace], used >= quota,
+            adding.contains(where: { !$0.1.isEmptyData })
         {
             // A namespace at its quota takes no more queued data (it could not fire); removals
             // may still be queued.
@@ -205,7 +205,9 @@ extension StateMachine {
         guard !already, let queue = takeQueue(connection) else { return applied }
         applied.namespace = queue.namespace
         do throws(TreeError) {
-            applied.written = try fire(queue)
+            let fired = try fire(queue)
+            applied.written = fired.written
+            applied.released.trees = Self.released(fired.replaced)
         } catch {
             applied.outcome = .rejected(error)
         }
@@ -213,8 +215,10 @@ extension StateMachine {
     }
 
     /// Runs a queue as one atomic multi-path update at its namespace's root, server values
-    /// resolved now; returns the paths written (nothing is written when it fails).
-    private mutating func fire(_ queue: DisconnectQueue) throws(TreeError) -> [Path] {
+    /// resolved now; returns the paths written (nothing is written when it fails) and the
+    /// subtrees with children it replaced there, to be freed where the caller decides
+    /// (`StateMachine.released(_:)`).
+    private mutating func fire(_ queue: DisconnectQueue) throws(TreeError) -> (written: [Path], replaced: [Tree]) {
         var tree = namespaces.removeValue(forKey: queue.namespace) ?? .empty
         defer { if !tree.isEmpty { namespaces[queue.namespace] = tree } }
         var entries: [UpdateEntry] = []
@@ -233,13 +237,17 @@ extension StateMachine {
         switch quotaCheck(queue.namespace, before: tree, after: next, touching: paths) {
         case .unlimited:
             break
-        case .within(let usage, _):
+        case .within(let usage):
             quotaUsage[queue.namespace] = usage
         case .over(_, _, let quota):
             throw TreeError(.inputTooLarge, path: "/", "QUOTA: these onDisconnect writes would take namespace \(queue.namespace) over its quota of \(quota) bytes")
         }
+        let replaced = paths.compactMap { path -> Tree? in
+            let old = tree.child(at: path)
+            return old.hasChildren ? old : nil
+        }
         tree = next
-        return paths
+        return (paths, replaced)
     }
 
     /// The leader saw lease `holder` lapse: every connection queued under it in the envelope's
@@ -263,6 +271,7 @@ extension StateMachine {
         }
         guard queuedHolders[holder]?[envelope.namespace] != nil else { return applied }
         let connections = disconnects.filter { $0.value.holder == holder && $0.value.namespace == envelope.namespace }.keys.sorted()
+        var replaced: [Tree] = []
         for connection in connections {
             guard let queue = takeQueue(connection) else { continue }
             var record = sessions.removeValue(forKey: connection) ?? SessionRecord()
@@ -270,11 +279,14 @@ extension StateMachine {
             sessions[connection] = record
             applied.ended.append(connection)
             do throws(TreeError) {
-                applied.written += try fire(queue)
+                let fired = try fire(queue)
+                applied.written += fired.written
+                replaced += fired.replaced
             } catch {
                 // This queue no longer applies (say, a limit reached since): dropped, the rest run.
             }
         }
+        applied.released.trees = Self.released(replaced)
         return applied
     }
 

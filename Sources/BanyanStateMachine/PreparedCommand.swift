@@ -11,14 +11,10 @@ public struct PreparedCommand: Sendable {
     /// value, an update's items); nil when the command writes no data or its location does not
     /// parse (applying reads nothing then, and fails or succeeds cheaply as it always would).
     let values: [Result<DeferredTree, TreeError>]?
-    /// Each value's data bytes (`Tree.dataBytes`, the quota's measure; server values count as the
-    /// numbers they become), in `values`' order, when its namespace had a quota at the ask; nil
-    /// otherwise (applying then measures where the write lands).
-    private(set) var valueBytes: [Int?]?
 
-    /// Reads `payload` ahead; nil when it is not a command envelope (applying reports it). A write
-    /// into one of the `measuring` namespaces (those with a quota) is measured here too.
-    public init?(payload: [UInt8], measuring: Set<String> = []) {
+    /// Reads `payload` ahead; nil when it is not a command envelope (applying reports it). The
+    /// trees read carry their data bytes, so a quota's check reads them where they land.
+    public init?(payload: [UInt8]) {
         guard let envelope = CommandEnvelope(decoding: payload) else { return nil }
         self.envelope = envelope
         let timestamp = envelope.timestamp
@@ -55,9 +51,6 @@ public struct PreparedCommand: Sendable {
             values = reads
         default:
             values = nil
-        }
-        if measuring.contains(envelope.namespace), let values {
-            valueBytes = values.map { if case .success(let deferred) = $0 { deferred.tree.dataBytes } else { nil } }
         }
     }
 

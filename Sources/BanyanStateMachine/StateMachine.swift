@@ -156,7 +156,7 @@ public struct StateMachine: Sendable {
         public var clientWrite: ClientWriteKey? = nil
         /// Records an `expireIdle` removed.
         public var expired = 0
-        /// Subtrees of `releaseAfterValues` values or more that the write replaced or deleted,
+        /// Subtrees of `releaseAfterBytes` data bytes or more that the write replaced or deleted,
         /// kept alive here so that the caller decides on which thread their memory is freed
         /// (freeing a million values takes about 150 ms). Dropped with this value otherwise.
         public var released = ReleasedTrees()
@@ -166,10 +166,6 @@ public struct StateMachine: Sendable {
     /// any two compare equal.
     public struct ReleasedTrees: Sendable, Equatable {
         public var trees: [Tree] = []
-        /// A replaced subtree of a namespace with a quota whose data bytes are still to be
-        /// measured (`unmeasuredQuota`): measure it off the applying thread and hand the figure
-        /// back with `measured(namespace:id:bytes:)`, which returns it for freeing.
-        public var toMeasure: [UnmeasuredSubtree] = []
         /// The trees were taken by whoever frees them (`NodeCore`): holders of the namespace's
         /// previous tree (live views) free theirs the same way.
         public var handedOff = false
@@ -180,51 +176,22 @@ public struct StateMachine: Sendable {
         public static func == (a: ReleasedTrees, b: ReleasedTrees) -> Bool { true }
     }
 
-    /// A write that replaces or deletes a subtree of at least this many values hands it back in
-    /// `Applied.released` instead of freeing it where it applies.
-    public static let releaseAfterValues = 4096
+    /// A write whose replaced or deleted subtrees hold at least this many data bytes together
+    /// hands them back in `Applied.released` instead of freeing them where it applies. Every
+    /// value below a subtree's top has a key of at least one byte, so what one write frees where
+    /// it applies is at most this many values plus one per subtree (the test reads each
+    /// subtree's measure: O(1) each).
+    public static let releaseAfterBytes = 4096
 
-    /// A subtree a write replaced in a namespace with a quota, not measured yet: `id` is the
-    /// write's log index.
-    public struct UnmeasuredSubtree: Sendable {
-        public let id: UInt64
-        public let tree: Tree
-    }
-    /// Per namespace with a quota, the replaced subtrees whose data bytes are not known yet: the
-    /// namespace's usage is `quotaUsage` minus their bytes (docs/replica.md, "Freeing replaced
-    /// subtrees"). Decisions that need the exact usage measure them where they are taken.
-    public internal(set) var unmeasuredQuota: [String: [UnmeasuredSubtree]] = [:]
-    /// A write under a quota that replaces a subtree of at least this many values leaves its
-    /// measure for later when the decision does not need it. `Int.max` (the default): never,
-    /// for callers that do not answer `Applied.released.toMeasure` (a restore's replay, reads
-    /// of the past); the node's replica sets it (`ReplicaConfiguration`).
-    public var measureLaterAtValues = Int.max
-    /// Unmeasured subtrees measured or dropped here (`exactQuotaUsage`, a quota removed): handed
-    /// back with the next applied write's `released.trees`, to be freed off this thread.
-    var measuredHere: [Tree] = []
-
-    /// The namespace's exact usage: `quotaUsage` with what is unmeasured measured here.
-    mutating func exactQuotaUsage(_ namespace: String) -> Int? {
-        guard var used = quotaUsage[namespace] else { return nil }
-        if let list = unmeasuredQuota.removeValue(forKey: namespace) {
-            for entry in list {
-                used -= entry.tree.dataBytes
-                measuredHere.append(entry.tree)
-            }
-            quotaUsage[namespace] = used
+    /// The subtrees a write replaced, to hand back (`Applied.released`) when together they hold
+    /// `releaseAfterBytes` or more; else none (freed where the write applies).
+    static func released(_ replaced: [Tree]) -> [Tree] {
+        var bytes = 0
+        for subtree in replaced {
+            bytes += subtree.dataBytes
+            if bytes >= releaseAfterBytes { return replaced }
         }
-        return used
-    }
-
-    /// A replaced subtree's data bytes, measured elsewhere (`Applied.released.toMeasure`): the
-    /// usage takes them and the subtree is returned for freeing (nil: already measured here, or
-    /// unknown to this machine, e.g. after a snapshot replaced it).
-    public mutating func measured(namespace: String, id: UInt64, bytes: Int) -> Tree? {
-        guard var list = unmeasuredQuota[namespace], let at = list.firstIndex(where: { $0.id == id }) else { return nil }
-        let entry = list.remove(at: at)
-        unmeasuredQuota[namespace] = list.isEmpty ? nil : list
-        quotaUsage[namespace]? -= bytes
-        return entry.tree
+        return []
     }
 
     /// The system namespace that holds every namespace's rules text, one string child per
@@ -242,11 +209,9 @@ public struct StateMachine: Sendable {
     public static let maxQuotaBytes = 1 << 50
     /// Quotas by namespace, in data bytes (derived from `quotasNamespace`).
     public private(set) var quotas: [String: Int] = [:]
-    /// The namespaces with a quota (a read-ahead measures their writes: `PreparedCommand`).
-    public var quotaNamespaces: Set<String> { quotas.isEmpty ? [] : Set(quotas.keys) }
-    /// The data bytes each namespace with a quota holds (derived: measured once when its quota
-    /// is set or the machine is loaded, then kept up to date by each write from the paths it
-    /// touched). Not in the image.
+    /// The data bytes each namespace with a quota holds (derived: read from the namespace's tree,
+    /// which carries its measure, when its quota is set or the machine is loaded, then kept up
+    /// to date by each write from the paths it touched). Not in the image.
     public internal(set) var quotaUsage: [String: Int] = [:]
     /// The `ignore-client-writes` sabotage only (never set by the server): earlier copies of a
     /// client write are not looked up, so a resent write is decided again.
@@ -350,7 +315,7 @@ public struct StateMachine: Sendable {
     public init(
         namespaces: [String: Tree] = [:], appliedIndex: UInt64 = 0, sessions: [UInt64: SessionRecord] = [:],
         lastTimestamp: Int64 = 0, disconnects: [UInt64: DisconnectQueue] = [:], leases: [UInt64: Lease] = [:],
-        expiredHolders: Set<UInt64> = [], quotaUsage known: [String: Int]? = nil, unmeasuredQuota: [String: [UnmeasuredSubtree]] = [:]
+        expiredHolders: Set<UInt64> = []
     ) {
         self.namespaces = namespaces.filter { !$0.value.isEmpty }
         self.appliedIndex = appliedIndex
@@ -365,15 +330,8 @@ public struct StateMachine: Sendable {
         self.rules = Self.parsedRules(self.namespaces[Self.rulesNamespace] ?? .empty)
         self.spaceAlarms = Set((self.namespaces[Self.alarmsNamespace] ?? .empty).children.keys.compactMap { UInt64($0.string) })
         self.quotas = Self.parsedQuotas(self.namespaces[Self.quotasNamespace] ?? .empty)
-        // Measured once (O(the namespaces' data)), unless the caller knows it (a backup's copy).
-        for namespace in quotas.keys {
-            if let usage = known?[namespace] {
-                quotaUsage[namespace] = usage
-                if let list = unmeasuredQuota[namespace] { self.unmeasuredQuota[namespace] = list }
-            } else {
-                quotaUsage[namespace] = tree(namespace).dataBytes
-            }
-        }
+        // Each namespace's tree carries its measure: O(1) per quota.
+        for namespace in quotas.keys { quotaUsage[namespace] = tree(namespace).dataBytes }
     }
 
     /// The quotas of the quotas namespace: positive integers under client namespace names
@@ -408,59 +366,28 @@ public struct StateMachine: Sendable {
     enum QuotaCheck {
         /// No quota on the namespace.
         case unlimited
-        /// Within the quota: the namespace's usage after the change (`quotaUsage`'s value), and
-        /// the replaced subtree to add to `unmeasuredQuota` when its size was not needed.
-        case within(usage: Int, unmeasured: Tree?)
+        /// Within the quota: the namespace's usage after the change (`quotaUsage`'s value).
+        case within(usage: Int)
         /// The change adds bytes past the quota; nothing may change.
         case over(used: Int, wouldHold: Int, quota: Int)
     }
 
-    /// Measures only `paths` in both trees (`Tree.dataBytes(touching:)`); a change that adds no
-    /// bytes is always within (deletes go on at any usage).
-    /// `known`: the data bytes of the values written at `paths` when measured ahead
-    /// (`PreparedCommand.valueBytes`): the new side then walks only the way to each path.
-    /// `replaced`: the subtree at the one path of `paths` in `before`, when large: its size is
-    /// measured only as far as the decision needs (up to what the write adds around it), and
-    /// when that shows the write adds nothing it is left unmeasured (`.within`'s `unmeasured`).
-    /// `quotaUsage` less what is unmeasured is never below the true usage, so a write that fits
-    /// under it fits; only one that does not is judged against the exact usage, measured here.
-    /// The decision is the same whether or not earlier subtrees were measured meanwhile.
-    mutating func quotaCheck(
-        _ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil, known: [Int?]? = nil,
-        replaced: Tree? = nil
-    ) -> QuotaCheck {
-        guard let quota = quotas[namespace], let upper = quotaUsage[namespace] else { return .unlimited }
-        let afterBytes = after.dataBytes(touching: paths, priorityOnly: priorityOnly, known: known)
-        var delta: Int
-        if let replaced, paths.count == 1, priorityOnly?.first != true {
-            // before = around + the replaced subtree's bytes.
-            let around = before.dataBytes(touching: paths, known: [0])
-            let need = afterBytes - around
-            if need > 0, let bytes = replaced.dataBytes(below: need) {
-                delta = need - bytes
-            } else {
-                // The subtree holds at least what the write adds around it: the change adds
-                // nothing, whatever its exact size.
-                return .within(usage: upper + need, unmeasured: replaced)
-            }
-        } else {
-            delta = afterBytes - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
-        }
-        if delta > 0, upper + delta > quota, let used = exactQuotaUsage(namespace) {
-            if used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
-            return .within(usage: used + delta, unmeasured: nil)
-        }
-        return .within(usage: upper + delta, unmeasured: nil)
+    /// Measures only `paths` in both trees (`Tree.dataBytes(touching:)`: O(the paths), each
+    /// subtree's measure read where it stands); a change that adds no bytes is always within
+    /// (deletes go on at any usage).
+    func quotaCheck(_ namespace: String, before: Tree, after: Tree, touching paths: [Path], priorityOnly: [Bool]? = nil) -> QuotaCheck {
+        guard let quota = quotas[namespace], let used = quotaUsage[namespace] else { return .unlimited }
+        let delta = after.dataBytes(touching: paths, priorityOnly: priorityOnly)
+            - before.dataBytes(touching: paths, priorityOnly: priorityOnly)
+        if delta > 0, used + delta > quota { return .over(used: used, wouldHold: used + delta, quota: quota) }
+        return .within(usage: used + delta)
     }
 
     /// After a write to the quotas namespace: the quotas again, and the usage of each namespace
-    /// that gained one measured (once; O(its data)).
+    /// that gained one read from its tree (O(1)).
     private mutating func quotasChanged() {
         let next = Self.parsedQuotas(tree(Self.quotasNamespace))
-        for namespace in quotaUsage.keys where next[namespace] == nil {
-            quotaUsage[namespace] = nil
-            measuredHere += (unmeasuredQuota.removeValue(forKey: namespace) ?? []).map(\.tree)
-        }
+        for namespace in quotaUsage.keys where next[namespace] == nil { quotaUsage[namespace] = nil }
         for namespace in next.keys where quotaUsage[namespace] == nil { quotaUsage[namespace] = tree(namespace).dataBytes }
         quotas = next
     }
@@ -560,7 +487,6 @@ public struct StateMachine: Sendable {
         }
         var written: [Path] = []
         var value: Tree?
-        var toMeasure: [UnmeasuredSubtree] = []
         var tree = namespaces.removeValue(forKey: envelope.namespace) ?? .empty
         // Kept only under a quota (a second holder makes the write copy the path it changes).
         let before: Tree? = quotas[envelope.namespace] != nil ? tree : nil
@@ -587,28 +513,13 @@ public struct StateMachine: Sendable {
         }
         if let before, case .ok = outcome {
             let priorityOnly = Self.priorityOnly(envelope.command, count: written.count)
-            // A large subtree replaced at the write's one path: measured later when the decision
-            // does not need its size (a write that shrinks the data, or grows it by less than
-            // the subtree holds).
-            var large: Tree?
-            if written.count == 1, priorityOnly?.first != true {
-                let old = before.child(at: written[0])
-                // `Int.max` (no deferral): no walk at all.
-                if measureLaterAtValues < .max, !old.isEmpty, old.valueCount(atLeast: measureLaterAtValues) { large = old }
-            }
             switch quotaCheck(
-                envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly, known: prepared?.valueBytes,
-                replaced: large)
+                envelope.namespace, before: before, after: tree, touching: written, priorityOnly: priorityOnly)
             {
             case .unlimited:
                 break
-            case .within(let usage, let unmeasured):
+            case .within(let usage):
                 quotaUsage[envelope.namespace] = usage
-                if let unmeasured {
-                    let entry = UnmeasuredSubtree(id: index, tree: unmeasured)
-                    unmeasuredQuota[envelope.namespace, default: []].append(entry)
-                    toMeasure = [entry]
-                }
             case let .over(used, wouldHold, quota):
                 // A judged client learns nothing of the sizes (they depend on data it may not read).
                 let judged = envelope.auth != nil && rules[envelope.namespace] != nil
@@ -623,16 +534,7 @@ public struct StateMachine: Sendable {
         if let key = clientWrite { recordClientWrite(key, outcome, at: lastTimestamp) }
         var released = ReleasedTrees()
         if case .ok = outcome {
-            released.toMeasure = toMeasure
-            // A subtree left to measure is held by `unmeasuredQuota` until then, and returned
-            // for freeing by `measured`.
-            if toMeasure.isEmpty {
-                for subtree in replaced where subtree.valueCount(atLeast: Self.releaseAfterValues) { released.trees.append(subtree) }
-            }
-        }
-        if !measuredHere.isEmpty {
-            released.trees += measuredHere
-            measuredHere = []
+            released.trees = Self.released(replaced)
         }
         return Applied(
             namespace: envelope.namespace, session: envelope.session, seq: envelope.seq, outcome: outcome, written: written, value: value,
@@ -640,8 +542,8 @@ public struct StateMachine: Sendable {
     }
 
     /// The subtrees with children that `command` replaces (a set's or compare-and-set's location,
-    /// each location of an update of at most 64 items; nothing for a priority write, which keeps
-    /// its location's data): O(path lengths), nothing copied.
+    /// each location of an update; nothing for a priority write, which keeps its location's
+    /// data): O(path lengths), nothing copied.
     static func replacedSubtrees(_ command: Command, in tree: Tree) -> [Tree] {
         func held(_ path: Path) -> [Tree] {
             let old = tree.child(at: path)
@@ -654,7 +556,7 @@ public struct StateMachine: Sendable {
         case .compareAndSet(let pathText, _, _):
             guard let location = try? Path(parsing: pathText) else { return [] }
             return held(location)
-        case let .update(pathText, items) where items.count <= 64:
+        case let .update(pathText, items):
             guard let base = try? Path(parsing: pathText) else { return [] }
             var out: [Tree] = []
             for item in items {

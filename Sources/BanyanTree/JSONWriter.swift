@@ -69,7 +69,7 @@ public enum JSONWriter {
             } else {
                 appendLeaf(leaf, to: &out)
             }
-        case .children(let map, let priority):
+        case .children(let map, let priority, _):
             let inner = pretty.map { $0 + 1 }
             if format == .plain, let length = arrayLength(map) {
                 out.append(UInt8(ascii: "["))

@@ -95,14 +95,18 @@ public typealias ChildMap = SortedTree<ChildKey, Tree>
 /// that word for cluster members): empty (null), a leaf with a priority, or children with a priority.
 ///
 /// Invariants: a children value has at least one child and no child is empty; an empty value has no
-/// priority. Trees are immutable values with structural sharing: a write copies only the path it
-/// touches (and mutates in place when nothing else shares that path).
+/// priority; a children value carries its data bytes (`dataBytes`), kept up to date by every
+/// write from the entries it changed. Trees are immutable values with structural sharing: a write
+/// copies only the path it touches (and mutates in place when nothing else shares that path).
 public struct Tree: Sendable {
     @usableFromInline
     enum Storage: Sendable {
         case empty
         case leaf(Leaf, Priority)
-        case children(ChildMap, Priority)
+        /// The children, the priority, and the tree's data bytes (`Tree.dataBytes`: its
+        /// priority's, and each child's key and data bytes), so the quota's measure of any
+        /// subtree is read, not walked. It does not grow the value: the leaf case is larger.
+        case children(ChildMap, Priority, Int)
     }
 
     @usableFromInline var storage: Storage
@@ -122,14 +126,34 @@ public struct Tree: Sendable {
         if kept.isEmpty {
             storage = .empty
         } else {
-            storage = .children(ChildMap(sortedUniqueElements: kept), priority)
+            var bytes = Self.bytes(of: priority)
+            for (key, child) in kept { bytes += Self.entryBytes(key, child) }
+            storage = .children(ChildMap(sortedUniqueElements: kept), priority, bytes)
         }
     }
 
-    /// A tree from a children map (empty map gives the empty tree).
+    /// A tree from a children map (empty map gives the empty tree). Measures the map's entries:
+    /// O(children). A caller that changes a tree's children one at a time uses `set(_:at:)`,
+    /// which keeps the measure from the entries it changes.
     public init(children: ChildMap, priority: Priority = .none) {
-        storage = children.isEmpty ? .empty : .children(children, priority)
+        if children.isEmpty {
+            storage = .empty
+        } else {
+            var bytes = Self.bytes(of: priority)
+            children.forEach { key, child in bytes += Self.entryBytes(key, child) }
+            storage = .children(children, priority, bytes)
+        }
     }
+
+    /// A children value whose data bytes the caller counted (a reader that built `map` in one
+    /// pass): `bytes` must be `dataBytes` of the result.
+    @usableFromInline init(nonEmpty map: ChildMap, priority: Priority, dataBytes bytes: Int) {
+        storage = .children(map, priority, bytes)
+    }
+
+    /// What one child adds to its parent's data bytes: its key and its own.
+    @inline(__always)
+    static func entryBytes(_ key: ChildKey, _ child: Tree) -> Int { key.string.utf8.count + child.dataBytes }
 
     // MARK: Inspection
 
@@ -156,24 +180,24 @@ public struct Tree: Sendable {
     public var priority: Priority {
         switch storage {
         case .empty: return .none
-        case .leaf(_, let p), .children(_, let p): return p
+        case .leaf(_, let p), .children(_, let p, _): return p
         }
     }
 
     /// The children map (empty for leaves and the empty tree).
     public var children: ChildMap {
-        if case .children(let map, _) = storage { return map }
+        if case .children(let map, _, _) = storage { return map }
         return ChildMap()
     }
 
     public var childCount: Int {
-        if case .children(let map, _) = storage { return map.count }
+        if case .children(let map, _, _) = storage { return map.count }
         return 0
     }
 
     /// The child under `key` (the empty tree when absent or when this is a leaf).
     public func child(_ key: ChildKey) -> Tree {
-        if case .children(let map, _) = storage { return map[key] ?? .empty }
+        if case .children(let map, _, _) = storage { return map[key] ?? .empty }
         return .empty
     }
 
@@ -181,7 +205,7 @@ public struct Tree: Sendable {
     public func child(at path: Path) -> Tree {
         var subtree = self
         for key in path.segments {
-            guard case .children(let map, _) = subtree.storage, let next = map[key] else { return .empty }
+            guard case .children(let map, _, _) = subtree.storage, let next = map[key] else { return .empty }
             subtree = next
         }
         return subtree
@@ -192,7 +216,8 @@ public struct Tree: Sendable {
         switch storage {
         case .empty: return self
         case .leaf(let l, _): return Tree(storage: .leaf(l, priority))
-        case .children(let m, _): return Tree(storage: .children(m, priority))
+        case .children(let m, let old, let bytes):
+            return Tree(storage: .children(m, priority, bytes - Self.bytes(of: old) + Self.bytes(of: priority)))
         }
     }
 
@@ -202,7 +227,7 @@ public struct Tree: Sendable {
         switch storage {
         case .empty: return 0
         case .leaf: return 1
-        case .children(let map, _):
+        case .children(let map, _, _):
             var total = 1
             map.forEach { _, child in total += child.valueCount }
             return total
@@ -218,7 +243,7 @@ public struct Tree: Sendable {
 
     private func exhausts(_ budget: inout Int) -> Bool {
         budget -= 1
-        guard case .children(let map, _) = storage else { return budget <= 0 }
+        guard case .children(let map, _, _) = storage else { return budget <= 0 }
         // Each child is at least one value: counted at once, then only inner children descended.
         budget -= map.count
         if budget <= 0 { return true }
@@ -234,7 +259,7 @@ public struct Tree: Sendable {
         switch storage {
         case .empty: return 0
         case .leaf: return 1
-        case .children(let map, _):
+        case .children(let map, _, _):
             var total = 0
             map.forEach { _, child in total += child.leafCount }
             return total
@@ -266,26 +291,35 @@ public struct Tree: Sendable {
         switch storage {
         case .empty:
             guard !subtree.isEmpty else { return }
-            storage = .children(Tree.singleton(key, Tree.empty.setting(subtree, at: rest)), .none)
+            let child = Tree.empty.setting(subtree, at: rest)
+            storage = .children(Tree.singleton(key, child), .none, Self.entryBytes(key, child))
         case .leaf(_, let priority):
             guard !subtree.isEmpty else { return }
-            storage = .children(Tree.singleton(key, Tree.empty.setting(subtree, at: rest)), priority)
-        case .children(var map, let priority):
+            let child = Tree.empty.setting(subtree, at: rest)
+            storage = .children(Tree.singleton(key, child), priority, Self.bytes(of: priority) + Self.entryBytes(key, child))
+        case .children(var map, let priority, var bytes):
             // Drop this tree's reference first so `map` is uniquely referenced and can be
             // mutated in place.
             storage = .empty
             var becameEmpty = false
             let found: Void? = map.modifyValue(forKey: key) { child in
+                bytes -= child.dataBytes
                 child.set(subtree, at: rest)
+                bytes += child.dataBytes
                 becameEmpty = child.isEmpty
             }
             if found == nil {
                 // Known absent: insert with one descent (`updateValue` would look again first).
-                if !subtree.isEmpty { map.insertNew(Tree.empty.setting(subtree, at: rest), forKey: key) }
+                if !subtree.isEmpty {
+                    let child = Tree.empty.setting(subtree, at: rest)
+                    bytes += Self.entryBytes(key, child)
+                    map.insertNew(child, forKey: key)
+                }
             } else if becameEmpty {
                 map.removeValue(forKey: key)
+                bytes -= key.string.utf8.count
             }
-            storage = map.isEmpty ? .empty : .children(map, priority)
+            storage = map.isEmpty ? .empty : .children(map, priority, bytes)
         }
     }
 
@@ -300,22 +334,30 @@ public struct Tree: Sendable {
     }
 
     private mutating func replaceEntry(_ subtree: Tree, at path: ArraySlice<ChildKey>) -> Tree? {
-        guard let key = path.first, case .children(var map, let priority) = storage else { return nil }
+        guard let key = path.first, case .children(var map, let priority, var bytes) = storage else { return nil }
         let rest = path.dropFirst()
         // Drop this tree's reference first so `map` is uniquely referenced and can be mutated in place.
         storage = .empty
-        defer { storage = .children(map, priority) }
+        defer { storage = .children(map, priority, bytes) }
         if rest.isEmpty {
             var old = Tree.empty
             let found: Void? = map.modifyValue(forKey: key) { child in
                 old = child
                 child = subtree
             }
-            if found == nil { map.insertNew(subtree, forKey: key) }
+            if found == nil {
+                map.insertNew(subtree, forKey: key)
+                bytes += key.string.utf8.count
+            }
+            bytes += subtree.dataBytes - old.dataBytes
             return old
         }
         // The child never becomes empty: `subtree` is not.
-        return map.modifyValue(forKey: key) { child in child.replaceEntry(subtree, at: rest) } ?? nil
+        return map.modifyValue(forKey: key) { child in
+            bytes -= child.dataBytes
+            defer { bytes += child.dataBytes }
+            return child.replaceEntry(subtree, at: rest)
+        } ?? nil
     }
 
     private func setting(_ subtree: Tree, at path: ArraySlice<ChildKey>) -> Tree {
@@ -348,8 +390,10 @@ extension Tree: Equatable {
             return true
         case let (.leaf(x, p), .leaf(y, q)):
             return x == y && p == q
-        case let (.children(x, p), .children(y, q)):
-            guard p == q, x.count == y.count else { return false }
+        case let (.children(x, p, xb), .children(y, q, yb)):
+            // Equal trees have equal data bytes (equal strings have equal UTF-8, numbers count 8
+            // whatever their kind): a cheap first test.
+            guard xb == yb, p == q, x.count == y.count else { return false }
             if x.isIdentical(to: y) { return true }
             var ix = x.elements()
             var iy = y.elements()

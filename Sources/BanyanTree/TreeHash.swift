@@ -17,7 +17,7 @@ extension Tree {
             var sha = SHA1()
             sha.update(text)
             return Base64.encode(sha.finalize())
-        case .children(let map, let priority):
+        case .children(let map, let priority, _):
             var sha = SHA1()
             sha.update(Tree.priorityPrefix(priority))
             var anyPriority = false

@@ -48,7 +48,7 @@ public enum TreeImage {
             case .double(let d): w.f64(d)
             case .string(let s): writeString(s, &w)
             }
-        case .children(let map, let priority):
+        case .children(let map, let priority, _):
             w.u8(6 | priorityKind(priority) << 3)
             writePriority(priority, &w)
             w.varint(UInt64(map.count))
@@ -334,9 +334,14 @@ private struct ImageReader {
             var previous: ChildKey?
             // Straight into the map's pages, in key order (no array of the children). A count
             // beyond what is left of the image fails when the children run out.
-            let map = try ChildMap(sortedCount: count) { () throws(TreeError) in try child(after: &previous, depth: depth) }
+            var bytes = Tree.bytes(of: priority)
+            let map = try ChildMap(sortedCount: count) { () throws(TreeError) in
+                let entry = try child(after: &previous, depth: depth)
+                bytes += Tree.entryBytes(entry.0, entry.1)
+                return entry
+            }
             // Children are never empty (checked in `child`), so the map is stored as it is.
-            return Tree(storage: .children(map, priority))
+            return Tree(nonEmpty: map, priority: priority, dataBytes: bytes)
         default:
             throw fail("unknown value type \(type)")
         }

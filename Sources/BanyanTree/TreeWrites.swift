@@ -97,7 +97,7 @@ extension Tree {
     /// `path` is this tree's location, extended and restored on the way down: a path is built
     /// only for an error message, not for every child.
     private func checkFits(depth: Int, bytes: Int, path: inout [ChildKey]) throws(TreeError) {
-        guard case .children(let map, _) = storage else { return }
+        guard case .children(let map, _, _) = storage else { return }
         if depth + 1 > Path.maxDepth {
             throw TreeError(
                 .depthExceeded, path: Path(segments: path).description,

@@ -102,7 +102,7 @@ struct ReplicaCluster {
         replicas[id] = r
         events[id, default: []].append(contentsOf: new)
         for event in new {
-            guard case .prepare(let index, let term, let payload, _) = event else { continue }
+            guard case .prepare(let index, let term, let payload) = event else { continue }
             heldReadAheads[id, default: []].append((index, term, payload))
             if !holdReadAheads { answerReadAhead(id, index: index) }
         }
@@ -147,7 +147,7 @@ struct ReplicaCluster {
             var pending = r.takeEvents()
             while !pending.isEmpty {
                 let event = pending.removeFirst()
-                if case .prepare(let index, let term, let payload, _) = event {
+                if case .prepare(let index, let term, let payload) = event {
                     if holdReadAheads {
                         heldReadAheads[id, default: []].append((index, term, payload))
                     } else {
@@ -214,7 +214,7 @@ struct ReplicaCluster {
                 clocks[id, default: 0] += 10
                 replicas[id]?.tick(now: clocks[id] ?? 0)
                 for event in replicas[id]?.takeEvents() ?? [] {
-                    if case .prepare(let index, let term, let payload, _) = event { heldReadAheads[id, default: []].append((index, term, payload)) }
+                    if case .prepare(let index, let term, let payload) = event { heldReadAheads[id, default: []].append((index, term, payload)) }
                     events[id, default: []].append(event)
                 }
                 if !holdReadAheads {

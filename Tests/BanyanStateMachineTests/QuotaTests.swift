@@ -10,18 +10,18 @@ import Testing
         var machine = StateMachine()
         var index: UInt64 = 0
         var seq: UInt64 = 0
-        /// Read every command ahead as a node's worker does, measuring writes into the
-        /// namespaces with a quota (`PreparedCommand`); false: applied as they come.
+        /// Read every command ahead as a node's worker does (`PreparedCommand`); false: applied
+        /// as they come.
         var readAhead = false
-        /// Commands applied with their values measured ahead.
-        var measuredAhead = 0
+        /// Commands applied from a read-ahead.
+        var readAheads = 0
 
         mutating func apply(_ command: Command, namespace: String = "app", session: UInt64 = 3, auth: ClientAuth? = nil) -> StateMachine.Outcome? {
             index += 1
             seq += 1
             let payload = CommandEnvelope(namespace: namespace, session: session, seq: seq, timestamp: 1_000 + Int64(index), command: command, auth: auth).encoded()
-            let prepared = readAhead ? PreparedCommand(payload: payload, measuring: machine.quotaNamespaces) : nil
-            if prepared?.valueBytes != nil { measuredAhead += 1 }
+            let prepared = readAhead ? PreparedCommand(payload: payload) : nil
+            if prepared != nil { readAheads += 1 }
             return machine.apply(payload, index: index, prepared: prepared)?.outcome
         }
 
@@ -89,11 +89,11 @@ import Testing
         }
     }
 
-    @Test("after every command of 4,000 random ones (sets, updates, priorities at any depth, server values, deletes, transactions, judged writes, onDisconnect queues fired) the kept usage equals a measure of the whole namespace, with and without refusals")
+    @Test("after every command of 4,000 random ones (sets, updates, priorities at any depth, server values, deletes, transactions, judged writes, onDisconnect queues fired) the kept usage equals a measure of the whole namespace, walked, and every tree carries the measure its contents have, with and without refusals")
     func usageFollowsWrites() throws {
         var refusedInAll = 0
-        var measuredAhead = 0
-        // Each seed twice: applied as they come, and read ahead with the values measured there.
+        var readAheads = 0
+        // Each seed twice: applied as they come, and read ahead.
         for (seed, readAhead) in (1...8 as ClosedRange<UInt64>).flatMap({ [($0, false), ($0, true)] }) {
             var log = Log()
             log.readAhead = readAhead
@@ -144,32 +144,27 @@ import Testing
                     #expect((used < 0) == judged, "sizes are withheld from judged writes only")
                 }
                 if case .rejected(let e)? = outcome, e.message.hasPrefix("QUOTA:") { refused += 1 }
-                #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").dataBytes, "seed \(seed) (read ahead: \(readAhead)) step \(step): \(String(describing: outcome))")
+                #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").walkedDataBytes, "seed \(seed) (read ahead: \(readAhead)) step \(step): \(String(describing: outcome))")
+                #expect(log.machine.tree("app").dataBytesAreConsistent, "seed \(seed) step \(step)")
             }
             if seed >= 4 {
                 #expect(refused > 5, "seed \(seed): only \(refused) refusals")
                 #expect(log.machine.tree("app").dataBytes <= 100, "seed \(seed): the namespace holds more than its quota")
             }
             refusedInAll += refused
-            measuredAhead += log.measuredAhead
+            readAheads += log.readAheads
         }
         #expect(refusedInAll > 100)
-        #expect(measuredAhead > 1_000, "the values measured ahead were used \(measuredAhead) times")
+        #expect(readAheads > 1_000, "commands applied from a read-ahead: \(readAheads)")
     }
 
-    @Test("a replaced subtree's measure left for later (answered at random, or never) changes no outcome, tree or usage: three machines in lockstep over 8 × 600 random commands (one reading them ahead) and quota changes")
-    func deferredMeasuresDecideAlike() throws {
-        var deferred = 0
-        var answered = 0
+    @Test("the measure trees carry survives images: three machines in lockstep over 8 × 600 random commands and quota changes (one reading them ahead, one reloaded from its image every 25 commands) decide alike, and every usage equals the walked measure")
+    func measuresSurviveImages() throws {
         var refusals = 0
+        var reloads = 0
         for seed in 1...8 as ClosedRange<UInt64> {
-            // exact: measures where it applies; later: leaves every replaced subtree with
-            // children unmeasured and is never answered; answered: the same, answered at random.
             var logs = [Log(), Log(), Log()]
-            logs[1].machine.measureLaterAtValues = 1
-            logs[2].machine.measureLaterAtValues = 1
             var g = Generator(random: SeededRandom(seed: seed))
-            var pending: [StateMachine.UnmeasuredSubtree] = []
             func run(_ command: Command, namespace: String = "app", session: UInt64 = 3) -> StateMachine.Outcome? {
                 var outcomes: [StateMachine.Outcome?] = []
                 for i in logs.indices {
@@ -178,12 +173,8 @@ import Testing
                     let payload = CommandEnvelope(
                         namespace: namespace, session: session, seq: logs[i].seq, timestamp: 1_000 + Int64(logs[i].index), command: command
                     ).encoded()
-                    // The answered machine reads every command ahead, its values measured there.
-                    let prepared = i == 2 ? PreparedCommand(payload: payload, measuring: logs[i].machine.quotaNamespaces) : nil
-                    let applied = logs[i].machine.apply(payload, index: logs[i].index, prepared: prepared)
-                    outcomes.append(applied?.outcome)
-                    if i == 1 { deferred += applied?.released.toMeasure.count ?? 0 }
-                    if i == 2 { pending += applied?.released.toMeasure ?? [] }
+                    let prepared = i == 1 ? PreparedCommand(payload: payload) : nil
+                    outcomes.append(logs[i].machine.apply(payload, index: logs[i].index, prepared: prepared)?.outcome)
                 }
                 #expect(outcomes[0] == outcomes[1] && outcomes[0] == outcomes[2], "seed \(seed): \(command): \(outcomes)")
                 return outcomes[0]
@@ -224,23 +215,22 @@ import Testing
                     outcome = run(.set(path: g.path(depth: 1 + g.below(2)), json: Array(g.value(depth: 1).utf8)))
                 }
                 if case .overQuota? = outcome { refusals += 1 }
-                // Answers for some of the third machine's measures, in any order.
-                while !pending.isEmpty, g.below(3) == 0 {
-                    let entry = pending.remove(at: g.below(pending.count))
-                    if logs[2].machine.measured(namespace: "app", id: entry.id, bytes: entry.tree.dataBytes) != nil { answered += 1 }
+                if step % 25 == 24 {
+                    logs[2].machine = try StateMachine(image: logs[2].machine.image())
+                    reloads += 1
                 }
                 let trees = logs.map { JSONWriter.string($0.machine.tree("app"), format: .export) }
                 #expect(trees[0] == trees[1] && trees[0] == trees[2], "seed \(seed) step \(step)")
-                let truth = logs[0].machine.tree("app").dataBytes
+                let truth = logs[0].machine.tree("app").walkedDataBytes
                 for (i, log) in logs.enumerated() {
-                    let usage = log.machine.quotaUsage["app"].map { u in (log.machine.unmeasuredQuota["app"] ?? []).reduce(u) { $0 - $1.tree.dataBytes } }
+                    #expect(log.machine.tree("app").dataBytesAreConsistent, "seed \(seed) step \(step) machine \(i)")
+                    let usage = log.machine.quotaUsage["app"]
                     #expect(usage == nil || usage == truth, "seed \(seed) step \(step) machine \(i): \(String(describing: usage)) against \(truth)")
-                    #expect((log.machine.quotaUsage["app"] == nil) == (logs[0].machine.quotaUsage["app"] == nil))
+                    #expect((usage == nil) == (logs[0].machine.quotaUsage["app"] == nil))
                 }
             }
         }
-        #expect(deferred > 200, "measures left for later: \(deferred)")
-        #expect(answered > 50, "answered: \(answered)")
+        #expect(reloads == 8 * 24)
         #expect(refusals > 50, "refusals: \(refusals)")
     }
 
@@ -320,7 +310,7 @@ import Testing
         #expect(log.set("/f", #""0123456789012345678901234567890123456789""#) == .ok)
     }
 
-    @Test("clients cannot set quotas; a quota survives an image (the usage measured again on load); it can be set while a free-space alarm stands")
+    @Test("clients cannot set quotas; a quota survives an image (the usage read again on load); it can be set while a free-space alarm stands")
     func replicatedState() throws {
         var log = Log()
         #expect(log.set("/a", #""abc""#) == .ok)

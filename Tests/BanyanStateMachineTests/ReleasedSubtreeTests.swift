@@ -25,7 +25,7 @@ import Testing
         "{" + (0..<count).map { #""k\#($0)":{"n":\#($0)}"# }.joined(separator: ",") + "}"
     }
 
-    @Test("a set or delete over 4,096 values or more hands the old subtree back; the tree no longer holds it")
+    @Test("a set or delete over 4,096 data bytes or more hands the old subtree back; the tree no longer holds it")
     func largeSubtreesAreHandedBack() throws {
         var log = Log()
         #expect(log.set("/big", Self.object(3_000))?.outcome == .ok)
@@ -51,6 +51,7 @@ import Testing
     func smallOnesAreFreedInPlace() throws {
         var log = Log()
         #expect(log.set("/small", Self.object(100))?.outcome == .ok)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/small")).dataBytes < StateMachine.releaseAfterBytes)
         #expect(log.set("/small", "1")?.released.trees.isEmpty == true)
         #expect(log.set("/leaf", #""text""#)?.released.trees.isEmpty == true)
         #expect(log.set("/big", Self.object(3_000))?.outcome == .ok)
@@ -60,7 +61,7 @@ import Testing
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/big")).valueCount == 6_001)
     }
 
-    @Test("updates (up to 64 items) and compare-and-sets hand back what they replace; a refused write hands back nothing")
+    @Test("updates and compare-and-sets hand back what they replace; a refused write hands back nothing")
     func updatesTransactionsAndRefusals() throws {
         var log = Log()
         #expect(log.set("/p/one", Self.object(2_500))?.outcome == .ok)
@@ -91,7 +92,7 @@ import Testing
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/r")).valueCount == 5_001)
     }
 
-    @Test("nested update items hand back what they replace; an update of more than 64 items frees in place; a write over the quota hands back nothing; under a quota the subtree goes to be measured first")
+    @Test("nested update items hand back what they replace, and so do updates of many items; a write over the quota hands back nothing; under a quota what a write replaces is handed back too, its measure read, not walked")
     func nestedLargeUpdatesAndQuota() throws {
         var log = Log()
         #expect(log.set("/n/a/b", Self.object(2_500))?.outcome == .ok)
@@ -103,7 +104,8 @@ import Testing
         let many = [Command.UpdateItem(path: "big", json: Array("null".utf8))] + (0..<64).map { .init(path: "x\($0)", json: Array("1".utf8)) }
         let manyResult = log.apply(.update(path: "/m", entries: many))
         let large = try #require(manyResult)
-        #expect(large.outcome == .ok && large.released.trees.isEmpty)
+        #expect(large.outcome == .ok && large.released.trees.count == 1)
+        #expect(large.released.trees.first?.valueCount == 5_001)
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/m/big")).isEmpty)
 
         // A quota of 200,000 data bytes: replacing a 5,001-value subtree with a larger one goes
@@ -122,28 +124,44 @@ import Testing
         if case .overQuota = over.outcome {} else { Issue.record("expected overQuota, got \(over.outcome)") }
         #expect(over.released.trees.isEmpty)
         #expect(log.machine.tree("app").child(at: try Path(parsing: "/q")).valueCount == 5_001)
-        // By default a machine measures where it applies (nobody may answer it): the old
-        // subtree is handed back to be freed.
-        #expect(log.set("/q2", Self.object(2_500))?.outcome == .ok)
-        let inlineResult = log.set("/q2", "1")
-        let inline = try #require(inlineResult)
-        #expect(inline.outcome == .ok && inline.released.trees.count == 1 && inline.released.toMeasure.isEmpty)
-        // A node's machine (`measureLaterAtValues` set by its replica): a replacement that
-        // shrinks the data is accepted without measuring the old subtree, which is handed back
-        // to be measured, then (through `measured`) to be freed.
-        log.machine.measureLaterAtValues = StateMachine.releaseAfterValues
+        // Within the quota: the old subtree is handed back to be freed, and the usage follows
+        // from the measures the trees carry.
         let withinResult = log.set("/q", "1")
         let within = try #require(withinResult)
-        #expect(within.outcome == .ok && within.released.trees.isEmpty && within.released.toMeasure.count == 1)
-        let entry = try #require(within.released.toMeasure.first)
-        #expect(entry.tree.valueCount == 5_001)
-        let unmeasured = log.machine.quotaUsage["app"].map { $0 - entry.tree.dataBytes }
-        #expect(unmeasured == log.machine.tree("app").dataBytes)
-        let freed = log.machine.measured(namespace: "app", id: entry.id, bytes: entry.tree.dataBytes)
-        #expect(freed?.valueCount == 5_001)
-        #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").dataBytes)
-        #expect(log.machine.unmeasuredQuota["app"] == nil)
-        #expect(log.machine.measured(namespace: "app", id: entry.id, bytes: 1) == nil, "answered twice")
+        #expect(within.outcome == .ok && within.released.trees.count == 1)
+        #expect(within.released.trees.first?.valueCount == 5_001)
+        #expect(log.machine.quotaUsage["app"] == log.machine.tree("app").walkedDataBytes)
+    }
+
+    @Test("what one write frees where it applies is bounded in total: an update of 2,000 items each deleting a small subtree hands them all back, one of 3 items frees them in place; a fired onDisconnect queue hands back what it replaces")
+    func boundedPerWriteAndDisconnects() throws {
+        var log = Log()
+        // 2,000 subtrees of about 20 data bytes each: small one by one, 40 KB together.
+        let many = "{" + (0..<2_000).map { #""s\#($0)":{"a":"0123456789"}"# }.joined(separator: ",") + "}"
+        #expect(log.set("/m", many)?.outcome == .ok)
+        let one = log.machine.tree("app").child(at: try Path(parsing: "/m/s0"))
+        #expect(one.dataBytes < 40 && one.hasChildren)
+        let deletes = (0..<2_000).map { Command.UpdateItem(path: "s\($0)", json: Array("null".utf8)) }
+        let bulkResult = log.apply(.update(path: "/m", entries: deletes))
+        let bulk = try #require(bulkResult)
+        #expect(bulk.outcome == .ok && bulk.released.trees.count == 2_000)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/m")).isEmpty)
+        // A few small ones together stay under the bound: freed where the write applies.
+        #expect(log.set("/f", #"{"a":{"x":1},"b":{"y":2},"c":{"z":3}}"#)?.outcome == .ok)
+        let fewResult = log.apply(.update(path: "/f", entries: ["a", "b", "c"].map { .init(path: $0, json: Array("null".utf8)) }))
+        let few = try #require(fewResult)
+        #expect(few.outcome == .ok && few.released.trees.isEmpty)
+
+        // A connection queues the removal of a large subtree; its end fires the queue.
+        #expect(log.set("/presence", Self.object(2_500))?.outcome == .ok)
+        let connection: UInt64 = 700
+        let queued = log.apply(.onDisconnectSet(path: "/presence", json: Array("null".utf8), secret: 5, holder: 0), session: connection)
+        #expect(queued?.outcome == .ok)
+        let endedResult = log.apply(.connectionEnded(connection: connection, secret: 5), session: 4)
+        let ended = try #require(endedResult)
+        #expect(ended.outcome == .ok && ended.written.count == 1)
+        #expect(ended.released.trees.count == 1 && ended.released.trees.first?.valueCount == 5_001)
+        #expect(log.machine.tree("app").child(at: try Path(parsing: "/presence")).isEmpty)
     }
 
     @Test("applied outcomes compare equal whatever they hand back")
