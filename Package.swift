@@ -153,7 +153,8 @@ let package = Package(
         .target(
             name: "BanyanClient",
             dependencies: [
-                "BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", .product(name: "NIOCore", package: "swift-nio"),
+                "BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"), .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"), .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],

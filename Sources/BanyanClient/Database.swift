@@ -3,6 +3,7 @@ import BanyanClientCore
 import BanyanQuery
 import BanyanTree
 public import Foundation
+import Logging
 import NIOCore
 import NIOPosix
 import NIOWebSocket
@@ -261,6 +262,26 @@ public final class Database: @unchecked Sendable {
         loop.execute { self.core.goOnline(); self.process() }
     }
 
+    /// Abandons every write not yet answered, as Firebase's `purgeOutstandingWrites()`: sets,
+    /// updates, priorities and transactions are rolled back locally (observers see the data
+    /// without them), removed from the disk cache and never sent again; their completion blocks
+    /// get `write_canceled`, and so do onDisconnect calls not yet answered. A write already sent
+    /// may still have applied on the server.
+    public func purgeOutstandingWrites() {
+        activate()
+        loop.execute { self.core.purgeOutstandingWrites(); self.process() }
+    }
+
+    /// The SDK's version (Firebase's `Database.sdkVersion()`).
+    public static func sdkVersion() -> String { ClientCore.sdkVersion }
+
+    /// Logs the connection's life (attempts, connections, redirects, closes) and each message
+    /// sent, at `debug`, through swift-log (label `banyan.client`; the app's `LoggingSystem`
+    /// decides where it goes), as Firebase's `setLoggingEnabled(_:)` does for its console.
+    /// Off by default. Failed writes, cancelled listens and refused credentials are logged at
+    /// `warning` either way, as Firebase warns. An auth message is logged without its token.
+    public static func setLoggingEnabled(_ enabled: Bool) { DatabaseLog.enabled.withLock { $0 = enabled } }
+
     /// Sets (or drops, with nil) the credential the connection uses; sent at once when online.
     public func setAuthToken(_ token: String?) {
         activate()
@@ -352,12 +373,16 @@ public final class Database: @unchecked Sendable {
                 file.append(records)
                 durable = durable || d
             case .redirect(let host):
+                DatabaseLog.debug("the server sent this client to \(host)")
                 redirect = Self.hostAndPort(host, defaultPort: nodes[0].port)
             case .connect(let node):
                 connect(node)
+                DatabaseLog.debug("connecting to \(attemptAddress ?? "a node")")
             case .send(let message):
+                DatabaseLog.sent(message)
                 if let channel { write(message, on: channel) }
             case .disconnect:
+                DatabaseLog.debug("closing the connection to \(attemptAddress ?? "a node")")
                 if core.holdsConnection, let open = channel ?? opening {
                     // The core waits for the end: `closed()` comes from `linkEnded` or
                     // `linkOpened`.
@@ -378,8 +403,10 @@ public final class Database: @unchecked Sendable {
             case let .cancelled(id, reason):
                 guard let observer = observers.removeValue(forKey: id) else { continue }
                 let error = DatabaseError(code: reason.code, message: reason.message.isEmpty ? "the listen at \(observer.query.path) was cancelled" : reason.message)
+                DatabaseLog.warning("listen at \(observer.query.path) failed: \(error.code)")
                 if let cancel = observer.cancel { callbackQueue.async { cancel(error) } }
             case let .completed(id, error):
+                if let error { DatabaseLog.warning("a write failed: \(error.code) (\(error.message))") }
                 guard let block = writeBlocks.removeValue(forKey: id) else { continue }
                 let e = error.map { DatabaseError(code: $0.code, message: $0.message) }
                 callbackQueue.async { block(e) }
@@ -390,9 +417,10 @@ public final class Database: @unchecked Sendable {
                 guard let block = getBlocks.removeValue(forKey: id) else { continue }
                 let r = result.mapError { DatabaseError(code: $0.code, message: $0.message) }
                 callbackQueue.async { block(r) }
-            case .connected:
-                break
+            case .connected(let online):
+                DatabaseLog.debug(online ? "connected to \(attemptAddress ?? "a node")" : "disconnected")
             case .authRevoked(let error):
+                DatabaseLog.warning("the credential was refused or revoked: \(error.code)")
                 if let block = authRevokedBlock {
                     let e = DatabaseError(code: error.code, message: error.message)
                     callbackQueue.async { block(e) }
@@ -707,5 +735,33 @@ final class SharedDatabases: @unchecked Sendable {
             instances[key] = d
             return d
         }
+    }
+}
+
+/// The SDK's log (`Database.setLoggingEnabled`): debug lines only while enabled, warnings always.
+enum DatabaseLog {
+    static let enabled = Locked(false)
+    static let logger = Logger(label: "banyan.client")
+
+    static func debug(_ message: @autoclosure () -> String) {
+        guard enabled.withLock({ $0 }) else { return }
+        logger.debug("\(message())")
+    }
+
+    static func warning(_ message: String) { logger.warning("\(message)") }
+
+    /// A message sent (`line(sent:)`), while enabled.
+    static func sent(_ message: [UInt8]) {
+        guard enabled.withLock({ $0 }) else { return }
+        logger.debug("\(line(sent: message))")
+    }
+
+    /// The log line for a message sent: at most 256 bytes of it; an auth request's token never.
+    static func line(sent message: [UInt8]) -> String {
+        let text = String(decoding: message.prefix(256), as: UTF8.self)
+        if text.contains(#""a":"auth""#) || text.contains(#""a":"gauth""#) {
+            return "sent an auth request (\(message.count) bytes, its token not logged)"
+        }
+        return "sent \(text)\(message.count > 256 ? "… (\(message.count) bytes)" : "")"
     }
 }

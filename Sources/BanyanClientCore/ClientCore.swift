@@ -314,6 +314,8 @@ public struct ClientCore: Sendable {
     private var actions: [Action] = []
     /// Counters sent to the server once per connection (`s`).
     public var stats: [(String, Int64)] = [("sdk.swift.banyan", 1)]
+    /// The SDK's version (`Database.sdkVersion()`).
+    public static let sdkVersion = "0.1.0"
     /// This client's stable id (Banyan's `bc`): with the write numbers, a node applies each of
     /// its writes at most once, whatever connection carries it (docs/swift-sdk.md).
     public let clientID: UInt64
@@ -518,6 +520,11 @@ public struct ClientCore: Sendable {
         if case .online = connection { return true }
         return false
     }
+
+    /// Online and not closing for `goOffline`: writes and onDisconnect calls made while the
+    /// connection closes wait for the next one (as Firebase's, whose `goOffline` interrupts the
+    /// connection at once), so an onDisconnect call is queued rather than lost with it.
+    private var sendsNow: Bool { isOnline && !closingForOffline }
 
     /// The index (in the node list) of the node the connection is online with; nil otherwise.
     public var onlineNode: Int? {
@@ -742,6 +749,46 @@ public struct ClientCore: Sendable {
         }
     }
 
+    // MARK: - Purging outstanding writes
+
+    /// `purgeOutstandingWrites()`, as Firebase's: every write not yet answered (sets, updates,
+    /// priorities, transactions) is abandoned. It is rolled back locally (its locations are
+    /// refreshed, so observers see the data without it), removed from the disk cache, never sent
+    /// again, and completed with `write_canceled`; every running transaction ends uncommitted
+    /// with it. onDisconnect calls not yet answered, and those queued while offline, fail the
+    /// same way and are not sent. A write already sent may still apply on the server: its
+    /// answer, if one comes, is ignored. The next write tells the server that every number
+    /// below its own is settled, so a purged write's number never applies after that.
+    public mutating func purgeOutstandingWrites() {
+        let canceled = WriteError(code: "write_canceled", message: "The write was canceled by the user.")
+        var touched: [Path] = []
+        var completed: [WriteID] = []
+        for seq in writes.seqs {
+            guard let write = removeWrite(seq) else { continue }
+            persistWriteDone(write.number)
+            touched += write.changes.map(\.path)
+            if !write.isTransaction { completed.append(write.id) }
+        }
+        for number in outstanding.keys.sorted() {
+            switch outstanding[number] {
+            case .write?:
+                outstanding[number] = .ignored
+            case .onDisconnect(let id, _)?:
+                outstanding[number] = .ignored
+                completed.append(id)
+            default:
+                break
+            }
+        }
+        completed += queuedOnDisconnect.map(\.0)
+        queuedOnDisconnect = []
+        // Events for the data without the writes first, then the transactions' and the
+        // writes' completions (Firebase's order).
+        if !touched.isEmpty { refresh(touching: touched) }
+        for id in transactions.keys.sorted() { finishTransaction(id, error: canceled, committed: false) }
+        for id in completed { emit(.completed(id, canceled)) }
+    }
+
     // MARK: - Going offline and online, credentials
 
     public mutating func goOffline() {
@@ -853,7 +900,7 @@ public struct ClientCore: Sendable {
     /// the window (and so must every later one).
     @discardableResult
     private mutating func sendWrite(_ seq: UInt64) -> Bool {
-        guard isOnline, let write = writes[seq], write.sentAs == nil else { return true }
+        guard sendsNow, let write = writes[seq], write.sentAs == nil else { return true }
         // A write restored from the cache that was made signed in waits for a credential, and
         // the writes after it wait behind it (a connection's writes apply in order).
         if write.waitsForCredential {
@@ -876,7 +923,7 @@ public struct ClientCore: Sendable {
     /// where the last pass stopped and stops at the window: with many writes queued, each answer
     /// costs what it sends, not a scan of the whole queue.)
     private mutating func sendWaitingWrites() {
-        guard isOnline else { return }
+        guard sendsNow else { return }
         var seq = max(unsentFrom, writes.startSeq)
         let end = writes.endSeq
         while seq < end {
@@ -961,7 +1008,7 @@ public struct ClientCore: Sendable {
     }
 
     private mutating func requestOnDisconnect(_ id: WriteID, _ op: OnDisconnectOp) {
-        if isOnline { sendOnDisconnect(id, op) } else { queuedOnDisconnect.append((id, op)) }
+        if sendsNow { sendOnDisconnect(id, op) } else { queuedOnDisconnect.append((id, op)) }
     }
 
     private mutating func sendOnDisconnect(_ id: WriteID, _ op: OnDisconnectOp) {

@@ -70,6 +70,62 @@ import Testing
         #expect(core.takeActions() == [.completed(7, nil)])
     }
 
+    @Test("purgeOutstandingWrites: a write sent and unanswered rolls back with its events and completes once with write_canceled; its late answer is ignored; the next write settles the purged numbers")
+    func purgeOutstandingWrites() {
+        var core = ClientCore(nodeCount: 1, seed: 1)
+        core.tick(now: 0)
+        _ = core.takeActions()
+        core.opened()
+        // A server that takes the client's write numbers (exactly once).
+        core.received(Array(#"{"t":"c","d":{"t":"h","d":{"ts":1000,"v":"5","h":"n1","s":"S1","bw":1}}}"#.utf8))
+        _ = core.takeActions()
+        core.received(Self.ok(1))
+        core.observe(1, path: Self.path("/a"), type: .value)
+        core.received(Self.data("/a", "5"))
+        core.received(Self.ok(2, "{}"))
+        _ = core.takeActions()
+        #expect(throws: Never.self) { try core.set(9, path: Self.path("/a"), json: Self.bytes("6")) }
+        let sentFirst = Self.sent(core.takeActions())
+        #expect(sentFirst.count == 1 && sentFirst[0].contains(#""a":"p""#), "\(sentFirst)")
+        #expect(core.pendingWriteCount == 1)
+        core.purgeOutstandingWrites()
+        let purged = core.takeActions()
+        #expect(Self.events(purged) == ["1 value 5"], "\(purged)")
+        #expect(purged.contains(.completed(9, ClientCore.WriteError(code: "write_canceled", message: "The write was canceled by the user."))))
+        #expect(Self.sent(purged).isEmpty)
+        #expect(core.pendingWriteCount == 0)
+        // The late answer of the purged write changes nothing and completes nothing.
+        core.received(Self.ok(3))
+        #expect(core.takeActions().isEmpty)
+        // The next write names the purged number as settled (acknowledged below its own).
+        #expect(throws: Never.self) { try core.set(10, path: Self.path("/b"), json: Self.bytes("1")) }
+        let next = Self.sent(core.takeActions())
+        #expect(next.count == 1, "\(next)")
+        // Write 1 went out acknowledging nothing below it; write 2 settles everything below 2.
+        #expect(sentFirst.first?.contains(#""bn":1,"ba":1"#) == true, "\(sentFirst)")
+        #expect(next.first?.contains(#""bn":2,"ba":2"#) == true, "\(next)")
+    }
+
+    @Test("after goOffline, while the connection closes, a write and an onDisconnect call are held, not sent; the next connection sends both")
+    func nothingSentWhileClosingForOffline() throws {
+        var core = Self.online()
+        core.goOffline()
+        #expect(core.takeActions().contains(.disconnect))
+        try core.set(5, path: Self.path("/a"), json: Self.bytes("1"))
+        try core.onDisconnectSet(6, path: Self.path("/p"), json: Self.bytes(#""gone""#))
+        #expect(Self.sent(core.takeActions()).isEmpty)
+        core.closed()
+        _ = core.takeActions()
+        core.goOnline()
+        core.tick(now: 1)
+        #expect(core.takeActions().contains(.connect(node: 0)))
+        core.opened()
+        core.received(Self.hello("S2"))
+        let sent = Self.sent(core.takeActions())
+        #expect(sent.contains { $0.contains(#""a":"p""#) && $0.contains(#""p":"/a""#) }, "\(sent)")
+        #expect(sent.contains { $0.contains(#""a":"o""#) && $0.contains(#""p":"/p""#) }, "\(sent)")
+    }
+
     @Test func refusedWriteRollsBack() {
         var core = Self.online()
         core.observe(1, path: Self.path("/a"), type: .value)

@@ -108,6 +108,17 @@ import Testing
         }
     }
 
+    /// Waits until `db` is online (`.info/connected`), calls `goOffline` and waits until it is
+    /// offline; the recorder goes on recording `.info/connected` ("true"/"false").
+    static func takeOffline(_ db: Database) async -> R {
+        let connected = R()
+        db.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
+        #expect(await connected.wait { $0 == "true" })
+        db.goOffline()
+        #expect(await connected.wait { $0 == "false" })
+        return connected
+    }
+
     @Test(".info/connected follows goOffline/goOnline; writes made offline raise local events and reach the server once online")
     func offlineQueue() async throws {
         try await DatabaseTests.withNode { port in
@@ -117,11 +128,7 @@ import Testing
                 db.shutdown()
                 other.shutdown()
             }
-            let connected = R()
-            db.reference(withPath: ".info/connected").observe(.value) { s in connected.add("\(s.value as? Bool ?? false)") }
-            #expect(await connected.wait { $0 == "true" })
-            db.goOffline()
-            #expect(await connected.wait { $0 == "false" })
+            let connected = await Self.takeOffline(db)
             // Offline, the location's data is not known: child events show the local writes at
             // once, a value event waits for the server (as in Firebase).
             let local = R()
@@ -143,6 +150,54 @@ import Testing
             #expect(there.childrenCount == 3)
             #expect(await local.wait { $0 == "[null,1,2,3]" }, "\(local.all)")
             #expect(connected.all.last == "true")
+        }
+    }
+
+    @Test("purgeOutstandingWrites: queued sets, a transaction and an onDisconnect call end with write_canceled, observers see the data without them, nothing of them reaches the server; writes after it apply")
+    func purgeOutstandingWrites() async throws {
+        try await DatabaseTests.withNode { port in
+            let db = try Self.database(port)
+            let other = try Self.database(port)
+            defer {
+                db.shutdown()
+                other.shutdown()
+            }
+            try await DatabaseTests.bounded { try await other.reference(withPath: "purge/kept").setValue("server") }
+            let seen = R()
+            db.reference(withPath: "purge").observe(.value) { s in seen.add(DatabaseTests.json(s.value)) }
+            #expect(await seen.wait { $0 == #"{"kept":"server"}"# }, "\(seen.all)")
+            _ = await Self.takeOffline(db)
+            let done = R()
+            for i in 1...3 {
+                db.reference(withPath: "purge/q\(i)").setValue(i) { e, _ in done.add("set \((e as? DatabaseError)?.code ?? "ok")") }
+            }
+            db.reference(withPath: "purge/kept").setValue("local") { e, _ in done.add("overwrite \((e as? DatabaseError)?.code ?? "ok")") }
+            db.reference(withPath: "purge/counter").runTransactionBlock({ data in
+                data.value = ((data.value as? Int) ?? 0) + 1
+                return .success(withValue: data)
+            }, andCompletionBlock: { e, committed, _ in done.add("transaction \(committed) \((e as? DatabaseError)?.code ?? "ok")") })
+            db.reference(withPath: "purge/gone").onDisconnectSetValue("bye") { e, _ in done.add("onDisconnect \((e as? DatabaseError)?.code ?? "ok")") }
+            #expect(await seen.wait { $0.contains(#""kept":"local""#) && $0.contains(#""q3":3"#) && $0.contains(#""counter":1"#) }, "\(seen.all)")
+            #expect(db.pendingWriteCount == 5)
+            db.purgeOutstandingWrites()
+            #expect(await done.wait { _ in done.all.count == 6 }, "\(done.all)")
+            #expect(done.all.filter { $0 == "set write_canceled" }.count == 3, "\(done.all)")
+            #expect(done.all.contains("overwrite write_canceled") && done.all.contains("transaction false write_canceled"), "\(done.all)")
+            #expect(done.all.contains("onDisconnect write_canceled"), "\(done.all)")
+            #expect(db.pendingWriteCount == 0)
+            // Rolled back locally: the server's data as last known.
+            #expect(await seen.wait { $0 == #"{"kept":"server"}"# }, "\(seen.all)")
+            db.goOnline()
+            let after = R()
+            db.reference(withPath: "purge/after").setValue("new") { e, _ in after.add((e as? DatabaseError)?.code ?? "ok") }
+            #expect(await after.wait { $0 == "ok" }, "\(after.all)")
+            let there = try await DatabaseTests.bounded { try await other.reference(withPath: "purge").getData() }
+            #expect(DatabaseTests.json(there.value) == #"{"after":"new","kept":"server"}"#)
+            // The purged onDisconnect was never registered: the connection's end writes nothing.
+            db.shutdown()
+            try await Task.sleep(nanoseconds: 500_000_000)
+            let gone = try await DatabaseTests.bounded { try await other.reference(withPath: "purge/gone").getData() }
+            #expect(!gone.exists())
         }
     }
 

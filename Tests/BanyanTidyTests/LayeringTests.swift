@@ -33,7 +33,7 @@ import Testing
             false,
             [
                 "BanyanClientCore", "BanyanTree", "BanyanQuery", "BanyanBasics", "NIOCore", "NIOPosix", "NIOHTTP1", "NIOWebSocket", "NIOSSL", "Foundation",
-                "FoundationNetworking", "Glibc", "Darwin", "Dispatch",
+                "FoundationNetworking", "Glibc", "Darwin", "Dispatch", "Logging",
             ]
         ),
         // A driver: the signature checks need swift-crypto (token parsing and claims stay pure).
