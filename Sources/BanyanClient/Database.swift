@@ -265,8 +265,8 @@ public final class Database: @unchecked Sendable {
     /// Abandons every write not yet answered, as Firebase's `purgeOutstandingWrites()`: sets,
     /// updates, priorities and transactions are rolled back locally (observers see the data
     /// without them), removed from the disk cache and never sent again; their completion blocks
-    /// get `write_canceled`, and so do onDisconnect calls not yet answered. A write already sent
-    /// may still have applied on the server.
+    /// get `write_canceled`, and so do onDisconnect calls queued while offline (one already
+    /// sent waits for its answer). A write already sent may still have applied on the server.
     public func purgeOutstandingWrites() {
         activate()
         loop.execute { self.core.purgeOutstandingWrites(); self.process() }
@@ -406,7 +406,8 @@ public final class Database: @unchecked Sendable {
                 DatabaseLog.warning("listen at \(observer.query.path) failed: \(error.code)")
                 if let cancel = observer.cancel { callbackQueue.async { cancel(error) } }
             case let .completed(id, error):
-                if let error { DatabaseLog.warning("a write failed: \(error.code) (\(error.message))") }
+                // A cancel the app asked for (`purgeOutstandingWrites`) is no warning.
+                if let error, error.code != "write_canceled" { DatabaseLog.warning("a write failed: \(error.code) (\(error.message))") }
                 guard let block = writeBlocks.removeValue(forKey: id) else { continue }
                 let e = error.map { DatabaseError(code: $0.code, message: $0.message) }
                 callbackQueue.async { block(e) }
@@ -743,9 +744,20 @@ enum DatabaseLog {
     static let enabled = Locked(false)
     static let logger = Logger(label: "banyan.client")
 
+    /// The logger for debug lines: its level lowered to `debug`, so they show under any
+    /// handler (swift-log's default one starts at `info`).
+    static var debugLogger: Logger {
+        var logger = Logger(label: "banyan.client")
+        logger.logLevel = .debug
+        return logger
+    }
+
+    /// The debug logger's level, by name (tests).
+    static var debugLevelName: String { "\(debugLogger.logLevel)" }
+
     static func debug(_ message: @autoclosure () -> String) {
         guard enabled.withLock({ $0 }) else { return }
-        logger.debug("\(message())")
+        debugLogger.debug("\(message())")
     }
 
     static func warning(_ message: String) { logger.warning("\(message)") }
@@ -753,7 +765,7 @@ enum DatabaseLog {
     /// A message sent (`line(sent:)`), while enabled.
     static func sent(_ message: [UInt8]) {
         guard enabled.withLock({ $0 }) else { return }
-        logger.debug("\(line(sent: message))")
+        debugLogger.debug("\(line(sent: message))")
     }
 
     /// The log line for a message sent: at most 256 bytes of it; an auth request's token never.

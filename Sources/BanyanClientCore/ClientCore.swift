@@ -433,9 +433,12 @@ public struct ClientCore: Sendable {
         emit(.persist([.write(stored)], durable: true))
     }
 
-    private mutating func persistWriteDone(_ number: UInt64) {
+    /// `durable`: the record must reach the disk before anything else happens (a purged write,
+    /// never sent, must not come back after a power loss); an answered one need not (sending
+    /// it again after a restart is answered as a duplicate).
+    private mutating func persistWriteDone(_ number: UInt64, durable: Bool = false) {
         guard persistence else { return }
-        emit(.persist([.writeDone(number)], durable: false))
+        emit(.persist([.writeDone(number)], durable: durable))
     }
 
     /// The disk cache rewritten: identity and unanswered writes; then what must stay whatever its
@@ -755,30 +758,25 @@ public struct ClientCore: Sendable {
     /// priorities, transactions) is abandoned. It is rolled back locally (its locations are
     /// refreshed, so observers see the data without it), removed from the disk cache, never sent
     /// again, and completed with `write_canceled`; every running transaction ends uncommitted
-    /// with it. onDisconnect calls not yet answered, and those queued while offline, fail the
-    /// same way and are not sent. A write already sent may still apply on the server: its
-    /// answer, if one comes, is ignored. The next write tells the server that every number
-    /// below its own is settled, so a purged write's number never applies after that.
+    /// with it. onDisconnect calls queued while offline (not sent) fail the same way and are not
+    /// sent; one already sent keeps waiting for its answer, since the server registered it (as
+    /// with Firebase, whose purge cancels only its queue of unsent ones). A write already sent
+    /// may still apply on the server: its answer, if one comes, is ignored. The next write
+    /// tells the server that every number below its own is settled, so a purged write's number
+    /// never applies after that. The removal from the disk cache is durable at once.
     public mutating func purgeOutstandingWrites() {
         let canceled = WriteError(code: "write_canceled", message: "The write was canceled by the user.")
         var touched: [Path] = []
         var completed: [WriteID] = []
-        for seq in writes.seqs {
+        let seqs = writes.seqs
+        for (i, seq) in seqs.enumerated() {
             guard let write = removeWrite(seq) else { continue }
-            persistWriteDone(write.number)
+            persistWriteDone(write.number, durable: i == seqs.count - 1)
             touched += write.changes.map(\.path)
             if !write.isTransaction { completed.append(write.id) }
         }
         for number in outstanding.keys.sorted() {
-            switch outstanding[number] {
-            case .write?:
-                outstanding[number] = .ignored
-            case .onDisconnect(let id, _)?:
-                outstanding[number] = .ignored
-                completed.append(id)
-            default:
-                break
-            }
+            if case .write? = outstanding[number] { outstanding[number] = .ignored }
         }
         completed += queuedOnDisconnect.map(\.0)
         queuedOnDisconnect = []
@@ -864,7 +862,7 @@ public struct ClientCore: Sendable {
         // `overriddenBySet`).
         for id in transactions.keys.sorted() {
             guard let t = transactions[id], write.changes.contains(where: { $0.path.contains(t.path) || t.path.contains($0.path) }) else { continue }
-            if let seq = writes.seq(of: id), writes[seq]?.sentAs == nil, !isOnline, let removed = removeWrite(seq) {
+            if let seq = writes.seq(of: id), writes[seq]?.sentAs == nil, !sendsNow, let removed = removeWrite(seq) {
                 persistWriteDone(removed.number)
                 refresh(touching: removed.changes.map(\.path))
                 finishTransaction(id, error: WriteError(code: "overriddenBySet", message: "The transaction was overridden by a subsequent set"), committed: false)

@@ -70,9 +70,9 @@ import Testing
         #expect(core.takeActions() == [.completed(7, nil)])
     }
 
-    @Test("purgeOutstandingWrites: a write sent and unanswered rolls back with its events and completes once with write_canceled; its late answer is ignored; the next write settles the purged numbers")
+    @Test("purgeOutstandingWrites: a write sent and unanswered rolls back with its events, leaves the disk cache durably and completes once with write_canceled; its late answer is ignored; an onDisconnect call already sent waits for its answer; the next write settles the purged numbers")
     func purgeOutstandingWrites() {
-        var core = ClientCore(nodeCount: 1, seed: 1)
+        var core = ClientCore(nodeCount: 1, seed: 1, persistence: true)
         core.tick(now: 0)
         _ = core.takeActions()
         core.opened()
@@ -85,18 +85,25 @@ import Testing
         core.received(Self.ok(2, "{}"))
         _ = core.takeActions()
         #expect(throws: Never.self) { try core.set(9, path: Self.path("/a"), json: Self.bytes("6")) }
+        // An onDisconnect call sent before the purge: the server registered it.
+        #expect(throws: Never.self) { try core.onDisconnectSet(8, path: Self.path("/p"), json: Self.bytes(#""gone""#)) }
         let sentFirst = Self.sent(core.takeActions())
-        #expect(sentFirst.count == 1 && sentFirst[0].contains(#""a":"p""#), "\(sentFirst)")
+        #expect(sentFirst.count == 2 && sentFirst[0].contains(#""a":"p""#) && sentFirst[1].contains(#""a":"o""#), "\(sentFirst)")
         #expect(core.pendingWriteCount == 1)
         core.purgeOutstandingWrites()
         let purged = core.takeActions()
         #expect(Self.events(purged) == ["1 value 5"], "\(purged)")
         #expect(purged.contains(.completed(9, ClientCore.WriteError(code: "write_canceled", message: "The write was canceled by the user."))))
+        #expect(!purged.contains { if case .completed(8, _) = $0 { true } else { false } }, "a sent onDisconnect call waits for its answer")
+        // Removed from the disk cache durably (a purged write must not come back after a power loss).
+        #expect(purged.contains { if case .persist(let records, true) = $0 { records.contains { if case .writeDone = $0 { true } else { false } } } else { false } }, "\(purged)")
         #expect(Self.sent(purged).isEmpty)
         #expect(core.pendingWriteCount == 0)
-        // The late answer of the purged write changes nothing and completes nothing.
+        // The late answer of the purged write changes nothing and completes nothing; the
+        // onDisconnect call's answer completes it.
         core.received(Self.ok(3))
-        #expect(core.takeActions().isEmpty)
+        core.received(Self.ok(4))
+        #expect(core.takeActions() == [.completed(8, nil)])
         // The next write names the purged number as settled (acknowledged below its own).
         #expect(throws: Never.self) { try core.set(10, path: Self.path("/b"), json: Self.bytes("1")) }
         let next = Self.sent(core.takeActions())

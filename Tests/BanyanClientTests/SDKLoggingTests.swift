@@ -15,6 +15,8 @@ import Testing
         #expect(DatabaseLog.enabled.withLock { $0 })
         Database.setLoggingEnabled(false)
         #expect(!DatabaseLog.enabled.withLock { $0 })
+        // Debug lines go out at `debug` under any handler (swift-log's default starts at `info`).
+        #expect(DatabaseLog.debugLevelName == "debug")
         let put = Array(#"{"t":"d","d":{"r":3,"a":"p","b":{"p":"/a","d":1}}}"#.utf8)
         #expect(DatabaseLog.line(sent: put) == "sent " + String(decoding: put, as: UTF8.self))
         let token = String(repeating: "T", count: 500)
