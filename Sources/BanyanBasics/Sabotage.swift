@@ -81,4 +81,10 @@ public enum Sabotage: String, Sendable, Equatable, CaseIterable {
     /// the fix, 100021 with `--quota --sessions --client-writes` unsabotaged). `ReplicaConfiguration.compactionWaitsForStreams` false and
     /// `snapshotDeferral` 1.
     case restartSnapshotStreams = "restart-snapshot-streams"
+    /// Staged payloads (docs/staged-payloads.md): a follower accepts appends naming payloads it
+    /// does not hold (I1 broken): a node elected
+    /// with such a log may be unable to apply it.
+    case acceptUnheldPayloads = "accept-unheld-payloads"
+    /// Sweeps remove staged files whatever the log names (I3 broken).
+    case removeNamedPayloads = "remove-named-payloads"
 }

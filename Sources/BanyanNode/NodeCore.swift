@@ -4,7 +4,7 @@ public import BanyanReplica
 public import BanyanStateMachine
 public import BanyanTree
 public import Logging
-import BanyanOpLogFiles
+public import BanyanOpLogFiles
 
 /// What a write request ends with.
 public typealias WriteResult = Result<StateMachine.Applied, ReplicaError>
@@ -71,6 +71,17 @@ public enum NodeAction: Sendable {
     /// Large subtrees that applied writes replaced or deleted (`StateMachine.Applied.released`):
     /// free them off this thread (or drop them; the core holds no other reference).
     case release([Tree])
+    /// Staged payloads (docs/staged-payloads.md). Store `bytes` as `id` in `storage.staged`,
+    /// durably, off this thread; then call `stagedStored(_:checksum:)` (or `stagedStoreFailed`).
+    case storeStaged(StageID, [UInt8])
+    /// Read staged payload `id` ahead, from these bytes or (nil) from `storage.staged`, off this
+    /// thread (`NodeCore.prepareStaged`); then call `preparedStaged(_:_:)`.
+    case prepareStaged(StageID, [UInt8]?)
+    /// Read staged payload `id` from `storage.staged` for peer `to`; then call
+    /// `stagedRead(_:_:for:)` (nil when it is not there).
+    case serveStaged(StageID, to: NodeID)
+    /// Remove these staged files from `storage.staged`.
+    case removeStaged([StageID])
     /// Storage failed: memory may no longer match the disk. Stop the process; a restart recovers
     /// from what the disk holds. Nothing acknowledged is lost (acknowledgements follow persistence).
     case fatal(String)
@@ -180,6 +191,7 @@ public final class NodeCore {
         replica = try Replica(
             configuration: settings.replica, persisted: loaded.persisted, machine: loaded.machine, session: newSession(), now: now)
         replica.treesFor = [Self.clusterNamespace]
+        replica.noteStagedFiles(try storage.staged.list())
         noteSnapshotImage(at: loaded.persisted.snapshot.index)
         learnPeers(from: loaded.machine.tree(Self.clusterNamespace), announce: false)
     }
@@ -399,6 +411,68 @@ public final class NodeCore {
         handle(replica.takeEvents())
     }
 
+    // MARK: - Staged payloads (docs/staged-payloads.md)
+
+    /// `NodeAction.storeStaged` is done: the payload is durable here. Call `process()` afterwards.
+    public func stagedStored(_ id: StageID, checksum: UInt32) {
+        guard !stopped else { return }
+        replica.stagedStored(id, checksum: checksum)
+        handle(replica.takeEvents())
+    }
+
+    /// `NodeAction.storeStaged` failed (the driver logs why); nothing is acknowledged.
+    public func stagedStoreFailed(_ id: StageID) {
+        guard !stopped else { return }
+        replica.stagedStoreFailed(id)
+        handle(replica.takeEvents())
+    }
+
+    /// `NodeAction.prepareStaged` is done. Call `process()` afterwards.
+    public func preparedStaged(_ id: StageID, _ result: StagedPreparation) {
+        guard !stopped else { return }
+        replica.preparedStaged(id, result)
+        handle(replica.takeEvents())
+    }
+
+    /// `NodeAction.serveStaged` is done (nil: not held here). Call `process()` afterwards.
+    public func stagedRead(_ id: StageID, _ payload: [UInt8]?, for peer: NodeID) {
+        guard !stopped else { return }
+        replica.stagedRead(id, payload, for: peer)
+        handle(replica.takeEvents())
+    }
+
+    /// The driver serves compacted log entries from `index` on (nil: none): the staged files
+    /// their references name are kept (`Replica.stagedRetentionFloor`).
+    public func setStagedRetentionFloor(_ index: UInt64?) {
+        replica.stagedRetentionFloor = index
+    }
+
+    /// Replaces each staged reference among `entries` with the payload it names, read from
+    /// `store` and checked against the reference (archives and reads of the past carry whole
+    /// entries: docs/staged-payloads.md, I4); the id of the first payload not there, if any.
+    public static func inlineStaged(_ entries: [ArchivedEntry], store: StagedStore) -> Result<[ArchivedEntry], StagedPayloadUnavailable> {
+        var out = entries
+        for (i, e) in entries.enumerated() where e.kind == .command && StagedReference.isReference(e.payload) {
+            guard let reference = StagedReference(decoding: e.payload) else { continue }
+            guard case .payload(let payload, let checksum) = store.load(reference.id), checksum == reference.checksum,
+                UInt64(payload.count) == reference.length
+            else { return .failure(StagedPayloadUnavailable(id: reference.id, index: e.index)) }
+            out[i] = ArchivedEntry(index: e.index, term: e.term, kind: .command, payload: payload)
+        }
+        return .success(out)
+    }
+
+    /// What a driver runs for `NodeAction.prepareStaged`, on any thread: reads `bytes` ahead, or
+    /// the staged file (`missing` when it is absent or fails its checks; `damaged` says why).
+    public static func prepareStaged(_ id: StageID, _ bytes: [UInt8]?, store: StagedStore) -> (StagedPreparation, damaged: String?) {
+        if let bytes { return (.prepared(PreparedCommand(payload: bytes), checksum: StagedStore.checksum(bytes)), nil) }
+        switch store.load(id) {
+        case .payload(let payload, let checksum): return (.prepared(PreparedCommand(payload: payload), checksum: checksum), nil)
+        case .missing: return (.missing, nil)
+        case .damaged(let why): return (.missing, why)
+        }
+    }
+
     private func serveSnapshotChunk(_ request: SnapshotChunkRequest) {
         do {
             let chunk = try storage.snapshotChunk(request)
@@ -475,6 +549,7 @@ public final class NodeCore {
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),
                 now: replica.wallClock)
             replica.treesFor = treesFor
+            replica.noteStagedFiles(try storage.staged.list())
             for (peer, incarnation) in peerIncarnations.sorted(by: { $0.key < $1.key }) { replica.noteIncarnation(of: peer, incarnation) }
             pacer.reset()
         } catch {
@@ -572,6 +647,14 @@ public final class NodeCore {
                 output(.note(.roleChanged(role: role, leader: leader, term: term)))
             case let .prepare(index, term, payload):
                 output(.prepare(index: index, term: term, payload: payload))
+            case let .storeStaged(id, bytes):
+                output(.storeStaged(id, bytes))
+            case let .prepareStaged(id, bytes):
+                output(.prepareStaged(id, bytes))
+            case let .serveStaged(id, peer):
+                output(.serveStaged(id, to: peer))
+            case .removeStaged(let ids):
+                output(.removeStaged(ids))
             }
         }
         if applied > 0 { output(.note(.appliedCommands(applied))) }
@@ -620,4 +703,12 @@ public final class NodeCore {
         }
         if changed && announce { output(.peerAddresses(peerAddresses)) }
     }
+}
+
+/// A staged payload a log entry names is no longer held here (removed after its entry was
+/// compacted and no longer retained).
+public struct StagedPayloadUnavailable: Error, Sendable, CustomStringConvertible {
+    public var id: StageID
+    public var index: UInt64
+    public var description: String { "the payload of entry \(index) (staged as \(id)) is no longer held on this node" }
 }

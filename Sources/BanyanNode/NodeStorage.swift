@@ -21,6 +21,9 @@ public final class NodeStorage {
     private let log: SegmentedLog
     private let hardStates: HardStateStore
     public let snapshots: SnapshotStore
+    /// Staged payloads (`DATA/staged/`, docs/staged-payloads.md). It has a file system instance
+    /// of its own when the driver uses it from another thread (the server's staging thread).
+    public let staged: StagedStore
     private let logger: Logger
     /// The last hard state written (term, vote and mayVote are written at once; a commit-only
     /// change is written lazily, see `persist`).
@@ -69,8 +72,8 @@ public final class NodeStorage {
     /// and a commit no higher than its log, and votes again only once an operator removes it and
     /// adds it back (it refetches what it lost from the leader meanwhile, without voting).
     public init(
-        directory: String, fileSystem: any FileSystem = PosixFileSystem(), logger: Logger, newIncarnation: UInt64 = 0,
-        salvageDamagedLog: Bool = false, sabotage: Sabotage = .none, progress: @escaping (String) -> Void
+        directory: String, fileSystem: any FileSystem = PosixFileSystem(), stagedFileSystem: (any FileSystem)? = nil, logger: Logger,
+        newIncarnation: UInt64 = 0, salvageDamagedLog: Bool = false, sabotage: Sabotage = .none, progress: @escaping (String) -> Void
     ) throws(OpLogError) {
         self.directory = directory
         self.fileSystem = fileSystem
@@ -92,6 +95,7 @@ public final class NodeStorage {
         }
         hardStates = try HardStateStore(directory: directory + "/raft", fileSystem: fileSystem)
         snapshots = try SnapshotStore(directory: directory + "/snapshots", fileSystem: fileSystem)
+        staged = try StagedStore(directory: directory + "/staged", fileSystem: stagedFileSystem ?? fileSystem)
         let hs = try hardStates.load()
         savedHardState = BanyanRaft.HardState(term: hs.term, vote: hs.vote, commit: hs.commit, mayVote: hs.mayVote)
         latestHardState = savedHardState

@@ -84,7 +84,12 @@ extension ByteReader {
 /// | 13 readIndex | context |
 /// | 14 readIndexResponse | context, index |
 /// | 15 timeoutNow | — |
+/// | 16 stage, 19 stagedPayload | id (term, n), payload bytes |
+/// | 17 stageAck | id (term, n), checksum u32, prepared bool |
+/// | 18 fetchStaged | id (term, n) |
 ///
+/// Kinds 16–19 (staged payloads, docs/staged-payloads.md) came without a version change: the
+/// layout of every other kind is unchanged, and a node sends them only to peers of its release.
 /// An entry is index, term, kind (1 command, 2 noop, 3 config + membership), data bytes. A
 /// membership is the voter ids then the learner ids, each a count and u64s, then (version 2) the
 /// recorded incarnations: a count, then (id, incarnation) u64 pairs in id order, each id a member
@@ -171,6 +176,18 @@ public enum MessageCodec {
             w.u64(index)
         case .timeoutNow:
             break
+        case let .stage(id, payload), let .stagedPayload(id, payload):
+            w.u64(id.term)
+            w.u64(id.n)
+            w.bytes(payload)
+        case let .stageAck(id, checksum, prepared):
+            w.u64(id.term)
+            w.u64(id.n)
+            w.u32(checksum)
+            w.bool(prepared)
+        case .fetchStaged(let id):
+            w.u64(id.term)
+            w.u64(id.n)
         }
     }
 
@@ -191,6 +208,10 @@ public enum MessageCodec {
         case .readIndex: return 13
         case .readIndexResponse: return 14
         case .timeoutNow: return 15
+        case .stage: return 16
+        case .stageAck: return 17
+        case .fetchStaged: return 18
+        case .stagedPayload: return 19
         }
     }
 
@@ -255,7 +276,7 @@ public enum MessageCodec {
         } catch {
             throw WireError(error)
         }
-        guard kind >= 1 && kind <= 15 else { throw .unknownKind(kind) }
+        guard kind >= 1 && kind <= 19 else { throw .unknownKind(kind) }
         do throws(ByteCodecError) {
             return Message(from: from, to: to, term: term, body: try decodeBody(&r, kind: kind, version: v))
         } catch {
@@ -263,7 +284,7 @@ public enum MessageCodec {
         }
     }
 
-    /// The body of a message of `kind` (one of 1...15).
+    /// The body of a message of `kind` (one of 1...19).
     @inline(__always)
     static func decodeBody(_ r: inout ByteReader, kind: UInt8, version v: UInt8) throws(ByteCodecError) -> Message.Body {
         let body: Message.Body
@@ -304,6 +325,12 @@ public enum MessageCodec {
         case 13: body = .readIndex(context: try r.u64("context"))
         case 14: body = .readIndexResponse(context: try r.u64("context"), index: try r.u64("index"))
         case 15: body = .timeoutNow
+        case 16: body = .stage(id: StageID(term: try r.u64("stageTerm"), n: try r.u64("stageN")), payload: try r.bytes("payload"))
+        case 17:
+            body = .stageAck(
+                id: StageID(term: try r.u64("stageTerm"), n: try r.u64("stageN")), checksum: try r.u32("checksum"), prepared: try r.bool("prepared"))
+        case 18: body = .fetchStaged(id: StageID(term: try r.u64("stageTerm"), n: try r.u64("stageN")))
+        case 19: body = .stagedPayload(id: StageID(term: try r.u64("stageTerm"), n: try r.u64("stageN")), payload: try r.bytes("payload"))
         // `decodeMessage` checked the kind first.
         default: throw .badValue(field: "kind")
         }

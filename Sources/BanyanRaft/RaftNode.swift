@@ -1397,6 +1397,19 @@ public struct RaftNode: Sendable {
 
     // MARK: - Sending
 
+    /// Queues a staged-payload message (docs/staged-payloads.md; the replica decides them, Raft
+    /// only carries them) from this node, in its term, for the next `Ready`. Other bodies are
+    /// ignored: Raft's own messages come from Raft.
+    public mutating func sendStaging(to: NodeID, _ body: Message.Body) {
+        switch body {
+        case .stage, .stageAck, .fetchStaged, .stagedPayload:
+            guard to != id else { return }
+            send(to: to, body)
+        default:
+            return
+        }
+    }
+
     private mutating func send(to: NodeID, _ body: Message.Body) {
         messages.append(Message(from: id, to: to, term: term, body: body))
     }

@@ -240,6 +240,17 @@ public struct Message: Sendable, Equatable {
         case readIndexResponse(context: UInt64, index: UInt64)
         /// Leader transfer: the target should campaign now.
         case timeoutNow
+        /// Staged payloads (docs/staged-payloads.md), handled by the replica, not by Raft: the
+        /// leader sends a large command to every member before anything names it in the log.
+        case stage(id: StageID, payload: [UInt8])
+        /// The member holds `id` durably; `checksum` is the CRC32C of what it stored. `prepared`:
+        /// it has also read the payload ahead (a reference to it would apply there at once); a
+        /// member sends a second acknowledgement with `prepared` when its read finishes later.
+        case stageAck(id: StageID, checksum: UInt32, prepared: Bool)
+        /// A node asks for a payload its log names (or is about to) and it does not hold.
+        case fetchStaged(id: StageID)
+        /// The answer to `fetchStaged`: the payload's bytes.
+        case stagedPayload(id: StageID, payload: [UInt8])
     }
 
     public var from: NodeID
@@ -260,6 +271,7 @@ public struct Message: Sendable, Equatable {
         case .append(_, _, let entries, _): return 40 + entries.reduce(0) { $0 + $1.size }
         case .snapshotChunk(_, _, let data, _): return 64 + data.count
         case .proposal(let commands): return 32 + commands.reduce(0) { $0 + $1.count + 8 }
+        case .stage(_, let payload), .stagedPayload(_, let payload): return 56 + payload.count
         default: return 40
         }
     }

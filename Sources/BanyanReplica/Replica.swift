@@ -1,4 +1,4 @@
-import BanyanBasics
+public import BanyanBasics
 public import BanyanRaft
 public import BanyanStateMachine
 public import BanyanTree
@@ -88,6 +88,11 @@ public struct ReplicaConfiguration: Sendable {
     /// those of an ordered session behind one); further ones are dropped, and their follower
     /// proposes them again after `retryTicks`.
     public var maxHeldForwardedBytes: Int = 128 << 20
+    /// Commands of at least this many bytes are staged instead of proposed (docs/staged-payloads.md):
+    /// the leader stores the payload on a quorum first, then proposes a small reference entry
+    /// in its place, so entries behind it never wait for the payload. A staged command counts
+    /// as large for admission. `Int.max`: never.
+    public var stagingThreshold: Int = .max
 
     public init(raft: RaftConfiguration) {
         self.raft = raft
@@ -117,6 +122,44 @@ public enum ReplicaEvent: Sendable {
     /// Asked for when the entry is written to this node's log (or, past `maxPreparing`, when it
     /// is next to apply).
     case prepare(index: UInt64, term: UInt64, payload: [UInt8])
+    /// Store this payload in the staged store as `id`, durably, off this thread; then call
+    /// `stagedStored(_:checksum:)`, or `stagedStoreFailed(_:)` (docs/staged-payloads.md).
+    case storeStaged(StageID, [UInt8])
+    /// Read staged payload `id` ahead (`PreparedCommand(payload:)`) from these bytes, or, when
+    /// nil, from the staged store; then call `preparedStaged(_:_:)`.
+    case prepareStaged(StageID, [UInt8]?)
+    /// A peer asked for staged payload `id`: read it from the staged store and call
+    /// `stagedRead(_:_:for:)`.
+    case serveStaged(StageID, to: NodeID)
+    /// Remove these staged files: no entry in this node's log above its compaction point names
+    /// them, and none is being staged or read.
+    case removeStaged([StageID])
+}
+
+/// What the driver found when it read a staged payload ahead (`ReplicaEvent.prepareStaged`).
+public enum StagedPreparation: Sendable {
+    /// Read (nil: the payload is no command envelope, and applies as malformed); `checksum` is
+    /// the CRC32C of the bytes read.
+    case prepared(PreparedCommand?, checksum: UInt32)
+    /// The staged store does not hold it (absent, or damaged).
+    case missing
+}
+
+/// Counts of the staging protocol (docs/staged-payloads.md), for tests, metrics and the simulator.
+public struct StagingCounts: Sendable, Equatable {
+    /// Leader: stagings started, references proposed, stagings dropped (deadline or step-down).
+    public var started = 0
+    public var referenced = 0
+    public var abandoned = 0
+    /// Appends dropped because they named a payload this node did not hold yet.
+    public var appendsHeld = 0
+    /// Payloads received in answer to `fetchStaged`, and staged files removed.
+    public var fetched = 0
+    public var removed = 0
+    /// References applied.
+    public var applied = 0
+
+    public init() {}
 }
 
 /// The replica loop's pure core: the Raft node, the state machine it feeds, and the client
@@ -156,6 +199,9 @@ public struct Replica: Sendable {
         var heldSince: UInt64?
         /// Times proposed again by the retry timer (a large write's retries back off).
         var retries = 0
+        /// Staged by this node as leader (docs/staged-payloads.md): until its reference is
+        /// proposed (`proposed`), it is in no log.
+        var staged = false
     }
     /// A write's identity in the log: its session and sequence number.
     struct WriteKey: Hashable, Comparable, Sendable {
@@ -283,6 +329,82 @@ public struct Replica: Sendable {
     /// retry of a write proposed before, counts again).
     public private(set) var largeWritesHeld = 0
 
+    // MARK: Staged payloads (docs/staged-payloads.md)
+
+    /// What this node knows of a staged payload.
+    private struct StagedPayload {
+        /// The file is durable in this node's staged store.
+        var durable = false
+        /// A store was asked for and has not answered.
+        var storing = false
+        /// Peers that sent it by `stage` and wait for this node's acknowledgement (sent once the
+        /// file is durable), and those to tell again once its read-ahead is done.
+        var ackTo: Set<NodeID> = []
+        var readyTo: Set<NodeID> = []
+        var read: StagedRead = .none
+        /// The tick it was first seen (unnamed files are removed once old enough).
+        var firstSeen: Int
+    }
+    private enum StagedRead {
+        case none
+        case asked(tick: Int)
+        case done(PreparedCommand?, checksum: UInt32)
+        var isAsked: Bool {
+            if case .asked = self { return true }
+            return false
+        }
+        var isHeld: Bool {
+            if case .none = self { return false }
+            return true
+        }
+    }
+    private var stagedPayloads: [StageID: StagedPayload] = [:]
+    /// Payloads an applying reference needs and this node does not hold: asked of every other
+    /// member each `retryTicks` (the tick of the last ask).
+    private var fetching: [StageID: Int] = [:]
+    /// When `fetchStaged` was last sent for an id because an append named it (per id, at most
+    /// once per `retryTicks`).
+    private var fetchAskedForAppend: [StageID: Int] = [:]
+    /// As leader: a staging in progress.
+    private struct Staging {
+        var key: WriteKey
+        var payload: [UInt8]
+        var ordered: Bool
+        /// Other members that acknowledged it durable (with the checksum this node stored), and
+        /// those that have read it ahead too.
+        var acks: Set<NodeID> = []
+        var ready: Set<NodeID> = []
+        /// This node's own copy is durable, with this checksum.
+        var ownChecksum: UInt32?
+        var lastSent: Int
+        var sends = 1
+        var started: Int
+        var deadline: Int
+    }
+    private var stagings: [StageID: Staging] = [:]
+    private var stagingKeys: [WriteKey: StageID] = [:]
+    /// Stagings that reached their quorum, proposed (in order) by the next `ready()`.
+    private var referencesDue: [StageID] = []
+    /// The term the stagings belong to, and the last counter of this leader in it.
+    private var stagingTerm: UInt64 = 0
+    private var lastStageN: UInt64 = 0
+    private var lastStagedSweep = 0
+    /// The checksum of each staged file this node stored (or read back).
+    private var stagedChecksums: [StageID: UInt32] = [:]
+    /// The references compaction dropped from the log, by index, kept while the driver still
+    /// serves those entries (`stagedRetentionFloor`).
+    private var compactedReferences: [(index: UInt64, id: StageID)] = []
+    /// The driver serves compacted entries from this index on (the server's archive and reads of
+    /// the past: docs/backup.md), so the staged files their references name stay too; nil: it
+    /// serves none.
+    public var stagedRetentionFloor: UInt64? {
+        didSet {
+            guard let floor = stagedRetentionFloor else { return compactedReferences = [] }
+            if let first = compactedReferences.first, first.index < floor { compactedReferences.removeAll { $0.index < floor } }
+        }
+    }
+    public private(set) var stagingCounts = StagingCounts()
+
     /// Starts from what the driver loaded: Raft's persisted state and the state machine restored
     /// from the newest snapshot (its `appliedIndex` is the snapshot's index).
     public init(
@@ -315,9 +437,23 @@ public struct Replica: Sendable {
             if ticks >= w.deadline {
                 writes[key] = nil
                 if w.parked { parkedCount -= 1 }
-                if w.heldSince != nil, !w.proposed {
+                // A staging of it still in progress ends with it: its reference is not proposed
+                // (the write would apply after being reported as refused: simulator seeds 267
+                // and 589 found it).
+                if let id = stagingKeys.removeValue(forKey: key) {
+                    stagings[id] = nil
+                    referencesDue.removeAll { $0 == id }
+                    stagingCounts.abandoned += 1
+                }
+                if w.heldSince != nil || w.staged, !w.proposed {
                     // Never handed to Raft: certainly in no log.
-                    events.append(.failed(w.request, .overloaded("it waited for room behind large writes until its deadline")))
+                    events.append(
+                        .failed(
+                            w.request,
+                            .overloaded(
+                                w.staged
+                                    ? "it was staged but not stored on a quorum before its deadline"
+                                    : "it waited for room behind large writes until its deadline")))
                 } else {
                     events.append(.failed(w.request, .timedOut(write: true)))
                 }
@@ -331,7 +467,7 @@ public struct Replica: Sendable {
             // only be out of order again.
             // A large write's retries back off (twice the interval each time, up to eight
             // times): a leader may hold it for room, and each copy resends the whole body.
-            let interval = w.payload.count >= configuration.largeEntryBytes ? configuration.retryTicks << min(w.retries, 3) : configuration.retryTicks
+            let interval = isLarge(w.payload.count) ? configuration.retryTicks << min(w.retries, 3) : configuration.retryTicks
             if ticks - w.lastProposedTick >= interval, !queued.contains(key), !w.parked {
                 // Lost with a leader change, or never forwarded: propose again under the same
                 // identity (the state machine applies it at most once).
@@ -367,6 +503,7 @@ public struct Replica: Sendable {
             if case .asked(_, let tick) = state, ticks - tick >= 10 * configuration.retryTicks { forgetReadAhead(index) }
         }
         askForPreparation()
+        tickStaging()
         newReads = expireReads(newReads)
         membershipRequests.removeAll { m in
             guard ticks >= m.deadline else { return false }
@@ -376,6 +513,19 @@ public struct Replica: Sendable {
     }
 
     public mutating func receive(_ m: Message) {
+        switch m.body {
+        case .stage, .stageAck, .fetchStaged, .stagedPayload:
+            // The replica's own protocol (docs/staged-payloads.md); Raft never sees it.
+            return receiveStaging(m)
+        case .append(_, _, let entries, _) where m.term >= raft.term:
+            // I1: a follower accepts an append only if it holds every payload it names.
+            if !holdsPayloads(named: entries, sender: m.from) {
+                stagingCounts.appendsHeld += 1
+                return
+            }
+        default:
+            break
+        }
         // The leader stamps forwarded proposals with its own clock (docs/replica.md); a message
         // from a higher term goes to the core first (it steps down and drops or forwards it).
         if case .proposal(let commands) = m.body, raft.role == .leader, m.term <= raft.term {
@@ -399,7 +549,8 @@ public struct Replica: Sendable {
     private mutating func admitForwarded(_ items: [(command: [UInt8], since: (tick: Int, order: UInt64)?)]) {
         let stamp = nextStamp()
         var room = largeRoom()
-        var heldOrdered = Set(heldForRoom.lazy.filter(\.ordered).map(\.key.session))
+        // What follows a held command, or one being staged, in its ordered session waits too.
+        var heldOrdered = Set(heldForRoom.lazy.filter(\.ordered).map(\.key.session)).union(stagings.values.lazy.filter(\.ordered).map(\.key.session))
         var heldLarge = heldForRoom.contains { $0.large }
         // Whether one of this leader's own large writes waits for room (asked once, if needed).
         var ownLargeWaits: Bool?
@@ -414,7 +565,7 @@ public struct Replica: Sendable {
                     droppedRetries += 1
                     continue
                 }
-                let large = command.count >= configuration.largeEntryBytes
+                let large = isLarge(command.count)
                 // First come, first served: a new large command queues behind held ones and
                 // behind this leader's own large writes that wait.
                 if large, since == nil, room > 0, !heldLarge, ownLargeWaits == nil { ownLargeWaits = oldestOwnLargeWaiting() != nil }
@@ -429,6 +580,11 @@ public struct Replica: Sendable {
                     continue
                 }
                 if large { room -= 1 }
+                if command.count >= configuration.stagingThreshold, let restamped = CommandEnvelope.restamped(command, timestamp: stamp) {
+                    startStaging(key, restamped, ordered: header.ordered)
+                    if header.ordered { heldOrdered.insert(key.session) }
+                    continue
+                }
             }
             guard let restamped = CommandEnvelope.restamped(command, timestamp: stamp) else { continue }
             if !stamped.isEmpty, bytes + restamped.count > configuration.maxProposalBytes {
@@ -495,13 +651,15 @@ public struct Replica: Sendable {
         }
         let applied = machine.appliedIndex
         if let first = largeInFlight.first, first <= applied { largeInFlight.removeAll { $0 <= applied } }
-        return max(0, configuration.maxLargeInFlight - largeInFlight.count)
+        dropStagingsIfNotLeading()
+        return max(0, configuration.maxLargeInFlight - largeInFlight.count - stagings.count)
     }
 
     /// As leader: a copy of this command waits in this term's log, or the command applied.
     private func waitsOrApplied(_ key: WriteKey) -> Bool {
         guard raft.role == .leader else { return false }
         if appendedTerm == raft.term, appendedInTerm[key] != nil { return true }
+        if stagingTerm == raft.term, stagingKeys[key] != nil { return true }
         return machine.sessions[key.session]?.contains(key.seq) == true
     }
 
@@ -519,7 +677,7 @@ public struct Replica: Sendable {
             largeTerm = term
             largeInFlight = []
         }
-        for (i, payload) in payloads.enumerated() where payload.count >= configuration.largeEntryBytes {
+        for (i, payload) in payloads.enumerated() where isLarge(payload.count) {
             largeInFlight.append(first + UInt64(i))
         }
     }
@@ -633,8 +791,19 @@ public struct Replica: Sendable {
         if imageBytes > 0 { snapshotImageBytes = imageBytes }
         newestSnapshotIndex = max(newestSnapshotIndex, meta.index)
         let through = min(meta.index, compactedThrough ?? compactionPoint(for: meta.index))
+        if let floor = stagedRetentionFloor, !stagedPayloads.isEmpty {
+            // The references this compaction drops, while the driver may still serve them.
+            var index = max(raft.firstIndex, floor)
+            while index <= through {
+                if let entry = raft.entry(at: index), entry.kind == .command, let reference = StagedReference(decoding: entry.data) {
+                    compactedReferences.append((index, reference.id))
+                }
+                index += 1
+            }
+        }
         _ = try? raft.compact(through: through)
         if through == meta.index { logBytesKept = logBytesSinceSnapshot }
+        if !stagedPayloads.isEmpty { sweepStaged() }
     }
 
     /// The bytes of log kept since the compaction point beyond which a stream no longer holds
@@ -670,6 +839,389 @@ public struct Replica: Sendable {
         raft.snapshotChunk(to: target, meta: meta, offset: offset, data: data, last: last)
     }
 
+    // MARK: - Staged payloads (docs/staged-payloads.md)
+
+    /// Large for admission: a large entry, or a command staged.
+    private func isLarge(_ bytes: Int) -> Bool { bytes >= configuration.largeEntryBytes || bytes >= configuration.stagingThreshold }
+
+    /// Stagings belong to one leadership: a leader that stepped down (or moved to a new term)
+    /// drops them. Their writes are in no log; their issuers propose them again.
+    private mutating func dropStagingsIfNotLeading() {
+        guard !stagings.isEmpty || !referencesDue.isEmpty, raft.role != .leader || raft.term != stagingTerm else { return }
+        stagingCounts.abandoned += stagings.count
+        stagings = [:]
+        stagingKeys = [:]
+        referencesDue = []
+    }
+
+    /// Starts staging `payload` (stamped), the write `key`: stores it here, reads it ahead, and
+    /// sends it to every other member.
+    private mutating func startStaging(_ key: WriteKey, _ payload: [UInt8], ordered: Bool) {
+        dropStagingsIfNotLeading()
+        if stagingTerm != raft.term {
+            stagingTerm = raft.term
+            lastStageN = 0
+        }
+        lastStageN += 1
+        let id = StageID(term: raft.term, n: lastStageN)
+        stagings[id] = Staging(key: key, payload: payload, ordered: ordered, lastSent: ticks, started: ticks, deadline: ticks + configuration.requestTimeoutTicks)
+        stagingKeys[key] = id
+        stagingCounts.started += 1
+        var info = stagedPayloads[id] ?? StagedPayload(firstSeen: ticks)
+        info.storing = true
+        info.read = .asked(tick: ticks)
+        stagedPayloads[id] = info
+        events.append(.storeStaged(id, payload))
+        events.append(.prepareStaged(id, payload))
+        for peer in raft.membership.all where peer != raft.id { raft.sendStaging(to: peer, .stage(id: id, payload: payload)) }
+    }
+
+    /// Queues the reference of staging `id` once its payload is durable and read ahead here
+    /// (so nothing behind the reference waits for it on the leader), durable on enough voters
+    /// to make a quorum, and either read ahead by every other member too or `retryTicks` after
+    /// the staging began (a slow or absent member holds the write up no longer).
+    private mutating func maybeReference(_ id: StageID) {
+        guard raft.role == .leader, raft.term == id.term, let staging = stagings[id], staging.ownChecksum != nil else { return }
+        if case .asked? = stagedPayloads[id]?.read { return }
+        let voters = raft.membership.voters
+        let holders = staging.acks.count { voters.contains($0) } + (voters.contains(raft.id) ? 1 : 0)
+        guard holders >= raft.membership.quorum else { return }
+        let everyone = raft.membership.all.allSatisfy { $0 == raft.id || staging.ready.contains($0) }
+        guard everyone || ticks - staging.started >= configuration.retryTicks else { return }
+        guard !referencesDue.contains(id) else { return }
+        referencesDue.append(id)
+    }
+
+    /// Proposes the references whose stagings reached their quorum (from `ready()`).
+    private mutating func proposeReferences() {
+        dropStagingsIfNotLeading()
+        guard !referencesDue.isEmpty else { return }
+        let due = referencesDue
+        referencesDue = []
+        for id in due {
+            guard let staging = stagings.removeValue(forKey: id), let checksum = staging.ownChecksum else { continue }
+            stagingKeys[staging.key] = nil
+            guard let reference = StagedReference(id: id, payload: staging.payload, checksum: checksum) else { continue }
+            let bytes = reference.encoded()
+            guard let outcome = try? raft.propose([bytes]) else {
+                // Refused (flow control): the write is in no log; its issuer proposes it again.
+                stagingCounts.abandoned += 1
+                continue
+            }
+            stagingCounts.referenced += 1
+            noteAppended([staging.key], outcome, [bytes])
+            if case .appended(let first, _, let term) = outcome, configuration.maxLargeInFlight > 0 {
+                if largeTerm != term {
+                    largeTerm = term
+                    largeInFlight = []
+                }
+                largeInFlight.append(first)
+            }
+            if var w = writes[staging.key] {
+                w.proposed = true
+                w.lastProposedTick = ticks
+                writes[staging.key] = w
+            }
+        }
+    }
+
+    private mutating func receiveStaging(_ m: Message) {
+        switch m.body {
+        case let .stage(id, payload):
+            // Stored from any member of a current or newer term: staging a payload changes
+            // nothing until a reference names it, and unnamed files expire.
+            guard m.term >= raft.term, raft.membership.contains(m.from) else { return }
+            var info = stagedPayloads[id] ?? StagedPayload(firstSeen: ticks)
+            if info.durable, let checksum = stagedChecksum(id) {
+                let prepared = !info.read.isAsked
+                raft.sendStaging(to: m.from, .stageAck(id: id, checksum: checksum, prepared: prepared))
+                if !prepared {
+                    info.readyTo.insert(m.from)
+                    stagedPayloads[id] = info
+                }
+                return
+            }
+            info.ackTo.insert(m.from)
+            // (Durable, from the listing at start, but of unknown checksum: storing again
+            // finds the file whole and answers its checksum.)
+            if !info.storing && (!info.durable || stagedChecksum(id) == nil) {
+                info.storing = true
+                events.append(.storeStaged(id, payload))
+            }
+            if !info.read.isHeld, stagedReadsHeld() < max(1, configuration.maxPreparing) {
+                info.read = .asked(tick: ticks)
+                events.append(.prepareStaged(id, payload))
+            }
+            stagedPayloads[id] = info
+        case let .stageAck(id, checksum, prepared):
+            guard m.term == raft.term, var staging = stagings[id] else { return }
+            // An acknowledgement of other bytes (never expected: one id names one payload) counts for nothing.
+            if let own = staging.ownChecksum, own != checksum { return }
+            staging.acks.insert(m.from)
+            if prepared { staging.ready.insert(m.from) }
+            stagings[id] = staging
+            maybeReference(id)
+        case .fetchStaged(let id):
+            guard raft.membership.contains(m.from) else { return }
+            events.append(.serveStaged(id, to: m.from))
+        case let .stagedPayload(id, payload):
+            guard var info = stagedPayloads[id] ?? (fetching[id] != nil || fetchAskedForAppend[id] != nil ? StagedPayload(firstSeen: ticks) : nil),
+                !info.durable, !info.storing
+            else { return }
+            stagingCounts.fetched += 1
+            info.storing = true
+            events.append(.storeStaged(id, payload))
+            if fetching[id] != nil || (!info.read.isHeld && stagedReadsHeld() < max(1, configuration.maxPreparing)) {
+                if !info.read.isAsked {
+                    info.read = .asked(tick: ticks)
+                    events.append(.prepareStaged(id, payload))
+                }
+            }
+            stagedPayloads[id] = info
+        default:
+            break
+        }
+    }
+
+    /// The checksum of staging `id` as this node stored it, when this node stages it.
+    private func stagedChecksum(_ id: StageID) -> UInt32? {
+        if let own = stagings[id]?.ownChecksum { return own }
+        return stagedChecksums[id]
+    }
+
+    /// Staged reads held in memory (asked or done, not applied).
+    private func stagedReadsHeld() -> Int { stagedPayloads.values.count { $0.read.isHeld } }
+
+    /// Whether this node holds every payload `entries` name; for each it lacks, asks `sender`
+    /// (at most once per `retryTicks` per payload).
+    private mutating func holdsPayloads(named entries: [LogEntry], sender: NodeID) -> Bool {
+        guard configuration.raft.sabotage != .acceptUnheldPayloads else { return true }
+        var holds = true
+        for entry in entries where entry.kind == .command && StagedReference.isReference(entry.data) {
+            guard let reference = StagedReference(decoding: entry.data) else { continue }
+            if stagedPayloads[reference.id]?.durable == true { continue }
+            holds = false
+            // Being stored (its `stage` arrived): wait for it.
+            if stagedPayloads[reference.id]?.storing == true { continue }
+            // The first time, give a `stage` in flight half a retry interval to arrive before
+            // asking for the payload again; then ask at most once per interval.
+            guard let seen = fetchAskedForAppend[reference.id] else {
+                fetchAskedForAppend[reference.id] = ticks - configuration.retryTicks + configuration.retryTicks / 2
+                continue
+            }
+            if ticks - seen < configuration.retryTicks { continue }
+            fetchAskedForAppend[reference.id] = ticks
+            raft.sendStaging(to: sender, .fetchStaged(id: reference.id))
+        }
+        return holds
+    }
+
+    /// The driver made staged payload `id` durable here (`ReplicaEvent.storeStaged`), with this
+    /// CRC32C. Call `ready()` afterwards (acknowledgements and references go out from there).
+    public mutating func stagedStored(_ id: StageID, checksum: UInt32) {
+        var info = stagedPayloads[id] ?? StagedPayload(firstSeen: ticks)
+        info.durable = true
+        info.storing = false
+        stagedChecksums[id] = checksum
+        stagedPayloads[id] = info
+        sendStagedAcks(id)
+        fetching[id] = nil
+        fetchAskedForAppend[id] = nil
+        if var staging = stagings[id] {
+            staging.ownChecksum = checksum
+            stagings[id] = staging
+            maybeReference(id)
+        }
+    }
+
+    /// Acknowledges `id` to the peers waiting, once it is durable here (saying whether it is
+    /// read ahead too); and again, once its read is done, to those told it was not.
+    private mutating func sendStagedAcks(_ id: StageID) {
+        guard var info = stagedPayloads[id], info.durable, let checksum = stagedChecksum(id) else { return }
+        let prepared = !info.read.isAsked
+        if !info.ackTo.isEmpty {
+            for peer in info.ackTo.sorted() { raft.sendStaging(to: peer, .stageAck(id: id, checksum: checksum, prepared: prepared)) }
+            if !prepared { info.readyTo.formUnion(info.ackTo) }
+            info.ackTo = []
+        } else if prepared, !info.readyTo.isEmpty {
+            for peer in info.readyTo.sorted() { raft.sendStaging(to: peer, .stageAck(id: id, checksum: checksum, prepared: true)) }
+            info.readyTo = []
+        } else {
+            return
+        }
+        stagedPayloads[id] = info
+    }
+
+    /// The driver could not store staged payload `id` (it logs why: a full disk, say). Nothing
+    /// is acknowledged; a leader's staging of it ends at its deadline.
+    public mutating func stagedStoreFailed(_ id: StageID) {
+        guard var info = stagedPayloads[id] else { return }
+        info.storing = false
+        info.ackTo = []
+        stagedPayloads[id] = info
+    }
+
+    /// The read-ahead of staged payload `id` (`ReplicaEvent.prepareStaged`) came back. Call
+    /// `ready()` afterwards.
+    public mutating func preparedStaged(_ id: StageID, _ result: StagedPreparation) {
+        guard var info = stagedPayloads[id], info.read.isAsked else { return }
+        switch result {
+        case .prepared(let command, let checksum):
+            info.read = .done(command, checksum: checksum)
+            if info.durable, stagedChecksums[id] == nil { stagedChecksums[id] = checksum }
+        case .missing:
+            // Storage damage broke I1 here: fetch it from the other members.
+            info.read = .none
+            info.durable = false
+            stagedChecksums[id] = nil
+            if fetching[id] == nil { fetchFromMembers(id) }
+        }
+        stagedPayloads[id] = info
+        sendStagedAcks(id)
+        if stagings[id] != nil { maybeReference(id) }
+        applyQueued()
+        if parkedCount > 0 { proposeUnparked() }
+        answerReads()
+        considerSnapshot()
+    }
+
+    /// The driver read staged payload `id` for `peer` (`ReplicaEvent.serveStaged`); nil when
+    /// this node does not hold it (the peer asks someone else, or again).
+    public mutating func stagedRead(_ id: StageID, _ payload: [UInt8]?, for peer: NodeID) {
+        guard let payload else { return }
+        raft.sendStaging(to: peer, .stagedPayload(id: id, payload: payload))
+    }
+
+    /// The staged files found at start (the store's listing): durable here.
+    public mutating func noteStagedFiles(_ ids: [StageID]) {
+        for id in ids {
+            var info = stagedPayloads[id] ?? StagedPayload(firstSeen: ticks)
+            info.durable = true
+            stagedPayloads[id] = info
+        }
+    }
+
+    private mutating func fetchFromMembers(_ id: StageID) {
+        fetching[id] = ticks
+        for peer in raft.membership.all where peer != raft.id { raft.sendStaging(to: peer, .fetchStaged(id: id)) }
+    }
+
+    /// The read of the payload `reference` names, taken for applying it; nil while it is not
+    /// ready (asked for here if need be: the entries behind wait).
+    private mutating func takeStagedRead(_ reference: StagedReference) -> PreparedCommand?? {
+        var info = stagedPayloads[reference.id] ?? StagedPayload(firstSeen: ticks)
+        switch info.read {
+        case .done(let command, let checksum) where checksum == reference.checksum:
+            info.read = .none
+            stagedPayloads[reference.id] = info
+            return .some(command)
+        case .done:
+            // Not the bytes the reference names: the copy here is wrong; fetch the right one.
+            info.read = .none
+            info.durable = false
+            stagedChecksums[reference.id] = nil
+            stagedPayloads[reference.id] = info
+            if fetching[reference.id] == nil { fetchFromMembers(reference.id) }
+            return nil
+        case .asked:
+            return nil
+        case .none:
+            guard info.durable, !info.storing else {
+                // Not here (or still being stored from a fetch): its store answers, then this asks again.
+                if !info.storing, fetching[reference.id] == nil { fetchFromMembers(reference.id) }
+                stagedPayloads[reference.id] = info
+                return nil
+            }
+            info.read = .asked(tick: ticks)
+            stagedPayloads[reference.id] = info
+            events.append(.prepareStaged(reference.id, nil))
+            return nil
+        }
+    }
+
+    /// Staging upkeep at each tick: stagings past their deadline end, `stage` goes again to
+    /// members that have not answered (backing off), fetches are asked again, reads whose answer
+    /// never came are asked again, and unnamed files are swept now and then.
+    private mutating func tickStaging() {
+        dropStagingsIfNotLeading()
+        for id in stagings.keys.sorted() {
+            guard var staging = stagings[id] else { continue }
+            if ticks >= staging.deadline {
+                stagings[id] = nil
+                stagingKeys[staging.key] = nil
+                stagingCounts.abandoned += 1
+                continue
+            }
+            if ticks - staging.started == configuration.retryTicks { maybeReference(id) }
+            if ticks - staging.lastSent >= configuration.retryTicks << min(staging.sends - 1, 3) {
+                staging.lastSent = ticks
+                staging.sends += 1
+                for peer in raft.membership.all where peer != raft.id && !staging.acks.contains(peer) {
+                    raft.sendStaging(to: peer, .stage(id: id, payload: staging.payload))
+                }
+                stagings[id] = staging
+            }
+        }
+        for (id, asked) in fetching.sorted(by: { $0.key < $1.key }) where ticks - asked >= configuration.retryTicks {
+            fetchFromMembers(id)
+        }
+        for (id, info) in stagedPayloads {
+            if case .asked(let tick) = info.read, ticks - tick >= 10 * configuration.retryTicks {
+                var again = info
+                again.read = .none
+                stagedPayloads[id] = again
+            }
+        }
+        if ticks - lastStagedSweep >= configuration.requestTimeoutTicks { sweepStaged() }
+    }
+
+    /// Removes staged files no entry of this node's log (above its compaction point) names,
+    /// not being staged, stored, read or fetched, and first seen two request timeouts ago or
+    /// more (I3: docs/staged-payloads.md). O(log) when something is old enough, at most once
+    /// per request timeout and after each snapshot.
+    private mutating func sweepStaged() {
+        lastStagedSweep = ticks
+        let age = 2 * configuration.requestTimeoutTicks
+        var candidates = Set<StageID>()
+        for (id, info) in stagedPayloads
+        where ticks - info.firstSeen >= age && stagings[id] == nil && !info.storing && !info.read.isAsked && fetching[id] == nil {
+            candidates.insert(id)
+        }
+        if !fetchAskedForAppend.isEmpty { fetchAskedForAppend = fetchAskedForAppend.filter { ticks - $0.value < age } }
+        guard !candidates.isEmpty else { return }
+        if configuration.raft.sabotage != .removeNamedPayloads {
+            var index = raft.firstIndex
+            while index <= raft.lastIndex, !candidates.isEmpty {
+                if let entry = raft.entry(at: index), entry.kind == .command, StagedReference.isReference(entry.data),
+                    let reference = StagedReference(decoding: entry.data)
+                {
+                    candidates.remove(reference.id)
+                }
+                index += 1
+            }
+            // Committed entries waiting to apply are in the log too; checked anyway.
+            for entry in applyQueue[applyHead...] where StagedReference.isReference(entry.data) {
+                if let reference = StagedReference(decoding: entry.data) { candidates.remove(reference.id) }
+            }
+            // Compacted entries the driver still serves.
+            for kept in compactedReferences { candidates.remove(kept.id) }
+        }
+        guard !candidates.isEmpty else { return }
+        let removed = candidates.sorted()
+        for id in removed {
+            stagedPayloads[id] = nil
+            stagedChecksums[id] = nil
+        }
+        stagingCounts.removed += removed.count
+        events.append(.removeStaged(removed))
+    }
+
+    /// Staged payloads known here, durable or not (tests and the simulator's checks).
+    public var stagedIDs: [StageID] { stagedPayloads.keys.sorted() }
+
+    /// Whether this node holds payload `id` durably, as far as the replica knows.
+    public func holdsStaged(_ id: StageID) -> Bool { stagedPayloads[id]?.durable == true }
+
     // MARK: - Ready / advance
 
     /// Work for the driver, or nil when there is none. Batched writes are proposed and new reads
@@ -683,6 +1235,7 @@ public struct Replica: Sendable {
 
     private mutating func flushProposals() {
         guard !holdProposals else { return }
+        proposeReferences()
         // Held for room first: they came before anything forwarded since.
         proposeHeldForRoom()
         if !heldForwarded.isEmpty {
@@ -703,7 +1256,8 @@ public struct Replica: Sendable {
         // ordered session; the rest goes ahead.
         var room = leader ? largeRoom() : .max
         let oldestHeld = leader ? heldForRoom.first(where: \.large)?.order : nil
-        var waitingOrdered: Set<UInt64> = []
+        // An ordered session's writes wait behind one of theirs being staged.
+        var waitingOrdered = leader ? Set(stagings.values.lazy.filter(\.ordered).map(\.key.session)) : []
         // One proposal per batch of at most `maxProposalBytes` (a single larger write goes
         // alone): a forwarded proposal is one peer frame, which must stay under its limit.
         var batch: [WriteKey] = []
@@ -712,7 +1266,7 @@ public struct Replica: Sendable {
         var readyBytes = 0
         for (position, seq) in seqs.enumerated() {
             guard let w = writes[seq] else { continue }
-            if leader, w.proposed, waitsOrApplied(seq) {
+            if leader, w.proposed || stagingKeys[seq] != nil, waitsOrApplied(seq) {
                 // This leader's log holds a copy already (or it applied): nothing to add.
                 droppedRetries += 1
                 var kept = w
@@ -720,7 +1274,7 @@ public struct Replica: Sendable {
                 writes[seq] = kept
                 continue
             }
-            let large = w.payload.count >= configuration.largeEntryBytes
+            let large = isLarge(w.payload.count)
             // A forwarded one waits longer than this write (a write not yet waiting comes last).
             let heldLonger = oldestHeld.map { held in w.heldSince.map { held < $0 } ?? true } ?? false
             if leader, (large && (room == 0 || heldLonger)) || waitingOrdered.contains(seq.session) {
@@ -747,6 +1301,17 @@ public struct Replica: Sendable {
                 bytes = 0
             }
             if leader, large { room -= 1 }
+            if leader, w.payload.count >= configuration.stagingThreshold {
+                // Staged, not proposed: in no log until its reference is (`maybeReference`).
+                startStaging(seq, CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload, ordered: counters[seq.session]?.ordered == true)
+                var started = w
+                started.lastProposedTick = ticks
+                started.heldSince = nil
+                started.staged = true
+                writes[seq] = started
+                if counters[seq.session]?.ordered == true { waitingOrdered.insert(seq.session) }
+                continue
+            }
             batch.append(seq)
             payloads.append(leader ? (CommandEnvelope.restamped(w.payload, timestamp: stamp) ?? w.payload) : w.payload)
             bytes += w.payload.count
@@ -874,6 +1439,19 @@ public struct Replica: Sendable {
         while applyHead < applyQueue.count {
             let entry = applyQueue[applyHead]
             var prepared: PreparedCommand?
+            if entry.kind == .command, StagedReference.isReference(entry.data), let reference = StagedReference(decoding: entry.data) {
+                // Its payload's read, from the staged store (docs/staged-payloads.md).
+                guard let read = takeStagedRead(reference) else { break }
+                applyHead += 1
+                stagingCounts.applied += 1
+                // No bytes: a payload that is no command envelope (its read is nil) applies as
+                // malformed, as its bytes would.
+                apply(entry, prepared: read, payload: [])
+                // The payload counts towards the next snapshot (which lets its file go).
+                logBytesSinceSnapshot &+= reference.length
+                logBytesKept &+= UInt64(entry.data.count)
+                continue
+            }
             if needsPreparation(entry) {
                 guard case .done(let term, let command)? = readAhead[entry.index], term == entry.term else { break }
                 readAhead[entry.index] = nil
@@ -927,7 +1505,7 @@ public struct Replica: Sendable {
 
     /// Whether `entry` is a command large enough to be read ahead, and not applied yet.
     private func needsPreparation(_ entry: LogEntry) -> Bool {
-        guard case .command = entry.kind else { return false }
+        guard case .command = entry.kind, !StagedReference.isReference(entry.data) else { return false }
         return entry.data.count >= configuration.prepareThreshold && entry.index > machine.appliedIndex
     }
 
@@ -945,10 +1523,10 @@ public struct Replica: Sendable {
         }
     }
 
-    private mutating func apply(_ entry: LogEntry, prepared: PreparedCommand?) {
+    private mutating func apply(_ entry: LogEntry, prepared: PreparedCommand?, payload: [UInt8]? = nil) {
         switch entry.kind {
         case .command:
-            guard let applied = machine.apply(entry.data, index: entry.index, prepared: prepared) else { return }
+            guard let applied = machine.apply(payload ?? entry.data, index: entry.index, prepared: prepared) else { return }
             let key = WriteKey(session: applied.session, seq: applied.seq)
             if let at = appendedInTerm[key], at <= entry.index { appendedInTerm[key] = nil }
             if applied.outcome == .outOfOrder {

@@ -112,6 +112,9 @@ struct AdminAPI {
                     return .json(
                         .gone,
                         #"{"error":"entries before \#(first) were compacted into this node's snapshot","first_index":\#(first),"previous_index":\#(first - 1),"previous_term":\#(previousTerm)}"#)
+                case .unavailable(let missing):
+                    // Storage damage (retained entries keep their files): the archive cannot go on from this node.
+                    return .error(.internalServerError, "\(missing); take a new backup")
                 case .entries(let entries, let commit):
                     var body: [UInt8] = []
                     for e in entries { e.append(to: &body) }

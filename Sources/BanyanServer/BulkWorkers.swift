@@ -71,6 +71,23 @@ enum BulkWorkers {
         init(_ value: consuming T) { self.value = value }
     }
 
+    /// The staging thread (docs/staged-payloads.md): every use of a node's staged store (store,
+    /// load, remove) happens on it, one at a time, for every node in the process. Nice +5, as
+    /// the read-ahead threads: a write committed behind a staged one waits for its store.
+    static let staging: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        return pool
+    }()
+
+    /// Runs staged-store work on `staging`; the future completes on `loop`.
+    static func runStaging<T: Sendable>(on loop: any EventLoop, _ work: @escaping @Sendable () -> T) -> EventLoopFuture<T> {
+        staging.runIfActive(eventLoop: loop) {
+            lowerPriority(to: readAheadNiceness)
+            return work()
+        }
+    }
+
     /// Nice value of the read-ahead threads: above the workers', below the event loops'.
     static let readAheadNiceness: Int32 = 5
 

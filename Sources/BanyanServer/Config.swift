@@ -86,7 +86,7 @@ public struct NodeConfig: Sendable, Equatable {
     /// votes and acknowledgements never queue behind appends of large entries (issue 18); 1:
     /// everything on one connection. Peers need not agree: the receiving side takes any number
     /// of connections from a peer.
-    public var peerLanes: Int = 2
+    public var peerLanes: Int = 3
     /// Network threads (nil: `defaultThreads`). With 1, the replica loop shares that thread
     /// too: a single-threaded node.
     public var threads: Int?
@@ -136,6 +136,10 @@ public struct NodeConfig: Sendable, Equatable {
         /// the previous is persisted. Only new proposals wait, and only after a round of more than
         /// one entry (docs/server.md, "Round pacing"). At most half the heartbeat interval.
         public var roundIntervalMicroseconds: Int = 800
+        /// Writes whose command is at least this many bytes are staged (docs/staged-payloads.md):
+        /// stored on a quorum before a small entry naming them enters the log, so no write behind
+        /// them waits for their bytes. 0: never.
+        public var stagingThresholdBytes: Int = 1 << 20
         public init() {}
     }
 
@@ -454,7 +458,7 @@ extension NodeConfig {
             case "threads": c.threads = try r.int(value, key, 1...64)
             case "peer_inbound_thread": c.peerInboundThread = try r.bool(value, key)
             case "peer_outbound_thread": c.peerOutboundThread = try r.bool(value, key)
-            case "peer_lanes": c.peerLanes = try r.int(value, key, 1...2)
+            case "peer_lanes": c.peerLanes = try r.int(value, key, 1...3)
             case "storage":
                 for (k, v) in try r.map(value, key) {
                     switch k {
@@ -498,6 +502,7 @@ extension NodeConfig {
                         c.raft.snapshotLogBytes = bytes
                     case "request_timeout_ms": c.raft.requestTimeoutMilliseconds = try r.int(v, "raft.request_timeout_ms", 100...3_600_000)
                     case "round_interval_us": c.raft.roundIntervalMicroseconds = try r.int(v, "raft.round_interval_us", 0...100_000)
+                    case "staging_threshold_bytes": c.raft.stagingThresholdBytes = try r.int(v, "raft.staging_threshold_bytes", 0...(64 << 20))
                     default: throw ConfigError("\(source): unknown key raft.\(k)")
                     }
                 }

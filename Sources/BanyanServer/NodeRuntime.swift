@@ -191,6 +191,8 @@ public final class NodeRuntime: @unchecked Sendable {
     private let snapshotCounter = Counter(label: "banyan_snapshots_written_total")
     private let snapshotInstalls = Counter(label: "banyan_snapshots_installed_total")
     private let leaseExpiries = Counter(label: "banyan_realtime_lease_expiries_total")
+    /// The staged store, for the staging thread (set once in `init`).
+    private let stagedStore: StagedStoreHandle
 
     /// Writes the founding configuration into a blank data directory and returns (`banyan
     /// bootstrap`). Refuses a directory that already holds state.
@@ -215,6 +217,8 @@ public final class NodeRuntime: @unchecked Sendable {
         self.faults = faults
         let storage = try NodeStorage(
             directory: config.dataDirectory, fileSystem: faults.map { FaultInjectingFileSystem(base: PosixFileSystem(), faults: $0) } ?? PosixFileSystem(),
+            // Its own instance: the staged store is used on the staging thread.
+            stagedFileSystem: faults.map { FaultInjectingFileSystem(base: PosixFileSystem(), faults: $0) } ?? PosixFileSystem(),
             logger: logger, newIncarnation: UInt64.random(in: 1...UInt64.max),
             salvageDamagedLog: config.salvageDamagedLog, progress: progress)
         // Before the node takes part: a full disk fails here (`.noSpace`, waited out by
@@ -250,12 +254,14 @@ public final class NodeRuntime: @unchecked Sendable {
         let tickMs = max(1, config.raft.tickMilliseconds)
         rc.requestTimeoutTicks = max(10, config.raft.requestTimeoutMilliseconds / tickMs)
         rc.retryTicks = max(config.raft.electionTicks * 2, 5)
+        rc.stagingThreshold = config.raft.stagingThresholdBytes > 0 ? config.raft.stagingThresholdBytes : .max
         var settings = NodeCore.Settings(replica: rc)
         settings.roundIntervalNanoseconds = UInt64(min(max(0, config.raft.roundIntervalMicroseconds), 10_000_000)) * 1_000
         core = try NodeCore(
             settings: settings, storage: storage, foundingMembers: config.foundsClusterWhenBlank ? config.foundingMembers : nil,
             logger: logger, now: Self.wallClock(), monotonicNanoseconds: { DispatchTime.now().uptimeNanoseconds },
             newSession: { UInt64.random(in: 1...UInt64.max) }, progress: progress)
+        stagedStore = StagedStoreHandle(storage.staged)
         if let sharedLoop {
             group = nil
             loop = sharedLoop
@@ -410,7 +416,8 @@ public final class NodeRuntime: @unchecked Sendable {
                     let header = BackupHeader(
                         clusterID: self.config.clusterID, sourceNode: self.config.nodeID, index: applied,
                         term: raft.term, lastTimestamp: machine.lastTimestamp, createdAt: Self.wallClock(), indexTerm: indexTerm,
-                        indexEntryChecksum: raft.entry(at: applied).map { Self.archived($0).contentChecksum })
+                        // Unknown for a staged reference: the archive holds the payload it names.
+                        indexEntryChecksum: raft.entry(at: applied).flatMap { StagedReference.isReference($0.data) ? nil : Self.archived($0).contentChecksum })
                     caller.execute { done(.success((machine, header))) }
                 }
             }
@@ -451,11 +458,35 @@ public final class NodeRuntime: @unchecked Sendable {
         /// entry before it, so an archiver that holds that entry can check that this node's
         /// history continues its own (Raft's log matching) and go on from `firstIndex`.
         case compacted(firstIndex: UInt64, previousTerm: UInt64)
+        /// A staged payload an entry names is no longer held here (compacted and not retained).
+        case unavailable(StagedPayloadUnavailable)
     }
 
     /// Entries `from`… up to this node's commit index, from the entries retained after the last
-    /// compactions and the in-memory log (bounded work: `maxBytes` of payload).
+    /// compactions and the in-memory log (bounded work: `maxBytes` of payload). Staged
+    /// references are replaced by the payloads they name, read off this loop (I4,
+    /// docs/staged-payloads.md), so an archive never depends on a staged store.
     public func committedEntries(from: UInt64, maxBytes: Int) -> EventLoopFuture<CommittedEntries> {
+        let staged = stagedReader()
+        return collectCommittedEntries(from: from, maxBytes: maxBytes).flatMap { answer in
+            guard case .entries(let entries, let commit) = answer,
+                entries.contains(where: { $0.kind == .command && StagedReference.isReference($0.payload) })
+            else { return self.loop.makeSucceededFuture(answer) }
+            return BulkWorkers.run(on: self.loop) { () -> CommittedEntries in
+                switch NodeCore.inlineStaged(entries, store: staged.value) {
+                case .success(let inlined): return .entries(inlined, commit: commit)
+                case .failure(let missing): return .unavailable(missing)
+                }
+            }
+        }
+    }
+
+    /// A read-only staged store, for any thread (its own file system instance).
+    private func stagedReader() -> StagedStoreHandle {
+        StagedStoreHandle(StagedStore(readingFrom: config.dataDirectory + "/staged", fileSystem: PosixFileSystem()))
+    }
+
+    private func collectCommittedEntries(from: UInt64, maxBytes: Int) -> EventLoopFuture<CommittedEntries> {
         loop.submit {
             let raft = self.core.replica.raft
             let first = raft.snapshotMeta.index + 1
@@ -574,6 +605,8 @@ public final class NodeRuntime: @unchecked Sendable {
         case beyondApplied(index: UInt64, applied: UInt64)
         case beforeWindow(index: UInt64, oldest: UInt64)
         case busy
+        /// A staged payload the replay needs is gone (docs/staged-payloads.md).
+        case payloadUnavailable(StagedPayloadUnavailable)
 
         public var description: String {
             switch self {
@@ -581,6 +614,7 @@ public final class NodeRuntime: @unchecked Sendable {
             case let .beforeWindow(index, oldest):
                 "index \(index) is older than this node's retained history, which starts at index \(oldest) (docs/backup.md, \"Reads of the past\")"
             case .busy: "another read of the past is running on this node; try again when it ends"
+            case .payloadUnavailable(let missing): "\(missing): this index is outside the history this node can replay"
             }
         }
     }
@@ -626,9 +660,15 @@ public final class NodeRuntime: @unchecked Sendable {
                 }
                 i += 1
             }
-            let replayed = entries
+            let staged = self.stagedReader()
             BulkWorkers.pool.submit { _ in
                 BulkWorkers.lowerPriority()
+                // Staged references replay as the payloads they name.
+                let replayed: [ArchivedEntry]
+                switch NodeCore.inlineStaged(entries, store: staged.value) {
+                case .success(let inlined): replayed = inlined
+                case .failure(let missing): return finish(.failure(.payloadUnavailable(missing)))
+                }
                 var state = base
                 for e in replayed {
                     switch e.kind {
@@ -1038,6 +1078,66 @@ public final class NodeRuntime: @unchecked Sendable {
                 self.flushReplies()
                 self.scheduleProcess()
             }
+        case let .storeStaged(id, bytes):
+            let store = stagedStore
+            BulkWorkers.runStaging(on: loop) { () -> Result<UInt32, OpLogError> in
+                Result { () throws(OpLogError) in try store.value.store(id, bytes) }
+            }.whenComplete { result in
+                switch result {
+                case .success(.success(let checksum)):
+                    self.core.stagedStored(id, checksum: checksum)
+                case .success(.failure(let error)):
+                    self.logger.warning("cannot store a staged payload; not acknowledged", metadata: ["id": "\(id)", "error": "\(error)"])
+                    self.core.stagedStoreFailed(id)
+                case .failure:
+                    // The pool is shutting down.
+                    return
+                }
+                self.flushReplies()
+                self.scheduleProcess()
+            }
+        case let .prepareStaged(id, bytes):
+            // Loaded on the staging thread (the store's one user), read ahead on a read-ahead thread.
+            let store = stagedStore
+            let loaded: EventLoopFuture<[UInt8]?> =
+                bytes != nil
+                ? loop.makeSucceededFuture(bytes)
+                : BulkWorkers.runStaging(on: loop) { () -> [UInt8]? in
+                    if case .payload(let payload, _) = store.value.load(id) { return payload }
+                    return nil
+                }
+            loaded.flatMap { payload -> EventLoopFuture<(StagedPreparation, String?)> in
+                guard let payload else {
+                    return BulkWorkers.runStaging(on: self.loop) { NodeCore.prepareStaged(id, nil, store: store.value) }
+                }
+                return BulkWorkers.runReadAhead(on: self.loop) { NodeCore.prepareStaged(id, payload, store: store.value) }
+            }.whenComplete { result in
+                guard case .success(let (preparation, damaged)) = result else { return }
+                if let damaged { self.logger.error("a staged payload is damaged; fetching it from the other members", metadata: ["id": "\(id)", "why": "\(damaged)"]) }
+                self.core.preparedStaged(id, preparation)
+                self.flushReplies()
+                self.scheduleProcess()
+            }
+        case let .serveStaged(id, peer):
+            let store = stagedStore
+            BulkWorkers.runStaging(on: loop) { () -> [UInt8]? in
+                if case .payload(let payload, _) = store.value.load(id) { return payload }
+                return nil
+            }.whenComplete { result in
+                guard case .success(let payload) = result else { return }
+                self.core.stagedRead(id, payload, for: peer)
+                self.scheduleProcess()
+            }
+        case .removeStaged(let ids):
+            let store = stagedStore
+            let logger = logger
+            BulkWorkers.staging.submit { _ in
+                do {
+                    try store.value.remove(ids)
+                } catch {
+                    logger.warning("cannot remove staged payloads", metadata: ["error": "\(error)"])
+                }
+            }
         case .fatal(let reason):
             // A storage error (disk full, I/O error, a failed fsync) ends this process: memory
             // may no longer match the disk, and only a restart recovers from what is really
@@ -1116,6 +1216,8 @@ public final class NodeRuntime: @unchecked Sendable {
                     // Only what the compaction drops (a snapshot streamed to a follower holds it
                     // back: `Replica.compactionPoint`); both calls on this loop, so it cannot move.
                     self.retainCompacted(through: self.core.replica.compactionPoint(for: meta.index))
+                    // The staged files of retained entries stay while they are served.
+                    self.core.setStagedRetentionFloor(self.retained.count > self.retainedHead ? self.retainedFirst : nil)
                     self.core.snapshotWritten(meta)
                 }
             } catch {
@@ -1161,6 +1263,13 @@ private final class ReplyBox {
 /// Answers gathered on the replica loop for one caller's event loop. They are handed over whole
 /// and run only there (each answer hops to its caller's loop by construction), so the closures
 /// need not be `Sendable` themselves.
+/// A node's staged store, handed to `BulkWorkers.staging`: only that one thread uses it, one
+/// call at a time (docs/staged-payloads.md), with a file system instance of its own.
+final class StagedStoreHandle: @unchecked Sendable {
+    let value: StagedStore
+    init(_ value: StagedStore) { self.value = value }
+}
+
 private struct AnswerBatch: @unchecked Sendable {
     let work: [() -> Void]
 }

@@ -309,11 +309,20 @@ enum PeerLane: Int, CaseIterable, Sendable {
     case control = 0
     /// Appends, snapshot chunks and forwarded proposals: what may carry large payloads.
     case bulk = 1
+    /// Staged payloads and fetched ones (`stage`, `stagedPayload`: docs/staged-payloads.md) and
+    /// forwards of large writes, with three lanes: a 15 MiB payload in flight never holds back
+    /// the small appends or forwards behind it.
+    case staged = 2
 
     static func of(_ message: Message, lanes: Int) -> PeerLane {
         guard lanes > 1 else { return .control }
         switch message.body {
-        case .append, .snapshotChunk, .proposal: return .bulk
+        case .append, .snapshotChunk: return .bulk
+        // A follower's forward of a large write (1 MiB or more) goes beside the staged payloads,
+        // so its small forwards do not queue behind it (an ordered session's later write that
+        // overtakes it applies after it anyway: docs/internals/state-machine.md).
+        case .proposal: return lanes > 2 && message.size >= 1 << 20 ? .staged : .bulk
+        case .stage, .stagedPayload: return lanes > 2 ? .staged : .bulk
         default: return .control
         }
     }
@@ -324,7 +333,14 @@ enum PeerLane: Int, CaseIterable, Sendable {
     static func highWater(_ lane: PeerLane, lanes: Int) -> Int {
         let control = PeerTransport.maxQueuedBytes / 16
         guard lanes > 1 else { return PeerTransport.maxQueuedBytes }
-        return lane == .control ? control : PeerTransport.maxQueuedBytes - control
+        if lanes == 2 { return lane == .control ? control : PeerTransport.maxQueuedBytes - control }
+        // Three: the bulk and staged lanes share the rest evenly (30 MiB each: two 15 MiB writes).
+        let shared = (PeerTransport.maxQueuedBytes - control) / 2
+        switch lane {
+        case .control: return control
+        case .bulk: return shared
+        case .staged: return PeerTransport.maxQueuedBytes - control - shared
+        }
     }
 }
 

@@ -4,7 +4,7 @@ public import BanyanNode
 import BanyanOpLogFiles
 import struct BanyanOpLog.SnapshotMetaRecord
 import BanyanRaft
-import BanyanReplica
+public import BanyanReplica
 import BanyanSession
 import BanyanStateMachine
 import BanyanTree
@@ -190,6 +190,8 @@ public struct WholeNodeReport: Sendable {
         public var readAheads = 0
         /// Large writes a leader held back for room (docs/replica.md, "Large writes wait their turn").
         public var largeWritesHeld = 0
+        /// Staged payloads (docs/staged-payloads.md), summed over nodes and lives.
+        public var staging = StagingCounts()
         public var membershipChanges = 0
         public var fileOperations = 0
         public var writesPatched = 0
@@ -236,6 +238,10 @@ public struct WholeNodeReport: Sendable {
         s += " power losses \(stats.powerLosses), pauses \(stats.pauses), lost disks \(stats.disksLost), bad sectors \(stats.badSectors), restarts \(stats.restarts) (graceful \(stats.gracefulRestarts), after a failed fsync \(stats.syncFailures)), replaced disks \(stats.replacements) (removed again \(stats.staleRemovals)), membership \(stats.membershipChanges), retired \(stats.retired);"
         s += " snapshots written \(stats.snapshotsWritten) installed \(stats.snapshotsInstalled), read-aheads \(stats.readAheads), large writes held \(stats.largeWritesHeld)"
         s += "\n"
+        let g = stats.staging
+        if g.started > 0 || g.applied > 0 {
+            s += "  staged: \(g.started) started, \(g.referenced) referenced, \(g.abandoned) abandoned, \(g.applied) applied; appends held \(g.appendsHeld), fetched \(g.fetched), files removed \(g.removed)\n"
+        }
         if stats.clientResends > 0 || stats.clientAlreadyApplied > 0 || stats.expired > 0 {
             s += "  client writes sent again \(stats.clientResends), answered from an earlier copy \(stats.clientAlreadyApplied); idle records expired \(stats.expired)\n"
         }
@@ -301,6 +307,11 @@ public struct WholeNodeSimulator {
         case presenceRetryEnd(Int, NodeID, life: Int)
         /// A read-ahead (`NodeAction.prepare`) done on the node's worker thread.
         case prepared(NodeID, life: Int, index: UInt64, term: UInt64, PreparedCommand?)
+        /// Staged payloads (docs/staged-payloads.md): the node's staging thread stores one, reads
+        /// one ahead, or reads one for a peer.
+        case storeStaged(NodeID, life: Int, StageID, [UInt8])
+        case prepareStaged(NodeID, life: Int, StageID, [UInt8]?)
+        case serveStaged(NodeID, life: Int, StageID, to: NodeID)
     }
 
     private final class SimulatedNode {
@@ -314,6 +325,10 @@ public struct WholeNodeSimulator {
         var retired = false
         /// The core's `largeWritesHeld` when last counted (a new core starts again from 0).
         var largeWritesHeldSeen = 0
+        /// The core's staging counts when last counted (likewise).
+        var stagingSeen = StagingCounts()
+        /// Log indexes whose staged references were checked against the disk (I1), this life.
+        var stagedCheckedThrough: UInt64 = 0
         var nextRequest: RequestID = 1
         /// Client operations waiting on this node: request id → client index.
         var requests: [RequestID: Int] = [:]
@@ -612,6 +627,25 @@ public struct WholeNodeSimulator {
             core.prepared(index: index, term: term, command)
             perform(takeActions(node), on: node)
             scheduleProcess(node, after: 0)
+        case let .storeStaged(id, life, stageID, bytes):
+            storeStaged(id, life: life, stageID, bytes)
+        case let .prepareStaged(id, life, stageID, bytes):
+            guard let node = nodes[id], let core = node.core, node.life == life else { return }
+            if node.paused {
+                schedule(after: 50, .prepareStaged(id, life: life, stageID, bytes))
+                return
+            }
+            let (result, _) = NodeCore.prepareStaged(stageID, bytes, store: core.storage.staged)
+            core.preparedStaged(stageID, result)
+            perform(takeActions(node), on: node)
+            scheduleProcess(node, after: 0)
+        case let .serveStaged(id, life, stageID, peer):
+            guard let node = nodes[id], let core = node.core, node.life == life, !node.paused else { return }
+            var payload: [UInt8]?
+            if case .payload(let bytes, _) = core.storage.staged.load(stageID) { payload = bytes }
+            core.stagedRead(stageID, payload, for: peer)
+            perform(takeActions(node), on: node)
+            scheduleProcess(node, after: 0)
         }
     }
 
@@ -656,6 +690,15 @@ public struct WholeNodeSimulator {
             s.replica.largeEntryBytes = 90
             s.replica.maxLargeInFlight = 2
         }
+        // Staged payloads (docs/staged-payloads.md): off in a third of the seeds; in the others,
+        // commands of 100 bytes or more are staged (every command where admission is off, in
+        // half of those).
+        switch options.seed / 36 % 3 {
+        case 0: s.replica.stagingThreshold = .max
+        case 1: s.replica.stagingThreshold = 100
+        default: s.replica.stagingThreshold = s.replica.maxLargeInFlight == 0 ? 1 : 100
+        }
+        if options.sabotage == .acceptUnheldPayloads || options.sabotage == .removeNamedPayloads { s.replica.stagingThreshold = 1 }
         if options.sabotage == .restartSnapshotStreams {
             // Compaction that ignores live streams altogether: no hold and no deferral.
             s.replica.compactionWaitsForStreams = false
@@ -688,6 +731,8 @@ public struct WholeNodeSimulator {
         if swarm.leaseReads { settings.replica.raft.readMode = .leaseBased }
         node.life += 1
         node.box.actions = []
+        node.stagedCheckedThrough = 0
+        node.stagingSeen = StagingCounts()
         node.requests = [:]
         node.processScheduled = false
         node.heard = [:]
@@ -794,6 +839,18 @@ public struct WholeNodeSimulator {
             report.stats.largeWritesHeld += held > node.largeWritesHeldSeen ? held - node.largeWritesHeldSeen : held
             node.largeWritesHeldSeen = held
         }
+        if let counts = node.core?.replica.stagingCounts, counts != node.stagingSeen {
+            func grown(_ now: Int, _ seen: Int) -> Int { now >= seen ? now - seen : now }
+            let seen = node.stagingSeen
+            report.stats.staging.started += grown(counts.started, seen.started)
+            report.stats.staging.referenced += grown(counts.referenced, seen.referenced)
+            report.stats.staging.abandoned += grown(counts.abandoned, seen.abandoned)
+            report.stats.staging.appendsHeld += grown(counts.appendsHeld, seen.appendsHeld)
+            report.stats.staging.fetched += grown(counts.fetched, seen.fetched)
+            report.stats.staging.removed += grown(counts.removed, seen.removed)
+            report.stats.staging.applied += grown(counts.applied, seen.applied)
+            node.stagingSeen = counts
+        }
         for action in actions {
             switch action {
             case .send(let messages):
@@ -842,6 +899,18 @@ public struct WholeNodeSimulator {
                 scheduleProcess(node, after: 0)
             case .release:
                 break
+            case let .storeStaged(stageID, bytes):
+                // The staging thread: a write and two fsyncs, 1-6 ms.
+                schedule(after: 1 + prepareRandom.below(6), .storeStaged(node.id, life: node.life, stageID, bytes))
+            case let .prepareStaged(stageID, bytes):
+                report.stats.readAheads += 1
+                let answerMillis = prepareRandom.below(10) == 0 ? 1 + prepareRandom.below(25) : 1 + prepareRandom.below(3)
+                schedule(after: answerMillis, .prepareStaged(node.id, life: node.life, stageID, bytes))
+            case let .serveStaged(stageID, peer):
+                schedule(after: 1 + prepareRandom.below(3), .serveStaged(node.id, life: node.life, stageID, to: peer))
+            case .removeStaged(let ids):
+                removeStaged(ids, on: node)
+                if node.core == nil { return }
             case let .prepare(index, term, payload):
                 // The server reads ahead on a worker thread: the answer comes back later, and
                 // answers to several entries in any order. Mostly within 1-3 ms (a hop to the
@@ -879,6 +948,70 @@ public struct WholeNodeSimulator {
         guard !node.processScheduled else { return }
         node.processScheduled = true
         schedule(after: delay, .process(node.id, life: node.life))
+    }
+
+    /// The staging thread stores a payload on the node's disk, then tells the core.
+    private mutating func storeStaged(_ id: NodeID, life: Int, _ stageID: StageID, _ bytes: [UInt8]) {
+        guard let node = nodes[id], let core = node.core, node.life == life else { return }
+        if node.paused {
+            schedule(after: 50, .storeStaged(id, life: life, stageID, bytes))
+            return
+        }
+        do {
+            let checksum = try core.storage.staged.store(stageID, bytes)
+            core.stagedStored(stageID, checksum: checksum)
+        } catch {
+            if node.fs.isCrashed { return diskCrashed(node) }
+            // A failed fsync (injected) or a full disk: nothing is acknowledged.
+            if node.syncFailureArmed && !node.fs.failNextSync { node.syncFailureArmed = false }
+            core.stagedStoreFailed(stageID)
+        }
+        perform(takeActions(node), on: node)
+        if node.fs.isCrashed, node.core != nil { return diskCrashed(node) }
+        scheduleProcess(node, after: 0)
+    }
+
+    /// Removes staged files, checking I3 first: no entry in the node's log above its
+    /// compaction point names one of them.
+    private mutating func removeStaged(_ ids: [StageID], on node: SimulatedNode) {
+        guard let core = node.core else { return }
+        let raft = core.replica.raft
+        let removing = Set(ids)
+        var index = raft.firstIndex
+        while index <= raft.lastIndex {
+            if let entry = raft.entry(at: index), entry.kind == .command, let reference = StagedReference(decoding: entry.data), removing.contains(reference.id) {
+                report.violations.append("t=\(now) node \(node.id) removed staged payload \(reference.id), which its log names at index \(index) (I3)")
+            }
+            index += 1
+        }
+        do {
+            try core.storage.staged.remove(ids)
+        } catch {
+            if node.fs.isCrashed { return diskCrashed(node) }
+            // A removal that failed leaves a file: harmless.
+        }
+    }
+
+    /// I1 (docs/staged-payloads.md): every staged reference this node persisted in its log has
+    /// its payload in the node's staged store, whole, with the checksum the reference names.
+    private mutating func checkStagedHeld(_ node: SimulatedNode) {
+        guard let core = node.core, options.sabotage != .removeNamedPayloads else { return }
+        let raft = core.replica.raft
+        let through = raft.stableIndex
+        var index = max(node.stagedCheckedThrough + 1, raft.firstIndex)
+        while index <= through {
+            if let entry = raft.entry(at: index), entry.kind == .command, let reference = StagedReference(decoding: entry.data) {
+                switch core.storage.staged.load(reference.id) {
+                case .payload(_, let checksum) where checksum == reference.checksum:
+                    break
+                case let other:
+                    report.violations.append(
+                        "t=\(now) node \(node.id) holds index \(index), a reference to staged payload \(reference.id), without the payload (\(other == .missing ? "missing" : "wrong or damaged")) (I1)")
+                }
+            }
+            index += 1
+        }
+        node.stagedCheckedThrough = max(node.stagedCheckedThrough, through)
     }
 
     /// The snapshot thread: writes the machine to the node's disk, then tells the core.
@@ -1473,8 +1606,9 @@ public struct WholeNodeSimulator {
             if resend(c, op) { return }
             operations[op].unknown = true
             report.stats.writesUnknown += 1
-        case .failure(.overloaded):
+        case .failure(.overloaded(let why)):
             // Refused before it was proposed: it must never apply (not in the history).
+            traceLine("client \(c) op \(op) refused: \(why)", 14, UInt64(op))
             operations[op].returned = now
             operations[op].unknown = false
             operations[op].outcome = nil
@@ -1993,6 +2127,7 @@ public struct WholeNodeSimulator {
     /// (Log matching of uncommitted suffixes: `checkLogMatching`.)
     private mutating func checkNode(_ node: SimulatedNode) {
         guard let core = node.core else { return }
+        checkStagedHeld(node)
         let raft = core.replica.raft
         if raft.role == .leader {
             if let other = leaders[raft.term], other != node.id {

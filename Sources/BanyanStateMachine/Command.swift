@@ -476,8 +476,9 @@ public struct CommandEnvelope: Sendable, Equatable {
 
     /// The leader's timestamp a payload carries (ms since the epoch); nil when `payload` is too
     /// short or of another version. Point-in-time restore stops at the first command stamped
-    /// after its target time.
+    /// after its target time. A staged reference (docs/staged-payloads.md) carries its payload's timestamp.
     public static func timestamp(of payload: [UInt8]) -> Int64? {
+        if StagedReference.isReference(payload) { return StagedReference(decoding: payload)?.timestamp }
         guard payload.count >= 26, (2...version).contains(payload[0]) else { return nil }
         var stamp: UInt64 = 0
         for i in 0..<8 { stamp |= UInt64(payload[18 + i]) << (8 * UInt64(i)) }

@@ -29,6 +29,10 @@ import Testing
             .snapshotChunk(meta: SnapshotMeta(index: 7, term: 2, membership: withIncarnations), offset: 0, data: [5], last: false),
             .snapshotResponse(snapshotIndex: 40, nextOffset: 3), .proposal(commands: [[], [1], [2, 3]]), .proposal(commands: []),
             .readIndex(context: 77), .readIndexResponse(context: 77, index: 40), .readIndexResponse(context: UInt64.max, index: 0), .timeoutNow,
+            .stage(id: StageID(term: 3, n: 1), payload: [9, 8, 7]), .stage(id: StageID(term: UInt64.max, n: UInt64.max), payload: []),
+            .stageAck(id: StageID(term: 3, n: 1), checksum: 0xDEAD_BEEF, prepared: false),
+            .stageAck(id: StageID(term: 3, n: 2), checksum: 0, prepared: true), .fetchStaged(id: StageID(term: 0, n: 0)),
+            .stagedPayload(id: StageID(term: 7, n: 2), payload: [1]),
         ]
         return bodies.enumerated().map { i, body in Message(from: UInt64(i + 1), to: UInt64.max - UInt64(i), term: UInt64(i) * 1000, body: body) }
     }
@@ -59,7 +63,7 @@ import Testing
             }
             #expect(throws: WireError.trailingBytes(1)) { try Self.decodeAll(bytes + [0]) }
         }
-        #expect(kinds == Set(1...15))
+        #expect(kinds == Set(1...19))
     }
 
     @Test("the header is version, kind, then from, to and term little-endian")
@@ -154,7 +158,7 @@ import Testing
     /// A random message of any kind, with edge values mixed in.
     static func randomMessage(_ rng: inout SeededRandom) -> Message {
         let body: Message.Body
-        switch rng.below(15) {
+        switch rng.below(19) {
         case 0: body = .preVote(lastIndex: value(&rng), lastTerm: value(&rng), voterIncarnation: value(&rng))
         case 1: body = .preVoteResponse(granted: rng.chance(1, in: 2))
         case 2: body = .vote(lastIndex: value(&rng), lastTerm: value(&rng), leaderTransfer: rng.chance(1, in: 2), voterIncarnation: value(&rng))
@@ -173,6 +177,11 @@ import Testing
         case 11: body = .proposal(commands: (0..<rng.below(4)).map { _ in bytes(&rng) })
         case 12: body = .readIndex(context: value(&rng))
         case 13: body = .readIndexResponse(context: value(&rng), index: value(&rng))
+        case 14: body = .stage(id: StageID(term: value(&rng), n: value(&rng)), payload: bytes(&rng, max: 64))
+        case 15:
+            body = .stageAck(id: StageID(term: value(&rng), n: value(&rng)), checksum: UInt32(truncatingIfNeeded: value(&rng)), prepared: rng.chance(1, in: 2))
+        case 16: body = .fetchStaged(id: StageID(term: value(&rng), n: value(&rng)))
+        case 17: body = .stagedPayload(id: StageID(term: value(&rng), n: value(&rng)), payload: bytes(&rng, max: 64))
         default: body = .timeoutNow
         }
         return Message(from: value(&rng), to: value(&rng), term: value(&rng), body: body)
@@ -202,7 +211,7 @@ import Testing
             kinds.insert(bytes[1])
             #expect(try Self.decodeAll(bytes) == m)
         }
-        #expect(kinds == Set(1...15))
+        #expect(kinds == Set(1...19))
     }
 
     @Test("the peer hello and its reply round-trip; wrong magic, bad values and truncations are refused")

@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanNode
 import BanyanOpLog
 import BanyanOpLogFiles
@@ -28,6 +29,10 @@ struct ReplicaCluster {
     /// answering them at once; `answerReadAhead` answers one.
     var holdReadAheads = false
     var heldReadAheads: [NodeID: [(index: UInt64, term: UInt64, payload: [UInt8])]] = [:]
+    /// Staged payloads (docs/staged-payloads.md): stores asked of these nodes stay unanswered
+    /// in `heldStores` until `answerStores` (the rest are stored at once, durably).
+    var holdStoresOn: Set<NodeID> = []
+    var heldStores: [NodeID: [(StageID, [UInt8])]] = [:]
     static let directory = "/data"
 
     static func configuration(_ id: NodeID, snapshotEntries: UInt64 = 0) -> ReplicaConfiguration {
@@ -67,6 +72,8 @@ struct ReplicaCluster {
         if clocks[id] == nil { clocks[id] = 1_000_000 * Int64(id) }
         replicas[id] = try Replica(
             configuration: configuration, persisted: loaded.persisted, machine: loaded.machine, session: session, now: clocks[id] ?? 0)
+        // As `NodeCore`: the staged files on disk are durable here.
+        replicas[id]?.noteStagedFiles(try storage.staged.list())
     }
 
     /// Adds a blank node (a learner-to-be) that knows nothing yet.
@@ -125,6 +132,9 @@ struct ReplicaCluster {
     /// store, advance, then write any snapshot due and compact, as `NodeCore` does.
     mutating func process(_ id: NodeID) {
         guard var r = replicas[id], let storage = storages[id], let fileSystem = fileSystems[id] else { return }
+        // Staging events outside a `Ready` (a message received, a store answered) may queue
+        // more work: bounded rounds until both are quiet.
+        for _ in 0..<100 {
         while let rd = r.ready() {
             let installed: StateMachine?
             do {
@@ -147,6 +157,7 @@ struct ReplicaCluster {
             var pending = r.takeEvents()
             while !pending.isEmpty {
                 let event = pending.removeFirst()
+                pending.append(contentsOf: stagingEvent(event, on: id, storage: storage, &r))
                 if case .prepare(let index, let term, let payload) = event {
                     if holdReadAheads {
                         heldReadAheads[id, default: []].append((index, term, payload))
@@ -176,8 +187,56 @@ struct ReplicaCluster {
                 events[id, default: []].append(event)
             }
         }
-        for event in r.takeEvents() { events[id, default: []].append(event) }
+        var tail = r.takeEvents()
+        if tail.isEmpty && !r.raft.hasReady { break }
+        while !tail.isEmpty {
+            let event = tail.removeFirst()
+            tail.append(contentsOf: stagingEvent(event, on: id, storage: storage, &r))
+            events[id, default: []].append(event)
+        }
+        }
         replicas[id] = r
+    }
+
+    /// Carries out a staging event at once, as the server's staging and read-ahead threads do
+    /// later (stores held for nodes in `holdStoresOn`); returns the events that follow.
+    mutating func stagingEvent(_ event: ReplicaEvent, on id: NodeID, storage: NodeStorage, _ r: inout Replica) -> [ReplicaEvent] {
+        switch event {
+        case let .storeStaged(stageID, bytes):
+            if holdStoresOn.contains(id) {
+                heldStores[id, default: []].append((stageID, bytes))
+                return []
+            }
+            do {
+                r.stagedStored(stageID, checksum: try storage.staged.store(stageID, bytes))
+            } catch {
+                Issue.record("node \(id): storing \(stageID) failed: \(error)")
+            }
+        case let .prepareStaged(stageID, bytes):
+            r.preparedStaged(stageID, NodeCore.prepareStaged(stageID, bytes, store: storage.staged).0)
+        case let .serveStaged(stageID, peer):
+            var payload: [UInt8]?
+            if case .payload(let bytes, _) = storage.staged.load(stageID) { payload = bytes }
+            r.stagedRead(stageID, payload, for: peer)
+        case .removeStaged(let ids):
+            do { try storage.staged.remove(ids) } catch { Issue.record("node \(id): removing staged files failed: \(error)") }
+        default:
+            return []
+        }
+        return r.takeEvents()
+    }
+
+    /// Stores what `holdStoresOn` held on `id` (and stops holding), then settles.
+    mutating func answerStores(_ id: NodeID) {
+        holdStoresOn.remove(id)
+        guard var r = replicas[id], let storage = storages[id] else { return }
+        var pending: [ReplicaEvent] = []
+        for (stageID, bytes) in heldStores.removeValue(forKey: id) ?? [] {
+            pending += stagingEvent(.storeStaged(stageID, bytes), on: id, storage: storage, &r)
+        }
+        replicas[id] = r
+        events[id, default: []].append(contentsOf: pending)
+        settle()
     }
 
     /// Makes `filter` drop the first proposal on its way to the leader; the box counts drops.
@@ -215,6 +274,11 @@ struct ReplicaCluster {
                 replicas[id]?.tick(now: clocks[id] ?? 0)
                 for event in replicas[id]?.takeEvents() ?? [] {
                     if case .prepare(let index, let term, let payload) = event { heldReadAheads[id, default: []].append((index, term, payload)) }
+                    if var r = replicas[id], let storage = storages[id] {
+                        let more = stagingEvent(event, on: id, storage: storage, &r)
+                        replicas[id] = r
+                        events[id, default: []].append(contentsOf: more)
+                    }
                     events[id, default: []].append(event)
                 }
                 if !holdReadAheads {

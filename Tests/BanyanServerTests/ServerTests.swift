@@ -1,3 +1,4 @@
+import BanyanBasics
 import BanyanRaft
 import BanyanStateMachine
 import BanyanNode
@@ -247,7 +248,7 @@ final class Inbox: Sendable {
         try await group.shutdownGracefully()
     }
 
-    @Test("lanes: appends, snapshot chunks and proposals go on the bulk lane, everything else on the control lane; one lane carries all")
+    @Test("lanes: appends, snapshot chunks and proposals go on the bulk lane, everything else on the control lane; a third takes staged payloads and large forwards; one lane carries all")
     func laneRule() {
         let entries = [LogEntry(index: 8, term: 3, data: [1, 2, 3])]
         let meta = SnapshotMeta(index: 5, term: 2, membership: Membership(voters: [1, 2, 3]))
@@ -268,6 +269,19 @@ final class Inbox: Sendable {
         }
         #expect(PeerLane.highWater(.control, lanes: 2) + PeerLane.highWater(.bulk, lanes: 2) == PeerTransport.maxQueuedBytes)
         #expect(PeerLane.highWater(.control, lanes: 1) == PeerTransport.maxQueuedBytes)
+        // Three lanes: staged payloads, and forwards of large writes, on a lane of their own.
+        let staged: [Message.Body] = [
+            .stage(id: StageID(term: 3, n: 1), payload: [1]), .stagedPayload(id: StageID(term: 3, n: 1), payload: []),
+            .proposal(commands: [[UInt8](repeating: 7, count: 1 << 20)]),
+        ]
+        let stagingControl: [Message.Body] = [.stageAck(id: StageID(term: 3, n: 1), checksum: 9, prepared: true), .fetchStaged(id: StageID(term: 3, n: 1))]
+        for body in bulk + control + staged + stagingControl {
+            let m = Message(from: 2, to: 1, term: 3, body: body)
+            let expected: PeerLane = staged.contains(body) ? .staged : bulk.contains(body) ? .bulk : .control
+            #expect(PeerLane.of(m, lanes: 3) == expected, "\(body)")
+            #expect(PeerLane.of(m, lanes: 2) == (staged.contains(body) || bulk.contains(body) ? .bulk : .control), "\(body)")
+        }
+        #expect(PeerLane.highWater(.control, lanes: 3) + PeerLane.highWater(.bulk, lanes: 3) + PeerLane.highWater(.staged, lanes: 3) == PeerTransport.maxQueuedBytes)
     }
 
     @Test(

@@ -333,6 +333,25 @@ extension WholeNodeSimulatorTests {
         #expect(report.passed, "\(report.summary)")
     }
 
+    @Test(
+        "the checkers catch staged payloads mishandled: a follower accepting appends that name payloads it lacks (I1), a sweep removing files the log names (I3)",
+        arguments: [(Sabotage.acceptUnheldPayloads, "(I1)"), (Sabotage.removeNamedPayloads, "(I3)")])
+    func stagingSabotageCaught(sabotage: Sabotage, invariant: String) {
+        var caught: UInt64?
+        for seed in UInt64(1)...UInt64(12) {
+            var o = Self.options(seed)
+            o.sabotage = sabotage
+            let report = WholeNodeSimulator.run(o)
+            if report.violations.contains(where: { $0.contains(invariant) }) {
+                let plain = WholeNodeSimulator.run(Self.options(seed))
+                #expect(plain.passed && plain.livenessFailure == nil, "seed \(seed) fails without the sabotage too: \(plain.summary)")
+                caught = seed
+                break
+            }
+        }
+        #expect(caught != nil, "no seed of 1–12 caught \(sabotage)")
+    }
+
     @Test("the checker catches snapshots and compaction that ignore live snapshot streams")
     func restartedStreamsCaught() {
         var caught: UInt64?
