@@ -545,10 +545,12 @@ public final class NodeCore {
             if settings.sabotage == .forgetClientWritesOnLoad { loaded.machine.forgetClientWrites() }
             if settings.sabotage == .ignoreClientWrites { loaded.machine.ignoresClientWrites = true }
             let treesFor = replica.treesFor
+            let retentionFloor = replica.stagedRetentionFloor
             replica = try Replica(
                 configuration: replica.configuration, persisted: loaded.persisted, machine: loaded.machine, session: newSession(),
                 now: replica.wallClock)
             replica.treesFor = treesFor
+            replica.stagedRetentionFloor = retentionFloor
             replica.noteStagedFiles(try storage.staged.list())
             for (peer, incarnation) in peerIncarnations.sorted(by: { $0.key < $1.key }) { replica.noteIncarnation(of: peer, incarnation) }
             pacer.reset()

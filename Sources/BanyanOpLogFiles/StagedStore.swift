@@ -76,13 +76,29 @@ public final class StagedStore {
     }
 
     /// Stores `payload` as `id`, durably, and returns its checksum. A file already there under
-    /// that name that reads back whole is kept (the same id always names the same bytes).
+    /// that name that reads back whole is kept (the same id always names the same bytes), and
+    /// synced again.
     @discardableResult
     public func store(_ id: StageID, _ payload: [UInt8]) throws(OpLogError) -> UInt32 {
         let checksum = Self.checksum(payload)
-        if case .payload(_, let existing) = load(id), existing == checksum { return checksum }
         let final = path(id.fileName)
+        if case .payload(_, let existing) = load(id), existing == checksum {
+            // Visible is not durable (an earlier store may have failed at its last fsync):
+            // synced again before it is reported.
+            do throws(FileSystemError) {
+                let file = try fileSystem.open(final)
+                defer { fileSystem.close(file) }
+                try fileSystem.sync(file)
+                try fileSystem.syncDirectory(directory)
+            } catch {
+                throw OpLogError(error)
+            }
+            return checksum
+        }
         let temporary = final + ".tmp"
+        // A failed store leaves no temporary file behind (a full disk would keep them).
+        var done = false
+        defer { if !done, fileSystem.exists(temporary) { try? fileSystem.remove(temporary) } }
         do throws(FileSystemError) {
             let file = try fileSystem.create(temporary)
             do throws(FileSystemError) {
@@ -99,6 +115,7 @@ public final class StagedStore {
         } catch {
             throw OpLogError(error)
         }
+        done = true
         return checksum
     }
 

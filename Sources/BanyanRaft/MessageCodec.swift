@@ -88,8 +88,9 @@ extension ByteReader {
 /// | 17 stageAck | id (term, n), checksum u32, prepared bool |
 /// | 18 fetchStaged | id (term, n) |
 ///
-/// Kinds 16–19 (staged payloads, docs/staged-payloads.md) came without a version change: the
-/// layout of every other kind is unchanged, and a node sends them only to peers of its release.
+/// Kinds 16–19 (staged payloads, docs/staged-payloads.md) came without a message version change
+/// (the layout of every other kind is unchanged); the peer protocol version (10) marks them, so a
+/// node only ever talks to peers that know them.
 /// An entry is index, term, kind (1 command, 2 noop, 3 config + membership), data bytes. A
 /// membership is the voter ids then the learner ids, each a count and u64s, then (version 2) the
 /// recorded incarnations: a count, then (id, incarnation) u64 pairs in id order, each id a member

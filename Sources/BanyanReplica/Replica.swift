@@ -1059,6 +1059,13 @@ public struct Replica: Sendable {
         info.storing = false
         info.ackTo = []
         stagedPayloads[id] = info
+        // The leader's own copy: the staging cannot reach its reference; it ends now, and its
+        // room with it (its write is in no log; its issuer proposes it again).
+        if let staging = stagings.removeValue(forKey: id) {
+            stagingKeys[staging.key] = nil
+            referencesDue.removeAll { $0 == id }
+            stagingCounts.abandoned += 1
+        }
     }
 
     /// The read-ahead of staged payload `id` (`ReplicaEvent.prepareStaged`) came back. Call
@@ -1399,6 +1406,8 @@ public struct Replica: Sendable {
             applyHead = 0
             readAhead = [:]
             asking = 0
+            // Payloads fetched for references the snapshot covers are needed no more.
+            fetching = [:]
         }
         applyQueue.append(contentsOf: rd.committedEntries)
         applyQueued()
@@ -1447,9 +1456,10 @@ public struct Replica: Sendable {
                 // No bytes: a payload that is no command envelope (its read is nil) applies as
                 // malformed, as its bytes would.
                 apply(entry, prepared: read, payload: [])
-                // The payload counts towards the next snapshot (which lets its file go).
+                // The payload counts towards the next snapshot (which lets its file go), and
+                // towards what a snapshot stream may hold back (its file stays meanwhile).
                 logBytesSinceSnapshot &+= reference.length
-                logBytesKept &+= UInt64(entry.data.count)
+                logBytesKept &+= reference.length
                 continue
             }
             if needsPreparation(entry) {

@@ -481,6 +481,14 @@ public final class NodeRuntime: @unchecked Sendable {
         }
     }
 
+    /// The bytes an entry's payload stands for when served: a staged reference counts as the
+    /// payload it names (inlined when served), so a batch and the retained entries are bounded
+    /// by what they really carry.
+    static func servedBytes(_ payload: [UInt8]) -> Int {
+        guard StagedReference.isReference(payload), let reference = StagedReference(decoding: payload) else { return payload.count }
+        return Int(clamping: reference.length)
+    }
+
     /// A read-only staged store, for any thread (its own file system instance).
     private func stagedReader() -> StagedStoreHandle {
         StagedStoreHandle(StagedStore(readingFrom: config.dataDirectory + "/staged", fileSystem: PosixFileSystem()))
@@ -507,13 +515,13 @@ public final class NodeRuntime: @unchecked Sendable {
                 while index < first, bytes < maxBytes {
                     let e = self.retained[self.retainedHead + Int(index - retainedFirst)]
                     out.append(e)
-                    bytes += e.payload.count + 25
+                    bytes += Self.servedBytes(e.payload) + 25
                     index += 1
                 }
             }
             while index <= commit, bytes < maxBytes, let e = raft.entry(at: index) {
                 out.append(Self.archived(e))
-                bytes += e.data.count + 25
+                bytes += Self.servedBytes(e.data) + 25
                 index += 1
             }
             return .entries(out, commit: commit)
@@ -567,10 +575,11 @@ public final class NodeRuntime: @unchecked Sendable {
         for i in start...index {
             guard let e = raft.entry(at: i) else { break }
             retained.append(Self.archived(e))
-            retainedBytes += e.data.count
+            retainedBytes += Self.servedBytes(e.data)
         }
+        // A staged reference counts as its payload: the file it names stays while it is retained.
         while retained.count - retainedHead > archiveRetainEntries || (retainedBytes > archiveRetainBytes && retained.count - retainedHead > 1) {
-            retainedBytes -= retained[retainedHead].payload.count
+            retainedBytes -= Self.servedBytes(retained[retainedHead].payload)
             retainedPreviousTerm = retained[retainedHead].term
             retainedHead += 1
             retainedFirst += 1

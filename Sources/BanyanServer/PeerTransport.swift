@@ -33,8 +33,11 @@ import Synchronization
 /// Version 7: the same messages; it marks the log's command versions 7 (accounts) and 8
 /// (free-space alarms), which nodes of version 6 would apply as malformed. Version 8: the same
 /// messages; it marks command version 9 (client writes, exactly once across connections).
+/// Version 10: staged payloads (docs/staged-payloads.md): message kinds 16–19 and reference
+/// entries in the log (`0xB5`), which a node of version 9 would accept without their payloads
+/// and apply as malformed.
 final class PeerTransport: PeerSender, @unchecked Sendable {
-    static let protocolVersion: UInt16 = 9
+    static let protocolVersion: UInt16 = 10
     /// Bytes queued on one connection beyond which new messages are dropped; with two lanes,
     /// on a peer's two connections together (`PeerLane.highWater`).
     static let maxQueuedBytes = 64 << 20

@@ -998,7 +998,9 @@ public struct WholeNodeSimulator {
         guard let core = node.core, options.sabotage != .removeNamedPayloads else { return }
         let raft = core.replica.raft
         let through = raft.stableIndex
-        var index = max(node.stagedCheckedThrough + 1, raft.firstIndex)
+        // Entries above the commit index may be replaced (a follower's log after a leader
+        // change): they are checked again at every pass.
+        var index = max(min(node.stagedCheckedThrough, raft.commitIndex) + 1, raft.firstIndex)
         while index <= through {
             if let entry = raft.entry(at: index), entry.kind == .command, let reference = StagedReference(decoding: entry.data) {
                 switch core.storage.staged.load(reference.id) {

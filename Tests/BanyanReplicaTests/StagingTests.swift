@@ -4,6 +4,7 @@ import BanyanOpLogFiles
 import BanyanRaft
 import BanyanReplica
 import BanyanStateMachine
+import BanyanTree
 import Testing
 
 /// Staged payloads (docs/staged-payloads.md): commands at or over the threshold are stored on a
@@ -176,5 +177,38 @@ import Testing
         c.tick(10)
         #expect(c.value(follower, "/big") == value)
         #expect((c.replicas[follower]?.stagingCounts.fetched ?? 0) >= 1)
+    }
+
+    @Test("archives carry payloads inline: a log replayed from its archived entries holds the staged write; a payload gone is named")
+    func inlineForArchives() throws {
+        var (c, leader) = try Self.cluster()
+        let value = Self.big(8)
+        let q = c.write(via: leader, "/big", value)
+        c.tick(3)
+        #expect(Self.ok(c, q, on: leader))
+        let r = try #require(c.replicas[leader])
+        let store = try #require(c.storages[leader]?.staged)
+        let entries = (r.raft.firstIndex...r.raft.lastIndex).compactMap { r.raft.entry(at: $0) }.map { e in
+            ArchivedEntry(index: e.index, term: e.term, kind: e.kind == .command ? .command : .noop, payload: e.data)
+        }
+        #expect(entries.contains { StagedReference.isReference($0.payload) })
+        guard case .success(let inlined) = NodeCore.inlineStaged(entries, store: store) else {
+            Issue.record("the payload was not found")
+            return
+        }
+        #expect(!inlined.contains { StagedReference.isReference($0.payload) })
+        var machine = StateMachine()
+        machine.skip(index: r.raft.firstIndex - 1)
+        for e in inlined {
+            if e.kind == .command { _ = machine.apply(e.payload, index: e.index) } else { machine.skip(index: e.index) }
+        }
+        #expect(JSONWriter.string(machine.tree("app").child(at: try Path(parsing: "/big"))) == value)
+        let reference = try #require(Self.references(c, leader).first)
+        try store.remove([reference.id])
+        guard case .failure(let missing) = NodeCore.inlineStaged(entries, store: store) else {
+            Issue.record("a removed payload was inlined")
+            return
+        }
+        #expect(missing.id == reference.id)
     }
 }
