@@ -12,7 +12,7 @@ import Testing
 @Suite(.serialized) struct PeerTLSIncarnationTests {
     @Test("an accepted hello's incarnation reaches the receiver's hook before the connection's first message")
     func helloIncarnationReachesHook() async throws {
-        #expect(PeerTransport.protocolVersion == 9)
+        #expect(PeerTransport.protocolVersion == 10)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         let dir = try temporaryDirectory("ca-incarnation")
         defer { try? FileManager.default.removeItem(atPath: dir) }
